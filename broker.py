@@ -1,0 +1,212 @@
+"""The broker: every tool call goes through it, or it does not happen (SPEC §3).
+
+The card's grant and deny lists plus the tool contracts are the whole policy. The decision order
+is fixed and written once, in `rule_on`:
+
+    unknown tool -> DENIED_UNKNOWN
+    in tools_denied -> DENIED_EXPLICIT        (denied wins over granted)
+    not in tools -> DENIED_UNGRANTED
+    arguments break the contract -> DENIED_CONTRACT (names the field)
+    dry mode (prove) -> RECORDED              (nothing executes)
+    effect "act" during a run -> STAGED       (executed later, only after the gate and the tier)
+    otherwise -> EXECUTE                      (outcome "ok" or the failure's class name)
+
+The broker never prints and never reads environment variables; the caller hands it the policy,
+the contracts, the tool implementations and a `record` callable that appends to the trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+DENIED_UNKNOWN = "DENIED_UNKNOWN"
+DENIED_EXPLICIT = "DENIED_EXPLICIT"
+DENIED_UNGRANTED = "DENIED_UNGRANTED"
+DENIED_CONTRACT = "DENIED_CONTRACT"
+RECORDED = "RECORDED"
+STAGED = "STAGED"
+EXECUTE = "EXECUTE"
+DENIALS = frozenset({DENIED_UNKNOWN, DENIED_EXPLICIT, DENIED_UNGRANTED, DENIED_CONTRACT})
+VERDICTS = DENIALS | {RECORDED, STAGED, EXECUTE}
+EFFECTS = ("read", "draft", "act")
+MODES = ("dry", "run")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one card allows: its name, granted tools and explicitly denied tools."""
+    agent: str
+    tools: frozenset
+    tools_denied: frozenset
+
+
+@dataclass(frozen=True)
+class Ruling:
+    """The broker's decision on one call: a verdict from VERDICTS and why, in one line."""
+    verdict: str
+    why: str
+
+
+@dataclass
+class Outcome:
+    """One trace entry (SPEC §3): seq, tool, args, verdict, ok, error, effect, ms, and the result text."""
+    seq: int
+    tool: str
+    args: dict
+    verdict: str
+    ok: bool
+    error: str | None
+    effect: str | None
+    ms: float
+    result: str = ""
+
+    def entry(self) -> dict:
+        """The trace entry as a dict (the result text is kept out; the loop records it separately)."""
+        return {"event": "tool", "seq": self.seq, "tool": self.tool, "args": self.args,
+                "args_digest": args_digest(self.args), "verdict": self.verdict, "ok": self.ok,
+                "error": self.error, "effect": self.effect, "ms": round(self.ms, 3)}
+
+
+def args_digest(args: dict) -> str:
+    """sha256 of the canonical JSON of a call's arguments, 'sha256:<64 hex>'."""
+    blob = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def check_args(schema: dict, value, where: str = "args") -> str | None:
+    """First way `value` breaks the JSON-schema subset (type, properties, required, enum,
+    maxLength, minimum, additionalProperties=false), as 'where.field: problem'; None when it fits."""
+    kind = schema.get("type")
+    if kind and not _has_type(value, kind):
+        return f"{where}: expected {kind}, got {type(value).__name__}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{where}: {value!r} is not one of {schema['enum']}"
+    if isinstance(value, str) and len(value) > schema.get("maxLength", len(value)):
+        return f"{where}: longer than {schema['maxLength']} characters"
+    if _is_number(value) and value < schema.get("minimum", value):
+        return f"{where}: below the minimum {schema['minimum']}"
+    if isinstance(value, dict):
+        return _check_object(schema, value, where)
+    return None
+
+
+def _check_object(schema: dict, value: dict, where: str) -> str | None:
+    """Object rules of check_args: required keys, known keys, and each property's own schema."""
+    props = schema.get("properties", {})
+    for key in schema.get("required", []):
+        if key not in value:
+            return f"{where}.{key}: required"
+    for key, item in value.items():
+        if key not in props:
+            if schema.get("additionalProperties", True) is False:
+                return f"{where}.{key}: not in the contract"
+            continue
+        problem = check_args(props[key], item, f"{where}.{key}")
+        if problem:
+            return problem
+    return None
+
+
+def _is_number(value) -> bool:
+    """True for int and float values, never for bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _has_type(value, kind: str) -> bool:
+    """True when value has the JSON-schema type `kind`."""
+    checks = {"string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+              "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+              "number": _is_number, "object": lambda v: isinstance(v, dict),
+              "array": lambda v: isinstance(v, list), "null": lambda v: v is None}
+    return checks.get(kind, lambda v: False)(value)
+
+
+def rule_on(policy: Policy, contracts: dict, tool: str, args, mode: str) -> Ruling:
+    """Decide one call from the policy and contracts alone, in the fixed order; no grant means no."""
+    contract = contracts.get(tool)
+    if contract is None:
+        return Ruling(DENIED_UNKNOWN, f"{tool} has no contract")
+    if tool in policy.tools_denied:
+        return Ruling(DENIED_EXPLICIT, f"{tool} is explicitly denied to {policy.agent}")
+    if tool not in policy.tools:
+        return Ruling(DENIED_UNGRANTED, f"{tool} is not granted to {policy.agent}")
+    problem = check_args(contract["params"], args)
+    if problem:
+        return Ruling(DENIED_CONTRACT, f"{tool} contract: {problem}")
+    if mode == "dry":
+        return Ruling(RECORDED, "dry run: recorded, not executed")
+    if contract["effect"] == "act":
+        return Ruling(STAGED, "acting call staged: runs only after the gate, if the tier allows")
+    return Ruling(EXECUTE, "granted")
+
+
+@dataclass
+class Broker:
+    """Carries out tool calls for one run: rules on each, executes what may run, records all.
+
+    `contracts` maps tool name -> contract dict (name, effect, description, params, failure_modes);
+    `tools` maps tool name -> callable(args: dict) -> str (the real effect); `record` receives each
+    trace entry dict. `staged` collects the acting calls held for after the gate.
+    """
+    policy: Policy
+    contracts: dict
+    tools: dict
+    mode: str
+    record: Callable[[dict], None]
+    clock: Callable[[], float] = time.perf_counter
+    staged: list = field(default_factory=list)
+    outcomes: list = field(default_factory=list)
+
+    def carry_out(self, tool: str, args) -> Outcome:
+        """Rule on one call and act on the ruling; a denial comes back as the result, never raised."""
+        started = self.clock()
+        ruling = rule_on(self.policy, self.contracts, tool, args, self.mode)
+        effect = self.contracts.get(tool, {}).get("effect")
+        if ruling.verdict == EXECUTE:
+            outcome = self._execute(tool, args, effect, started)
+        else:
+            outcome = self._held(tool, args, ruling, effect, started)
+        self.outcomes.append(outcome)
+        self.record(outcome.entry())
+        return outcome
+
+    def _held(self, tool, args, ruling: Ruling, effect, started) -> Outcome:
+        """Outcome for a call that does not execute now: denied, recorded or staged."""
+        denied = ruling.verdict in DENIALS
+        outcome = Outcome(len(self.outcomes) + 1, tool, args if isinstance(args, dict) else {"_": args},
+                          ruling.verdict, not denied, ruling.why if denied else None, effect,
+                          (self.clock() - started) * 1000)
+        outcome.result = f"denied: {ruling.why}" if denied else f"{ruling.verdict.lower()}: {ruling.why}"
+        if ruling.verdict == STAGED:
+            self.staged.append(outcome)
+        return outcome
+
+    def _execute(self, tool, args, effect, started) -> Outcome:
+        """Run the tool; its failure is named by class and handed back, not raised."""
+        verdict, error, result = "ok", None, ""
+        try:
+            result = str(self.tools[tool](args))
+        except Exception as failure:  # a tool's failure is data for the worker, not a crash
+            verdict, error = type(failure).__name__, f"{type(failure).__name__}: {failure}"
+            result = f"error: {error}"
+        ms = (self.clock() - started) * 1000
+        return Outcome(len(self.outcomes) + 1, tool, args, verdict, error is None, error, effect, ms, result)
+
+    def execute_staged(self, outcome: Outcome) -> Outcome:
+        """Execute one call this broker staged earlier (the caller has checked gate and tier)."""
+        if outcome not in self.staged:
+            raise ValueError(f"{outcome.tool} call {outcome.seq} was not staged by this broker")
+        self.staged.remove(outcome)
+        done = self._execute(outcome.tool, outcome.args, outcome.effect, self.clock())
+        done.seq = len(self.outcomes) + 1
+        self.outcomes.append(done)
+        self.record({**done.entry(), "executes_staged": outcome.seq})
+        return done
+
+    def denials(self) -> list[str]:
+        """Tool names this broker denied, in call order."""
+        return [o.tool for o in self.outcomes if o.verdict in DENIALS]

@@ -1,0 +1,1261 @@
+#!/usr/bin/env python3
+"""The agent factory: a job card (ABOM) goes in, a certified agent comes out (SPEC §0-§8).
+
+Stations: stamp, restamp, prove, certify, run, tower, harvest, recall, digest. This module is the
+only one that wires the parts together and the only one that prints. Exit statuses: 0 done,
+1 refused or failed verdict, 2 usage error, 130 interrupted. A refusal is one lowercase line on
+stderr; results go to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import difflib
+import fcntl
+import hashlib
+import hmac
+import importlib.util
+import json
+import os
+import re
+import secrets
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import broker
+import llm
+import sage
+
+NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+SIGNER = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
+TIERS = ("C0", "C1", "C2", "C3")
+MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
+MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
+CLIP_CHARS = 8000              # ~2,000 tokens of tool result go back to the worker
+TRACE_FORMAT = "factory-trace-1"
+RECORD_FORMAT = "factory-proof-1"
+CERT_FORMAT = "factory-certificate-1"
+SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
+
+
+class Refusal(Exception):
+    """A station declined; str(self) is one lowercase line for the user (exit 1)."""
+
+
+# ---------------------------------------------------------------- files: strict reads, atomic writes
+
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 with microseconds and a Z, e.g. 2026-11-30T04:12:55.123456Z."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def canonical(obj) -> bytes:
+    """Canonical JSON bytes (sorted keys, no spaces): what digests and signatures are taken over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sha256(data: bytes) -> str:
+    """'sha256:' + 64 hex of data."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def decode(raw: bytes, where: str) -> str:
+    """UTF-8 text of raw; Refusal naming `where` for a byte-order mark or invalid UTF-8."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise Refusal(f"{where}: starts with a utf-8 byte-order mark; save it as plain utf-8")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise Refusal(f"{where}: not valid utf-8 (byte {error.start})") from None
+
+
+def parse_json(text: str, where: str):
+    """The JSON value in text; Refusal naming `where`, line and column when it is malformed."""
+    if not text.strip():
+        raise Refusal(f"{where}: empty")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise Refusal(f"{where}: not valid json ({error.msg} at line {error.lineno} column {error.colno})") from None
+
+
+def write_json(path: Path, obj) -> None:
+    """Write obj as JSON atomically: temp file in the same folder, fsync, os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+def append_jsonl(path: Path, obj: dict) -> None:
+    """Append obj as one whole JSON line under an exclusive fcntl lock (O_APPEND, looped write)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        view = memoryview(line)
+        while view:
+            view = view[os.write(handle, view):]
+    finally:
+        os.close(handle)
+
+
+# ---------------------------------------------------------------- the factory's layout
+
+@dataclass(frozen=True)
+class Factory:
+    """Every path of one factory, computed from its root; asking for a path creates nothing."""
+    root: Path
+    sealed_dir: Path
+    keys_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str]) -> "Factory":
+        """The factory at --root, else $FACTORY_ROOT, else the folder of factory.py."""
+        base = Path(root or env.get("FACTORY_ROOT") or Path(__file__).resolve().parent).resolve()
+        sealed = sealed_dir or env.get("FACTORY_SEALED_DIR")
+        keys = env.get("FACTORY_KEYS_DIR") or Path.home() / ".config" / "agent-factory" / "keys"
+        return cls(base, Path(sealed).resolve() if sealed else base / "evals", Path(keys), env)
+
+    masters = property(lambda self: self.root / "masters")
+    evals = property(lambda self: self.root / "evals")
+    records = property(lambda self: self.root / "records")
+    registry = property(lambda self: self.root / "registry")
+    traces = property(lambda self: self.root / "traces")
+    agents = property(lambda self: self.root / "agents")
+    index = property(lambda self: self.traces / "index.jsonl")
+    recalls = property(lambda self: self.registry / "recalls.jsonl")
+    lineage = property(lambda self: self.registry / "lineage.jsonl")
+    revocations = property(lambda self: self.registry / "revocations.jsonl")
+
+    def card_path(self, name: str) -> Path:
+        """masters/NAME.json (name checked first)."""
+        return self.masters / f"{check_name(name)}.json"
+
+    def cert_path(self, name: str) -> Path:
+        """registry/NAME.card.json: the signed certificate."""
+        return self.registry / f"{check_name(name)}.card.json"
+
+    def trace_path(self, agent: str, run_id: str) -> Path:
+        """traces/AGENT/RUN_ID.jsonl."""
+        return self.traces / check_name(agent) / f"{run_id}.jsonl"
+
+    def shown(self, path: Path) -> str:
+        """The path as the user should see it: relative to the root when inside it."""
+        try:
+            return str(path.relative_to(self.root))
+        except ValueError:
+            return str(path)
+
+    def check_readable(self, path: Path, confined: bool = True) -> None:
+        """Refusal unless path is an existing file inside the root or the sealed dir (a symlink
+        that points out counts as outside); `confined=False` is for files the user names."""
+        where, real = self.shown(path), path.resolve()
+        if confined and not any(real.is_relative_to(base) for base in (self.root, self.sealed_dir)):
+            raise Refusal(f"{where}: points outside the factory root ({real}); refusing to read it")
+        if not path.is_file():
+            raise Refusal(f"{where}: missing")
+
+    def read_bytes(self, path: Path, limit: int = MAX_FILE_BYTES, confined: bool = True) -> bytes:
+        """Bytes of a readable file (see check_readable) of at most `limit` bytes."""
+        self.check_readable(path, confined)
+        if path.stat().st_size > limit:
+            raise Refusal(f"{self.shown(path)}: larger than {limit >> 20} mib")
+        return path.read_bytes()
+
+    def read_json(self, path: Path) -> dict:
+        """The JSON object in a file; Refusal naming the file for every way it can be wrong."""
+        where = self.shown(path)
+        value = parse_json(decode(self.read_bytes(path), where), where)
+        if not isinstance(value, dict):
+            raise Refusal(f"{where}: expected a json object, got {type(value).__name__}")
+        return value
+
+    def read_jsonl(self, path: Path, confined: bool = True) -> Iterator[tuple[int, dict]]:
+        """(line number, object) for each non-blank line, streamed; Refusal naming file and line."""
+        where = self.shown(path)
+        self.check_readable(path, confined)
+        with path.open("rb") as lines:
+            for number, raw in enumerate(iter(lambda: lines.readline(MAX_LINE_BYTES + 1), b""), 1):
+                at = f"{where} line {number}"
+                if len(raw) > MAX_LINE_BYTES:
+                    raise Refusal(f"{at}: longer than {MAX_LINE_BYTES >> 20} mib")
+                text = decode(raw, at) if number == 1 else decode_line(raw, at)
+                if text.strip():
+                    yield number, as_object(parse_json(text, at), at)
+
+
+def decode_line(raw: bytes, where: str) -> str:
+    """UTF-8 text of a JSONL line after the first (a BOM there is just invalid JSON)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise Refusal(f"{where}: not valid utf-8 (byte {error.start})") from None
+
+
+def as_object(value, where: str) -> dict:
+    """value when it is a JSON object; Refusal otherwise."""
+    if not isinstance(value, dict):
+        raise Refusal(f"{where}: expected a json object, got {type(value).__name__}")
+    return value
+
+
+def check_name(name: str, what: str = "agent") -> str:
+    """name when it matches ^[a-z][a-z0-9_-]{0,63}$; Refusal before any path is built otherwise."""
+    if not isinstance(name, str) or not NAME.match(name):
+        raise Refusal(f"{name!r} is not a valid {what} name (lowercase letter, then a-z 0-9 _ -, at most 64)")
+    return name
+
+
+# ---------------------------------------------------------------- the job card (ABOM), strictly
+
+def _is_number(value) -> bool:
+    """True for int/float, never bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fraction(value) -> bool:
+    """True for a number in 0..1."""
+    return _is_number(value) and 0 <= value <= 1
+
+
+def _tool_list(value) -> bool:
+    """True for a list of distinct tool-name strings."""
+    return isinstance(value, list) and all(isinstance(v, str) and v for v in value) and len(set(value)) == len(value)
+
+
+CARD_FIELDS = {  # field -> (check, what the message says it must be)
+    "agent": (lambda v: isinstance(v, str) and bool(NAME.match(v)), "an agent name"),
+    "entrypoint": (lambda v: isinstance(v, str) and re.fullmatch(r"[a-z][a-z0-9_]*:[a-z_][a-z0-9_]*", v),
+                   "'module:function' inside agents/"),
+    "model": (lambda v: isinstance(v, dict) and set(v) <= {"primary", "fallback"} and "primary" in v
+              and all(isinstance(x, str) and x for x in v.values()), '{"primary": id, "fallback": id}'),
+    "tools": (_tool_list, "a list of distinct tool names"),
+    "tools_denied": (_tool_list, "a list of distinct tool names"),
+    "gate_question": (lambda v: isinstance(v, str) and v.strip(), "a non-empty string"),
+    "evals": (lambda v: isinstance(v, dict), '{"pass_bar": 0..1, "gate": 0..1}'),
+    "draft_rubric": (lambda v: isinstance(v, dict), '{"min", "instructions", "levels"}'),
+    "cost_envelope_usd": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "max_steps": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
+    "tier_ceiling": (lambda v: v in TIERS, "one of C0 C1 C2 C3"),
+    "identity": (lambda v: isinstance(v, str) and v.strip(), "a non-empty string"),
+    "owner": (lambda v: isinstance(v, str) and v.strip(), "a non-empty string"),
+    "stamped_from": (lambda v: isinstance(v, str) and bool(NAME.match(v)), "an agent name"),
+    "master_digest": (lambda v: isinstance(v, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", v), "sha256:<64 hex>"),
+    "overrides": (lambda v: isinstance(v, dict), "an object of dotted paths to values"),
+}
+REQUIRED = ("agent", "entrypoint", "model", "tools", "tools_denied", "gate_question", "evals",
+            "cost_envelope_usd", "tier_ceiling", "identity", "owner")
+
+
+def validate_card(card: dict, where: str) -> dict:
+    """card when every field is known and well-typed; Refusal naming the field otherwise."""
+    for key in card:
+        if key not in CARD_FIELDS:
+            near = difflib.get_close_matches(key, CARD_FIELDS, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise Refusal(f"{where}: unknown field '{key}'{hint}")
+    for key in REQUIRED:
+        if key not in card:
+            raise Refusal(f"{where}: missing field '{key}'")
+    for key, value in card.items():
+        check, wanted = CARD_FIELDS[key]
+        if not check(value):
+            raise Refusal(f"{where}: field '{key}' must be {wanted}")
+    validate_evals(card["evals"], where)
+    if "draft_rubric" in card:
+        validate_rubric(card["draft_rubric"], where)
+    return card
+
+
+def validate_evals(evals: dict, where: str) -> None:
+    """Refusal unless evals is {"pass_bar": 0..1, "gate": 0..1} with an optional suite name."""
+    for key in evals:
+        if key not in ("pass_bar", "gate", "suite"):
+            raise Refusal(f"{where}: unknown field 'evals.{key}'")
+    for key in ("pass_bar", "gate"):
+        if not _fraction(evals.get(key)):
+            raise Refusal(f"{where}: field 'evals.{key}' must be a number in 0..1")
+    if "suite" in evals and not (isinstance(evals["suite"], str) and NAME.match(evals["suite"])):
+        raise Refusal(f"{where}: field 'evals.suite' must be an agent name")
+
+
+def validate_rubric(rubric: dict, where: str) -> None:
+    """Refusal unless the rubric has min 0..4, instructions, and exactly five levels 0..4."""
+    for key in rubric:
+        if key not in ("min", "instructions", "levels"):
+            raise Refusal(f"{where}: unknown field 'draft_rubric.{key}'")
+    if not (isinstance(rubric.get("min"), int) and not isinstance(rubric["min"], bool) and 0 <= rubric["min"] <= 4):
+        raise Refusal(f"{where}: field 'draft_rubric.min' must be an integer 0..4")
+    if not (isinstance(rubric.get("instructions"), str) and rubric["instructions"].strip()):
+        raise Refusal(f"{where}: field 'draft_rubric.instructions' must be a non-empty string")
+    levels = rubric.get("levels")
+    ok = isinstance(levels, list) and [lv.get("level") if isinstance(lv, dict) else None for lv in levels] == [0, 1, 2, 3, 4]
+    if not ok or not all(set(lv) == {"level", "description"} and isinstance(lv["description"], str) for lv in levels):
+        raise Refusal(f"{where}: field 'draft_rubric.levels' must be exactly five levels 0..4, each {{level, description}}")
+
+
+def set_path(card: dict, dotted: str, value) -> dict:
+    """A copy of card with the nested field at `a.b.c` set to value (objects created on the way)."""
+    result = json.loads(json.dumps(card))
+    node, parts = result, dotted.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part, {}), dict):
+            raise Refusal(f"--set {dotted}: '{part}' is not an object in the card")
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return result
+
+
+def parse_setting(text: str) -> tuple[str, object]:
+    """('a.b', value) from 'a.b=JSON'; a bare word that is not JSON is a string."""
+    path, sep, raw = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-z_]+(\.[a-z_]+)*", path):
+        raise Refusal(f"--set {text!r}: expected PATH=JSON, e.g. evals.pass_bar=0.95")
+    if path.split(".")[0] in ("agent",) + SET_BY_STAMP:
+        raise Refusal(f"--set {path}: set by stamp itself, not by hand")
+    try:
+        return path, json.loads(raw)
+    except json.JSONDecodeError:
+        return path, raw
+
+
+# ---------------------------------------------------------------- agents: card, module, digest
+
+@dataclass(frozen=True)
+class Agent:
+    """One agent as the line sees it: validated card, its module, and the tool contracts."""
+    name: str
+    card: dict
+    module: object
+    contracts: dict
+    components: dict
+
+    @property
+    def digest(self) -> str:
+        """sha256 over the component hashes: everything that decides behaviour."""
+        return sha256(canonical(self.components))
+
+    @property
+    def policy(self) -> broker.Policy:
+        """The broker policy from the card's grant and deny lists."""
+        return broker.Policy(self.name, frozenset(self.card["tools"]), frozenset(self.card["tools_denied"]))
+
+
+def load_python(fac: Factory, relative: str):
+    """Import agents/<relative> from this factory's root as a fresh module (not cached globally)."""
+    path = fac.agents / relative
+    fac.read_bytes(path)
+    spec = importlib.util.spec_from_file_location(f"factory_agents_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_card(fac: Factory, name: str) -> dict:
+    """The validated card of NAME from masters/NAME.json; Refusal when absent or malformed."""
+    path = fac.card_path(name)
+    if not path.exists():
+        raise Refusal(f"no agent named {name} (no {fac.shown(path)}); stamp it from a master first")
+    card = validate_card(fac.read_json(path), fac.shown(path))
+    if card["agent"] != name:
+        raise Refusal(f"{fac.shown(path)}: field 'agent' is {card['agent']!r} but the file is named {name!r}")
+    return card
+
+
+def load_agent(fac: Factory, name: str) -> Agent:
+    """Card, entrypoint module and contracts of NAME, with its digest components."""
+    return agent_from_card(fac, load_card(fac, name))
+
+
+def agent_from_card(fac: Factory, card: dict) -> Agent:
+    """The Agent a validated card describes (its module and tool contracts read from agents/)."""
+    module_name, function = card["entrypoint"].split(":")
+    module = load_python(fac, f"{module_name}.py")
+    for needed in (function, "SYSTEM", "OUTPUT_SCHEMA"):
+        if not hasattr(module, needed):
+            raise Refusal(f"agents/{module_name}.py: has no {needed} (entrypoint {card['entrypoint']})")
+    contracts = load_python(fac, "tools.py").CONTRACTS
+    return Agent(card["agent"], card, module, contracts, digest_components(fac, card, module_name, contracts))
+
+
+def digest_components(fac: Factory, card: dict, module_name: str, contracts: dict) -> dict:
+    """Component label -> sha256: the card, entrypoint source, tool code, each tool contract, referenced files."""
+    def file_hash(relative):
+        return sha256(fac.read_bytes(fac.agents / relative))
+    parts = {"card": sha256(canonical(card)),
+             f"entrypoint agents/{module_name}.py": file_hash(f"{module_name}.py"),
+             "tool code agents/tools.py": file_hash("tools.py")}
+    for tool in sorted(set(card["tools"]) | set(card["tools_denied"])):
+        parts[f"contract {tool}"] = sha256(canonical(contracts.get(tool)))
+    for other in sorted(referenced_modules(fac, module_name)):
+        parts[f"file agents/{other}.py"] = file_hash(f"{other}.py")
+    return parts
+
+
+def referenced_modules(fac: Factory, module_name: str) -> set[str]:
+    """Names of the other agents/ modules the entrypoint module imports (`from agents import x`)."""
+    tree = ast.parse(fac.read_bytes(fac.agents / f"{module_name}.py"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "agents":
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agents."):
+            found.add(node.module.split(".")[1])
+    return {name for name in found if (fac.agents / f"{name}.py").is_file()} - {module_name, "tools"}
+
+
+def changed_components(old: dict, new: dict) -> list[str]:
+    """Labels of components that differ between two component maps (added or removed count)."""
+    return sorted(label for label in set(old) | set(new) if old.get(label) != new.get(label))
+
+
+# ---------------------------------------------------------------- lineage, suites, recalls
+
+def parents(fac: Factory) -> dict:
+    """variant -> the agent it was stamped from, from the append-only lineage log (cards can be edited)."""
+    found = {}
+    if fac.lineage.exists():
+        for _, row in fac.read_jsonl(fac.lineage):
+            found[row["agent"]] = row["stamped_from"]
+    return found
+
+
+def ancestors(fac: Factory, name: str) -> list[str]:
+    """NAME's master, its master's master, ... (nearest first), from the lineage log."""
+    chain, parent_of = [], parents(fac)
+    while name in parent_of and parent_of[name] not in chain:
+        name = parent_of[name]
+        chain.append(name)
+    return chain
+
+
+def descendants(fac: Factory, name: str) -> list[str]:
+    """Every variant stamped from NAME, transitively, parents before children."""
+    parent_of, found, queue = parents(fac), [], [name]
+    while queue:
+        current = queue.pop(0)
+        children = sorted(child for child, parent in parent_of.items() if parent == current and child not in found)
+        found += children
+        queue += children
+    return found
+
+
+def suite_name(fac: Factory, agent: Agent) -> str:
+    """The suite an agent is proved on: evals.suite, else its own, else its nearest master's."""
+    if "suite" in agent.card["evals"]:
+        return agent.card["evals"]["suite"]
+    for candidate in [agent.name] + ancestors(fac, agent.name):
+        if (fac.evals / candidate / "cases.jsonl").exists():
+            return candidate
+    return agent.name
+
+
+def suite_path(fac: Factory, suite: str, sealed: bool) -> Path:
+    """evals/SUITE/cases.jsonl, or SEALED_DIR/SUITE/sealed.jsonl for the sealed half."""
+    return fac.sealed_dir / suite / "sealed.jsonl" if sealed else fac.evals / suite / "cases.jsonl"
+
+
+def load_cases(fac: Factory, path: Path) -> list[dict]:
+    """The cases of one half; Refusal naming file and line for a malformed case."""
+    cases, seen = [], set()
+    if not path.exists():
+        raise Refusal(f"{fac.shown(path)}: missing; a suite needs cases before it can prove anything")
+    for number, case in fac.read_jsonl(path):
+        at = f"{fac.shown(path)} line {number}"
+        if set(case) - {"id", "input", "expect", "source"} or not {"id", "input", "expect"} <= set(case):
+            raise Refusal(f"{at}: a case is {{id, input, expect, source}}; got {sorted(case)}")
+        if not isinstance(case["id"], str) or case["id"] in seen or not isinstance(case["expect"], dict):
+            raise Refusal(f"{at}: case id must be a unique string and expect an object")
+        seen.add(case["id"])
+        cases.append(case)
+    if not cases:
+        raise Refusal(f"{fac.shown(path)}: has no cases")
+    return cases
+
+
+def recalls_of(fac: Factory, name: str) -> list[dict]:
+    """Recall entries that reach NAME: its own and its masters', oldest first (append-only log)."""
+    if not fac.recalls.exists():
+        return []
+    reach = {name, *ancestors(fac, name)}
+    return [row for _, row in fac.read_jsonl(fac.recalls) if row.get("agent") in reach]
+
+
+# ---------------------------------------------------------------- certificates: HMAC-SHA256 per signer
+
+UNSIGNED_FIELDS = ("signature", "revoked")   # revocation is added later and also kept in its own log
+
+
+def key_path(fac: Factory, signer: str) -> Path:
+    """KEYS_DIR/SIGNER.key (signer name checked first)."""
+    if not SIGNER.match(signer or ""):
+        raise Refusal(f"{signer!r} is not a valid signer name (a letter, then letters, digits . _ -)")
+    return fac.keys_dir / f"{signer}.key"
+
+
+def signing_key(fac: Factory, signer: str) -> bytes:
+    """The signer's key, created on first use (32 random bytes, mode 0600) with a line saying where."""
+    path = key_path(fac, signer)
+    if not path.exists():
+        fac.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileExistsError):
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(handle, "w") as out:
+                out.write(secrets.token_hex(32) + "\n")
+            print(f"created signing key for {signer} at {path} (mode 0600; keep it out of the repo)", file=sys.stderr)
+    return path.read_text().strip().encode()
+
+
+def signature_of(key: bytes, cert: dict) -> str:
+    """'hmac-sha256:<hex>' over the canonical JSON of every certificate field but the unsigned ones."""
+    body = {k: v for k, v in cert.items() if k not in UNSIGNED_FIELDS}
+    return "hmac-sha256:" + hmac.new(key, canonical(body), hashlib.sha256).hexdigest()
+
+
+def verified_certificate(fac: Factory, name: str) -> dict:
+    """NAME's certificate after its signature verifies; Refusal saying exactly why it does not."""
+    path = fac.cert_path(name)
+    where = fac.shown(path)
+    if not path.exists():
+        raise Refusal("uncertified. no evals, no production.")
+    cert = fac.read_json(path)
+    signer = cert.get("signer")
+    if not isinstance(signer, str) or not SIGNER.match(signer) or not isinstance(cert.get("signature"), str):
+        raise Refusal(f"{where}: the certificate does not verify (no valid signer or signature). re-certify.")
+    key_file = key_path(fac, signer)
+    if not key_file.exists():
+        raise Refusal(f"{where}: signed by {signer}, whose key is not on this machine ({key_file}); it cannot be verified here.")
+    if not hmac.compare_digest(signature_of(key_file.read_text().strip().encode(), cert), cert["signature"]):
+        raise Refusal(f"{where}: the certificate does not verify with {signer}'s key; it was changed after signing. re-certify.")
+    if cert.get("agent") != name:
+        raise Refusal(f"{where}: the certificate is for {cert.get('agent')!r}, not {name}; it does not verify here.")
+    return cert
+
+
+def revocation_of(fac: Factory, cert: dict) -> dict | None:
+    """The revocation entry for this exact certificate (by signature), from the append-only log."""
+    if not fac.revocations.exists():
+        return None
+    for _, row in fac.read_jsonl(fac.revocations):
+        if row.get("signature") == cert["signature"]:
+            return row
+    return None
+
+
+def revoke(fac: Factory, name: str, reason: str) -> bool:
+    """Mark NAME's certificate revoked (kept on disk) and log it; False when there was none to revoke."""
+    path = fac.cert_path(name)
+    if not path.exists():
+        return False
+    cert = fac.read_json(path)
+    if cert.get("revoked"):
+        return False
+    entry = {"agent": name, "reason": reason, "at": utc_now(), "signature": cert.get("signature")}
+    append_jsonl(fac.revocations, entry)
+    write_json(path, {**cert, "revoked": {"reason": reason, "at": entry["at"]}})
+    return True
+
+
+def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
+    """The agent and its certificate when it may run: verifies, not revoked, not recalled, unchanged."""
+    cert = verified_certificate(fac, name)
+    revoked = cert.get("revoked") or revocation_of(fac, cert)
+    if revoked:
+        raise Refusal(f"certificate revoked: {revoked['reason']}. re-prove and re-certify.")
+    recalls = [r for r in recalls_of(fac, name) if r["at"] > cert["sealed_at"]]
+    if recalls:
+        raise Refusal(f"recalled: {recalls[-1]['reason']}. re-certify before running.")
+    agent = load_agent(fac, name)
+    if agent.digest != cert["digest"]:
+        changed = ", ".join(changed_components(cert.get("components", {}), agent.components)) or "digest"
+        raise Refusal(f"the ABOM changed since certification ({changed}). re-prove and re-certify.")
+    return agent, cert
+
+
+# ---------------------------------------------------------------- the worker loop (SPEC §5)
+
+class Stop(Exception):
+    """A loop exit; `status` is the closed-set status recorded in the trace."""
+    status = "stopped"
+
+
+class Finished(Stop):
+    """The worker answered with text."""
+    status = "done"
+
+
+class Escalated(Stop):
+    """The step budget ran out or the answer was unusable: a human takes over."""
+    status = "escalated"
+
+
+class OverBudget(Stop):
+    """The next model call would have exceeded the card's cost envelope."""
+    status = "over_budget"
+
+
+def task_text(value) -> str:
+    """What the worker is asked: the ticket text, or a JSON rendering of a structured input."""
+    return value if isinstance(value, str) else json.dumps(value, indent=1, ensure_ascii=False)
+
+
+def parse_output(text: str, schema: dict) -> dict:
+    """The JSON object in the worker's final text, checked against the agent's OUTPUT_SCHEMA; Escalated otherwise."""
+    start, end = text.find("{"), text.rfind("}")
+    try:
+        value = json.loads(text[start:end + 1]) if start >= 0 else None
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise Escalated("the answer holds no json object")
+    problem = broker.check_args(schema, value, "output")
+    if problem:
+        raise Escalated(f"the answer breaks the output contract: {problem}")
+    return value
+
+
+@dataclass
+class Loop:
+    """One run of the worker: ask, carry out each tool call through the broker, until a Stop.
+
+    `worker` has `complete(messages, tools) -> llm.Reply`; `record` appends a trace event;
+    `spill(seq, text) -> str` saves a tool result too long to send back and returns its path.
+    """
+    worker: object
+    broker: broker.Broker
+    agent: Agent
+    task: str
+    record: callable
+    spill: callable = None
+    steps: int = 0
+    cost: float | None = 0.0
+    output: dict | None = None
+    reason: str = ""
+    backends: list = field(default_factory=list)
+    messages: list = field(default_factory=list)
+
+    def run(self) -> str:
+        """Step until a Stop; returns its status (done | escalated | over_budget)."""
+        self.messages = [{"role": "system", "content": self.agent.module.SYSTEM},
+                         {"role": "user", "content": self.task}]
+        while True:
+            try:
+                self.step()
+            except Stop as stop:
+                self.reason = str(stop)
+                return stop.status
+
+    def step(self) -> None:
+        """Ask the worker once; text ends the run, tool calls go through the broker."""
+        reply = self.ask()
+        if not reply.tool_calls:
+            self.output = parse_output(reply.text, self.agent.module.OUTPUT_SCHEMA)
+            raise Finished("answered")
+        calls = [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]
+        self.messages.append({"role": "assistant", "content": reply.text, "tool_calls": calls})
+        for call in reply.tool_calls:
+            outcome = self.broker.carry_out(call.name, call.args)
+            self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
+                                  "content": self.clip(outcome), "is_error": not outcome.ok})
+
+    def ask(self):
+        """Check the step budget and the envelope *before* spending, then call the worker."""
+        max_steps = self.agent.card.get("max_steps", 8)
+        if self.steps >= max_steps:
+            raise Escalated(f"step budget of {max_steps} spent without an answer")
+        envelope = self.agent.card["cost_envelope_usd"]
+        estimate = self.worker.estimate_next_cost(self.messages, self.schemas())
+        if self.cost is not None and estimate is not None and self.cost + estimate > envelope:
+            raise OverBudget(f"next call (~${estimate:.4f}) would pass the ${envelope} envelope at ${self.cost:.4f}")
+        self.steps += 1
+        reply = self.worker.complete(self.messages, self.schemas())
+        self.cost = None if self.cost is None or reply.cost_usd is None else self.cost + reply.cost_usd
+        self.backends.append(reply.backend)
+        self.record({"event": "model", "step": self.steps, "backend": reply.backend, "model": reply.model,
+                     "usage": reply.usage, "cost_usd": reply.cost_usd, "latency_ms": round(reply.latency_ms, 3),
+                     "text": reply.text, "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls],
+                     "attempts": list(reply.attempts), "headers": reply.headers})
+        return reply
+
+    def schemas(self) -> list[dict]:
+        """Tool schemas for the granted, not denied tools only (the caller can never widen grants)."""
+        allowed = [t for t in self.agent.card["tools"] if t not in self.agent.card["tools_denied"]]
+        return [{"name": t, "description": self.agent.contracts[t]["description"],
+                 "params": self.agent.contracts[t]["params"]} for t in allowed if t in self.agent.contracts]
+
+    def clip(self, outcome: broker.Outcome) -> str:
+        """The tool result for the worker: whole when short, else head + tail + where the full text is."""
+        text = outcome.result
+        if len(text) <= CLIP_CHARS or self.spill is None:
+            return text[:CLIP_CHARS]
+        where = self.spill(outcome.seq, text)
+        return f"{text[:CLIP_CHARS // 2]}\n[... {len(text) - CLIP_CHARS * 3 // 4} characters clipped; full output at {where} ...]\n{text[-CLIP_CHARS // 4:]}"
+
+
+# ---------------------------------------------------------------- the output gate (Sage)
+
+def gate_output(fac: Factory, agent: Agent, task: str, output: dict, within_envelope: bool) -> dict:
+    """Ask Sage the card's gate question about one output: {verdict, p, answer, bar, line}.
+
+    verdict is pass | flag | unsure | unscored | failed; only `pass` lets acting calls execute.
+    One attempt with an 8 s deadline, no retry (SPEC §4)."""
+
+    bar = agent.card["evals"]["gate"]
+    content = f"Input:\n{task}\n\nAgent output:\n{json.dumps(output, ensure_ascii=False)}"
+    try:
+        decision = sage.Sage.from_env(fac.env, timeout=8.0).yesno(content, agent.card["gate_question"])
+    except sage.NoKey as missing:
+        return {"verdict": "unscored", "p": None, "answer": None, "bar": bar, "line": f"gate: unscored ({missing})"}
+    except sage.SageError as error:
+        return {"verdict": "failed", "p": None, "answer": None, "bar": bar, "line": f"gate: FAILED ({error})"}
+    return judge(decision.answer, decision.p, bar, within_envelope)
+
+
+def judge(answer: str | None, p: float | None, bar: float, within_envelope: bool) -> dict:
+    """passed = answer == yes and p >= bar and within the envelope; null answer is `unsure`, not `no`."""
+    shown = "?" if p is None else f"{p:.3f}"
+    if answer is None:
+        verdict, note = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag"
+    elif answer == "yes" and p is not None and p >= bar and within_envelope:
+        verdict, note = "pass", f"gate: p={shown} bar={bar} -> pass"
+    else:
+        verdict = "flag"
+        why = "" if within_envelope else " (cost outside the envelope)"
+        note = f"gate: {answer} p={shown} bar={bar} -> flag{why}"
+    return {"verdict": verdict, "p": p, "answer": answer, "bar": bar, "line": note}
+
+
+# ---------------------------------------------------------------- one production run
+
+def new_run_id() -> str:
+    """A run id that sorts by time: UTC timestamp with microseconds, then 6 random hex."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
+
+
+def make_worker(fac: Factory, agent: Agent, task_input):
+    """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules."""
+
+    rules = getattr(agent.module, agent.card["entrypoint"].split(":")[1])
+    return llm.Worker(model=agent.card["model"], env=fac.env, rules=rules, task_input=task_input)
+
+
+def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None) -> dict:
+    """Run a certified agent on one input: loop, gate, tier, trace, index row; returns the index row."""
+
+    run_id = new_run_id()
+    trace = fac.trace_path(agent.name, run_id)
+    record = lambda event: append_jsonl(trace, event)  # noqa: E731 - the trace sink handed to the broker
+    record({"format": TRACE_FORMAT, "run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
+            "digest": agent.digest, "tier": cert["tier"], "input": task_input})
+    tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, append_jsonl)
+    desk = broker.Broker(agent.policy, agent.contracts, tools, "run", record)
+    loop = Loop(make_worker(fac, agent, task_input), desk, agent, task_text(task_input), record,
+                spill=lambda seq, text: spill(fac, agent.name, run_id, seq, text))
+    try:
+        status = loop.run()
+    except llm.LLMError as error:
+        status, loop.reason = "crashed", f"{type(error).__name__}: {error}"
+    return close_run(fac, agent, cert, run_id, loop, status, record)
+
+
+def spill(fac: Factory, agent: str, run_id: str, seq: int, text: str) -> str:
+    """Save a full tool result under traces/AGENT/RUN_ID/ and return its path as shown to the user."""
+    path = fac.traces / agent / run_id / f"tool-{seq}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return fac.shown(path)
+
+
+def close_run(fac: Factory, agent: Agent, cert: dict, run_id: str, loop: Loop, status: str, record) -> dict:
+    """Gate the output, apply the tier to staged calls, write the closing event and the index row."""
+    within = loop.cost is not None and loop.cost <= agent.card["cost_envelope_usd"]
+    if status == "done":
+        gate = gate_output(fac, agent, loop.task, loop.output, within)
+    else:
+        gate = {"verdict": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
+                "line": f"gate: not run (run {status}: {loop.reason})"}
+    record({"event": "gate", **gate})
+    acted = apply_tier(loop.broker, cert["tier"], gate["verdict"] == "pass" and within, record)
+    reasons = routing_reasons(status, loop, gate)
+    row = {"run_id": run_id, "agent": agent.name, "at": utc_now(), "status": status, "reason": loop.reason,
+           "gate": gate["verdict"], "p": gate["p"], "gate_line": gate["line"], "backends": sorted(set(loop.backends)),
+           "cost_usd": loop.cost, "steps": loop.steps, "denied": loop.broker.denials(), "acted": acted,
+           "staged": len(loop.broker.staged), "routed": bool(reasons), "why": reasons, "output": loop.output,
+           "tools": [[o.tool, o.verdict] for o in loop.broker.outcomes]}
+    record({"event": "end", **{k: row[k] for k in ("status", "reason", "gate", "routed", "why", "output", "cost_usd")}})
+    append_jsonl(fac.index, {k: v for k, v in row.items() if k not in ("output", "tools", "gate_line")})
+    return row
+
+
+def apply_tier(desk: broker.Broker, tier: str, passed: bool, record) -> int:
+    """Execute staged acting calls only for C3 after a passing gate; otherwise leave them for a human."""
+    acted = 0
+    for outcome in list(desk.staged):
+        if passed and tier == "C3":
+            acted += desk.execute_staged(outcome).ok
+        else:
+            why = "the gate did not pass" if not passed else f"tier {tier} leaves acting calls for a human"
+            record({"event": "staged", "seq": outcome.seq, "tool": outcome.tool, "args": outcome.args,
+                    "args_digest": broker.args_digest(outcome.args), "left_for": "human", "why": why})
+    return acted
+
+
+def routing_reasons(status: str, loop: Loop, gate: dict) -> list[str]:
+    """Why this run goes to a human (empty when it does not): run status, gate, the agent's own flag."""
+    reasons = []
+    if status != "done":
+        reasons.append(f"run {status}: {loop.reason}")
+    elif gate["verdict"] != "pass":
+        reasons.append(gate["line"].removeprefix("gate: "))
+    if isinstance(loop.output, dict) and loop.output.get("escalate") is True:
+        reasons.append("the agent escalated it")
+    return reasons
+
+
+# ---------------------------------------------------------------- prove: the proving ground
+
+def prove_case(fac: Factory, agent: Agent, case: dict) -> dict:
+    """Run one case with every tool a recorder (dry mode) and judge it against `expect`."""
+    events: list = []
+    desk = broker.Broker(agent.policy, agent.contracts, {}, "dry", events.append)
+    loop = Loop(make_worker(fac, agent, case["input"]), desk, agent, task_text(case["input"]), events.append)
+    try:
+        status = loop.run()
+    except llm.LLMError as error:
+        status, loop.reason = "crashed", f"{type(error).__name__}: {error}"
+    expect = dict(case["expect"])
+    allowed = set(expect.pop("denied", []))
+    got = loop.output or {}
+    wrong = {key: {"wanted": want, "got": got.get(key)} for key, want in expect.items() if got.get(key) != want}
+    unexpected = sorted(set(desk.denials()) - allowed)
+    return {"id": case["id"], "passed": status == "done" and not wrong and not unexpected,
+            "status": status, "reason": loop.reason, "wrong": wrong, "denied": desk.denials(),
+            "unexpected_denials": unexpected, "draft": got.get("draft"), "backends": sorted(set(loop.backends)),
+            "synthetic": case.get("source") == "synthetic", "draft_score": None}
+
+
+def score_drafts(fac: Factory, agent: Agent, cases: list[dict], results: list[dict]) -> str:
+    """Score every draft with Sage `scale` in batched calls; a case under the rubric's min fails.
+
+    Returns the draft note for the summary: 'no rubric', 'unscored (no key)',
+    'scoring FAILED (<reason>)' or '<mean>/4 on <n>'. A skipped check never reads like a passed one."""
+    rubric = agent.card.get("draft_rubric")
+    if not rubric:
+        return "no rubric"
+    todo = [(case, result) for case, result in zip(cases, results) if isinstance(result["draft"], str)]
+    question = sage.Question(kind="scale", instructions=rubric["instructions"], levels=rubric["levels"])
+    items = [(f"Input:\n{task_text(case['input'])}\n\nDraft reply:\n{result['draft']}", question) for case, result in todo]
+    try:
+        answers = sage.Sage.from_env(fac.env, timeout=30.0, retries=2).batch(items) if items else []
+    except sage.NoKey:
+        return "unscored (no key)"
+    except sage.SageError as error:
+        return f"scoring FAILED ({error})"
+    failures = [a for a in answers if isinstance(a, sage.SageError)]
+    for (case, result), answer in zip(todo, answers):
+        if not isinstance(answer, sage.SageError) and answer.expectation is not None:
+            result["draft_score"] = answer.expectation
+            result["passed"] = result["passed"] and answer.expectation >= rubric["min"]
+    scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
+    mean = f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}" if scores else "0 scored"
+    return f"scoring FAILED ({len(failures)} of {len(items)}: {failures[0]})" if failures else mean
+
+
+def share(results: list[dict]) -> dict:
+    """{score, passed, cases} for a list of case results (score 0.0 when empty)."""
+    passed = sum(r["passed"] for r in results)
+    return {"score": round(passed / len(results), 4) if results else 0.0, "passed": passed, "cases": len(results)}
+
+
+def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results: list, draft: str) -> dict:
+    """The record of one proof (SPEC §4); a sealed record names failing case ids only."""
+    overall = share(results)
+    scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
+    failures = [r["id"] if half == "sealed" else {k: r[k] for k in ("id", "status", "wrong", "unexpected_denials")}
+                for r in results if not r["passed"]]
+    return {"format": RECORD_FORMAT, "agent": agent.name, "half": half, "at": utc_now(), **overall,
+            "pass_bar": agent.card["evals"]["pass_bar"], "real": share([r for r in results if not r["synthetic"]]),
+            "synthetic": share([r for r in results if r["synthetic"]]),
+            "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
+            "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
+            "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
+            "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures}
+
+
+def cmd_prove(fac: Factory, args) -> int:
+    """Prove an agent on its suite (open half, or --sealed); every tool is a recorder. Exit 0 only above the bar."""
+    agent = load_agent(fac, args.agent)
+    half = "sealed" if args.sealed else "open"
+    suite = suite_name(fac, agent)
+    path = suite_path(fac, suite, args.sealed)
+    cases = load_cases(fac, path)
+    results = [prove_case(fac, agent, case) for case in cases]
+    draft = score_drafts(fac, agent, cases, results)
+    record = proof_record(agent, half, suite, sha256(fac.read_bytes(path, limit=1 << 40)), results, draft)
+    write_json(fac.records / agent.name / f"{new_run_id()}.{half}.json", record)
+    print_proof(record)
+    return 0 if record["score"] >= record["pass_bar"] else 1
+
+
+def print_proof(record: dict) -> None:
+    """The summary line, the real/synthetic split, and the failures (ids only for the sealed half)."""
+    verdict = "PASS" if record["score"] >= record["pass_bar"] else "UNDER BAR"
+    print(f"{record['agent']} [{record['half']}] {record['passed']}/{record['cases']} = {record['score']:.2f} "
+          f"(bar {record['pass_bar']}) {verdict}   denials:{record['tool_denials']}   draft:{record['draft_check']}")
+    real, synthetic = record["real"], record["synthetic"]
+    print(f"  real tickets {real['passed']}/{real['cases']} = {real['score']:.2f}   "
+          f"synthetic {synthetic['passed']}/{synthetic['cases']} = {synthetic['score']:.2f}   backends: {', '.join(record['backends'])}")
+    for failure in record["failures"]:
+        print(f"  failed {failure}" if isinstance(failure, str) else f"  failed {failure['id']}: {json.dumps(failure['wrong'])}"
+              + (f" denied {failure['unexpected_denials']}" if failure["unexpected_denials"] else ""))
+
+
+# ---------------------------------------------------------------- certify: the station that stays human
+
+def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
+    """Every sealed proof of NAME, oldest first (run ids sort by time); history is never overwritten."""
+    folder = fac.records / name
+    paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
+    return [(path, fac.read_json(path)) for path in paths]
+
+
+def certify_guards(fac: Factory, agent: Agent, tier: str) -> tuple[Path, dict, int]:
+    """The latest sealed proof when every guard holds, plus the attempts since the card last changed."""
+    ceiling = agent.card["tier_ceiling"]
+    if TIERS.index(tier) > TIERS.index(ceiling):
+        raise Refusal(f"tier {tier} is above the card's tier_ceiling {ceiling}.")
+    proofs = sealed_records(fac, agent.name)
+    if not proofs:
+        raise Refusal("no sealed run. the law: no evals, no production.")
+    path, proof = proofs[-1]
+    if proof.get("digest") != agent.digest:
+        changed = ", ".join(changed_components(proof.get("components", {}), agent.components))
+        raise Refusal(f"the ABOM changed after the sealed run ({changed}). re-prove before certifying.")
+    sealed = suite_path(fac, proof["suite"], True)
+    if sha256(fac.read_bytes(sealed, limit=1 << 40)) != proof.get("suite_digest"):
+        raise Refusal(f"the sealed suite changed after the sealed run ({fac.shown(sealed)}). re-prove before certifying.")
+    if proof["score"] < proof["pass_bar"]:
+        raise Refusal(f"sealed score {proof['score']} is under the bar {proof['pass_bar']}.")
+    later = [r for r in recalls_of(fac, agent.name) if r["at"] > proof["at"]]
+    if later:
+        raise Refusal(f"recalled after the sealed run ({later[-1]['reason']}). a recall needs a fresh sealed proof.")
+    attempts = sum(1 for _, p in proofs if p.get("digest") == agent.digest)
+    return path, proof, attempts
+
+
+def cmd_certify(fac: Factory, args) -> int:
+    """Sign a certificate for an agent whose latest sealed proof clears the bar; only a human at a terminal can."""
+    agent = load_agent(fac, args.agent)
+    path, proof, attempts = certify_guards(fac, agent, args.tier)
+    key_path(fac, args.by)
+    if not sys.stdin.isatty():
+        raise Refusal("unsigned. certification is the station that stays human.")
+    print(f"{agent.name} at tier {args.tier}, signed by {args.by}\n  digest {agent.digest}\n"
+          f"  sealed proof {fac.shown(path)}: {proof['passed']}/{proof['cases']} = {proof['score']:.2f} (bar {proof['pass_bar']}), "
+          f"draft:{proof['draft_check']}\n  sealed attempts since the card last changed: {attempts}\n"
+          f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}",
+          file=sys.stderr)
+    sys.stderr.write("sign it? [y/N] ")
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() != "y":
+        raise Refusal("unsigned.")
+    cert = certificate(fac, agent, args.tier, args.by, path, proof)
+    archive_certificate(fac, agent.name)
+    write_json(fac.cert_path(agent.name), cert)
+    print(f"certified {agent.name} at {args.tier}: {fac.shown(fac.cert_path(agent.name))}")
+    return 0
+
+
+def certificate(fac: Factory, agent: Agent, tier: str, signer: str, path: Path, proof: dict) -> dict:
+    """The signed certificate: what may run, at which tier, on whose word."""
+    cert = {"format": CERT_FORMAT, "agent": agent.name, "tier": tier, "digest": agent.digest,
+            "components": agent.components, "sealed_score": proof["score"], "sealed_record": path.name,
+            "sealed_at": proof["at"], "suite_digest": proof["suite_digest"], "grants": agent.card["tools"],
+            "denied": agent.card["tools_denied"], "envelope_usd": agent.card["cost_envelope_usd"],
+            "identity": agent.card["identity"], "owner": agent.card["owner"], "signer": signer, "signed_at": utc_now()}
+    cert["signature"] = signature_of(signing_key(fac, signer), cert)
+    return cert
+
+
+def archive_certificate(fac: Factory, name: str) -> None:
+    """Keep the previous certificate (if any) under registry/history/NAME/ before it is replaced."""
+    current = fac.cert_path(name)
+    if current.exists():
+        old = current.read_bytes()
+        target = fac.registry / "history" / name / f"{new_run_id()}.card.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(old)
+
+
+# ---------------------------------------------------------------- run, tower, harvest, recall
+
+def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
+    """(id, input) for each line of a tickets file `{"id", "input"}`; Refusal naming file and line."""
+    tickets = []
+    for number, row in fac.read_jsonl(path, confined=False):
+        if not isinstance(row.get("id"), str) or not isinstance(row.get("input"), str):
+            raise Refusal(f"{fac.shown(path)} line {number}: a ticket is {{\"id\": str, \"input\": str}}")
+        tickets.append((row["id"], row["input"]))
+    if not tickets:
+        raise Refusal(f"{fac.shown(path)}: has no tickets")
+    return tickets
+
+
+def cmd_run(fac: Factory, args) -> int:
+    """Run a certified agent on one input or a file of tickets: worker loop, gate, tier clamp, trace."""
+    if (args.input is None) == (args.file is None):
+        raise Refusal("run takes one input: TEXT or --file TICKETS.jsonl")
+    agent, cert = certified_agent(fac, args.agent)
+    tickets = [(None, args.input)] if args.file is None else load_tickets(fac, Path(args.file))
+    for ticket_id, text in tickets:
+        row = run_one(fac, agent, cert, text, ticket_id)
+        print_run(row) if args.file is None else print_ticket(ticket_id, row)
+    return 0
+
+
+def print_run(row: dict) -> None:
+    """One run in full: the output, each tool ruling, the gate line, and where it went."""
+    print(json.dumps(row["output"], ensure_ascii=False) if row["output"] is not None else f"(no output: {row['reason']})")
+    for tool, verdict in row["tools"]:
+        print(f"  tool {tool:<18} {verdict}")
+    print(row["gate_line"])
+    print(f"routed to a human: {'; '.join(row['why'])}." if row["routed"] else "passed: no human needed.")
+    print(f"trace {row['agent']}/{row['run_id']}  backend {', '.join(row['backends']) or 'none'}  status {row['status']}")
+
+
+def print_ticket(ticket_id: str, row: dict) -> None:
+    """One line per ticket for --file runs."""
+    out = row["output"] or {}
+    where = "human: " + "; ".join(row["why"]) if row["routed"] else "passed"
+    print(f"{ticket_id}\t{out.get('label', '-')}\tescalate={str(out.get('escalate', '-')).lower()}\t"
+          f"gate={row['gate']}\t-> {where}")
+
+
+@dataclass
+class Tally:
+    """Tower figures for one agent, accumulated row by row (memory does not grow with history)."""
+    runs: int = 0
+    passed: int = 0
+    unscored: int = 0
+    acted: int = 0
+    staged: int = 0
+    denied: int = 0
+    cost: float | None = 0.0
+    backends: set = field(default_factory=set)
+    bins: list = field(default_factory=lambda: [0] * 10)
+
+    def add(self, row: dict) -> None:
+        """Count one index row."""
+        self.runs += 1
+        self.passed += row.get("gate") == "pass"
+        self.unscored += row.get("gate") in ("unscored", "failed", "not-run")
+        self.acted += row.get("acted", 0)
+        self.staged += row.get("staged", 0)
+        self.denied += len(row.get("denied", []))
+        self.cost = None if self.cost is None or row.get("cost_usd") is None else self.cost + row["cost_usd"]
+        self.backends.update(row.get("backends", []))
+        if isinstance(row.get("p"), (int, float)):
+            self.bins[min(int(row["p"] * 10), 9)] += 1
+
+
+def cmd_tower(fac: Factory, args) -> int:
+    """Per agent: runs, gate pass %, acted, staged, cost, denials, backends, and the gate probabilities."""
+    tallies: dict[str, Tally] = {}
+    if fac.index.exists():
+        for _, row in fac.read_jsonl(fac.index):
+            tallies.setdefault(str(row.get("agent")), Tally()).add(row)
+    print(f"{'agent':<16} {'runs':>6} {'pass':>5} {'acted':>6} {'staged':>6} {'cost':>10} {'denied':>7} {'unscored':>8}  backends")
+    for name, t in sorted(tallies.items()):
+        cost = "?" if t.cost is None else f"${t.cost:.4f}"
+        print(f"{name:<16} {t.runs:>6} {100 * t.passed // max(t.runs, 1):>4}% {t.acted:>6} {t.staged:>6} {cost:>10} "
+              f"{t.denied:>7} {t.unscored:>8}  {', '.join(sorted(t.backends))}")
+        print(f"{'':<16} gate p by tenths 0->1: {' '.join(map(str, t.bins))}   (scored {sum(t.bins)} of {t.runs})")
+    if not tallies:
+        print("(no runs yet)")
+    return 0
+
+
+def flagged(row: dict) -> bool:
+    """A run worth an eval case: the gate said no or unsure, a tool was denied, or it did not finish."""
+    return row.get("gate") in ("flag", "unsure") or bool(row.get("denied")) or row.get("status") != "done"
+
+
+def cmd_harvest(fac: Factory, args) -> int:
+    """Evalsmith (certified) turns the agent's flagged runs into proposed cases in evals/AGENT/proposed.jsonl."""
+    load_card(fac, args.agent)
+    try:
+        smith, smith_cert = certified_agent(fac, "evalsmith")
+    except Refusal as why:
+        raise Refusal(f"evalsmith is not certified. the line only hires from the registry. ({why})") from None
+    log = fac.records / args.agent / "harvested.jsonl"
+    done = {row["run_id"] for _, row in fac.read_jsonl(log)} if log.exists() else set()
+    todo = [row for _, row in fac.read_jsonl(fac.index)] if fac.index.exists() else []
+    todo = [row for row in todo if row.get("agent") == args.agent and flagged(row) and row["run_id"] not in done]
+    proposed = 0
+    for row in todo:
+        result = run_one(fac, smith, smith_cert, flagged_input(fac, row))
+        proposed += sum(1 for tool, verdict in result["tools"] if tool == "evals:propose" and verdict == "ok")
+        append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
+    print(f"harvested {len(todo)} flagged run(s) of {args.agent}; proposed {proposed} case(s) into "
+          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them)")
+    return 0
+
+
+def flagged_input(fac: Factory, row: dict) -> dict:
+    """What evalsmith sees of one flagged run: its input (from the trace header), output, gate and denials."""
+    trace = fac.trace_path(row["agent"], row["run_id"])
+    header = next(fac.read_jsonl(trace))[1]
+    end = [event for _, event in fac.read_jsonl(trace) if event.get("event") == "end"]
+    return {"run_id": row["run_id"], "agent": row["agent"], "input": header.get("input"),
+            "output": end[-1].get("output") if end else None, "gate": {"verdict": row.get("gate"), "p": row.get("p")},
+            "denials": row.get("denied", []), "why": "; ".join(row.get("why", []))}
+
+
+def cmd_recall(fac: Factory, args) -> int:
+    """Recall an agent and every variant stamped from it: none runs again until re-proved and re-signed."""
+    load_card(fac, args.agent)
+    reason = (args.reason or "").strip()
+    if not reason:
+        raise Refusal("a recall needs a reason: --reason TEXT")
+    append_jsonl(fac.recalls, {"agent": args.agent, "reason": reason, "at": utc_now(),
+                               "by": fac.env.get("USER", "unknown")})
+    variants = descendants(fac, args.agent)
+    print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")
+    print("every new run of these is refused until a fresh sealed proof and a new signature; runs already underway finish and are gated.")
+    return 0
+
+
+# ---------------------------------------------------------------- stamp, restamp, digest
+
+def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict:
+    """A variant card: the parent's fields, then the variant's own overrides, then its lineage fields."""
+    card = {key: value for key, value in parent.items() if key not in SET_BY_STAMP}
+    card["agent"] = name
+    for dotted, value in overrides.items():
+        card = set_path(card, dotted, value)
+    return {**card, "stamped_from": parent["agent"], "master_digest": master_digest, "overrides": overrides}
+
+
+def cmd_stamp(fac: Factory, args) -> int:
+    """Derive a variant from a master: --as NEW, each --set PATH=JSON an override the variant keeps."""
+    master = load_agent(fac, args.master)
+    path = fac.card_path(check_name(args.new))
+    if path.exists():
+        raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp")
+    overrides = dict(parse_setting(text) for text in args.set or [])
+    card = validate_card(derive(master.card, args.new, overrides, master.digest), f"variant {args.new}")
+    agent_from_card(fac, card)
+    write_json(path, card)
+    append_jsonl(fac.lineage, {"agent": args.new, "stamped_from": args.master, "at": utc_now()})
+    print(f"stamped {args.new} from {args.master}: {fac.shown(path)} overrides {json.dumps(overrides)}")
+    return 0
+
+
+def cmd_restamp(fac: Factory, args) -> int:
+    """Carry a master fix to every variant (transitively) as master + its overrides; revoke changed certificates."""
+    parent_of = parents(fac)
+    latest = {args.master: load_agent(fac, args.master)}
+    changed = []
+    for name in descendants(fac, args.master):
+        old = load_card(fac, name)
+        parent = latest[parent_of[name]]
+        card = validate_card(derive(parent.card, name, old.get("overrides", {}), parent.digest), fac.shown(fac.card_path(name)))
+        latest[name] = agent_from_card(fac, card)
+        if card != old:
+            changed.append(name)
+    for name in changed:
+        write_json(fac.card_path(name), latest[name].card)
+    revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]
+    print(f"restamped {len(changed)} variant(s) from {args.master}: {changed}")
+    print(f"revoked {len(revoked)} certificate(s): {revoked}")
+    if changed:
+        print("re-prove and re-certify before these run again.")
+    return 0
+
+
+def cmd_digest(fac: Factory, args) -> int:
+    """Print the agent's digest; --explain prints each component, marking what changed since certification."""
+    agent = load_agent(fac, args.agent)
+    print(agent.digest)
+    if args.explain:
+        path = fac.cert_path(agent.name)
+        certified = fac.read_json(path).get("components", {}) if path.exists() else None
+        for label, value in agent.components.items():
+            note = "" if certified is None or certified.get(label) == value else "   <- changed since certification"
+            print(f"  {value}  {label}{note}")
+    return 0
+
+
+# ---------------------------------------------------------------- the command line
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree: one subparser per station, its docstring as its help."""
+    common = argparse.ArgumentParser(add_help=False)  # accepted before or after the station name
+    common.add_argument("--root", default=argparse.SUPPRESS,
+                        help="factory root (default: $FACTORY_ROOT, else the folder of factory.py)")
+    common.add_argument("--sealed-dir", default=argparse.SUPPRESS,
+                        help="where SUITE/sealed.jsonl live (default: $FACTORY_SEALED_DIR, else evals/)")
+    parser = argparse.ArgumentParser(prog="factory.py", description=__doc__.splitlines()[0], parents=[common])
+    stations = parser.add_subparsers(dest="command", required=True, metavar="STATION")
+    def station(name, func):
+        sub = stations.add_parser(name, help=func.__doc__.splitlines()[0], description=func.__doc__, parents=[common])
+        sub.set_defaults(func=func)
+        return sub
+    sub = station("stamp", cmd_stamp)
+    sub.add_argument("master"), sub.add_argument("--as", dest="new", required=True)
+    sub.add_argument("--set", action="append", metavar="PATH=JSON")
+    station("restamp", cmd_restamp).add_argument("master")
+    sub = station("prove", cmd_prove)
+    sub.add_argument("agent"), sub.add_argument("--sealed", action="store_true")
+    sub = station("certify", cmd_certify)
+    sub.add_argument("agent"), sub.add_argument("--tier", choices=TIERS, required=True)
+    sub.add_argument("--by", required=True, help="the signer (their key is created on first use)")
+    sub = station("run", cmd_run)
+    sub.add_argument("agent"), sub.add_argument("input", nargs="?"), sub.add_argument("--file")
+    station("tower", cmd_tower)
+    station("harvest", cmd_harvest).add_argument("agent")
+    sub = station("recall", cmd_recall)
+    sub.add_argument("agent"), sub.add_argument("--reason", required=True)
+    sub = station("digest", cmd_digest)
+    sub.add_argument("agent"), sub.add_argument("--explain", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Parse argv, build the Factory, run the station; a Refusal is one line on stderr and exit 1."""
+    args = build_parser().parse_args(argv)
+    try:
+        fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), os.environ if env is None else env)
+        return args.func(fac, args)
+    except Refusal as refusal:
+        print(f"factory {args.command}: {refusal}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"factory {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
