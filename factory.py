@@ -433,7 +433,8 @@ def parents(fac: Factory) -> dict:
     """variant -> the agent it was stamped from, from the append-only lineage log (cards can be edited)."""
     found = {}
     if fac.lineage.exists():
-        for _, row in fac.read_jsonl(fac.lineage):
+        for number, row in fac.read_jsonl(fac.lineage):
+            check_shape(row, {"agent": str, "stamped_from": str}, f"{fac.shown(fac.lineage)} line {number}")
             found[row["agent"]] = row["stamped_from"]
     return found
 
@@ -495,8 +496,9 @@ def recalls_of(fac: Factory, name: str) -> list[dict]:
     """Recall entries that reach NAME: its own and its masters', oldest first (append-only log)."""
     if not fac.recalls.exists():
         return []
-    reach = {name, *ancestors(fac, name)}
-    return [row for _, row in fac.read_jsonl(fac.recalls) if row.get("agent") in reach]
+    reach, shape = {name, *ancestors(fac, name)}, {"agent": str, "reason": str, "at": str}
+    rows = [check_shape(row, shape, f"{fac.shown(fac.recalls)} line {n}") for n, row in fac.read_jsonl(fac.recalls)]
+    return [row for row in rows if row["agent"] in reach]
 
 
 # ---------------------------------------------------------------- certificates: HMAC-SHA256 per signer
@@ -673,8 +675,10 @@ class Loop:
         self.messages.append({"role": "assistant", "content": reply.text, "tool_calls": calls})
         for call in reply.tool_calls:
             outcome = self.broker.carry_out(call.name, call.args)
+            content = self.clip(outcome)
+            self.record({"event": "tool_result", "seq": outcome.seq, "tool_call_id": call.id, "content": content})
             self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
-                                  "content": self.clip(outcome), "is_error": not outcome.ok})
+                                  "content": content, "is_error": not outcome.ok})
 
     def ask(self):
         """Check the step budget and the envelope *before* spending, then call the worker."""
@@ -930,11 +934,26 @@ def print_proof(record: dict) -> None:
 
 # ---------------------------------------------------------------- certify: the station that stays human
 
+RECORD_SHAPE = {"format": str, "agent": str, "half": str, "at": str, "score": (int, float), "passed": int,
+                "cases": int, "pass_bar": (int, float), "digest": str, "components": dict, "suite": str,
+                "suite_digest": str, "draft_check": str, "failures": list}
+
+
+def check_shape(value: dict, shape: dict, where: str) -> dict:
+    """value when each key of shape is present with its type; Refusal naming the first that is not."""
+    for key, kind in shape.items():
+        if key not in value:
+            raise Refusal(f"{where}: missing field '{key}'")
+        if not isinstance(value[key], kind) or isinstance(value[key], bool) and kind is not bool:
+            raise Refusal(f"{where}: field '{key}' has the wrong type ({type(value[key]).__name__})")
+    return value
+
+
 def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
     """Every sealed proof of NAME, oldest first (run ids sort by time); history is never overwritten."""
     folder = fac.records / name
     paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
-    return [(path, fac.read_json(path)) for path in paths]
+    return [(path, check_shape(fac.read_json(path), RECORD_SHAPE, fac.shown(path))) for path in paths]
 
 
 def certify_guards(fac: Factory, agent: Agent, tier: str) -> tuple[Path, dict, int]:
@@ -1079,9 +1098,8 @@ class Tally:
 def cmd_tower(fac: Factory, args) -> int:
     """Per agent: runs, gate pass %, acted, staged, cost, denials, backends, and the gate probabilities."""
     tallies: dict[str, Tally] = {}
-    if fac.index.exists():
-        for _, row in fac.read_jsonl(fac.index):
-            tallies.setdefault(str(row.get("agent")), Tally()).add(row)
+    for row in index_rows(fac):
+        tallies.setdefault(row["agent"], Tally()).add(row)
     print(f"{'agent':<16} {'runs':>6} {'pass':>5} {'acted':>6} {'staged':>6} {'cost':>10} {'denied':>7} {'unscored':>8}  backends")
     for name, t in sorted(tallies.items()):
         cost = "?" if t.cost is None else f"${t.cost:.4f}"
@@ -1091,6 +1109,17 @@ def cmd_tower(fac: Factory, args) -> int:
     if not tallies:
         print("(no runs yet)")
     return 0
+
+
+INDEX_SHAPE = {"run_id": str, "agent": str, "at": str, "status": str, "gate": str, "backends": list,
+               "denied": list, "acted": int, "staged": int, "why": list}
+
+
+def index_rows(fac: Factory) -> Iterator[dict]:
+    """Rows of traces/index.jsonl, streamed and shape-checked; nothing when there is no index yet."""
+    if fac.index.exists():
+        for number, row in fac.read_jsonl(fac.index):
+            yield check_shape(row, INDEX_SHAPE, f"{fac.shown(fac.index)} line {number}")
 
 
 def flagged(row: dict) -> bool:
@@ -1106,12 +1135,12 @@ def cmd_harvest(fac: Factory, args) -> int:
     except Refusal as why:
         raise Refusal(f"evalsmith is not certified. the line only hires from the registry. ({why})") from None
     log = fac.records / args.agent / "harvested.jsonl"
-    done = {row["run_id"] for _, row in fac.read_jsonl(log)} if log.exists() else set()
-    todo = [row for _, row in fac.read_jsonl(fac.index)] if fac.index.exists() else []
-    todo = [row for row in todo if row.get("agent") == args.agent and flagged(row) and row["run_id"] not in done]
+    done = {row.get("run_id") for _, row in fac.read_jsonl(log)} if log.exists() else set()
+    todo = [row for row in index_rows(fac) if row["agent"] == args.agent and flagged(row) and row["run_id"] not in done]
+    inputs = [flagged_input(fac, row) for row in todo]  # every trace read before anything is written
     proposed = 0
-    for row in todo:
-        result = run_one(fac, smith, smith_cert, flagged_input(fac, row))
+    for row, given in zip(todo, inputs):
+        result = run_one(fac, smith, smith_cert, given)
         proposed += sum(1 for tool, verdict in result["tools"] if tool == "evals:propose" and verdict == "ok")
         append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
     print(f"harvested {len(todo)} flagged run(s) of {args.agent}; proposed {proposed} case(s) into "
@@ -1122,8 +1151,10 @@ def cmd_harvest(fac: Factory, args) -> int:
 def flagged_input(fac: Factory, row: dict) -> dict:
     """What evalsmith sees of one flagged run: its input (from the trace header), output, gate and denials."""
     trace = fac.trace_path(row["agent"], row["run_id"])
-    header = next(fac.read_jsonl(trace))[1]
-    end = [event for _, event in fac.read_jsonl(trace) if event.get("event") == "end"]
+    events = [event for _, event in fac.read_jsonl(trace)]
+    if not events or events[0].get("format") != TRACE_FORMAT:
+        raise Refusal(f"{fac.shown(trace)}: not a {TRACE_FORMAT} trace (no header line)")
+    header, end = events[0], [event for event in events if event.get("event") == "end"]
     return {"run_id": row["run_id"], "agent": row["agent"], "input": header.get("input"),
             "output": end[-1].get("output") if end else None, "gate": {"verdict": row.get("gate"), "p": row.get("p")},
             "denials": row.get("denied", []), "why": "; ".join(row.get("why", []))}
@@ -1204,6 +1235,99 @@ def cmd_digest(fac: Factory, args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- replay: a recorded run against today's code
+
+class Diverged(Stop):
+    """Replay: today's code asked the model more often than the recorded run did."""
+    status = "diverged"
+
+
+@dataclass
+class RecordedWorker:
+    """A worker that answers with the model replies recorded in a trace, in order (no network)."""
+    replies: list
+
+    def estimate_next_cost(self, messages, tools) -> float:
+        """Recorded replies cost nothing now."""
+        return 0.0
+
+    def complete(self, messages, tools) -> llm.Reply:
+        """The next recorded reply; Diverged when today's code wants one more than was recorded."""
+        if not self.replies:
+            raise Diverged("today's code asked the model again after the recorded run ended")
+        return self.replies.pop(0)
+
+
+def recorded_reply(event: dict) -> llm.Reply:
+    """An llm.Reply rebuilt from one `model` trace event."""
+    calls = tuple(llm.ToolCall(c["id"], c["name"], c["args"]) for c in event.get("tool_calls", []))
+    return llm.Reply(event.get("text", ""), calls, event.get("usage", {}), event.get("cost_usd"),
+                     event.get("model", ""), "replay", 0.0)
+
+
+def recorder_tools(events: list[dict], contracts: dict) -> dict:
+    """Tools that hand back the results recorded in the trace, in order per tool; nothing executes."""
+    results: dict[str, list[str]] = {}
+    by_seq = {e["seq"]: e["content"] for e in events if e.get("event") == "tool_result"}
+    for event in events:
+        if event.get("event") == "tool" and event.get("verdict") == "ok":
+            results.setdefault(event["tool"], []).append(by_seq.get(event["seq"], ""))
+    def recorder(name):
+        return lambda args: results.get(name, []).pop(0) if results.get(name) else "replay: no recorded result"
+    return {name: recorder(name) for name in contracts}
+
+
+def find_trace(fac: Factory, run_id: str) -> Path:
+    """traces/AGENT/RUN_ID.jsonl for a run id; Refusal when the id is odd or unknown."""
+    if not re.fullmatch(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{6}", run_id or ""):
+        raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
+    found = sorted(fac.traces.glob(f"*/{run_id}.jsonl"))
+    if not found:
+        raise Refusal(f"no trace for run {run_id} under {fac.shown(fac.traces)}")
+    return found[0]
+
+
+def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loop: Loop, status: str) -> list[str]:
+    """What differs between a recorded run and its replay: tool calls and verdicts, status, output."""
+    def calls(events):
+        return [(e["tool"], e.get("args_digest"), e["verdict"]) for e in events if e.get("event") == "tool"]
+    then, today = calls(recorded), calls(now)
+    differences = [f"tool call {i + 1}: recorded {a} / today {b}" for i, (a, b) in
+                   enumerate(zip(then, today)) if a != b]
+    if len(then) != len(today):
+        differences.append(f"tool calls: recorded {len(then)} / today {len(today)}")
+    if old_end.get("status") != status:
+        differences.append(f"status: recorded {old_end.get('status')} / today {status} ({loop.reason})")
+    if old_end.get("output") != loop.output:
+        differences.append(f"output: recorded {json.dumps(old_end.get('output'))} / today {json.dumps(loop.output)}")
+    return differences
+
+
+def cmd_replay(fac: Factory, args) -> int:
+    """Feed a run's recorded model replies (or, with --live, the model again) to today's code; print what differs."""
+    path = find_trace(fac, args.run_id)
+    events = [event for _, event in fac.read_jsonl(path)]
+    header, ends = events[0], [e for e in events if e.get("event") == "end"]
+    if header.get("format") != TRACE_FORMAT or not ends:
+        raise Refusal(f"{fac.shown(path)}: not a finished {TRACE_FORMAT} trace")
+    agent = load_agent(fac, header["agent"])
+    replies = [recorded_reply(e) for e in events if e.get("event") == "model"]
+    worker = make_worker(fac, agent, header["input"]) if args.live else RecordedWorker(replies)
+    now: list[dict] = []
+    desk = broker.Broker(agent.policy, agent.contracts, recorder_tools(events, agent.contracts), "run", now.append)
+    loop = Loop(worker, desk, agent, task_text(header["input"]), now.append)
+    try:
+        status = loop.run()
+    except llm.LLMError as error:
+        status, loop.reason = "crashed", f"{type(error).__name__}: {error}"
+    differences = replay_differences(events, now, ends[-1], loop, status)
+    mode = "live" if args.live else "recorded replies"
+    print(f"replay {args.run_id} ({agent.name}, {mode}): " + (f"{len(differences)} difference(s)" if differences else "no differences"))
+    for line in differences:
+        print(f"  {line}")
+    return 1 if differences else 0
+
+
 # ---------------------------------------------------------------- the command line
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1234,6 +1358,8 @@ def build_parser() -> argparse.ArgumentParser:
     station("harvest", cmd_harvest).add_argument("agent")
     sub = station("recall", cmd_recall)
     sub.add_argument("agent"), sub.add_argument("--reason", required=True)
+    sub = station("replay", cmd_replay)
+    sub.add_argument("run_id"), sub.add_argument("--live", action="store_true", help="ask the model again")
     sub = station("digest", cmd_digest)
     sub.add_argument("agent"), sub.add_argument("--explain", action="store_true")
     return parser
