@@ -1,0 +1,810 @@
+"""The worker's model call: `Worker(card_model, env).complete(messages, tools) -> Reply`.
+
+Wire formats, headers, errors, retries, model ids and prices come from the research notes in
+shared/docs/llm-api.md; each constant below names the source URL it was read from.
+
+Backend rule (`backend_for(model_id)`), first match wins:
+  SAGEROUTE_URL in env -> sageroute   every call: POST {SAGEROUTE_URL}/v1/messages, Anthropic format,
+                                      model "sageroute", Bearer SAGEROUTE_TOKEN (vendor keys never sent)
+  offline              -> offline     the agent's rules, no network
+  anthropic/M          -> anthropic   model M
+  moonshot/M           -> moonshot    model M
+  openai/M             -> openai      model M
+  ollama/M             -> ollama      model M, OpenAI format at OPENAI_BASE_URL or http://localhost:11434/v1
+  openrouter/M         -> openrouter  model M, https://openrouter.ai/api/v1 (OPENROUTER_BASE_URL), OPENROUTER_API_KEY
+  claude-*             -> anthropic   POST {ANTHROPIC_BASE_URL or https://api.anthropic.com}/v1/messages,
+                                      x-api-key ANTHROPIC_API_KEY, anthropic-version 2023-06-01
+  kimi-*, moonshot-*   -> moonshot    POST {MOONSHOT_BASE_URL or https://api.moonshot.ai/v1}/chat/completions,
+                                      Bearer MOONSHOT_API_KEY
+  anything else        -> openai      POST {OPENAI_BASE_URL or https://api.openai.com/v1}/chat/completions,
+                                      Bearer OPENAI_API_KEY (also vLLM, LM Studio, llama.cpp by base URL)
+A backend whose key is missing raises `NoKey` ("unavailable: no ANTHROPIC_API_KEY") before any request.
+
+Prices: USD per million tokens from PRICES (each row keeps its source URL and date); dated snapshot
+ids map to their alias row, ollama/* and offline cost 0.0, anything else is None (unknown, so never
+"within an envelope"). The pre-call estimate counts input tokens as len(json of messages+tools)/4 and
+output as max_tokens. Cached prompt tokens are billed at the full input rate (an upper bound).
+
+Worker order: card primary, then card fallback, then the offline rules. A model that failed (or has
+no key) is never asked again by that Worker. Keys are read only from the `env` mapping given to the
+Worker; this module never reads os.environ, keeps no module-level mutable state and does nothing on
+import. Tool names travel as `issues__label` on the wire (":" is not allowed there) and come back as
+`issues:label`.
+
+Sources (stored copies, see shared/docs/llm-api.md): https://platform.claude.com/docs/en/api/errors.md,
+https://platform.claude.com/docs/en/api/handling-stop-reasons.md, anthropics/anthropic-sdk-python@009b035
+(src/anthropic/_base_client.py retry policy), openai/openai-python@e43b422 (types/chat/*),
+https://platform.kimi.com/docs/api/overview, https://openrouter.ai/docs/api/errors,
+https://docs.ollama.com/api/openai-compatibility, https://platform.claude.com/docs/en/about-claude/model-deprecations.
+"""
+from __future__ import annotations
+
+import email.utils
+import http.client
+import json
+import math
+import random
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+# §0 and §1.7: claude-sonnet-4-5 retires 2026-11-30 and kimi-k2.5 is end-of-life; these are current.
+# https://platform.claude.com/docs/zh-CN/models/sonnet-5-5/overview
+DEFAULT_PRIMARY = "claude-sonnet-5-5"
+DEFAULT_FALLBACK = "claude-haiku-5-5"
+
+# https://platform.claude.com/docs/en/api/errors.md ; anthropics/skills curl/examples.md
+ANTHROPIC_VERSION = "2023-06-01"
+ANTHROPIC_BASE = "https://api.anthropic.com"
+OPENAI_BASE = "https://api.openai.com/v1"
+MOONSHOT_BASE = "https://api.moonshot.ai/v1"          # https://platform.kimi.com/docs/api/overview
+OLLAMA_BASE = "http://localhost:11434/v1"             # https://docs.ollama.com/api/openai-compatibility
+OPENROUTER_BASE = "https://openrouter.ai/api/v1"      # https://openrouter.ai/docs/api/errors
+PROVIDERS = ("anthropic", "moonshot", "openai", "ollama", "openrouter")
+USER_AGENT = "agent-factory-llm/1"
+
+# Retry policy of anthropic/openai _base_client.py (facts §6.2): 2 retries, 0.5 s doubling to 8 s.
+MAX_RETRIES = 2
+RETRY_STATUSES = frozenset({408, 409, 429})           # and every status >= 500 (covers 504, 529)
+MAX_RETRY_AFTER_S = 60.0
+NO_RETRY_CODES = frozenset({"enforced_spend_limit_reached", "insufficient_quota"})
+RECORDED_HEADERS = ("request-id", "x-request-id")     # plus every x-sageroute-* header
+EMPTY_SCHEMA = MappingProxyType({"type": "object", "properties": {}})
+_KEYLIKE = re.compile(r"\b(?:sk|lv|key|tok)[-_][A-Za-z0-9_\-*.]{6,}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Values returned
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call the model asked for; name is the factory's own (`issues:label`)."""
+    id: str
+    name: str
+    args: dict
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One model answer: text, tool calls, usage (tokens), cost (USD, None = unknown) and provenance."""
+    text: str                        # final text ('' when only tool calls)
+    tool_calls: tuple[ToolCall, ...]
+    usage: dict                      # {"input_tokens": int, "output_tokens": int}; input includes cached
+    cost_usd: float | None           # None = unknown price
+    model: str                       # the response's model field when present
+    backend: str                     # anthropic|openai|moonshot|ollama|openrouter|sageroute|offline
+    #                                    or "offline-after-error: <reason>"
+    latency_ms: float                # the HTTP exchange that answered (not earlier retries)
+    headers: dict = field(default_factory=dict)   # request-id / x-request-id / x-sageroute-*; never auth
+    attempts: tuple[dict, ...] = ()  # failures before this reply: {"model","backend","error","retry_in_s"[,"headers"]}
+    stop_reason: str = ""            # end_turn/tool_use/max_tokens/stop/tool_calls/length/...
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: every str() is one line with no key material.
+
+
+class LLMError(Exception):
+    """A model call failed; str(self) is one line, `reason` a short tag for 'offline-after-error: <reason>'."""
+    retryable = False
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+class NoKey(LLMError):
+    """The backend has no credential in env: 'unavailable: no NAME'."""
+
+    def __init__(self, name: str):
+        super().__init__(f"unavailable: no {name}")
+        self.name = name
+
+
+class HTTPStatus(LLMError):
+    """A non-2xx answer: status, error type, message (redacted), retry-after seconds, recorded headers."""
+
+    def __init__(self, status: int, type: str, message: str, retry_after: float | None = None,
+                 headers: dict | None = None, code: str = "", should_retry: str = ""):
+        kind = f"HTTP {status} {type or 'error'}"
+        super().__init__(f"{kind}: {message}" if message else kind, kind)
+        self.status, self.type, self.message = status, type, message
+        self.retry_after, self.headers, self.code = retry_after, headers or {}, code
+        self.should_retry = should_retry
+
+    @property
+    def retryable(self) -> bool:
+        """408/409/429/5xx, unless the server or a spend limit says no (facts §6.2)."""
+        if self.should_retry == "false" or self.code in NO_RETRY_CODES:
+            return False
+        return self.status in RETRY_STATUSES or self.status >= 500
+
+
+class Timeout(LLMError):
+    """No answer within the per-socket timeout (seconds); not retried: the call may already be billed."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"timeout after {seconds:g}s")
+
+
+class ConnectionFailed(LLMError):
+    """The connection was refused, reset or cut short; retryable."""
+    retryable = True
+
+    def __init__(self, detail: str):
+        super().__init__(f"connection failed: {detail}", "connection failed")
+
+
+class Malformed(LLMError):
+    """A 2xx answer whose body is not the expected JSON shape."""
+
+    def __init__(self, detail: str):
+        super().__init__(f"malformed response: {detail}", "malformed response")
+
+
+class RefusedRedirect(LLMError):
+    """A 3xx answer; never followed, so credentials never reach another host (facts §6.4)."""
+
+    def __init__(self, status: int, host: str):
+        super().__init__(f"refused redirect: HTTP {status} to {host}", "refused redirect")
+
+
+class Declined(LLMError):
+    """The model declined (stop_reason refusal / finish_reason content_filter); try another model."""
+
+    def __init__(self, stop_reason: str):
+        super().__init__(f"model declined: {stop_reason}")
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """One line of at most 200 chars with every secret and key-like token replaced by ***."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    text = " ".join(_KEYLIKE.sub("***", text).split())
+    return text[:200]
+
+
+# ---------------------------------------------------------------------------------------------
+# Prices (USD per million tokens). Cache reads are billed at the input rate and cache writes are
+# never requested, so a cost here is an upper bound for Anthropic cache hits (facts §5).
+
+_ANTHROPIC_PRICING = "https://platform.claude.com/docs/en/docs/about-claude/pricing"
+_ANTHROPIC_PRICING_NEW = "https://platform.claude.com/docs/en/about-claude/pricing?ref=optimizesmart.com"
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per 1M input/output tokens for one model, where and when it was read."""
+    input: float
+    output: float
+    source: str
+    as_of: str
+    long_input: float | None = None    # rates once the prompt exceeds long_above tokens
+    long_output: float | None = None
+    long_above: int | None = None
+
+
+PRICES = MappingProxyType({
+    "claude-sonnet-4-5": Price(3.00, 15.00, _ANTHROPIC_PRICING, "2026-02 (stored copy)"),
+    "claude-sonnet-4-6": Price(3.00, 15.00, _ANTHROPIC_PRICING, "2026-02 (stored copy)"),
+    "claude-haiku-4-5": Price(1.00, 5.00, _ANTHROPIC_PRICING, "2026-02 (stored copy)"),
+    "claude-opus-4-5": Price(5.00, 25.00, _ANTHROPIC_PRICING, "2026-02 (stored copy)"),
+    "claude-opus-4-6": Price(5.00, 25.00, _ANTHROPIC_PRICING_NEW, "2026-07 (stored copy)"),
+    "claude-opus-4-7": Price(5.00, 25.00, _ANTHROPIC_PRICING_NEW, "2026-07 (stored copy)"),
+    "claude-opus-4-8": Price(5.00, 25.00, _ANTHROPIC_PRICING_NEW, "2026-07 (stored copy)"),
+    "claude-opus-4-1": Price(15.00, 75.00, _ANTHROPIC_PRICING_NEW, "2026-07 (stored copy)"),
+    "claude-sonnet-5": Price(2.00, 10.00, "https://platform.claude.com/docs/zh-CN/models/sonnet-5-5/overview",
+                             "2026-10 (stored copy)"),
+    "claude-sonnet-5-5": Price(2.00, 10.00, "https://platform.claude.com/docs/zh-CN/models/sonnet-5-5/overview",
+                               "2026-10 (stored copy)"),
+    # Third-party figure; the official card says "From $0.10 / $0.50" (the <=100K-token tier).
+    "claude-haiku-5-5": Price(0.10, 0.50, "https://github.com/TheKrush/PromptFuel/releases/tag/v1.0.23",
+                              "2026-10 (third-party)", 0.50, 2.50, 100_000),
+    "kimi-k2.5": Price(0.60, 3.00, "https://megalodon.jp/ref/2026-0326-0135-31/"
+                       "https://platform.moonshot.ai:443/docs/pricing/chat", "2026-03-26 (archived)"),
+    "kimi-k2.6": Price(0.95, 4.00, "https://developer.puter.com/tutorials/kimi-api-pricing/", "2026-06"),
+    "kimi-k3": Price(3.00, 15.00, "https://github.com/getagentseal/codeburn/pull/709", "2026-07"),
+    "offline": Price(0.0, 0.0, "no network", "n/a"),
+})
+# Dated snapshot id -> alias row (facts §1.7).
+SNAPSHOTS = MappingProxyType({
+    "claude-sonnet-4-5-20250929": "claude-sonnet-4-5",
+    "claude-haiku-4-5-20251001": "claude-haiku-4-5",
+    "claude-opus-4-5-20251101": "claude-opus-4-5",
+    "claude-opus-4-1-20250805": "claude-opus-4-1",
+})
+_LOCAL = Price(0.0, 0.0, "self-hosted (facts §5)", "n/a")
+
+
+def price_row(model: str) -> Price | None:
+    """The Price for a model id (alias, dated snapshot, provider/ form, ollama/* = 0), or None."""
+    provider, _, rest = model.partition("/")
+    if rest and provider == "ollama":
+        return _LOCAL
+    if rest and provider in ("anthropic", "moonshot"):
+        model = rest
+    return PRICES.get(SNAPSHOTS.get(model, model))
+
+
+def price(model: str) -> tuple[float, float] | None:
+    """(USD per 1M input tokens, USD per 1M output tokens) for a model id, or None if unknown."""
+    row = price_row(model)
+    return None if row is None else (row.input, row.output)
+
+
+def estimate_cost(model: str, input_tokens: int, max_output_tokens: int) -> float | None:
+    """USD for input_tokens in and max_output_tokens out (an upper bound); None = unknown price."""
+    row = price_row(model)
+    if row is None:
+        return None
+    rate_in, rate_out = row.input, row.output
+    if row.long_above is not None and input_tokens > row.long_above:
+        rate_in, rate_out = row.long_input, row.long_output
+    return (input_tokens * rate_in + max_output_tokens * rate_out) / 1e6
+
+
+def cost_usd(model: str, usage: Mapping[str, int]) -> float | None:
+    """USD for a usage dict {"input_tokens","output_tokens"}; None = unknown price (not within any envelope)."""
+    return estimate_cost(model, int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0)))
+
+
+def estimate_input_tokens(messages: list[dict], tools: list[dict]) -> int:
+    """Rough prompt size: len(serialized messages + tools) / 4, rounded up (no tokenizer in stdlib)."""
+    return math.ceil(len(json.dumps([messages, tools], ensure_ascii=False, default=str)) / 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing: model id + env -> where the request goes.
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one model id goes: backend name, wire dialect, URL, model sent, auth headers."""
+    backend: str
+    wire: str                                               # "anthropic" | "openai"
+    url: str
+    model: str
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+
+
+def backend_for(model_id: str, env: Mapping[str, str]) -> str:
+    """Backend name for a model id under env (rule in the module docstring)."""
+    if env.get("SAGEROUTE_URL"):
+        return "sageroute"
+    if model_id == "offline":
+        return "offline"
+    provider, _, rest = model_id.partition("/")
+    if rest and provider in PROVIDERS:
+        return provider
+    if model_id.startswith("claude-"):
+        return "anthropic"
+    if model_id.startswith(("kimi-", "moonshot-")):
+        return "moonshot"
+    return "openai"
+
+
+def route_for(model_id: str, env: Mapping[str, str]) -> Route:
+    """The Route for a model id; raises NoKey when its key is missing, LLMError on a bad base URL."""
+    backend = backend_for(model_id, env)
+    provider, _, rest = model_id.partition("/")
+    model = rest if rest and provider in PROVIDERS else model_id
+    if backend == "offline":
+        raise LLMError("offline is not a network backend")
+    route = _ROUTERS[backend](model, env)
+    if urllib.parse.urlsplit(route.url).scheme not in ("http", "https"):
+        raise LLMError(f"bad base url for {backend}: scheme must be http or https")
+    return route
+
+
+def _need(env: Mapping[str, str], name: str) -> str:
+    """env[name], or NoKey(name) when unset or empty."""
+    value = env.get(name)
+    if not value:
+        raise NoKey(name)
+    return value
+
+
+def _messages_url(base: str) -> str:
+    """{base}/v1/messages, tolerating a base that already ends in /v1 (facts §2)."""
+    base = base.rstrip("/")
+    return (base[:-3] if base.endswith("/v1") else base) + "/v1/messages"
+
+
+def _anthropic_route(model: str, env: Mapping[str, str]) -> Route:
+    """Anthropic Messages with x-api-key (https://platform.claude.com/docs/en/api/errors.md)."""
+    key = _need(env, "ANTHROPIC_API_KEY")
+    url = _messages_url(env.get("ANTHROPIC_BASE_URL") or ANTHROPIC_BASE)
+    return Route("anthropic", "anthropic", url, model,
+                 {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION}, (key,))
+
+
+def _sageroute_route(model: str, env: Mapping[str, str]) -> Route:
+    """SageRoute proxy: Anthropic format, model 'sageroute', its own token only (facts §2)."""
+    headers = {"anthropic-version": ANTHROPIC_VERSION}
+    token = env.get("SAGEROUTE_TOKEN") or ""
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    return Route("sageroute", "anthropic", _messages_url(env["SAGEROUTE_URL"]), "sageroute",
+                 headers, (token,) if token else ())
+
+
+def _chat_route(backend: str, model: str, base: str, key: str, secret: bool = True) -> Route:
+    """An OpenAI chat-completions Route with a Bearer key."""
+    return Route(backend, "openai", base.rstrip("/") + "/chat/completions", model,
+                 {"authorization": f"Bearer {key}"}, (key,) if secret else ())
+
+
+def _openai_route(model: str, env: Mapping[str, str]) -> Route:
+    """OpenAI-compatible server at OPENAI_BASE_URL with OPENAI_API_KEY."""
+    key = _need(env, "OPENAI_API_KEY")
+    return _chat_route("openai", model, env.get("OPENAI_BASE_URL") or OPENAI_BASE, key)
+
+
+def _moonshot_route(model: str, env: Mapping[str, str]) -> Route:
+    """Moonshot/Kimi chat completions (https://platform.kimi.com/docs/api/overview)."""
+    key = _need(env, "MOONSHOT_API_KEY")
+    return _chat_route("moonshot", model, env.get("MOONSHOT_BASE_URL") or MOONSHOT_BASE, key)
+
+
+def _ollama_route(model: str, env: Mapping[str, str]) -> Route:
+    """Ollama: any non-empty key works; OPENAI_API_KEY is sent only to an explicit OPENAI_BASE_URL."""
+    base = env.get("OPENAI_BASE_URL")
+    if base and env.get("OPENAI_API_KEY"):
+        return _chat_route("ollama", model, base, env["OPENAI_API_KEY"])
+    return _chat_route("ollama", model, base or OLLAMA_BASE, "ollama", secret=False)
+
+
+def _openrouter_route(model: str, env: Mapping[str, str]) -> Route:
+    """OpenRouter chat completions (https://openrouter.ai/docs/api/errors)."""
+    key = _need(env, "OPENROUTER_API_KEY")
+    return _chat_route("openrouter", model, env.get("OPENROUTER_BASE_URL") or OPENROUTER_BASE, key)
+
+
+_ROUTERS = MappingProxyType({
+    "anthropic": _anthropic_route, "sageroute": _sageroute_route, "openai": _openai_route,
+    "moonshot": _moonshot_route, "ollama": _ollama_route, "openrouter": _openrouter_route,
+})
+
+
+# ---------------------------------------------------------------------------------------------
+# Wire formats: neutral messages <-> Anthropic Messages / OpenAI chat completions (facts §1, §3).
+
+
+def wire_name(name: str) -> str:
+    """Tool name on the wire: ':' -> '__' (the pattern ^[a-zA-Z0-9_-]{1,64}$ forbids ':')."""
+    return name.replace(":", "__")
+
+
+def tool_names(tools: list[dict]) -> dict[str, str]:
+    """{wire name: factory name} for the tools offered."""
+    return {wire_name(t["name"]): t["name"] for t in tools}
+
+
+def _factory_name(wire: str, names: Mapping[str, str]) -> str:
+    """The factory's tool name for a wire name (unknown names decode '__' -> ':')."""
+    return names.get(wire) or wire.replace("__", ":")
+
+
+def anthropic_request(model: str, messages: list[dict], tools: list[dict], max_tokens: int) -> dict:
+    """Anthropic Messages body: system on top, tools with input_schema (anthropic-sdk message_create_params.py)."""
+    body = {"model": model, "max_tokens": max_tokens, "messages": _anthropic_turns(messages)}
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    if system:
+        body["system"] = system
+    if tools:
+        body["tools"] = [{"name": wire_name(t["name"]), "description": t.get("description") or "",
+                          "input_schema": dict(t.get("params") or EMPTY_SCHEMA)} for t in tools]
+    return body
+
+
+def _anthropic_turns(messages: list[dict]) -> list[dict]:
+    """Neutral messages as Anthropic turns; consecutive tool results share one user turn (facts §1.4)."""
+    turns: list[dict] = []
+    for m in messages:
+        if m["role"] == "tool":
+            block = {"type": "tool_result", "tool_use_id": m["tool_call_id"],
+                     "content": m["content"], "is_error": bool(m.get("is_error"))}
+            if turns and turns[-1]["role"] == "user" and isinstance(turns[-1]["content"], list):
+                turns[-1]["content"].append(block)
+            else:
+                turns.append({"role": "user", "content": [block]})
+        elif m["role"] == "assistant":
+            turns.append(_anthropic_assistant(m))
+        elif m["role"] == "user":
+            turns.append({"role": "user", "content": m["content"]})
+    return turns
+
+
+def _anthropic_assistant(m: dict) -> dict:
+    """An assistant turn as text + tool_use blocks."""
+    blocks = [{"type": "text", "text": m["content"]}] if m.get("content") else []
+    blocks += [{"type": "tool_use", "id": c["id"], "name": wire_name(c["name"]), "input": c.get("args") or {}}
+               for c in m.get("tool_calls") or ()]
+    return {"role": "assistant", "content": blocks or m.get("content") or ""}
+
+
+def anthropic_reply(data: dict, names: Mapping[str, str]) -> tuple:
+    """(text, tool calls, usage, model, stop_reason) from a Messages response; skips unknown blocks."""
+    if data.get("type") == "error":
+        raise _body_error(data, 500)
+    blocks = data["content"]
+    if not isinstance(blocks, list):
+        raise Malformed("content is not a list")
+    text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    calls = tuple(ToolCall(b["id"], _factory_name(b["name"], names), _as_args(b.get("input")))
+                  for b in blocks if b.get("type") == "tool_use")
+    usage = data.get("usage") or {}
+    prompt = sum(int(usage.get(k) or 0) for k in
+                 ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+    tokens = {"input_tokens": prompt, "output_tokens": int(usage.get("output_tokens") or 0)}
+    return text, calls, tokens, data.get("model") or "", data.get("stop_reason") or ""
+
+
+def openai_request(model: str, messages: list[dict], tools: list[dict], max_tokens: int) -> dict:
+    """Chat-completions body: system as a message, tools as functions (openai-python completion_create_params.py)."""
+    body = {"model": model, "max_tokens": max_tokens, "messages": [_openai_message(m) for m in messages]}
+    if tools:
+        body["tools"] = [{"type": "function", "function": {
+            "name": wire_name(t["name"]), "description": t.get("description") or "",
+            "parameters": dict(t.get("params") or EMPTY_SCHEMA)}} for t in tools]
+    return body
+
+
+def _openai_message(m: dict) -> dict:
+    """One neutral message as a chat message; tool results become role 'tool' (facts §3.3)."""
+    if m["role"] == "tool":
+        content = f"error: {m['content']}" if m.get("is_error") else m["content"]
+        return {"role": "tool", "tool_call_id": m["tool_call_id"], "content": content}
+    if m["role"] == "assistant" and m.get("tool_calls"):
+        calls = [{"id": c["id"], "type": "function", "function": {
+            "name": wire_name(c["name"]), "arguments": json.dumps(c.get("args") or {})}}
+            for c in m["tool_calls"]]
+        return {"role": "assistant", "content": m.get("content") or None, "tool_calls": calls}
+    return {"role": m["role"], "content": m["content"]}
+
+
+def openai_reply(data: dict, names: Mapping[str, str]) -> tuple:
+    """(text, tool calls, usage, model, finish_reason) from a chat completion (facts §3.2)."""
+    if "error" in data and not data.get("choices"):
+        raise _body_error(data, 502)       # OpenRouter reports late errors with HTTP 200
+    choice = data["choices"][0]
+    message = choice["message"]
+    calls = tuple(ToolCall(c["id"], _factory_name(c["function"]["name"], names),
+                           _as_args(c["function"].get("arguments")))
+                  for c in message.get("tool_calls") or ())
+    usage = data.get("usage") or {}
+    tokens = {"input_tokens": int(usage.get("prompt_tokens") or 0),
+              "output_tokens": int(usage.get("completion_tokens") or 0)}
+    return message.get("content") or "", calls, tokens, data.get("model") or "", choice.get("finish_reason") or ""
+
+
+def _as_args(raw) -> dict:
+    """Tool arguments as a dict; unparsable JSON comes back as {"_unparsed_arguments": raw} for the broker."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return {"_unparsed_arguments": raw}
+    return raw if isinstance(raw, dict) else {"_unparsed_arguments": json.dumps(raw)}
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP: one POST, errors mapped to the family above.
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Builds no redirected request, so a 3xx surfaces as an HTTPError (facts §6.4)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+def build_opener(env: Mapping[str, str]) -> urllib.request.OpenerDirector:
+    """An opener that never follows redirects and takes HTTP(S) proxies only from env."""
+    proxies = {}
+    for scheme in ("http", "https"):
+        value = env.get(f"{scheme}_proxy") or env.get(f"{scheme.upper()}_PROXY")
+        if value:
+            proxies[scheme] = value
+    return urllib.request.build_opener(urllib.request.ProxyHandler(proxies), _RefuseRedirects)
+
+
+def recorded_headers(headers) -> dict:
+    """The safe-to-log response headers: request ids and x-sageroute-* (lower-cased names)."""
+    if headers is None:
+        return {}
+    return {k.lower(): v for k, v in headers.items()
+            if k.lower() in RECORDED_HEADERS or k.lower().startswith("x-sageroute-")}
+
+
+def retry_after(headers) -> float | None:
+    """Seconds from retry-after-ms, else retry-after (seconds or HTTP-date); None if absent/unreadable."""
+    if headers is None:
+        return None
+    value = headers.get("retry-after")
+    for text, scale in ((headers.get("retry-after-ms"), 1000.0), (value, 1.0)):
+        try:
+            return float(text) / scale
+        except (TypeError, ValueError):
+            pass
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError):
+        return None
+
+
+def retry_wait(error: LLMError, retry: int, rng: random.Random) -> float | None:
+    """Seconds before retry `retry` (0-based) or None to give up; anthropic-sdk-python _base_client.py policy."""
+    if retry >= MAX_RETRIES or not error.retryable:
+        return None
+    after = getattr(error, "retry_after", None)
+    if after is not None and after > MAX_RETRY_AFTER_S:
+        return None                    # asked to wait past 60 s: fail over instead of sleeping
+    if after is not None and after > 0:
+        return after
+    return min(0.5 * 2 ** retry, 8.0) * (1 - 0.25 * rng.random())
+
+
+def post_json(opener, url: str, headers: Mapping[str, str], body: dict, timeout: float,
+              secrets: tuple[str, ...] = ()) -> tuple[dict, dict, float]:
+    """POST body as JSON; (parsed reply, recorded headers, latency ms). Raises LLMError subclasses."""
+    request = urllib.request.Request(url, json.dumps(body, ensure_ascii=False).encode(), method="POST",
+                                     headers={"content-type": "application/json", "accept": "application/json",
+                                              "user-agent": USER_AGENT, **headers})
+    start = time.monotonic()
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            raw, got = response.read(), response.headers
+    except urllib.error.HTTPError as err:
+        raise _status_error(err, secrets) from None
+    except TimeoutError:
+        raise Timeout(timeout) from None
+    except urllib.error.URLError as err:
+        if isinstance(err.reason, TimeoutError):
+            raise Timeout(timeout) from None
+        raise ConnectionFailed(redact(str(err.reason), secrets)) from None
+    except (OSError, http.client.HTTPException) as err:
+        raise ConnectionFailed(type(err).__name__) from None
+    latency = (time.monotonic() - start) * 1000
+    return _parse_json(raw), recorded_headers(got), latency
+
+
+def _parse_json(raw: bytes) -> dict:
+    """A JSON object from a 2xx body, else Malformed."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise Malformed(f"body is not JSON ({len(raw)} bytes)") from None
+    if not isinstance(data, dict):
+        raise Malformed("body is not a JSON object")
+    return data
+
+
+def _status_error(err: urllib.error.HTTPError, secrets: tuple[str, ...]) -> LLMError:
+    """The typed error for a non-2xx answer; its body is parsed defensively (may be HTML)."""
+    headers = err.headers
+    if 300 <= err.code < 400:
+        err.close()
+        location = headers.get("location", "") if headers is not None else ""
+        return RefusedRedirect(err.code, urllib.parse.urlsplit(location).hostname or "unknown host")
+    try:
+        raw = err.read(65536)
+    except (OSError, http.client.HTTPException):
+        raw = b""
+    finally:
+        err.close()
+    etype, message, code = _error_fields(raw)
+    should = (headers.get("x-should-retry") or "").lower() if headers is not None else ""
+    return HTTPStatus(err.code, etype, redact(message, secrets), retry_after(headers),
+                      recorded_headers(headers), code, should)
+
+
+def _error_fields(raw: bytes) -> tuple[str, str, str]:
+    """(error type, message, code) from an Anthropic/OpenAI/Moonshot/OpenRouter error body."""
+    try:
+        error = json.loads(raw).get("error")
+    except (ValueError, AttributeError):
+        return "", raw[:200].decode("utf-8", "replace"), ""
+    if not isinstance(error, dict):
+        return "", str(error or ""), ""
+    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    code = str(details.get("error_code") or error.get("code") or "")
+    return str(error.get("type") or code), str(error.get("message") or ""), code
+
+
+def _body_error(data: dict, default_status: int) -> HTTPStatus:
+    """HTTPStatus for an error carried in a 2xx body (OpenRouter, proxies)."""
+    error = data.get("error") if isinstance(data.get("error"), dict) else {}
+    status = error.get("code") if isinstance(error.get("code"), int) else default_status
+    return HTTPStatus(status, str(error.get("type") or ""), redact(str(error.get("message") or "")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends
+
+
+class Offline:
+    """Deterministic stand-in: rules(task_input) -> (calls, output); turn k < len(calls) makes call k."""
+
+    def __init__(self, rules: Callable, task_input=None):
+        self._rules, self._task_input = rules, task_input
+
+    def complete(self, messages: list[dict], tools: list[dict] = ()) -> Reply:
+        """Tool call `offline-<k>` on assistant turn k, then json.dumps(output) as text; no network."""
+        start = time.monotonic()
+        calls, output = self._rules(self._task_input)
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        if turn < len(calls):
+            name, args = calls[turn]
+            tool_calls, text, stop = (ToolCall(f"offline-{turn}", name, dict(args)),), "", "tool_use"
+        else:
+            tool_calls, text, stop = (), json.dumps(output), "end_turn"
+        return Reply(text, tool_calls, {"input_tokens": 0, "output_tokens": 0}, 0.0, "offline", "offline",
+                     (time.monotonic() - start) * 1000, {}, (), stop)
+
+
+_WIRES = MappingProxyType({
+    "anthropic": (anthropic_request, anthropic_reply),
+    "openai": (openai_request, openai_reply),
+})
+
+
+def parse_reply(wire: str, data: dict, names: Mapping[str, str]) -> tuple:
+    """(text, calls, usage, model, stop) for a wire dialect; shape errors become Malformed."""
+    try:
+        return _WIRES[wire][1](data, names)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as err:
+        raise Malformed(f"{type(err).__name__} reading {wire} reply") from None
+
+
+def reply_cost(route: Route, model_id: str, answered: str, usage: dict) -> float | None:
+    """USD priced by the answering model; else the requested id (not for SageRoute, facts §2)."""
+    cost = cost_usd(answered, usage) if answered else None
+    if cost is None and route.backend != "sageroute":
+        cost = cost_usd(model_id, usage)
+    return cost
+
+
+def attempt_record(model_id: str, backend: str, error: LLMError, retry_in_s: float | None = None) -> dict:
+    """One failed attempt for Reply.attempts; never carries key material."""
+    record = {"model": model_id, "backend": backend, "error": str(error), "retry_in_s": retry_in_s}
+    if getattr(error, "headers", None):
+        record["headers"] = dict(error.headers)
+    return record
+
+
+def _model_chain(model: Mapping[str, str], env: Mapping[str, str]) -> list[str]:
+    """Card models to try in order; stops at 'offline'; SageRoute gets one entry (the proxy picks)."""
+    chain: list[str] = []
+    for model_id in (model.get("primary"), model.get("fallback")):
+        if not model_id:
+            continue
+        if model_id == "offline":
+            break
+        if model_id not in chain:
+            chain.append(model_id)
+    return chain[:1] if env.get("SAGEROUTE_URL") else chain
+
+
+class Worker:
+    """The agent's model: primary, then fallback, then offline rules; sticks with what answered."""
+
+    def __init__(self, model: dict, env: Mapping[str, str], rules=None, task_input=None,
+                 timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep, max_tokens: int = 1024):
+        self._env = dict(env)
+        self._chain = _model_chain(model, self._env)
+        self._offline = Offline(rules, task_input) if rules is not None else None
+        self._opener = build_opener(self._env)
+        self._timeout, self._sleep, self._max_tokens = timeout, sleep, max_tokens
+        self._rng = random.Random()
+        self._dead: dict[str, LLMError] = {}   # model id -> why this Worker stopped asking it
+
+    def backend_for(self, model_id: str) -> str:
+        """Which backend model_id would use under this Worker's env."""
+        return backend_for(model_id, self._env)
+
+    def planned_backend(self) -> str:
+        """Backend of the next model with a key, or 'offline'."""
+        model_id = self._next_model()
+        return "offline" if model_id == "offline" else self.backend_for(model_id)
+
+    def estimate_next_cost(self, messages: list[dict], tools: list[dict]) -> float | None:
+        """Upper-bound USD for the next call (input ~ chars/4, output = max_tokens); None = unknown.
+
+        Under SageRoute the card's primary is priced, though the proxy may pick another tier."""
+        return estimate_cost(self._next_model(), estimate_input_tokens(messages, tools), self._max_tokens)
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
+        """One answer from the first live model, else offline rules; raises the last LLMError without rules."""
+        attempts: list[dict] = []
+        for model_id in self._live():
+            try:
+                reply = self._ask(model_id, messages, tools, attempts)
+            except LLMError as err:
+                self._dead[model_id] = err
+                attempts.append(attempt_record(model_id, self.backend_for(model_id), err))
+                continue
+            return replace(reply, attempts=tuple(attempts))
+        return self._last_resort(messages, tools, attempts)
+
+    def _live(self) -> list[str]:
+        """Chain models not yet failed, in order."""
+        return [m for m in self._chain if m not in self._dead]
+
+    def _next_model(self) -> str:
+        """The first live model whose route resolves (has a key), else 'offline'."""
+        for model_id in self._live():
+            try:
+                route_for(model_id, self._env)
+            except NoKey:
+                continue
+            except LLMError:
+                pass
+            return model_id
+        return "offline"
+
+    def _ask(self, model_id: str, messages: list[dict], tools: list[dict], attempts: list[dict]) -> Reply:
+        """One model's answer, retried per policy; raises LLMError."""
+        route = route_for(model_id, self._env)
+        body = _WIRES[route.wire][0](route.model, messages, tools, self._max_tokens)
+        if route.backend == "moonshot" and route.model.startswith("kimi-k2.5"):
+            body["thinking"] = {"type": "disabled"}   # K2.5 thinks by default (facts §3.5.1)
+        data, headers, latency = self._post(route, model_id, body, attempts)
+        text, calls, usage, answered, stop = parse_reply(route.wire, data, tool_names(tools))
+        if stop in ("refusal", "content_filter"):
+            raise Declined(stop)
+        cost = reply_cost(route, model_id, answered, usage)
+        return Reply(text, calls, usage, cost, answered or route.model, route.backend, latency, headers, (), stop)
+
+    def _post(self, route: Route, model_id: str, body: dict, attempts: list[dict]) -> tuple[dict, dict, float]:
+        """post_json with up to MAX_RETRIES retries; each retried failure is appended to attempts."""
+        retry = 0
+        while True:
+            try:
+                return post_json(self._opener, route.url, route.headers, body, self._timeout, route.secrets)
+            except LLMError as err:
+                wait = retry_wait(err, retry, self._rng)
+                if wait is None:
+                    raise
+                attempts.append(attempt_record(model_id, route.backend, err, round(wait, 3)))
+                self._sleep(wait)
+                retry += 1
+
+    def _last_resort(self, messages: list[dict], tools: list[dict], attempts: list[dict]) -> Reply:
+        """Offline rules after every model failed; 'offline' alone when no model ever had a key."""
+        failures = [e for e in self._dead.values() if not isinstance(e, NoKey)]
+        if self._offline is None:
+            keyless = list(self._dead.values()) or [NoKey("model and no offline rules")]
+            raise (failures[-1] if failures else keyless[0]).with_traceback(None)
+        reply = self._offline.complete(messages, tools)
+        if not failures:
+            return reply                       # key-less from the start: plainly offline
+        return replace(reply, backend=f"offline-after-error: {failures[-1].reason}", attempts=tuple(attempts))

@@ -1,0 +1,430 @@
+"""llm.py against scripted servers on 127.0.0.1: wire formats, retries, fallback, redirects, prices."""
+import json
+import time
+import unittest
+
+import llm
+from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message, openai_completion
+
+ANTHROPIC_KEY = "sk-ant-test-SECRET-0123456789"
+MOONSHOT_KEY = "sk-moon-test-SECRET-987654321"
+TOOLS = [{"name": "issues:label", "description": "Label an issue",
+          "params": {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}},
+         {"name": "drafts:write", "description": "Write a draft",
+          "params": {"type": "object", "properties": {"text": {"type": "string"}}}}]
+TASK = [{"role": "system", "content": "You triage tickets."}, {"role": "user", "content": "refund please"}]
+
+
+def rules(task_input):
+    """Offline rules: label, then draft, then the output."""
+    return [("issues:label", {"label": "billing"}), ("drafts:write", {"text": task_input})], {"label": "billing"}
+
+
+class ServerTest(unittest.TestCase):
+    """Starts scripted servers and builds Workers that never sleep for real."""
+
+    def setUp(self):
+        self.waits = []
+
+    def server(self, *answers):
+        """A started FakeServer, closed at cleanup."""
+        fake = FakeServer(*answers).start()
+        self.addCleanup(fake.close)
+        return fake
+
+    def worker(self, env, primary="claude-sonnet-5-5", fallback=None, **kw):
+        """A Worker whose sleep only records the wait."""
+        model = {"primary": primary, "fallback": fallback}
+        return llm.Worker(model, env, sleep=self.waits.append, **kw)
+
+    def anthropic_env(self, fake, **extra):
+        return {"ANTHROPIC_API_KEY": ANTHROPIC_KEY, "ANTHROPIC_BASE_URL": fake.url, **extra}
+
+
+class AnthropicWireTest(ServerTest):
+    def test_tool_use_round_trip(self):
+        fake = self.server(
+            Answer(body=anthropic_message("Labelling.", [("toolu_1", "issues__label", {"label": "billing"}),
+                                                         ("toolu_2", "drafts__write", {"text": "hi"})]),
+                   headers={"request-id": "req_1", "anthropic-organization-id": "org"}),
+            Answer(body=anthropic_message('{"label": "billing"}', model="claude-sonnet-4-5-20250929")))
+        worker = self.worker(self.anthropic_env(fake))
+        first = worker.complete(TASK, TOOLS)
+        self.assertEqual([(c.id, c.name, c.args) for c in first.tool_calls],
+                         [("toolu_1", "issues:label", {"label": "billing"}),
+                          ("toolu_2", "drafts:write", {"text": "hi"})])
+        self.assertEqual((first.text, first.backend, first.headers),
+                         ("Labelling.", "anthropic", {"request-id": "req_1"}))
+        self.assertEqual(first.usage, {"input_tokens": 100, "output_tokens": 20})
+        self.assertAlmostEqual(first.cost_usd, (100 * 2.0 + 20 * 10.0) / 1e6)
+        messages = TASK + [
+            {"role": "assistant", "content": "Labelling.", "tool_calls": [
+                {"id": "toolu_1", "name": "issues:label", "args": {"label": "billing"}},
+                {"id": "toolu_2", "name": "drafts:write", "args": {"text": "hi"}}]},
+            {"role": "tool", "tool_call_id": "toolu_1", "name": "issues:label", "content": "ok", "is_error": False},
+            {"role": "tool", "tool_call_id": "toolu_2", "name": "drafts:write", "content": "denied: no",
+             "is_error": True}]
+        second = worker.complete(messages, TOOLS)
+        self.assertEqual((second.text, second.tool_calls, second.model),
+                         ('{"label": "billing"}', (), "claude-sonnet-4-5-20250929"))
+        self.assertAlmostEqual(second.cost_usd, (100 * 3.0 + 20 * 15.0) / 1e6)
+        sent = fake.requests[1]
+        self.assertEqual(sent["path"], "/v1/messages")
+        self.assertEqual(sent["headers"]["x-api-key"], ANTHROPIC_KEY)
+        self.assertEqual(sent["headers"]["anthropic-version"], "2023-06-01")
+        body = sent["body"]
+        self.assertEqual(body["system"], "You triage tickets.")
+        self.assertEqual([t["name"] for t in body["tools"]], ["issues__label", "drafts__write"])
+        self.assertEqual(body["tools"][0]["input_schema"]["required"], ["label"])
+        self.assertNotIn("temperature", body)
+        self.assertEqual([m["role"] for m in body["messages"]], ["user", "assistant", "user"])
+        self.assertEqual([b["name"] for b in body["messages"][1]["content"] if b["type"] == "tool_use"],
+                         ["issues__label", "drafts__write"])
+        self.assertEqual(body["messages"][2]["content"], [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok", "is_error": False},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "denied: no", "is_error": True}])
+
+    def test_unknown_blocks_are_skipped(self):
+        data = anthropic_message("done")
+        data["content"].insert(0, {"type": "thinking", "thinking": "hmm"})
+        fake = self.server(Answer(body=data))
+        reply = self.worker(self.anthropic_env(fake)).complete(TASK, TOOLS)
+        self.assertEqual((reply.text, reply.stop_reason), ("done", "end_turn"))
+
+
+class OpenAIWireTest(ServerTest):
+    def test_tool_call_round_trip_on_moonshot(self):
+        fake = self.server(
+            Answer(body=openai_completion(None, [("call_1", "issues__label", '{"label": "billing"}')]),
+                   headers={"x-request-id": "r-9"}),
+            Answer(body=openai_completion("all done")))
+        env = {"MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fake.url + "/v1"}
+        worker = self.worker(env, primary="kimi-k2.6")
+        first = worker.complete(TASK, TOOLS)
+        self.assertEqual(first.tool_calls, (llm.ToolCall("call_1", "issues:label", {"label": "billing"}),))
+        self.assertEqual((first.text, first.backend, first.headers), ("", "moonshot", {"x-request-id": "r-9"}))
+        self.assertAlmostEqual(first.cost_usd, (100 * 0.95 + 20 * 4.0) / 1e6)
+        messages = TASK + [
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "name": "issues:label",
+                                                                 "args": {"label": "billing"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "name": "issues:label", "content": "boom", "is_error": True}]
+        self.assertEqual(worker.complete(messages, TOOLS).text, "all done")
+        sent = fake.requests[1]
+        self.assertEqual(sent["path"], "/v1/chat/completions")
+        self.assertEqual(sent["headers"]["authorization"], f"Bearer {MOONSHOT_KEY}")
+        body = sent["body"]
+        self.assertEqual(body["tools"][0], {"type": "function", "function": {
+            "name": "issues__label", "description": "Label an issue", "parameters": TOOLS[0]["params"]}})
+        self.assertEqual(body["messages"][0], {"role": "system", "content": "You triage tickets."})
+        call = body["messages"][2]["tool_calls"][0]
+        self.assertEqual((call["function"]["name"], json.loads(call["function"]["arguments"])),
+                         ("issues__label", {"label": "billing"}))
+        self.assertEqual(body["messages"][3], {"role": "tool", "tool_call_id": "call_1", "content": "error: boom"})
+        self.assertNotIn("thinking", body)
+
+    def test_kimi_k25_disables_thinking_and_bad_arguments_reach_the_broker(self):
+        fake = self.server(Answer(body=openai_completion(None, [("c1", "issues__label", "{not json")])))
+        env = {"MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fake.url}
+        reply = self.worker(env, primary="kimi-k2.5").complete(TASK, TOOLS)
+        self.assertEqual(reply.tool_calls[0].args, {"_unparsed_arguments": "{not json"})
+        self.assertEqual(fake.requests[0]["body"]["thinking"], {"type": "disabled"})
+
+    def test_ollama_needs_no_key_and_costs_nothing(self):
+        fake = self.server(Answer(body=openai_completion("hi", model="llama3.2")))
+        env = {"OPENAI_BASE_URL": fake.url + "/v1", "ANTHROPIC_API_KEY": ANTHROPIC_KEY}
+        reply = self.worker(env, primary="ollama/llama3.2").complete(TASK, [])
+        self.assertEqual((reply.backend, reply.model, reply.cost_usd), ("ollama", "llama3.2", 0.0))
+        self.assertEqual(fake.requests[0]["body"]["model"], "llama3.2")
+        self.assertNotIn(ANTHROPIC_KEY, json.dumps(fake.requests[0]["headers"]))
+
+    def test_error_inside_a_200_body_is_an_error(self):
+        fake = self.server(Answer(body={"error": {"code": 502, "message": "upstream died"}}))
+        env = {"OPENROUTER_API_KEY": "sk-or-v1-abcdef123456", "OPENROUTER_BASE_URL": fake.url}
+        with self.assertRaises(llm.HTTPStatus) as caught:
+            self.worker(env, primary="openrouter/moonshotai/kimi-k2.6").complete(TASK, [])
+        self.assertEqual(caught.exception.status, 502)
+        self.assertEqual(fake.requests[0]["body"]["model"], "moonshotai/kimi-k2.6")
+
+
+class RetryTest(ServerTest):
+    def test_429_honours_retry_after_then_succeeds(self):
+        fake = self.server(Answer(429, anthropic_error("rate_limit_error", "slow down"), {"retry-after": "0.01"}),
+                           Answer(body=anthropic_message("ok")))
+        reply = self.worker(self.anthropic_env(fake)).complete(TASK, [])
+        self.assertEqual((reply.text, self.waits, len(fake.requests)), ("ok", [0.01], 2))
+        self.assertEqual(reply.attempts[0]["retry_in_s"], 0.01)
+        self.assertIn("HTTP 429 rate_limit_error", reply.attempts[0]["error"])
+
+    def test_retry_after_ms_wins(self):
+        fake = self.server(Answer(429, anthropic_error("rate_limit_error", "x"),
+                                  {"retry-after-ms": "20", "retry-after": "1"}),
+                           Answer(body=anthropic_message("ok")))
+        self.worker(self.anthropic_env(fake)).complete(TASK, [])
+        self.assertEqual(self.waits, [0.02])
+
+    def test_529_backs_off_then_succeeds(self):
+        fake = self.server(Answer(529, anthropic_error("overloaded_error", "busy")),
+                           Answer(body=anthropic_message("ok")))
+        reply = self.worker(self.anthropic_env(fake)).complete(TASK, [])
+        self.assertEqual(reply.text, "ok")
+        self.assertEqual(len(self.waits), 1)
+        self.assertTrue(0.375 <= self.waits[0] <= 0.5, self.waits)
+
+    def test_exhausted_retries_move_to_fallback(self):
+        primary = self.server(*[Answer(500, anthropic_error("api_error", "oops"))] * 3)
+        fallback = self.server(Answer(body=openai_completion("from kimi")))
+        env = self.anthropic_env(primary, MOONSHOT_API_KEY=MOONSHOT_KEY, MOONSHOT_BASE_URL=fallback.url)
+        reply = self.worker(env, fallback="kimi-k2.6").complete(TASK, [])
+        self.assertEqual((reply.text, reply.backend, len(primary.requests)), ("from kimi", "moonshot", 3))
+        self.assertEqual(len(self.waits), 2)
+        self.assertTrue(0.75 <= self.waits[1] <= 1.0, self.waits)
+        self.assertEqual([a["retry_in_s"] is None for a in reply.attempts], [False, False, True])
+
+    def test_long_retry_after_fails_over_instead_of_sleeping(self):
+        primary = self.server(Answer(429, anthropic_error("rate_limit_error", "x"), {"retry-after": "120"}))
+        reply = self.worker(self.anthropic_env(primary), rules=rules, task_input="t").complete(TASK, TOOLS)
+        self.assertEqual((self.waits, reply.backend), ([], "offline-after-error: HTTP 429 rate_limit_error"))
+
+    def test_client_errors_are_not_retried(self):
+        for status, etype in ((400, "invalid_request_error"), (401, "authentication_error"),
+                              (403, "permission_error"), (404, "not_found_error")):
+            with self.subTest(status=status):
+                fake = self.server(Answer(status, anthropic_error(etype, "no")))
+                with self.assertRaises(llm.HTTPStatus) as caught:
+                    self.worker(self.anthropic_env(fake)).complete(TASK, [])
+                self.assertEqual((caught.exception.status, len(fake.requests), self.waits), (status, 1, []))
+
+    def test_spend_limit_429_is_not_retried(self):
+        body = {"type": "error", "error": {"type": "rate_limit_error", "message": "cap",
+                                           "details": {"error_code": "enforced_spend_limit_reached"}}}
+        fake = self.server(Answer(429, body, {"retry-after": "0.01"}))
+        with self.assertRaises(llm.HTTPStatus):
+            self.worker(self.anthropic_env(fake)).complete(TASK, [])
+        self.assertEqual(len(fake.requests), 1)
+
+    def test_refused_connection_is_retried_then_gives_up(self):
+        dead = FakeServer()
+        dead.close()
+        worker = self.worker({"ANTHROPIC_API_KEY": ANTHROPIC_KEY, "ANTHROPIC_BASE_URL": dead.url})
+        with self.assertRaises(llm.ConnectionFailed):
+            worker.complete(TASK, [])
+        self.assertEqual(len(self.waits), 2)
+
+
+class FallbackTest(ServerTest):
+    def test_retired_model_404_moves_to_fallback(self):
+        fake = self.server(Answer(404, anthropic_error("not_found_error", "model: claude-sonnet-4-5")),
+                           Answer(body=anthropic_message("one", model="claude-haiku-5-5")))
+        worker = self.worker(self.anthropic_env(fake), primary="claude-sonnet-4-5", fallback="claude-haiku-5-5")
+        reply = worker.complete(TASK, [])
+        self.assertEqual((reply.text, reply.backend, reply.model), ("one", "anthropic", "claude-haiku-5-5"))
+        self.assertEqual([r["body"]["model"] for r in fake.requests], ["claude-sonnet-4-5", "claude-haiku-5-5"])
+        self.assertEqual(reply.attempts[0]["model"], "claude-sonnet-4-5")
+        self.assertIn("HTTP 404 not_found_error", reply.attempts[0]["error"])
+        self.assertEqual(self.waits, [])
+
+    def test_fallback_on_another_backend_is_kept_for_the_rest_of_the_run(self):
+        primary = self.server(Answer(404, anthropic_error("not_found_error", "model: claude-sonnet-4-5")))
+        fallback = self.server(Answer(body=openai_completion("one")), Answer(body=openai_completion("two")))
+        env = self.anthropic_env(primary, MOONSHOT_API_KEY=MOONSHOT_KEY, MOONSHOT_BASE_URL=fallback.url)
+        worker = self.worker(env, primary="claude-sonnet-4-5", fallback="kimi-k2.6")
+        first, second = worker.complete(TASK, []), worker.complete(TASK, [])
+        self.assertEqual((first.text, second.text, len(primary.requests)), ("one", "two", 1))
+        self.assertEqual(len(first.attempts), 1)
+        self.assertEqual(first.attempts[0]["backend"], "anthropic")
+        self.assertEqual(second.attempts, ())
+        self.assertEqual(worker.planned_backend(), "moonshot")
+
+    def test_timeout_goes_offline_after_error(self):
+        fake = self.server(Answer(body=anthropic_message("late"), delay=2.0))
+        worker = self.worker(self.anthropic_env(fake), rules=rules, task_input="t", timeout=0.1)
+        start = time.monotonic()
+        reply = worker.complete(TASK, TOOLS)
+        self.assertLess(time.monotonic() - start, 0.5)
+        self.assertEqual(reply.backend, "offline-after-error: timeout after 0.1s")
+        self.assertEqual(reply.tool_calls, (llm.ToolCall("offline-0", "issues:label", {"label": "billing"}),))
+        self.assertEqual((len(fake.requests), self.waits), (1, []))
+        self.assertEqual(reply.attempts, ({"model": "claude-sonnet-5-5", "backend": "anthropic",
+                                           "error": "timeout after 0.1s", "retry_in_s": None},))
+        later = worker.complete(TASK + [{"role": "assistant", "content": "x"}], TOOLS)
+        self.assertEqual((later.backend, len(fake.requests)), ("offline-after-error: timeout after 0.1s", 1))
+
+    def test_malformed_body(self):
+        for body in ("not json at all", {"no": "content"}, [1, 2]):
+            with self.subTest(body=body):
+                fake = self.server(Answer(body=body), Answer(body=body))
+                with self.assertRaises(llm.Malformed):
+                    self.worker(self.anthropic_env(fake)).complete(TASK, [])
+                reply = self.worker(self.anthropic_env(fake), rules=rules).complete(TASK, [])
+                self.assertEqual(reply.backend, "offline-after-error: malformed response")
+
+    def test_refusal_falls_back(self):
+        primary = self.server(Answer(body=anthropic_message("no", stop="refusal")))
+        fallback = self.server(Answer(body=openai_completion("yes")))
+        env = self.anthropic_env(primary, MOONSHOT_API_KEY=MOONSHOT_KEY, MOONSHOT_BASE_URL=fallback.url)
+        reply = self.worker(env, fallback="kimi-k2.6").complete(TASK, [])
+        self.assertEqual((reply.text, reply.attempts[0]["error"]), ("yes", "model declined: refusal"))
+
+    def test_missing_primary_key_uses_fallback_and_says_so(self):
+        fallback = self.server(Answer(body=openai_completion("kimi here")))
+        env = {"MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fallback.url}
+        worker = self.worker(env, fallback="kimi-k2.6")
+        self.assertEqual(worker.planned_backend(), "moonshot")
+        reply = worker.complete(TASK, [])
+        self.assertEqual(reply.backend, "moonshot")
+        self.assertEqual(reply.attempts[0]["error"], "unavailable: no ANTHROPIC_API_KEY")
+
+
+class KeylessTest(ServerTest):
+    def test_no_key_runs_offline_with_zero_requests(self):
+        fake = self.server(Answer(body=anthropic_message("should not be asked")))
+        worker = self.worker({"ANTHROPIC_BASE_URL": fake.url}, fallback="kimi-k2.6", rules=rules, task_input="t")
+        self.assertEqual(worker.planned_backend(), "offline")
+        replies = [worker.complete(TASK + [{"role": "assistant", "content": ""}] * k, TOOLS) for k in range(3)]
+        self.assertEqual(fake.requests, [])
+        self.assertEqual({(r.backend, r.attempts, r.cost_usd, r.model) for r in replies},
+                         {("offline", (), 0.0, "offline")})
+        self.assertEqual([c.id for r in replies for c in r.tool_calls], ["offline-0", "offline-1"])
+        self.assertEqual(json.loads(replies[2].text), {"label": "billing"})
+        self.assertEqual(replies[0].usage, {"input_tokens": 0, "output_tokens": 0})
+
+    def test_no_key_and_no_rules_is_a_typed_error(self):
+        with self.assertRaises(llm.NoKey) as caught:
+            self.worker({}).complete(TASK, [])
+        self.assertEqual(str(caught.exception), "unavailable: no ANTHROPIC_API_KEY")
+
+    def test_offline_primary_is_offline(self):
+        worker = self.worker({"ANTHROPIC_API_KEY": ANTHROPIC_KEY}, primary="offline", fallback="claude-haiku-5-5",
+                             rules=rules, task_input="t")
+        self.assertEqual(worker.complete(TASK, TOOLS).backend, "offline")
+
+
+class SafetyTest(ServerTest):
+    def test_redirect_is_refused_and_target_gets_nothing(self):
+        target = self.server(Answer(body=anthropic_message("stolen")))
+        for status in (301, 302, 307, 308):
+            with self.subTest(status=status):
+                origin = self.server(Answer(status, "", {"location": target.url + "/v1/messages"}))
+                with self.assertRaises(llm.RefusedRedirect) as caught:
+                    self.worker(self.anthropic_env(origin)).complete(TASK, [])
+                self.assertEqual(len(origin.requests), 1)
+                self.assertNotIn(ANTHROPIC_KEY, str(caught.exception))
+        self.assertEqual(target.requests, [])
+
+    def test_errors_carry_no_key_material(self):
+        echo = f"Incorrect API key provided: {ANTHROPIC_KEY}. Another: sk-proj-abcdefghijkl"
+        fake = self.server(Answer(401, {"error": {"type": "authentication_error", "message": echo}}))
+        with self.assertRaises(llm.HTTPStatus) as caught:
+            self.worker(self.anthropic_env(fake)).complete(TASK, [])
+        text = str(caught.exception)
+        self.assertNotIn(ANTHROPIC_KEY, text)
+        self.assertNotIn("sk-proj-abcdefghijkl", text)
+        self.assertNotIn("\n", text)
+        self.assertIn("HTTP 401 authentication_error", text)
+        self.assertNotIn(ANTHROPIC_KEY, repr(llm.route_for("claude-x", self.anthropic_env(fake))))
+
+    def test_html_error_body_is_parsed_defensively(self):
+        fake = self.server(Answer(413, "<html>\n<b>Request Entity Too Large</b></html>"))
+        with self.assertRaises(llm.HTTPStatus) as caught:
+            self.worker(self.anthropic_env(fake)).complete(TASK, [])
+        self.assertEqual((caught.exception.status, caught.exception.retryable), (413, False))
+
+
+class SageRouteTest(ServerTest):
+    HEADERS = {"x-sageroute-tier": "strong", "x-sageroute-action": "switch_model",
+               "x-sageroute-intervention": "0.796", "x-sageroute-source": "sage",
+               "x-sageroute-model": "claude-sonnet-5-5", "request-id": "req_p"}
+
+    def test_proxy_gets_its_token_not_the_vendor_key(self):
+        proxy = self.server(Answer(body=anthropic_message("routed", model="sageroute"), headers=self.HEADERS))
+        vendor = self.server()
+        env = self.anthropic_env(vendor, SAGEROUTE_URL=proxy.url + "/", SAGEROUTE_TOKEN="sr-token-42")
+        worker = self.worker(env, fallback="kimi-k2.6")
+        self.assertEqual((worker.planned_backend(), worker.backend_for("kimi-k2.6")), ("sageroute", "sageroute"))
+        reply = worker.complete(TASK, TOOLS)
+        self.assertEqual((reply.backend, reply.text, reply.cost_usd), ("sageroute", "routed", None))
+        self.assertEqual(reply.headers, {k.lower(): v for k, v in self.HEADERS.items()})
+        sent = proxy.requests[0]
+        self.assertEqual((sent["path"], sent["body"]["model"]), ("/v1/messages", "sageroute"))
+        self.assertEqual(sent["headers"]["authorization"], "Bearer sr-token-42")
+        self.assertNotIn("x-api-key", sent["headers"])
+        self.assertNotIn(ANTHROPIC_KEY.encode(), sent["raw"])
+        self.assertNotIn(ANTHROPIC_KEY, json.dumps(sent["headers"]))
+        self.assertEqual(vendor.requests, [])
+
+    def test_proxy_url_with_v1_and_priced_upstream_model(self):
+        proxy = self.server(Answer(body=anthropic_message("ok", model="claude-haiku-4-5-20251001")))
+        reply = self.worker({"SAGEROUTE_URL": proxy.url + "/v1"}).complete(TASK, [])
+        self.assertEqual(proxy.requests[0]["path"], "/v1/messages")
+        self.assertNotIn("authorization", proxy.requests[0]["headers"])
+        self.assertAlmostEqual(reply.cost_usd, (100 * 1.0 + 20 * 5.0) / 1e6)
+
+    def test_proxy_error_headers_are_recorded(self):
+        proxy = self.server(Answer(400, anthropic_error("invalid_request_error", "no"), self.HEADERS))
+        reply = self.worker({"SAGEROUTE_URL": proxy.url}, rules=rules).complete(TASK, [])
+        self.assertEqual(reply.attempts[0]["headers"]["x-sageroute-tier"], "strong")
+
+
+class RoutingTest(unittest.TestCase):
+    def test_backend_rule(self):
+        table = {"claude-sonnet-5-5": "anthropic", "kimi-k2.6": "moonshot", "moonshot-v1-8k": "moonshot",
+                 "anthropic/claude-haiku-5-5": "anthropic", "openai/gpt-5": "openai", "moonshot/kimi-k3": "moonshot",
+                 "ollama/llama3.2": "ollama", "openrouter/anthropic/claude-sonnet-4.5": "openrouter",
+                 "offline": "offline", "qwen2.5-coder": "openai"}
+        for model_id, backend in table.items():
+            with self.subTest(model_id=model_id):
+                self.assertEqual(llm.backend_for(model_id, {}), backend)
+        self.assertEqual(llm.backend_for("kimi-k2.6", {"SAGEROUTE_URL": "http://p"}), "sageroute")
+
+    def test_routes(self):
+        env = {"ANTHROPIC_API_KEY": "a-key", "MOONSHOT_API_KEY": "m-key", "OPENAI_API_KEY": "o-key"}
+        self.assertEqual(llm.route_for("claude-haiku-5-5", env).url, "https://api.anthropic.com/v1/messages")
+        self.assertEqual(llm.route_for("kimi-k2.6", env).url, "https://api.moonshot.ai/v1/chat/completions")
+        self.assertEqual(llm.route_for("ollama/qwen", env).url, "http://localhost:11434/v1/chat/completions")
+        self.assertEqual(llm.route_for("ollama/qwen", env).headers["authorization"], "Bearer ollama")
+        self.assertEqual(llm.route_for("openai/gpt-5", env).model, "gpt-5")
+        with self.assertRaises(llm.NoKey):
+            llm.route_for("openrouter/x/y", env)
+        with self.assertRaises(llm.LLMError):
+            llm.route_for("claude-x", {**env, "ANTHROPIC_BASE_URL": "file:///etc"})
+
+    def test_defaults_are_current_ids(self):
+        self.assertEqual((llm.DEFAULT_PRIMARY, llm.DEFAULT_FALLBACK), ("claude-sonnet-5-5", "claude-haiku-5-5"))
+        self.assertIsNotNone(llm.price(llm.DEFAULT_PRIMARY))
+        self.assertIsNotNone(llm.price(llm.DEFAULT_FALLBACK))
+
+
+class PriceTest(unittest.TestCase):
+    def test_alias_and_snapshot_prices(self):
+        self.assertEqual(llm.price("claude-sonnet-4-5"), (3.0, 15.0))
+        self.assertEqual(llm.price("claude-sonnet-4-5-20250929"), (3.0, 15.0))
+        self.assertEqual(llm.price("claude-haiku-4-5-20251001"), (1.0, 5.0))
+        self.assertEqual(llm.price("anthropic/claude-opus-4-5-20251101"), (5.0, 25.0))
+        self.assertEqual(llm.price("kimi-k2.5"), (0.6, 3.0))
+        self.assertEqual(llm.price("ollama/llama3.2"), (0.0, 0.0))
+
+    def test_unknown_model_has_no_price(self):
+        for model in ("gpt-5", "claude-sonnet-9", "sageroute", "openrouter/anthropic/claude-sonnet-4.5"):
+            with self.subTest(model=model):
+                self.assertIsNone(llm.price(model))
+                self.assertIsNone(llm.cost_usd(model, {"input_tokens": 1, "output_tokens": 1}))
+                self.assertIsNone(llm.estimate_cost(model, 1, 1))
+
+    def test_cost_and_estimate(self):
+        usage = {"input_tokens": 1_000_000, "output_tokens": 1_000_000}
+        self.assertAlmostEqual(llm.cost_usd("claude-sonnet-5-5", usage), 12.0)
+        self.assertAlmostEqual(llm.cost_usd("claude-haiku-5-5", {"input_tokens": 200_000, "output_tokens": 0}), 0.1)
+        self.assertAlmostEqual(llm.estimate_cost("claude-haiku-4-5", 4000, 1024), (4000 * 1 + 1024 * 5) / 1e6)
+        self.assertEqual(llm.estimate_input_tokens([{"role": "user", "content": "x" * 400}], []),
+                         -(-len(json.dumps([[{"role": "user", "content": "x" * 400}], []])) // 4))
+
+    def test_worker_estimate(self):
+        keyless = llm.Worker({"primary": "claude-sonnet-5-5"}, {}, rules=rules)
+        self.assertEqual(keyless.estimate_next_cost(TASK, TOOLS), 0.0)
+        keyed = llm.Worker({"primary": "claude-sonnet-5-5"}, {"ANTHROPIC_API_KEY": "k"}, max_tokens=100)
+        tokens = llm.estimate_input_tokens(TASK, TOOLS)
+        self.assertAlmostEqual(keyed.estimate_next_cost(TASK, TOOLS), (tokens * 2.0 + 100 * 10.0) / 1e6)
+
+
+if __name__ == "__main__":
+    unittest.main()
