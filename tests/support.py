@@ -88,9 +88,10 @@ class LineTest(unittest.TestCase):
         return subprocess.CompletedProcess(child.args, child.returncode, out.decode(), err.decode())
 
     def certified(self, name: str = "triager", tier: str = "C1", lower_bar: bool = True) -> None:
-        """Prove the sealed half (bar lowered to 0.5 unless told not to) and certify at a terminal."""
+        """Prove the sealed half and certify at a terminal. The bar is lowered to 0 unless told not to:
+        these tests are about the line's mechanics; the shipped suites' scores are tested on their own."""
         if lower_bar:
-            self.set_bar(name, 0.5)
+            self.set_bar(name, 0.0)
         code, out, err = self.factory("prove", name, "--sealed")
         self.assertEqual(code, 0, out + err)
         signed = self.certify(name, tier)
