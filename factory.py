@@ -651,6 +651,7 @@ class Loop:
     cost: float | None = 0.0
     output: dict | None = None
     reason: str = ""
+    router: object = None
     backends: list = field(default_factory=list)
     messages: list = field(default_factory=list)
 
@@ -679,6 +680,8 @@ class Loop:
             self.record({"event": "tool_result", "seq": outcome.seq, "tool_call_id": call.id, "content": content})
             self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
                                   "content": content, "is_error": not outcome.ok})
+        if self.router is not None:
+            self.router.review(self)
 
     def ask(self):
         """Check the step budget and the envelope *before* spending, then call the worker."""
@@ -699,6 +702,14 @@ class Loop:
                      "attempts": list(reply.attempts), "headers": reply.headers})
         return reply
 
+    def worker_tier(self) -> str:
+        """Which model tier the worker is on (primary, fallback, offline), for run-gate records."""
+        return self.worker.tier() if hasattr(self.worker, "tier") else "recorded"
+
+    def restart_clean(self) -> None:
+        """Rebuild the conversation: keep the task, the tool calls and their results; drop the model's text."""
+        self.messages = [m if m["role"] != "assistant" else {**m, "content": ""} for m in self.messages]
+
     def schemas(self) -> list[dict]:
         """Tool schemas for the granted, not denied tools only (the caller can never widen grants)."""
         allowed = [t for t in self.agent.card["tools"] if t not in self.agent.card["tools_denied"]]
@@ -712,6 +723,142 @@ class Loop:
             return text[:CLIP_CHARS]
         where = self.spill(outcome.seq, text)
         return f"{text[:CLIP_CHARS // 2]}\n[... {len(text) - CLIP_CHARS * 3 // 4} characters clipped; full output at {where} ...]\n{text[-CLIP_CHARS // 4:]}"
+
+
+# ---------------------------------------------------------------- the run gate (router): detectors, then Sage
+
+NO_PROGRESS_STEPS = 5        # tool calls without one successful execution before detector 5 fires
+BURN_ALERT = 0.85            # share of the cost envelope spent that counts as a signal
+INTERVENE_P = 0.6            # P(needs intervention) at which the router asks which intervention
+ROUTER_ACTIONS = ("continue", "switch_model", "restart_clean", "escalate_human")
+
+
+@dataclass(frozen=True)
+class Sign:
+    """What the detectors see of one tool call: digests and classes, never the model's reasoning."""
+    action: str          # tool + argument digest
+    observation: str     # digest of the result handed back
+    error: str | None    # denial verdict or failure class; None when it went through
+    effect: str | None
+    executed: bool       # a real execution that succeeded (progress)
+
+
+def signs_of(outcomes: list) -> list[Sign]:
+    """Signs for the broker outcomes of a run so far."""
+    return [Sign(f"{o.tool} {broker.args_digest(o.args)}", sha256(o.result.encode()), None if o.ok else o.verdict,
+                 o.effect, o.verdict == "ok") for o in outcomes]
+
+
+def repeated_observation(signs: list[Sign]) -> bool:
+    """1. the same action returned the same observation 3 times."""
+    seen: dict = {}
+    for sign in signs:
+        seen[sign.action, sign.observation] = seen.get((sign.action, sign.observation), 0) + 1
+    return max(seen.values(), default=0) >= 3
+
+
+def repeated_error(signs: list[Sign]) -> bool:
+    """2. the same error class 3 times in a row (a success resets)."""
+    last = [s.error for s in signs[-3:]]
+    return len(last) == 3 and last[0] is not None and len(set(last)) == 1
+
+
+def ping_pong(signs: list[Sign]) -> bool:
+    """3. two actions alternating at least 4 times within the last 8 calls."""
+    tail, run = [s.action for s in signs[-8:]], 0
+    for i in range(2, len(tail)):
+        run = run + 1 if tail[i] == tail[i - 2] and tail[i] != tail[i - 1] else 0
+    return run + 2 >= 4
+
+
+def write_check_cycles(signs: list[Sign]) -> bool:
+    """4. write -> failing check -> write -> failing check: two writes each followed by a failure."""
+    cycles = sum(1 for a, b in zip(signs, signs[1:]) if a.effect in ("draft", "act") and a.error is None and b.error)
+    return cycles >= 2
+
+
+def no_progress(signs: list[Sign], steps: int = NO_PROGRESS_STEPS) -> bool:
+    """5. no successful execution in the last `steps` calls (a command ran counts; a file changing does not)."""
+    return len(signs) >= steps and not any(s.executed for s in signs[-steps:])
+
+
+DETECTORS = {"repeat": repeated_observation, "error_streak": repeated_error, "ping_pong": ping_pong,
+             "write_check_cycle": write_check_cycles, "no_progress": no_progress}
+
+
+def detect(signs: list[Sign], cost: float | None, envelope: float) -> list[str]:
+    """Names of the detectors that fire on these signs, plus `budget_burn` at >= 85% of the envelope."""
+    fired = [name for name, check in DETECTORS.items() if check(signs)]
+    if cost is not None and envelope > 0 and cost >= BURN_ALERT * envelope:
+        fired.append("budget_burn")
+    return fired
+
+
+def evidence(signs: list[Sign], fired: list[str], cost: float | None) -> str:
+    """The one-line evidence summary the router shows Sage: counts, classes and digests only."""
+    since = next((i for i, s in enumerate(reversed(signs)) if s.executed), len(signs))
+    errors = [s.error for s in signs if s.error]
+    return (f"tool_calls={len(signs)} tool_errors={len(errors)} loop_detected={str(bool(fired)).lower()} "
+            f"loop_kind={','.join(fired) or 'none'} steps_since_progress={since} "
+            f"error_classes={','.join(sorted(set(errors))) or 'none'} cost_usd={'?' if cost is None else round(cost, 4)}")
+
+
+@dataclass
+class Router:
+    """The run gate: local detectors each step; only when one fires, Sage decides (SPEC §5, issue 5).
+
+    Without Sage, a second firing ends the run as escalated. Model switches and clean restarts are
+    capped at one each. Every decision is recorded as tier / action / intervention / source."""
+    sage_client: object            # sage.Sage, or None when there is no key
+    record: callable
+    fires: int = 0
+    switches: int = 0
+    restarts: int = 0
+
+    def review(self, loop: "Loop") -> None:
+        """Look at the run so far; do nothing, or switch model, restart clean, or escalate."""
+        signs = signs_of(loop.broker.outcomes)
+        fired = detect(signs, loop.cost, loop.agent.card["cost_envelope_usd"])
+        if not fired:
+            return
+        self.fires += 1
+        summary = evidence(signs, fired, loop.cost)
+        action, intervention, source, p = self.decide(summary)
+        action = self.capped(action)
+        self.record({"event": "run_gate", "step": loop.steps, "detectors": fired, "evidence": summary,
+                     "tier": loop.worker_tier(), "action": action, "intervention": intervention, "p": p, "source": source})
+        self.carry_out(action, loop, fired)
+
+    def decide(self, summary: str) -> tuple[str, bool, str, float | None]:
+        """(action, intervention?, source, p): Sage yesno then choice; locally, escalate on the second firing."""
+        try:
+            if self.sage_client is None:
+                raise sage.NoKey()
+            need = self.sage_client.yesno(summary, "Does this run need intervention?")
+            if need.answer != "yes" or need.p is None or need.p < INTERVENE_P:
+                return "continue", False, "sage", need.p
+            pick = self.sage_client.choice(summary, "Which intervention does this run need?", list(ROUTER_ACTIONS))
+            return (pick.chosen if pick.chosen in ROUTER_ACTIONS else "escalate_human"), True, "sage", need.p
+        except sage.SageError:
+            return ("escalate_human", True, "local", None) if self.fires >= 2 else ("continue", False, "local", None)
+
+    def capped(self, action: str) -> str:
+        """The action after caps: a second switch or restart becomes escalate_human."""
+        if action == "switch_model" and self.switches >= 1 or action == "restart_clean" and self.restarts >= 1:
+            return "escalate_human"
+        return action
+
+    def carry_out(self, action: str, loop: "Loop", fired: list[str]) -> None:
+        """Make the decision take effect on the loop."""
+        if action == "escalate_human":
+            raise Escalated(f"run gate: {', '.join(fired)}")
+        if action == "switch_model":
+            self.switches += 1
+            if not loop.worker.switch_model():
+                raise Escalated(f"run gate: {', '.join(fired)}; no other model to switch to")
+        if action == "restart_clean":
+            self.restarts += 1
+            loop.restart_clean()
 
 
 # ---------------------------------------------------------------- the output gate (Sage)
@@ -754,6 +901,12 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
 
 
+def sage_client(fac: Factory, timeout: float, retries: int = 0):
+    """The Sage client from this factory's env, or None when it has no way to reach one."""
+    client = sage.Sage.from_env(fac.env, timeout=timeout, retries=retries)
+    return client if client.usable else None
+
+
 def make_worker(fac: Factory, agent: Agent, task_input):
     """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules."""
 
@@ -772,7 +925,8 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
     tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, append_jsonl)
     desk = broker.Broker(agent.policy, agent.contracts, tools, "run", record)
     loop = Loop(make_worker(fac, agent, task_input), desk, agent, task_text(task_input), record,
-                spill=lambda seq, text: spill(fac, agent.name, run_id, seq, text))
+                spill=lambda seq, text: spill(fac, agent.name, run_id, seq, text),
+                router=Router(sage_client(fac, 8.0), record))
     try:
         status = loop.run()
     except llm.LLMError as error:
@@ -1328,6 +1482,57 @@ def cmd_replay(fac: Factory, args) -> int:
     return 1 if differences else 0
 
 
+# ---------------------------------------------------------------- doctor: why is every run routed to a human?
+
+KEY_NAMES = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "MOONSHOT_API_KEY", "OPENROUTER_API_KEY",
+             "SAGEROUTE_TOKEN", "SAGE_API_KEY")
+
+
+def certificate_state(fac: Factory, name: str) -> str:
+    """One phrase for whether NAME may run now: 'certified C1', or the refusal it would get."""
+    try:
+        _, cert = certified_agent(fac, name)
+        return f"certified {cert['tier']}"
+    except Refusal as why:
+        return str(why)
+
+
+def gate_report(fac: Factory) -> list[str]:
+    """Lines about the gate: protocol, endpoint, key present (never its value), User-Agent, live check."""
+    client = sage.Sage.from_env(fac.env, timeout=8.0)
+    lines = [f"gate: {client.protocol} at {client.endpoint}  key {'present' if fac.env.get('SAGE_API_KEY') else 'absent'}"
+             f"  user-agent {sage.USER_AGENT!r}"]
+    if not client.usable:
+        lines.append("gate: not reachable without a key -> every run is 'unscored' and routed to a human "
+                     "(set SAGE_API_KEY, or SAGE_PROTOCOL=systemone with SAGE_ENDPOINT for a local decision model)")
+        return lines
+    report = client.ready()
+    state = "ready" if report["ready"] else f"NOT READY ({report['detail']})"
+    lines.append(f"gate: live check {state} in {report['ms']} ms")
+    if not report["ready"]:
+        lines.append("gate: while this fails every run is routed to a human with 'gate: FAILED'")
+    return lines
+
+
+def cmd_doctor(fac: Factory, args) -> int:
+    """Say which worker backend and gate each agent would use, which keys are present, and whether Sage answers."""
+    present = [name for name in KEY_NAMES if fac.env.get(name)]
+    print(f"root {fac.root}\nkeys present: {', '.join(present) or 'none'} (values are never printed)")
+    for path in sorted(fac.masters.glob("*.json")):
+        name = path.stem
+        try:
+            card = load_card(fac, name)
+        except Refusal as why:
+            print(f"{name}: card does not load: {why}")
+            continue
+        worker = llm.Worker(model=card["model"], env=fac.env)
+        print(f"{name}: worker {worker.planned_backend()} (primary {card['model']['primary']}, "
+              f"fallback {card['model'].get('fallback', '-')}); gate bar {card['evals']['gate']}; {certificate_state(fac, name)}")
+    for line in gate_report(fac):
+        print(line)
+    return 0
+
+
 # ---------------------------------------------------------------- the command line
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1358,6 +1563,7 @@ def build_parser() -> argparse.ArgumentParser:
     station("harvest", cmd_harvest).add_argument("agent")
     sub = station("recall", cmd_recall)
     sub.add_argument("agent"), sub.add_argument("--reason", required=True)
+    station("doctor", cmd_doctor)
     sub = station("replay", cmd_replay)
     sub.add_argument("run_id"), sub.add_argument("--live", action="store_true", help="ask the model again")
     sub = station("digest", cmd_digest)

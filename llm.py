@@ -736,6 +736,21 @@ class Worker:
         model_id = self._next_model()
         return "offline" if model_id == "offline" else self.backend_for(model_id)
 
+    def tier(self) -> str:
+        """Which card model the next call goes to: 'primary', 'fallback' or 'offline'."""
+        model_id = self._next_model()
+        if model_id == "offline":
+            return "offline"
+        return "primary" if self._chain and model_id == self._chain[0] else "fallback"
+
+    def switch_model(self) -> bool:
+        """Stop asking the current model (the run gate's switch_model); True when another model remains."""
+        current = self._next_model()
+        if current == "offline":
+            return False
+        self._dead[current] = LLMError("switched away by the run gate")
+        return self._next_model() != "offline"
+
     def estimate_next_cost(self, messages: list[dict], tools: list[dict]) -> float | None:
         """Upper-bound USD for the next call (input ~ chars/4, output = max_tokens); None = unknown.
 
