@@ -9,7 +9,11 @@ is fixed and written once, in `rule_on`:
     arguments break the contract -> DENIED_CONTRACT (names the field)
     dry mode (prove) -> RECORDED              (nothing executes)
     effect "act" during a run -> STAGED       (executed later, only after the gate and the tier)
+    effect "draft" at tier C0 -> RECORDED     (C0 observes: it records what it would have written)
     otherwise -> EXECUTE                      (outcome "ok" or the failure's class name)
+
+A tool implementation returns its result text, or (text, receipt) where the receipt says where
+its effect was written ({"path", "offset", "effect_id"}) so that the line can read it back.
 
 The broker never prints and never reads environment variables; the caller hands it the policy,
 the contracts, the tool implementations and a `record` callable that appends to the trace.
@@ -38,10 +42,11 @@ MODES = ("dry", "run")
 
 @dataclass(frozen=True)
 class Policy:
-    """What one card allows: its name, granted tools and explicitly denied tools."""
+    """What one certificate allows: the agent, granted and explicitly denied tools, and the tier."""
     agent: str
     tools: frozenset
     tools_denied: frozenset
+    tier: str = "C0"          # C0 observe, C1 draft, C2 act with approval, C3 act alone
 
 
 @dataclass(frozen=True)
@@ -63,12 +68,13 @@ class Outcome:
     effect: str | None
     ms: float
     result: str = ""
+    receipt: dict | None = None
 
     def entry(self) -> dict:
         """The trace entry as a dict (the result text is kept out; the loop records it separately)."""
         return {"event": "tool", "seq": self.seq, "tool": self.tool, "args": self.args,
                 "args_digest": args_digest(self.args), "verdict": self.verdict, "ok": self.ok,
-                "error": self.error, "effect": self.effect, "ms": round(self.ms, 3)}
+                "error": self.error, "effect": self.effect, "ms": round(self.ms, 3), "receipt": self.receipt}
 
 
 def args_digest(args: dict) -> str:
@@ -141,6 +147,8 @@ def rule_on(policy: Policy, contracts: dict, tool: str, args, mode: str) -> Ruli
         return Ruling(RECORDED, "dry run: recorded, not executed")
     if contract["effect"] == "act":
         return Ruling(STAGED, "acting call staged: runs only after the gate, if the tier allows")
+    if contract["effect"] == "draft" and policy.tier == "C0":
+        return Ruling(RECORDED, "tier C0 observes: recorded what it would have written")
     return Ruling(EXECUTE, "granted")
 
 
@@ -187,14 +195,15 @@ class Broker:
 
     def _execute(self, tool, args, effect, started) -> Outcome:
         """Run the tool; its failure is named by class and handed back, not raised."""
-        verdict, error, result = "ok", None, ""
+        verdict, error, result, receipt = "ok", None, "", None
         try:
-            result = str(self.tools[tool](args))
+            answer = self.tools[tool](args)
+            result, receipt = answer if isinstance(answer, tuple) else (answer, None)
         except Exception as failure:  # a tool's failure is data for the worker, not a crash
             verdict, error = type(failure).__name__, f"{type(failure).__name__}: {failure}"
             result = f"error: {error}"
         ms = (self.clock() - started) * 1000
-        return Outcome(len(self.outcomes) + 1, tool, args, verdict, error is None, error, effect, ms, result)
+        return Outcome(len(self.outcomes) + 1, tool, args, verdict, error is None, error, effect, ms, str(result), receipt)
 
     def execute_staged(self, outcome: Outcome) -> Outcome:
         """Execute one call this broker staged earlier (the caller has checked gate and tier)."""

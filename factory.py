@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import importlib.util
 import json
+import math
 import os
 import re
 import secrets
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -88,11 +89,16 @@ def parse_json(text: str, where: str):
 
 def write_json(path: Path, obj) -> None:
     """Write obj as JSON atomically: temp file in the same folder, fsync, os.replace."""
+    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a text file atomically (temp file in the same folder, fsync, os.replace)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+            out.write(text)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, path)
@@ -102,18 +108,21 @@ def write_json(path: Path, obj) -> None:
         raise
 
 
-def append_jsonl(path: Path, obj: dict) -> None:
-    """Append obj as one whole JSON line under an exclusive fcntl lock (O_APPEND, looped write)."""
+def append_jsonl(path: Path, obj: dict) -> int:
+    """Append obj as one whole JSON line under an exclusive fcntl lock (O_APPEND, looped write);
+    returns the byte offset where the line starts, so the effect can be read back."""
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX)
+        offset = os.lseek(handle, 0, os.SEEK_END)
         view = memoryview(line)
         while view:
             view = view[os.write(handle, view):]
     finally:
         os.close(handle)
+    return offset
 
 
 # ---------------------------------------------------------------- the factory's layout
@@ -260,6 +269,7 @@ CARD_FIELDS = {  # field -> (check, what the message says it must be)
     "stamped_from": (lambda v: isinstance(v, str) and bool(NAME.match(v)), "an agent name"),
     "master_digest": (lambda v: isinstance(v, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", v), "sha256:<64 hex>"),
     "overrides": (lambda v: isinstance(v, dict), "an object of dotted paths to values"),
+    "approval_expiry_hours": (lambda v: _is_number(v) and v > 0, "a number of hours > 0 (default 24)"),
 }
 REQUIRED = ("agent", "entrypoint", "model", "tools", "tools_denied", "gate_question", "evals",
             "cost_envelope_usd", "tier_ceiling", "identity", "owner")
@@ -353,10 +363,9 @@ class Agent:
         """sha256 over the component hashes: everything that decides behaviour."""
         return sha256(canonical(self.components))
 
-    @property
-    def policy(self) -> broker.Policy:
-        """The broker policy from the card's grant and deny lists."""
-        return broker.Policy(self.name, frozenset(self.card["tools"]), frozenset(self.card["tools_denied"]))
+    def policy_at(self, tier: str) -> broker.Policy:
+        """The broker policy: the card's grant and deny lists, at the tier the certificate allows."""
+        return broker.Policy(self.name, frozenset(self.card["tools"]), frozenset(self.card["tools_denied"]), tier)
 
 
 def load_python(fac: Factory, relative: str):
@@ -914,16 +923,18 @@ def make_worker(fac: Factory, agent: Agent, task_input):
     return llm.Worker(model=agent.card["model"], env=fac.env, rules=rules, task_input=task_input)
 
 
-def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None) -> dict:
-    """Run a certified agent on one input: loop, gate, tier, trace, index row; returns the index row."""
-
+def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
+            tier: str | None = None) -> dict:
+    """Run a certified agent on one input at `tier` (default: the certificate's): loop, gate,
+    staged calls, verdict, trace and index row; returns the index row."""
+    tier = tier or cert["tier"]
     run_id = new_run_id()
     trace = fac.trace_path(agent.name, run_id)
     record = lambda event: append_jsonl(trace, event)  # noqa: E731 - the trace sink handed to the broker
     record({"format": TRACE_FORMAT, "run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
-            "digest": agent.digest, "tier": cert["tier"], "input": task_input})
+            "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
     tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, append_jsonl)
-    desk = broker.Broker(agent.policy, agent.contracts, tools, "run", record)
+    desk = broker.Broker(agent.policy_at(tier), agent.contracts, tools, "run", record)
     loop = Loop(make_worker(fac, agent, task_input), desk, agent, task_text(task_input), record,
                 spill=lambda seq, text: spill(fac, agent.name, run_id, seq, text),
                 router=Router(sage_client(fac, 8.0), record))
@@ -931,7 +942,7 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
         status = loop.run()
     except llm.LLMError as error:
         status, loop.reason = "crashed", f"{type(error).__name__}: {error}"
-    return close_run(fac, agent, cert, run_id, loop, status, record)
+    return close_run(fac, agent, cert, run_id, loop, status, record, tier)
 
 
 def spill(fac: Factory, agent: str, run_id: str, seq: int, text: str) -> str:
@@ -942,8 +953,8 @@ def spill(fac: Factory, agent: str, run_id: str, seq: int, text: str) -> str:
     return fac.shown(path)
 
 
-def close_run(fac: Factory, agent: Agent, cert: dict, run_id: str, loop: Loop, status: str, record) -> dict:
-    """Gate the output, apply the tier to staged calls, write the closing event and the index row."""
+def close_run(fac: Factory, agent: Agent, cert: dict, run_id: str, loop: Loop, status: str, record, tier: str) -> dict:
+    """Gate the output, settle staged calls by tier, derive the verdict, write the end event and index row."""
     within = loop.cost is not None and loop.cost <= agent.card["cost_envelope_usd"]
     if status == "done":
         gate = gate_output(fac, agent, loop.task, loop.output, within)
@@ -951,29 +962,106 @@ def close_run(fac: Factory, agent: Agent, cert: dict, run_id: str, loop: Loop, s
         gate = {"verdict": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
                 "line": f"gate: not run (run {status}: {loop.reason})"}
     record({"event": "gate", **gate})
-    acted = apply_tier(loop.broker, cert["tier"], gate["verdict"] == "pass" and within, record)
+    staging = Staging(fac, agent, cert, run_id, tier, record)
+    acted, pending = staging.settle(loop.broker, gate["verdict"] == "pass" and within)
+    verdict = run_verdict(fac, status, gate["verdict"], within, loop.broker.outcomes, pending)
     reasons = routing_reasons(status, loop, gate)
-    row = {"run_id": run_id, "agent": agent.name, "at": utc_now(), "status": status, "reason": loop.reason,
-           "gate": gate["verdict"], "p": gate["p"], "gate_line": gate["line"], "backends": sorted(set(loop.backends)),
-           "cost_usd": loop.cost, "steps": loop.steps, "denied": loop.broker.denials(), "acted": acted,
-           "staged": len(loop.broker.staged), "routed": bool(reasons), "why": reasons, "output": loop.output,
+    row = {"run_id": run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
+           "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["verdict"], "p": gate["p"],
+           "gate_line": gate["line"], "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
+           "steps": loop.steps, "denied": loop.broker.denials(), "acted": acted, "staged": pending,
+           "routed": bool(reasons), "why": reasons, "output": loop.output,
            "tools": [[o.tool, o.verdict] for o in loop.broker.outcomes]}
-    record({"event": "end", **{k: row[k] for k in ("status", "reason", "gate", "routed", "why", "output", "cost_usd")}})
+    record({"event": "end", **{k: row[k] for k in ("status", "reason", "verdict", "gate", "routed", "why", "output", "cost_usd")}})
     append_jsonl(fac.index, {k: v for k, v in row.items() if k not in ("output", "tools", "gate_line")})
     return row
 
 
-def apply_tier(desk: broker.Broker, tier: str, passed: bool, record) -> int:
-    """Execute staged acting calls only for C3 after a passing gate; otherwise leave them for a human."""
-    acted = 0
-    for outcome in list(desk.staged):
-        if passed and tier == "C3":
-            acted += desk.execute_staged(outcome).ok
-        else:
-            why = "the gate did not pass" if not passed else f"tier {tier} leaves acting calls for a human"
-            record({"event": "staged", "seq": outcome.seq, "tool": outcome.tool, "args": outcome.args,
-                    "args_digest": broker.args_digest(outcome.args), "left_for": "human", "why": why})
-    return acted
+VERDICTS = ("verified", "waiting-for-approval", "routed-to-human", "unscored", "escalated", "over-budget",
+            "uncertain-effect", "crashed")
+
+
+def run_verdict(fac: Factory, status: str, gate: str, within: bool, outcomes: list, pending: int) -> str:
+    """The run's one verdict, from separate evidence: status, gate, effects read back, approvals waiting."""
+    by_status = {"crashed": "crashed", "over_budget": "over-budget", "escalated": "escalated"}
+    if status in by_status:
+        return by_status[status]
+    writes = [o for o in outcomes if o.effect in ("draft", "act") and o.verdict not in broker.DENIALS
+              and o.verdict not in (broker.RECORDED, broker.STAGED)]
+    if any(not o.ok for o in writes) or not all(read_back(fac, o.receipt) for o in writes):
+        return "uncertain-effect"
+    if gate in ("unscored", "failed"):
+        return "unscored"
+    if gate != "pass" or not within:
+        return "routed-to-human"
+    return "waiting-for-approval" if pending else "verified"
+
+
+def read_back(fac: Factory, receipt: dict | None) -> bool:
+    """True when the effect line named by a tool's receipt is where the receipt says, with its effect id."""
+    try:
+        path = (fac.root / receipt["path"]).resolve()
+        if not path.is_relative_to(fac.root):
+            return False
+        with path.open("rb") as effects:
+            effects.seek(receipt["offset"])
+            return json.loads(effects.readline()).get("effect_id") == receipt["effect_id"]
+    except (TypeError, KeyError, OSError, ValueError):
+        return False
+
+
+PENDING_FORMAT = "factory-pending-1"
+PENDING_SHAPE = {"format": str, "run_id": str, "call": int, "agent": str, "tool": str, "args": dict,
+                 "args_digest": str, "certificate": str, "digest": str, "staged_at": str, "expires_at": str}
+
+
+def pending_path(fac: Factory, run_id: str, call: int, state: str = "") -> Path:
+    """registry/pending/RUN_ID.CALL.json, or its state file (.approved, .executed, .rejected)."""
+    return fac.registry / "pending" / f"{run_id}.{call}{'.' + state if state else ''}.json"
+
+
+@dataclass
+class Staging:
+    """Settles a run's staged acting calls: C3 executes after a passing gate; C2 parks each call
+    durably for a human; C0/C1, or a gate that did not pass, execute nothing acting."""
+    fac: Factory
+    agent: Agent
+    cert: dict
+    run_id: str
+    tier: str
+    record: callable
+
+    def settle(self, desk: broker.Broker, passed: bool) -> tuple[int, int]:
+        """(calls executed, calls waiting for approval)."""
+        acted = pending = 0
+        for call, outcome in enumerate(list(desk.staged), 1):
+            if passed and self.tier == "C3":
+                acted += desk.execute_staged(outcome).ok
+                continue
+            if passed and self.tier == "C2":
+                why, pending = f"waiting for approval: {self.fac.shown(self.park(call, outcome))}", pending + 1
+            else:
+                why = "the gate did not pass" if not passed else f"tier {self.tier} does not act"
+            self.record({"event": "staged", "call": call, "seq": outcome.seq, "tool": outcome.tool,
+                         "args_digest": broker.args_digest(outcome.args), "left_for": "human", "why": why})
+        return acted, pending
+
+    def park(self, call: int, outcome: broker.Outcome) -> Path:
+        """Store one staged call for approval: exact arguments, their digest, certificate, expiry."""
+        staged = datetime.now(timezone.utc)
+        hours = self.agent.card.get("approval_expiry_hours", 24)
+        entry = {"format": PENDING_FORMAT, "run_id": self.run_id, "call": call, "agent": self.agent.name,
+                 "tool": outcome.tool, "args": outcome.args, "args_digest": broker.args_digest(outcome.args),
+                 "certificate": self.cert["signature"], "digest": self.agent.digest, "staged_at": iso(staged),
+                 "expires_at": iso(staged + timedelta(hours=hours))}
+        path = pending_path(self.fac, self.run_id, call)
+        write_json(path, entry)
+        return path
+
+
+def iso(moment: datetime) -> str:
+    """A UTC datetime as ISO 8601 with microseconds and a Z (sorts as text)."""
+    return moment.astimezone(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def routing_reasons(status: str, loop: Loop, gate: dict) -> list[str]:
@@ -993,7 +1081,7 @@ def routing_reasons(status: str, loop: Loop, gate: dict) -> list[str]:
 def prove_case(fac: Factory, agent: Agent, case: dict) -> dict:
     """Run one case with every tool a recorder (dry mode) and judge it against `expect`."""
     events: list = []
-    desk = broker.Broker(agent.policy, agent.contracts, {}, "dry", events.append)
+    desk = broker.Broker(agent.policy_at("C0"), agent.contracts, {}, "dry", events.append)
     loop = Loop(make_worker(fac, agent, case["input"]), desk, agent, task_text(case["input"]), events.append)
     try:
         status = loop.run()
@@ -1130,8 +1218,36 @@ def certify_guards(fac: Factory, agent: Agent, tier: str) -> tuple[Path, dict, i
     later = [r for r in recalls_of(fac, agent.name) if r["at"] > proof["at"]]
     if later:
         raise Refusal(f"recalled after the sealed run ({later[-1]['reason']}). a recall needs a fresh sealed proof.")
+    refuse_without_evidence(fac, agent, tier)
     attempts = sum(1 for _, p in proofs if p.get("digest") == agent.digest)
     return path, proof, attempts
+
+
+PROMOTION_RUNS = 20          # gated production runs at the tier below, since the card last changed
+DRIFT_WINDOW = 20            # recent gated runs compared against the certified pass rate
+GATED = ("pass", "flag", "unsure")
+
+
+def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> tuple[int, int]:
+    """(gated runs, gate passes) of this agent with its current digest, at `tier` when given."""
+    runs = passes = 0
+    for row in index_rows(fac):
+        if row["agent"] == agent.name and row.get("digest") == agent.digest and row["gate"] in GATED \
+                and (tier is None or row.get("tier") == tier):
+            runs, passes = runs + 1, passes + (row["gate"] == "pass")
+    return runs, passes
+
+
+def refuse_without_evidence(fac: Factory, agent: Agent, tier: str) -> None:
+    """C2 and C3 need >= 20 gated runs at the tier below since the card last changed, passing at the bar."""
+    if tier not in ("C2", "C3"):
+        return
+    below, bar = TIERS[TIERS.index(tier) - 1], agent.card["evals"]["pass_bar"]
+    runs, passes = gated_runs(fac, agent, below)
+    rate = passes / runs if runs else 0.0
+    if runs < PROMOTION_RUNS or rate < bar:
+        raise Refusal(f"tier {tier} needs production evidence at {below} since the card last changed: "
+                      f"{runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {rate:.2f} (need {bar}).")
 
 
 def cmd_certify(fac: Factory, args) -> int:
@@ -1164,6 +1280,9 @@ def certificate(fac: Factory, agent: Agent, tier: str, signer: str, path: Path, 
             "sealed_at": proof["at"], "suite_digest": proof["suite_digest"], "grants": agent.card["tools"],
             "denied": agent.card["tools_denied"], "envelope_usd": agent.card["cost_envelope_usd"],
             "identity": agent.card["identity"], "owner": agent.card["owner"], "signer": signer, "signed_at": utc_now()}
+    runs, passes = gated_runs(fac, agent)
+    cert["certified_rate"] = round(passes / runs, 4) if runs >= PROMOTION_RUNS else None
+    cert["certified_rate_runs"] = runs
     cert["signature"] = signature_of(signing_key(fac, signer), cert)
     return cert
 
@@ -1192,14 +1311,66 @@ def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
     return tickets
 
 
+@dataclass
+class Drift:
+    """p-chart watch on a certified agent: the recent gate pass rate against 3 sigma below its certified rate.
+
+    Without a certified rate (fewer than 20 gated runs when it was signed) there is no baseline."""
+    certified_rate: float | None
+    recent: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, fac: Factory, name: str, cert: dict) -> "Drift":
+        """The watch for NAME's current certificate, fed with its gated runs since signing."""
+        drift = cls(cert.get("certified_rate"))
+        for row in index_rows(fac):
+            if row["agent"] == name and row["at"] > cert["signed_at"]:
+                drift.observe(row)
+        return drift
+
+    def observe(self, row: dict) -> None:
+        """Count one run (only gated runs count), keeping the last DRIFT_WINDOW."""
+        if row["gate"] in GATED:
+            self.recent = (self.recent + [row["gate"] == "pass"])[-DRIFT_WINDOW:]
+
+    @property
+    def lcl(self) -> float | None:
+        """Lower control limit: p - 3 sqrt(p(1-p)/n) over the window, clipped at 0."""
+        p = self.certified_rate
+        return None if p is None else max(0.0, p - 3 * math.sqrt(p * (1 - p) / DRIFT_WINDOW))
+
+    @property
+    def rate(self) -> float | None:
+        """The recent gate pass rate, once the window is full."""
+        return sum(self.recent) / len(self.recent) if len(self.recent) >= DRIFT_WINDOW else None
+
+    @property
+    def demoted(self) -> bool:
+        """True when the full recent window falls below the lower control limit."""
+        return self.rate is not None and self.lcl is not None and self.rate < self.lcl
+
+    def describe(self) -> str:
+        """One phrase for the tower's drift column."""
+        if self.certified_rate is None:
+            return "no baseline"
+        if self.rate is None:
+            return f"watching ({len(self.recent)}/{DRIFT_WINDOW})"
+        state = "DEMOTED to C0" if self.demoted else "in control"
+        return f"{state} (recent {self.rate:.2f}, lcl {self.lcl:.2f}, certified {self.certified_rate:.2f})"
+
+
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets: worker loop, gate, tier clamp, trace."""
     if (args.input is None) == (args.file is None):
         raise Refusal("run takes one input: TEXT or --file TICKETS.jsonl")
     agent, cert = certified_agent(fac, args.agent)
     tickets = [(None, args.input)] if args.file is None else load_tickets(fac, Path(args.file))
+    drift = Drift.of(fac, agent.name, cert)
     for ticket_id, text in tickets:
-        row = run_one(fac, agent, cert, text, ticket_id)
+        if drift.demoted:
+            print(f"drift: {agent.name} {drift.describe()}; this run is clamped to C0 until it is re-certified.", file=sys.stderr)
+        row = run_one(fac, agent, cert, text, ticket_id, tier="C0" if drift.demoted else None)
+        drift.observe(row)
         print_run(row) if args.file is None else print_ticket(ticket_id, row)
     return 0
 
@@ -1211,7 +1382,8 @@ def print_run(row: dict) -> None:
         print(f"  tool {tool:<18} {verdict}")
     print(row["gate_line"])
     print(f"routed to a human: {'; '.join(row['why'])}." if row["routed"] else "passed: no human needed.")
-    print(f"trace {row['agent']}/{row['run_id']}  backend {', '.join(row['backends']) or 'none'}  status {row['status']}")
+    print(f"verdict {row['verdict']}  tier {row['tier']}  status {row['status']}  backend {', '.join(row['backends']) or 'none'}"
+          f"  trace {row['agent']}/{row['run_id']}")
 
 
 def print_ticket(ticket_id: str, row: dict) -> None:
@@ -1219,12 +1391,15 @@ def print_ticket(ticket_id: str, row: dict) -> None:
     out = row["output"] or {}
     where = "human: " + "; ".join(row["why"]) if row["routed"] else "passed"
     print(f"{ticket_id}\t{out.get('label', '-')}\tescalate={str(out.get('escalate', '-')).lower()}\t"
-          f"gate={row['gate']}\t-> {where}")
+          f"gate={row['gate']}\tverdict={row['verdict']}\t-> {where}")
 
 
 @dataclass
 class Tally:
-    """Tower figures for one agent, accumulated row by row (memory does not grow with history)."""
+    """Tower figures for one agent, accumulated row by row: counts, 20 gate-p bins, one entry per
+    day and a drift window, so memory does not grow with the number of runs."""
+    drift: Drift
+    since: str = ""                      # drift counts only runs after the certificate was signed
     runs: int = 0
     passed: int = 0
     unscored: int = 0
@@ -1233,40 +1408,105 @@ class Tally:
     denied: int = 0
     cost: float | None = 0.0
     backends: set = field(default_factory=set)
-    bins: list = field(default_factory=lambda: [0] * 10)
+    p_bins: list = field(default_factory=lambda: [0] * 20)
+    verdicts: dict = field(default_factory=lambda: dict.fromkeys(VERDICTS, 0))
+    days: dict = field(default_factory=dict)
 
     def add(self, row: dict) -> None:
         """Count one index row."""
         self.runs += 1
-        self.passed += row.get("gate") == "pass"
-        self.unscored += row.get("gate") in ("unscored", "failed", "not-run")
-        self.acted += row.get("acted", 0)
-        self.staged += row.get("staged", 0)
-        self.denied += len(row.get("denied", []))
-        self.cost = None if self.cost is None or row.get("cost_usd") is None else self.cost + row["cost_usd"]
-        self.backends.update(row.get("backends", []))
-        if isinstance(row.get("p"), (int, float)):
-            self.bins[min(int(row["p"] * 10), 9)] += 1
+        self.passed += row["gate"] == "pass"
+        self.unscored += row["gate"] in ("unscored", "failed", "not-run")
+        self.acted += row["acted"]
+        self.staged += row["staged"]
+        self.denied += len(row["denied"])
+        self.cost = add_cost(self.cost, row.get("cost_usd"))
+        self.backends.update(row["backends"])
+        if row.get("verdict") in self.verdicts:
+            self.verdicts[row["verdict"]] += 1
+        if _is_number(row.get("p")):
+            self.p_bins[min(int(row["p"] * 20), 19)] += 1
+        day = self.days.setdefault(row["at"][:10], {"day": row["at"][:10], "runs": 0, "passed": 0, "cost_usd": 0.0})
+        day["runs"], day["passed"] = day["runs"] + 1, day["passed"] + (row["gate"] == "pass")
+        day["cost_usd"] = add_cost(day["cost_usd"], row.get("cost_usd"))
+        if row["at"] > self.since:
+            self.drift.observe(row)
+
+
+def add_cost(total: float | None, cost) -> float | None:
+    """A running cost in USD; unknown (None) once any part is unknown."""
+    return None if total is None or not _is_number(cost) else total + cost
+
+
+def tower_document(fac: Factory) -> dict:
+    """Everything the tower shows, per agent, from one streamed pass over the index (the --json shape)."""
+    tallies: dict[str, Tally] = {}
+    for row in index_rows(fac):
+        if row["agent"] not in tallies:
+            tallies[row["agent"]] = new_tally(fac, row["agent"])
+        tallies[row["agent"]].add(row)
+    agents = []
+    for name, t in sorted(tallies.items()):
+        agents.append({"agent": name, "runs": t.runs, "passed": t.passed, "unscored": t.unscored, "acted": t.acted,
+                       "staged": t.staged, "denied": t.denied, "cost_usd": t.cost, "backends": sorted(t.backends),
+                       "gate_bar": gate_bar(fac, name), "p_bins": t.p_bins, "days": list(t.days.values()),
+                       "center_rate": t.drift.certified_rate, "verdicts": t.verdicts,
+                       "drift": {"demoted": t.drift.demoted, "recent_rate": t.drift.rate, "lcl": t.drift.lcl,
+                                 "state": t.drift.describe()}})
+    return {"format": "factory-tower-1", "generated_at": utc_now(), "agents": agents}
+
+
+def new_tally(fac: Factory, name: str) -> Tally:
+    """A tally whose drift watch is centred on NAME's certified rate (no baseline when uncertified)."""
+    path = fac.cert_path(name)
+    cert = fac.read_json(path) if path.exists() else {}
+    return Tally(Drift(cert.get("certified_rate")), since=str(cert.get("signed_at", "")))
+
+
+def gate_bar(fac: Factory, name: str) -> float | None:
+    """The gate threshold on NAME's card, or None when the card is gone or unreadable."""
+    try:
+        return load_card(fac, name)["evals"]["gate"]
+    except Refusal:
+        return None
 
 
 def cmd_tower(fac: Factory, args) -> int:
-    """Per agent: runs, gate pass %, acted, staged, cost, denials, backends, and the gate probabilities."""
-    tallies: dict[str, Tally] = {}
-    for row in index_rows(fac):
-        tallies.setdefault(row["agent"], Tally()).add(row)
-    print(f"{'agent':<16} {'runs':>6} {'pass':>5} {'acted':>6} {'staged':>6} {'cost':>10} {'denied':>7} {'unscored':>8}  backends")
-    for name, t in sorted(tallies.items()):
-        cost = "?" if t.cost is None else f"${t.cost:.4f}"
-        print(f"{name:<16} {t.runs:>6} {100 * t.passed // max(t.runs, 1):>4}% {t.acted:>6} {t.staged:>6} {cost:>10} "
-              f"{t.denied:>7} {t.unscored:>8}  {', '.join(sorted(t.backends))}")
-        print(f"{'':<16} gate p by tenths 0->1: {' '.join(map(str, t.bins))}   (scored {sum(t.bins)} of {t.runs})")
-    if not tallies:
-        print("(no runs yet)")
+    """Per agent: runs, gate pass %, acted, staged, cost, denials, verdicts, drift, backends, gate probabilities."""
+    doc = tower_document(fac)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    if args.html:
+        write_text(Path(args.html), render_tower_html(doc))
+        print(f"wrote {args.html}")
+        return 0
+    print_tower(doc)
     return 0
 
 
-INDEX_SHAPE = {"run_id": str, "agent": str, "at": str, "status": str, "gate": str, "backends": list,
-               "denied": list, "acted": int, "staged": int, "why": list}
+def print_tower(doc: dict) -> None:
+    """The terminal table: one row per agent, then its verdicts, drift and gate-p histogram."""
+    print(f"{'agent':<16} {'runs':>6} {'pass':>5} {'acted':>6} {'staged':>6} {'cost':>10} {'denied':>7} {'unscored':>8}  backends")
+    for a in doc["agents"]:
+        cost = "?" if a["cost_usd"] is None else f"${a['cost_usd']:.4f}"
+        print(f"{a['agent']:<16} {a['runs']:>6} {100 * a['passed'] // max(a['runs'], 1):>4}% {a['acted']:>6} "
+              f"{a['staged']:>6} {cost:>10} {a['denied']:>7} {a['unscored']:>8}  {', '.join(a['backends'])}")
+        shown = " ".join(f"{k}:{v}" for k, v in a["verdicts"].items() if v)
+        print(f"{'':<16} verdicts {shown or '-'}   drift: {a['drift']['state']}")
+        tenths = [a["p_bins"][i] + a["p_bins"][i + 1] for i in range(0, 20, 2)]
+        print(f"{'':<16} gate p by tenths 0->1: {' '.join(map(str, tenths))}   (scored {sum(tenths)} of {a['runs']}; bar {a['gate_bar']})")
+    if not doc["agents"]:
+        print("(no runs yet)")
+
+
+def render_tower_html(doc: dict) -> str:
+    """Placeholder until the HTML renderer lands."""
+    raise Refusal("tower --html is not available yet")
+
+
+INDEX_SHAPE = {"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
+               "backends": list, "denied": list, "acted": int, "staged": int, "why": list}
 
 
 def index_rows(fac: Factory) -> Iterator[dict]:
@@ -1468,7 +1708,8 @@ def cmd_replay(fac: Factory, args) -> int:
     replies = [recorded_reply(e) for e in events if e.get("event") == "model"]
     worker = make_worker(fac, agent, header["input"]) if args.live else RecordedWorker(replies)
     now: list[dict] = []
-    desk = broker.Broker(agent.policy, agent.contracts, recorder_tools(events, agent.contracts), "run", now.append)
+    desk = broker.Broker(agent.policy_at(header.get("tier", "C0")), agent.contracts,
+                         recorder_tools(events, agent.contracts), "run", now.append)
     loop = Loop(worker, desk, agent, task_text(header["input"]), now.append)
     try:
         status = loop.run()
@@ -1480,6 +1721,137 @@ def cmd_replay(fac: Factory, args) -> int:
     for line in differences:
         print(f"  {line}")
     return 1 if differences else 0
+
+
+# ---------------------------------------------------------------- the approval pause (C2)
+
+def load_pending(fac: Factory, run_id: str, call: int) -> dict:
+    """The stored staged call RUN_ID/CALL, shape-checked; Refusal when the id is odd or nothing waits there."""
+    if not re.fullmatch(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{6}", run_id or "") or call < 1:
+        raise Refusal(f"{run_id!r} --call {call} does not name a staged call (see `pending`)")
+    path = pending_path(fac, run_id, call)
+    if not path.exists():
+        raise Refusal(f"no staged call {call} for run {run_id} (see `pending`)")
+    return check_shape(fac.read_json(path), PENDING_SHAPE, fac.shown(path))
+
+
+def pending_state(fac: Factory, entry: dict) -> str:
+    """executed | rejected | expired | pending, from the state files beside the stored call."""
+    for state in ("executed", "rejected"):
+        if pending_path(fac, entry["run_id"], entry["call"], state).exists():
+            return state
+    return "expired" if utc_now() > entry["expires_at"] else "pending"
+
+
+def refuse_closed(fac: Factory, entry: dict) -> None:
+    """Refusal when the staged call was already executed, rejected, or has expired."""
+    state, label = pending_state(fac, entry), f"{entry['tool']} from run {entry['run_id']} (call {entry['call']})"
+    if state == "executed":
+        done = fac.read_json(pending_path(fac, entry["run_id"], entry["call"], "executed"))
+        raise Refusal(f"{label} was already executed at {done.get('at')} (approved by {done.get('by')}).")
+    if state == "rejected":
+        raise Refusal(f"{label} was rejected; it will not be executed.")
+    if state == "expired":
+        raise Refusal(f"{label} expired at {entry['expires_at']} without approval; run the ticket again.")
+
+
+def refuse_changed(fac: Factory, entry: dict) -> Agent:
+    """The agent, unless it was recalled, re-stamped, re-certified or changed since the call was staged."""
+    name = entry["agent"]
+    cert = verified_certificate(fac, name)
+    revoked = cert.get("revoked") or revocation_of(fac, cert)
+    if revoked:
+        raise Refusal(f"{name} was re-stamped since this call was staged (certificate revoked: {revoked['reason']}); not executed.")
+    recalls = [r for r in recalls_of(fac, name) if r["at"] > entry["staged_at"]]
+    if recalls:
+        raise Refusal(f"{name} was recalled since this call was staged ({recalls[-1]['reason']}); not executed.")
+    if cert["signature"] != entry["certificate"]:
+        raise Refusal(f"{name} was re-certified since this call was staged; run the ticket again under the new certificate.")
+    agent = load_agent(fac, name)
+    if agent.digest != entry["digest"]:
+        raise Refusal(f"the ABOM of {name} changed since this call was staged; not executed.")
+    if broker.args_digest(entry["args"]) != entry["args_digest"]:
+        raise Refusal(f"the stored arguments of {entry['tool']} no longer match their digest: changed after staging; not executed.")
+    return agent
+
+
+def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
+    """Execute one approved staged call through the broker, exactly once; refuses without an approval record.
+
+    Every check is made again here, whoever calls it: state, agent, certificate, argument digest."""
+    entry = load_pending(fac, run_id, call)
+    approval_path = pending_path(fac, run_id, call, "approved")
+    if not approval_path.exists():
+        raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) has no approval record; the executor refuses.")
+    approval = fac.read_json(approval_path)
+    refuse_closed(fac, entry)
+    agent = refuse_changed(fac, entry)
+    if approval.get("args_digest") != entry["args_digest"]:
+        raise Refusal(f"the approval of run {run_id} (call {call}) was for other arguments; not executed.")
+    claim = pending_path(fac, run_id, call, "executed")
+    try:
+        os.close(os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # exactly once, across processes
+    except FileExistsError:
+        raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) was already executed.") from None
+    record = lambda event: append_jsonl(fac.trace_path(agent.name, run_id), event)  # noqa: E731
+    tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, append_jsonl)
+    desk = broker.Broker(agent.policy_at("C2"), agent.contracts, tools, "run", record)
+    staged = desk.carry_out(entry["tool"], entry["args"])
+    done = desk.execute_staged(staged) if staged.verdict == broker.STAGED else staged
+    result = {"at": utc_now(), "by": approval.get("by"), "ok": done.ok, "verdict": done.verdict,
+              "result": done.result, "receipt": done.receipt, "read_back": read_back(fac, done.receipt)}
+    write_json(claim, result)
+    record({"event": "approved_call", "call": call, **result})
+    return result
+
+
+def cmd_pending(fac: Factory, args) -> int:
+    """List the staged acting calls waiting for a human's approval, oldest first."""
+    folder = fac.registry / "pending"
+    entries = [fac.read_json(p) for p in sorted(folder.glob("*.json")) if p.name.count(".") == 2] if folder.is_dir() else []
+    waiting = sorted((e for e in entries if pending_state(fac, e) == "pending"), key=lambda e: e["staged_at"])
+    for e in waiting:
+        print(f"{e['run_id']} --call {e['call']}\t{e['agent']}\t{e['tool']} {json.dumps(e['args'], ensure_ascii=False)}"
+              f"\tstaged {e['staged_at']}\texpires {e['expires_at']}")
+    if not waiting:
+        print("(nothing waits for approval)")
+    return 0
+
+
+def cmd_approve(fac: Factory, args) -> int:
+    """Show one staged call at a terminal, ask `approve? [y/N]`, and execute exactly that call, once."""
+    entry = load_pending(fac, args.run_id, args.call)
+    key_path(fac, args.by)
+    refuse_closed(fac, entry)
+    refuse_changed(fac, entry)
+    if not sys.stdin.isatty():
+        raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
+    print(f"{entry['agent']} wants to run {entry['tool']} (run {entry['run_id']}, call {entry['call']}):\n"
+          f"  {json.dumps(entry['args'], ensure_ascii=False)}\n  digest {entry['args_digest']}\n"
+          f"  staged {entry['staged_at']}, expires {entry['expires_at']}", file=sys.stderr)
+    sys.stderr.write("approve? [y/N] ")
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() != "y":
+        raise Refusal("not approved; the call stays staged.")
+    write_json(pending_path(fac, entry["run_id"], entry["call"], "approved"),
+               {"by": args.by, "at": utc_now(), "args_digest": entry["args_digest"]})
+    result = execute_staged_call(fac, entry["run_id"], entry["call"])
+    state = "read back" if result["read_back"] else "NOT read back: check it by hand"
+    print(f"executed {entry['tool']} for run {entry['run_id']}: {result['verdict']} ({state}); approved by {args.by}")
+    return 0 if result["ok"] else 1
+
+
+def cmd_reject(fac: Factory, args) -> int:
+    """Close one staged call without executing it; the reason and the rejecter are kept."""
+    entry = load_pending(fac, args.run_id, args.call)
+    key_path(fac, args.by)
+    if not (args.reason or "").strip():
+        raise Refusal("a rejection needs a reason: --reason TEXT")
+    refuse_closed(fac, entry)
+    write_json(pending_path(fac, entry["run_id"], entry["call"], "rejected"),
+               {"by": args.by, "at": utc_now(), "reason": args.reason.strip()})
+    print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']})")
+    return 0
 
 
 # ---------------------------------------------------------------- doctor: why is every run routed to a human?
@@ -1545,7 +1917,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="factory.py", description=__doc__.splitlines()[0], parents=[common])
     stations = parser.add_subparsers(dest="command", required=True, metavar="STATION")
     def station(name, func):
-        sub = stations.add_parser(name, help=func.__doc__.splitlines()[0], description=func.__doc__, parents=[common])
+        summary = func.__doc__.splitlines()[0].replace("%", "%%")  # argparse %-formats help, not descriptions
+        sub = stations.add_parser(name, help=summary, description=func.__doc__, parents=[common])
         sub.set_defaults(func=func)
         return sub
     sub = station("stamp", cmd_stamp)
@@ -1559,11 +1932,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--by", required=True, help="the signer (their key is created on first use)")
     sub = station("run", cmd_run)
     sub.add_argument("agent"), sub.add_argument("input", nargs="?"), sub.add_argument("--file")
-    station("tower", cmd_tower)
+    sub = station("tower", cmd_tower)
+    sub.add_argument("--json", action="store_true", help="print the tower document (format factory-tower-1)")
+    sub.add_argument("--html", metavar="FILE", help="write one self-contained HTML report with charts")
     station("harvest", cmd_harvest).add_argument("agent")
     sub = station("recall", cmd_recall)
     sub.add_argument("agent"), sub.add_argument("--reason", required=True)
     station("doctor", cmd_doctor)
+    station("pending", cmd_pending)
+    for name, func in (("approve", cmd_approve), ("reject", cmd_reject)):
+        sub = station(name, func)
+        sub.add_argument("run_id"), sub.add_argument("--call", type=int, default=1)
+        sub.add_argument("--by", required=True)
+    sub.add_argument("--reason", required=True)
     sub = station("replay", cmd_replay)
     sub.add_argument("run_id"), sub.add_argument("--live", action="store_true", help="ask the model again")
     sub = station("digest", cmd_digest)

@@ -8,12 +8,15 @@ permission: the broker does that before any of them is called. Effects land in:
     outbox/AGENT/refunds.jsonl    billing:refund (act — the payments queue a human or C3 agent feeds)
     evals/TARGET/proposed.jsonl   evals:propose  (draft — a human promotes proposals into the suite)
 
-`make_tools` receives the factory's locked JSONL `append` so every effect is one whole line.
+`make_tools` receives the factory's locked JSONL `append` (returning the line's byte offset) so
+every effect is one whole line; each tool returns (result text, receipt) where the receipt
+{"path", "offset", "effect_id"} lets the line read the effect back before calling a run verified.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 from pathlib import Path
 from typing import Callable
 
@@ -63,24 +66,27 @@ def make_tools(root: Path, agent: str, run_id: str, append: Callable[[Path, dict
     """Tool name -> callable(args) -> str, each writing its effect under `root` for this run."""
     outbox = root / "outbox" / agent
 
-    def label(args: dict) -> str:
-        append(outbox / "labels.jsonl", {"run_id": run_id, **args})
-        return f"labelled {args['label']} (escalate={str(args['escalate']).lower()})"
+    def write(path: Path, row: dict) -> dict:
+        """Append one effect line tagged with a fresh effect id; its receipt."""
+        effect_id = secrets.token_hex(8)
+        offset = append(path, {**row, "run_id": run_id, "effect_id": effect_id})
+        return {"path": path.relative_to(root).as_posix(), "offset": offset, "effect_id": effect_id}
 
-    def draft(args: dict) -> str:
-        append(outbox / "drafts.jsonl", {"run_id": run_id, "text": args["text"]})
-        return "draft saved for a human to send"
+    def label(args: dict) -> tuple:
+        receipt = write(outbox / "labels.jsonl", args)
+        return f"labelled {args['label']} (escalate={str(args['escalate']).lower()})", receipt
 
-    def refund(args: dict) -> str:
-        append(outbox / "refunds.jsonl", {"run_id": run_id, **args})
-        return "refund queued"
+    def draft(args: dict) -> tuple:
+        return "draft saved for a human to send", write(outbox / "drafts.jsonl", {"text": args["text"]})
 
-    def propose(args: dict) -> str:
+    def refund(args: dict) -> tuple:
+        return "refund queued", write(outbox / "refunds.jsonl", args)
+
+    def propose(args: dict) -> tuple:
         target = args["agent"]
         if not NAME.match(target):
             raise ValueError(f"{target!r} is not an agent name")
         case = {**args["case"], "source_run": run_id, "proposed_by": agent}
-        append(root / "evals" / target / "proposed.jsonl", case)
-        return f"proposed {case['id']} for {target}"
+        return f"proposed {case['id']} for {target}", write(root / "evals" / target / "proposed.jsonl", case)
 
     return {"issues:label": label, "drafts:write": draft, "billing:refund": refund, "evals:propose": propose}

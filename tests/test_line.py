@@ -128,7 +128,7 @@ class Broker(unittest.TestCase):
         self.assertTrue(denied.result.startswith("denied: "))
         self.assertEqual((failed.verdict, failed.ok), ("OSError", False))
         self.assertEqual([e["seq"] for e in events], [1, 2])
-        self.assertEqual(set(events[0]), {"event", "seq", "tool", "args", "args_digest", "verdict", "ok", "error", "effect", "ms"})
+        self.assertEqual(set(events[0]), {"event", "seq", "tool", "args", "args_digest", "verdict", "ok", "error", "effect", "ms", "receipt"})
 
 
 class Cards(LineTest):
@@ -309,7 +309,8 @@ class TowerAndGate(LineTest):
         row = [l for l in out.splitlines() if l.startswith("triager ")][0].split()
         self.assertEqual(row[:7], ["triager", "2", "50%", "0", "0", "$0.0000", "1"])
         self.assertIn("offline", row)
-        self.assertIn("gate p by tenths 0->1: 0 0 0 0 0 0 0 0 0 1   (scored 1 of 2)", out)
+        self.assertIn("gate p by tenths 0->1: 0 0 0 0 0 0 0 0 0 1   (scored 1 of 2; bar 0.85)", out)
+        self.assertIn("verdicts verified:1 unscored:1", out)
 
     def test_every_station_has_a_docstring(self):
         for name in dir(factory):
