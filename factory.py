@@ -25,6 +25,7 @@ import secrets
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -938,11 +939,17 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
     loop = Loop(make_worker(fac, agent, task_input), desk, agent, task_text(task_input), record,
                 spill=lambda seq, text: spill(fac, agent.name, run_id, seq, text),
                 router=Router(sage_client(fac, 8.0), record))
+    return close_run(fac, agent, cert, run_id, loop, run_loop(loop), record, tier)
+
+
+def run_loop(loop: Loop) -> str:
+    """Run the loop; its status, or `crashed` (traceback kept in the trace) when the agent's code or model raised."""
     try:
-        status = loop.run()
-    except llm.LLMError as error:
-        status, loop.reason = "crashed", f"{type(error).__name__}: {error}"
-    return close_run(fac, agent, cert, run_id, loop, status, record, tier)
+        return loop.run()
+    except Exception as error:  # the agent's code or its model failed: this run crashed, the batch goes on
+        loop.reason = f"{type(error).__name__}: {error}"
+        loop.record({"event": "crash", "traceback": traceback.format_exc()})
+        return "crashed"
 
 
 def spill(fac: Factory, agent: str, run_id: str, seq: int, text: str) -> str:
@@ -1083,10 +1090,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict) -> dict:
     events: list = []
     desk = broker.Broker(agent.policy_at("C0"), agent.contracts, {}, "dry", events.append)
     loop = Loop(make_worker(fac, agent, case["input"]), desk, agent, task_text(case["input"]), events.append)
-    try:
-        status = loop.run()
-    except llm.LLMError as error:
-        status, loop.reason = "crashed", f"{type(error).__name__}: {error}"
+    status = run_loop(loop)
     expect = dict(case["expect"])
     allowed = set(expect.pop("denied", []))
     got = loop.output or {}
@@ -1711,10 +1715,7 @@ def cmd_replay(fac: Factory, args) -> int:
     desk = broker.Broker(agent.policy_at(header.get("tier", "C0")), agent.contracts,
                          recorder_tools(events, agent.contracts), "run", now.append)
     loop = Loop(worker, desk, agent, task_text(header["input"]), now.append)
-    try:
-        status = loop.run()
-    except llm.LLMError as error:
-        status, loop.reason = "crashed", f"{type(error).__name__}: {error}"
+    status = run_loop(loop)
     differences = replay_differences(events, now, ends[-1], loop, status)
     mode = "live" if args.live else "recorded replies"
     print(f"replay {args.run_id} ({agent.name}, {mode}): " + (f"{len(differences)} difference(s)" if differences else "no differences"))
