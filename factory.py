@@ -16,6 +16,7 @@ import difflib
 import fcntl
 import hashlib
 import hmac
+import html
 import importlib.util
 import json
 import math
@@ -1504,11 +1505,6 @@ def print_tower(doc: dict) -> None:
         print("(no runs yet)")
 
 
-def render_tower_html(doc: dict) -> str:
-    """Placeholder until the HTML renderer lands."""
-    raise Refusal("tower --html is not available yet")
-
-
 INDEX_SHAPE = {"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
                "backends": list, "denied": list, "acted": int, "staged": int, "why": list}
 
@@ -1722,6 +1718,589 @@ def cmd_replay(fac: Factory, args) -> int:
     for line in differences:
         print(f"  {line}")
     return 1 if differences else 0
+
+
+# ---------------------------------------------------------------- tower --html: one self-contained report
+
+CHART_KINDS = ("gate-histogram", "pass-rate", "cost", "verdicts")
+
+# (verdict name, bar colour) in the fixed display order.
+VERDICT_COLOURS = (
+    ("verified", "#2e7d32"),
+    ("waiting-for-approval", "#f9a825"),
+    ("routed-to-human", "#1565c0"),
+    ("unscored", "#9e9e9e"),
+    ("escalated", "#ef6c00"),
+    ("over-budget", "#6a1b9a"),
+    ("uncertain-effect", "#8d6e63"),
+    ("crashed", "#c62828"),
+)
+
+# Chart geometry in px: width, height, plot margins (top, right, bottom).
+_W, _H = 480, 270
+_TOP, _RIGHT, _BOTTOM = 46, 16, 52
+_LEFT, _LEFT_WIDE = 80, 150
+_RED = "#c62828"
+
+_CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif;
+       margin: 1.5em; color: #222; background: #fafafa; }
+h1 { margin: 0 0 0.2em 0; }
+.generated { color: #555; margin: 0 0 1em 0; }
+table.overview { border-collapse: collapse; margin-bottom: 1.5em; }
+table.overview th, table.overview td { border: 1px solid #ccc;
+       padding: 0.25em 0.7em; text-align: right; }
+table.overview th:first-child, table.overview td:first-child { text-align: left; }
+section { background: #fff; border: 1px solid #ddd; border-radius: 6px;
+          padding: 0.8em 1em; margin-bottom: 1.5em; }
+section h2 { margin: 0 0 0.3em 0; }
+.summary { font-size: 1.05em; margin: 0 0 0.8em 0; }
+.demoted { color: #c62828; font-weight: bold; }
+.ok { color: #2e7d32; }
+.charts { display: flex; flex-wrap: wrap; gap: 12px; }
+.charts svg { border: 1px solid #eee; }
+.empty { color: #777; font-style: italic; }
+"""
+
+
+# ---------------------------------------------------------------- values ---
+
+def _esc(value):
+    """Escape any value to XML/HTML-safe text (str); drops XML-illegal chars."""
+    text = "".join(
+        c for c in str(value)
+        if c in "\t\n\r" or (" " <= c and not "\ud800" <= c <= "\udfff"
+                             and c not in "\ufffe\uffff")
+    )
+    return html.escape(text, quote=True)
+
+
+def _num(value):
+    """Finite float from value, or None if missing / non-numeric / NaN / inf."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _count(value):
+    """Non-negative int from value (None / junk / negatives -> 0)."""
+    num = _num(value)
+    return max(0, int(num)) if num is not None else 0
+
+
+def _pct(frac):
+    """Fraction in [0,1] (or None) -> '66.7%' text (or 'n/a')."""
+    return "n/a" if frac is None else f"{100 * frac:.1f}%"
+
+
+def _usd(amount):
+    """USD amount (float or None) -> '$0.42' / '$0.0035' text; None -> '?'."""
+    if amount is None:
+        return "?"
+    if amount == 0:
+        return "$0"
+    decimals = max(2, min(6, 1 - math.floor(math.log10(abs(amount)))))
+    whole, _, frac = f"{amount:,.{decimals}f}".partition(".")
+    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"
+
+
+def _n(px):
+    """Format a px coordinate (float) compactly for an SVG attribute."""
+    text = f"{px:.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _short_day(day):
+    """'2026-11-29' -> '11-29' tick label; other strings returned unchanged."""
+    day = str(day)
+    return day[5:] if len(day) == 10 and day[4] == "-" else day
+
+
+def _generated_text(stamp):
+    """ISO-8601 timestamp str -> 'YYYY-MM-DD HH:MM UTC' (raw text if unparsable)."""
+    try:
+        when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return str(stamp)
+    if when.tzinfo is not None:
+        when = when.astimezone(timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _dom_id(prefix, name):
+    """Stable ASCII id ('prefix-name') for an element, derived from agent name."""
+    slug = "".join(c if c.isascii() and c.isalnum() else "_" for c in str(name))
+    return f"{prefix}-{slug[:40]}-{sum(map(ord, str(name))) % 9973}"
+
+
+def _nice_ticks(vmax, integer=False, count=4):
+    """Axis tick values [0, step, .., top >= vmax] with 1/2/5-style steps."""
+    vmax = vmax if vmax and vmax > 0 else 1.0
+    raw = vmax / count
+    mag = 10 ** math.floor(math.log10(raw))
+    mults = (1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10)
+    step = next(m * mag for m in mults if m * mag >= raw * (1 - 1e-9))
+    step = max(step, 1) if integer else step
+    top = math.ceil(vmax / step - 1e-9)
+    return [i * step for i in range(top + 1)]
+
+
+def _fmt_count(value):
+    """Count tick value (float) -> '1,200' label."""
+    return f"{int(round(value)):,}"
+
+
+# ------------------------------------------------------------ geometry ---
+
+def _box(left=_LEFT):
+    """Plot-area box (x0, y0, x1, y1) in px; y0 is the top edge."""
+    return (left, _TOP, _W - _RIGHT, _H - _BOTTOM)
+
+
+def _sx(box, frac):
+    """x px for a fraction in [0,1] of the plot width."""
+    return box[0] + frac * (box[2] - box[0])
+
+
+def _sy(box, frac):
+    """y px for a fraction in [0,1] of the plot height (0 = bottom)."""
+    return box[3] - frac * (box[3] - box[1])
+
+
+def _slot(box, nslots, i):
+    """(left, centre, right) px of day slot i of nslots equal-width slots."""
+    width = (box[2] - box[0]) / max(1, nslots)
+    left = box[0] + i * width
+    return left, left + width / 2, left + width
+
+
+# ------------------------------------------------------- chart scaffold ---
+
+def _open_svg(kind, title, heading, box, xlabel, ylabel):
+    """Opening <svg>, <title>, visible heading, axes and axis labels (list of str)."""
+    x0, y0, x1, y1 = box
+    ymid = (y0 + y1) / 2
+    return [
+        f'<svg data-chart="{_esc(kind)}" width="{_W}" height="{_H}" '
+        f'viewBox="0 0 {_W} {_H}" role="img" font-family="sans-serif" '
+        f'font-size="11" fill="#222">',
+        f"<title>{_esc(title)}</title>",
+        f'<rect x="0" y="0" width="{_W}" height="{_H}" fill="#fff"/>',
+        f'<text class="heading" x="{_W / 2}" y="16" text-anchor="middle" '
+        f'font-size="13" font-weight="bold">{_esc(heading)}</text>',
+        f'<line x1="{x0}" y1="{y1}" x2="{x1}" y2="{y1}" stroke="#333"/>',
+        f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#333"/>',
+        f'<text class="axis-label" x="{_n((x0 + x1) / 2)}" y="{_H - 8}" '
+        f'text-anchor="middle">{_esc(xlabel)}</text>',
+        f'<text class="axis-label" x="14" y="{_n(ymid)}" text-anchor="middle" '
+        f'transform="rotate(-90 14 {_n(ymid)})">{_esc(ylabel)}</text>',
+    ]
+
+
+def _y_ticks(box, ticks, fmt):
+    """Horizontal grid lines + left tick labels for ticks[0..-1] (list of str)."""
+    out, top = [], ticks[-1] or 1
+    for value in ticks:
+        y = _n(_sy(box, value / top))
+        out.append(f'<line x1="{box[0] - 4}" y1="{y}" x2="{box[2]}" y2="{y}" '
+                   f'stroke="#e3e3e3"/>')
+        out.append(f'<text class="tick" x="{box[0] - 6}" y="{y}" dy="0.35em" '
+                   f'text-anchor="end">{_esc(fmt(value))}</text>')
+    return out
+
+
+def _x_ticks(box, ticks, fmt):
+    """Vertical grid lines + bottom tick labels for numeric x ticks (list of str)."""
+    out, top = [], ticks[-1] or 1
+    for value in ticks:
+        x = _n(_sx(box, value / top))
+        out.append(f'<line x1="{x}" y1="{box[1]}" x2="{x}" y2="{box[3] + 4}" '
+                   f'stroke="#e3e3e3"/>')
+        out.append(f'<text class="tick" x="{x}" y="{box[3] + 16}" '
+                   f'text-anchor="middle">{_esc(fmt(value))}</text>')
+    return out
+
+
+def _day_ticks(box, days):
+    """Bottom 'MM-DD' labels for day slots, thinned to <= 8 labels (list of str)."""
+    out, step = [], max(1, math.ceil(len(days) / 8))
+    for i, day in enumerate(days):
+        if i % step == 0:
+            x = _n(_slot(box, len(days), i)[1])
+            out.append(f'<line x1="{x}" y1="{box[3]}" x2="{x}" y2="{box[3] + 4}" '
+                       f'stroke="#333"/>')
+            out.append(f'<text class="tick" x="{x}" y="{box[3] + 16}" '
+                       f'text-anchor="middle">{_esc(_short_day(day.get("day", "")))}'
+                       f'</text>')
+    return out
+
+
+def _note(box, text):
+    """Centred grey note inside the plot area, e.g. 'no data yet' (str)."""
+    return (f'<text class="note" x="{_n((box[0] + box[2]) / 2)}" '
+            f'y="{_n((box[1] + box[3]) / 2)}" text-anchor="middle" '
+            f'font-size="14" fill="#888">{_esc(text)}</text>')
+
+
+def _no_runs(box, x, slot_px):
+    """Small grey '0 runs' marker at slot centre x px ('' if slot too narrow)."""
+    if slot_px < 28:
+        return ""
+    return (f'<text class="no-runs" x="{_n(x)}" y="{box[3] - 4}" '
+            f'text-anchor="middle" font-size="9" fill="#999">0 runs</text>')
+
+
+def _legend(items, y=34):
+    """Legend row at y px; items = [(swatch svg at (0,0), label)] (list of str)."""
+    out, x = [], _LEFT
+    for swatch, label in items:
+        out.append(f'<g transform="translate({x} {y})">{swatch}'
+                   f'<text x="12" y="0" dy="0.35em" font-size="10">{_esc(label)}'
+                   f'</text></g>')
+        x += 22 + 6 * len(label)
+    return out
+
+
+def _path(points):
+    """SVG path 'd' through (x, y) px points; None entries break the line."""
+    parts, pen = [], False
+    for point in points:
+        if point is None:
+            pen = False
+            continue
+        parts.append(f"{'L' if pen else 'M'}{_n(point[0])},{_n(point[1])}")
+        pen = True
+    return " ".join(parts)
+
+
+# ---------------------------------------------------- 1. gate histogram ---
+
+def _gate_bar_line(box, bar):
+    """Dashed vertical line + 'bar 0.85' label at gate bar in [0,1] (list of str)."""
+    if bar is None:
+        return []
+    x = _n(_sx(box, min(1.0, max(0.0, bar))))
+    anchor = "end" if bar > 0.8 else "start"
+    dx = -4 if anchor == "end" else 4
+    return [f'<line class="gate-bar" x1="{x}" y1="{box[1] - 4}" x2="{x}" '
+            f'y2="{box[3]}" stroke="{_RED}" stroke-width="1.5" '
+            f'stroke-dasharray="5 3"/>',
+            f'<text x="{x}" dx="{dx}" y="{box[1] + 8}" text-anchor="{anchor}" '
+            f'fill="{_RED}">{_esc(f"bar {bar:g}")}</text>']
+
+
+def _gate_histogram(agent):
+    """SVG histogram of agent['p_bins'] (20 counts over P(yes) in [0,1])."""
+    box = _box()
+    bins = [_count(v) for v in (agent.get("p_bins") or [])]
+    bar = _num(agent.get("gate_bar"))
+    ticks = _nice_ticks(max(bins, default=0), integer=True)
+    out = _open_svg("gate-histogram", f"{agent.get('agent', '?')}: gate probability "
+                    "histogram", "Gate probability distribution", box,
+                    "gate probability P(yes)", "runs")
+    out += _y_ticks(box, ticks, _fmt_count)
+    out += _x_ticks(box, [i / 5 for i in range(6)], lambda v: f"{v:.1f}")
+    width = 1 / max(1, len(bins))
+    for i, count in enumerate(bins):
+        lo, hi = i * width, (i + 1) * width
+        passing = bar is not None and lo >= bar - 1e-9
+        x, y = _sx(box, lo), _sy(box, count / ticks[-1])
+        out.append(f'<rect x="{_n(x + 0.5)}" y="{_n(y)}" '
+                   f'width="{_n(_sx(box, hi) - x - 1)}" height="{_n(box[3] - y)}" '
+                   f'fill="{"#2e7d32" if passing else "#78909c"}">'
+                   f'<title>{_esc(f"P(yes) in [{lo:.2f}, {hi:.2f}): {count} runs")}'
+                   f'</title></rect>')
+    out += _gate_bar_line(box, bar)
+    if sum(bins) == 0:
+        out.append(_note(box, "no data yet"))
+    return "\n".join(out + ["</svg>"])
+
+
+# -------------------------------------------------------- 2. pass rate ---
+
+def _day_rates(days):
+    """Per day: (pass rate in [0,1] or None when 0 runs, runs int)."""
+    out = []
+    for day in days:
+        runs, passed = _count(day.get("runs")), _count(day.get("passed"))
+        out.append((min(1.0, passed / runs) if runs else None, runs))
+    return out
+
+
+def _limits(center, runs):
+    """3-sigma p-chart (lcl, ucl) fractions for centre p and n runs, in [0,1]."""
+    sigma = math.sqrt(center * (1 - center) / runs)
+    return max(0.0, center - 3 * sigma), min(1.0, center + 3 * sigma)
+
+
+def _control_lines(box, rates, center):
+    """Centre line + stepped per-day UCL/LCL paths (list of str); [] if no centre."""
+    if center is None:
+        return []
+    n, lcl, ucl = len(rates), [], []
+    for i, (_, runs) in enumerate(rates):
+        left, _, right = _slot(box, n, i)
+        if not runs:
+            lcl.append(None)
+            ucl.append(None)
+            continue
+        low, high = _limits(center, runs)
+        lcl += [(left, _sy(box, low)), (right, _sy(box, low))]
+        ucl += [(left, _sy(box, high)), (right, _sy(box, high))]
+    y = _n(_sy(box, center))
+    style = 'fill="none" stroke="#7e57c2" stroke-width="1.2"'
+    return [f'<line class="center" x1="{box[0]}" y1="{y}" x2="{box[2]}" '
+            f'y2="{y}" stroke="#7e57c2" stroke-dasharray="6 3"/>',
+            f'<path class="lcl" d="{_path(lcl)}" {style}/>',
+            f'<path class="ucl" d="{_path(ucl)}" {style}/>']
+
+
+def _rate_points(box, days, rates, center):
+    """Line + one circle per day with runs; below-LCL points red (list of str)."""
+    n = len(rates)
+    pts = [None if r is None else (_slot(box, n, i)[1], _sy(box, r))
+           for i, (r, _) in enumerate(rates)]
+    out = [f'<path class="rate-line" d="{_path(pts)}" fill="none" '
+           f'stroke="#1565c0" stroke-width="1.5"/>']
+    for i, ((rate, runs), day) in enumerate(zip(rates, days)):
+        if rate is None:
+            left, mid, right = _slot(box, n, i)
+            out.append(_no_runs(box, mid, right - left))
+            continue
+        lcl = _limits(center, runs)[0] if center is not None else None
+        low = lcl is not None and rate < lcl - 1e-12
+        tip = (f"{day.get('day', '?')}: {_count(day.get('passed'))}/{runs} = "
+               f"{_pct(rate)}" + (f", below LCL {_pct(lcl)}" if low else ""))
+        out.append(f'<circle class="{"below-lcl" if low else "point"}" '
+                   f'data-below-lcl="{"true" if low else "false"}" '
+                   f'cx="{_n(pts[i][0])}" cy="{_n(pts[i][1])}" r="{5 if low else 3.5}" '
+                   f'fill="{_RED if low else "#1565c0"}"><title>{_esc(tip)}</title>'
+                   f'</circle>')
+    return out
+
+
+def _rate_legend(center):
+    """Legend for the pass-rate chart (list of str)."""
+    dot = '<circle cx="4" cy="0" r="3.5" fill="#1565c0"/>'
+    if center is None:
+        return _legend([(dot, "daily pass rate"),
+                        ("", "no certified baseline: no control limits")])
+    return _legend([
+        (dot, "daily pass rate"),
+        ('<line x1="0" y1="0" x2="9" y2="0" stroke="#7e57c2" '
+         'stroke-dasharray="3 2"/>', f"center {_pct(center)}"),
+        ('<line x1="0" y1="0" x2="9" y2="0" stroke="#7e57c2"/>', "3-sigma limits"),
+        (f'<circle cx="4" cy="0" r="4.5" fill="{_RED}"/>', "below LCL"),
+    ])
+
+
+def _pass_rate(agent):
+    """SVG per-day pass-rate (%) p-chart with 3-sigma limits around center_rate."""
+    box = _box()
+    days = [d for d in (agent.get("days") or []) if isinstance(d, dict)]
+    rates = _day_rates(days)
+    center = _num(agent.get("center_rate"))
+    center = None if center is None else min(1.0, max(0.0, center))
+    out = _open_svg("pass-rate", f"{agent.get('agent', '?')}: daily pass rate",
+                    "Daily gate pass rate", box, "day (UTC)", "pass rate (%)")
+    out += _y_ticks(box, [0, 25, 50, 75, 100], lambda v: f"{v:g}")
+    out += _day_ticks(box, days)
+    out += _rate_legend(center)
+    out += _control_lines(box, rates, center)
+    out += _rate_points(box, days, rates, center)
+    if all(r is None for r, _ in rates):
+        out.append(_note(box, "no data yet"))
+    return "\n".join(out + ["</svg>"])
+
+
+# ------------------------------------------------------------- 3. cost ---
+
+def _cost_per_run(day):
+    """(USD per run float | None, known bool) for one day dict."""
+    cost, runs = _num(day.get("cost_usd")), _count(day.get("runs"))
+    if cost is None:
+        return None, False
+    return (cost / runs if runs else None), True
+
+
+def _unknown_bar(box, x, width, pattern_id, day):
+    """Full-height hatched grey bar labelled '?' for an unknown-cost day (str)."""
+    h = _n(box[3] - box[1])
+    return (f'<g class="unknown-cost"><title>{_esc(f"{day}: cost unknown")}</title>'
+            f'<rect x="{_n(x)}" y="{box[1]}" width="{_n(width)}" height="{h}" '
+            f'fill="#eeeeee"/>'
+            f'<rect x="{_n(x)}" y="{box[1]}" width="{_n(width)}" height="{h}" '
+            f'fill="url(#{pattern_id})" stroke="#9e9e9e" stroke-dasharray="3 2"/>'
+            f'<text x="{_n(x + width / 2)}" y="{box[1] + 14}" text-anchor="middle" '
+            f'font-size="13" font-weight="bold" fill="#555">?</text></g>')
+
+
+def _cost_bar(box, x, width, value, top, day):
+    """Bar of height value/top (USD per run) with a tooltip (str)."""
+    y = _sy(box, value / top)
+    return (f'<rect class="cost-bar" x="{_n(x)}" y="{_n(y)}" width="{_n(width)}" '
+            f'height="{_n(box[3] - y)}" fill="#00897b">'
+            f'<title>{_esc(f"{day}: {_usd(value)} per run")}</title></rect>')
+
+
+def _hatch_defs(pattern_id):
+    """<defs> with a diagonal hatch pattern of the given id (str)."""
+    return (f'<defs><pattern id="{pattern_id}" width="6" height="6" '
+            f'patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+            f'<line x1="0" y1="0" x2="0" y2="6" stroke="#9e9e9e" '
+            f'stroke-width="2"/></pattern></defs>')
+
+
+def _cost(agent):
+    """SVG bars of per-day average cost per run (USD); null cost -> hatched '?'."""
+    box, pid = _box(), _dom_id("hatch", agent.get("agent", "?"))
+    days = [d for d in (agent.get("days") or []) if isinstance(d, dict)]
+    per_run = [_cost_per_run(d) for d in days]
+    ticks = _nice_ticks(max((v for v, _ in per_run if v is not None), default=0))
+    out = _open_svg("cost", f"{agent.get('agent', '?')}: cost per run",
+                    "Average cost per run", box, "day (UTC)", "cost per run (USD)")
+    out.insert(2, _hatch_defs(pid))
+    out += _y_ticks(box, ticks, _usd) + _day_ticks(box, days)
+    for i, ((value, known), day) in enumerate(zip(per_run, days)):
+        left, _, right = _slot(box, len(days), i)
+        width, x = (right - left) * 0.7, left + (right - left) * 0.15
+        label = str(day.get("day", "?"))
+        if not known:
+            out.append(_unknown_bar(box, x, width, pid, label))
+        elif value is not None:
+            out.append(_cost_bar(box, x, width, value, ticks[-1], label))
+        else:
+            out.append(_no_runs(box, (left + right) / 2, right - left))
+    if any(not known for _, known in per_run):
+        out += _legend([("", "? = cost unknown (a run had no known price)")])
+    if not days:
+        out.append(_note(box, "no data yet"))
+    return "\n".join(out + ["</svg>"])
+
+
+# --------------------------------------------------------- 4. verdicts ---
+
+def _verdict_rows(verdicts):
+    """[(name, count, colour)] in fixed order, then any extra names sorted."""
+    verdicts = verdicts if isinstance(verdicts, dict) else {}
+    known = {name for name, _ in VERDICT_COLOURS}
+    rows = [(name, _count(verdicts.get(name)), col) for name, col in VERDICT_COLOURS]
+    extra = sorted(str(k) for k in verdicts if k not in known)
+    return rows + [(name, _count(verdicts.get(name)), "#546e7a") for name in extra]
+
+
+def _verdicts(agent):
+    """SVG horizontal bars of verdict counts (runs) in the fixed verdict order."""
+    box = _box(_LEFT_WIDE)
+    rows = _verdict_rows(agent.get("verdicts"))
+    total = sum(c for _, c, _ in rows)
+    top = max((c for _, c, _ in rows), default=0)
+    ticks = _nice_ticks(top * 1.3, integer=True)  # room for "90 (77%)" labels
+    out = _open_svg("verdicts", f"{agent.get('agent', '?')}: verdicts",
+                    "Verdicts", box, "runs", "verdict")
+    out += _x_ticks(box, ticks, _fmt_count)
+    height = (box[3] - box[1]) / len(rows)
+    for i, (name, count, colour) in enumerate(rows):
+        y = box[1] + i * height
+        w = _sx(box, count / ticks[-1]) - box[0]
+        share = f" ({100 * count / total:.0f}%)" if total else ""
+        out.append(f'<text class="tick" x="{box[0] - 6}" y="{_n(y + height / 2)}" '
+                   f'dy="0.35em" text-anchor="end">{_esc(name)}</text>')
+        out.append(f'<rect data-verdict="{_esc(name)}" x="{box[0]}" '
+                   f'y="{_n(y + height * 0.15)}" width="{_n(w)}" '
+                   f'height="{_n(height * 0.7)}" fill="{colour}"/>')
+        out.append(f'<text x="{_n(box[0] + w + 4)}" y="{_n(y + height / 2)}" '
+                   f'dy="0.35em">{_esc(f"{count:,}{share}")}</text>')
+    if total == 0:
+        out.append(_note(box, "no data yet"))
+    return "\n".join(out + ["</svg>"])
+
+
+# ------------------------------------------------------------ document ---
+
+def chart_svg(kind, agent):
+    """Inline <svg data-chart=kind> (str) for one agent dict; kind in CHART_KINDS."""
+    if kind == "gate-histogram":
+        return _gate_histogram(agent)
+    if kind == "pass-rate":
+        return _pass_rate(agent)
+    if kind == "cost":
+        return _cost(agent)
+    if kind == "verdicts":
+        return _verdicts(agent)
+    raise ValueError(f"unknown chart kind {kind!r}; expected one of {CHART_KINDS}")
+
+
+def _drift_html(agent):
+    """Drift state as an escaped inline-HTML fragment (str)."""
+    drift = agent.get("drift") if isinstance(agent.get("drift"), dict) else {}
+    recent, lcl = _num(drift.get("recent_rate")), _num(drift.get("lcl"))
+    detail = f" (recent {_pct(recent)} vs LCL {_pct(lcl)})"
+    if drift.get("demoted"):
+        return f'<span class="demoted">DEMOTED{_esc(detail)}</span>'
+    if recent is None or lcl is None:
+        return '<span class="empty">no drift data</span>'
+    return f'<span class="ok">ok{_esc(detail)}</span>'
+
+
+def _headline(agent):
+    """(runs int, passed int, pass-rate text, cost text) for an agent dict."""
+    runs, passed = _count(agent.get("runs")), _count(agent.get("passed"))
+    rate = _pct(min(1.0, passed / runs)) if runs else "n/a"
+    return runs, passed, rate, _usd(_num(agent.get("cost_usd")))
+
+
+def _summary_html(agent):
+    """One-line <p class="summary"> with runs, gate pass %, cost, drift (str)."""
+    runs, passed, rate, cost = _headline(agent)
+    bar = _num(agent.get("gate_bar"))
+    text = (f"{runs:,} runs | gate pass {rate} ({passed:,}/{runs:,}"
+            + (f", bar {bar:g}" if bar is not None else "") + f") | cost {cost} | ")
+    return f'<p class="summary">{_esc(text)}drift: {_drift_html(agent)}</p>'
+
+
+def _section_html(agent):
+    """<section data-agent=NAME> with heading, summary and the four charts (str)."""
+    name = agent.get("agent", "?")
+    charts = "\n".join(chart_svg(kind, agent) for kind in CHART_KINDS)
+    return (f'<section data-agent="{_esc(name)}">\n<h2>{_esc(name)}</h2>\n'
+            f'{_summary_html(agent)}\n<div class="charts">\n{charts}\n</div>\n'
+            f'</section>')
+
+
+def _overview_html(agents):
+    """At-a-glance <table> with one row per agent (str)."""
+    rows = []
+    for agent in agents:
+        runs, _, rate, cost = _headline(agent)
+        rows.append(f"<tr><td>{_esc(agent.get('agent', '?'))}</td><td>{runs:,}</td>"
+                    f"<td>{_esc(rate)}</td><td>{_esc(cost)}</td>"
+                    f"<td>{_drift_html(agent)}</td></tr>")
+    head = ("<tr><th>agent</th><th>runs</th><th>gate pass</th>"
+            "<th>cost (USD)</th><th>drift</th></tr>")
+    return f'<table class="overview">\n{head}\n' + "\n".join(rows) + "\n</table>"
+
+
+def render_tower_html(doc):
+    """Tower report doc (dict, see module docs) -> self-contained HTML5/XML str."""
+    doc = doc if isinstance(doc, dict) else {}
+    agents = [a for a in (doc.get("agents") or []) if isinstance(a, dict)]
+    body = ([_overview_html(agents)] + [_section_html(a) for a in agents]
+            if agents else ['<p class="empty">no agents yet</p>'])
+    stamp = _generated_text(doc.get("generated_at", "unknown"))
+    return "\n".join([
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        '<head>\n<meta charset="utf-8"/>',
+        '<meta name="viewport" content="width=device-width, initial-scale=1"/>',
+        "<title>Tower report</title>",
+        f"<style>{_CSS}</style>\n</head>\n<body>",
+        "<h1>Tower report</h1>",
+        f'<p class="generated">Generated at {_esc(stamp)}</p>',
+        *body,
+        "</body>\n</html>\n",
+    ])
 
 
 # ---------------------------------------------------------------- the approval pause (C2)
