@@ -27,10 +27,13 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterator, Mapping
+from xml.etree import ElementTree
 
 import broker
 import llm
@@ -46,6 +49,7 @@ TRACE_FORMAT = "factory-trace-1"
 RECORD_FORMAT = "factory-proof-1"
 CERT_FORMAT = "factory-certificate-1"
 SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
+DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage calls are network waits
 
 
 class Refusal(Exception):
@@ -1103,31 +1107,83 @@ def prove_case(fac: Factory, agent: Agent, case: dict) -> dict:
             "synthetic": case.get("source") == "synthetic", "draft_score": None}
 
 
-def score_drafts(fac: Factory, agent: Agent, cases: list[dict], results: list[dict]) -> str:
-    """Score every draft with Sage `scale` in batched calls; a case under the rubric's min fails.
+SCORING_BATCH = 16           # questions per /decide/batch request (the vendor's cap, decision-api.md §d.4)
 
-    Returns the draft note for the summary: 'no rubric', 'unscored (no key)',
-    'scoring FAILED (<reason>)' or '<mean>/4 on <n>'. A skipped check never reads like a passed one."""
-    rubric = agent.card.get("draft_rubric")
-    if not rubric:
-        return "no rubric"
-    todo = [(case, result) for case, result in zip(cases, results) if isinstance(result["draft"], str)]
+
+def draft_items(agent: Agent, cases: list[dict], results: list[dict], indices: list[int]) -> list:
+    """(content, scale Question) for the drafts of the cases at `indices`."""
+    rubric = agent.card["draft_rubric"]
     question = sage.Question(kind="scale", instructions=rubric["instructions"], levels=rubric["levels"])
-    items = [(f"Input:\n{task_text(case['input'])}\n\nDraft reply:\n{result['draft']}", question) for case, result in todo]
+    return [(f"Input:\n{task_text(cases[i]['input'])}\n\nDraft reply:\n{results[i]['draft']}", question) for i in indices]
+
+
+def scoring_problem(client) -> str | None:
+    """Why drafts cannot be scored at all ('unscored (no key)', 'scoring FAILED (...)'), or None."""
     try:
-        answers = sage.Sage.from_env(fac.env, timeout=30.0, retries=2).batch(items) if items else []
+        client.batch([])
     except sage.NoKey:
         return "unscored (no key)"
     except sage.SageError as error:
         return f"scoring FAILED ({error})"
-    failures = [a for a in answers if isinstance(a, sage.SageError)]
-    for (case, result), answer in zip(todo, answers):
+    return None
+
+
+def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple[list[dict], str]:
+    """Run every case (`jobs` at a time, results in input order) while their drafts are scored
+    in batches of 16 as soon as 16 are ready; returns (results, draft note)."""
+    rubric = agent.card.get("draft_rubric")
+    client = sage.Sage.from_env(fac.env, timeout=30.0, retries=2)
+    problem = "no rubric" if not rubric else scoring_problem(client)
+    progress = Progress(f"prove {agent.name}", len(cases))
+    results, ready, batches = [], [], []
+    with ThreadPoolExecutor(max_workers=jobs) as pool, ThreadPoolExecutor(max_workers=2) as scorer:
+        for future in [pool.submit(prove_case, fac, agent, case) for case in cases]:
+            results.append(future.result())
+            progress.tick()
+            if problem is None and isinstance(results[-1]["draft"], str):
+                ready.append(len(results) - 1)
+            if len(ready) == SCORING_BATCH or (ready and len(results) == len(cases)):
+                batches.append((ready, scorer.submit(client.batch, draft_items(agent, cases, results, ready))))
+                ready = []
+        answered = [(i, answer) for indices, future in batches for i, answer in zip(indices, future.result())]
+    progress.close()
+    return results, problem or apply_draft_scores(results, answered, rubric["min"])
+
+
+def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], minimum: int) -> str:
+    """Record each draft's score; a case under the rubric's min fails. Returns the draft note."""
+    failures = [answer for _, answer in answered if isinstance(answer, sage.SageError)]
+    for i, answer in answered:
         if not isinstance(answer, sage.SageError) and answer.expectation is not None:
-            result["draft_score"] = answer.expectation
-            result["passed"] = result["passed"] and answer.expectation >= rubric["min"]
+            results[i]["draft_score"] = answer.expectation
+            results[i]["passed"] = results[i]["passed"] and answer.expectation >= minimum
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
-    mean = f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}" if scores else "0 scored"
-    return f"scoring FAILED ({len(failures)} of {len(items)}: {failures[0]})" if failures else mean
+    if failures:
+        return f"scoring FAILED ({len(failures)} of {len(answered)}: {failures[0]})"
+    return f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}" if scores else "0 scored"
+
+
+@dataclass
+class Progress:
+    """Done / total, rate and time left on stderr, only when stderr is a terminal (no colour)."""
+    label: str
+    total: int
+    done: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def tick(self) -> None:
+        """One more item done."""
+        self.done += 1
+        if sys.stderr.isatty():
+            rate = self.done / max(time.monotonic() - self.started, 1e-9)
+            left = (self.total - self.done) / rate if rate else 0
+            sys.stderr.write(f"\r{self.label}: {self.done}/{self.total}  {rate:.1f}/s  ~{left:.0f}s left ")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        """End the progress line."""
+        if sys.stderr.isatty() and self.done:
+            sys.stderr.write("\n")
 
 
 def share(results: list[dict]) -> dict:
@@ -1158,12 +1214,50 @@ def cmd_prove(fac: Factory, args) -> int:
     suite = suite_name(fac, agent)
     path = suite_path(fac, suite, args.sealed)
     cases = load_cases(fac, path)
-    results = [prove_case(fac, agent, case) for case in cases]
-    draft = score_drafts(fac, agent, cases, results)
+    results, draft = prove_all(fac, agent, cases, jobs_of(args))
     record = proof_record(agent, half, suite, sha256(fac.read_bytes(path, limit=1 << 40)), results, draft)
     write_json(fac.records / agent.name / f"{new_run_id()}.{half}.json", record)
-    print_proof(record)
+    if args.junit:
+        write_text(Path(args.junit), junit_xml(record, results))
+    print(json.dumps(record, indent=2)) if args.json else print_proof(record)
     return 0 if record["score"] >= record["pass_bar"] else 1
+
+
+def jobs_of(args) -> int:
+    """--jobs N (N >= 1); Refusal otherwise."""
+    if args.jobs < 1:
+        raise Refusal(f"--jobs must be at least 1, not {args.jobs}")
+    return args.jobs
+
+
+def junit_xml(record: dict, results: list[dict]) -> str:
+    """JUnit XML for one proof: a testcase per case; sealed failures say nothing about the case."""
+    name = f"{record['agent']}.{record['half']}"
+    failed = [r for r in results if not r["passed"]]
+    suites = ElementTree.Element("testsuites", name="factory prove", tests=str(len(results)), failures=str(len(failed)))
+    suite = ElementTree.SubElement(suites, "testsuite", name=name, tests=str(len(results)), failures=str(len(failed)),
+                                   errors="0", skipped="0", timestamp=record["at"])
+    for result in results:
+        case = ElementTree.SubElement(suite, "testcase", classname=f"factory.{name}", name=result["id"])
+        if not result["passed"]:
+            failure = ElementTree.SubElement(case, "failure", message=failure_message(record["half"], result))
+            failure.text = failure.get("message")
+    ElementTree.indent(suites)
+    return ElementTree.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def failure_message(half: str, result: dict) -> str:
+    """What a failing case shows in JUnit: wanted/got for the open half, nothing for the sealed one."""
+    if half == "sealed":
+        return "sealed case failed (inputs and expectations stay sealed)"
+    parts = [f"{key}: wanted {json.dumps(v['wanted'])} got {json.dumps(v['got'])}" for key, v in result["wrong"].items()]
+    if result["unexpected_denials"]:
+        parts.append(f"denied {result['unexpected_denials']}")
+    if result["status"] != "done":
+        parts.append(f"run {result['status']}: {result['reason']}")
+    if result["draft_score"] is not None:
+        parts.append(f"draft {result['draft_score']:.1f}/4")
+    return "; ".join(parts) or "failed"
 
 
 def print_proof(record: dict) -> None:
@@ -1368,16 +1462,39 @@ def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets: worker loop, gate, tier clamp, trace."""
     if (args.input is None) == (args.file is None):
         raise Refusal("run takes one input: TEXT or --file TICKETS.jsonl")
+    jobs = jobs_of(args)
     agent, cert = certified_agent(fac, args.agent)
     tickets = [(None, args.input)] if args.file is None else load_tickets(fac, Path(args.file))
-    drift = Drift.of(fac, agent.name, cert)
-    for ticket_id, text in tickets:
-        if drift.demoted:
-            print(f"drift: {agent.name} {drift.describe()}; this run is clamped to C0 until it is re-certified.", file=sys.stderr)
-        row = run_one(fac, agent, cert, text, ticket_id, tier="C0" if drift.demoted else None)
-        drift.observe(row)
-        print_run(row) if args.file is None else print_ticket(ticket_id, row)
+    def emit(ticket_id, row):
+        if args.json:
+            print(json.dumps({"ticket": ticket_id, **row}, ensure_ascii=False))
+        else:
+            print_run(row) if args.file is None else print_ticket(ticket_id, row)
+    run_tickets(fac, agent, cert, tickets, jobs, emit)
     return 0
+
+
+def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit) -> None:
+    """Run tickets `jobs` at a time, emitting results in input order; --jobs 1 is exactly sequential.
+
+    The drift watch is consulted before each ticket starts and fed as each result is emitted."""
+    drift, progress, inflight = Drift.of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
+    def finish():
+        ticket_id, future = inflight.popleft()
+        row = future.result()
+        drift.observe(row)
+        progress.tick()
+        emit(ticket_id, row)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for ticket_id, text in tickets:
+            if len(inflight) >= jobs:
+                finish()
+            if drift.demoted:
+                print(f"drift: {agent.name} {drift.describe()}; this run is clamped to C0 until it is re-certified.", file=sys.stderr)
+            inflight.append((ticket_id, pool.submit(run_one, fac, agent, cert, text, ticket_id, "C0" if drift.demoted else None)))
+        while inflight:
+            finish()
+    progress.close()
 
 
 def print_run(row: dict) -> None:
@@ -2507,11 +2624,16 @@ def build_parser() -> argparse.ArgumentParser:
     station("restamp", cmd_restamp).add_argument("master")
     sub = station("prove", cmd_prove)
     sub.add_argument("agent"), sub.add_argument("--sealed", action="store_true")
+    sub.add_argument("--json", action="store_true", help="print the proof record as JSON instead of the summary")
+    sub.add_argument("--junit", metavar="FILE", help="also write JUnit XML (sealed cases by id only)")
+    sub.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help=f"cases at a time (default {DEFAULT_JOBS})")
     sub = station("certify", cmd_certify)
     sub.add_argument("agent"), sub.add_argument("--tier", choices=TIERS, required=True)
     sub.add_argument("--by", required=True, help="the signer (their key is created on first use)")
     sub = station("run", cmd_run)
     sub.add_argument("agent"), sub.add_argument("input", nargs="?"), sub.add_argument("--file")
+    sub.add_argument("--json", action="store_true", help="one JSON object per run on stdout")
+    sub.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help=f"tickets at a time (default {DEFAULT_JOBS})")
     sub = station("tower", cmd_tower)
     sub.add_argument("--json", action="store_true", help="print the tower document (format factory-tower-1)")
     sub.add_argument("--html", metavar="FILE", help="write one self-contained HTML report with charts")
