@@ -98,13 +98,13 @@ def write_json(path: Path, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write a text file atomically (temp file in the same folder, fsync, os.replace)."""
+def write_text(path: Path, text: str | bytes) -> None:
+    """Write a file atomically: temp file in the same folder, fsync, os.replace (old or new, never torn)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
+        with os.fdopen(handle, "wb") as out:
+            out.write(text.encode() if isinstance(text, str) else text)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, path)
@@ -528,17 +528,38 @@ def key_path(fac: Factory, signer: str) -> Path:
     return fac.keys_dir / f"{signer}.key"
 
 
+def read_key(path: Path) -> bytes:
+    """The key in a key file: exactly 64 hex characters; Refusal naming the file otherwise
+    (an empty or cut key would let anyone compute a valid HMAC)."""
+    try:
+        text = path.read_bytes().decode("ascii").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise Refusal(f"{path}: not a readable signing key ({type(error).__name__}); restore it or certify with a new key") from None
+    if not re.fullmatch(r"[0-9a-f]{64}", text):
+        raise Refusal(f"{path}: not a signing key (expected 64 hex characters); restore it or certify with a new key")
+    return text.encode()
+
+
 def signing_key(fac: Factory, signer: str) -> bytes:
-    """The signer's key, created on first use (32 random bytes, mode 0600) with a line saying where."""
+    """The signer's key, created on first use (32 random bytes, mode 0600) with a line saying where.
+    Written to a temporary file and hard-linked into place: a kill never leaves an empty key."""
     path = key_path(fac, signer)
     if not path.exists():
         fac.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with contextlib.suppress(FileExistsError):
-            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        handle, temp = tempfile.mkstemp(dir=fac.keys_dir, prefix=f".{signer}.", suffix=".tmp")  # mode 0600
+        try:
             with os.fdopen(handle, "w") as out:
                 out.write(secrets.token_hex(32) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.link(temp, path)   # atomic; FileExistsError when another certify made it first
             print(f"created signing key for {signer} at {path} (mode 0600; keep it out of the repo)", file=sys.stderr)
-    return path.read_text().strip().encode()
+        except FileExistsError:
+            pass
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+    return read_key(path)
 
 
 def signature_of(key: bytes, cert: dict) -> str:
@@ -560,7 +581,7 @@ def verified_certificate(fac: Factory, name: str) -> dict:
     key_file = key_path(fac, signer)
     if not key_file.exists():
         raise Refusal(f"{where}: signed by {signer}, whose key is not on this machine ({key_file}); it cannot be verified here.")
-    if not hmac.compare_digest(signature_of(key_file.read_text().strip().encode(), cert), cert["signature"]):
+    if not hmac.compare_digest(signature_of(read_key(key_file), cert), cert["signature"]):
         raise Refusal(f"{where}: the certificate does not verify with {signer}'s key; it was changed after signing. re-certify.")
     if cert.get("agent") != name:
         raise Refusal(f"{where}: the certificate is for {cert.get('agent')!r}, not {name}; it does not verify here.")
@@ -591,12 +612,23 @@ def revoke(fac: Factory, name: str, reason: str) -> bool:
     return True
 
 
+def revocation_reason(fac: Factory, name: str, cert: dict) -> str | None:
+    """Why NAME's certificate is revoked (the mark on it, or the revocation log), on one line; None if it is not."""
+    revoked = cert.get("revoked") or revocation_of(fac, cert)
+    if not revoked:
+        return None
+    reason = revoked.get("reason") if isinstance(revoked, dict) else None
+    if not isinstance(reason, str) or not reason.strip():
+        reason = f"marked revoked in {fac.shown(fac.cert_path(name))}"
+    return " ".join(reason.split())
+
+
 def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
     """The agent and its certificate when it may run: verifies, not revoked, not recalled, unchanged."""
     cert = verified_certificate(fac, name)
-    revoked = cert.get("revoked") or revocation_of(fac, cert)
+    revoked = revocation_reason(fac, name, cert)
     if revoked:
-        raise Refusal(f"certificate revoked: {revoked['reason']}. re-prove and re-certify.")
+        raise Refusal(f"certificate revoked: {revoked}. re-prove and re-certify.")
     recalls = [r for r in recalls_of(fac, name) if r["at"] > cert["sealed_at"]]
     if recalls:
         raise Refusal(f"recalled: {recalls[-1]['reason']}. re-certify before running.")
@@ -1294,7 +1326,13 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
     """Every sealed proof of NAME, oldest first (run ids sort by time); history is never overwritten."""
     folder = fac.records / name
     paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
-    return [(path, check_shape(fac.read_json(path), RECORD_SHAPE, fac.shown(path))) for path in paths]
+    found = []
+    for path in paths:
+        record = check_shape(fac.read_json(path), RECORD_SHAPE, fac.shown(path))
+        if not NAME.match(record["suite"]):
+            raise Refusal(f"{fac.shown(path)}: field 'suite' must be a suite name, got {record['suite']!r}")
+        found.append((path, record))
+    return found
 
 
 def certify_guards(fac: Factory, agent: Agent, tier: str) -> tuple[Path, dict, int]:
@@ -1387,13 +1425,20 @@ def certificate(fac: Factory, agent: Agent, tier: str, signer: str, path: Path, 
 
 
 def archive_certificate(fac: Factory, name: str) -> None:
-    """Keep the previous certificate (if any) under registry/history/NAME/ before it is replaced."""
+    """Keep the previous certificate (if any) under registry/history/NAME/ before it is replaced, and
+    revoke it in the log: a superseded certificate copied back must not run again (e.g. a demotion)."""
     current = fac.cert_path(name)
-    if current.exists():
-        old = current.read_bytes()
-        target = fac.registry / "history" / name / f"{new_run_id()}.card.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(old)
+    if not current.exists():
+        return
+    old = current.read_bytes()
+    write_text(fac.registry / "history" / name / f"{new_run_id()}.card.json", old)
+    try:
+        signature = json.loads(old).get("signature")
+    except (ValueError, AttributeError):
+        signature = None
+    if isinstance(signature, str):
+        append_jsonl(fac.revocations, {"agent": name, "reason": "superseded by a newer certificate",
+                                       "at": utc_now(), "signature": signature})
 
 
 # ---------------------------------------------------------------- run, tower, harvest, recall
@@ -1630,7 +1675,12 @@ def index_rows(fac: Factory) -> Iterator[dict]:
     """Rows of traces/index.jsonl, streamed and shape-checked; nothing when there is no index yet."""
     if fac.index.exists():
         for number, row in fac.read_jsonl(fac.index):
-            yield check_shape(row, INDEX_SHAPE, f"{fac.shown(fac.index)} line {number}")
+            where = f"{fac.shown(fac.index)} line {number}"
+            check_shape(row, INDEX_SHAPE, where)
+            for key in ("cost_usd", "p"):
+                if row.get(key) is not None and not _is_number(row[key]):
+                    raise Refusal(f"{where}: field '{key}' has the wrong type ({type(row[key]).__name__})")
+            yield row
 
 
 def flagged(row: dict) -> bool:
@@ -1674,7 +1724,7 @@ def flagged_input(fac: Factory, row: dict) -> dict:
 def cmd_recall(fac: Factory, args) -> int:
     """Recall an agent and every variant stamped from it: none runs again until re-proved and re-signed."""
     load_card(fac, args.agent)
-    reason = (args.reason or "").strip()
+    reason = " ".join((args.reason or "").split())   # one line: it is echoed in every refusal
     if not reason:
         raise Refusal("a recall needs a reason: --reason TEXT")
     append_jsonl(fac.recalls, {"agent": args.agent, "reason": reason, "at": utc_now(),
@@ -1723,9 +1773,9 @@ def cmd_restamp(fac: Factory, args) -> int:
         latest[name] = agent_from_card(fac, card)
         if card != old:
             changed.append(name)
-    for name in changed:
+    revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]  # before the
+    for name in changed:                                                    # cards change: a kill between keeps it revoked
         write_json(fac.card_path(name), latest[name].card)
-    revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]
     print(f"restamped {len(changed)} variant(s) from {args.master}: {changed}")
     print(f"revoked {len(revoked)} certificate(s): {revoked}")
     if changed:
@@ -2456,9 +2506,9 @@ def refuse_changed(fac: Factory, entry: dict) -> Agent:
     """The agent, unless it was recalled, re-stamped, re-certified or changed since the call was staged."""
     name = entry["agent"]
     cert = verified_certificate(fac, name)
-    revoked = cert.get("revoked") or revocation_of(fac, cert)
+    revoked = revocation_reason(fac, name, cert)
     if revoked:
-        raise Refusal(f"{name} was re-stamped since this call was staged (certificate revoked: {revoked['reason']}); not executed.")
+        raise Refusal(f"{name} was re-stamped since this call was staged (certificate revoked: {revoked}); not executed.")
     recalls = [r for r in recalls_of(fac, name) if r["at"] > entry["staged_at"]]
     if recalls:
         raise Refusal(f"{name} was recalled since this call was staged ({recalls[-1]['reason']}); not executed.")
