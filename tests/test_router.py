@@ -156,6 +156,46 @@ if __name__ == "__main__":
     unittest.main()
 
 
+class EachDetectorInARun(LineTest):
+    """Each detector fires in a scripted worker run (no Sage: local decisions), from tool calls alone."""
+
+    def scripted_run(self, calls: list[tuple[str, dict]]) -> list[dict]:
+        """Run the certified triager against a model making `calls` one per turn; the run_gate events."""
+        answers = [Answer(body=anthropic_message(tool_uses=[(f"t{i}", name, args)])) for i, (name, args) in enumerate(calls)]
+        server = FakeServer(*answers, Answer(body=anthropic_message(FINAL))).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=KEY)
+        self.assertEqual(self.factory("run", "triager", "I was charged twice")[0], 0)
+        return [e for e in self.traces()[-1] if e.get("event") == "run_gate"]
+
+    def test_each_detector(self):
+        self.edit_card("triager", max_steps=12)
+        self.certified()
+        label = lambda name: ("issues__label", {"label": name, "escalate": True})  # noqa: E731
+        draft = lambda text: ("drafts__write", {"text": text})  # noqa: E731
+        refund = lambda why: ("billing__refund", {"reason": why})  # noqa: E731
+        scenarios = {
+            "repeat": [label("billing")] * 3,
+            "error_streak": [draft("x" * 700)] * 3,
+            "ping_pong": [label("billing"), label("bug"), label("billing"), label("bug")],
+            "write_check_cycle": [draft("one"), refund("a"), draft("two"), refund("b")],
+            "no_progress": [refund("a"), ("nope__tool", {}), draft("y" * 700), refund("b"), ("nope__tool", {"x": 1})],
+        }
+        for detector, calls in scenarios.items():
+            with self.subTest(detector=detector):
+                events = self.scripted_run(calls)
+                self.assertTrue(events, f"{detector} never fired")
+                self.assertIn(detector, events[0]["detectors"])
+                self.assertEqual(events[0]["step"], len(calls), "fires on the call that completes the pattern")
+                self.assertEqual((events[0]["action"], events[0]["source"]), ("continue", "local"))
+
+    def test_legitimate_repeats_are_not_flagged(self):
+        self.edit_card("triager", max_steps=12)
+        self.certified()
+        calls = [("drafts__write", {"text": f"draft number {i}"}) for i in range(4)]
+        self.assertEqual(self.scripted_run(calls), [])
+
+
 class Doctor(LineTest):
     """doctor answers 'why is every run routed to a human?' and never prints a key."""
 
