@@ -1465,11 +1465,18 @@ class Drift:
 
     @classmethod
     def of(cls, fac: Factory, name: str, cert: dict) -> "Drift":
-        """The watch for NAME's current certificate, fed with its gated runs since signing."""
-        drift = cls(cert.get("certified_rate"))
-        for row in index_rows(fac):
-            if row["agent"] == name and row["at"] > cert["signed_at"]:
-                drift.observe(row)
+        """The watch for NAME's current certificate, fed with its last gated runs since signing
+        (read from the end of the index, so a run does not pay for a year of history)."""
+        drift, recent = cls(cert.get("certified_rate")), []
+        if drift.certified_rate is None:
+            return drift
+        for row in newest_rows(fac):
+            if row["at"] <= cert["signed_at"] or len(recent) == DRIFT_WINDOW:
+                break
+            if row["agent"] == name and row["gate"] in GATED:
+                recent.append(row)
+        for row in reversed(recent):
+            drift.observe(row)
         return drift
 
     def observe(self, row: dict) -> None:
@@ -1681,6 +1688,23 @@ def index_rows(fac: Factory) -> Iterator[dict]:
                 if row.get(key) is not None and not _is_number(row[key]):
                     raise Refusal(f"{where}: field '{key}' has the wrong type ({type(row[key]).__name__})")
             yield row
+
+
+def newest_rows(fac: Factory, block: int = 1 << 16) -> Iterator[dict]:
+    """Index rows newest first, read backwards in blocks; Refusal for a malformed row."""
+    if not fac.index.exists():
+        return
+    with fac.index.open("rb") as index:
+        end, tail = index.seek(0, os.SEEK_END), b""
+        while end > 0:
+            start = max(0, end - block)
+            index.seek(start)
+            lines = (index.read(end - start) + tail).split(b"\n")
+            tail, end = (lines.pop(0) if start > 0 else b""), start
+            for raw in reversed(lines):
+                if raw.strip():
+                    yield check_shape(as_object(parse_json(decode_line(raw, fac.shown(fac.index)), fac.shown(fac.index)),
+                                                fac.shown(fac.index)), INDEX_SHAPE, fac.shown(fac.index))
 
 
 def flagged(row: dict) -> bool:

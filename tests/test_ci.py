@@ -160,3 +160,17 @@ def _drain(fd: int) -> bytes:
         if not chunk:
             return data
         data += chunk
+
+
+class IndexReading(LineTest):
+
+    def test_newest_rows_reads_backwards_across_block_boundaries(self):
+        import factory
+        self.certified()
+        tickets = self.tmp / "t.jsonl"
+        write_suite(tickets, [{"id": f"k{i}", "input": "How do I order a new card? " * (i % 4)} for i in range(12)])
+        self.factory("run", "triager", "--file", str(tickets))
+        forwards = list(factory.index_rows(self.fac))
+        for block in (7, 64, 300, 1 << 16):
+            with self.subTest(block=block):
+                self.assertEqual(list(factory.newest_rows(self.fac, block=block)), forwards[::-1])
