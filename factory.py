@@ -766,10 +766,11 @@ class Loop:
     def clip(self, outcome: broker.Outcome) -> str:
         """The tool result for the worker: whole when short, else head + tail + where the full text is."""
         text = outcome.result
-        if len(text) <= CLIP_CHARS or self.spill is None:
-            return text[:CLIP_CHARS]
-        where = self.spill(outcome.seq, text)
-        return f"{text[:CLIP_CHARS // 2]}\n[... {len(text) - CLIP_CHARS * 3 // 4} characters clipped; full output at {where} ...]\n{text[-CLIP_CHARS // 4:]}"
+        if len(text) <= CLIP_CHARS:
+            return text
+        where = f"full output at {self.spill(outcome.seq, text)}" if self.spill else "full output not kept (dry run)"
+        head, tail = text[:CLIP_CHARS // 2], text[-CLIP_CHARS // 4:]
+        return f"{head}\n[... {len(text) - len(head) - len(tail)} characters clipped; {where} ...]\n{tail}"
 
 
 # ---------------------------------------------------------------- the run gate (router): detectors, then Sage
