@@ -312,6 +312,13 @@ class TowerAndGate(LineTest):
         self.assertIn("gate p by tenths 0->1: 0 0 0 0 0 0 0 0 0 1   (scored 1 of 2; bar 0.85)", out)
         self.assertIn("verdicts verified:1 unscored:1", out)
 
+    def test_readme_test_command_is_what_ci_runs(self):
+        from tests.support import REPO
+        readme = (REPO / "README.md").read_text()
+        command = "python3 -m unittest discover -s tests -t ."
+        self.assertIn(f"```sh\n{command}\n```", readme)
+        self.assertIn(f"\n{command}\n", (REPO / ".ci" / "run").read_text())
+
     def test_every_station_has_a_docstring(self):
         for name in dir(factory):
             if name.startswith("cmd_"):
