@@ -36,8 +36,23 @@ from typing import Iterator, Mapping
 from xml.etree import ElementTree
 
 import broker
-import llm
-import sage
+
+
+def lazy_module(name: str):
+    """The module `name`, loaded on first attribute access (importlib.util.LazyLoader): the network
+    clients cost ~35 ms to import, which `--help` and the offline stations need not pay."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+llm = lazy_module("llm")
+sage = lazy_module("sage")
 
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 SIGNER = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
@@ -2731,7 +2746,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Parse argv, build the Factory, run the station; a Refusal is one line on stderr and exit 1."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)   # --help and usage errors exit here, before the clients load
+    llm.Worker, sage.Sage  # noqa: B018 - load the lazy clients now, before any thread (LazyLoader is not thread-safe on 3.11)
     try:
         fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), os.environ if env is None else env)
         return args.func(fac, args)
