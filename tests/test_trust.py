@@ -41,25 +41,8 @@ NOT_SHIPPED = "agents/evalsmith.py and evals/evalsmith/ are not shipped yet"
 FIFTY_MB = 50 << 20
 
 
-def ensure_sealed_half(root: Path) -> None:
-    """Give each shipped suite of this temporary root a sealed half when the shipped one is empty
-    (the sealed half may be kept out of the repo): the last third of its open cases move over.
-    These tests are about the mechanics of trust, not about the shipped suites' contents."""
-    for folder in sorted((root / "evals").iterdir()):
-        sealed, open_half = folder / "sealed.jsonl", folder / "cases.jsonl"
-        if open_half.is_file() and not (sealed.is_file() and sealed.read_text().strip()):
-            lines = [line for line in open_half.read_text().splitlines(keepends=True) if line.strip()]
-            keep = len(lines) - max(len(lines) // 3, 1)
-            open_half.write_text("".join(lines[:keep]))
-            sealed.write_text("".join(lines[keep:]))
-
-
 class TrustTest(LineTest):
     """LineTest plus stations that report a crash as a failure, and a terminal for any station."""
-
-    def setUp(self):
-        super().setUp()
-        ensure_sealed_half(self.root)
 
     def station(self, *argv: str) -> tuple[object, str, str]:
         """(exit status, stdout, stderr) of one in-process station. An exception that escapes
