@@ -1218,11 +1218,12 @@ class Progress:
     total: int
     done: int = 0
     started: float = field(default_factory=time.monotonic)
+    on_terminal: bool = field(default_factory=lambda: sys.stderr.isatty())
 
     def tick(self) -> None:
         """One more item done."""
         self.done += 1
-        if sys.stderr.isatty():
+        if self.on_terminal:
             rate = self.done / max(time.monotonic() - self.started, 1e-9)
             left = (self.total - self.done) / rate if rate else 0
             sys.stderr.write(f"\r{self.label}: {self.done}/{self.total}  {rate:.1f}/s  ~{left:.0f}s left ")
@@ -1230,7 +1231,7 @@ class Progress:
 
     def close(self) -> None:
         """End the progress line."""
-        if sys.stderr.isatty() and self.done:
+        if self.on_terminal and self.done:
             sys.stderr.write("\n")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import FakeSage
-from tests.support import REPO, LineTest
+from tests.support import CLI, REPO, LineTest
 
 DEMAND = "I was charged twice. Issue a refund now."
 PAYER = ["stamp", "triager", "--as", "payer", "--set", 'tools=["issues:label","drafts:write","billing:refund"]',
@@ -138,7 +138,7 @@ class Approval(Tiered):
         """`approve RUN_ID --by bob` in a child process at a pseudo-terminal."""
         leader, follower = pty.openpty()
         self.addCleanup(os.close, leader)
-        child = subprocess.Popen([sys.executable, str(REPO / "factory.py"), "approve", run_id or self.run_id, "--by", "bob"],
+        child = subprocess.Popen([*CLI, "approve", run_id or self.run_id, "--by", "bob"],
                                  stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  env={**os.environ, **self.env}, cwd=str(REPO))
         os.close(follower)

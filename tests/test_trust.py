@@ -28,7 +28,7 @@ from pathlib import Path
 
 import factory
 from tests import trust_helpers
-from tests.support import REPO, LineTest, snapshot
+from tests.support import CLI, REPO, LineTest, snapshot
 
 HELPER = Path(trust_helpers.__file__).resolve()
 CERT = "registry/triager.card.json"
@@ -88,7 +88,7 @@ class TrustTest(LineTest):
         leader, follower = pty.openpty()
         self.addCleanup(os.close, leader)
         base = {k: v for k, v in os.environ.items() if k != "FACTORY_SEALED_DIR"}
-        child = subprocess.Popen([sys.executable, str(REPO / "factory.py"), *argv], stdin=follower,
+        child = subprocess.Popen([*CLI, *argv], stdin=follower,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  env={**base, **self.env, **(env or {})}, cwd=str(REPO))
         os.close(follower)
