@@ -1213,26 +1213,34 @@ def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], 
 
 @dataclass
 class Progress:
-    """Done / total, rate and time left on stderr, only when stderr is a terminal (no colour)."""
+    """Done / total, rate and time left on one stderr line, only when stderr is a terminal and the
+    work has taken longer than a second (no colour; the line is wiped before results print)."""
     label: str
     total: int
     done: int = 0
     started: float = field(default_factory=time.monotonic)
     on_terminal: bool = field(default_factory=lambda: sys.stderr.isatty())
+    width: int = 0
 
     def tick(self) -> None:
         """One more item done."""
         self.done += 1
-        if self.on_terminal:
-            rate = self.done / max(time.monotonic() - self.started, 1e-9)
-            left = (self.total - self.done) / rate if rate else 0
-            sys.stderr.write(f"\r{self.label}: {self.done}/{self.total}  {rate:.1f}/s  ~{left:.0f}s left ")
+        elapsed = time.monotonic() - self.started
+        if self.on_terminal and elapsed > 1.0:
+            rate = self.done / elapsed
+            line = f"{self.label}: {self.done}/{self.total}  {rate:.1f}/s  ~{(self.total - self.done) / rate:.0f}s left"
+            sys.stderr.write("\r" + line.ljust(self.width))
             sys.stderr.flush()
+            self.width = len(line)
 
-    def close(self) -> None:
-        """End the progress line."""
-        if self.on_terminal and self.done:
-            sys.stderr.write("\n")
+    def clear(self) -> None:
+        """Wipe the progress line so the next stdout line starts clean."""
+        if self.width:
+            sys.stderr.write("\r" + " " * self.width + "\r")
+            sys.stderr.flush()
+            self.width = 0
+
+    close = clear
 
 
 def share(results: list[dict]) -> dict:
@@ -1552,8 +1560,9 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
         ticket_id, future = inflight.popleft()
         row = future.result()
         drift.observe(row)
-        progress.tick()
+        progress.clear()
         emit(ticket_id, row)
+        progress.tick()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for ticket_id, text in tickets:
             if len(inflight) >= jobs:

@@ -132,20 +132,26 @@ class Progress(LineTest):
 
     def test_progress_appears_only_on_a_terminal(self):
         import pty
+        cases = [{"id": f"p{i}", "input": "How do I order a new card?", "source": "synthetic",
+                  "expect": {"label": "account"}} for i in range(16)]
+        write_suite(self.root / "evals" / "triager" / "cases.jsonl", cases)
+        final = json.dumps({"label": "account", "escalate": False, "draft": "We are on it."})
+        server = FakeServer(*[Answer(body=anthropic_message(final), delay=0.1) for _ in range(32)]).start()
+        self.addCleanup(server.close)
+        env = {**os.environ, **self.env, "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "sk-test"}
+        command = [sys.executable, str(REPO / "factory.py"), "prove", "triager", "--jobs", "1"]
         leader, follower = pty.openpty()
         self.addCleanup(os.close, leader)
-        child = subprocess.Popen([sys.executable, str(REPO / "factory.py"), "prove", "triager"],
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower,
-                                 env={**os.environ, **self.env}, cwd=str(REPO))
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower,
+                                 env=env, cwd=str(REPO))
         os.close(follower)
         chunks = []
         reader = threading.Thread(target=lambda: chunks.append(_drain(leader)), daemon=True)
         reader.start()
         child.communicate(timeout=120)
         reader.join(timeout=5)
-        self.assertRegex(b"".join(chunks).decode(errors="replace"), r"prove triager: \d+/\d+ .*left")
-        quiet = subprocess.run([sys.executable, str(REPO / "factory.py"), "prove", "triager"], capture_output=True,
-                               env={**os.environ, **self.env}, cwd=str(REPO), timeout=120)
+        self.assertRegex(b"".join(chunks).decode(errors="replace"), r"prove triager: \d+/16 .*left")
+        quiet = subprocess.run(command, capture_output=True, env=env, cwd=str(REPO), timeout=120)
         self.assertEqual(quiet.stderr, b"")
 
 
