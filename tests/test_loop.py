@@ -170,6 +170,16 @@ class Loop(LineTest):
         self.assertEqual([m["tool_call_id"] for m in tool_messages], ["c1", "c2"])
         self.assertEqual(events[-1]["status"], "done")
 
+    def test_replay_live_asks_the_model_again(self):
+        self.certified()
+        server = self.serve(*[Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT])), Answer(body=anthropic_message(FINAL))] * 2)
+        self.run_triager()
+        run_id = self.traces()[-1][0]["run_id"]
+        code, out, _ = self.factory("replay", run_id, "--live")
+        self.assertEqual((code, out.strip()), (0, f"replay {run_id} (triager, live): no differences"))
+        self.assertEqual(len(server.requests), 4)
+        self.assertEqual(len(self.traces()), 1, "a replay writes no trace")
+
     def test_replay_matches_and_then_differs_after_a_contract_change(self):
         self.certified()
         self.serve(Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT])), Answer(body=anthropic_message(FINAL)))

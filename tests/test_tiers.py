@@ -132,7 +132,10 @@ class Approval(Tiered):
     def setUp(self):
         super().setUp()
         self.promote_to("C2")
-        self.run_id = self.run_payer()[0]["run_id"]
+        staged = subprocess.run([*CLI, "run", "payer", DEMAND], env={**os.environ, **self.env}, cwd=str(REPO),
+                                capture_output=True, text=True, timeout=60)   # staged by one process ...
+        self.assertEqual(staged.returncode, 0, staged.stderr)
+        self.run_id = self.index_rows()[-1]["run_id"]                          # ... approved by another
 
     def approve(self, answer: bytes = b"y\n", run_id: str | None = None) -> subprocess.CompletedProcess:
         """`approve RUN_ID --by bob` in a child process at a pseudo-terminal."""
