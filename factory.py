@@ -160,6 +160,8 @@ class Factory:
     def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str]) -> "Factory":
         """The factory at --root, else $FACTORY_ROOT, else the folder of factory.py."""
         base = Path(root or env.get("FACTORY_ROOT") or Path(__file__).resolve().parent).resolve()
+        if not base.is_dir():
+            raise Refusal(f"the factory root {base} is not a folder (--root, else $FACTORY_ROOT)")
         sealed = sealed_dir or env.get("FACTORY_SEALED_DIR")
         keys = env.get("FACTORY_KEYS_DIR") or Path.home() / ".config" / "agent-factory" / "keys"
         return cls(base, Path(sealed).resolve() if sealed else base / "evals", Path(keys), env)

@@ -166,6 +166,12 @@ class Cards(LineTest):
                 self.refused("is not a valid agent name", "run", name, "hi")
                 self.assertEqual(snapshot(self.root), before)
 
+    def test_a_root_that_is_not_a_folder_is_refused(self):
+        self.env["FACTORY_ROOT"] = str(self.root / "masters" / "triager.json")
+        self.refused("is not a folder", "tower")
+        self.env["FACTORY_ROOT"] = str(self.root / "missing")
+        self.refused("is not a folder", "tower")
+
     def test_digest_explain_names_each_component(self):
         code, out, _ = self.factory("digest", "triager", "--explain")
         self.assertEqual(code, 0)
