@@ -55,6 +55,7 @@ llm = lazy_module("llm")
 sage = lazy_module("sage")
 
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+RUN_ID = re.compile(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{6}")
 SIGNER = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
 TIERS = ("C0", "C1", "C2", "C3")
 MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
@@ -103,26 +104,42 @@ def parse_json(text: str, where: str):
     if not text.strip():
         raise Refusal(f"{where}: empty")
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=reject_constant)
     except json.JSONDecodeError as error:
-        raise Refusal(f"{where}: not valid json ({error.msg} at line {error.lineno} column {error.colno})") from None
+        raise Refusal(f"{where}: not valid json ({error.msg}; line {error.lineno} column {error.colno})") from None
+    except RecursionError:
+        raise Refusal(f"{where}: not valid json (nested too deeply)") from None
+    except ValueError as error:
+        raise Refusal(f"{where}: not valid json ({error})") from None
 
 
-def write_json(path: Path, obj) -> None:
-    """Write obj as JSON atomically: temp file in the same folder, fsync, os.replace."""
-    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+def reject_constant(name: str):
+    """json.loads hook: NaN and Infinity are not JSON (RFC 8259) and never a valid number here."""
+    raise ValueError(f"{name} is not a json number")
 
 
-def write_text(path: Path, text: str | bytes) -> None:
-    """Write a file atomically: temp file in the same folder, fsync, os.replace (old or new, never torn)."""
+def write_json(path: Path, obj, exclusive: bool = False) -> None:
+    """Write obj as JSON atomically (temp file, fsync, rename); `exclusive` raises FileExistsError
+    instead of replacing a file that is already there (two stamps of one name: one wins, one is told)."""
+    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n", exclusive)
+
+
+def write_text(path: Path, text: str | bytes, exclusive: bool = False) -> None:
+    """Write a file atomically: temp file in the same folder, fsync, then os.replace (old or new, never
+    torn) or, when `exclusive`, os.link (FileExistsError if the path exists)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(handle, path.stat().st_mode & 0o777 if path.exists() else 0o644)  # mkstemp makes 0600
         with os.fdopen(handle, "wb") as out:
             out.write(text.encode() if isinstance(text, str) else text)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(temp, path)
+        if exclusive:
+            os.link(temp, path)
+            os.unlink(temp)
+        else:
+            os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
@@ -134,10 +151,13 @@ def append_jsonl(path: Path, obj: dict) -> int:
     returns the byte offset where the line starts, so the effect can be read back."""
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    handle = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX)
         offset = os.lseek(handle, 0, os.SEEK_END)
+        if offset and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a killed writer)
+            os.write(handle, b"\n")                                # stays torn; ours starts clean
+            offset += 1
         view = memoryview(line)
         while view:
             view = view[os.write(handle, view):]
@@ -186,7 +206,9 @@ class Factory:
         return self.registry / f"{check_name(name)}.card.json"
 
     def trace_path(self, agent: str, run_id: str) -> Path:
-        """traces/AGENT/RUN_ID.jsonl."""
+        """traces/AGENT/RUN_ID.jsonl (agent and run id checked first)."""
+        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+            raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
         return self.traces / check_name(agent) / f"{run_id}.jsonl"
 
     def shown(self, path: Path) -> str:
@@ -202,8 +224,10 @@ class Factory:
         where, real = self.shown(path), path.resolve()
         if confined and not any(real.is_relative_to(base) for base in (self.root, self.sealed_dir)):
             raise Refusal(f"{where}: points outside the factory root ({real}); refusing to read it")
+        if path.is_dir():
+            raise Refusal(f"{where}: is a folder, not a file")
         if not path.is_file():
-            raise Refusal(f"{where}: missing")
+            raise Refusal(f"{where}: missing" if not path.exists() else f"{where}: not a regular file")
 
     def read_bytes(self, path: Path, limit: int = MAX_FILE_BYTES, confined: bool = True) -> bytes:
         """Bytes of a readable file (see check_readable) of at most `limit` bytes."""
@@ -227,8 +251,9 @@ class Factory:
         with path.open("rb") as lines:
             for number, raw in enumerate(iter(lambda: lines.readline(MAX_LINE_BYTES + 1), b""), 1):
                 try:  # the common case fast; every way a line can be wrong is named below
-                    value = json.loads(raw.decode("utf-8")) if number > 1 or not raw.startswith(b"\xef\xbb\xbf") else None
-                except ValueError:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
+                    value = json.loads(raw.decode("utf-8"), parse_constant=reject_constant) \
+                        if number > 1 or not raw.startswith(b"\xef\xbb\xbf") else None
+                except (ValueError, RecursionError):  # decode, json and NaN errors: named on the slow path
                     value = None
                 if type(value) is dict and len(raw) <= MAX_LINE_BYTES:
                     yield number, value
@@ -268,8 +293,8 @@ def check_name(name: str, what: str = "agent") -> str:
 # ---------------------------------------------------------------- the job card (ABOM), strictly
 
 def _is_number(value) -> bool:
-    """True for int/float, never bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """True for a finite int/float, never bool (and never NaN or infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _fraction(value) -> bool:
@@ -301,7 +326,7 @@ CARD_FIELDS = {  # field -> (check, what the message says it must be)
     "stamped_from": (lambda v: isinstance(v, str) and bool(NAME.match(v)), "an agent name"),
     "master_digest": (lambda v: isinstance(v, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", v), "sha256:<64 hex>"),
     "overrides": (lambda v: isinstance(v, dict), "an object of dotted paths to values"),
-    "approval_expiry_hours": (lambda v: _is_number(v) and v > 0, "a number of hours > 0 (default 24)"),
+    "approval_expiry_hours": (lambda v: _is_number(v) and 0 < v <= 8760, "a number of hours in (0, 8760] (default 24)"),
 }
 REQUIRED = ("agent", "entrypoint", "model", "tools", "tools_denied", "gate_question", "evals",
             "cost_envelope_usd", "tier_ceiling", "identity", "owner")
@@ -374,8 +399,10 @@ def parse_setting(text: str) -> tuple[str, object]:
     if path.split(".")[0] in ("agent",) + SET_BY_STAMP:
         raise Refusal(f"--set {path}: set by stamp itself, not by hand")
     try:
-        return path, json.loads(raw)
-    except json.JSONDecodeError:
+        return path, json.loads(raw, parse_constant=reject_constant)
+    except RecursionError:
+        raise Refusal(f"--set {path}: value nested too deeply") from None
+    except ValueError:
         return path, raw
 
 
@@ -526,6 +553,9 @@ def load_cases(fac: Factory, path: Path) -> list[dict]:
             raise Refusal(f"{at}: a case is {{id, input, expect, source}}; got {sorted(case)}")
         if not isinstance(case["id"], str) or case["id"] in seen or not isinstance(case["expect"], dict):
             raise Refusal(f"{at}: case id must be a unique string and expect an object")
+        denied = case["expect"].get("denied", [])
+        if not (isinstance(denied, list) and all(isinstance(t, str) for t in denied)):
+            raise Refusal(f"{at}: expect.denied must be a list of tool names")
         seen.add(case["id"])
         cases.append(case)
     if not cases:
@@ -586,6 +616,15 @@ def signing_key(fac: Factory, signer: str) -> bytes:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
     return read_key(path)
+
+
+def writable_folder(folder: Path) -> bool:
+    """True when folder exists (or can be made, mode 0700) and this process may write in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK)
 
 
 def signature_of(key: bytes, cert: dict) -> str:
@@ -1286,9 +1325,17 @@ def cmd_prove(fac: Factory, args) -> int:
     record = proof_record(agent, half, suite, sha256(fac.read_bytes(path, limit=1 << 40)), results, draft)
     write_json(fac.records / agent.name / f"{new_run_id()}.{half}.json", record)
     if args.junit:
-        write_text(Path(args.junit), junit_xml(record, results))
+        write_report(Path(args.junit), junit_xml(record, results))
     print(json.dumps(record, indent=2)) if args.json else print_proof(record)
     return 0 if record["score"] >= record["pass_bar"] else 1
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write a report the user asked for (JUnit, HTML); Refusal naming the path when it cannot be written."""
+    try:
+        write_text(path, text)
+    except OSError as error:
+        raise Refusal(f"{path}: cannot write the report ({error.strerror or type(error).__name__})") from None
 
 
 def jobs_of(args) -> int:
@@ -1427,7 +1474,8 @@ def cmd_certify(fac: Factory, args) -> int:
     """Sign a certificate for an agent whose latest sealed proof clears the bar; only a human at a terminal can."""
     agent = load_agent(fac, args.agent)
     path, proof, attempts = certify_guards(fac, agent, args.tier)
-    key_path(fac, args.by)
+    if not key_path(fac, args.by).exists() and not writable_folder(fac.keys_dir):
+        raise Refusal(f"no key for {args.by} and the keys folder {fac.keys_dir} cannot be created or written (FACTORY_KEYS_DIR)")
     if not sys.stdin.isatty():
         raise Refusal("unsigned. certification is the station that stays human.")
     print(f"{agent.name} at tier {args.tier}, signed by {args.by}\n  digest {agent.digest}\n"
@@ -1481,10 +1529,14 @@ def archive_certificate(fac: Factory, name: str) -> None:
 
 def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
     """(id, input) for each line of a tickets file `{"id", "input"}`; Refusal naming file and line."""
+    if path.resolve().name == "sealed.jsonl" or path.resolve().is_relative_to(fac.sealed_dir) and fac.sealed_dir != fac.evals:
+        raise Refusal(f"{fac.shown(path)}: is a sealed half; sealed cases are never run as tickets")
     tickets = []
     for number, row in fac.read_jsonl(path, confined=False):
-        if not isinstance(row.get("id"), str) or not isinstance(row.get("input"), str):
-            raise Refusal(f"{fac.shown(path)} line {number}: a ticket is {{\"id\": str, \"input\": str}}")
+        ok = set(row) <= {"id", "input", "source"} and isinstance(row.get("id"), str) and isinstance(row.get("input"), str)
+        if not ok or not row["id"].isprintable() or not row["input"].strip():
+            raise Refusal(f"{fac.shown(path)} line {number}: a ticket is {{\"id\": printable str, \"input\": non-empty str}}"
+                          f" (an eval case with `expect` is not a ticket)")
         tickets.append((row["id"], row["input"]))
     if not tickets:
         raise Refusal(f"{fac.shown(path)}: has no tickets")
@@ -1558,18 +1610,23 @@ def cmd_run(fac: Factory, args) -> int:
             print(json.dumps({"ticket": ticket_id, **row}, ensure_ascii=False))
         else:
             print_run(row) if args.file is None else print_ticket(ticket_id, row)
-    run_tickets(fac, agent, cert, tickets, jobs, emit)
-    return 0
+    crashed = run_tickets(fac, agent, cert, tickets, jobs, emit)
+    if crashed:
+        print(f"factory run: {crashed} run(s) crashed; their traces keep the traceback", file=sys.stderr)
+    return 1 if crashed else 0
 
 
-def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit) -> None:
-    """Run tickets `jobs` at a time, emitting results in input order; --jobs 1 is exactly sequential.
+def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit) -> int:
+    """Run tickets `jobs` at a time, emitting results in input order (--jobs 1 is exactly sequential);
+    returns how many runs crashed.
 
     The drift watch is consulted before each ticket starts and fed as each result is emitted."""
     drift, progress, inflight = Drift.of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
+    crashed = []
     def finish():
         ticket_id, future = inflight.popleft()
         row = future.result()
+        crashed.extend([row["run_id"]] if row["status"] == "crashed" else [])
         drift.observe(row)
         progress.clear()
         emit(ticket_id, row)
@@ -1584,6 +1641,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
         while inflight:
             finish()
     progress.close()
+    return len(crashed)
 
 
 def print_run(row: dict) -> None:
@@ -1629,7 +1687,7 @@ class Tally:
         passed = gate == "pass"
         self.runs += 1
         self.passed += passed
-        self.unscored += gate in ("unscored", "failed", "not-run")
+        self.unscored += gate in ("unscored", "failed")
         self.acted += row["acted"]
         self.staged += row["staged"]
         self.denied += len(row["denied"])
@@ -1674,7 +1732,8 @@ def new_tally(fac: Factory, name: str) -> Tally:
     """A tally whose drift watch is centred on NAME's certified rate (no baseline when uncertified)."""
     path = fac.cert_path(name)
     cert = fac.read_json(path) if path.exists() else {}
-    return Tally(Drift(cert.get("certified_rate")), since=str(cert.get("signed_at", "")))
+    rate = cert.get("certified_rate")
+    return Tally(Drift(rate if _fraction(rate) else None), since=str(cert.get("signed_at", "")))
 
 
 def gate_bar(fac: Factory, name: str) -> float | None:
@@ -1692,7 +1751,7 @@ def cmd_tower(fac: Factory, args) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     if args.html:
-        write_text(Path(args.html), render_tower_html(doc))
+        write_report(Path(args.html), render_tower_html(doc))
         print(f"wrote {args.html}")
         return 0
     print_tower(doc)
@@ -1704,7 +1763,9 @@ def print_tower(doc: dict) -> None:
     print(f"{'agent':<16} {'runs':>6} {'pass':>5} {'acted':>6} {'staged':>6} {'cost':>10} {'denied':>7} {'unscored':>8}  backends")
     for a in doc["agents"]:
         cost = "?" if a["cost_usd"] is None else f"${a['cost_usd']:.4f}"
-        print(f"{a['agent']:<16} {a['runs']:>6} {100 * a['passed'] // max(a['runs'], 1):>4}% {a['acted']:>6} "
+        scored = sum(a["p_bins"]) or a["passed"]
+        rate = f"{100 * a['passed'] // scored:>4}%" if scored else "    -"   # unscored runs are neither pass nor fail
+        print(f"{a['agent']:<16} {a['runs']:>6} {rate} {a['acted']:>6} "
               f"{a['staged']:>6} {cost:>10} {a['denied']:>7} {a['unscored']:>8}  {', '.join(a['backends'])}")
         shown = " ".join(f"{k}:{v}" for k, v in a["verdicts"].items() if v)
         print(f"{'':<16} verdicts {shown or '-'}   drift: {a['drift']['state']}")
@@ -1782,8 +1843,10 @@ def cmd_harvest(fac: Factory, args) -> int:
     proposed = 0
     for row, given in zip(todo, inputs):
         result = run_one(fac, smith, smith_cert, given)
-        proposed += sum(1 for tool, verdict in result["tools"] if tool == "evals:propose" and verdict == "ok")
-        append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
+        made = sum(1 for tool, verdict in result["tools"] if tool == "evals:propose" and verdict == "ok")
+        proposed += made
+        if made:   # a run whose proposal failed stays flagged for the next harvest
+            append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
     print(f"harvested {len(todo)} flagged run(s) of {args.agent}; proposed {proposed} case(s) into "
           f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them)")
     return 0
@@ -1807,9 +1870,9 @@ def cmd_recall(fac: Factory, args) -> int:
     reason = " ".join((args.reason or "").split())   # one line: it is echoed in every refusal
     if not reason:
         raise Refusal("a recall needs a reason: --reason TEXT")
+    variants = descendants(fac, args.agent)   # read (and checked) before anything is written
     append_jsonl(fac.recalls, {"agent": args.agent, "reason": reason, "at": utc_now(),
                                "by": fac.env.get("USER", "unknown")})
-    variants = descendants(fac, args.agent)
     print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")
     print("every new run of these is refused until a fresh sealed proof and a new signature; runs already underway finish and are gated.")
     return 0
@@ -1835,7 +1898,10 @@ def cmd_stamp(fac: Factory, args) -> int:
     overrides = dict(parse_setting(text) for text in args.set or [])
     card = validate_card(derive(master.card, args.new, overrides, master.digest), f"variant {args.new}")
     agent_from_card(fac, card)
-    write_json(path, card)
+    try:
+        write_json(path, card, exclusive=True)
+    except FileExistsError:
+        raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp") from None
     append_jsonl(fac.lineage, {"agent": args.new, "stamped_from": args.master, "at": utc_now()})
     print(f"stamped {args.new} from {args.master}: {fac.shown(path)} overrides {json.dumps(overrides)}")
     return 0
@@ -1869,7 +1935,8 @@ def cmd_digest(fac: Factory, args) -> int:
     print(agent.digest)
     if args.explain:
         path = fac.cert_path(agent.name)
-        certified = fac.read_json(path).get("components", {}) if path.exists() else None
+        certified = fac.read_json(path).get("components") if path.exists() else None
+        certified = certified if isinstance(certified, dict) or certified is None else {}
         for label, value in agent.components.items():
             note = "" if certified is None or certified.get(label) == value else "   <- changed since certification"
             print(f"  {value}  {label}{note}")
@@ -1920,7 +1987,7 @@ def recorder_tools(events: list[dict], contracts: dict) -> dict:
 
 def find_trace(fac: Factory, run_id: str) -> Path:
     """traces/AGENT/RUN_ID.jsonl for a run id; Refusal when the id is odd or unknown."""
-    if not re.fullmatch(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{6}", run_id or ""):
+    if not RUN_ID.fullmatch(run_id or ""):
         raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
     found = sorted(fac.traces.glob(f"*/{run_id}.jsonl"))
     if not found:
@@ -1948,15 +2015,22 @@ def cmd_replay(fac: Factory, args) -> int:
     """Feed a run's recorded model replies (or, with --live, the model again) to today's code; print what differs."""
     path = find_trace(fac, args.run_id)
     events = [event for _, event in fac.read_jsonl(path)]
-    header, ends = events[0], [e for e in events if e.get("event") == "end"]
-    if header.get("format") != TRACE_FORMAT or not ends:
+    ends = [i for i, e in enumerate(events) if e.get("event") == "end"]
+    if not ends or events[0].get("format") != TRACE_FORMAT or not NAME.match(str(events[0].get("agent"))) \
+            or "input" not in events[0]:
         raise Refusal(f"{fac.shown(path)}: not a finished {TRACE_FORMAT} trace")
+    events = events[:ends[0] + 1]   # what the run did; approvals executed later are appended after its end
+    header, ends = events[0], [events[-1]]
     agent = load_agent(fac, header["agent"])
-    replies = [recorded_reply(e) for e in events if e.get("event") == "model"]
+    try:  # a trace is a file a user can edit: every event it replays must have its fields
+        replies = [recorded_reply(e) for e in events if e.get("event") == "model"]
+        tools = recorder_tools(events, agent.contracts)
+        [(e["tool"], e["verdict"], e["seq"]) for e in events if e.get("event") == "tool"]
+    except (KeyError, TypeError, AttributeError) as error:
+        raise Refusal(f"{fac.shown(path)}: an event is malformed ({type(error).__name__}: {error})") from None
     worker = make_worker(fac, agent, header["input"]) if args.live else RecordedWorker(replies)
     now: list[dict] = []
-    desk = broker.Broker(agent.policy_at(header.get("tier", "C0")), agent.contracts,
-                         recorder_tools(events, agent.contracts), "run", now.append)
+    desk = broker.Broker(agent.policy_at(header.get("tier", "C0")), agent.contracts, tools, "run", now.append)
     loop = Loop(worker, desk, agent, task_text(header["input"]), now.append)
     status = run_loop(loop)
     differences = replay_differences(events, now, ends[-1], loop, status)
@@ -2554,7 +2628,7 @@ def render_tower_html(doc):
 
 def load_pending(fac: Factory, run_id: str, call: int) -> dict:
     """The stored staged call RUN_ID/CALL, shape-checked; Refusal when the id is odd or nothing waits there."""
-    if not re.fullmatch(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{6}", run_id or "") or call < 1:
+    if not RUN_ID.fullmatch(run_id or "") or call < 1:
         raise Refusal(f"{run_id!r} --call {call} does not name a staged call (see `pending`)")
     path = pending_path(fac, run_id, call)
     if not path.exists():
@@ -2635,7 +2709,8 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
 def cmd_pending(fac: Factory, args) -> int:
     """List the staged acting calls waiting for a human's approval, oldest first."""
     folder = fac.registry / "pending"
-    entries = [fac.read_json(p) for p in sorted(folder.glob("*.json")) if p.name.count(".") == 2] if folder.is_dir() else []
+    paths = [p for p in sorted(folder.glob("*.json")) if p.name.count(".") == 2] if folder.is_dir() else []
+    entries = [check_shape(fac.read_json(p), PENDING_SHAPE, fac.shown(p)) for p in paths]
     waiting = sorted((e for e in entries if pending_state(fac, e) == "pending"), key=lambda e: e["staged_at"])
     for e in waiting:
         print(f"{e['run_id']} --call {e['call']}\t{e['agent']}\t{e['tool']} {json.dumps(e['args'], ensure_ascii=False)}"
@@ -2786,7 +2861,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Parse argv, build the Factory, run the station; a Refusal is one line on stderr and exit 1."""
-    args = build_parser().parse_args(argv)   # --help and usage errors exit here, before the clients load
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)   # --help and usage errors exit here, before the clients load
+    if extra and args.command == "run" and args.input is None and len(extra) == 1 and not extra[0].startswith("-"):
+        args.input = extra[0]   # `run AGENT --json TEXT`: argparse binds optional positionals before options only
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     llm.Worker, sage.Sage  # noqa: B018 - load the lazy clients now, before any thread (LazyLoader is not thread-safe on 3.11)
     try:
         fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), os.environ if env is None else env)

@@ -313,7 +313,7 @@ class TowerAndGate(LineTest):
         code, out, _ = self.factory("tower")
         self.assertEqual(code, 0)
         row = [l for l in out.splitlines() if l.startswith("triager ")][0].split()
-        self.assertEqual(row[:7], ["triager", "2", "50%", "0", "0", "$0.0000", "1"])
+        self.assertEqual(row[:7], ["triager", "2", "100%", "0", "0", "$0.0000", "1"], "pass % is over scored runs")
         self.assertIn("offline", row)
         self.assertIn("gate p by tenths 0->1: 0 0 0 0 0 0 0 0 0 1   (scored 1 of 2; bar 0.85)", out)
         self.assertIn("verdicts verified:1 unscored:1", out)
@@ -333,3 +333,42 @@ class TowerAndGate(LineTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FoundByANewUser(LineTest):
+    """Holes a first-time user found by trying to break the line; each stays closed."""
+
+    def test_a_sealed_half_is_never_run_as_tickets(self):
+        self.certified()
+        self.refused("is a sealed half", "run", "triager", "--file", str(self.root / "evals" / "triager" / "sealed.jsonl"))
+        self.refused("an eval case with `expect` is not a ticket", "run", "triager", "--file",
+                     str(self.root / "evals" / "triager" / "cases.jsonl"))
+        self.assertFalse((self.root / "traces" / "triager").exists())
+
+    def test_options_may_come_before_text(self):
+        self.certified()
+        code, out, err = self.factory("run", "triager", "--json", "How do I order a new card?")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out)["output"]["label"], "account")
+
+    def test_a_torn_index_line_does_not_swallow_the_next_run(self):
+        self.certified()
+        self.factory("run", "triager", "hello")
+        index = self.root / "traces" / "index.jsonl"
+        index.write_bytes(index.read_bytes()[:-30])
+        self.factory("run", "triager", "How do I order a new card?")
+        lines = index.read_bytes().splitlines()
+        self.assertEqual(json.loads(lines[-1])["agent"], "triager")
+        self.refused("traces/index.jsonl line 1: not valid json", "tower")
+
+    def test_odd_numbers_and_deep_nesting_are_one_line_refusals(self):
+        path = self.root / "masters" / "triager.json"
+        card = json.loads(path.read_text())
+        for text, message in ((json.dumps(card).replace('"max_steps": 6', '"max_steps": NaN'), "NaN is not a json number"),
+                              ("[" * 100000 + "]" * 100000, "nested too deeply")):
+            with self.subTest(message=message):
+                path.write_text(text)
+                self.refused(message, "digest", "triager")
+        path.write_text(json.dumps(card))
+        self.refused("field 'approval_expiry_hours'", "stamp", "triager", "--as", "x", "--set", "approval_expiry_hours=1e300")
+        self.refused("field 'cost_envelope_usd'", "stamp", "triager", "--as", "x", "--set", "cost_envelope_usd=Infinity")

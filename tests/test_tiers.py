@@ -226,7 +226,7 @@ class Approval(Tiered):
 class Verdicts(LineTest):
     """Each verdict from a scripted run."""
 
-    def run_once(self, text: str = "How do I order a new card?", sage_p: float | None = None) -> dict:
+    def run_once(self, text: str = "How do I order a new card?", sage_p: float | None = None, exit: int = 0) -> dict:
         """Run the certified triager once (with a gate at sage_p when given); its index row."""
         if sage_p is None:
             code, _, err = self.factory("run", "triager", text)
@@ -234,7 +234,7 @@ class Verdicts(LineTest):
             with FakeSage(yes_p=sage_p) as fake:
                 self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
                 code, _, err = self.factory("run", "triager", text)
-        self.assertEqual(code, 0, err)
+        self.assertEqual(code, exit, err)
         return self.index_rows()[-1]
 
     def test_gate_verdicts(self):
@@ -265,6 +265,6 @@ class Verdicts(LineTest):
         path = self.root / "agents" / "triager.py"
         path.write_text(path.read_text() + "\n\ndef rules(ticket):\n    raise RuntimeError('rules broke')\n")
         self.certified()
-        row = self.run_once()
+        row = self.run_once(exit=1)
         self.assertEqual((row["verdict"], row["status"]), ("crashed", "crashed"))
         self.assertIn("RuntimeError: rules broke", row["reason"])
