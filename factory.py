@@ -1671,6 +1671,7 @@ class Tally:
     since: str = ""                      # drift counts only runs after the certificate was signed
     runs: int = 0
     passed: int = 0
+    scored: int = 0                      # runs the gate answered (pass, flag, unsure)
     unscored: int = 0
     acted: int = 0
     staged: int = 0
@@ -1687,6 +1688,7 @@ class Tally:
         passed = gate == "pass"
         self.runs += 1
         self.passed += passed
+        self.scored += gate in GATED
         self.unscored += gate in ("unscored", "failed")
         self.acted += row["acted"]
         self.staged += row["staged"]
@@ -1719,7 +1721,7 @@ def tower_document(fac: Factory) -> dict:
         tallies[row["agent"]].add(row)
     agents = []
     for name, t in sorted(tallies.items()):
-        agents.append({"agent": name, "runs": t.runs, "passed": t.passed, "unscored": t.unscored, "acted": t.acted,
+        agents.append({"agent": name, "runs": t.runs, "passed": t.passed, "scored": t.scored, "unscored": t.unscored, "acted": t.acted,
                        "staged": t.staged, "denied": t.denied, "cost_usd": t.cost, "backends": sorted(t.backends),
                        "gate_bar": gate_bar(fac, name), "p_bins": t.p_bins, "days": list(t.days.values()),
                        "center_rate": t.drift.certified_rate, "verdicts": t.verdicts,
@@ -1763,7 +1765,7 @@ def print_tower(doc: dict) -> None:
     print(f"{'agent':<16} {'runs':>6} {'pass':>5} {'acted':>6} {'staged':>6} {'cost':>10} {'denied':>7} {'unscored':>8}  backends")
     for a in doc["agents"]:
         cost = "?" if a["cost_usd"] is None else f"${a['cost_usd']:.4f}"
-        scored = sum(a["p_bins"]) or a["passed"]
+        scored = a["scored"]
         rate = f"{100 * a['passed'] // scored:>4}%" if scored else "    -"   # unscored runs are neither pass nor fail
         print(f"{a['agent']:<16} {a['runs']:>6} {rate} {a['acted']:>6} "
               f"{a['staged']:>6} {cost:>10} {a['denied']:>7} {a['unscored']:>8}  {', '.join(a['backends'])}")
@@ -2561,14 +2563,15 @@ def _drift_html(agent):
     if drift.get("demoted"):
         return f'<span class="demoted">DEMOTED{_esc(detail)}</span>'
     if recent is None or lcl is None:
-        return '<span class="empty">no drift data</span>'
+        return f'<span class="empty">{_esc(drift.get("state") or "no drift data")}</span>'
     return f'<span class="ok">ok{_esc(detail)}</span>'
 
 
 def _headline(agent):
     """(runs int, passed int, pass-rate text, cost text) for an agent dict."""
     runs, passed = _count(agent.get("runs")), _count(agent.get("passed"))
-    rate = _pct(min(1.0, passed / runs)) if runs else "n/a"
+    scored = _count(agent.get("scored", runs))   # pass % is over runs the gate answered
+    rate = _pct(min(1.0, passed / scored)) if scored else "n/a (none scored)"
     return runs, passed, rate, _usd(_num(agent.get("cost_usd")))
 
 
@@ -2576,7 +2579,8 @@ def _summary_html(agent):
     """One-line <p class="summary"> with runs, gate pass %, cost, drift (str)."""
     runs, passed, rate, cost = _headline(agent)
     bar = _num(agent.get("gate_bar"))
-    text = (f"{runs:,} runs | gate pass {rate} ({passed:,}/{runs:,}"
+    scored = _count(agent.get("scored", runs))
+    text = (f"{runs:,} runs | gate pass {rate} ({passed:,}/{scored:,} scored"
             + (f", bar {bar:g}" if bar is not None else "") + f") | cost {cost} | ")
     return f'<p class="summary">{_esc(text)}drift: {_drift_html(agent)}</p>'
 
