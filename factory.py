@@ -1719,6 +1719,10 @@ def tower_document(fac: Factory) -> dict:
         if row["agent"] not in tallies:
             tallies[row["agent"]] = new_tally(fac, row["agent"])
         tallies[row["agent"]].add(row)
+    for name, executed, closed in closed_calls(fac):
+        if name in tallies:   # calls a human approved (and that ran) or rejected after their run was indexed
+            tallies[name].acted += executed
+            tallies[name].staged -= closed
     agents = []
     for name, t in sorted(tallies.items()):
         agents.append({"agent": name, "runs": t.runs, "passed": t.passed, "scored": t.scored, "unscored": t.unscored, "acted": t.acted,
@@ -1728,6 +1732,19 @@ def tower_document(fac: Factory) -> dict:
                        "drift": {"demoted": t.drift.demoted, "recent_rate": t.drift.rate, "lcl": t.drift.lcl,
                                  "state": t.drift.describe()}})
     return {"format": "factory-tower-1", "generated_at": utc_now(), "agents": agents}
+
+
+def closed_calls(fac: Factory) -> Iterator[tuple[str, int, int]]:
+    """(agent, 1 if it executed ok else 0, 1) for each parked call that was executed or rejected."""
+    folder = fac.registry / "pending"
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.glob("*.*.json")):
+        state = path.name.split(".")[-2]
+        if state in ("executed", "rejected"):
+            entry = fac.read_json(path.with_name(".".join(path.name.split(".")[:2]) + ".json"))
+            executed = state == "executed" and fac.read_json(path).get("ok") is True
+            yield str(entry.get("agent")), int(executed), 1
 
 
 def new_tally(fac: Factory, name: str) -> Tally:

@@ -167,6 +167,8 @@ class Approval(Tiered):
         self.assertIn("was already executed", second.stderr)
         self.assertEqual(len(self.effects("refunds")), 1)
         self.assertIn("(nothing waits for approval)", self.factory("pending")[1])
+        payer = [a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "payer"][0]
+        self.assertEqual((payer["acted"], payer["staged"]), (1, 0), "the tower counts the approved call as acted")
 
     def test_answering_no_leaves_it_staged(self):
         self.assertEqual(self.approve(b"n\n").returncode, 1)
