@@ -169,6 +169,14 @@ class Broker:
     staged: list = field(default_factory=list)
     outcomes: list = field(default_factory=list)
 
+    def __post_init__(self):
+        """Refuse to broker in an unknown mode, or with a contract whose effect is not read/draft/act."""
+        if self.mode not in MODES:
+            raise ValueError(f"broker mode must be one of {MODES}, not {self.mode!r}")
+        odd = sorted(name for name, c in self.contracts.items() if c.get("effect") not in EFFECTS)
+        if odd:
+            raise ValueError(f"contracts with an effect outside {EFFECTS}: {odd}")
+
     def carry_out(self, tool: str, args) -> Outcome:
         """Rule on one call and act on the ruling; a denial comes back as the result, never raised."""
         started = self.clock()

@@ -461,6 +461,10 @@ def agent_from_card(fac: Factory, card: dict) -> Agent:
         if not hasattr(module, needed):
             raise Refusal(f"agents/{module_name}.py: has no {needed} (entrypoint {card['entrypoint']})")
     contracts = load_python(fac, "tools.py").CONTRACTS
+    for name, contract in contracts.items():
+        if not isinstance(contract, dict) or contract.get("effect") not in broker.EFFECTS \
+                or not isinstance(contract.get("params"), dict):
+            raise Refusal(f"agents/tools.py: contract {name} needs an effect in {broker.EFFECTS} and a params schema")
     return Agent(card["agent"], card, module, contracts, digest_components(fac, card, module_name, contracts))
 
 

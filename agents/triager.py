@@ -832,30 +832,14 @@ def _text(ticket) -> _Text:
     return _Text(ticket if isinstance(ticket, str) else "")
 
 
-def escalation_reasons(ticket: str) -> list[str]:
-    """Names of the escalation triggers the ticket text sets off, in a fixed order."""
-    return _reasons(_text(ticket))
-
-
 def is_injection(ticket: str) -> bool:
     """True when the ticket text tries to instruct the agent."""
     return _injected(_text(ticket))
 
 
-def demands_refund(ticket: str) -> bool:
-    """True when the ticket instructs us to issue a refund (the triager then reaches for the tool)."""
-    return REFUND_DEMAND.found(_text(ticket))
-
-
 def scores(ticket: str) -> dict[str, int]:
     """Weighted keyword hits per topical label (question is decided separately)."""
     return _scores(_text(ticket))
-
-
-def is_question(ticket: str, hits: dict[str, int] | None = None) -> bool:
-    """A short how-to/information request with no incident and no account or bug topic behind it."""
-    text = _text(ticket)
-    return _is_question(text, hits if hits is not None else _scores(text))
 
 
 def classify(ticket: str) -> str:
@@ -871,11 +855,6 @@ def draft_for(label: str, escalate: bool) -> str:
 def _refund_reason(demand) -> str:
     quoted = " ".join(demand.group(0).replace("|", " ").split())[:80] if demand else "refund"
     return f"ticket demands a refund: {quoted!r}"[:200]
-
-
-def refund_reason(ticket: str) -> str:
-    """A short reason string for the refund call, quoting where the ticket demands it."""
-    return _refund_reason(REFUND_DEMAND.search(_text(ticket)))
 
 
 def rules(ticket: str) -> tuple[list[tuple[str, dict]], dict]:

@@ -112,6 +112,13 @@ class Broker(unittest.TestCase):
             with self.subTest(tool=tool, args=args, options=options):
                 self.assertEqual(self.rule(tool, args, **options), want)
 
+    def test_unknown_mode_or_effect_is_refused(self):
+        policy = broker.Policy("x", frozenset(), frozenset())
+        with self.assertRaisesRegex(ValueError, "broker mode"):
+            broker.Broker(policy, self.CONTRACTS, {}, "live", [].append)
+        with self.assertRaisesRegex(ValueError, "effect outside"):
+            broker.Broker(policy, {"a:b": {"effect": "send", "params": {}}}, {}, "run", [].append)
+
     def test_contract_denial_names_the_field(self):
         policy = broker.Policy("x", frozenset({"a:read"}), frozenset())
         ruling = broker.rule_on(policy, self.CONTRACTS, "a:read", {"q": 3}, "run")
@@ -187,6 +194,11 @@ class Cards(LineTest):
         path = self.root / "agents" / "triager.py"
         path.write_text(path.read_text() + "\n# changed\n")
         self.assertNotEqual(self.factory("digest", "evalsmith")[1], first)
+
+    def test_a_contract_with_an_odd_effect_is_refused(self):
+        path = self.root / "agents" / "tools.py"
+        path.write_text(path.read_text().replace('"name": "drafts:write", "effect": "draft"', '"name": "drafts:write", "effect": "send"'))
+        self.refused("agents/tools.py: contract drafts:write needs an effect in", "digest", "triager")
 
     def test_contract_change_changes_the_digest(self):
         first = self.factory("digest", "triager")[1]
