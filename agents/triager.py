@@ -47,6 +47,7 @@ ticket's length: a 10 KB ticket takes a few milliseconds, 400 KB well under 100 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from types import MappingProxyType
 
@@ -157,6 +158,32 @@ _ERROR_FRAME = re.compile(
     r"\n[ \t>|*-]{0,8}(?:[ef]/|at [a-z0-9_$.<>/-]{1,300}\(|file \"|\.\.\. [0-9])")
 
 
+# Code points that change how a word is stored but not how it looks: every format character
+# (category Cf: zero-width space, zero-width joiner and non-joiner, word joiner, soft hyphen,
+# byte order mark, bidi controls, tag characters) and the other default-ignorable code points,
+# which are marks or letters: the combining grapheme joiner, Hangul fillers, Khmer inherent
+# vowels, Mongolian and other variation selectors (Default_Ignorable_Code_Point in
+# https://www.unicode.org/Public/UCD/latest/ucd/DerivedCoreProperties.txt).
+_IGNORABLE_MARKS = frozenset((0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x3164, 0xFFA0,
+                              *range(0x180B, 0x1810), *range(0xFE00, 0xFE10),
+                              *range(0xE0100, 0xE01F0)))
+
+
+def _invisible(char: str) -> bool:
+    return unicodedata.category(char) == "Cf" or ord(char) in _IGNORABLE_MARKS
+
+
+def _as_seen(ticket: str) -> str:
+    """The ticket as a reader sees it: invisible code points dropped ("ig\u200bnore" reads
+    "ignore"), then Unicode NFKC (full-width, mathematical and ligature letters become plain
+    ones, every kind of space a space). An ASCII ticket is returned as it is. Linear: one look
+    at each distinct character, one translate, one normalisation."""
+    if ticket.isascii():
+        return ticket
+    dropped = dict.fromkeys(ord(c) for c in set(ticket) if _invisible(c))
+    return unicodedata.normalize("NFKC", ticket.translate(dropped) if dropped else ticket)
+
+
 def _normalise(low: str) -> str:
     text = low.translate(_BREAKS)
     if "'" in text:
@@ -173,7 +200,8 @@ def _normalise(low: str) -> str:
 class _Text:
     """One ticket, read once.
 
-    `low` is the lower-cased raw text (for line-level checks). `words` is the normalised text:
+    `raw` is the ticket as a reader sees it (_as_seen) and `low` the same in lower case (for
+    line-level checks). `words` is the normalised text:
     words separated by single spaces, contractions spelled out, every sentence break (. ! ? ;
     new line, or a run of them) a "|" word, and " | " at both ends, so that a phrase never
     matches across two sentences. `counts` counts its words, `pairs` holds its adjacent word
@@ -187,8 +215,8 @@ class _Text:
                  "log_errors")
 
     def __init__(self, ticket: str):
-        self.raw = ticket
-        self.low = ticket.lower()
+        self.raw = _as_seen(ticket)
+        self.low = self.raw.lower()
         parts = None
         if any(mark in self.low for mark in _LOG_MARKS):
             parts = _MACHINE_LINE.split(_BLANK_LINES.sub("\n", "\n" + self.low))
