@@ -25,7 +25,8 @@ civil action, small claims, attorney, court, foreclosure, bankruptcy, "is this l
 a regulator such as the CFPB, or a complaint filed with a government agency); a request to close
 ("close", "cancel", "shut down", "get rid of") an account or to delete personal data; or any
 attempt to instruct the agent ("ignore your instructions", "you are now ...", an injected
-"system:" line).
+"system:" line, or any words hidden from the person reading the ticket: a markup comment or
+hidden element, text in invisible Unicode tag characters).
 
 `rules` is the deterministic offline triager: the tool calls it makes, in order, and its final
 output. The draft is one polite sentence that promises no money, no refund and no timeline. A
@@ -34,8 +35,13 @@ ticket that instructs or asks us to issue a refund ("refund the fee", "please is
 the broker refuses it (permissions are enforced outside the model). A ticket that only reports a
 refund ("they will not refund the fee", "can I get a refund?") escalates but does not reach.
 
-How the rules read a ticket: it is normalised once (lower case, contractions spelled out,
-sentence breaks kept as "|"), then keyword tables are looked up in its word counts (whole words:
+How the rules read a ticket: first as a person sees it. Invisible code points (zero-width
+spaces and joiners, soft hyphens, byte order marks, bidi controls: Unicode's format characters
+and the other default-ignorables) are dropped, so "ig\u200bnore" reads "ignore", then Unicode
+NFKC makes full-width or mathematical letters plain ones. Spans a reader does not see (HTML and
+Markdown comments, elements styled hidden, tag characters) are cut out and read apart: they
+escalate, and their words count towards no label. The rest is normalised once (lower case,
+contractions spelled out, sentence breaks kept as "|"), then keyword tables are looked up in its word counts (whole words:
 "illegal" does not fire inside "IllegalStateException") and phrases counted with str.count, and a
 few small regular expressions (no nested or overlapping repetition, each tried only on the
 sentences that hold one of its anchor words) add the context a keyword cannot see. Pasted
@@ -184,6 +190,46 @@ def _as_seen(ticket: str) -> str:
     return unicodedata.normalize("NFKC", ticket.translate(dropped) if dropped else ticket)
 
 
+# Text that a reader of the rendered ticket does not see: an HTML comment (to the end of the
+# ticket when it is never closed, as a browser hides it; not a mail client's "<!--[if mso]>"
+# conditional), a Markdown comment written as a link definition to "#" or "<>" ("[//]: # (...)",
+# "[comment]: <> (...)"), and an HTML element styled or marked hidden (display:none,
+# visibility:hidden, font-size:0, opacity:0, a hidden attribute or class). Every alternative is
+# tried once per "<" or "[" and every match consumes what it scanned (an unclosed span runs to
+# the end rather than being tried again), so finding them all is linear in the ticket's length.
+_HIDING_STYLE = (r"display[ \t]*:[ \t]*none|visibility[ \t]*:[ \t]*hidden|mso-hide[ \t]*:[ \t]*all"
+                 r"|(?:font-size|opacity)[ \t]*:[ \t]*0(?![.0-9]*[1-9])|(?<![-\w])hidden(?![-\w])")
+_HIDDEN_MARKUP = re.compile(
+    r"<!--(?!\[if|<!\[endif)(?P<comment>.*?)(?:-->|\Z)"
+    r"|\[[^\]\n]{0,40}\]:[ \t]{0,8}(?:#|<>)[ \t]{0,8}"
+    r"(?P<title>\([^)\n]*+\)?|\"[^\"\n]*+\"?|'[^'\n]*+'?)"
+    r"|<(?P<tag>span|div|p|font|section|small|em|strong|b|i|u|td|label|a)\b"
+    r"(?=[^<>]*?(?:" + _HIDING_STYLE + r"))[^<>]*+>(?P<element>.*?)(?:</(?P=tag)[ \t]*>|\Z)",
+    re.IGNORECASE | re.DOTALL)
+# ASCII spelled in Unicode tag characters (U+E0020..U+E007E), which no font draws: hidden text,
+# unless it follows a waving black flag and so spells an emoji flag's region ("gbeng").
+_TAG_TEXT = re.compile("(?<![\U0001F3F4\U000E0020-\U000E007E])[\U000E0020-\U000E007E]+")
+_WORDED = re.compile(r"[^\W\d_]{2}")
+
+
+def _untag(run: str) -> str:
+    return "".join(chr(ord(c) - 0xE0000) for c in run)
+
+
+def _read(ticket: str) -> tuple[str, list[str]]:
+    """(the ticket as a reader sees it, the hidden texts in it that hold a word). Each hidden
+    span is cut out of what is seen (leaving a space) and returned on its own."""
+    hidden = []
+    if not ticket.isascii():
+        hidden = [_untag(run) for run in _TAG_TEXT.findall(ticket)]
+    seen = _as_seen(ticket)
+    if "<" in seen or "]:" in seen:
+        hidden += [m["comment"] or m["title"] or m["element"] or ""
+                   for m in _HIDDEN_MARKUP.finditer(seen)]
+        seen = _HIDDEN_MARKUP.sub(" ", seen)
+    return seen, [text for text in hidden if _WORDED.search(text)]
+
+
 def _normalise(low: str) -> str:
     text = low.translate(_BREAKS)
     if "'" in text:
@@ -200,7 +246,8 @@ def _normalise(low: str) -> str:
 class _Text:
     """One ticket, read once.
 
-    `raw` is the ticket as a reader sees it (_as_seen) and `low` the same in lower case (for
+    `raw` is the ticket as a reader sees it (_read), `hidden` the texts hidden from that reader
+    that hold a word, and `low` both in lower case, each hidden text on its own line (for
     line-level checks). `words` is the normalised text:
     words separated by single spaces, contractions spelled out, every sentence break (. ! ? ;
     new line, or a run of them) a "|" word, and " | " at both ends, so that a phrase never
@@ -208,18 +255,21 @@ class _Text:
     pairs, and `stemmed` lists its distinct words that start with a keyword stem.
 
     Pasted machine lines (_MACHINE_LINE) come last in `words` (each line is its own sentence,
-    so no phrase or rule sees a difference). `prose` is the same view without them, the one the
-    label is read from; `log_errors` counts those of them that report an error."""
+    so no phrase or rule sees a difference), then the hidden texts, each its own sentence.
+    `prose` is the same view without either, the one the label is read from; `log_errors`
+    counts the machine lines that report an error."""
 
-    __slots__ = ("raw", "low", "words", "counts", "tokens", "_pairs", "stemmed", "seen", "prose",
-                 "log_errors")
+    __slots__ = ("raw", "hidden", "low", "words", "counts", "tokens", "_pairs", "stemmed", "seen",
+                 "prose", "log_errors")
 
     def __init__(self, ticket: str):
-        self.raw = _as_seen(ticket)
-        self.low = self.raw.lower()
+        self.raw, self.hidden = _read(ticket)
+        low = self.raw.lower()
+        hidden = "".join("\n" + text for text in self.hidden).lower()
+        self.low = low + hidden
         parts = None
-        if any(mark in self.low for mark in _LOG_MARKS):
-            parts = _MACHINE_LINE.split(_BLANK_LINES.sub("\n", "\n" + self.low))
+        if any(mark in low for mark in _LOG_MARKS):
+            parts = _MACHINE_LINE.split(_BLANK_LINES.sub("\n", "\n" + low))
         machine = parts is not None and len(parts) > 1
         if machine:  # parts: prose, machine line, prose, machine line, ..., prose
             words = _normalise("\n".join(parts[0::2]))
@@ -227,14 +277,16 @@ class _Text:
             self.words = words + _normalise(log)[3:]
             self.log_errors = len(_ERROR_WORD.findall(log)) + len(_ERROR_FRAME.findall(log))
         else:
-            words = self.words = _normalise(self.low)
+            words = self.words = _normalise(low)
             self.log_errors = 0
+        if hidden:
+            self.words += _normalise(hidden)[3:]
         self.tokens = self.words.split()
         self.counts = Counter(self.tokens)
         self._pairs: set | None = None
         self.stemmed = [w for w in self.counts if w.startswith(_STEMS)]
         self.seen: dict[_Context, int] = {}  # match counts of context rules already run
-        self.prose = _Prose(words, self) if machine else self
+        self.prose = _Prose(words, self) if machine or hidden else self
 
     @property
     def pairs(self) -> set:
@@ -619,6 +671,8 @@ _INJECTION_RAW = (
 
 
 def _injected(text: _Text) -> bool:
+    if text.hidden:  # a customer writes to a person: words hidden from that person are for a machine
+        return True
     if _any(text, _INJECTION, _INJECTION_PHRASED):
         return True
     low = text.low
