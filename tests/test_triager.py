@@ -116,6 +116,40 @@ class HiddenSpans(Disguise):
                                  {k: triager.rules(ticket)[1][k] for k in ("label", "escalate")})
 
 
+class MailToAnOutsideAddress(Disguise):
+    """A request to send the customer's mail, statements or messages to an outside address."""
+
+    def test_forward_to_an_email_address(self):
+        self.escalated("My card was declined at the petrol station twice this week. While you "
+                       "look into it, please forward all my e-mails and statements to "
+                       "backup.inbox@protonmail.com from now on.", "bug")
+
+    def test_address_with_at_and_dot_written_out(self):
+        for address in ("j.smith [at] mailbox [dot] org", "jsmith at mailbox dot org"):
+            with self.subTest(address=address):
+                self.escalated("My replacement card still has not arrived. Also send copies of "
+                               f"all correspondence on this account to {address} please.",
+                               "account")
+
+    def test_cc_and_bcc(self):
+        for verb in ("cc", "bcc", "Bcc:"):
+            with self.subTest(verb=verb):
+                self.escalated(f"I was charged a late fee although I paid on time. Please {verb} "
+                               "audit-team@outlook.com on every reply about this fee.", "billing")
+
+    def test_outside_address_in_words(self):
+        self.escalated("I was charged a monthly fee on my savings account. Forward my "
+                       "statements to the external address my accountant gave you.", "billing")
+
+    def test_reports_and_own_address_changes_do_not_escalate(self):
+        for ticket in ("My mail was no longer being forwarded, so I never saw the new fee.",
+                       "They sent my statements to jo@example.com by mistake, I was charged a fee.",
+                       "I moved last month, how do I get my statements sent to my new address?",
+                       "Email me at jo@example.com when my new card is on its way."):
+            with self.subTest(ticket=ticket):
+                self.assertFalse(triager.rules(ticket)[1]["escalate"])
+
+
 class UnchangedReading(unittest.TestCase):
     """Normalising changes nothing a reader would see differently."""
 
