@@ -49,7 +49,8 @@ few small regular expressions (no nested or overlapping repetition, each tried o
 sentences that hold one of its anchor words) add the context a keyword cannot see. Pasted
 machine lines (log lines, stack frames, exceptions) are set apart: every line that reports an
 error counts towards bug, and their other words towards no label. Every step is linear in the
-ticket's length: a 10 KB ticket takes a few milliseconds, 400 KB well under 100 ms.
+ticket's length: a 10 KB ticket takes a few milliseconds, 400 KB of prose well under 100 ms
+(text built to trip one rule at every word takes a little longer, still in proportion).
 """
 
 from __future__ import annotations
@@ -209,18 +210,21 @@ def _as_seen(ticket: str) -> str:
 # ticket when it is never closed, as a browser hides it; not a mail client's "<!--[if mso]>"
 # conditional), a Markdown comment written as a link definition to "#" or "<>" ("[//]: # (...)",
 # "[comment]: <> (...)"), and an HTML element styled or marked hidden (display:none,
-# visibility:hidden, font-size:0, opacity:0, a hidden attribute or class). Every alternative is
-# tried once per "<" or "[" and every match consumes what it scanned (an unclosed span runs to
-# the end rather than being tried again), so finding them all is linear in the ticket's length.
+# visibility:hidden, font-size:0, opacity:0, a hidden attribute or class). Each pattern is tried
+# only when the ticket holds its marker, once per "<" or "[", and every match consumes what it
+# scanned (an unclosed span runs to the end rather than being tried again), so finding them all
+# is linear in the ticket's length. The group "text" is what the span hides.
 _HIDING_STYLE = (r"display[ \t]*:[ \t]*none|visibility[ \t]*:[ \t]*hidden|mso-hide[ \t]*:[ \t]*all"
                  r"|(?:font-size|opacity)[ \t]*:[ \t]*0(?![.0-9]*[1-9])|(?<![-\w])hidden(?![-\w])")
-_HIDDEN_MARKUP = re.compile(
-    r"<!--(?!\[if|<!\[endif)(?P<comment>.*?)(?:-->|\Z)"
-    r"|\[[^\]\n]{0,40}\]:[ \t]{0,8}(?:#|<>)[ \t]{0,8}"
-    r"(?P<title>\([^)\n]*+\)?|\"[^\"\n]*+\"?|'[^'\n]*+'?)"
-    r"|<(?P<tag>span|div|p|font|section|small|em|strong|b|i|u|td|label|a)\b"
-    r"(?=[^<>]*?(?:" + _HIDING_STYLE + r"))[^<>]*+>(?P<element>.*?)(?:</(?P=tag)[ \t]*>|\Z)",
-    re.IGNORECASE | re.DOTALL)
+_HIDDEN_MARKUP = (
+    (("<!--",), re.compile(r"<!--(?!\[if|<!\[endif)(?P<text>.*?)(?:-->|\Z)", re.DOTALL)),
+    (("]:",), re.compile(r"\[[^\]\n]{0,40}\]:[ \t]{0,8}(?:#|<>)[ \t]{0,8}"
+                         r"(?P<text>\([^)\n]*+\)?|\"[^\"\n]*+\"?|'[^'\n]*+'?)")),
+    (("display", "visibility", "mso-hide", "font-size", "opacity", "hidden"),
+     re.compile(r"<(?P<tag>span|div|p|font|section|small|em|strong|b|i|u|td|label|a)\b"
+                r"(?=[^<>]*?(?:" + _HIDING_STYLE + r"))[^<>]*+>(?P<text>.*?)(?:</(?P=tag)[ \t]*>|\Z)",
+                re.IGNORECASE | re.DOTALL)),
+)
 # ASCII spelled in Unicode tag characters (U+E0020..U+E007E), which no font draws: hidden text,
 # unless it follows a waving black flag and so spells an emoji flag's region ("gbeng").
 _TAG_TEXT = re.compile("(?<![\U0001F3F4\U000E0020-\U000E007E])[\U000E0020-\U000E007E]+")
@@ -238,10 +242,11 @@ def _read(ticket: str) -> tuple[str, list[str]]:
     if not ticket.isascii():
         hidden = [_untag(run) for run in _TAG_TEXT.findall(ticket)]
     seen = _as_seen(ticket)
-    if "<" in seen or "]:" in seen:
-        hidden += [m["comment"] or m["title"] or m["element"] or ""
-                   for m in _HIDDEN_MARKUP.finditer(seen)]
-        seen = _HIDDEN_MARKUP.sub(" ", seen)
+    low = seen.lower()
+    for markers, regex in _HIDDEN_MARKUP:
+        if any(marker in low for marker in markers):
+            hidden += [match["text"] for match in regex.finditer(seen)]
+            seen = regex.sub(" ", seen)
     return seen, [text for text in hidden if _WORDED.search(text)]
 
 
@@ -667,6 +672,7 @@ _OUTSIDE = (r"(?:@|(?:[a-z0-9-]++ at [a-z0-9-]++(?: dot [a-z0-9-]++)+"
             r"|(?:an? |the |this |that )?(?:outside|external|third party|following)"
             r" (?:e mail |email |mail |mailing |postal )?address(?:es)?"
             r"|(?:the |this |that )?(?:e mail |email |mail |mailing |postal )?address(?:es)? below)\b)")
+_OUTSIDE_WORDS = ("@", "dot", "address", "addresses")  # one of them is in every _OUTSIDE
 _FORWARD = _Context(
     ("forward", "forwarding", "redirect", "relay", "copy", "cc", "bcc", "send", "email", "mail",
      "share", "export", "include"),
@@ -718,6 +724,10 @@ def _injected(text: _Text) -> bool:
                for markers, regex in _INJECTION_RAW)
 
 
+def _mail_sent_out(text: _Text) -> bool:
+    return any(word in text.counts for word in _OUTSIDE_WORDS) and _FORWARD.found(text)
+
+
 def _legal(text: _Text) -> bool:
     return _any(text, _LEGAL, _COMPLAINT_FILED) or any(m in text.low for m in _LEGAL_MARKS)
 
@@ -729,7 +739,7 @@ _TRIGGERS = (
     ("legal", _legal),
     ("closure or deletion", lambda t: _CLOSE.found(t)),
     ("instructions in the ticket", _injected),
-    ("correspondence to an outside address", lambda t: _FORWARD.found(t)),
+    ("correspondence to an outside address", _mail_sent_out),
 )
 
 
