@@ -37,20 +37,21 @@ ticket that instructs or asks us to issue a refund ("refund the fee", "please is
 the broker refuses it (permissions are enforced outside the model). A ticket that only reports a
 refund ("they will not refund the fee", "can I get a refund?") escalates but does not reach.
 
-How the rules read a ticket: first as a person sees it. Invisible code points (zero-width
-spaces and joiners, soft hyphens, byte order marks, bidi controls: Unicode's format characters
-and the other default-ignorables) are dropped, so "ig\u200bnore" reads "ignore", then Unicode
-NFKC makes full-width or mathematical letters plain ones. Spans a reader does not see (HTML and
-Markdown comments, elements styled hidden, tag characters) are cut out and read apart: they
-escalate, and their words count towards no label. The rest is normalised once (lower case,
-an e-mail address one "@" word, contractions spelled out, sentence breaks kept as "|"), then keyword tables are looked up in its word counts (whole words:
-"illegal" does not fire inside "IllegalStateException") and phrases counted with str.count, and a
-few small regular expressions (no nested or overlapping repetition, each tried only on the
-sentences that hold one of its anchor words) add the context a keyword cannot see. Pasted
-machine lines (log lines, stack frames, exceptions) are set apart: every line that reports an
-error counts towards bug, and their other words towards no label. Every step is linear in the
-ticket's length: a 10 KB ticket takes a few milliseconds, 400 KB of prose well under 100 ms
-(text built to trip one rule at every word takes a little longer, still in proportion).
+How the rules read a ticket: first as a person sees it. Invisible code points (zero-width spaces
+and joiners, soft hyphens, byte order marks, bidi controls: Unicode's format characters and the
+other default-ignorables) are dropped, so "ig", a zero-width space and "nore" read "ignore"; then
+Unicode NFKC makes full-width or mathematical letters plain ones. Spans a reader does not see (HTML
+and Markdown comments, elements styled hidden, tag characters) are cut out and read apart: they
+escalate, and their words count towards no label. The rest is normalised once (lower case, an
+e-mail address one "@" word, contractions spelled out, sentence breaks kept as "|"), then keyword
+tables are looked up in its word counts (whole words: "illegal" does not fire inside
+"IllegalStateException") and phrases counted with str.count, and a few small regular expressions
+(no nested or overlapping repetition, each tried only on the sentences that hold one of its anchor
+words) add the context a keyword cannot see. Pasted machine lines (log lines, stack frames,
+exceptions) are set apart: every line that reports an error counts towards bug, and their other
+words towards no label. Every step is linear in the ticket's length: a 10 KB ticket takes a few
+milliseconds, 400 KB of prose well under 100 ms (text built to trip one rule at every word takes a
+little longer, still in proportion).
 """
 
 from __future__ import annotations
@@ -196,10 +197,10 @@ def _invisible(char: str) -> bool:
 
 
 def _as_seen(ticket: str) -> str:
-    """The ticket as a reader sees it: invisible code points dropped ("ig\u200bnore" reads
-    "ignore"), then Unicode NFKC (full-width, mathematical and ligature letters become plain
-    ones, every kind of space a space). An ASCII ticket is returned as it is. Linear: one look
-    at each distinct character, one translate, one normalisation."""
+    """The ticket as a reader sees it: invisible code points dropped ("ig", a zero-width space and
+    "nore" read "ignore"), then Unicode NFKC (full-width, mathematical and ligature letters become
+    plain ones, every kind of space a space). An ASCII ticket is returned as it is. Linear: one
+    look at each distinct character, one translate, one normalisation."""
     if ticket.isascii():
         return ticket
     dropped = dict.fromkeys(ord(c) for c in set(ticket) if _invisible(c))
@@ -222,8 +223,8 @@ _HIDDEN_MARKUP = (
                          r"(?P<text>\([^)\n]*+\)?|\"[^\"\n]*+\"?|'[^'\n]*+'?)")),
     (("display", "visibility", "mso-hide", "font-size", "opacity", "hidden"),
      re.compile(r"<(?P<tag>span|div|p|font|section|small|em|strong|b|i|u|td|label|a)\b"
-                r"(?=[^<>]*?(?:" + _HIDING_STYLE + r"))[^<>]*+>(?P<text>.*?)(?:</(?P=tag)[ \t]*>|\Z)",
-                re.IGNORECASE | re.DOTALL)),
+                r"(?=[^<>]*?(?:" + _HIDING_STYLE + r"))[^<>]*+>"
+                r"(?P<text>.*?)(?:</(?P=tag)[ \t]*>|\Z)", re.IGNORECASE | re.DOTALL)),
 )
 # ASCII spelled in Unicode tag characters (U+E0020..U+E007E), which no font draws: hidden text,
 # unless it follows a waving black flag and so spells an emoji flag's region ("gbeng").
@@ -671,7 +672,8 @@ _PAPERS = (r"(?:correspondence|statements?|e mails?|emails?|mails?|messages?|let
 _OUTSIDE = (r"(?:@|(?:[a-z0-9-]++ at [a-z0-9-]++(?: dot [a-z0-9-]++)+"
             r"|(?:an? |the |this |that )?(?:outside|external|third party|following)"
             r" (?:e mail |email |mail |mailing |postal )?address(?:es)?"
-            r"|(?:the |this |that )?(?:e mail |email |mail |mailing |postal )?address(?:es)? below)\b)")
+            r"|(?:the |this |that )?(?:e mail |email |mail |mailing |postal )?address(?:es)?"
+            r" below)\b)")
 _OUTSIDE_WORDS = ("@", "dot", "address", "addresses")  # one of them is in every _OUTSIDE
 _FORWARD = _Context(
     ("forward", "forwarding", "redirect", "relay", "copy", "cc", "bcc", "send", "email", "mail",
@@ -715,7 +717,8 @@ _INJECTION_RAW = (
 
 
 def _injected(text: _Text) -> bool:
-    if text.hidden:  # a customer writes to a person: words hidden from that person are for a machine
+    # a customer writes to a person: words hidden from that person are written for a machine
+    if text.hidden:
         return True
     if _any(text, _INJECTION, _INJECTION_PHRASED):
         return True

@@ -14,6 +14,12 @@ from agents import triager
 HANDED_OVER = triager.draft_for("other", True)
 
 
+def verdict(ticket: str) -> dict:
+    """The label and escalation the rules give a ticket."""
+    output = triager.rules(ticket)[1]
+    return {"label": output["label"], "escalate": output["escalate"]}
+
+
 class Disguise(unittest.TestCase):
     """Helpers: assert that a disguised instruction is seen and the ticket escalated."""
 
@@ -108,12 +114,11 @@ class HiddenSpans(Disguise):
     def test_visible_markup_and_flags_are_no_instruction(self):
         for ticket in ("My card was declined <!--[if mso]><b>x</b><![endif]--> at the shop.",
                        "My card was declined at the shop <!-- --> today.",
-                       "My card \U0001F3F4" + tagged("gbeng") + "\U000E007F was declined at the shop.",
+                       "My card \U0001F3F4" + tagged("gbeng") + "\U000E007F was declined.",
                        'My card <i aria-hidden="true">icon</i> was declined at the shop.'):
             with self.subTest(ticket=ticket):
                 self.assertFalse(triager.is_injection(ticket))
-                self.assertEqual({"label": "bug", "escalate": False},
-                                 {k: triager.rules(ticket)[1][k] for k in ("label", "escalate")})
+                self.assertEqual({"label": "bug", "escalate": False}, verdict(ticket))
 
 
 class MailToAnOutsideAddress(Disguise):
@@ -147,15 +152,15 @@ class MailToAnOutsideAddress(Disguise):
                        "I moved last month, how do I get my statements sent to my new address?",
                        "Email me at jo@example.com when my new card is on its way."):
             with self.subTest(ticket=ticket):
-                self.assertFalse(triager.rules(ticket)[1]["escalate"])
+                self.assertFalse(verdict(ticket)["escalate"])
 
 
 class UnchangedReading(unittest.TestCase):
     """Normalising changes nothing a reader would see differently."""
 
-    def test_accents_and_emoji_are_kept(self):
-        calls, output = triager.rules("How do I order a new card for my caf\u00e9 \U0001F642?")
-        self.assertEqual({"label": "account", "escalate": False}, {k: output[k] for k in ("label", "escalate")})
+    def test_accents_and_emoji_are_no_disguise(self):
+        ticket = "How do I order a new card for my caf\u00e9 \U0001F642?"
+        self.assertEqual({"label": "account", "escalate": False}, verdict(ticket))
 
     def test_plain_ticket_reads_the_same(self):
         plain = "I was charged twice for the same coffee."
