@@ -72,7 +72,10 @@ USER_AGENT = "agent-factory-llm/1"
 MAX_RETRIES = 2
 RETRY_STATUSES = frozenset({408, 409, 429})           # and every status >= 500 (covers 504, 529)
 MAX_RETRY_AFTER_S = 60.0
-NO_RETRY_CODES = frozenset({"enforced_spend_limit_reached", "insufficient_quota"})
+# 429s that waiting does not cure: Anthropic's spend caps (the org's enforced monthly cap and a
+# contract's cap, in error.details.error_code; https://platform.claude.com/docs/en/api/errors.md)
+# and OpenAI's quota (https://developers.openai.com/docs/guides/error-codes).
+NO_RETRY_CODES = frozenset({"enforced_spend_limit_reached", "contract_spend_limit_reached", "insufficient_quota"})
 RECORDED_HEADERS = ("request-id", "x-request-id")     # plus every x-sageroute-* header
 EMPTY_SCHEMA = MappingProxyType({"type": "object", "properties": {}})
 _KEYLIKE = re.compile(r"\b(?:sk|lv|key|tok)[-_][A-Za-z0-9_\-*.]{6,}")

@@ -195,12 +195,14 @@ class RetryTest(ServerTest):
                 self.assertEqual((caught.exception.status, len(fake.requests), self.waits), (status, 1, []))
 
     def test_spend_limit_429_is_not_retried(self):
-        body = {"type": "error", "error": {"type": "rate_limit_error", "message": "cap",
-                                           "details": {"error_code": "enforced_spend_limit_reached"}}}
-        fake = self.server(Answer(429, body, {"retry-after": "0.01"}))
-        with self.assertRaises(llm.HTTPStatus):
-            self.worker(self.anthropic_env(fake)).complete(TASK, [])
-        self.assertEqual(len(fake.requests), 1)
+        for code in ("enforced_spend_limit_reached", "contract_spend_limit_reached"):
+            with self.subTest(code=code):
+                body = {"type": "error", "error": {"type": "rate_limit_error", "message": "cap",
+                                                   "details": {"error_code": code}}}
+                fake = self.server(Answer(429, body, {"retry-after": "0.01"}))
+                with self.assertRaises(llm.HTTPStatus):
+                    self.worker(self.anthropic_env(fake)).complete(TASK, [])
+                self.assertEqual(len(fake.requests), 1)
 
     def test_refused_connection_is_retried_then_gives_up(self):
         dead = FakeServer()
