@@ -40,6 +40,7 @@ https://docs.ollama.com/api/openai-compatibility, https://platform.claude.com/do
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import http.client
 import json
 import math
@@ -51,7 +52,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 # §0 and §1.7: claude-sonnet-4-5 retires 2026-11-30 and kimi-k2.5 is end-of-life; these are current.
 # https://platform.claude.com/docs/zh-CN/models/sonnet-5-5/overview
@@ -78,6 +79,21 @@ MAX_RETRY_AFTER_S = 60.0
 NO_RETRY_CODES = frozenset({"enforced_spend_limit_reached", "contract_spend_limit_reached", "insufficient_quota"})
 RECORDED_HEADERS = ("request-id", "x-request-id")     # plus every x-sageroute-* header
 EMPTY_SCHEMA = MappingProxyType({"type": "object", "properties": {}})
+
+# Why a model stopped, normalised across vendors; unknown or missing values are "other".
+STOP_REASONS = ("end", "tool_use", "length", "refusal", "other")
+ACTING_STOPS = frozenset({"end", "tool_use"})
+# https://platform.claude.com/docs/en/api/handling-stop-reasons.md (anthropic-sdk-python types/stop_reason.py)
+ANTHROPIC_STOPS = MappingProxyType({
+    "end_turn": "end", "stop_sequence": "end", "tool_use": "tool_use", "max_tokens": "length",
+    "model_context_window_exceeded": "length", "refusal": "refusal", "pause_turn": "other",
+})
+# finish_reason in openai/openai-python@e43b422 src/openai/types/chat/chat_completion.py
+# (function_call is the deprecated single-function form)
+OPENAI_STOPS = MappingProxyType({
+    "stop": "end", "tool_calls": "tool_use", "function_call": "tool_use", "length": "length",
+    "content_filter": "refusal",
+})
 _KEYLIKE = re.compile(r"\b(?:sk|lv|key|tok)[-_][A-Za-z0-9_\-*.]{6,}")
 
 
@@ -106,7 +122,13 @@ class Reply:
     latency_ms: float                # the HTTP exchange that answered (not earlier retries)
     headers: dict = field(default_factory=dict)   # request-id / x-request-id / x-sageroute-*; never auth
     attempts: tuple[dict, ...] = ()  # failures before this reply: {"model","backend","error","retry_in_s"[,"headers"]}
-    stop_reason: str = ""            # end_turn/tool_use/max_tokens/stop/tool_calls/length/...
+    stop_reason: str = ""            # normalised: one of STOP_REASONS ('' = not recorded)
+    raw_stop_reason: str = ""        # as the vendor sent it (Anthropic stop_reason, OpenAI finish_reason)
+
+    @property
+    def acts(self) -> bool:
+        """True when the turn ended normally or to use tools; a cut-off or odd turn must not act."""
+        return self.stop_reason in ACTING_STOPS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,10 +201,12 @@ class RefusedRedirect(LLMError):
 
 
 class Declined(LLMError):
-    """The model declined (stop_reason refusal / finish_reason content_filter); try another model."""
+    """The model declined (Anthropic stop_reason refusal, OpenAI finish_reason content_filter or a
+    `refusal` text in the message); try another model. `detail` is the refusal text, if any."""
 
-    def __init__(self, stop_reason: str):
-        super().__init__(f"model declined: {stop_reason}")
+    def __init__(self, stop_reason: str, detail: str = ""):
+        kind = f"model declined: {stop_reason}"
+        super().__init__(f"{kind}: {redact(detail)}" if detail.strip() else kind, kind)
 
 
 def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
@@ -454,13 +478,27 @@ def _anthropic_assistant(m: dict) -> dict:
     return {"role": "assistant", "content": blocks or m.get("content") or ""}
 
 
-def anthropic_reply(data: dict, names: Mapping[str, str]) -> tuple:
-    """(text, tool calls, usage, model, stop_reason) from a Messages response; skips unknown blocks."""
+class Parsed(NamedTuple):
+    """One 2xx model answer read from the wire, before pricing."""
+    text: str
+    calls: tuple
+    usage: dict
+    model: str           # the response's model field, '' when absent
+    raw_stop: str        # as sent
+    stop: str            # one of STOP_REASONS
+
+
+def anthropic_reply(data: dict, names: Mapping[str, str]) -> Parsed:
+    """A Messages response read; skips unknown blocks; raises Declined on stop_reason refusal."""
     if data.get("type") == "error":
         raise _body_error(data, 500)
     blocks = data["content"]
     if not isinstance(blocks, list):
         raise Malformed("content is not a list")
+    raw = data.get("stop_reason") or ""
+    stop = ANTHROPIC_STOPS.get(raw, "other")
+    if stop == "refusal":
+        raise Declined(raw)
     text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
     calls = tuple(ToolCall(b["id"], _factory_name(b["name"], names), _as_args(b.get("input")))
                   for b in blocks if b.get("type") == "tool_use")
@@ -468,7 +506,7 @@ def anthropic_reply(data: dict, names: Mapping[str, str]) -> tuple:
     prompt = sum(int(usage.get(k) or 0) for k in
                  ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
     tokens = {"input_tokens": prompt, "output_tokens": int(usage.get("output_tokens") or 0)}
-    return text, calls, tokens, data.get("model") or "", data.get("stop_reason") or ""
+    return Parsed(text, calls, tokens, data.get("model") or "", raw, stop)
 
 
 def openai_request(model: str, messages: list[dict], tools: list[dict], max_tokens: int) -> dict:
@@ -494,19 +532,49 @@ def _openai_message(m: dict) -> dict:
     return {"role": m["role"], "content": m["content"]}
 
 
-def openai_reply(data: dict, names: Mapping[str, str]) -> tuple:
-    """(text, tool calls, usage, model, finish_reason) from a chat completion (facts §3.2)."""
+def openai_reply(data: dict, names: Mapping[str, str]) -> Parsed:
+    """A chat completion read (openai-python types/chat/chat_completion.py); raises Declined on
+    finish_reason content_filter or a `refusal` text, Malformed on a non-function tool call."""
     if "error" in data and not data.get("choices"):
         raise _body_error(data, 502)       # OpenRouter reports late errors with HTTP 200
     choice = data["choices"][0]
     message = choice["message"]
-    calls = tuple(ToolCall(c["id"], _factory_name(c["function"]["name"], names),
-                           _as_args(c["function"].get("arguments")))
-                  for c in message.get("tool_calls") or ())
+    raw = choice.get("finish_reason") or ""
+    stop = OPENAI_STOPS.get(raw, "other")
+    refusal = message.get("refusal")
+    if stop == "refusal" or refusal:
+        raise Declined("refusal" if refusal else raw, str(refusal or ""))
     usage = data.get("usage") or {}
     tokens = {"input_tokens": int(usage.get("prompt_tokens") or 0),
               "output_tokens": int(usage.get("completion_tokens") or 0)}
-    return message.get("content") or "", calls, tokens, data.get("model") or "", choice.get("finish_reason") or ""
+    calls = _openai_calls(data, message, names)
+    return Parsed(message.get("content") or "", calls, tokens, data.get("model") or "", raw, stop)
+
+
+def _openai_calls(data: dict, message: dict, names: Mapping[str, str]) -> tuple[ToolCall, ...]:
+    """The message's function tool calls (or its deprecated single `function_call`) as ToolCalls."""
+    wire_calls = list(message.get("tool_calls") or ())
+    if not wire_calls and isinstance(message.get("function_call"), dict):
+        wire_calls = [{"type": "function", "function": message["function_call"]}]
+    calls = []
+    for index, call in enumerate(wire_calls):
+        kind = call.get("type") or "function"
+        if kind != "function":
+            raise Malformed(f"tool call {index} has type {kind!r}; only function tool calls are supported")
+        function = call["function"]
+        call_id = call.get("id") or stand_in_call_id(data, index, function)
+        calls.append(ToolCall(str(call_id), _factory_name(function["name"], names),
+                              _as_args(function.get("arguments"))))
+    return tuple(calls)
+
+
+def stand_in_call_id(data: dict, index: int, function: dict) -> str:
+    """An id for a tool call the server sent without one (some llama.cpp and LM Studio versions):
+    'local-' + 16 hex of a digest of the response id, its creation time, the call's position,
+    name and arguments, so the same reply gives the same ids and calls in one reply differ."""
+    seed = [data.get("id"), data.get("created"), index, function.get("name"), function.get("arguments")]
+    digest = hashlib.sha256(json.dumps(seed, sort_keys=True, default=str).encode()).hexdigest()
+    return f"local-{digest[:16]}"
 
 
 def _as_args(raw) -> dict:
@@ -669,9 +737,9 @@ class Offline:
             name, args = calls[turn]
             tool_calls, text, stop = (ToolCall(f"offline-{turn}", name, dict(args)),), "", "tool_use"
         else:
-            tool_calls, text, stop = (), json.dumps(output), "end_turn"
+            tool_calls, text, stop = (), json.dumps(output), "end"
         return Reply(text, tool_calls, {"input_tokens": 0, "output_tokens": 0}, 0.0, "offline", "offline",
-                     (time.monotonic() - start) * 1000, {}, (), stop)
+                     (time.monotonic() - start) * 1000, stop_reason=stop)
 
 
 _WIRES = MappingProxyType({
@@ -680,8 +748,8 @@ _WIRES = MappingProxyType({
 })
 
 
-def parse_reply(wire: str, data: dict, names: Mapping[str, str]) -> tuple:
-    """(text, calls, usage, model, stop) for a wire dialect; shape errors become Malformed."""
+def parse_reply(wire: str, data: dict, names: Mapping[str, str]) -> Parsed:
+    """A 2xx body read in its wire dialect; shape errors become Malformed, declines Declined."""
     try:
         return _WIRES[wire][1](data, names)
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as err:
@@ -796,11 +864,10 @@ class Worker:
         if route.backend == "moonshot" and route.model.startswith("kimi-k2.5"):
             body["thinking"] = {"type": "disabled"}   # K2.5 thinks by default (facts §3.5.1)
         data, headers, latency = self._post(route, model_id, body, attempts)
-        text, calls, usage, answered, stop = parse_reply(route.wire, data, tool_names(tools))
-        if stop in ("refusal", "content_filter"):
-            raise Declined(stop)
-        cost = reply_cost(route, model_id, answered, usage)
-        return Reply(text, calls, usage, cost, answered or route.model, route.backend, latency, headers, (), stop)
+        got = parse_reply(route.wire, data, tool_names(tools))
+        cost = reply_cost(route, model_id, got.model, got.usage)
+        return Reply(got.text, got.calls, got.usage, cost, got.model or route.model, route.backend, latency,
+                     headers, stop_reason=got.stop, raw_stop_reason=got.raw_stop)
 
     def _post(self, route: Route, model_id: str, body: dict, attempts: list[dict]) -> tuple[dict, dict, float]:
         """post_json with up to MAX_RETRIES retries; each retried failure is appended to attempts."""

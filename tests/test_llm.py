@@ -89,7 +89,7 @@ class AnthropicWireTest(ServerTest):
         data["content"].insert(0, {"type": "thinking", "thinking": "hmm"})
         fake = self.server(Answer(body=data))
         reply = self.worker(self.anthropic_env(fake)).complete(TASK, TOOLS)
-        self.assertEqual((reply.text, reply.stop_reason), ("done", "end_turn"))
+        self.assertEqual((reply.text, reply.stop_reason, reply.raw_stop_reason), ("done", "end", "end_turn"))
 
 
 class OpenAIWireTest(ServerTest):
@@ -144,6 +144,123 @@ class OpenAIWireTest(ServerTest):
             self.worker(env, primary="openrouter/moonshotai/kimi-k2.6").complete(TASK, [])
         self.assertEqual(caught.exception.status, 502)
         self.assertEqual(fake.requests[0]["body"]["model"], "moonshotai/kimi-k2.6")
+
+
+class StopReasonTest(ServerTest):
+    """Every reply says why the model stopped, as sent and normalised; only end and tool_use act."""
+
+    def anthropic_stop(self, raw, tool_uses=()):
+        fake = self.server(Answer(body=anthropic_message("partial", tool_uses, stop=raw)))
+        return self.worker(self.anthropic_env(fake)).complete(TASK, TOOLS)
+
+    def openai_stop(self, raw, tool_calls=()):
+        data = openai_completion("partial", tool_calls)
+        data["choices"][0]["finish_reason"] = raw
+        fake = self.server(Answer(body=data))
+        env = {"MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fake.url}
+        return self.worker(env, primary="kimi-k2.6").complete(TASK, TOOLS)
+
+    def test_anthropic_stop_reasons(self):
+        table = {"end_turn": "end", "stop_sequence": "end", "tool_use": "tool_use", "max_tokens": "length",
+                 "model_context_window_exceeded": "length", "pause_turn": "other", "something_new": "other"}
+        for raw, normal in table.items():
+            with self.subTest(raw=raw):
+                reply = self.anthropic_stop(raw, [("toolu_1", "issues__label", {"label": "bil"})])
+                self.assertEqual((reply.raw_stop_reason, reply.stop_reason), (raw, normal))
+                self.assertEqual(reply.acts, normal in ("end", "tool_use"))
+
+    def test_openai_finish_reasons(self):
+        table = {"stop": "end", "tool_calls": "tool_use", "function_call": "tool_use", "length": "length",
+                 "weird": "other", None: "other"}
+        for raw, normal in table.items():
+            with self.subTest(raw=raw):
+                reply = self.openai_stop(raw, [("c1", "issues__label", '{"label": "bil')])
+                self.assertEqual((reply.raw_stop_reason, reply.stop_reason), (raw or "", normal))
+                self.assertEqual(reply.acts, normal in ("end", "tool_use"))
+
+    def test_offline_rules_end_or_use_tools(self):
+        worker = self.worker({}, rules=rules, task_input="t")
+        turns = [worker.complete(TASK + [{"role": "assistant", "content": ""}] * k, TOOLS) for k in range(3)]
+        self.assertEqual([(r.stop_reason, r.acts) for r in turns], [("tool_use", True)] * 2 + [("end", True)])
+
+    def test_content_filter_moves_to_the_fallback(self):
+        data = openai_completion("")
+        data["choices"][0]["finish_reason"] = "content_filter"
+        primary = self.server(Answer(body=data))
+        fallback = self.server(Answer(body=anthropic_message("fine")))
+        env = self.anthropic_env(fallback, MOONSHOT_API_KEY=MOONSHOT_KEY, MOONSHOT_BASE_URL=primary.url)
+        reply = self.worker(env, primary="kimi-k2.6", fallback="claude-haiku-5-5").complete(TASK, [])
+        self.assertEqual((reply.text, reply.backend), ("fine", "anthropic"))
+        self.assertEqual(reply.attempts[0]["error"], "model declined: content_filter")
+
+    def test_openai_refusal_text_moves_to_the_fallback(self):
+        data = openai_completion(None)
+        data["choices"][0]["message"]["refusal"] = "I can't help with that request."
+        primary = self.server(Answer(body=data))
+        fallback = self.server(Answer(body=anthropic_message('{"label": "billing"}')))
+        env = self.anthropic_env(fallback, MOONSHOT_API_KEY=MOONSHOT_KEY, MOONSHOT_BASE_URL=primary.url)
+        reply = self.worker(env, primary="kimi-k2.6", fallback="claude-haiku-5-5").complete(TASK, [])
+        self.assertEqual((reply.text, reply.backend), ('{"label": "billing"}', "anthropic"))
+        self.assertEqual(reply.attempts[0]["error"], "model declined: refusal: I can't help with that request.")
+
+    def test_openai_refusal_without_fallback_goes_to_the_rules(self):
+        data = openai_completion(None)
+        data["choices"][0]["message"]["refusal"] = "No."
+        fake = self.server(Answer(body=data))
+        env = {"MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fake.url}
+        reply = self.worker(env, primary="kimi-k2.6", rules=rules, task_input="t").complete(TASK, TOOLS)
+        self.assertEqual(reply.backend, "offline-after-error: model declined: refusal")
+
+
+class ToolCallIdTest(ServerTest):
+    """OpenAI-style servers that send no tool-call id (some llama.cpp, LM Studio) get a stable one."""
+
+    def ask(self, data, **kw):
+        fake = self.server(Answer(body=data))
+        env = {"OPENAI_API_KEY": "local", "OPENAI_BASE_URL": fake.url + "/v1"}
+        return self.worker(env, primary="qwen2.5-coder", **kw).complete(TASK, TOOLS)
+
+    def idless(self):
+        data = openai_completion(None, [("x", "issues__label", '{"label": "billing"}'),
+                                        ("x", "issues__label", '{"label": "billing"}'),
+                                        ("x", "drafts__write", '{"text": "hi"}')])
+        for call in data["choices"][0]["message"]["tool_calls"]:
+            del call["id"]
+        return data
+
+    def test_missing_ids_are_made_up_stable_and_distinct(self):
+        first, again = self.ask(self.idless()), self.ask(self.idless())
+        ids = [c.id for c in first.tool_calls]
+        self.assertEqual(len(set(ids)), 3)
+        self.assertTrue(all(ids), ids)
+        self.assertEqual(ids, [c.id for c in again.tool_calls])
+        self.assertEqual([c.name for c in first.tool_calls], ["issues:label", "issues:label", "drafts:write"])
+        self.assertEqual(first.backend, "openai")
+
+    def test_made_up_ids_differ_between_replies(self):
+        other = self.idless()
+        other["id"] = "chatcmpl-2"
+        self.assertNotEqual(self.ask(self.idless()).tool_calls[0].id, self.ask(other).tool_calls[0].id)
+
+    def test_custom_tool_call_is_a_clear_malformed_error(self):
+        data = openai_completion(None)
+        data["choices"][0]["message"]["tool_calls"] = [
+            {"id": "c1", "type": "custom", "custom": {"name": "issues__label", "input": "billing"}}]
+        with self.assertRaises(llm.Malformed) as caught:
+            self.ask(data)
+        self.assertIn("'custom'", str(caught.exception))
+        reply = self.ask(data, rules=rules, task_input="t")
+        self.assertEqual(reply.backend, "offline-after-error: malformed response")
+        self.assertIn("tool call 0 has type 'custom'", reply.attempts[0]["error"])
+
+    def test_legacy_function_call_is_a_tool_call(self):
+        data = openai_completion(None)
+        data["choices"][0]["message"]["function_call"] = {"name": "issues__label", "arguments": '{"label": "x"}'}
+        data["choices"][0]["finish_reason"] = "function_call"
+        reply = self.ask(data)
+        self.assertEqual([(c.name, c.args) for c in reply.tool_calls], [("issues:label", {"label": "x"})])
+        self.assertTrue(reply.tool_calls[0].id)
+        self.assertEqual(reply.stop_reason, "tool_use")
 
 
 class RetryTest(ServerTest):
