@@ -588,6 +588,43 @@ def _as_args(raw) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# Model text
+
+
+def json_objects(text: str) -> list[dict]:
+    """Every JSON object written in text, in order (outer objects only).
+
+    A decode is tried at each '{' not inside an object already found, so prose braces before the
+    object ("Output format {label, draft}:"), code fences and notes after it do not hide it; the
+    caller takes the first one its output contract accepts. NaN, Infinity and numbers that
+    overflow to infinity are refused, and nesting too deep to decode is not an object."""
+    decoder = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+    found, at = [], text.find("{")
+    while at >= 0:
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            value, end = None, at + 1
+        if isinstance(value, dict):
+            found.append(value)
+        at = text.find("{", end)
+    return found
+
+
+def _refuse_constant(name: str):
+    """parse_constant hook: NaN and +-Infinity are not JSON."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """parse_float hook: a finite float, else ValueError (1e999 would be infinity)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
 # HTTP: one POST, errors mapped to the family above.
 
 

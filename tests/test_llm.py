@@ -263,6 +263,30 @@ class ToolCallIdTest(ServerTest):
         self.assertEqual(reply.stop_reason, "tool_use")
 
 
+class JsonObjectsTest(unittest.TestCase):
+    """json_objects finds every JSON object in model text, in order, so the caller can take the
+    first one its output contract accepts."""
+    REAL = {"label": "billing", "escalate": False, "draft": "We will look at the charge."}
+
+    def test_stray_brace_before_the_object(self):
+        text = "Output format {label, escalate, draft}:\n" + json.dumps(self.REAL)
+        self.assertEqual(llm.json_objects(text), [self.REAL])
+
+    def test_fenced_object_then_a_note_with_braces(self):
+        text = f"```json\n{json.dumps(self.REAL, indent=2)}\n```\nNote: fields use {{name}} and {{a: b}}."
+        self.assertEqual(llm.json_objects(text), [self.REAL])
+
+    def test_objects_in_order_without_their_inner_objects(self):
+        text = 'First {"example": {"inner": 1}} then {"label": "x", "note": "a } and a {"} end'
+        self.assertEqual(llm.json_objects(text), [{"example": {"inner": 1}}, {"label": "x", "note": "a } and a {"}])
+
+    def test_nothing_usable(self):
+        for text in ("", "no braces", "[1, 2]", "{unquoted: 1}", '{"p": NaN}', '{"p": -Infinity}',
+                     '{"p": 1e999}', '{"a": ' + "[" * 10_000, "{" * 5_000):
+            with self.subTest(text=text[:20]):
+                self.assertEqual(llm.json_objects(text), [])
+
+
 class RetryTest(ServerTest):
     def test_429_honours_retry_after_then_succeeds(self):
         fake = self.server(Answer(429, anthropic_error("rate_limit_error", "slow down"), {"retry-after": "0.01"}),
