@@ -267,17 +267,23 @@ SNAPSHOTS = MappingProxyType({
     "claude-opus-4-5-20251101": "claude-opus-4-5",
     "claude-opus-4-1-20250805": "claude-opus-4-1",
 })
+_DATED = re.compile(r"-(?:19|20)\d{6}$")
 _LOCAL = Price(0.0, 0.0, "self-hosted (facts §5)", "n/a")
 
 
 def price_row(model: str) -> Price | None:
-    """The Price for a model id (alias, dated snapshot, provider/ form, ollama/* = 0), or None."""
+    """The Price for a model id (alias, dated snapshot, provider/ form, ollama/* = 0), or None.
+
+    A dated id not in SNAPSHOTS ("claude-sonnet-5-5-20260928") takes its alias's row: Anthropic's
+    aliases point at their latest dated snapshot
+    (https://platform.claude.com/docs/en/about-claude/models/migration-guide)."""
     provider, _, rest = model.partition("/")
     if rest and provider == "ollama":
         return _LOCAL
     if rest and provider in ("anthropic", "moonshot"):
         model = rest
-    return PRICES.get(SNAPSHOTS.get(model, model))
+    model = SNAPSHOTS.get(model, model)
+    return PRICES.get(model) or PRICES.get(_DATED.sub("", model))
 
 
 def price(model: str) -> tuple[float, float] | None:
@@ -298,8 +304,20 @@ def estimate_cost(model: str, input_tokens: int, max_output_tokens: int) -> floa
 
 
 def cost_usd(model: str, usage: Mapping[str, int]) -> float | None:
-    """USD for a usage dict {"input_tokens","output_tokens"}; None = unknown price (not within any envelope)."""
-    return estimate_cost(model, int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0)))
+    """USD for a usage dict {"input_tokens","output_tokens"}; None = unknown (not within any envelope):
+    an unpriced model, or a priced one whose usage lacks either count. A free (local) model costs 0.0."""
+    row = price_row(model)
+    if row is not None and row.input == row.output == 0.0:
+        return 0.0
+    tokens_in, tokens_out = usage.get("input_tokens"), usage.get("output_tokens")
+    if not (_is_count(tokens_in) and _is_count(tokens_out)):
+        return None
+    return estimate_cost(model, tokens_in, tokens_out)
+
+
+def _is_count(value) -> bool:
+    """True for a non-negative int (a token count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def estimate_input_tokens(messages: list[dict], tools: list[dict]) -> int:
@@ -502,11 +520,17 @@ def anthropic_reply(data: dict, names: Mapping[str, str]) -> Parsed:
     text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
     calls = tuple(ToolCall(b["id"], _factory_name(b["name"], names), _as_args(b.get("input")))
                   for b in blocks if b.get("type") == "tool_use")
-    usage = data.get("usage") or {}
-    prompt = sum(int(usage.get(k) or 0) for k in
-                 ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
-    tokens = {"input_tokens": prompt, "output_tokens": int(usage.get("output_tokens") or 0)}
-    return Parsed(text, calls, tokens, data.get("model") or "", raw, stop)
+    return Parsed(text, calls, _anthropic_usage(data.get("usage")), data.get("model") or "", raw, stop)
+
+
+def _anthropic_usage(usage) -> dict:
+    """{"input_tokens" (cached included), "output_tokens"}, or {} when the reply did not report both."""
+    if not isinstance(usage, dict) or not (_is_count(usage.get("input_tokens"))
+                                           and _is_count(usage.get("output_tokens"))):
+        return {}
+    cached = sum(usage.get(k) if _is_count(usage.get(k)) else 0
+                 for k in ("cache_creation_input_tokens", "cache_read_input_tokens"))
+    return {"input_tokens": usage["input_tokens"] + cached, "output_tokens": usage["output_tokens"]}
 
 
 def openai_request(model: str, messages: list[dict], tools: list[dict], max_tokens: int) -> dict:
@@ -544,11 +568,18 @@ def openai_reply(data: dict, names: Mapping[str, str]) -> Parsed:
     refusal = message.get("refusal")
     if stop == "refusal" or refusal:
         raise Declined("refusal" if refusal else raw, str(refusal or ""))
-    usage = data.get("usage") or {}
-    tokens = {"input_tokens": int(usage.get("prompt_tokens") or 0),
-              "output_tokens": int(usage.get("completion_tokens") or 0)}
     calls = _openai_calls(data, message, names)
-    return Parsed(message.get("content") or "", calls, tokens, data.get("model") or "", raw, stop)
+    return Parsed(message.get("content") or "", calls, _openai_usage(data.get("usage")),
+                  data.get("model") or "", raw, stop)
+
+
+def _openai_usage(usage) -> dict:
+    """{"input_tokens": prompt_tokens (cached included), "output_tokens": completion_tokens}, or {}
+    when the reply did not report both."""
+    if not isinstance(usage, dict) or not (_is_count(usage.get("prompt_tokens"))
+                                           and _is_count(usage.get("completion_tokens"))):
+        return {}
+    return {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
 
 
 def _openai_calls(data: dict, message: dict, names: Mapping[str, str]) -> tuple[ToolCall, ...]:
@@ -794,11 +825,14 @@ def parse_reply(wire: str, data: dict, names: Mapping[str, str]) -> Parsed:
 
 
 def reply_cost(route: Route, model_id: str, answered: str, usage: dict) -> float | None:
-    """USD priced by the answering model; else the requested id (not for SageRoute, facts §2)."""
-    cost = cost_usd(answered, usage) if answered else None
-    if cost is None and route.backend != "sageroute":
-        cost = cost_usd(model_id, usage)
-    return cost
+    """USD for one reply, priced by the model that answered (the response's `model` field), never by
+    the one asked for when they differ; None = unknown. A reply that names no model is priced as
+    asked, except under SageRoute, whose proxy picks the model. Ollama is self-hosted: 0.0."""
+    if route.backend == "ollama":
+        return cost_usd(model_id, usage)
+    if answered:
+        return cost_usd(answered, usage)
+    return None if route.backend == "sageroute" else cost_usd(model_id, usage)
 
 
 def attempt_record(model_id: str, backend: str, error: LLMError, retry_in_s: float | None = None) -> dict:

@@ -508,6 +508,49 @@ class SageRouteTest(ServerTest):
         self.assertEqual(reply.attempts[0]["headers"]["x-sageroute-tier"], "strong")
 
 
+class ReplyCostTest(ServerTest):
+    """A call is priced by the model that answered, from the usage it reported; otherwise unknown."""
+
+    def anthropic_cost(self, data, primary="claude-sonnet-5-5"):
+        fake = self.server(Answer(body=data))
+        return self.worker(self.anthropic_env(fake), primary=primary).complete(TASK, [])
+
+    def test_no_usage_is_unknown_cost(self):
+        data = anthropic_message("ok")
+        del data["usage"]
+        reply = self.anthropic_cost(data)
+        self.assertEqual((reply.cost_usd, reply.usage), (None, {}))
+        half = anthropic_message("ok")
+        del half["usage"]["output_tokens"]
+        self.assertIsNone(self.anthropic_cost(half).cost_usd)
+
+    def test_openai_no_usage_is_unknown_cost(self):
+        data = openai_completion("ok")
+        del data["usage"]
+        fake = self.server(Answer(body=data))
+        env = {"MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fake.url}
+        reply = self.worker(env, primary="kimi-k2.6").complete(TASK, [])
+        self.assertEqual((reply.cost_usd, reply.usage), (None, {}))
+
+    def test_local_model_without_usage_costs_nothing(self):
+        data = openai_completion("hi", model="llama3.2")
+        del data["usage"]
+        fake = self.server(Answer(body=data))
+        reply = self.worker({"OPENAI_BASE_URL": fake.url}, primary="ollama/llama3.2").complete(TASK, [])
+        self.assertEqual(reply.cost_usd, 0.0)
+
+    def test_priced_by_the_model_that_answered(self):
+        unpriced = self.anthropic_cost(anthropic_message("ok", model="claude-mystery-9"))
+        self.assertEqual((unpriced.model, unpriced.cost_usd), ("claude-mystery-9", None))
+        other = self.anthropic_cost(anthropic_message("ok", model="claude-sonnet-4-5-20250929"), "claude-haiku-5-5")
+        self.assertAlmostEqual(other.cost_usd, (100 * 3.0 + 20 * 15.0) / 1e6)
+
+    def test_dated_snapshot_of_the_asked_alias_is_priced_as_the_alias(self):
+        reply = self.anthropic_cost(anthropic_message("ok", model="claude-sonnet-5-5-20260928"))
+        self.assertAlmostEqual(reply.cost_usd, (100 * 2.0 + 20 * 10.0) / 1e6)
+        self.assertEqual(llm.price("claude-haiku-4-5-20991231"), (1.0, 5.0))
+
+
 class RoutingTest(unittest.TestCase):
     def test_backend_rule(self):
         table = {"claude-sonnet-5-5": "anthropic", "kimi-k2.6": "moonshot", "moonshot-v1-8k": "moonshot",
