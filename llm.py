@@ -63,6 +63,8 @@ DEFAULT_FALLBACK = "claude-haiku-5-5"
 ANTHROPIC_VERSION = "2023-06-01"
 ANTHROPIC_BASE = "https://api.anthropic.com"
 OPENAI_BASE = "https://api.openai.com/v1"
+OPENAI_HOST = "api.openai.com"
+_O_SERIES = re.compile(r"o\d+(?:-|$)")                 # o1, o3-mini, o4-mini-high, ...
 MOONSHOT_BASE = "https://api.moonshot.ai/v1"          # https://platform.kimi.com/docs/api/overview
 OLLAMA_BASE = "http://localhost:11434/v1"             # https://docs.ollama.com/api/openai-compatibility
 OPENROUTER_BASE = "https://openrouter.ai/api/v1"      # https://openrouter.ai/docs/api/errors
@@ -338,6 +340,7 @@ class Route:
     model: str
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    token_field: str = "max_tokens"                         # the body field that caps output tokens
 
 
 def backend_for(model_id: str, env: Mapping[str, str]) -> str:
@@ -408,9 +411,26 @@ def _chat_route(backend: str, model: str, base: str, key: str, secret: bool = Tr
 
 
 def _openai_route(model: str, env: Mapping[str, str]) -> Route:
-    """OpenAI-compatible server at OPENAI_BASE_URL with OPENAI_API_KEY."""
+    """OpenAI-compatible server at OPENAI_BASE_URL with OPENAI_API_KEY; see openai_token_field."""
     key = _need(env, "OPENAI_API_KEY")
-    return _chat_route("openai", model, env.get("OPENAI_BASE_URL") or OPENAI_BASE, key)
+    route = _chat_route("openai", model, env.get("OPENAI_BASE_URL") or OPENAI_BASE, key)
+    return replace(route, token_field=openai_token_field(model, route.url))
+
+
+def openai_token_field(model: str, url: str) -> str:
+    """'max_completion_tokens' for OpenAI's own API and for o-series models wherever they are
+    served, else 'max_tokens'.
+
+    OpenAI deprecated `max_tokens` for `max_completion_tokens`, which o-series models require
+    (openai/openai-python@e43b422 src/openai/types/chat/completion_create_params.py). Moonshot,
+    Ollama, vLLM and llama.cpp accept `max_tokens` (https://platform.kimi.com/docs/api/overview,
+    https://docs.ollama.com/api/openai-compatibility,
+    https://docs.vllm.ai/en/v0.8.1/serving/openai_compatible_server.html); LM Studio and OpenRouter
+    are sent it too, as every other OpenAI-compatible server is, since older servers may not know
+    the newer field."""
+    if urllib.parse.urlsplit(url).hostname == OPENAI_HOST or _O_SERIES.match(model):
+        return "max_completion_tokens"
+    return "max_tokens"
 
 
 def _moonshot_route(model: str, env: Mapping[str, str]) -> Route:
@@ -932,6 +952,8 @@ class Worker:
         """One model's answer, retried per policy; raises LLMError."""
         route = route_for(model_id, self._env)
         body = _WIRES[route.wire][0](route.model, messages, tools, self._max_tokens)
+        if route.token_field != "max_tokens":
+            body[route.token_field] = body.pop("max_tokens")
         if route.backend == "moonshot" and route.model.startswith("kimi-k2.5"):
             body["thinking"] = {"type": "disabled"}   # K2.5 thinks by default (facts §3.5.1)
         data, headers, latency = self._post(route, model_id, body, attempts)

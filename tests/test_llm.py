@@ -137,6 +137,28 @@ class OpenAIWireTest(ServerTest):
         self.assertEqual(fake.requests[0]["body"]["model"], "llama3.2")
         self.assertNotIn(ANTHROPIC_KEY, json.dumps(fake.requests[0]["headers"]))
 
+    def test_token_limit_field_per_server(self):
+        fake = self.server(*[Answer(body=openai_completion("ok"))] * 5)
+        cases = [("o3-mini", {"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": fake.url}, "max_completion_tokens"),
+                 ("openai/o1", {"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": fake.url}, "max_completion_tokens"),
+                 ("qwen2.5-coder", {"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": fake.url}, "max_tokens"),
+                 ("kimi-k2.6", {"MOONSHOT_API_KEY": "k", "MOONSHOT_BASE_URL": fake.url}, "max_tokens"),
+                 ("ollama/llama3.2", {"OPENAI_BASE_URL": fake.url}, "max_tokens")]
+        for n, (model, env, field) in enumerate(cases):
+            with self.subTest(model=model):
+                self.worker(env, primary=model, max_tokens=321).complete(TASK, [])
+                body = fake.requests[n]["body"]
+                self.assertEqual(body.get(field), 321)
+                self.assertEqual({"max_tokens", "max_completion_tokens"} & set(body), {field})
+
+    def test_openai_platform_gets_max_completion_tokens(self):
+        env = {"OPENAI_API_KEY": "k", "OPENROUTER_API_KEY": "k"}
+        self.assertEqual(llm.route_for("gpt-4.1", env).token_field, "max_completion_tokens")
+        self.assertEqual(llm.route_for("gpt-4.1", {**env, "OPENAI_BASE_URL": "http://localhost:1234/v1"}).token_field,
+                         "max_tokens")
+        self.assertEqual(llm.route_for("openrouter/openai/o3", env).token_field, "max_tokens")
+        self.assertEqual(llm.route_for("claude-haiku-5-5", {"ANTHROPIC_API_KEY": "k"}).token_field, "max_tokens")
+
     def test_error_inside_a_200_body_is_an_error(self):
         fake = self.server(Answer(body={"error": {"code": 502, "message": "upstream died"}}))
         env = {"OPENROUTER_API_KEY": "sk-or-v1-abcdef123456", "OPENROUTER_BASE_URL": fake.url}
