@@ -811,15 +811,25 @@ def _body_error(data: dict, default_status: int) -> HTTPStatus:
 
 
 class Offline:
-    """Deterministic stand-in: rules(task_input) -> (calls, output); turn k < len(calls) makes call k."""
+    """Deterministic stand-in: rules(task_input) -> (calls, output); turn k < len(calls) makes call k.
+
+    The rules run once, at the first turn, and their plan is kept for the rest of the run: they are
+    a pure function of the task input, so re-running the whole triage at every step was waste."""
 
     def __init__(self, rules: Callable, task_input=None):
         self._rules, self._task_input = rules, task_input
+        self._plan: tuple | None = None
+
+    def plan(self) -> tuple:
+        """(calls, output) from the rules, computed on first use."""
+        if self._plan is None:
+            self._plan = self._rules(self._task_input)
+        return self._plan
 
     def complete(self, messages: list[dict], tools: list[dict] = ()) -> Reply:
         """Tool call `offline-<k>` on assistant turn k, then json.dumps(output) as text; no network."""
         start = time.monotonic()
-        calls, output = self._rules(self._task_input)
+        calls, output = self.plan()
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         if turn < len(calls):
             name, args = calls[turn]

@@ -2,6 +2,7 @@
 import json
 import time
 import unittest
+from dataclasses import replace
 
 import llm
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message, openai_completion
@@ -452,6 +453,20 @@ class KeylessTest(ServerTest):
         self.assertEqual([c.id for r in replies for c in r.tool_calls], ["offline-0", "offline-1"])
         self.assertEqual(json.loads(replies[2].text), {"label": "billing"})
         self.assertEqual(replies[0].usage, {"input_tokens": 0, "output_tokens": 0})
+
+    def test_rules_run_once_per_worker_with_the_same_replies(self):
+        seen = []
+
+        def counted(task_input):
+            seen.append(task_input)
+            return rules(task_input)
+
+        history = [TASK + [{"role": "assistant", "content": ""}] * k for k in range(4)]
+        worker = self.worker({}, rules=counted, task_input="t")
+        cached = [worker.complete(messages, TOOLS) for messages in history]
+        self.assertEqual(seen, ["t"])
+        fresh = [self.worker({}, rules=rules, task_input="t").complete(messages, TOOLS) for messages in history]
+        self.assertEqual([replace(r, latency_ms=0) for r in cached], [replace(r, latency_ms=0) for r in fresh])
 
     def test_no_key_and_no_rules_is_a_typed_error(self):
         with self.assertRaises(llm.NoKey) as caught:
