@@ -26,7 +26,10 @@ ids map to their alias row, ollama/* and offline cost 0.0, anything else is None
 output as max_tokens. Cached prompt tokens are billed at the full input rate (an upper bound).
 
 Worker order: card primary, then card fallback, then the offline rules. A model that failed (or has
-no key) is never asked again by that Worker. Keys are read only from the `env` mapping given to the
+no key) is never asked again by that Worker. Replies from the rules say why in their backend label:
+"offline" (no model had a key), "offline-after-error: <reason>" (every model failed), or
+"offline-<reason>" after `Worker.use_rules(reason)`, e.g. "offline-over-envelope" when the factory
+finds that the cost envelope cannot fit one model call. Keys are read only from the `env` mapping given to the
 Worker; this module never reads os.environ, keeps no module-level mutable state and does nothing on
 import. Tool names travel as `issues__label` on the wire (":" is not allowed there) and come back as
 `issues:label`.
@@ -96,6 +99,8 @@ OPENAI_STOPS = MappingProxyType({
     "stop": "end", "tool_calls": "tool_use", "function_call": "tool_use", "length": "length",
     "content_filter": "refusal",
 })
+OVER_ENVELOPE = "over-envelope"      # Worker.use_rules reason: the envelope cannot fit one model call
+_REASON_TAG = re.compile(r"[a-z]+(?:-[a-z]+)*")
 _KEYLIKE = re.compile(r"\b(?:sk|lv|key|tok)[-_][A-Za-z0-9_\-*.]{6,}")
 
 
@@ -898,13 +903,16 @@ class Worker:
         self._timeout, self._sleep, self._max_tokens = timeout, sleep, max_tokens
         self._rng = random.Random()
         self._dead: dict[str, LLMError] = {}   # model id -> why this Worker stopped asking it
+        self._rules_reason = ""                # set by use_rules: no model is asked again
 
     def backend_for(self, model_id: str) -> str:
         """Which backend model_id would use under this Worker's env."""
         return backend_for(model_id, self._env)
 
     def planned_backend(self) -> str:
-        """Backend of the next model with a key, or 'offline'."""
+        """Backend of the next model with a key, 'offline', or 'offline-<reason>' after use_rules."""
+        if self._rules_reason:
+            return f"offline-{self._rules_reason}"
         model_id = self._next_model()
         return "offline" if model_id == "offline" else self.backend_for(model_id)
 
@@ -929,8 +937,23 @@ class Worker:
         Under SageRoute the card's primary is priced, though the proxy may pick another tier."""
         return estimate_cost(self._next_model(), estimate_input_tokens(messages, tools), self._max_tokens)
 
+    def use_rules(self, reason: str) -> None:
+        """Answer with the agent's rules for the rest of this run; no model is asked again.
+
+        Every later reply's backend is 'offline-<reason>', never plain 'offline', so the trace says
+        why: the factory calls use_rules(OVER_ENVELOPE) when the cost envelope cannot fit one model
+        call. reason is a lowercase tag of words joined by '-'. Raises ValueError for another
+        reason shape, or when this Worker was built without rules."""
+        if not _REASON_TAG.fullmatch(reason):
+            raise ValueError(f"use_rules reason must be lowercase words joined by '-', not {reason!r}")
+        if self._offline is None:
+            raise ValueError("this Worker has no offline rules to answer with")
+        self._rules_reason = reason
+
     def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
         """One answer from the first live model, else offline rules; raises the last LLMError without rules."""
+        if self._rules_reason:
+            return replace(self._offline.complete(messages, tools), backend=f"offline-{self._rules_reason}")
         attempts: list[dict] = []
         for model_id in self._live():
             try:
@@ -943,7 +966,9 @@ class Worker:
         return self._last_resort(messages, tools, attempts)
 
     def _live(self) -> list[str]:
-        """Chain models not yet failed, in order."""
+        """Chain models not yet failed, in order (none after use_rules)."""
+        if self._rules_reason:
+            return []
         return [m for m in self._chain if m not in self._dead]
 
     def _next_model(self) -> str:

@@ -479,6 +479,33 @@ class KeylessTest(ServerTest):
         self.assertEqual(worker.complete(TASK, TOOLS).backend, "offline")
 
 
+class UseRulesTest(ServerTest):
+    """The factory can say 'answer with the agent's rules for the rest of this run', and the trace
+    shows why: the backend label is never plain 'offline'."""
+
+    def test_rules_for_the_rest_of_the_run_with_a_reason(self):
+        fake = self.server(Answer(body=anthropic_message("", [("toolu_1", "issues__label", {"label": "billing"})])))
+        worker = self.worker(self.anthropic_env(fake), rules=rules, task_input="t")
+        first = worker.complete(TASK, TOOLS)
+        self.assertEqual(first.backend, "anthropic")
+        worker.use_rules(llm.OVER_ENVELOPE)
+        history = TASK + [{"role": "assistant", "content": ""}]
+        later = [worker.complete(history + [{"role": "assistant", "content": ""}] * k, TOOLS) for k in range(2)]
+        self.assertEqual([r.backend for r in later], ["offline-over-envelope"] * 2)
+        self.assertEqual([c.name for c in later[0].tool_calls], ["drafts:write"])
+        self.assertEqual(json.loads(later[1].text), {"label": "billing"})
+        self.assertEqual(len(fake.requests), 1)
+        self.assertEqual((worker.tier(), worker.planned_backend()), ("offline", "offline-over-envelope"))
+        self.assertEqual(worker.estimate_next_cost(history, TOOLS), 0.0)
+        self.assertFalse(worker.switch_model())
+
+    def test_reason_is_a_short_tag_and_rules_are_needed(self):
+        with self.assertRaises(ValueError):
+            self.worker({}, rules=rules).use_rules("Over the envelope!")
+        with self.assertRaises(ValueError):
+            self.worker({"ANTHROPIC_API_KEY": ANTHROPIC_KEY}).use_rules(llm.OVER_ENVELOPE)
+
+
 class SafetyTest(ServerTest):
     def test_redirect_is_refused_and_target_gets_nothing(self):
         target = self.server(Answer(body=anthropic_message("stolen")))
