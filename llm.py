@@ -49,6 +49,7 @@ import json
 import math
 import random
 import re
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -78,6 +79,8 @@ USER_AGENT = "agent-factory-llm/1"
 MAX_RETRIES = 2
 RETRY_STATUSES = frozenset({408, 409, 429})           # and every status >= 500 (covers 504, 529)
 MAX_RETRY_AFTER_S = 60.0
+DEFAULT_REST_S = 30.0       # a Breaker's rest when the server gave no retry-after
+MAX_REST_S = 600.0
 # 429s that waiting does not cure: Anthropic's spend caps (the org's enforced monthly cap and a
 # contract's cap, in error.details.error_code; https://platform.claude.com/docs/en/api/errors.md)
 # and OpenAI's quota (https://developers.openai.com/docs/guides/error-codes).
@@ -205,6 +208,14 @@ class RefusedRedirect(LLMError):
 
     def __init__(self, status: int, host: str):
         super().__init__(f"refused redirect: HTTP {status} to {host}", "refused redirect")
+
+
+class Rested(LLMError):
+    """No request was sent: the backend's breaker is open after repeated 429/5xx answers."""
+
+    def __init__(self, backend: str, detail: str, last: str):
+        super().__init__(f"skipped: {backend} is rested {detail}", f"{backend} rested after {last}")
+        self.backend = backend
 
 
 class Declined(LLMError):
@@ -726,14 +737,18 @@ def retry_after(headers) -> float | None:
 
 
 def retry_wait(error: LLMError, retry: int, rng: random.Random) -> float | None:
-    """Seconds before retry `retry` (0-based) or None to give up; anthropic-sdk-python _base_client.py policy."""
+    """Seconds before retry `retry` (0-based) or None to give up.
+
+    The policy of anthropic-sdk-python@009b035 src/anthropic/_base_client.py (2 retries; a
+    retry-after up to 60 s is honoured; else 0.5 s doubling to 8 s, less up to 25%), except that a
+    retry-after wait is stretched by up to 25%, so Workers told the same wait do not return at once."""
     if retry >= MAX_RETRIES or not error.retryable:
         return None
     after = getattr(error, "retry_after", None)
     if after is not None and after > MAX_RETRY_AFTER_S:
         return None                    # asked to wait past 60 s: fail over instead of sleeping
     if after is not None and after > 0:
-        return after
+        return after * (1 + 0.25 * rng.random())   # never sooner than asked; spread so Workers do not burst
     return min(0.5 * 2 ** retry, 8.0) * (1 - 0.25 * rng.random())
 
 
@@ -809,6 +824,75 @@ def _body_error(data: dict, default_status: int) -> HTTPStatus:
     error = data.get("error") if isinstance(data.get("error"), dict) else {}
     status = error.get("code") if isinstance(error.get("code"), int) else default_status
     return HTTPStatus(status, str(error.get("type") or ""), redact(str(error.get("message") or "")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Circuit breaker: one per batch, shared by its Workers
+
+
+@dataclass
+class _Circuit:
+    """One backend's recent record: consecutive 429/5xx answers, rested until (clock s), probe out."""
+    failures: int = 0
+    until: float = 0.0
+    probing: bool = False
+    last: str = ""
+
+
+class Breaker:
+    """A per-backend circuit breaker shared by every Worker of one batch; thread-safe.
+
+    After `threshold` consecutive 429/5xx answers from a backend (counted over all its Workers),
+    the backend is rested for the last answer's retry-after (else `rest_s`; at most MAX_REST_S
+    seconds): no request goes there and each Worker moves straight to its next model, then its
+    rules, recording the skip in the reply's attempts. When the rest is over, one call is let
+    through as a probe: a 2xx closes the breaker, another 429/5xx rests the backend again. The
+    factory makes one per station invocation (run --file, prove) and hands it to every Worker;
+    `clock` (seconds, monotonic) is for tests."""
+
+    def __init__(self, threshold: int = 3, rest_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self._threshold, self._clock = threshold, clock
+        self._rest_s = DEFAULT_REST_S if rest_s is None else rest_s
+        self._circuits: dict[str, _Circuit] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, backend: str) -> None:
+        """Return when a request may go to backend now; raise Rested when it may not."""
+        with self._lock:
+            circuit = self._circuits.get(backend)
+            if circuit is None or circuit.failures < self._threshold:
+                return
+            left = circuit.until - self._clock()
+            if left <= 0 and not circuit.probing:
+                circuit.probing = True         # this caller's request is the probe
+                return
+            count = f"after {circuit.failures} answers of {circuit.last}"
+            detail = f"for {left:.1f} s more {count}" if left > 0 else f"(a probe is out) {count}"
+            raise Rested(backend, detail, circuit.last)
+
+    def record(self, backend: str, error: LLMError | None) -> None:
+        """Note how one request to backend ended: None for a 2xx answer, else its error."""
+        with self._lock:
+            circuit = self._circuits.setdefault(backend, _Circuit())
+            circuit.probing = False
+            if error is None:
+                circuit.failures = 0
+            elif overloaded(error):
+                circuit.failures += 1
+                circuit.last = error.reason
+                if circuit.failures >= self._threshold:
+                    circuit.until = self._clock() + self._rest_for(error)
+
+    def _rest_for(self, error: LLMError) -> float:
+        """Seconds to rest: the server's retry-after when it sent one, else rest_s; capped."""
+        after = getattr(error, "retry_after", None)
+        return min(after if after is not None and after > 0 else self._rest_s, MAX_REST_S)
+
+
+def overloaded(error: LLMError) -> bool:
+    """True for a 429 or 5xx answer: the kind of failure that rests a backend."""
+    return isinstance(error, HTTPStatus) and (error.status == 429 or error.status >= 500)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -895,8 +979,11 @@ class Worker:
     """The agent's model: primary, then fallback, then offline rules; sticks with what answered."""
 
     def __init__(self, model: dict, env: Mapping[str, str], rules=None, task_input=None,
-                 timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep, max_tokens: int = 1024):
+                 timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep, max_tokens: int = 1024,
+                 breaker: Breaker | None = None):
+        """`breaker`: the batch's shared Breaker; None gives this Worker one of its own."""
         self._env = dict(env)
+        self._breaker = breaker if breaker is not None else Breaker()
         self._chain = _model_chain(model, self._env)
         self._offline = Offline(rules, task_input) if rules is not None else None
         self._opener = build_opener(self._env)
@@ -998,18 +1085,24 @@ class Worker:
                      headers, stop_reason=got.stop, raw_stop_reason=got.raw_stop)
 
     def _post(self, route: Route, model_id: str, body: dict, attempts: list[dict]) -> tuple[dict, dict, float]:
-        """post_json with up to MAX_RETRIES retries; each retried failure is appended to attempts."""
+        """post_json with up to MAX_RETRIES retries while the breaker admits them; each retried
+        failure is appended to attempts. Raises Rested when the backend is resting."""
         retry = 0
         while True:
+            self._breaker.admit(route.backend)
             try:
-                return post_json(self._opener, route.url, route.headers, body, self._timeout, route.secrets)
+                answer = post_json(self._opener, route.url, route.headers, body, self._timeout, route.secrets)
             except LLMError as err:
+                self._breaker.record(route.backend, err)
                 wait = retry_wait(err, retry, self._rng)
                 if wait is None:
                     raise
                 attempts.append(attempt_record(model_id, route.backend, err, round(wait, 3)))
                 self._sleep(wait)
                 retry += 1
+                continue
+            self._breaker.record(route.backend, None)
+            return answer
 
     def _last_resort(self, messages: list[dict], tools: list[dict], attempts: list[dict]) -> Reply:
         """Offline rules after every model failed; 'offline' alone when no model ever had a key."""

@@ -2,6 +2,7 @@
 import json
 import time
 import unittest
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import llm
@@ -315,8 +316,9 @@ class RetryTest(ServerTest):
         fake = self.server(Answer(429, anthropic_error("rate_limit_error", "slow down"), {"retry-after": "0.01"}),
                            Answer(body=anthropic_message("ok")))
         reply = self.worker(self.anthropic_env(fake)).complete(TASK, [])
-        self.assertEqual((reply.text, self.waits, len(fake.requests)), ("ok", [0.01], 2))
-        self.assertEqual(reply.attempts[0]["retry_in_s"], 0.01)
+        self.assertEqual((reply.text, len(self.waits), len(fake.requests)), ("ok", 1, 2))
+        self.assertTrue(0.01 <= self.waits[0] <= 0.0125, self.waits)
+        self.assertEqual(reply.attempts[0]["retry_in_s"], round(self.waits[0], 3))
         self.assertIn("HTTP 429 rate_limit_error", reply.attempts[0]["error"])
 
     def test_retry_after_ms_wins(self):
@@ -324,7 +326,7 @@ class RetryTest(ServerTest):
                                   {"retry-after-ms": "20", "retry-after": "1"}),
                            Answer(body=anthropic_message("ok")))
         self.worker(self.anthropic_env(fake)).complete(TASK, [])
-        self.assertEqual(self.waits, [0.02])
+        self.assertTrue(0.02 <= self.waits[0] <= 0.025, self.waits)
 
     def test_529_backs_off_then_succeeds(self):
         fake = self.server(Answer(529, anthropic_error("overloaded_error", "busy")),
@@ -375,6 +377,113 @@ class RetryTest(ServerTest):
         with self.assertRaises(llm.ConnectionFailed):
             worker.complete(TASK, [])
         self.assertEqual(len(self.waits), 2)
+
+
+class BreakerTest(ServerTest):
+    """Sustained 429/5xx: jittered waits, and a per-backend breaker shared by a batch's Workers."""
+    LIMITED = Answer(429, anthropic_error("rate_limit_error", "slow down"), {"retry-after": "2"})
+
+    def setUp(self):
+        super().setUp()
+        self.now = [1000.0]
+
+    def breaker(self, **kw):
+        """A Breaker on a clock the test moves by hand."""
+        return llm.Breaker(clock=lambda: self.now[0], **kw)
+
+    def ticket(self, env, breaker):
+        """One offline-capable run: ask until the rules (or a model) give the final text."""
+        worker = self.worker(env, fallback="claude-haiku-5-5", rules=rules, task_input="t", breaker=breaker)
+        replies, history = [], list(TASK)
+        while not replies or replies[-1].tool_calls:
+            replies.append(worker.complete(history, TOOLS))
+            history.append({"role": "assistant", "content": ""})
+        return replies
+
+    def test_retry_after_waits_are_jittered(self):
+        fake = self.server(*[self.LIMITED, Answer(body=anthropic_message("ok"))] * 6)
+        for _ in range(6):
+            self.worker(self.anthropic_env(fake)).complete(TASK, [])
+        self.assertTrue(all(2.0 <= w <= 2.5 for w in self.waits), self.waits)
+        self.assertGreater(len(set(self.waits)), 1, self.waits)
+
+    def test_twenty_tickets_four_at_a_time_against_a_server_that_always_says_429(self):
+        fake = self.server(*[self.LIMITED] * 200)
+        shared = self.breaker()
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            runs = list(pool.map(lambda _: self.ticket(self.anthropic_env(fake), shared), range(20)))
+        # Without the breaker: 20 tickets x 2 models x 3 attempts = 120 requests.
+        self.assertLessEqual(len(fake.requests), 8)
+        self.assertGreaterEqual(len(fake.requests), 3)
+        firsts = [run[0] for run in runs]
+        self.assertTrue(all(r.backend.startswith("offline-after-error: ") for r in firsts))
+        skipped = [r for r in firsts if all(a["error"].startswith("skipped: anthropic is rested")
+                                           for a in r.attempts)]
+        self.assertGreaterEqual(len(skipped), 16)
+        self.assertEqual([a["model"] for a in skipped[-1].attempts], ["claude-sonnet-5-5", "claude-haiku-5-5"])
+        self.assertEqual(skipped[-1].backend,
+                         "offline-after-error: anthropic rested after HTTP 429 rate_limit_error")
+
+    def test_rest_lasts_the_retry_after_then_one_probe_closes_it(self):
+        fake = self.server(*[self.LIMITED] * 3, Answer(body=anthropic_message("back")),
+                           Answer(body=anthropic_message("again")))
+        shared, env = self.breaker(), self.anthropic_env(fake)
+        self.worker(env, rules=rules, breaker=shared).complete(TASK, [])
+        self.assertEqual(len(fake.requests), 3)
+        self.now[0] += 1.9
+        rested = self.worker(env, rules=rules, breaker=shared).complete(TASK, [])
+        self.assertEqual((len(fake.requests), rested.backend),
+                         (3, "offline-after-error: anthropic rested after HTTP 429 rate_limit_error"))
+        self.assertIn("0.1 s more after 3 answers of HTTP 429 rate_limit_error", rested.attempts[0]["error"])
+        self.now[0] += 0.2
+        self.assertEqual(self.worker(env, breaker=shared).complete(TASK, []).text, "back")
+        self.assertEqual(self.worker(env, breaker=shared).complete(TASK, []).text, "again")
+        self.assertEqual(len(fake.requests), 5)
+
+    def test_a_failed_probe_rests_the_backend_again(self):
+        fake = self.server(*[self.LIMITED] * 5)
+        shared, env = self.breaker(), self.anthropic_env(fake)
+        self.worker(env, rules=rules, breaker=shared).complete(TASK, [])
+        self.now[0] += 3
+        probe = self.worker(env, rules=rules, breaker=shared).complete(TASK, [])
+        self.assertEqual(len(fake.requests), 4)
+        self.assertEqual(probe.attempts[-1]["error"].split(":")[0], "skipped")
+        self.worker(env, rules=rules, breaker=shared).complete(TASK, [])
+        self.assertEqual(len(fake.requests), 4)
+
+    def test_without_retry_after_the_rest_is_the_default(self):
+        fake = self.server(*[Answer(529, anthropic_error("overloaded_error", "busy"))] * 4)
+        shared, env = self.breaker(), self.anthropic_env(fake)
+        self.worker(env, rules=rules, breaker=shared).complete(TASK, [])
+        self.now[0] += llm.DEFAULT_REST_S - 1
+        self.worker(env, rules=rules, breaker=shared).complete(TASK, [])
+        self.assertEqual(len(fake.requests), 3)
+        self.now[0] += 2
+        self.worker(env, rules=rules, breaker=shared).complete(TASK, [])
+        self.assertEqual(len(fake.requests), 4)
+
+    def test_other_errors_never_rest_a_backend(self):
+        fake = self.server(*[Answer(404, anthropic_error("not_found_error", "model"))] * 5)
+        shared, env = self.breaker(), self.anthropic_env(fake)
+        for _ in range(5):
+            self.worker(env, rules=rules, breaker=shared).complete(TASK, [])
+        self.assertEqual(len(fake.requests), 5)
+
+    def test_one_worker_rests_the_backend_for_its_own_fallback(self):
+        fake = self.server(*[self.LIMITED] * 6)
+        reply = self.worker(self.anthropic_env(fake), fallback="claude-haiku-5-5", rules=rules).complete(TASK, [])
+        self.assertEqual(len(fake.requests), 3)
+        self.assertTrue(reply.attempts[-1]["error"].startswith("skipped: anthropic is rested"))
+
+    def test_a_rested_backend_does_not_stop_another(self):
+        limited = self.server(*[self.LIMITED] * 3)
+        kimi = self.server(Answer(body=openai_completion("kimi")), Answer(body=openai_completion("kimi")))
+        shared = self.breaker()
+        env = self.anthropic_env(limited, MOONSHOT_API_KEY=MOONSHOT_KEY, MOONSHOT_BASE_URL=kimi.url)
+        first = self.worker(env, fallback="kimi-k2.6", breaker=shared).complete(TASK, [])
+        second = self.worker(env, fallback="kimi-k2.6", breaker=shared).complete(TASK, [])
+        self.assertEqual((first.text, second.text, len(limited.requests)), ("kimi", "kimi", 3))
+        self.assertTrue(second.attempts[0]["error"].startswith("skipped: anthropic is rested"))
 
 
 class FallbackTest(ServerTest):
