@@ -626,12 +626,15 @@ class Sage:
         return f"Sage({self.endpoint!r}, protocol={self.protocol!r}, key={key})"
 
     def _find_problem(self) -> SageError | None:
-        """Why no call can be made, or None: Levanto needs a key; System One needs a key or
-        an endpoint of its own (a local Ollama/vLLM/llama.cpp has no key, API §b.2)."""
+        """Why no call can be made, or None: Levanto needs a key; System One needs the model's
+        name (its `model` field is required) and a key or an endpoint of its own (a local
+        Ollama, vLLM or llama.cpp server has no key)."""
         if self.protocol not in PROTOCOLS:
             return Misconfigured(f"SAGE_PROTOCOL must be levanto or systemone, not {self.protocol!r}")
         if not self.endpoint.startswith(("https://", "http://")):
             return Misconfigured("SAGE_ENDPOINT must start with https:// or http://")
+        if self.protocol == "systemone" and not self.model:
+            return Misconfigured("SAGE_MODEL is unset: System One needs the decision model's name")
         if self._key or (self.protocol == "systemone" and self.endpoint != DEFAULT_ENDPOINT):
             return None
         if self.protocol == "systemone":
@@ -642,6 +645,13 @@ class Sage:
     def usable(self) -> bool:
         """True when calls will be attempted (credentials and settings are present)."""
         return self._find_problem() is None
+
+    @property
+    def problem(self) -> str | None:
+        """Why no call will be attempted, as one line ("no SAGE_API_KEY", "SAGE_MODEL is unset:
+        …"), or None when the client is usable."""
+        problem = self._find_problem()
+        return None if problem is None else str(problem)
 
     # -------------------------------------------------- public calls
 
@@ -782,9 +792,8 @@ class Sage:
         return "" if self.endpoint.endswith("/systemone") else "/v1/systemone"
 
     def _systemone_body(self, content, questions: dict) -> dict:
-        """{"model", "state", "questions"} (API §b.1); model omitted when none is configured."""
-        body = {"state": _state(content), "questions": questions}
-        return {"model": self.model, **body} if self.model else body
+        """{"model", "state", "questions"}; a client without a model never gets this far."""
+        return {"model": self.model, "state": _state(content), "questions": questions}
 
     def _post(self, path: str, body: dict) -> dict:
         """POST JSON, retrying 429/5xx up to self.retries times (never a timeout, API §a.11)."""

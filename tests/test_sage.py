@@ -51,6 +51,27 @@ class ConfigTest(SageTestCase):
         self.assertEqual(sage.yesno("x", "ok?").p, 0.7)
         self.assertNotIn("authorization", fake.requests[0].headers)
 
+    def test_systemone_without_model_is_unusable_and_says_why(self):
+        fake = self.fake()
+        sage = self.client(fake, key=None, env={"SAGE_PROTOCOL": "systemone"})
+        why = "SAGE_MODEL is unset: System One needs the decision model's name"
+        self.assertFalse(sage.usable)
+        self.assertEqual(sage.problem, why)
+        for call in (lambda: sage.yesno("x", "ok?"), lambda: sage.batch([("x", Question("yesno", "ok?"))])):
+            with self.subTest(call=call), self.assertRaises(Misconfigured) as caught:
+                call()
+            self.assertEqual(str(caught.exception), why)
+        report = sage.ready()
+        self.assertEqual((report["ready"], report["detail"], report["model"]), (False, why, None))
+        self.assertEqual(fake.requests, [])
+        blank = self.client(fake, env={"SAGE_PROTOCOL": "systemone", "SAGE_MODEL": "  "})
+        self.assertEqual(blank.problem, why)
+
+    def test_problem_is_none_when_usable_and_names_the_missing_key(self):
+        fake = self.fake()
+        self.assertIsNone(self.client(fake).problem)
+        self.assertEqual(self.client(fake, key=None).problem, "no SAGE_API_KEY")
+
     def test_systemone_without_key_or_endpoint_is_nokey(self):
         sage = Sage.from_env({"SAGE_PROTOCOL": "systemone"})
         with self.assertRaises(NoKey):
@@ -507,10 +528,10 @@ class SystemOneTest(SageTestCase):
 
     def test_endpoint_that_names_the_route(self):
         fake = self.fake()
-        env = {"SAGE_PROTOCOL": "systemone", "SAGE_ENDPOINT": fake.url + "/v1/systemone"}
+        env = {"SAGE_PROTOCOL": "systemone", "SAGE_ENDPOINT": fake.url + "/v1/systemone", "SAGE_MODEL": "d1-omni"}
         Sage.from_env(env).probe()
         self.assertEqual(fake.requests[0].path, "/v1/systemone")
-        self.assertNotIn("model", fake.requests[0].body)
+        self.assertEqual(fake.requests[0].body["model"], "d1-omni")
 
     def test_ready_probes_with_one_noul(self):
         fake = self.fake()
