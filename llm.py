@@ -1,7 +1,7 @@
 """The worker's model call: `Worker(card_model, env).complete(messages, tools) -> Reply`.
 
-Wire formats, headers, errors, retries, model ids and prices come from the research notes in
-shared/docs/llm-api.md; each constant below names the source URL it was read from.
+Wire formats, headers, errors, retries, model ids and prices come from the vendors' documents and
+SDKs listed at the end; each constant below names the source URL it was read from.
 
 Backend rule (`backend_for(model_id)`), first match wins:
   SAGEROUTE_URL in env -> sageroute   every call: POST {SAGEROUTE_URL}/v1/messages, Anthropic format,
@@ -20,24 +20,32 @@ Backend rule (`backend_for(model_id)`), first match wins:
                                       Bearer OPENAI_API_KEY (also vLLM, LM Studio, llama.cpp by base URL)
 A backend whose key is missing raises `NoKey` ("unavailable: no ANTHROPIC_API_KEY") before any request.
 
+Replies: `Reply.stop_reason` is normalised to end | tool_use | length | refusal | other (the vendor's
+value is kept in `raw_stop_reason`); `Reply.acts` is true only for end and tool_use, so a turn cut
+off at the token limit can be refused. A refusal moves to the next model. `json_objects(text)` lists
+the JSON objects in a final answer in order.
+
 Prices: USD per million tokens from PRICES (each row keeps its source URL and date); dated snapshot
 ids map to their alias row, ollama/* and offline cost 0.0, anything else is None (unknown, so never
-"within an envelope"). The pre-call estimate counts input tokens as len(json of messages+tools)/4 and
-output as max_tokens. Cached prompt tokens are billed at the full input rate (an upper bound).
+"within an envelope"). A reply is priced by the model it says answered; a priced reply without both
+token counts costs None. The pre-call estimate counts input tokens as len(json of messages+tools)/4
+and output as max_tokens. Cached prompt tokens are billed at the full input rate (an upper bound).
 
 Worker order: card primary, then card fallback, then the offline rules. A model that failed (or has
 no key) is never asked again by that Worker. Replies from the rules say why in their backend label:
-"offline" (no model had a key), "offline-after-error: <reason>" (every model failed), or
-"offline-<reason>" after `Worker.use_rules(reason)`, e.g. "offline-over-envelope" when the factory
-finds that the cost envelope cannot fit one model call. Keys are read only from the `env` mapping given to the
-Worker; this module never reads os.environ, keeps no module-level mutable state and does nothing on
-import. Tool names travel as `issues__label` on the wire (":" is not allowed there) and come back as
-`issues:label`.
+"offline" (no model had a key), "offline-after-error: <reason>" (every model failed or was skipped),
+or "offline-<reason>" after `Worker.use_rules(reason)`, e.g. "offline-over-envelope" when the
+factory finds that the cost envelope cannot fit one model call. A `Breaker` shared by a batch's
+Workers rests a backend after repeated 429/5xx answers; while it rests, Workers skip it.
 
-Sources (stored copies, see shared/docs/llm-api.md): https://platform.claude.com/docs/en/api/errors.md,
+Keys are read only from the `env` mapping given to the Worker; this module never reads os.environ,
+keeps no module-level mutable state and does nothing on import. Tool names travel as `issues__label`
+on the wire (":" is not allowed there) and come back as `issues:label`.
+
+Sources: https://platform.claude.com/docs/en/api/errors.md,
 https://platform.claude.com/docs/en/api/handling-stop-reasons.md, anthropics/anthropic-sdk-python@009b035
-(src/anthropic/_base_client.py retry policy), openai/openai-python@e43b422 (types/chat/*),
-https://platform.kimi.com/docs/api/overview, https://openrouter.ai/docs/api/errors,
+(src/anthropic/_base_client.py retry policy, types/*), openai/openai-python@e43b422 (_base_client.py,
+types/chat/*), https://platform.kimi.com/docs/api/overview, https://openrouter.ai/docs/api/errors,
 https://docs.ollama.com/api/openai-compatibility, https://platform.claude.com/docs/en/about-claude/model-deprecations.
 """
 from __future__ import annotations
@@ -58,7 +66,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple
 
-# §0 and §1.7: claude-sonnet-4-5 retires 2026-11-30 and kimi-k2.5 is end-of-life; these are current.
+# claude-sonnet-4-5 retires 2026-11-30 (https://platform.claude.com/docs/en/about-claude/model-deprecations)
+# and Moonshot no longer lists kimi-k2.5 (https://platform.kimi.ai/docs/pricing/chat.md); these are current:
 # https://platform.claude.com/docs/zh-CN/models/sonnet-5-5/overview
 DEFAULT_PRIMARY = "claude-sonnet-5-5"
 DEFAULT_FALLBACK = "claude-haiku-5-5"
@@ -75,7 +84,7 @@ OPENROUTER_BASE = "https://openrouter.ai/api/v1"      # https://openrouter.ai/do
 PROVIDERS = ("anthropic", "moonshot", "openai", "ollama", "openrouter")
 USER_AGENT = "agent-factory-llm/1"
 
-# Retry policy of anthropic/openai _base_client.py (facts §6.2): 2 retries, 0.5 s doubling to 8 s.
+# Retry policy of the Anthropic and OpenAI SDKs (_base_client.py): 2 retries, 0.5 s doubling to 8 s.
 MAX_RETRIES = 2
 RETRY_STATUSES = frozenset({408, 409, 429})           # and every status >= 500 (covers 504, 529)
 MAX_RETRY_AFTER_S = 60.0
@@ -175,7 +184,7 @@ class HTTPStatus(LLMError):
 
     @property
     def retryable(self) -> bool:
-        """408/409/429/5xx, unless the server or a spend limit says no (facts §6.2)."""
+        """408/409/429/5xx, unless x-should-retry or a spend limit says no (the SDKs' _should_retry)."""
         if self.should_retry == "false" or self.code in NO_RETRY_CODES:
             return False
         return self.status in RETRY_STATUSES or self.status >= 500
@@ -204,7 +213,7 @@ class Malformed(LLMError):
 
 
 class RefusedRedirect(LLMError):
-    """A 3xx answer; never followed, so credentials never reach another host (facts §6.4)."""
+    """A 3xx answer; never followed, since urllib would copy the key headers to any host."""
 
     def __init__(self, status: int, host: str):
         super().__init__(f"refused redirect: HTTP {status} to {host}", "refused redirect")
@@ -238,7 +247,7 @@ def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Prices (USD per million tokens). Cache reads are billed at the input rate and cache writes are
-# never requested, so a cost here is an upper bound for Anthropic cache hits (facts §5).
+# never requested, so a cost here is an upper bound for Anthropic cache hits.
 
 _ANTHROPIC_PRICING = "https://platform.claude.com/docs/en/docs/about-claude/pricing"
 _ANTHROPIC_PRICING_NEW = "https://platform.claude.com/docs/en/about-claude/pricing?ref=optimizesmart.com"
@@ -278,7 +287,8 @@ PRICES = MappingProxyType({
     "kimi-k3": Price(3.00, 15.00, "https://github.com/getagentseal/codeburn/pull/709", "2026-07"),
     "offline": Price(0.0, 0.0, "no network", "n/a"),
 })
-# Dated snapshot id -> alias row (facts §1.7).
+# Dated snapshot id -> alias row (https://platform.claude.com/docs/zh-TW/models/sonnet-4-5/overview.md and the
+# other model cards).
 SNAPSHOTS = MappingProxyType({
     "claude-sonnet-4-5-20250929": "claude-sonnet-4-5",
     "claude-haiku-4-5-20251001": "claude-haiku-4-5",
@@ -286,7 +296,7 @@ SNAPSHOTS = MappingProxyType({
     "claude-opus-4-1-20250805": "claude-opus-4-1",
 })
 _DATED = re.compile(r"-(?:19|20)\d{6}$")
-_LOCAL = Price(0.0, 0.0, "self-hosted (facts §5)", "n/a")
+_LOCAL = Price(0.0, 0.0, "self-hosted: no per-token price", "n/a")
 
 
 def price_row(model: str) -> Price | None:
@@ -397,7 +407,7 @@ def _need(env: Mapping[str, str], name: str) -> str:
 
 
 def _messages_url(base: str) -> str:
-    """{base}/v1/messages, tolerating a base that already ends in /v1 (facts §2)."""
+    """{base}/v1/messages, tolerating a base that already ends in /v1."""
     base = base.rstrip("/")
     return (base[:-3] if base.endswith("/v1") else base) + "/v1/messages"
 
@@ -411,7 +421,7 @@ def _anthropic_route(model: str, env: Mapping[str, str]) -> Route:
 
 
 def _sageroute_route(model: str, env: Mapping[str, str]) -> Route:
-    """SageRoute proxy: Anthropic format, model 'sageroute', its own token only (facts §2)."""
+    """SageRoute proxy: Anthropic format, model 'sageroute', its own token only (vendor keys stay here)."""
     headers = {"anthropic-version": ANTHROPIC_VERSION}
     token = env.get("SAGEROUTE_TOKEN") or ""
     if token:
@@ -476,7 +486,8 @@ _ROUTERS = MappingProxyType({
 
 
 # ---------------------------------------------------------------------------------------------
-# Wire formats: neutral messages <-> Anthropic Messages / OpenAI chat completions (facts §1, §3).
+# Wire formats: neutral messages <-> Anthropic Messages (anthropic-sdk-python types/message_create_params.py)
+# and OpenAI chat completions (openai-python types/chat/completion_create_params.py).
 
 
 def wire_name(name: str) -> str:
@@ -507,7 +518,7 @@ def anthropic_request(model: str, messages: list[dict], tools: list[dict], max_t
 
 
 def _anthropic_turns(messages: list[dict]) -> list[dict]:
-    """Neutral messages as Anthropic turns; consecutive tool results share one user turn (facts §1.4)."""
+    """Neutral messages as Anthropic turns; consecutive tool results share one user turn, as the API expects."""
     turns: list[dict] = []
     for m in messages:
         if m["role"] == "tool":
@@ -580,7 +591,7 @@ def openai_request(model: str, messages: list[dict], tools: list[dict], max_toke
 
 
 def _openai_message(m: dict) -> dict:
-    """One neutral message as a chat message; tool results become role 'tool' (facts §3.3)."""
+    """One neutral message as a chat message; tool results become role 'tool' (no is_error field there)."""
     if m["role"] == "tool":
         content = f"error: {m['content']}" if m.get("is_error") else m["content"]
         return {"role": "tool", "tool_call_id": m["tool_call_id"], "content": content}
@@ -696,7 +707,7 @@ def _finite_float(text: str) -> float:
 
 
 class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """Builds no redirected request, so a 3xx surfaces as an HTTPError (facts §6.4)."""
+    """Builds no redirected request, so a 3xx surfaces as an HTTPError."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         return None
@@ -1077,7 +1088,8 @@ class Worker:
         if route.token_field != "max_tokens":
             body[route.token_field] = body.pop("max_tokens")
         if route.backend == "moonshot" and route.model.startswith("kimi-k2.5"):
-            body["thinking"] = {"type": "disabled"}   # K2.5 thinks by default (facts §3.5.1)
+            # K2.5 thinks by default: https://platform.moonshot.cn/docs/guide/use-kimi-k2-thinking-model
+            body["thinking"] = {"type": "disabled"}
         data, headers, latency = self._post(route, model_id, body, attempts)
         got = parse_reply(route.wire, data, tool_names(tools))
         cost = reply_cost(route, model_id, got.model, got.usage)

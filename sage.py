@@ -1,8 +1,11 @@
 """Decision-model client: Levanto Sage `/decide` + `/decide/batch`, and System One `/v1/systemone`.
 
-Every fact about the wire formats comes from docs/decision-api.md (shared research note,
-"API §x" below), which names its own sources: OAS11 (Sage OpenAPI 1.1.0), PY-CORE / PY-HTTP
-(levanto-py transport), PY-SAMPLES, CR (clawd-research field notes), OC-DOC (OpenClaw).
+Wire formats follow the vendors' own material: the Sage OpenAPI document 1.1.0 (served at
+https://sage.levanto.ai/openapi.json; the copy levanto-py tests against:
+https://github.com/levantolabs/levanto-py/blob/40cd720b40657e00ba480ca1eb4ec94845f5715b/tests/data/openapi.json),
+the levanto-py client (https://github.com/levantolabs/levanto-py, src/levanto/_core.py), and for
+System One the TypeSafe docs (https://docs.typesafe.ai) and Sage's System One adapter
+(https://github.com/celesteanglm/decision-models-skills/blob/52e0cc8d81c9885023a2f1b56427e211edb905ef/src/decision_models/providers/sage.py).
 This module returns probabilities and never decides what they mean for a run; it never
 prints, never reads os.environ (callers pass an `env` mapping) and keeps no mutable
 module-level state.
@@ -20,21 +23,22 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-# The edge WAF answers 403 to `Python-urllib/x.y` even with a good key (API §a.3: CR API-NOTES.md).
+# The edge WAF answers 403 to `Python-urllib/x.y` even with a good key (field notes:
+# https://github.com/clawdbotatg/clawd-research/tree/1856fb790b545f9121e51a16deb66ab22e2c7c14/levanto-sage).
 USER_AGENT = "agent-factory/0.1 (+python-urllib)"
-DEFAULT_ENDPOINT = "https://sage.levanto.ai"          # API §a.2
-DEFAULT_SYSTEMONE_MODEL = "levanto-sage-v1.3"         # API §a.14, for Sage's own /v1/systemone
+DEFAULT_ENDPOINT = "https://sage.levanto.ai"
+DEFAULT_SYSTEMONE_MODEL = "levanto-sage-v1.3"         # the model Sage serves at its own /v1/systemone
 PROTOCOLS = ("levanto", "systemone")
-KINDS = ("yesno", "choice", "scale", "tags", "sort")  # API §a.5
-BATCH_MAX = 16                                        # API §a.7 (CR MEETING-2026-08-21.md)
-MAX_BODY = 4 * 1024 * 1024                            # API §a.3 (decision-models-skills transport)
-RETRYABLE = frozenset({429, 500, 502, 503, 504})      # API §a.11 (PY-CORE RETRYABLE_STATUSES)
-RETRY_AFTER_CAP = 30.0                                # API §a.11: SDK clamps Retry-After to 0-30 s
+KINDS = ("yesno", "choice", "scale", "tags", "sort")
+BATCH_MAX = 16                                        # Levanto's stated cap per batch call (Aug 2026)
+MAX_BODY = 4 * 1024 * 1024                            # the cap decision-models-skills' transport uses
+RETRYABLE = frozenset({429, 500, 502, 503, 504})      # levanto-py _core.py RETRYABLE_STATUSES
+RETRY_AFTER_CAP = 30.0                                # levanto-py clamps Retry-After to 0-30 s
 DETAIL_MAX = 300                                      # characters of server detail kept in a message
 PROBE_CONTENT = "The sky is blue on a clear day."
 PROBE_QUESTION = "Does this sentence talk about the sky?"
 
-# One hint per status; the `{"detail": ...}` body is appended to it (API §a.10).
+# One hint per status; the `{"detail": ...}` body is appended to it.
 STATUS_HINTS = MappingProxyType({
     400: "request rejected",
     401: "the key was refused",
@@ -77,7 +81,7 @@ class HTTPStatus(SageError):
 
 
 class Timeout(SageError):
-    """No answer within `seconds`; never retried, a slow call may still be billed (API §d.16)."""
+    """No answer within `seconds`; never retried, since a slow call may still be billed."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
@@ -124,7 +128,7 @@ class Decision:
     """One answer. `answer`: "yes"/"no"/None (None = unsure; yesno only); `p`: P(yes) for yesno,
     P(chosen) for choice; `expectation`: 0..4 for scale; `tags`: {id: {"p", "applies"}};
     `order`: sorted item indices (or ids); `probabilities`: choice option -> p (Levanto's are
-    independent and do not sum to 1, API §a.5) or System One level -> p; `model`: meta.model."""
+    independent and do not sum to 1) or System One level -> p; `model`: meta.model."""
     kind: str
     answer: str | None = None
     p: float | None = None
@@ -142,7 +146,7 @@ class Decision:
 class Question:
     """One question. choice `options`: names or {"option", "description"?}; scale `levels`:
     exactly five, names or {"level": 0..4, "description"?}; `tags`: ids or {"id", "name"?}.
-    Raises ValueError on shapes the server would 400 (API §a.5, §a.9)."""
+    Raises ValueError on shapes the server would answer with 400."""
     kind: str
     instructions: str = ""
     options: tuple = ()
@@ -177,7 +181,7 @@ def _level(position: int, item) -> dict:
 
 
 def _tag(item) -> dict:
-    """A tag as {"id": str, "name"?: str} (API §a.5 tags)."""
+    """A tag as {"id": str, "name"?: str}."""
     if isinstance(item, str):
         return {"id": item}
     if isinstance(item, Mapping) and isinstance(item.get("id"), str):
@@ -186,7 +190,7 @@ def _tag(item) -> dict:
 
 
 def _check_question(question: Question) -> None:
-    """Raise ValueError unless the question fits the limits of API §a.9."""
+    """Raise ValueError unless the question fits Sage's limits: 2-120 options, exactly 5 levels, 1-120 tags."""
     kind, extras = question.kind, (question.options, question.levels, question.tags)
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
@@ -217,7 +221,7 @@ def _check_names(names: list, low: int, high: int, what: str) -> None:
 
 def _content(content) -> Any:
     """Levanto content: text as is, a list of strings as list content with ids "0".."n-1"
-    (API §a.4), a dict passed through as a content object."""
+    (Levanto's list content), a dict passed through as a content object."""
     if isinstance(content, str) or isinstance(content, Mapping):
         return content
     if isinstance(content, (list, tuple)) and all(isinstance(item, str) for item in content):
@@ -244,7 +248,7 @@ def _content_key(content) -> str:
 # ---------------------------------------------------------------- Levanto wire format
 
 def levanto_question(question: Question, qid: str) -> dict:
-    """The `question` object of a /decide body (API §a.5); only documented fields are sent."""
+    """The `question` object of a /decide body; only documented fields are sent (unknown ones are a 400)."""
     body = {"id": qid, "kind": question.kind}
     if question.instructions:
         body["instructions"] = question.instructions
@@ -256,7 +260,7 @@ def levanto_question(question: Question, qid: str) -> dict:
 
 def levanto_decision(envelope, question: Question, content) -> Decision:
     """Decision from a single-decide envelope {id, kind, result, meta}; accepts the v0.6 shape
-    (with `confidence`) and v1.1 (nullable answer/chosen/applies) (API §a.5, §a.6)."""
+    (with `confidence`) and v1.1 (nullable answer/chosen/applies)."""
     if not isinstance(envelope, dict) or not isinstance(envelope.get("result"), dict):
         raise Malformed("no result object")
     if envelope.get("kind", question.kind) != question.kind:
@@ -267,7 +271,7 @@ def levanto_decision(envelope, question: Question, content) -> Decision:
 
 
 def _levanto_yesno(result: dict, question: Question, content) -> dict:
-    """yesno: `probability` = P(yes), always a number; `answer` yes/no/null (PY-SAMPLES)."""
+    """yesno: `probability` = P(yes), always a number; `answer` yes/no/null (null = unsure)."""
     answer = result.get("answer")
     if answer not in ("yes", "no", None):
         raise Malformed(f"yesno answer {answer!r}")
@@ -276,7 +280,7 @@ def _levanto_yesno(result: dict, question: Question, content) -> dict:
 
 
 def _levanto_choice(result: dict, question: Question, content) -> dict:
-    """choice: `chosen` and `probability` may be null; v0.6 had no `probability` (API §a.5)."""
+    """choice: `chosen` and `probability` may be null; v0.6 had no `probability`."""
     names = [option["option"] for option in question.options]
     chosen = result.get("chosen")
     if chosen is not None and chosen not in names:
@@ -303,13 +307,13 @@ def _choice_probabilities(value) -> dict | None:
 
 
 def _levanto_scale(result: dict, question: Question, content) -> dict:
-    """scale: `expectation` in 0..4 plus `confidence` (peakedness); no distribution (API §a.5)."""
+    """scale: `expectation` in 0..4 plus `confidence` (peakedness); no distribution."""
     return {"expectation": _number(result.get("expectation"), "expectation", 0.0, 4.0),
             "confidence": _prob(result.get("confidence"), "confidence", nullable=True)}
 
 
 def _levanto_tags(result: dict, question: Question, content) -> dict:
-    """tags: [{id, probability, applies}] with `applies` true/false/null (API §a.5 tags)."""
+    """tags: [{id, probability, applies}] with `applies` true/false/null."""
     entries = result.get("tags")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise Malformed("tags is not a list of objects")
@@ -324,7 +328,7 @@ def _levanto_tags(result: dict, question: Question, content) -> dict:
 
 
 def _levanto_sort(result: dict, question: Question, content) -> dict:
-    """sort: `sorted` item ids, `confidence` may be null (API §a.5 sort)."""
+    """sort: `sorted` item ids, `confidence` may be null."""
     ids = result.get("sorted")
     if not isinstance(ids, list):
         raise Malformed("sorted is not a list")
@@ -349,7 +353,7 @@ LEVANTO_PARSERS = MappingProxyType({
 
 
 def _levanto_answer(answer, question: Question, content, qid: str) -> Decision | SageError:
-    """One batch answer: check `ok`, then read the nested single-decide envelope (API §a.7)."""
+    """One batch answer: check `ok`, then read the nested single-decide envelope."""
     if not isinstance(answer, dict) or "ok" not in answer:
         return Malformed("batch answer without ok")
     if answer["ok"] is not True:
@@ -364,7 +368,7 @@ def _levanto_answer(answer, question: Question, content, qid: str) -> Decision |
 
 
 def _levanto_group(group, part: list) -> list:
-    """(input index, Decision | SageError) for one group; answers[j] is questions[j] (PY-CORE)."""
+    """(input index, Decision | SageError) for one group; answers[j] is questions[j]."""
     answers = group.get("answers") if isinstance(group, dict) else None
     if not isinstance(answers, list) or len(answers) != len(part):
         error = Malformed(f"expected {len(part)} answers in a group")
@@ -376,7 +380,7 @@ def _levanto_group(group, part: list) -> list:
 # ---------------------------------------------------------------- System One wire format
 
 def systemone_questions(question: Question, name: str) -> dict:
-    """The `questions` map entries for one question (API §b.1, §b.6): yesno -> noul,
+    """The `questions` map entries for one question: yesno -> noul,
     choice -> choice with criteria, scale -> score with five criteria, tags -> one noul each.
     Raises Rejected for sort, which System One does not have."""
     base = {"instructions": question.instructions}
@@ -401,7 +405,7 @@ def _tag_instructions(question: Question, tag: dict) -> str:
 
 
 def systemone_decision(reply: dict, question: Question, name: str) -> Decision:
-    """Decision from a System One reply's `answers` (API §b.1). System One has no abstention:
+    """Decision from a System One reply's `answers`. System One has no abstention:
     yesno answer is "yes" when noul >= 0.5 else "no", and tag `applies` likewise."""
     answers = reply.get("answers")
     if not isinstance(answers, dict):
@@ -414,7 +418,7 @@ def systemone_decision(reply: dict, question: Question, name: str) -> Decision:
 
 
 def _systemone_answer(answers: dict, name: str) -> dict:
-    """answers[name], raising Rejected on a refusal (API §a.14) and Malformed when missing."""
+    """answers[name], raising Rejected on a refusal and Malformed when missing."""
     answer = answers.get(name)
     if not isinstance(answer, dict):
         raise Malformed(f"no answer for {name}")
@@ -424,13 +428,13 @@ def _systemone_answer(answers: dict, name: str) -> dict:
 
 
 def _systemone_yesno(answer: dict) -> dict:
-    """noul = P(yes), nothing else (API §b.1)."""
+    """noul = P(yes), nothing else."""
     p = _prob(answer.get("noul"), "noul")
     return {"answer": "yes" if p >= 0.5 else "no", "p": p}
 
 
 def _systemone_choice(answer: dict) -> dict:
-    """choice + softmax `probabilities` map + optional `confidence` (API §b.1)."""
+    """choice + softmax `probabilities` map + optional `confidence`."""
     probabilities = _choice_probabilities(answer.get("probabilities"))
     chosen = answer.get("choice")
     if not isinstance(chosen, str):
@@ -441,7 +445,7 @@ def _systemone_choice(answer: dict) -> dict:
 
 
 def _systemone_scale(answer: dict) -> dict:
-    """score = probability-weighted level index, the same quantity as `expectation` (API §b.6)."""
+    """score = probability-weighted level index, the same quantity as `expectation`."""
     probabilities = answer.get("probabilities")
     return {"expectation": _number(answer.get("score"), "score", 0.0, 4.0),
             "probabilities": probabilities if isinstance(probabilities, dict) else None,
@@ -471,7 +475,7 @@ def _systemone_result(reply: dict, question: Question, name: str) -> Decision | 
 
 
 def _state(content) -> Any:
-    """System One `state`: a string, JSON object or array (API §b.1)."""
+    """System One `state`: a string, JSON object or array."""
     return list(content) if isinstance(content, tuple) else content
 
 
@@ -506,7 +510,7 @@ def _json_object(raw: bytes) -> dict:
 
 def error_detail(raw: bytes) -> str:
     """The human text of an error body: `detail` (string, object or pydantic list), else
-    `message`/`error`, else the raw text (API §a.10, PY-HTTP _extract_detail)."""
+    `message`/`error`, else the raw text (as levanto-py's _extract_detail does)."""
     text = raw.decode("utf-8", "replace").strip()
     try:
         body = json.loads(text)
@@ -531,7 +535,7 @@ def _clip(text: str, key: str | None) -> str:
 
 
 def retry_after(value: str | None, now: float) -> float | None:
-    """Seconds from a Retry-After header (delta or HTTP date), clamped to 0..30 (PY-CORE)."""
+    """Seconds from a Retry-After header (delta or HTTP date), clamped to 0..30 as levanto-py does."""
     if not value:
         return None
     try:
@@ -555,7 +559,7 @@ def backoff(error: HTTPStatus, attempt: int) -> float:
 
 def plan_batches(items: Sequence[tuple], limit: int = BATCH_MAX) -> list[list[list[tuple]]]:
     """Requests -> groups -> [(input index, content, question)]: equal contents share a group,
-    and no request holds more than `limit` questions (API §a.7)."""
+    and no request holds more than `limit` questions."""
     groups: dict[str, list] = {}
     for index, (content, question) in enumerate(items):
         groups.setdefault(_content_key(content), []).append((index, content, question))
@@ -580,7 +584,7 @@ def _proxies(env: Mapping[str, str]) -> dict:
 
 
 class _RefuseRedirect(urllib.request.HTTPRedirectHandler):
-    """Never follow a redirect, so the Bearer key never reaches another host (SPEC §7)."""
+    """Never follow a redirect, so the Bearer key never reaches another host."""
 
     def redirect_request(self, *args, **kwargs):
         """None: urllib then raises HTTPError for the 3xx itself."""
@@ -709,7 +713,7 @@ class Sage:
 
     def ready(self) -> dict:
         """Doctor report {ready, status, detail, ms, endpoint, protocol, model, key(bool),
-        user_agent}: GET /ready without auth on Levanto (API §a.2), probe() on System One."""
+        user_agent}: GET /ready without auth on Levanto, probe() on System One."""
         report = {"endpoint": self.endpoint, "protocol": self.protocol, "model": self.model,
                   "key": bool(self._key), "user_agent": USER_AGENT}
         start = time.monotonic()
@@ -735,13 +739,13 @@ class Sage:
             self.probe()
             return
         problem = self._find_problem()
-        if isinstance(problem, Misconfigured):  # /ready needs no key (API §a.2)
+        if isinstance(problem, Misconfigured):  # /ready needs no key
             raise problem
         request = urllib.request.Request(self.endpoint + "/ready", headers=self._headers(False))
         self._open(request)
 
     def _decide(self, content, question: Question) -> Decision:
-        """POST /decide with one question; its id is the kind name, as the SDKs do (API §a.5)."""
+        """POST /decide with one question; its id is the kind name, as the SDKs do."""
         body = {"content": _content(content), "question": levanto_question(question, question.kind)}
         return levanto_decision(self._post("/decide", body), question, content)
 
@@ -764,7 +768,7 @@ class Sage:
             return [(index, error) for index in indices]
 
     def _levanto_batch(self, request: list) -> list:
-        """POST /decide/batch; results[i] is group i, answers[j] question j (API §a.7)."""
+        """POST /decide/batch; results[i] is group i, answers[j] question j."""
         groups = [{"content": _content(part[0][1]),
                    "questions": [levanto_question(q, f"q{j}") for j, (_, _, q) in enumerate(part)]}
                   for part in request]
@@ -774,7 +778,7 @@ class Sage:
         return [pair for group, part in zip(results, request) for pair in _levanto_group(group, part)]
 
     def _systemone_group(self, part: list) -> list:
-        """(index, result) for one content's questions in one POST /v1/systemone (API §a.14)."""
+        """(index, result) for one content's questions in one POST /v1/systemone."""
         questions, out, sent = {}, [], []
         for j, (index, content, question) in enumerate(part):
             try:
@@ -796,7 +800,7 @@ class Sage:
         return {"model": self.model, "state": _state(content), "questions": questions}
 
     def _post(self, path: str, body: dict) -> dict:
-        """POST JSON, retrying 429/5xx up to self.retries times (never a timeout, API §a.11)."""
+        """POST JSON, retrying 429/5xx up to self.retries times (never a timeout: it may be billed)."""
         if self.reasoning:
             body = {**body, "reasoning": self.reasoning}
         data, attempt = json.dumps(body).encode("utf-8"), 0
@@ -812,7 +816,7 @@ class Sage:
                 attempt += 1
 
     def _headers(self, auth: bool) -> dict:
-        """Request headers; the Bearer key only when auth and a key is set (API §a.3)."""
+        """Request headers; the Bearer key only when auth and a key is set."""
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if auth:
             headers["Content-Type"] = "application/json"

@@ -1,6 +1,6 @@
 """A scripted Sage server for tests: a real ThreadingHTTPServer on 127.0.0.1 (port 0) in a
 daemon thread that speaks Levanto `/ready`, `/decide`, `/decide/batch` and System One
-`/v1/systemone` (shapes from docs/decision-api.md §a.5-§a.7, §b.1) and records every request.
+`/v1/systemone` (the documented request and reply shapes) and records every request.
 
     with FakeSage(yes_p=0.93) as fake:
         env = {"SAGE_ENDPOINT": fake.url, "SAGE_API_KEY": "test-key"}
@@ -198,7 +198,7 @@ class FakeSage:
         return scripted if scripted is not None else self._default(question, content)
 
     def _envelope(self, question: dict, result: dict) -> dict:
-        """{id, kind, result, meta} (API §a.6)."""
+        """{id, kind, result, meta}."""
         return {"id": question["id"], "kind": question["kind"], "result": result,
                 "meta": {"model": self._model(), "latency_ms": 1.0}}
 
@@ -229,7 +229,7 @@ class FakeSage:
     # -------------------------------------------------- System One
 
     def _systemone(self, body: dict) -> tuple:
-        """POST /v1/systemone: {model, answers: {name: answer}, usage} (API §b.1)."""
+        """POST /v1/systemone: {model, answers: {name: answer}, usage}."""
         answers = {}
         for name, question in body["questions"].items():
             scripted = self.answer(question, body.get("state")) if self.answer else None
