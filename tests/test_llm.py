@@ -207,25 +207,21 @@ class StopReasonTest(ServerTest):
         turns = [worker.complete(TASK + [{"role": "assistant", "content": ""}] * k, TOOLS) for k in range(3)]
         self.assertEqual([(r.stop_reason, r.acts) for r in turns], [("tool_use", True)] * 2 + [("end", True)])
 
-    def test_content_filter_moves_to_the_fallback(self):
-        data = openai_completion("")
-        data["choices"][0]["finish_reason"] = "content_filter"
-        primary = self.server(Answer(body=data))
-        fallback = self.server(Answer(body=anthropic_message("fine")))
-        env = self.anthropic_env(fallback, MOONSHOT_API_KEY=MOONSHOT_KEY, MOONSHOT_BASE_URL=primary.url)
-        reply = self.worker(env, primary="kimi-k2.6", fallback="claude-haiku-5-5").complete(TASK, [])
-        self.assertEqual((reply.text, reply.backend), ("fine", "anthropic"))
-        self.assertEqual(reply.attempts[0]["error"], "model declined: content_filter")
-
-    def test_openai_refusal_text_moves_to_the_fallback(self):
-        data = openai_completion(None)
-        data["choices"][0]["message"]["refusal"] = "I can't help with that request."
-        primary = self.server(Answer(body=data))
-        fallback = self.server(Answer(body=anthropic_message('{"label": "billing"}')))
-        env = self.anthropic_env(fallback, MOONSHOT_API_KEY=MOONSHOT_KEY, MOONSHOT_BASE_URL=primary.url)
-        reply = self.worker(env, primary="kimi-k2.6", fallback="claude-haiku-5-5").complete(TASK, [])
-        self.assertEqual((reply.text, reply.backend), ('{"label": "billing"}', "anthropic"))
-        self.assertEqual(reply.attempts[0]["error"], "model declined: refusal: I can't help with that request.")
+    def test_declines_move_to_the_fallback(self):
+        refused = openai_completion(None)
+        refused["choices"][0]["message"]["refusal"] = "I can't help with that request."
+        filtered = openai_completion("")
+        filtered["choices"][0]["finish_reason"] = "content_filter"
+        cases = [(refused, "model declined: refusal: I can't help with that request."),
+                 (filtered, "model declined: content_filter")]
+        for data, error in cases:
+            with self.subTest(error=error):
+                primary = self.server(Answer(body=data))
+                fallback = self.server(Answer(body=anthropic_message('{"label": "billing"}')))
+                env = self.anthropic_env(fallback, MOONSHOT_API_KEY=MOONSHOT_KEY, MOONSHOT_BASE_URL=primary.url)
+                reply = self.worker(env, primary="kimi-k2.6", fallback="claude-haiku-5-5").complete(TASK, [])
+                self.assertEqual((reply.text, reply.backend), ('{"label": "billing"}', "anthropic"))
+                self.assertEqual(reply.attempts[0]["error"], error)
 
     def test_openai_refusal_without_fallback_goes_to_the_rules(self):
         data = openai_completion(None)
