@@ -302,9 +302,9 @@ _LOCAL = Price(0.0, 0.0, "self-hosted: no per-token price", "n/a")
 def price_row(model: str) -> Price | None:
     """The Price for a model id (alias, dated snapshot, provider/ form, ollama/* = 0), or None.
 
-    A dated id not in SNAPSHOTS ("claude-sonnet-5-5-20260928") takes its alias's row: Anthropic's
-    aliases point at their latest dated snapshot
-    (https://platform.claude.com/docs/en/about-claude/models/migration-guide)."""
+    A dated id not in SNAPSHOTS ("claude-sonnet-5-5-20260928") takes its alias's row: an Anthropic
+    alias points at its dated snapshot, and responses name the snapshot (the model cards, e.g.
+    https://platform.claude.com/docs/zh-TW/models/sonnet-4-5/overview.md)."""
     provider, _, rest = model.partition("/")
     if rest and provider == "ollama":
         return _LOCAL
