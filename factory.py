@@ -72,11 +72,21 @@ class Refusal(Exception):
     """A station declined; str(self) is one lowercase line for the user (exit 1)."""
 
 
-# ---------------------------------------------------------------- files: strict reads, atomic writes
+# ================================================================ 1. Store and layout
 
 def utc_now() -> str:
     """The current UTC time as ISO 8601 with microseconds and a Z, e.g. 2026-11-30T04:12:55.123456Z."""
     return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def iso(moment: datetime) -> str:
+    """A UTC datetime as ISO 8601 with microseconds and a Z (sorts as text)."""
+    return moment.astimezone(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def new_run_id() -> str:
+    """A run id that sorts by time: UTC timestamp with microseconds, then 6 random hex."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
 
 
 def canonical(obj) -> bytes:
@@ -89,10 +99,25 @@ def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def check_name(name: str, what: str = "agent") -> str:
+    """name when it matches ^[a-z][a-z0-9_-]{0,63}$; Refusal before any path is built otherwise."""
+    if not isinstance(name, str) or not NAME.match(name):
+        raise Refusal(f"{name!r} is not a valid {what} name (lowercase letter, then a-z 0-9 _ -, at most 64)")
+    return name
+
+
 def decode(raw: bytes, where: str) -> str:
     """UTF-8 text of raw; Refusal naming `where` for a byte-order mark or invalid UTF-8."""
     if raw.startswith(b"\xef\xbb\xbf"):
         raise Refusal(f"{where}: starts with a utf-8 byte-order mark; save it as plain utf-8")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise Refusal(f"{where}: not valid utf-8 (byte {error.start})") from None
+
+
+def decode_line(raw: bytes, where: str) -> str:
+    """UTF-8 text of a JSONL line after the first (a BOM there is just invalid JSON)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -116,6 +141,23 @@ def parse_json(text: str, where: str):
 def reject_constant(name: str):
     """json.loads hook: NaN and Infinity are not JSON (RFC 8259) and never a valid number here."""
     raise ValueError(f"{name} is not a json number")
+
+
+def as_object(value, where: str) -> dict:
+    """value when it is a JSON object; Refusal otherwise."""
+    if not isinstance(value, dict):
+        raise Refusal(f"{where}: expected a json object, got {type(value).__name__}")
+    return value
+
+
+def check_shape(value: dict, shape: dict, where: str) -> dict:
+    """value when each key of shape is present with its type; Refusal naming the first that is not."""
+    for key, kind in shape.items():
+        if key not in value:
+            raise Refusal(f"{where}: missing field '{key}'")
+        if not isinstance(value[key], kind) or isinstance(value[key], bool) and kind is not bool:
+            raise Refusal(f"{where}: field '{key}' has the wrong type ({type(value[key]).__name__})")
+    return value
 
 
 def write_json(path: Path, obj, exclusive: bool = False) -> None:
@@ -165,8 +207,6 @@ def append_jsonl(path: Path, obj: dict) -> int:
         os.close(handle)
     return offset
 
-
-# ---------------------------------------------------------------- the factory's layout
 
 @dataclass(frozen=True)
 class Factory:
@@ -268,29 +308,7 @@ class Factory:
         return as_object(parse_json(text, at), at)
 
 
-def decode_line(raw: bytes, where: str) -> str:
-    """UTF-8 text of a JSONL line after the first (a BOM there is just invalid JSON)."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise Refusal(f"{where}: not valid utf-8 (byte {error.start})") from None
-
-
-def as_object(value, where: str) -> dict:
-    """value when it is a JSON object; Refusal otherwise."""
-    if not isinstance(value, dict):
-        raise Refusal(f"{where}: expected a json object, got {type(value).__name__}")
-    return value
-
-
-def check_name(name: str, what: str = "agent") -> str:
-    """name when it matches ^[a-z][a-z0-9_-]{0,63}$; Refusal before any path is built otherwise."""
-    if not isinstance(name, str) or not NAME.match(name):
-        raise Refusal(f"{name!r} is not a valid {what} name (lowercase letter, then a-z 0-9 _ -, at most 64)")
-    return name
-
-
-# ---------------------------------------------------------------- the job card (ABOM), strictly
+# ================================================================ 2. Cards and agents
 
 def _is_number(value) -> bool:
     """True for a finite int/float, never bool (and never NaN or infinity)."""
@@ -328,6 +346,8 @@ CARD_FIELDS = {  # field -> (check, what the message says it must be)
     "overrides": (lambda v: isinstance(v, dict), "an object of dotted paths to values"),
     "approval_expiry_hours": (lambda v: _is_number(v) and 0 < v <= 8760, "a number of hours in (0, 8760] (default 24)"),
 }
+
+
 REQUIRED = ("agent", "entrypoint", "model", "tools", "tools_denied", "gate_question", "evals",
             "cost_envelope_usd", "tier_ceiling", "identity", "owner")
 
@@ -406,7 +426,14 @@ def parse_setting(text: str) -> tuple[str, object]:
         return path, raw
 
 
-# ---------------------------------------------------------------- agents: card, module, digest
+def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict:
+    """A variant card: the parent's fields, then the variant's own overrides, then its lineage fields."""
+    card = {key: value for key, value in parent.items() if key not in SET_BY_STAMP}
+    card["agent"] = name
+    for dotted, value in overrides.items():
+        card = set_path(card, dotted, value)
+    return {**card, "stamped_from": parent["agent"], "master_digest": master_digest, "overrides": overrides}
+
 
 @dataclass(frozen=True)
 class Agent:
@@ -499,8 +526,6 @@ def changed_components(old: dict, new: dict) -> list[str]:
     return sorted(label for label in set(old) | set(new) if old.get(label) != new.get(label))
 
 
-# ---------------------------------------------------------------- lineage, suites, recalls
-
 def parents(fac: Factory) -> dict:
     """variant -> the agent it was stamped from, from the append-only lineage log (cards can be edited)."""
     found = {}
@@ -567,16 +592,7 @@ def load_cases(fac: Factory, path: Path) -> list[dict]:
     return cases
 
 
-def recalls_of(fac: Factory, name: str) -> list[dict]:
-    """Recall entries that reach NAME: its own and its masters', oldest first (append-only log)."""
-    if not fac.recalls.exists():
-        return []
-    reach, shape = {name, *ancestors(fac, name)}, {"agent": str, "reason": str, "at": str}
-    rows = [check_shape(row, shape, f"{fac.shown(fac.recalls)} line {n}") for n, row in fac.read_jsonl(fac.recalls)]
-    return [row for row in rows if row["agent"] in reach]
-
-
-# ---------------------------------------------------------------- certificates: HMAC-SHA256 per signer
+# ================================================================ 3. Trust
 
 UNSIGNED_FIELDS = ("signature", "revoked")   # revocation is added later and also kept in its own log
 
@@ -692,6 +708,15 @@ def revocation_reason(fac: Factory, name: str, cert: dict) -> str | None:
     return " ".join(reason.split())
 
 
+def recalls_of(fac: Factory, name: str) -> list[dict]:
+    """Recall entries that reach NAME: its own and its masters', oldest first (append-only log)."""
+    if not fac.recalls.exists():
+        return []
+    reach, shape = {name, *ancestors(fac, name)}, {"agent": str, "reason": str, "at": str}
+    rows = [check_shape(row, shape, f"{fac.shown(fac.recalls)} line {n}") for n, row in fac.read_jsonl(fac.recalls)]
+    return [row for row in rows if row["agent"] in reach]
+
+
 def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
     """The agent and its certificate when it may run: verifies, not revoked, not recalled, unchanged."""
     cert = verified_certificate(fac, name)
@@ -708,7 +733,229 @@ def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
     return agent, cert
 
 
-# ---------------------------------------------------------------- the worker loop (SPEC §5)
+RECORD_SHAPE = {"format": str, "agent": str, "half": str, "at": str, "score": (int, float), "passed": int,
+                "cases": int, "pass_bar": (int, float), "digest": str, "components": dict, "suite": str,
+                "suite_digest": str, "draft_check": str, "failures": list}
+
+
+def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
+    """Every sealed proof of NAME, oldest first (run ids sort by time); history is never overwritten."""
+    folder = fac.records / name
+    paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
+    found = []
+    for path in paths:
+        record = check_shape(fac.read_json(path), RECORD_SHAPE, fac.shown(path))
+        if not NAME.match(record["suite"]):
+            raise Refusal(f"{fac.shown(path)}: field 'suite' must be a suite name, got {record['suite']!r}")
+        found.append((path, record))
+    return found
+
+
+def certify_guards(fac: Factory, agent: Agent, tier: str) -> tuple[Path, dict, int]:
+    """The latest sealed proof when every guard holds, plus the attempts since the card last changed."""
+    ceiling = agent.card["tier_ceiling"]
+    if TIERS.index(tier) > TIERS.index(ceiling):
+        raise Refusal(f"tier {tier} is above the card's tier_ceiling {ceiling}.")
+    proofs = sealed_records(fac, agent.name)
+    if not proofs:
+        raise Refusal("no sealed run. the law: no evals, no production.")
+    path, proof = proofs[-1]
+    if proof.get("digest") != agent.digest:
+        changed = ", ".join(changed_components(proof.get("components", {}), agent.components))
+        raise Refusal(f"the ABOM changed after the sealed run ({changed}). re-prove before certifying.")
+    sealed = suite_path(fac, proof["suite"], True)
+    if sha256(fac.read_bytes(sealed, limit=1 << 40)) != proof.get("suite_digest"):
+        raise Refusal(f"the sealed suite changed after the sealed run ({fac.shown(sealed)}). re-prove before certifying.")
+    if proof["score"] < proof["pass_bar"]:
+        raise Refusal(f"sealed score {proof['score']} is under the bar {proof['pass_bar']}.")
+    later = [r for r in recalls_of(fac, agent.name) if r["at"] > proof["at"]]
+    if later:
+        raise Refusal(f"recalled after the sealed run ({later[-1]['reason']}). a recall needs a fresh sealed proof.")
+    refuse_without_evidence(fac, agent, tier)
+    attempts = sum(1 for _, p in proofs if p.get("digest") == agent.digest)
+    return path, proof, attempts
+
+
+PROMOTION_RUNS = 20          # gated production runs at the tier below, since the card last changed
+
+
+DRIFT_WINDOW = 20            # recent gated runs compared against the certified pass rate
+
+
+GATED = ("pass", "flag", "unsure")
+
+
+def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> tuple[int, int]:
+    """(gated runs, gate passes) of this agent with its current digest, at `tier` when given."""
+    runs = passes = 0
+    for row in index_rows(fac):
+        if row["agent"] == agent.name and row.get("digest") == agent.digest and row["gate"] in GATED \
+                and (tier is None or row.get("tier") == tier):
+            runs, passes = runs + 1, passes + (row["gate"] == "pass")
+    return runs, passes
+
+
+def refuse_without_evidence(fac: Factory, agent: Agent, tier: str) -> None:
+    """C2 and C3 need >= 20 gated runs at the tier below since the card last changed, passing at the bar."""
+    if tier not in ("C2", "C3"):
+        return
+    below, bar = TIERS[TIERS.index(tier) - 1], agent.card["evals"]["pass_bar"]
+    runs, passes = gated_runs(fac, agent, below)
+    rate = passes / runs if runs else 0.0
+    if runs < PROMOTION_RUNS or rate < bar:
+        raise Refusal(f"tier {tier} needs production evidence at {below} since the card last changed: "
+                      f"{runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {rate:.2f} (need {bar}).")
+
+
+def certificate(fac: Factory, agent: Agent, tier: str, signer: str, path: Path, proof: dict) -> dict:
+    """The signed certificate: what may run, at which tier, on whose word."""
+    cert = {"format": CERT_FORMAT, "agent": agent.name, "tier": tier, "digest": agent.digest,
+            "components": agent.components, "sealed_score": proof["score"], "sealed_record": path.name,
+            "sealed_at": proof["at"], "suite_digest": proof["suite_digest"], "grants": agent.card["tools"],
+            "denied": agent.card["tools_denied"], "envelope_usd": agent.card["cost_envelope_usd"],
+            "identity": agent.card["identity"], "owner": agent.card["owner"], "signer": signer, "signed_at": utc_now()}
+    runs, passes = gated_runs(fac, agent)
+    cert["certified_rate"] = round(passes / runs, 4) if runs >= PROMOTION_RUNS else None
+    cert["certified_rate_runs"] = runs
+    cert["signature"] = signature_of(signing_key(fac, signer), cert)
+    return cert
+
+
+def archive_certificate(fac: Factory, name: str) -> None:
+    """Keep the previous certificate (if any) under registry/history/NAME/ before it is replaced, and
+    revoke it in the log: a superseded certificate copied back must not run again (e.g. a demotion)."""
+    current = fac.cert_path(name)
+    if not current.exists():
+        return
+    old = current.read_bytes()
+    write_text(fac.registry / "history" / name / f"{new_run_id()}.card.json", old)
+    try:
+        signature = json.loads(old).get("signature")
+    except (ValueError, AttributeError):
+        signature = None
+    if isinstance(signature, str):
+        append_jsonl(fac.revocations, {"agent": name, "reason": "superseded by a newer certificate",
+                                       "at": utc_now(), "signature": signature})
+
+
+@dataclass
+class Drift:
+    """p-chart watch on a certified agent: the recent gate pass rate against 3 sigma below its certified rate.
+
+    Without a certified rate (fewer than 20 gated runs when it was signed) there is no baseline."""
+    certified_rate: float | None
+    recent: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, fac: Factory, name: str, cert: dict) -> "Drift":
+        """The watch for NAME's current certificate, fed with its last gated runs since signing
+        (read from the end of the index, so a run does not pay for a year of history)."""
+        drift, recent = cls(cert.get("certified_rate")), []
+        if drift.certified_rate is None:
+            return drift
+        for row in newest_rows(fac):
+            if row["at"] <= cert["signed_at"] or len(recent) == DRIFT_WINDOW:
+                break
+            if row["agent"] == name and row["gate"] in GATED:
+                recent.append(row)
+        for row in reversed(recent):
+            drift.observe(row)
+        return drift
+
+    def observe(self, row: dict) -> None:
+        """Count one run (only gated runs count), keeping the last DRIFT_WINDOW."""
+        if row["gate"] in GATED:
+            self.recent = (self.recent + [row["gate"] == "pass"])[-DRIFT_WINDOW:]
+
+    @property
+    def lcl(self) -> float | None:
+        """Lower control limit: p - 3 sqrt(p(1-p)/n) over the window, clipped at 0."""
+        p = self.certified_rate
+        return None if p is None else max(0.0, p - 3 * math.sqrt(p * (1 - p) / DRIFT_WINDOW))
+
+    @property
+    def rate(self) -> float | None:
+        """The recent gate pass rate, once the window is full."""
+        return sum(self.recent) / len(self.recent) if len(self.recent) >= DRIFT_WINDOW else None
+
+    @property
+    def demoted(self) -> bool:
+        """True when the full recent window falls below the lower control limit."""
+        return self.rate is not None and self.lcl is not None and self.rate < self.lcl
+
+    def describe(self) -> str:
+        """One phrase for the tower's drift column."""
+        if self.certified_rate is None:
+            return "no baseline"
+        if self.rate is None:
+            return f"watching ({len(self.recent)}/{DRIFT_WINDOW})"
+        state = "DEMOTED to C0" if self.demoted else "in control"
+        return f"{state} (recent {self.rate:.2f}, lcl {self.lcl:.2f}, certified {self.certified_rate:.2f})"
+
+
+PENDING_FORMAT = "factory-pending-1"
+
+
+PENDING_SHAPE = {"format": str, "run_id": str, "call": int, "agent": str, "tool": str, "args": dict,
+                 "args_digest": str, "certificate": str, "digest": str, "staged_at": str, "expires_at": str}
+
+
+def pending_path(fac: Factory, run_id: str, call: int, state: str = "") -> Path:
+    """registry/pending/RUN_ID.CALL.json, or its state file (.approved, .executed, .rejected)."""
+    return fac.registry / "pending" / f"{run_id}.{call}{'.' + state if state else ''}.json"
+
+
+def load_pending(fac: Factory, run_id: str, call: int) -> dict:
+    """The stored staged call RUN_ID/CALL, shape-checked; Refusal when the id is odd or nothing waits there."""
+    if not RUN_ID.fullmatch(run_id or "") or call < 1:
+        raise Refusal(f"{run_id!r} --call {call} does not name a staged call (see `pending`)")
+    path = pending_path(fac, run_id, call)
+    if not path.exists():
+        raise Refusal(f"no staged call {call} for run {run_id} (see `pending`)")
+    return check_shape(fac.read_json(path), PENDING_SHAPE, fac.shown(path))
+
+
+def pending_state(fac: Factory, entry: dict) -> str:
+    """executed | rejected | expired | pending, from the state files beside the stored call."""
+    for state in ("executed", "rejected"):
+        if pending_path(fac, entry["run_id"], entry["call"], state).exists():
+            return state
+    return "expired" if utc_now() > entry["expires_at"] else "pending"
+
+
+def refuse_closed(fac: Factory, entry: dict) -> None:
+    """Refusal when the staged call was already executed, rejected, or has expired."""
+    state, label = pending_state(fac, entry), f"{entry['tool']} from run {entry['run_id']} (call {entry['call']})"
+    if state == "executed":
+        done = fac.read_json(pending_path(fac, entry["run_id"], entry["call"], "executed"))
+        raise Refusal(f"{label} was already executed at {done.get('at')} (approved by {done.get('by')}).")
+    if state == "rejected":
+        raise Refusal(f"{label} was rejected; it will not be executed.")
+    if state == "expired":
+        raise Refusal(f"{label} expired at {entry['expires_at']} without approval; run the ticket again.")
+
+
+def refuse_changed(fac: Factory, entry: dict) -> Agent:
+    """The agent, unless it was recalled, re-stamped, re-certified or changed since the call was staged."""
+    name = entry["agent"]
+    cert = verified_certificate(fac, name)
+    revoked = revocation_reason(fac, name, cert)
+    if revoked:
+        raise Refusal(f"{name} was re-stamped since this call was staged (certificate revoked: {revoked}); not executed.")
+    recalls = [r for r in recalls_of(fac, name) if r["at"] > entry["staged_at"]]
+    if recalls:
+        raise Refusal(f"{name} was recalled since this call was staged ({recalls[-1]['reason']}); not executed.")
+    if cert["signature"] != entry["certificate"]:
+        raise Refusal(f"{name} was re-certified since this call was staged; run the ticket again under the new certificate.")
+    agent = load_agent(fac, name)
+    if agent.digest != entry["digest"]:
+        raise Refusal(f"the ABOM of {name} changed since this call was staged; not executed.")
+    if broker.args_digest(entry["args"]) != entry["args_digest"]:
+        raise Refusal(f"the stored arguments of {entry['tool']} no longer match their digest: changed after staging; not executed.")
+    return agent
+
+
+# ================================================================ 4. Runs
 
 class Stop(Exception):
     """A loop exit; `status` is the closed-set status recorded in the trace."""
@@ -728,6 +975,11 @@ class Escalated(Stop):
 class OverBudget(Stop):
     """The next model call would have exceeded the card's cost envelope."""
     status = "over_budget"
+
+
+class Diverged(Stop):
+    """Replay: today's code asked the model more often than the recorded run did."""
+    status = "diverged"
 
 
 def task_text(value) -> str:
@@ -842,11 +1094,15 @@ class Loop:
         return f"{head}\n[... {len(text) - len(head) - len(tail)} characters clipped; {where} ...]\n{tail}"
 
 
-# ---------------------------------------------------------------- the run gate (router): detectors, then Sage
-
 NO_PROGRESS_STEPS = 5        # tool calls without one successful execution before detector 5 fires
+
+
 BURN_ALERT = 0.85            # share of the cost envelope spent that counts as a signal
+
+
 INTERVENE_P = 0.6            # P(needs intervention) at which the router asks which intervention
+
+
 ROUTER_ACTIONS = ("continue", "switch_model", "restart_clean", "escalate_human")
 
 
@@ -978,8 +1234,6 @@ class Router:
             loop.restart_clean()
 
 
-# ---------------------------------------------------------------- the output gate (Sage)
-
 def gate_output(fac: Factory, agent: Agent, task: str, output: dict, within_envelope: bool) -> dict:
     """Ask Sage the card's gate question about one output: {verdict, p, answer, bar, line}.
 
@@ -1009,13 +1263,6 @@ def judge(answer: str | None, p: float | None, bar: float, within_envelope: bool
         why = "" if within_envelope else " (cost outside the envelope)"
         note = f"gate: {answer} p={shown} bar={bar} -> flag{why}"
     return {"verdict": verdict, "p": p, "answer": answer, "bar": bar, "line": note}
-
-
-# ---------------------------------------------------------------- one production run
-
-def new_run_id() -> str:
-    """A run id that sorts by time: UTC timestamp with microseconds, then 6 random hex."""
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
 
 
 def sage_client(fac: Factory, timeout: float, retries: int = 0):
@@ -1124,16 +1371,6 @@ def read_back(fac: Factory, receipt: dict | None) -> bool:
         return False
 
 
-PENDING_FORMAT = "factory-pending-1"
-PENDING_SHAPE = {"format": str, "run_id": str, "call": int, "agent": str, "tool": str, "args": dict,
-                 "args_digest": str, "certificate": str, "digest": str, "staged_at": str, "expires_at": str}
-
-
-def pending_path(fac: Factory, run_id: str, call: int, state: str = "") -> Path:
-    """registry/pending/RUN_ID.CALL.json, or its state file (.approved, .executed, .rejected)."""
-    return fac.registry / "pending" / f"{run_id}.{call}{'.' + state if state else ''}.json"
-
-
 @dataclass
 class Staging:
     """Settles a run's staged acting calls: C3 executes after a passing gate; C2 parks each call
@@ -1173,11 +1410,6 @@ class Staging:
         return path
 
 
-def iso(moment: datetime) -> str:
-    """A UTC datetime as ISO 8601 with microseconds and a Z (sorts as text)."""
-    return moment.astimezone(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
 def routing_reasons(status: str, loop: Loop, gate: dict) -> list[str]:
     """Why this run goes to a human (empty when it does not): run status, gate, the agent's own flag."""
     reasons = []
@@ -1190,7 +1422,86 @@ def routing_reasons(status: str, loop: Loop, gate: dict) -> list[str]:
     return reasons
 
 
-# ---------------------------------------------------------------- prove: the proving ground
+def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
+    """Execute one approved staged call through the broker, exactly once; refuses without an approval record.
+
+    Every check is made again here, whoever calls it: state, agent, certificate, argument digest."""
+    entry = load_pending(fac, run_id, call)
+    approval_path = pending_path(fac, run_id, call, "approved")
+    if not approval_path.exists():
+        raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) has no approval record; the executor refuses.")
+    approval = fac.read_json(approval_path)
+    refuse_closed(fac, entry)
+    agent = refuse_changed(fac, entry)
+    if approval.get("args_digest") != entry["args_digest"]:
+        raise Refusal(f"the approval of run {run_id} (call {call}) was for other arguments; not executed.")
+    claim = pending_path(fac, run_id, call, "executed")
+    try:
+        os.close(os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # exactly once, across processes
+    except FileExistsError:
+        raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) was already executed.") from None
+    record = lambda event: append_jsonl(fac.trace_path(agent.name, run_id), event)  # noqa: E731
+    tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, append_jsonl)
+    desk = broker.Broker(agent.policy_at("C2"), agent.contracts, tools, "run", record)
+    staged = desk.carry_out(entry["tool"], entry["args"])
+    done = desk.execute_staged(staged) if staged.verdict == broker.STAGED else staged
+    result = {"at": utc_now(), "by": approval.get("by"), "ok": done.ok, "verdict": done.verdict,
+              "result": done.result, "receipt": done.receipt, "read_back": read_back(fac, done.receipt)}
+    write_json(claim, result)
+    record({"event": "approved_call", "call": call, **result})
+    return result
+
+
+INDEX_SHAPE = {"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
+               "backends": list, "denied": list, "acted": int, "staged": int, "why": list}
+
+
+def index_rows(fac: Factory) -> Iterator[dict]:
+    """Rows of traces/index.jsonl, streamed and shape-checked; nothing when there is no index yet."""
+    index = fac.index
+    if index.exists():
+        for number, row in fac.read_jsonl(index):
+            if not index_row_fits(row):
+                where = f"{fac.shown(index)} line {number}"
+                check_shape(row, INDEX_SHAPE, where)
+                raise Refusal(f"{where}: field 'cost_usd' or 'p' is not a number")
+            yield row
+
+
+INDEX_TYPES = tuple(INDEX_SHAPE.items())
+
+
+NUMBER_OR_NULL = (int, float, type(None))
+
+
+def index_row_fits(row: dict) -> bool:
+    """True when an index row has every INDEX_SHAPE field with its exact type, and cost_usd and p are
+    numbers or null (exact types: JSON has no subclasses, and bool is not a number here)."""
+    try:
+        for key, kind in INDEX_TYPES:
+            if type(row[key]) is not kind:
+                return False
+    except KeyError:
+        return False
+    return type(row.get("cost_usd")) in NUMBER_OR_NULL and type(row.get("p")) in NUMBER_OR_NULL
+
+
+def newest_rows(fac: Factory, block: int = 1 << 16) -> Iterator[dict]:
+    """Index rows newest first, read backwards in blocks; Refusal for a malformed row."""
+    if not fac.index.exists():
+        return
+    with fac.index.open("rb") as index:
+        end, tail = index.seek(0, os.SEEK_END), b""
+        while end > 0:
+            start = max(0, end - block)
+            index.seek(start)
+            lines = (index.read(end - start) + tail).split(b"\n")
+            tail, end = (lines.pop(0) if start > 0 else b""), start
+            for raw in reversed(lines):
+                if raw.strip():
+                    yield check_shape(as_object(parse_json(decode_line(raw, fac.shown(fac.index)), fac.shown(fac.index)),
+                                                fac.shown(fac.index)), INDEX_SHAPE, fac.shown(fac.index))
+
 
 def prove_case(fac: Factory, agent: Agent, case: dict) -> dict:
     """Run one case with every tool a recorder (dry mode) and judge it against `expect`."""
@@ -1265,38 +1576,6 @@ def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], 
     return f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}" if scores else "0 scored"
 
 
-@dataclass
-class Progress:
-    """Done / total, rate and time left on one stderr line, only when stderr is a terminal and the
-    work has taken longer than a second (no colour; the line is wiped before results print)."""
-    label: str
-    total: int
-    done: int = 0
-    started: float = field(default_factory=time.monotonic)
-    on_terminal: bool = field(default_factory=lambda: sys.stderr.isatty())
-    width: int = 0
-
-    def tick(self) -> None:
-        """One more item done."""
-        self.done += 1
-        elapsed = time.monotonic() - self.started
-        if self.on_terminal and elapsed > 1.0:
-            rate = self.done / elapsed
-            line = f"{self.label}: {self.done}/{self.total}  {rate:.1f}/s  ~{(self.total - self.done) / rate:.0f}s left"
-            sys.stderr.write("\r" + line.ljust(self.width))
-            sys.stderr.flush()
-            self.width = len(line)
-
-    def clear(self) -> None:
-        """Wipe the progress line so the next stdout line starts clean."""
-        if self.width:
-            sys.stderr.write("\r" + " " * self.width + "\r")
-            sys.stderr.flush()
-            self.width = 0
-
-    close = clear
-
-
 def share(results: list[dict]) -> dict:
     """{score, passed, cases} for a list of case results (score 0.0 when empty)."""
     passed = sum(r["passed"] for r in results)
@@ -1318,6 +1597,124 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
             "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures}
 
 
+@dataclass
+class RecordedWorker:
+    """A worker that answers with the model replies recorded in a trace, in order (no network)."""
+    replies: list
+
+    def estimate_next_cost(self, messages, tools) -> float:
+        """Recorded replies cost nothing now."""
+        return 0.0
+
+    def complete(self, messages, tools) -> llm.Reply:
+        """The next recorded reply; Diverged when today's code wants one more than was recorded."""
+        if not self.replies:
+            raise Diverged("today's code asked the model again after the recorded run ended")
+        return self.replies.pop(0)
+
+
+def recorded_reply(event: dict) -> llm.Reply:
+    """An llm.Reply rebuilt from one `model` trace event."""
+    calls = tuple(llm.ToolCall(c["id"], c["name"], c["args"]) for c in event.get("tool_calls", []))
+    return llm.Reply(event.get("text", ""), calls, event.get("usage", {}), event.get("cost_usd"),
+                     event.get("model", ""), "replay", 0.0)
+
+
+def recorder_tools(events: list[dict], contracts: dict) -> dict:
+    """Tools that hand back the results recorded in the trace, in order per tool; nothing executes."""
+    results: dict[str, list[str]] = {}
+    by_seq = {e["seq"]: e["content"] for e in events if e.get("event") == "tool_result"}
+    for event in events:
+        if event.get("event") == "tool" and event.get("verdict") == "ok":
+            results.setdefault(event["tool"], []).append(by_seq.get(event["seq"], ""))
+    def recorder(name):
+        return lambda args: results.get(name, []).pop(0) if results.get(name) else "replay: no recorded result"
+    return {name: recorder(name) for name in contracts}
+
+
+def find_trace(fac: Factory, run_id: str) -> Path:
+    """traces/AGENT/RUN_ID.jsonl for a run id; Refusal when the id is odd or unknown."""
+    if not RUN_ID.fullmatch(run_id or ""):
+        raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
+    found = sorted(fac.traces.glob(f"*/{run_id}.jsonl"))
+    if not found:
+        raise Refusal(f"no trace for run {run_id} under {fac.shown(fac.traces)}")
+    return found[0]
+
+
+def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loop: Loop, status: str) -> list[str]:
+    """What differs between a recorded run and its replay: tool calls and verdicts, status, output."""
+    def calls(events):
+        return [(e["tool"], e.get("args_digest"), e["verdict"]) for e in events if e.get("event") == "tool"]
+    then, today = calls(recorded), calls(now)
+    differences = [f"tool call {i + 1}: recorded {a} / today {b}" for i, (a, b) in
+                   enumerate(zip(then, today)) if a != b]
+    if len(then) != len(today):
+        differences.append(f"tool calls: recorded {len(then)} / today {len(today)}")
+    if old_end.get("status") != status:
+        differences.append(f"status: recorded {old_end.get('status')} / today {status} ({loop.reason})")
+    if old_end.get("output") != loop.output:
+        differences.append(f"output: recorded {json.dumps(old_end.get('output'))} / today {json.dumps(loop.output)}")
+    return differences
+
+
+# ================================================================ 5. Stations
+
+def jobs_of(args) -> int:
+    """--jobs N (N >= 1); Refusal otherwise."""
+    if args.jobs < 1:
+        raise Refusal(f"--jobs must be at least 1, not {args.jobs}")
+    return args.jobs
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write a report the user asked for (JUnit, HTML); Refusal naming the path when it cannot be written."""
+    try:
+        write_text(path, text)
+    except OSError as error:
+        raise Refusal(f"{path}: cannot write the report ({error.strerror or type(error).__name__})") from None
+
+
+def cmd_stamp(fac: Factory, args) -> int:
+    """Derive a variant from a master: --as NEW, each --set PATH=JSON an override the variant keeps."""
+    master = load_agent(fac, args.master)
+    path = fac.card_path(check_name(args.new))
+    if path.exists():
+        raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp")
+    overrides = dict(parse_setting(text) for text in args.set or [])
+    card = validate_card(derive(master.card, args.new, overrides, master.digest), f"variant {args.new}")
+    agent_from_card(fac, card)
+    try:
+        write_json(path, card, exclusive=True)
+    except FileExistsError:
+        raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp") from None
+    append_jsonl(fac.lineage, {"agent": args.new, "stamped_from": args.master, "at": utc_now()})
+    print(f"stamped {args.new} from {args.master}: {fac.shown(path)} overrides {json.dumps(overrides)}")
+    return 0
+
+
+def cmd_restamp(fac: Factory, args) -> int:
+    """Carry a master fix to every variant (transitively) as master + its overrides; revoke changed certificates."""
+    parent_of = parents(fac)
+    latest = {args.master: load_agent(fac, args.master)}
+    changed = []
+    for name in descendants(fac, args.master):
+        old = load_card(fac, name)
+        parent = latest[parent_of[name]]
+        card = validate_card(derive(parent.card, name, old.get("overrides", {}), parent.digest), fac.shown(fac.card_path(name)))
+        latest[name] = agent_from_card(fac, card)
+        if card != old:
+            changed.append(name)
+    revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]  # before the
+    for name in changed:                                                    # cards change: a kill between keeps it revoked
+        write_json(fac.card_path(name), latest[name].card)
+    print(f"restamped {len(changed)} variant(s) from {args.master}: {changed}")
+    print(f"revoked {len(revoked)} certificate(s): {revoked}")
+    if changed:
+        print("re-prove and re-certify before these run again.")
+    return 0
+
+
 def cmd_prove(fac: Factory, args) -> int:
     """Prove an agent on its suite (open half, or --sealed); every tool is a recorder. Exit 0 only above the bar."""
     agent = load_agent(fac, args.agent)
@@ -1334,19 +1731,17 @@ def cmd_prove(fac: Factory, args) -> int:
     return 0 if record["score"] >= record["pass_bar"] else 1
 
 
-def write_report(path: Path, text: str) -> None:
-    """Write a report the user asked for (JUnit, HTML); Refusal naming the path when it cannot be written."""
-    try:
-        write_text(path, text)
-    except OSError as error:
-        raise Refusal(f"{path}: cannot write the report ({error.strerror or type(error).__name__})") from None
-
-
-def jobs_of(args) -> int:
-    """--jobs N (N >= 1); Refusal otherwise."""
-    if args.jobs < 1:
-        raise Refusal(f"--jobs must be at least 1, not {args.jobs}")
-    return args.jobs
+def print_proof(record: dict) -> None:
+    """The summary line, the real/synthetic split, and the failures (ids only for the sealed half)."""
+    verdict = "PASS" if record["score"] >= record["pass_bar"] else "UNDER BAR"
+    print(f"{record['agent']} [{record['half']}] {record['passed']}/{record['cases']} = {record['score']:.2f} "
+          f"(bar {record['pass_bar']}) {verdict}   denials:{record['tool_denials']}   draft:{record['draft_check']}")
+    real, synthetic = record["real"], record["synthetic"]
+    print(f"  real tickets {real['passed']}/{real['cases']} = {real['score']:.2f}   "
+          f"synthetic {synthetic['passed']}/{synthetic['cases']} = {synthetic['score']:.2f}   backends: {', '.join(record['backends'])}")
+    for failure in record["failures"]:
+        print(f"  failed {failure}" if isinstance(failure, str) else f"  failed {failure['id']}: {json.dumps(failure['wrong'])}"
+              + (f" denied {failure['unexpected_denials']}" if failure["unexpected_denials"] else ""))
 
 
 def junit_xml(record: dict, results: list[dict]) -> str:
@@ -1379,101 +1774,6 @@ def failure_message(half: str, result: dict) -> str:
     return "; ".join(parts) or "failed"
 
 
-def print_proof(record: dict) -> None:
-    """The summary line, the real/synthetic split, and the failures (ids only for the sealed half)."""
-    verdict = "PASS" if record["score"] >= record["pass_bar"] else "UNDER BAR"
-    print(f"{record['agent']} [{record['half']}] {record['passed']}/{record['cases']} = {record['score']:.2f} "
-          f"(bar {record['pass_bar']}) {verdict}   denials:{record['tool_denials']}   draft:{record['draft_check']}")
-    real, synthetic = record["real"], record["synthetic"]
-    print(f"  real tickets {real['passed']}/{real['cases']} = {real['score']:.2f}   "
-          f"synthetic {synthetic['passed']}/{synthetic['cases']} = {synthetic['score']:.2f}   backends: {', '.join(record['backends'])}")
-    for failure in record["failures"]:
-        print(f"  failed {failure}" if isinstance(failure, str) else f"  failed {failure['id']}: {json.dumps(failure['wrong'])}"
-              + (f" denied {failure['unexpected_denials']}" if failure["unexpected_denials"] else ""))
-
-
-# ---------------------------------------------------------------- certify: the station that stays human
-
-RECORD_SHAPE = {"format": str, "agent": str, "half": str, "at": str, "score": (int, float), "passed": int,
-                "cases": int, "pass_bar": (int, float), "digest": str, "components": dict, "suite": str,
-                "suite_digest": str, "draft_check": str, "failures": list}
-
-
-def check_shape(value: dict, shape: dict, where: str) -> dict:
-    """value when each key of shape is present with its type; Refusal naming the first that is not."""
-    for key, kind in shape.items():
-        if key not in value:
-            raise Refusal(f"{where}: missing field '{key}'")
-        if not isinstance(value[key], kind) or isinstance(value[key], bool) and kind is not bool:
-            raise Refusal(f"{where}: field '{key}' has the wrong type ({type(value[key]).__name__})")
-    return value
-
-
-def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
-    """Every sealed proof of NAME, oldest first (run ids sort by time); history is never overwritten."""
-    folder = fac.records / name
-    paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
-    found = []
-    for path in paths:
-        record = check_shape(fac.read_json(path), RECORD_SHAPE, fac.shown(path))
-        if not NAME.match(record["suite"]):
-            raise Refusal(f"{fac.shown(path)}: field 'suite' must be a suite name, got {record['suite']!r}")
-        found.append((path, record))
-    return found
-
-
-def certify_guards(fac: Factory, agent: Agent, tier: str) -> tuple[Path, dict, int]:
-    """The latest sealed proof when every guard holds, plus the attempts since the card last changed."""
-    ceiling = agent.card["tier_ceiling"]
-    if TIERS.index(tier) > TIERS.index(ceiling):
-        raise Refusal(f"tier {tier} is above the card's tier_ceiling {ceiling}.")
-    proofs = sealed_records(fac, agent.name)
-    if not proofs:
-        raise Refusal("no sealed run. the law: no evals, no production.")
-    path, proof = proofs[-1]
-    if proof.get("digest") != agent.digest:
-        changed = ", ".join(changed_components(proof.get("components", {}), agent.components))
-        raise Refusal(f"the ABOM changed after the sealed run ({changed}). re-prove before certifying.")
-    sealed = suite_path(fac, proof["suite"], True)
-    if sha256(fac.read_bytes(sealed, limit=1 << 40)) != proof.get("suite_digest"):
-        raise Refusal(f"the sealed suite changed after the sealed run ({fac.shown(sealed)}). re-prove before certifying.")
-    if proof["score"] < proof["pass_bar"]:
-        raise Refusal(f"sealed score {proof['score']} is under the bar {proof['pass_bar']}.")
-    later = [r for r in recalls_of(fac, agent.name) if r["at"] > proof["at"]]
-    if later:
-        raise Refusal(f"recalled after the sealed run ({later[-1]['reason']}). a recall needs a fresh sealed proof.")
-    refuse_without_evidence(fac, agent, tier)
-    attempts = sum(1 for _, p in proofs if p.get("digest") == agent.digest)
-    return path, proof, attempts
-
-
-PROMOTION_RUNS = 20          # gated production runs at the tier below, since the card last changed
-DRIFT_WINDOW = 20            # recent gated runs compared against the certified pass rate
-GATED = ("pass", "flag", "unsure")
-
-
-def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> tuple[int, int]:
-    """(gated runs, gate passes) of this agent with its current digest, at `tier` when given."""
-    runs = passes = 0
-    for row in index_rows(fac):
-        if row["agent"] == agent.name and row.get("digest") == agent.digest and row["gate"] in GATED \
-                and (tier is None or row.get("tier") == tier):
-            runs, passes = runs + 1, passes + (row["gate"] == "pass")
-    return runs, passes
-
-
-def refuse_without_evidence(fac: Factory, agent: Agent, tier: str) -> None:
-    """C2 and C3 need >= 20 gated runs at the tier below since the card last changed, passing at the bar."""
-    if tier not in ("C2", "C3"):
-        return
-    below, bar = TIERS[TIERS.index(tier) - 1], agent.card["evals"]["pass_bar"]
-    runs, passes = gated_runs(fac, agent, below)
-    rate = passes / runs if runs else 0.0
-    if runs < PROMOTION_RUNS or rate < bar:
-        raise Refusal(f"tier {tier} needs production evidence at {below} since the card last changed: "
-                      f"{runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {rate:.2f} (need {bar}).")
-
-
 def cmd_certify(fac: Factory, args) -> int:
     """Sign a certificate for an agent whose latest sealed proof clears the bar; only a human at a terminal can."""
     agent = load_agent(fac, args.agent)
@@ -1498,39 +1798,6 @@ def cmd_certify(fac: Factory, args) -> int:
     return 0
 
 
-def certificate(fac: Factory, agent: Agent, tier: str, signer: str, path: Path, proof: dict) -> dict:
-    """The signed certificate: what may run, at which tier, on whose word."""
-    cert = {"format": CERT_FORMAT, "agent": agent.name, "tier": tier, "digest": agent.digest,
-            "components": agent.components, "sealed_score": proof["score"], "sealed_record": path.name,
-            "sealed_at": proof["at"], "suite_digest": proof["suite_digest"], "grants": agent.card["tools"],
-            "denied": agent.card["tools_denied"], "envelope_usd": agent.card["cost_envelope_usd"],
-            "identity": agent.card["identity"], "owner": agent.card["owner"], "signer": signer, "signed_at": utc_now()}
-    runs, passes = gated_runs(fac, agent)
-    cert["certified_rate"] = round(passes / runs, 4) if runs >= PROMOTION_RUNS else None
-    cert["certified_rate_runs"] = runs
-    cert["signature"] = signature_of(signing_key(fac, signer), cert)
-    return cert
-
-
-def archive_certificate(fac: Factory, name: str) -> None:
-    """Keep the previous certificate (if any) under registry/history/NAME/ before it is replaced, and
-    revoke it in the log: a superseded certificate copied back must not run again (e.g. a demotion)."""
-    current = fac.cert_path(name)
-    if not current.exists():
-        return
-    old = current.read_bytes()
-    write_text(fac.registry / "history" / name / f"{new_run_id()}.card.json", old)
-    try:
-        signature = json.loads(old).get("signature")
-    except (ValueError, AttributeError):
-        signature = None
-    if isinstance(signature, str):
-        append_jsonl(fac.revocations, {"agent": name, "reason": "superseded by a newer certificate",
-                                       "at": utc_now(), "signature": signature})
-
-
-# ---------------------------------------------------------------- run, tower, harvest, recall
-
 def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
     """(id, input) for each line of a tickets file `{"id", "input"}`; Refusal naming file and line."""
     if path.resolve().name == "sealed.jsonl" or path.resolve().is_relative_to(fac.sealed_dir) and fac.sealed_dir != fac.evals:
@@ -1545,61 +1812,6 @@ def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
     if not tickets:
         raise Refusal(f"{fac.shown(path)}: has no tickets")
     return tickets
-
-
-@dataclass
-class Drift:
-    """p-chart watch on a certified agent: the recent gate pass rate against 3 sigma below its certified rate.
-
-    Without a certified rate (fewer than 20 gated runs when it was signed) there is no baseline."""
-    certified_rate: float | None
-    recent: list = field(default_factory=list)
-
-    @classmethod
-    def of(cls, fac: Factory, name: str, cert: dict) -> "Drift":
-        """The watch for NAME's current certificate, fed with its last gated runs since signing
-        (read from the end of the index, so a run does not pay for a year of history)."""
-        drift, recent = cls(cert.get("certified_rate")), []
-        if drift.certified_rate is None:
-            return drift
-        for row in newest_rows(fac):
-            if row["at"] <= cert["signed_at"] or len(recent) == DRIFT_WINDOW:
-                break
-            if row["agent"] == name and row["gate"] in GATED:
-                recent.append(row)
-        for row in reversed(recent):
-            drift.observe(row)
-        return drift
-
-    def observe(self, row: dict) -> None:
-        """Count one run (only gated runs count), keeping the last DRIFT_WINDOW."""
-        if row["gate"] in GATED:
-            self.recent = (self.recent + [row["gate"] == "pass"])[-DRIFT_WINDOW:]
-
-    @property
-    def lcl(self) -> float | None:
-        """Lower control limit: p - 3 sqrt(p(1-p)/n) over the window, clipped at 0."""
-        p = self.certified_rate
-        return None if p is None else max(0.0, p - 3 * math.sqrt(p * (1 - p) / DRIFT_WINDOW))
-
-    @property
-    def rate(self) -> float | None:
-        """The recent gate pass rate, once the window is full."""
-        return sum(self.recent) / len(self.recent) if len(self.recent) >= DRIFT_WINDOW else None
-
-    @property
-    def demoted(self) -> bool:
-        """True when the full recent window falls below the lower control limit."""
-        return self.rate is not None and self.lcl is not None and self.rate < self.lcl
-
-    def describe(self) -> str:
-        """One phrase for the tower's drift column."""
-        if self.certified_rate is None:
-            return "no baseline"
-        if self.rate is None:
-            return f"watching ({len(self.recent)}/{DRIFT_WINDOW})"
-        state = "DEMOTED to C0" if self.demoted else "in control"
-        return f"{state} (recent {self.rate:.2f}, lcl {self.lcl:.2f}, certified {self.certified_rate:.2f})"
 
 
 def cmd_run(fac: Factory, args) -> int:
@@ -1666,6 +1878,219 @@ def print_ticket(ticket_id: str, row: dict) -> None:
     print(f"{ticket_id}\t{out.get('label', '-')}\tescalate={str(out.get('escalate', '-')).lower()}\t"
           f"gate={row['gate']}\tverdict={row['verdict']}\t-> {where}")
 
+
+def cmd_tower(fac: Factory, args) -> int:
+    """Per agent: runs, gate pass %, acted, staged, cost, denials, verdicts, drift, backends, gate probabilities."""
+    doc = tower_document(fac)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    if args.html:
+        write_report(Path(args.html), render_tower_html(doc))
+        print(f"wrote {args.html}")
+        return 0
+    print_tower(doc)
+    return 0
+
+
+def flagged(row: dict) -> bool:
+    """A run worth an eval case: the gate said no or unsure, a tool was denied, or it did not finish."""
+    return row.get("gate") in ("flag", "unsure") or bool(row.get("denied")) or row.get("status") != "done"
+
+
+def cmd_harvest(fac: Factory, args) -> int:
+    """Evalsmith (certified) turns the agent's flagged runs into proposed cases in evals/AGENT/proposed.jsonl."""
+    load_card(fac, args.agent)
+    try:
+        smith, smith_cert = certified_agent(fac, "evalsmith")
+    except Refusal as why:
+        raise Refusal(f"evalsmith is not certified. the line only hires from the registry. ({why})") from None
+    log = fac.records / args.agent / "harvested.jsonl"
+    done = {row.get("run_id") for _, row in fac.read_jsonl(log)} if log.exists() else set()
+    todo = [row for row in index_rows(fac) if row["agent"] == args.agent and flagged(row) and row["run_id"] not in done]
+    inputs = [flagged_input(fac, row) for row in todo]  # every trace read before anything is written
+    proposed = 0
+    for row, given in zip(todo, inputs):
+        result = run_one(fac, smith, smith_cert, given)
+        made = sum(1 for tool, verdict in result["tools"] if tool == "evals:propose" and verdict == "ok")
+        proposed += made
+        if made:   # a run whose proposal failed stays flagged for the next harvest
+            append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
+    print(f"harvested {len(todo)} flagged run(s) of {args.agent}; proposed {proposed} case(s) into "
+          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them)")
+    return 0
+
+
+def flagged_input(fac: Factory, row: dict) -> dict:
+    """What evalsmith sees of one flagged run: its input (from the trace header), output, gate and denials."""
+    trace = fac.trace_path(row["agent"], row["run_id"])
+    events = [event for _, event in fac.read_jsonl(trace)]
+    if not events or events[0].get("format") != TRACE_FORMAT:
+        raise Refusal(f"{fac.shown(trace)}: not a {TRACE_FORMAT} trace (no header line)")
+    header, end = events[0], [event for event in events if event.get("event") == "end"]
+    return {"run_id": row["run_id"], "agent": row["agent"], "input": header.get("input"),
+            "output": end[-1].get("output") if end else None, "gate": {"verdict": row.get("gate"), "p": row.get("p")},
+            "denials": row.get("denied", []), "why": "; ".join(row.get("why", []))}
+
+
+def cmd_recall(fac: Factory, args) -> int:
+    """Recall an agent and every variant stamped from it: none runs again until re-proved and re-signed."""
+    load_card(fac, args.agent)
+    reason = " ".join((args.reason or "").split())   # one line: it is echoed in every refusal
+    if not reason:
+        raise Refusal("a recall needs a reason: --reason TEXT")
+    variants = descendants(fac, args.agent)   # read (and checked) before anything is written
+    append_jsonl(fac.recalls, {"agent": args.agent, "reason": reason, "at": utc_now(),
+                               "by": fac.env.get("USER", "unknown")})
+    print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")
+    print("every new run of these is refused until a fresh sealed proof and a new signature; runs already underway finish and are gated.")
+    return 0
+
+
+KEY_NAMES = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "MOONSHOT_API_KEY", "OPENROUTER_API_KEY",
+             "SAGEROUTE_TOKEN", "SAGE_API_KEY")
+
+
+def certificate_state(fac: Factory, name: str) -> str:
+    """One phrase for whether NAME may run now: 'certified C1', or the refusal it would get."""
+    try:
+        _, cert = certified_agent(fac, name)
+        return f"certified {cert['tier']}"
+    except Refusal as why:
+        return str(why)
+
+
+def gate_report(fac: Factory) -> list[str]:
+    """Lines about the gate: protocol, endpoint, key present (never its value), User-Agent, live check."""
+    client = sage.Sage.from_env(fac.env, timeout=8.0)
+    lines = [f"gate: {client.protocol} at {client.endpoint}  key {'present' if fac.env.get('SAGE_API_KEY') else 'absent'}"
+             f"  user-agent {sage.USER_AGENT!r}"]
+    if not client.usable:
+        lines.append("gate: not reachable without a key -> every run is 'unscored' and routed to a human "
+                     "(set SAGE_API_KEY, or SAGE_PROTOCOL=systemone with SAGE_ENDPOINT for a local decision model)")
+        return lines
+    report = client.ready()
+    state = "ready" if report["ready"] else f"NOT READY ({report['detail']})"
+    lines.append(f"gate: live check {state} in {report['ms']} ms")
+    if not report["ready"]:
+        lines.append("gate: while this fails every run is routed to a human with 'gate: FAILED'")
+    return lines
+
+
+def cmd_doctor(fac: Factory, args) -> int:
+    """Say which worker backend and gate each agent would use, which keys are present, and whether Sage answers."""
+    present = [name for name in KEY_NAMES if fac.env.get(name)]
+    print(f"root {fac.root}\nkeys present: {', '.join(present) or 'none'} (values are never printed)")
+    for path in sorted(fac.masters.glob("*.json")):
+        name = path.stem
+        try:
+            card = load_card(fac, name)
+        except Refusal as why:
+            print(f"{name}: card does not load: {why}")
+            continue
+        worker = llm.Worker(model=card["model"], env=fac.env)
+        print(f"{name}: worker {worker.planned_backend()} (primary {card['model']['primary']}, "
+              f"fallback {card['model'].get('fallback', '-')}); gate bar {card['evals']['gate']}; {certificate_state(fac, name)}")
+    for line in gate_report(fac):
+        print(line)
+    return 0
+
+
+def cmd_pending(fac: Factory, args) -> int:
+    """List the staged acting calls waiting for a human's approval, oldest first."""
+    folder = fac.registry / "pending"
+    paths = [p for p in sorted(folder.glob("*.json")) if p.name.count(".") == 2] if folder.is_dir() else []
+    entries = [check_shape(fac.read_json(p), PENDING_SHAPE, fac.shown(p)) for p in paths]
+    waiting = sorted((e for e in entries if pending_state(fac, e) == "pending"), key=lambda e: e["staged_at"])
+    for e in waiting:
+        print(f"{e['run_id']} --call {e['call']}\t{e['agent']}\t{e['tool']} {json.dumps(e['args'], ensure_ascii=False)}"
+              f"\tstaged {e['staged_at']}\texpires {e['expires_at']}")
+    if not waiting:
+        print("(nothing waits for approval)")
+    return 0
+
+
+def cmd_approve(fac: Factory, args) -> int:
+    """Show one staged call at a terminal, ask `approve? [y/N]`, and execute exactly that call, once."""
+    entry = load_pending(fac, args.run_id, args.call)
+    key_path(fac, args.by)
+    refuse_closed(fac, entry)
+    refuse_changed(fac, entry)
+    if not sys.stdin.isatty():
+        raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
+    print(f"{entry['agent']} wants to run {entry['tool']} (run {entry['run_id']}, call {entry['call']}):\n"
+          f"  {json.dumps(entry['args'], ensure_ascii=False)}\n  digest {entry['args_digest']}\n"
+          f"  staged {entry['staged_at']}, expires {entry['expires_at']}", file=sys.stderr)
+    sys.stderr.write("approve? [y/N] ")
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() != "y":
+        raise Refusal("not approved; the call stays staged.")
+    write_json(pending_path(fac, entry["run_id"], entry["call"], "approved"),
+               {"by": args.by, "at": utc_now(), "args_digest": entry["args_digest"]})
+    result = execute_staged_call(fac, entry["run_id"], entry["call"])
+    state = "read back" if result["read_back"] else "NOT read back: check it by hand"
+    print(f"executed {entry['tool']} for run {entry['run_id']}: {result['verdict']} ({state}); approved by {args.by}")
+    return 0 if result["ok"] else 1
+
+
+def cmd_reject(fac: Factory, args) -> int:
+    """Close one staged call without executing it; the reason and the rejecter are kept."""
+    entry = load_pending(fac, args.run_id, args.call)
+    key_path(fac, args.by)
+    if not (args.reason or "").strip():
+        raise Refusal("a rejection needs a reason: --reason TEXT")
+    refuse_closed(fac, entry)
+    write_json(pending_path(fac, entry["run_id"], entry["call"], "rejected"),
+               {"by": args.by, "at": utc_now(), "reason": args.reason.strip()})
+    print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']})")
+    return 0
+
+
+def cmd_replay(fac: Factory, args) -> int:
+    """Feed a run's recorded model replies (or, with --live, the model again) to today's code; print what differs."""
+    path = find_trace(fac, args.run_id)
+    events = [event for _, event in fac.read_jsonl(path)]
+    ends = [i for i, e in enumerate(events) if e.get("event") == "end"]
+    if not ends or events[0].get("format") != TRACE_FORMAT or not NAME.match(str(events[0].get("agent"))) \
+            or "input" not in events[0]:
+        raise Refusal(f"{fac.shown(path)}: not a finished {TRACE_FORMAT} trace")
+    events = events[:ends[0] + 1]   # what the run did; approvals executed later are appended after its end
+    header, ends = events[0], [events[-1]]
+    agent = load_agent(fac, header["agent"])
+    try:  # a trace is a file a user can edit: every event it replays must have its fields
+        replies = [recorded_reply(e) for e in events if e.get("event") == "model"]
+        tools = recorder_tools(events, agent.contracts)
+        [(e["tool"], e["verdict"], e["seq"]) for e in events if e.get("event") == "tool"]
+    except (KeyError, TypeError, AttributeError) as error:
+        raise Refusal(f"{fac.shown(path)}: an event is malformed ({type(error).__name__}: {error})") from None
+    worker = make_worker(fac, agent, header["input"]) if args.live else RecordedWorker(replies)
+    now: list[dict] = []
+    desk = broker.Broker(agent.policy_at(header.get("tier", "C0")), agent.contracts, tools, "run", now.append)
+    loop = Loop(worker, desk, agent, task_text(header["input"]), now.append)
+    status = run_loop(loop)
+    differences = replay_differences(events, now, ends[-1], loop, status)
+    mode = "live" if args.live else "recorded replies"
+    print(f"replay {args.run_id} ({agent.name}, {mode}): " + (f"{len(differences)} difference(s)" if differences else "no differences"))
+    for line in differences:
+        print(f"  {line}")
+    return 1 if differences else 0
+
+
+def cmd_digest(fac: Factory, args) -> int:
+    """Print the agent's digest; --explain prints each component, marking what changed since certification."""
+    agent = load_agent(fac, args.agent)
+    print(agent.digest)
+    if args.explain:
+        path = fac.cert_path(agent.name)
+        certified = fac.read_json(path).get("components") if path.exists() else None
+        certified = certified if isinstance(certified, dict) or certified is None else {}
+        for label, value in agent.components.items():
+            note = "" if certified is None or certified.get(label) == value else "   <- changed since certification"
+            print(f"  {value}  {label}{note}")
+    return 0
+
+
+# ================================================================ 6. Tower
 
 @dataclass
 class Tally:
@@ -1767,20 +2192,6 @@ def gate_bar(fac: Factory, name: str) -> float | None:
         return None
 
 
-def cmd_tower(fac: Factory, args) -> int:
-    """Per agent: runs, gate pass %, acted, staged, cost, denials, verdicts, drift, backends, gate probabilities."""
-    doc = tower_document(fac)
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return 0
-    if args.html:
-        write_report(Path(args.html), render_tower_html(doc))
-        print(f"wrote {args.html}")
-        return 0
-    print_tower(doc)
-    return 0
-
-
 def print_tower(doc: dict) -> None:
     """The terminal table: one row per agent, then its verdicts, drift and gate-p histogram."""
     print(f"{'agent':<16} {'runs':>6} {'pass':>5} {'acted':>6} {'staged':>6} {'cost':>10} {'denied':>7} {'unscored':>8}  backends")
@@ -1797,274 +2208,6 @@ def print_tower(doc: dict) -> None:
     if not doc["agents"]:
         print("(no runs yet)")
 
-
-INDEX_SHAPE = {"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
-               "backends": list, "denied": list, "acted": int, "staged": int, "why": list}
-
-
-def index_rows(fac: Factory) -> Iterator[dict]:
-    """Rows of traces/index.jsonl, streamed and shape-checked; nothing when there is no index yet."""
-    index = fac.index
-    if index.exists():
-        for number, row in fac.read_jsonl(index):
-            if not index_row_fits(row):
-                where = f"{fac.shown(index)} line {number}"
-                check_shape(row, INDEX_SHAPE, where)
-                raise Refusal(f"{where}: field 'cost_usd' or 'p' is not a number")
-            yield row
-
-
-INDEX_TYPES = tuple(INDEX_SHAPE.items())
-NUMBER_OR_NULL = (int, float, type(None))
-
-
-def index_row_fits(row: dict) -> bool:
-    """True when an index row has every INDEX_SHAPE field with its exact type, and cost_usd and p are
-    numbers or null (exact types: JSON has no subclasses, and bool is not a number here)."""
-    try:
-        for key, kind in INDEX_TYPES:
-            if type(row[key]) is not kind:
-                return False
-    except KeyError:
-        return False
-    return type(row.get("cost_usd")) in NUMBER_OR_NULL and type(row.get("p")) in NUMBER_OR_NULL
-
-
-def newest_rows(fac: Factory, block: int = 1 << 16) -> Iterator[dict]:
-    """Index rows newest first, read backwards in blocks; Refusal for a malformed row."""
-    if not fac.index.exists():
-        return
-    with fac.index.open("rb") as index:
-        end, tail = index.seek(0, os.SEEK_END), b""
-        while end > 0:
-            start = max(0, end - block)
-            index.seek(start)
-            lines = (index.read(end - start) + tail).split(b"\n")
-            tail, end = (lines.pop(0) if start > 0 else b""), start
-            for raw in reversed(lines):
-                if raw.strip():
-                    yield check_shape(as_object(parse_json(decode_line(raw, fac.shown(fac.index)), fac.shown(fac.index)),
-                                                fac.shown(fac.index)), INDEX_SHAPE, fac.shown(fac.index))
-
-
-def flagged(row: dict) -> bool:
-    """A run worth an eval case: the gate said no or unsure, a tool was denied, or it did not finish."""
-    return row.get("gate") in ("flag", "unsure") or bool(row.get("denied")) or row.get("status") != "done"
-
-
-def cmd_harvest(fac: Factory, args) -> int:
-    """Evalsmith (certified) turns the agent's flagged runs into proposed cases in evals/AGENT/proposed.jsonl."""
-    load_card(fac, args.agent)
-    try:
-        smith, smith_cert = certified_agent(fac, "evalsmith")
-    except Refusal as why:
-        raise Refusal(f"evalsmith is not certified. the line only hires from the registry. ({why})") from None
-    log = fac.records / args.agent / "harvested.jsonl"
-    done = {row.get("run_id") for _, row in fac.read_jsonl(log)} if log.exists() else set()
-    todo = [row for row in index_rows(fac) if row["agent"] == args.agent and flagged(row) and row["run_id"] not in done]
-    inputs = [flagged_input(fac, row) for row in todo]  # every trace read before anything is written
-    proposed = 0
-    for row, given in zip(todo, inputs):
-        result = run_one(fac, smith, smith_cert, given)
-        made = sum(1 for tool, verdict in result["tools"] if tool == "evals:propose" and verdict == "ok")
-        proposed += made
-        if made:   # a run whose proposal failed stays flagged for the next harvest
-            append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
-    print(f"harvested {len(todo)} flagged run(s) of {args.agent}; proposed {proposed} case(s) into "
-          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them)")
-    return 0
-
-
-def flagged_input(fac: Factory, row: dict) -> dict:
-    """What evalsmith sees of one flagged run: its input (from the trace header), output, gate and denials."""
-    trace = fac.trace_path(row["agent"], row["run_id"])
-    events = [event for _, event in fac.read_jsonl(trace)]
-    if not events or events[0].get("format") != TRACE_FORMAT:
-        raise Refusal(f"{fac.shown(trace)}: not a {TRACE_FORMAT} trace (no header line)")
-    header, end = events[0], [event for event in events if event.get("event") == "end"]
-    return {"run_id": row["run_id"], "agent": row["agent"], "input": header.get("input"),
-            "output": end[-1].get("output") if end else None, "gate": {"verdict": row.get("gate"), "p": row.get("p")},
-            "denials": row.get("denied", []), "why": "; ".join(row.get("why", []))}
-
-
-def cmd_recall(fac: Factory, args) -> int:
-    """Recall an agent and every variant stamped from it: none runs again until re-proved and re-signed."""
-    load_card(fac, args.agent)
-    reason = " ".join((args.reason or "").split())   # one line: it is echoed in every refusal
-    if not reason:
-        raise Refusal("a recall needs a reason: --reason TEXT")
-    variants = descendants(fac, args.agent)   # read (and checked) before anything is written
-    append_jsonl(fac.recalls, {"agent": args.agent, "reason": reason, "at": utc_now(),
-                               "by": fac.env.get("USER", "unknown")})
-    print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")
-    print("every new run of these is refused until a fresh sealed proof and a new signature; runs already underway finish and are gated.")
-    return 0
-
-
-# ---------------------------------------------------------------- stamp, restamp, digest
-
-def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict:
-    """A variant card: the parent's fields, then the variant's own overrides, then its lineage fields."""
-    card = {key: value for key, value in parent.items() if key not in SET_BY_STAMP}
-    card["agent"] = name
-    for dotted, value in overrides.items():
-        card = set_path(card, dotted, value)
-    return {**card, "stamped_from": parent["agent"], "master_digest": master_digest, "overrides": overrides}
-
-
-def cmd_stamp(fac: Factory, args) -> int:
-    """Derive a variant from a master: --as NEW, each --set PATH=JSON an override the variant keeps."""
-    master = load_agent(fac, args.master)
-    path = fac.card_path(check_name(args.new))
-    if path.exists():
-        raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp")
-    overrides = dict(parse_setting(text) for text in args.set or [])
-    card = validate_card(derive(master.card, args.new, overrides, master.digest), f"variant {args.new}")
-    agent_from_card(fac, card)
-    try:
-        write_json(path, card, exclusive=True)
-    except FileExistsError:
-        raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp") from None
-    append_jsonl(fac.lineage, {"agent": args.new, "stamped_from": args.master, "at": utc_now()})
-    print(f"stamped {args.new} from {args.master}: {fac.shown(path)} overrides {json.dumps(overrides)}")
-    return 0
-
-
-def cmd_restamp(fac: Factory, args) -> int:
-    """Carry a master fix to every variant (transitively) as master + its overrides; revoke changed certificates."""
-    parent_of = parents(fac)
-    latest = {args.master: load_agent(fac, args.master)}
-    changed = []
-    for name in descendants(fac, args.master):
-        old = load_card(fac, name)
-        parent = latest[parent_of[name]]
-        card = validate_card(derive(parent.card, name, old.get("overrides", {}), parent.digest), fac.shown(fac.card_path(name)))
-        latest[name] = agent_from_card(fac, card)
-        if card != old:
-            changed.append(name)
-    revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]  # before the
-    for name in changed:                                                    # cards change: a kill between keeps it revoked
-        write_json(fac.card_path(name), latest[name].card)
-    print(f"restamped {len(changed)} variant(s) from {args.master}: {changed}")
-    print(f"revoked {len(revoked)} certificate(s): {revoked}")
-    if changed:
-        print("re-prove and re-certify before these run again.")
-    return 0
-
-
-def cmd_digest(fac: Factory, args) -> int:
-    """Print the agent's digest; --explain prints each component, marking what changed since certification."""
-    agent = load_agent(fac, args.agent)
-    print(agent.digest)
-    if args.explain:
-        path = fac.cert_path(agent.name)
-        certified = fac.read_json(path).get("components") if path.exists() else None
-        certified = certified if isinstance(certified, dict) or certified is None else {}
-        for label, value in agent.components.items():
-            note = "" if certified is None or certified.get(label) == value else "   <- changed since certification"
-            print(f"  {value}  {label}{note}")
-    return 0
-
-
-# ---------------------------------------------------------------- replay: a recorded run against today's code
-
-class Diverged(Stop):
-    """Replay: today's code asked the model more often than the recorded run did."""
-    status = "diverged"
-
-
-@dataclass
-class RecordedWorker:
-    """A worker that answers with the model replies recorded in a trace, in order (no network)."""
-    replies: list
-
-    def estimate_next_cost(self, messages, tools) -> float:
-        """Recorded replies cost nothing now."""
-        return 0.0
-
-    def complete(self, messages, tools) -> llm.Reply:
-        """The next recorded reply; Diverged when today's code wants one more than was recorded."""
-        if not self.replies:
-            raise Diverged("today's code asked the model again after the recorded run ended")
-        return self.replies.pop(0)
-
-
-def recorded_reply(event: dict) -> llm.Reply:
-    """An llm.Reply rebuilt from one `model` trace event."""
-    calls = tuple(llm.ToolCall(c["id"], c["name"], c["args"]) for c in event.get("tool_calls", []))
-    return llm.Reply(event.get("text", ""), calls, event.get("usage", {}), event.get("cost_usd"),
-                     event.get("model", ""), "replay", 0.0)
-
-
-def recorder_tools(events: list[dict], contracts: dict) -> dict:
-    """Tools that hand back the results recorded in the trace, in order per tool; nothing executes."""
-    results: dict[str, list[str]] = {}
-    by_seq = {e["seq"]: e["content"] for e in events if e.get("event") == "tool_result"}
-    for event in events:
-        if event.get("event") == "tool" and event.get("verdict") == "ok":
-            results.setdefault(event["tool"], []).append(by_seq.get(event["seq"], ""))
-    def recorder(name):
-        return lambda args: results.get(name, []).pop(0) if results.get(name) else "replay: no recorded result"
-    return {name: recorder(name) for name in contracts}
-
-
-def find_trace(fac: Factory, run_id: str) -> Path:
-    """traces/AGENT/RUN_ID.jsonl for a run id; Refusal when the id is odd or unknown."""
-    if not RUN_ID.fullmatch(run_id or ""):
-        raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
-    found = sorted(fac.traces.glob(f"*/{run_id}.jsonl"))
-    if not found:
-        raise Refusal(f"no trace for run {run_id} under {fac.shown(fac.traces)}")
-    return found[0]
-
-
-def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loop: Loop, status: str) -> list[str]:
-    """What differs between a recorded run and its replay: tool calls and verdicts, status, output."""
-    def calls(events):
-        return [(e["tool"], e.get("args_digest"), e["verdict"]) for e in events if e.get("event") == "tool"]
-    then, today = calls(recorded), calls(now)
-    differences = [f"tool call {i + 1}: recorded {a} / today {b}" for i, (a, b) in
-                   enumerate(zip(then, today)) if a != b]
-    if len(then) != len(today):
-        differences.append(f"tool calls: recorded {len(then)} / today {len(today)}")
-    if old_end.get("status") != status:
-        differences.append(f"status: recorded {old_end.get('status')} / today {status} ({loop.reason})")
-    if old_end.get("output") != loop.output:
-        differences.append(f"output: recorded {json.dumps(old_end.get('output'))} / today {json.dumps(loop.output)}")
-    return differences
-
-
-def cmd_replay(fac: Factory, args) -> int:
-    """Feed a run's recorded model replies (or, with --live, the model again) to today's code; print what differs."""
-    path = find_trace(fac, args.run_id)
-    events = [event for _, event in fac.read_jsonl(path)]
-    ends = [i for i, e in enumerate(events) if e.get("event") == "end"]
-    if not ends or events[0].get("format") != TRACE_FORMAT or not NAME.match(str(events[0].get("agent"))) \
-            or "input" not in events[0]:
-        raise Refusal(f"{fac.shown(path)}: not a finished {TRACE_FORMAT} trace")
-    events = events[:ends[0] + 1]   # what the run did; approvals executed later are appended after its end
-    header, ends = events[0], [events[-1]]
-    agent = load_agent(fac, header["agent"])
-    try:  # a trace is a file a user can edit: every event it replays must have its fields
-        replies = [recorded_reply(e) for e in events if e.get("event") == "model"]
-        tools = recorder_tools(events, agent.contracts)
-        [(e["tool"], e["verdict"], e["seq"]) for e in events if e.get("event") == "tool"]
-    except (KeyError, TypeError, AttributeError) as error:
-        raise Refusal(f"{fac.shown(path)}: an event is malformed ({type(error).__name__}: {error})") from None
-    worker = make_worker(fac, agent, header["input"]) if args.live else RecordedWorker(replies)
-    now: list[dict] = []
-    desk = broker.Broker(agent.policy_at(header.get("tier", "C0")), agent.contracts, tools, "run", now.append)
-    loop = Loop(worker, desk, agent, task_text(header["input"]), now.append)
-    status = run_loop(loop)
-    differences = replay_differences(events, now, ends[-1], loop, status)
-    mode = "live" if args.live else "recorded replies"
-    print(f"replay {args.run_id} ({agent.name}, {mode}): " + (f"{len(differences)} difference(s)" if differences else "no differences"))
-    for line in differences:
-        print(f"  {line}")
-    return 1 if differences else 0
-
-
-# ---------------------------------------------------------------- tower --html: one self-contained report
 
 CHART_KINDS = ("gate-histogram", "pass-rate", "cost", "verdicts")
 
@@ -2649,190 +2792,39 @@ def render_tower_html(doc):
     ])
 
 
-# ---------------------------------------------------------------- the approval pause (C2)
+# ================================================================ 7. CLI
 
-def load_pending(fac: Factory, run_id: str, call: int) -> dict:
-    """The stored staged call RUN_ID/CALL, shape-checked; Refusal when the id is odd or nothing waits there."""
-    if not RUN_ID.fullmatch(run_id or "") or call < 1:
-        raise Refusal(f"{run_id!r} --call {call} does not name a staged call (see `pending`)")
-    path = pending_path(fac, run_id, call)
-    if not path.exists():
-        raise Refusal(f"no staged call {call} for run {run_id} (see `pending`)")
-    return check_shape(fac.read_json(path), PENDING_SHAPE, fac.shown(path))
+@dataclass
+class Progress:
+    """Done / total, rate and time left on one stderr line, only when stderr is a terminal and the
+    work has taken longer than a second (no colour; the line is wiped before results print)."""
+    label: str
+    total: int
+    done: int = 0
+    started: float = field(default_factory=time.monotonic)
+    on_terminal: bool = field(default_factory=lambda: sys.stderr.isatty())
+    width: int = 0
 
+    def tick(self) -> None:
+        """One more item done."""
+        self.done += 1
+        elapsed = time.monotonic() - self.started
+        if self.on_terminal and elapsed > 1.0:
+            rate = self.done / elapsed
+            line = f"{self.label}: {self.done}/{self.total}  {rate:.1f}/s  ~{(self.total - self.done) / rate:.0f}s left"
+            sys.stderr.write("\r" + line.ljust(self.width))
+            sys.stderr.flush()
+            self.width = len(line)
 
-def pending_state(fac: Factory, entry: dict) -> str:
-    """executed | rejected | expired | pending, from the state files beside the stored call."""
-    for state in ("executed", "rejected"):
-        if pending_path(fac, entry["run_id"], entry["call"], state).exists():
-            return state
-    return "expired" if utc_now() > entry["expires_at"] else "pending"
+    def clear(self) -> None:
+        """Wipe the progress line so the next stdout line starts clean."""
+        if self.width:
+            sys.stderr.write("\r" + " " * self.width + "\r")
+            sys.stderr.flush()
+            self.width = 0
 
+    close = clear
 
-def refuse_closed(fac: Factory, entry: dict) -> None:
-    """Refusal when the staged call was already executed, rejected, or has expired."""
-    state, label = pending_state(fac, entry), f"{entry['tool']} from run {entry['run_id']} (call {entry['call']})"
-    if state == "executed":
-        done = fac.read_json(pending_path(fac, entry["run_id"], entry["call"], "executed"))
-        raise Refusal(f"{label} was already executed at {done.get('at')} (approved by {done.get('by')}).")
-    if state == "rejected":
-        raise Refusal(f"{label} was rejected; it will not be executed.")
-    if state == "expired":
-        raise Refusal(f"{label} expired at {entry['expires_at']} without approval; run the ticket again.")
-
-
-def refuse_changed(fac: Factory, entry: dict) -> Agent:
-    """The agent, unless it was recalled, re-stamped, re-certified or changed since the call was staged."""
-    name = entry["agent"]
-    cert = verified_certificate(fac, name)
-    revoked = revocation_reason(fac, name, cert)
-    if revoked:
-        raise Refusal(f"{name} was re-stamped since this call was staged (certificate revoked: {revoked}); not executed.")
-    recalls = [r for r in recalls_of(fac, name) if r["at"] > entry["staged_at"]]
-    if recalls:
-        raise Refusal(f"{name} was recalled since this call was staged ({recalls[-1]['reason']}); not executed.")
-    if cert["signature"] != entry["certificate"]:
-        raise Refusal(f"{name} was re-certified since this call was staged; run the ticket again under the new certificate.")
-    agent = load_agent(fac, name)
-    if agent.digest != entry["digest"]:
-        raise Refusal(f"the ABOM of {name} changed since this call was staged; not executed.")
-    if broker.args_digest(entry["args"]) != entry["args_digest"]:
-        raise Refusal(f"the stored arguments of {entry['tool']} no longer match their digest: changed after staging; not executed.")
-    return agent
-
-
-def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
-    """Execute one approved staged call through the broker, exactly once; refuses without an approval record.
-
-    Every check is made again here, whoever calls it: state, agent, certificate, argument digest."""
-    entry = load_pending(fac, run_id, call)
-    approval_path = pending_path(fac, run_id, call, "approved")
-    if not approval_path.exists():
-        raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) has no approval record; the executor refuses.")
-    approval = fac.read_json(approval_path)
-    refuse_closed(fac, entry)
-    agent = refuse_changed(fac, entry)
-    if approval.get("args_digest") != entry["args_digest"]:
-        raise Refusal(f"the approval of run {run_id} (call {call}) was for other arguments; not executed.")
-    claim = pending_path(fac, run_id, call, "executed")
-    try:
-        os.close(os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # exactly once, across processes
-    except FileExistsError:
-        raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) was already executed.") from None
-    record = lambda event: append_jsonl(fac.trace_path(agent.name, run_id), event)  # noqa: E731
-    tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, append_jsonl)
-    desk = broker.Broker(agent.policy_at("C2"), agent.contracts, tools, "run", record)
-    staged = desk.carry_out(entry["tool"], entry["args"])
-    done = desk.execute_staged(staged) if staged.verdict == broker.STAGED else staged
-    result = {"at": utc_now(), "by": approval.get("by"), "ok": done.ok, "verdict": done.verdict,
-              "result": done.result, "receipt": done.receipt, "read_back": read_back(fac, done.receipt)}
-    write_json(claim, result)
-    record({"event": "approved_call", "call": call, **result})
-    return result
-
-
-def cmd_pending(fac: Factory, args) -> int:
-    """List the staged acting calls waiting for a human's approval, oldest first."""
-    folder = fac.registry / "pending"
-    paths = [p for p in sorted(folder.glob("*.json")) if p.name.count(".") == 2] if folder.is_dir() else []
-    entries = [check_shape(fac.read_json(p), PENDING_SHAPE, fac.shown(p)) for p in paths]
-    waiting = sorted((e for e in entries if pending_state(fac, e) == "pending"), key=lambda e: e["staged_at"])
-    for e in waiting:
-        print(f"{e['run_id']} --call {e['call']}\t{e['agent']}\t{e['tool']} {json.dumps(e['args'], ensure_ascii=False)}"
-              f"\tstaged {e['staged_at']}\texpires {e['expires_at']}")
-    if not waiting:
-        print("(nothing waits for approval)")
-    return 0
-
-
-def cmd_approve(fac: Factory, args) -> int:
-    """Show one staged call at a terminal, ask `approve? [y/N]`, and execute exactly that call, once."""
-    entry = load_pending(fac, args.run_id, args.call)
-    key_path(fac, args.by)
-    refuse_closed(fac, entry)
-    refuse_changed(fac, entry)
-    if not sys.stdin.isatty():
-        raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
-    print(f"{entry['agent']} wants to run {entry['tool']} (run {entry['run_id']}, call {entry['call']}):\n"
-          f"  {json.dumps(entry['args'], ensure_ascii=False)}\n  digest {entry['args_digest']}\n"
-          f"  staged {entry['staged_at']}, expires {entry['expires_at']}", file=sys.stderr)
-    sys.stderr.write("approve? [y/N] ")
-    sys.stderr.flush()
-    if sys.stdin.readline().strip().lower() != "y":
-        raise Refusal("not approved; the call stays staged.")
-    write_json(pending_path(fac, entry["run_id"], entry["call"], "approved"),
-               {"by": args.by, "at": utc_now(), "args_digest": entry["args_digest"]})
-    result = execute_staged_call(fac, entry["run_id"], entry["call"])
-    state = "read back" if result["read_back"] else "NOT read back: check it by hand"
-    print(f"executed {entry['tool']} for run {entry['run_id']}: {result['verdict']} ({state}); approved by {args.by}")
-    return 0 if result["ok"] else 1
-
-
-def cmd_reject(fac: Factory, args) -> int:
-    """Close one staged call without executing it; the reason and the rejecter are kept."""
-    entry = load_pending(fac, args.run_id, args.call)
-    key_path(fac, args.by)
-    if not (args.reason or "").strip():
-        raise Refusal("a rejection needs a reason: --reason TEXT")
-    refuse_closed(fac, entry)
-    write_json(pending_path(fac, entry["run_id"], entry["call"], "rejected"),
-               {"by": args.by, "at": utc_now(), "reason": args.reason.strip()})
-    print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']})")
-    return 0
-
-
-# ---------------------------------------------------------------- doctor: why is every run routed to a human?
-
-KEY_NAMES = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "MOONSHOT_API_KEY", "OPENROUTER_API_KEY",
-             "SAGEROUTE_TOKEN", "SAGE_API_KEY")
-
-
-def certificate_state(fac: Factory, name: str) -> str:
-    """One phrase for whether NAME may run now: 'certified C1', or the refusal it would get."""
-    try:
-        _, cert = certified_agent(fac, name)
-        return f"certified {cert['tier']}"
-    except Refusal as why:
-        return str(why)
-
-
-def gate_report(fac: Factory) -> list[str]:
-    """Lines about the gate: protocol, endpoint, key present (never its value), User-Agent, live check."""
-    client = sage.Sage.from_env(fac.env, timeout=8.0)
-    lines = [f"gate: {client.protocol} at {client.endpoint}  key {'present' if fac.env.get('SAGE_API_KEY') else 'absent'}"
-             f"  user-agent {sage.USER_AGENT!r}"]
-    if not client.usable:
-        lines.append("gate: not reachable without a key -> every run is 'unscored' and routed to a human "
-                     "(set SAGE_API_KEY, or SAGE_PROTOCOL=systemone with SAGE_ENDPOINT for a local decision model)")
-        return lines
-    report = client.ready()
-    state = "ready" if report["ready"] else f"NOT READY ({report['detail']})"
-    lines.append(f"gate: live check {state} in {report['ms']} ms")
-    if not report["ready"]:
-        lines.append("gate: while this fails every run is routed to a human with 'gate: FAILED'")
-    return lines
-
-
-def cmd_doctor(fac: Factory, args) -> int:
-    """Say which worker backend and gate each agent would use, which keys are present, and whether Sage answers."""
-    present = [name for name in KEY_NAMES if fac.env.get(name)]
-    print(f"root {fac.root}\nkeys present: {', '.join(present) or 'none'} (values are never printed)")
-    for path in sorted(fac.masters.glob("*.json")):
-        name = path.stem
-        try:
-            card = load_card(fac, name)
-        except Refusal as why:
-            print(f"{name}: card does not load: {why}")
-            continue
-        worker = llm.Worker(model=card["model"], env=fac.env)
-        print(f"{name}: worker {worker.planned_backend()} (primary {card['model']['primary']}, "
-              f"fallback {card['model'].get('fallback', '-')}); gate bar {card['evals']['gate']}; {certificate_state(fac, name)}")
-    for line in gate_report(fac):
-        print(line)
-    return 0
-
-
-# ---------------------------------------------------------------- the command line
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree: one subparser per station, its docstring as its help."""
