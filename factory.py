@@ -73,10 +73,14 @@ class Refusal(Exception):
 
 
 # ================================================================ 1. Store and layout
+# Owns the factory's paths (`Factory`: paths only; asking for one creates nothing) and every read and
+# write of its files (`Store`): strict reads that name the file and line of anything malformed, the
+# shape checker, atomic JSON writes, locked JSONL appends, exclusive claims, reports the user names,
+# spilled tool output and signing keys. Nothing else in the product opens a file for writing.
 
 def utc_now() -> str:
     """The current UTC time as ISO 8601 with microseconds and a Z, e.g. 2026-11-30T04:12:55.123456Z."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return iso(datetime.now(timezone.utc))
 
 
 def iso(moment: datetime) -> str:
@@ -106,18 +110,11 @@ def check_name(name: str, what: str = "agent") -> str:
     return name
 
 
-def decode(raw: bytes, where: str) -> str:
-    """UTF-8 text of raw; Refusal naming `where` for a byte-order mark or invalid UTF-8."""
-    if raw.startswith(b"\xef\xbb\xbf"):
+def decode(raw: bytes, where: str, first: bool = True) -> str:
+    """UTF-8 text of raw; Refusal naming `where` for invalid UTF-8, or for a byte-order mark at the
+    start of a file (`first`; a BOM on a later JSONL line is just invalid JSON)."""
+    if first and raw.startswith(b"\xef\xbb\xbf"):
         raise Refusal(f"{where}: starts with a utf-8 byte-order mark; save it as plain utf-8")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise Refusal(f"{where}: not valid utf-8 (byte {error.start})") from None
-
-
-def decode_line(raw: bytes, where: str) -> str:
-    """UTF-8 text of a JSONL line after the first (a BOM there is just invalid JSON)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -150,71 +147,52 @@ def as_object(value, where: str) -> dict:
     return value
 
 
-def check_shape(value: dict, shape: dict, where: str) -> dict:
-    """value when each key of shape is present with its type; Refusal naming the first that is not."""
-    for key, kind in shape.items():
-        if key not in value:
-            raise Refusal(f"{where}: missing field '{key}'")
-        if not isinstance(value[key], kind) or isinstance(value[key], bool) and kind is not bool:
-            raise Refusal(f"{where}: field '{key}' has the wrong type ({type(value[key]).__name__})")
-    return value
+@dataclass(frozen=True)
+class Shape:
+    """The fields a JSON object must carry, each with its allowed types. Types are exact (JSON has no
+    subclasses, and a bool is never a number); `optional` fields are checked only when present."""
+    required: tuple               # ((field, (type, ...)), ...)
+    optional: tuple = ()
 
+    @classmethod
+    def of(cls, required: dict, optional: dict | None = None) -> "Shape":
+        """A Shape from {field: type or tuple of types}."""
+        def pairs(fields: dict) -> tuple:
+            return tuple((key, kind if isinstance(kind, tuple) else (kind,)) for key, kind in fields.items())
+        return cls(pairs(required), pairs(optional or {}))
 
-def write_json(path: Path, obj, exclusive: bool = False) -> None:
-    """Write obj as JSON atomically (temp file, fsync, rename); `exclusive` raises FileExistsError
-    instead of replacing a file that is already there (two stamps of one name: one wins, one is told)."""
-    write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n", exclusive)
+    def fits(self, value: dict) -> bool:
+        """True when value has the shape: the fast path, run once per row of a million-row index."""
+        for key, kinds in self.required:
+            if key not in value or type(value[key]) not in kinds:
+                return False
+        for key, kinds in self.optional:
+            if key in value and type(value[key]) not in kinds:
+                return False
+        return True
 
-
-def write_text(path: Path, text: str | bytes, exclusive: bool = False) -> None:
-    """Write a file atomically: temp file in the same folder, fsync, then os.replace (old or new, never
-    torn) or, when `exclusive`, os.link (FileExistsError if the path exists)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(handle, path.stat().st_mode & 0o777 if path.exists() else 0o644)  # mkstemp makes 0600
-        with os.fdopen(handle, "wb") as out:
-            out.write(text.encode() if isinstance(text, str) else text)
-            out.flush()
-            os.fsync(out.fileno())
-        if exclusive:
-            os.link(temp, path)
-            os.unlink(temp)
-        else:
-            os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-
-
-def append_jsonl(path: Path, obj: dict) -> int:
-    """Append obj as one whole JSON line under an exclusive fcntl lock (O_APPEND, looped write);
-    returns the byte offset where the line starts, so the effect can be read back."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    handle = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        offset = os.lseek(handle, 0, os.SEEK_END)
-        if offset and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a killed writer)
-            os.write(handle, b"\n")                                # stays torn; ours starts clean
-            offset += 1
-        view = memoryview(line)
-        while view:
-            view = view[os.write(handle, view):]
-    finally:
-        os.close(handle)
-    return offset
+    def check(self, value: dict, where: str) -> dict:
+        """value when it has the shape; Refusal naming the first missing or mistyped field otherwise."""
+        for key, kinds in self.required + self.optional:
+            if key not in value and (key, kinds) in self.required:
+                raise Refusal(f"{where}: missing field '{key}'")
+            if key in value and type(value[key]) not in kinds:
+                raise Refusal(f"{where}: field '{key}' has the wrong type ({type(value[key]).__name__})")
+        return value
 
 
 @dataclass(frozen=True)
 class Factory:
-    """Every path of one factory, computed from its root; asking for a path creates nothing."""
+    """Every path of one factory, computed from its root; asking for a path creates nothing.
+    `store` does every read and write under these paths."""
     root: Path
     sealed_dir: Path
     keys_dir: Path
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
+    store: "Store" = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "store", Store(self))
 
     @classmethod
     def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str]) -> "Factory":
@@ -236,6 +214,7 @@ class Factory:
     recalls = property(lambda self: self.registry / "recalls.jsonl")
     lineage = property(lambda self: self.registry / "lineage.jsonl")
     revocations = property(lambda self: self.registry / "revocations.jsonl")
+    pending = property(lambda self: self.registry / "pending")
 
     def card_path(self, name: str) -> Path:
         """masters/NAME.json (name checked first)."""
@@ -245,11 +224,37 @@ class Factory:
         """registry/NAME.card.json: the signed certificate."""
         return self.registry / f"{check_name(name)}.card.json"
 
+    def history_path(self, name: str) -> Path:
+        """registry/history/NAME/<new run id>.card.json: where a superseded certificate is kept."""
+        return self.registry / "history" / check_name(name) / f"{new_run_id()}.card.json"
+
+    def key_path(self, signer: str) -> Path:
+        """KEYS_DIR/SIGNER.key (signer name checked first)."""
+        if not isinstance(signer, str) or not SIGNER.match(signer):
+            raise Refusal(f"{signer!r} is not a valid signer name (a letter, then letters, digits . _ -)")
+        return self.keys_dir / f"{signer}.key"
+
+    def suite_path(self, suite: str, sealed: bool) -> Path:
+        """evals/SUITE/cases.jsonl, or SEALED_DIR/SUITE/sealed.jsonl for the sealed half."""
+        return self.sealed_dir / suite / "sealed.jsonl" if sealed else self.evals / suite / "cases.jsonl"
+
+    def record_path(self, agent: str, half: str) -> Path:
+        """records/AGENT/<new run id>.HALF.json: a new proof record (run ids sort by time)."""
+        return self.records / check_name(agent) / f"{new_run_id()}.{half}.json"
+
     def trace_path(self, agent: str, run_id: str) -> Path:
         """traces/AGENT/RUN_ID.jsonl (agent and run id checked first)."""
         if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
             raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
         return self.traces / check_name(agent) / f"{run_id}.jsonl"
+
+    def spill_path(self, agent: str, run_id: str, seq: int) -> Path:
+        """traces/AGENT/RUN_ID/tool-SEQ.txt: a tool result too long to send back whole."""
+        return self.trace_path(agent, run_id).with_suffix("") / f"tool-{seq}.txt"
+
+    def pending_path(self, run_id: str, call: int, state: str = "") -> Path:
+        """registry/pending/RUN_ID.CALL.json, or its state file (.approved, .executed, .rejected)."""
+        return self.pending / f"{run_id}.{call}{'.' + state if state else ''}.json"
 
     def shown(self, path: Path) -> str:
         """The path as the user should see it: relative to the root when inside it."""
@@ -258,11 +263,27 @@ class Factory:
         except ValueError:
             return str(path)
 
+
+class Store:
+    """Every read and write of one factory's files, in one place.
+
+    Reads are strict: a file must be a regular file inside the root or the sealed folder (a link
+    pointing out counts as outside) unless the user named it, of bounded size, UTF-8 and JSON, and
+    of the expected shape; every refusal names the file (and line). Writes are atomic (temporary
+    file in the same folder, fsync, rename) and appends hold an fcntl lock and write whole lines.
+    Raises Refusal for anything a user can fix; OSError from the machine passes through."""
+
+    def __init__(self, fac: Factory):
+        self.fac = fac
+        self.decoder = json.JSONDecoder(parse_constant=reject_constant)   # built once, not per line
+
+    # ---- reads
+
     def check_readable(self, path: Path, confined: bool = True) -> None:
         """Refusal unless path is an existing file inside the root or the sealed dir (a symlink
         that points out counts as outside); `confined=False` is for files the user names."""
-        where, real = self.shown(path), path.resolve()
-        if confined and not any(real.is_relative_to(base) for base in (self.root, self.sealed_dir)):
+        where, real = self.fac.shown(path), path.resolve()
+        if confined and not any(real.is_relative_to(base) for base in (self.fac.root, self.fac.sealed_dir)):
             raise Refusal(f"{where}: points outside the factory root ({real}); refusing to read it")
         if path.is_dir():
             raise Refusal(f"{where}: is a folder, not a file")
@@ -273,39 +294,166 @@ class Factory:
         """Bytes of a readable file (see check_readable) of at most `limit` bytes."""
         self.check_readable(path, confined)
         if path.stat().st_size > limit:
-            raise Refusal(f"{self.shown(path)}: larger than {limit >> 20} mib")
+            raise Refusal(f"{self.fac.shown(path)}: larger than {limit >> 20} mib")
         return path.read_bytes()
 
-    def read_json(self, path: Path) -> dict:
-        """The JSON object in a file; Refusal naming the file for every way it can be wrong."""
-        where = self.shown(path)
-        value = parse_json(decode(self.read_bytes(path), where), where)
-        if not isinstance(value, dict):
-            raise Refusal(f"{where}: expected a json object, got {type(value).__name__}")
-        return value
+    def read_json(self, path: Path, shape: Shape | None = None) -> dict:
+        """The JSON object in a file, of `shape` when given; Refusal naming the file for every way it can be wrong."""
+        where = self.fac.shown(path)
+        value = as_object(parse_json(decode(self.read_bytes(path), where), where), where)
+        return shape.check(value, where) if shape else value
 
-    def read_jsonl(self, path: Path, confined: bool = True) -> Iterator[tuple[int, dict]]:
-        """(line number, object) for each non-blank line, streamed; Refusal naming file and line."""
-        where = self.shown(path)
+    def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True) -> Iterator[tuple[int, dict]]:
+        """(line number, object) for each non-blank line, streamed, each of `shape` when given;
+        Refusal naming file and line (a torn, oversized, non-object or misshapen line)."""
+        where = self.fac.shown(path)
         self.check_readable(path, confined)
         with path.open("rb") as lines:
             for number, raw in enumerate(iter(lambda: lines.readline(MAX_LINE_BYTES + 1), b""), 1):
-                try:  # the common case fast; every way a line can be wrong is named below
-                    value = json.loads(raw.decode("utf-8"), parse_constant=reject_constant) \
+                try:  # the common case fast; every way a line can be wrong is named on the slow path
+                    value = self.decoder.decode(raw.decode("utf-8")) \
                         if number > 1 or not raw.startswith(b"\xef\xbb\xbf") else None
-                except (ValueError, RecursionError):  # decode, json and NaN errors: named on the slow path
+                except (ValueError, RecursionError):  # decode, json and NaN errors
                     value = None
-                if type(value) is dict and len(raw) <= MAX_LINE_BYTES:
-                    yield number, value
-                elif raw.strip():
-                    yield number, self.line_problem(raw, f"{where} line {number}", number)
+                if type(value) is not dict or len(raw) > MAX_LINE_BYTES:
+                    if not raw.strip():
+                        continue
+                    value = self.line_problem(raw, f"{where} line {number}", number)
+                if shape is not None and not shape.fits(value):
+                    shape.check(value, f"{where} line {number}")
+                yield number, value
+
+    def read_jsonl_backwards(self, path: Path, shape: Shape | None = None, block: int = 1 << 16) -> Iterator[dict]:
+        """The objects of a JSONL file newest (last) first, read in blocks from the end, each of
+        `shape` when given; Refusal naming the file for a malformed line."""
+        where = self.fac.shown(path)
+        with path.open("rb") as rows:
+            end, tail = rows.seek(0, os.SEEK_END), b""
+            while end > 0:
+                start = max(0, end - block)
+                rows.seek(start)
+                lines = (rows.read(end - start) + tail).split(b"\n")
+                tail, end = (lines.pop(0) if start > 0 else b""), start
+                for raw in reversed(lines):
+                    if raw.strip():
+                        value = as_object(parse_json(decode(raw, where, first=False), where), where)
+                        yield shape.check(value, where) if shape else value
 
     def line_problem(self, raw: bytes, at: str, number: int) -> dict:
         """Refusal naming what is wrong with one JSONL line (the slow path of read_jsonl)."""
         if len(raw) > MAX_LINE_BYTES:
             raise Refusal(f"{at}: longer than {MAX_LINE_BYTES >> 20} mib")
-        text = decode(raw, at) if number == 1 else decode_line(raw, at)
-        return as_object(parse_json(text, at), at)
+        return as_object(parse_json(decode(raw, at, first=number == 1), at), at)
+
+    def line_at(self, relative: str, offset: int) -> dict | None:
+        """The JSON object on the line that starts at byte `offset` of a file under the root, or None
+        when there is no such file, line or object (how an effect is read back after it was written)."""
+        try:
+            path = (self.fac.root / relative).resolve()
+            if not path.is_relative_to(self.fac.root):
+                return None
+            with path.open("rb") as lines:
+                lines.seek(offset)
+                value = json.loads(lines.readline())
+        except (TypeError, OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    # ---- writes
+
+    def write_json(self, path: Path, obj, exclusive: bool = False) -> None:
+        """Write obj as JSON atomically (temp file, fsync, rename); `exclusive` raises FileExistsError
+        instead of replacing a file that is already there (two stamps of one name: one wins, one is told)."""
+        self.write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n", exclusive)
+
+    def write_text(self, path: Path, text: str | bytes, exclusive: bool = False, mode: int = 0o644) -> None:
+        """Write a file atomically: temp file in the same folder, fsync, then os.replace (old or new, never
+        torn) or, when `exclusive`, os.link (FileExistsError if the path exists). A new file gets `mode`;
+        a replaced one keeps its own."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(handle, path.stat().st_mode & 0o777 if path.exists() else mode)  # mkstemp makes 0600
+            with os.fdopen(handle, "wb") as out:
+                out.write(text.encode() if isinstance(text, str) else text)
+                out.flush()
+                os.fsync(out.fileno())
+            if exclusive:
+                os.link(temp, path)
+            else:
+                os.replace(temp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+
+    def append_jsonl(self, path: Path, obj: dict) -> int:
+        """Append obj as one whole JSON line under an exclusive fcntl lock (O_APPEND, looped write);
+        returns the byte offset where the line starts, so the effect can be read back."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        line = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        handle = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            offset = os.lseek(handle, 0, os.SEEK_END)
+            if offset and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a killed writer)
+                os.write(handle, b"\n")                                # stays torn; ours starts clean
+                offset += 1
+            view = memoryview(line)
+            while view:
+                view = view[os.write(handle, view):]
+        finally:
+            os.close(handle)
+        return offset
+
+    def claim(self, path: Path) -> bool:
+        """Create path empty, exclusively across processes; False when it already exists (someone claimed it)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            return False
+        return True
+
+    def write_report(self, path: Path, text: str) -> None:
+        """Write a report the user asked for (JUnit, HTML) where they named it, possibly outside the root;
+        Refusal naming the path when it cannot be written."""
+        try:
+            self.write_text(path, text)
+        except OSError as error:
+            raise Refusal(f"{path}: cannot write the report ({error.strerror or type(error).__name__})") from None
+
+    def spill(self, agent: str, run_id: str, seq: int, text: str) -> str:
+        """Save a full tool result under traces/AGENT/RUN_ID/ and return its path as shown to the user."""
+        path = self.fac.spill_path(agent, run_id, seq)
+        self.write_text(path, text)
+        return self.fac.shown(path)
+
+    # ---- signing keys (outside the root, in the keys folder)
+
+    def read_key(self, path: Path) -> str:
+        """The text of a key file, stripped; Refusal naming the file when it cannot be read as text."""
+        try:
+            return path.read_bytes().decode("ascii").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise Refusal(f"{path}: not a readable signing key ({type(error).__name__}); restore it or certify with a new key") from None
+
+    def create_key(self, path: Path, text: str) -> bool:
+        """Create a key file holding text, mode 0600 in a 0700 folder, written to a temporary file and
+        hard-linked into place (a kill never leaves an empty key); False when it already exists."""
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self.write_text(path, text, exclusive=True, mode=0o600)
+        except FileExistsError:
+            return False
+        return True
+
+    def keys_writable(self) -> bool:
+        """True when the keys folder exists (or can be made, mode 0700) and this process may write in it."""
+        try:
+            self.fac.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError:
+            return False
+        return os.access(self.fac.keys_dir, os.W_OK)
 
 
 # ================================================================ 2. Cards and agents
@@ -457,7 +605,7 @@ class Agent:
 def load_python(fac: Factory, relative: str):
     """Import agents/<relative> from this factory's root as a fresh module (not cached globally)."""
     path = fac.agents / relative
-    fac.read_bytes(path)
+    fac.store.read_bytes(path)
     spec = importlib.util.spec_from_file_location(f"factory_agents_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -469,7 +617,7 @@ def load_card(fac: Factory, name: str) -> dict:
     path = fac.card_path(name)
     if not path.exists():
         raise Refusal(f"no agent named {name} (no {fac.shown(path)}); stamp it from a master first")
-    card = validate_card(fac.read_json(path), fac.shown(path))
+    card = validate_card(fac.store.read_json(path), fac.shown(path))
     if card["agent"] != name:
         raise Refusal(f"{fac.shown(path)}: field 'agent' is {card['agent']!r} but the file is named {name!r}")
     return card
@@ -498,7 +646,7 @@ def agent_from_card(fac: Factory, card: dict) -> Agent:
 def digest_components(fac: Factory, card: dict, module_name: str, contracts: dict) -> dict:
     """Component label -> sha256: the card, entrypoint source, tool code, each tool contract, referenced files."""
     def file_hash(relative):
-        return sha256(fac.read_bytes(fac.agents / relative))
+        return sha256(fac.store.read_bytes(fac.agents / relative))
     parts = {"card": sha256(canonical(card)),
              f"entrypoint agents/{module_name}.py": file_hash(f"{module_name}.py"),
              "tool code agents/tools.py": file_hash("tools.py")}
@@ -511,7 +659,7 @@ def digest_components(fac: Factory, card: dict, module_name: str, contracts: dic
 
 def referenced_modules(fac: Factory, module_name: str) -> set[str]:
     """Names of the other agents/ modules the entrypoint module imports (`from agents import x`)."""
-    tree = ast.parse(fac.read_bytes(fac.agents / f"{module_name}.py"))
+    tree = ast.parse(fac.store.read_bytes(fac.agents / f"{module_name}.py"))
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module == "agents":
@@ -526,12 +674,14 @@ def changed_components(old: dict, new: dict) -> list[str]:
     return sorted(label for label in set(old) | set(new) if old.get(label) != new.get(label))
 
 
+LINEAGE_SHAPE = Shape.of({"agent": str, "stamped_from": str})
+
+
 def parents(fac: Factory) -> dict:
     """variant -> the agent it was stamped from, from the append-only lineage log (cards can be edited)."""
     found = {}
     if fac.lineage.exists():
-        for number, row in fac.read_jsonl(fac.lineage):
-            check_shape(row, {"agent": str, "stamped_from": str}, f"{fac.shown(fac.lineage)} line {number}")
+        for _, row in fac.store.read_jsonl(fac.lineage, LINEAGE_SHAPE):
             found[row["agent"]] = row["stamped_from"]
     return found
 
@@ -566,17 +716,12 @@ def suite_name(fac: Factory, agent: Agent) -> str:
     return agent.name
 
 
-def suite_path(fac: Factory, suite: str, sealed: bool) -> Path:
-    """evals/SUITE/cases.jsonl, or SEALED_DIR/SUITE/sealed.jsonl for the sealed half."""
-    return fac.sealed_dir / suite / "sealed.jsonl" if sealed else fac.evals / suite / "cases.jsonl"
-
-
 def load_cases(fac: Factory, path: Path) -> list[dict]:
     """The cases of one half; Refusal naming file and line for a malformed case."""
     cases, seen = [], set()
     if not path.exists():
         raise Refusal(f"{fac.shown(path)}: missing; a suite needs cases before it can prove anything")
-    for number, case in fac.read_jsonl(path):
+    for number, case in fac.store.read_jsonl(path):
         at = f"{fac.shown(path)} line {number}"
         if set(case) - {"id", "input", "expect", "source"} or not {"id", "input", "expect"} <= set(case):
             raise Refusal(f"{at}: a case is {{id, input, expect, source}}; got {sorted(case)}")
@@ -597,54 +742,23 @@ def load_cases(fac: Factory, path: Path) -> list[dict]:
 UNSIGNED_FIELDS = ("signature", "revoked")   # revocation is added later and also kept in its own log
 
 
-def key_path(fac: Factory, signer: str) -> Path:
-    """KEYS_DIR/SIGNER.key (signer name checked first)."""
-    if not SIGNER.match(signer or ""):
-        raise Refusal(f"{signer!r} is not a valid signer name (a letter, then letters, digits . _ -)")
-    return fac.keys_dir / f"{signer}.key"
 
-
-def read_key(path: Path) -> bytes:
+def read_key(fac: Factory, path: Path) -> bytes:
     """The key in a key file: exactly 64 hex characters; Refusal naming the file otherwise
     (an empty or cut key would let anyone compute a valid HMAC)."""
-    try:
-        text = path.read_bytes().decode("ascii").strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise Refusal(f"{path}: not a readable signing key ({type(error).__name__}); restore it or certify with a new key") from None
+    text = fac.store.read_key(path)
     if not re.fullmatch(r"[0-9a-f]{64}", text):
         raise Refusal(f"{path}: not a signing key (expected 64 hex characters); restore it or certify with a new key")
     return text.encode()
 
 
+
 def signing_key(fac: Factory, signer: str) -> bytes:
-    """The signer's key, created on first use (32 random bytes, mode 0600) with a line saying where.
-    Written to a temporary file and hard-linked into place: a kill never leaves an empty key."""
-    path = key_path(fac, signer)
-    if not path.exists():
-        fac.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        handle, temp = tempfile.mkstemp(dir=fac.keys_dir, prefix=f".{signer}.", suffix=".tmp")  # mode 0600
-        try:
-            with os.fdopen(handle, "w") as out:
-                out.write(secrets.token_hex(32) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-            os.link(temp, path)   # atomic; FileExistsError when another certify made it first
-            print(f"created signing key for {signer} at {path} (mode 0600; keep it out of the repo)", file=sys.stderr)
-        except FileExistsError:
-            pass
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
-    return read_key(path)
-
-
-def writable_folder(folder: Path) -> bool:
-    """True when folder exists (or can be made, mode 0700) and this process may write in it."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError:
-        return False
-    return os.access(folder, os.W_OK)
+    """The signer's key, created on first use (32 random bytes as hex, mode 0600) with a line saying where."""
+    path = fac.key_path(signer)
+    if not path.exists() and fac.store.create_key(path, secrets.token_hex(32) + "\n"):
+        print(f"created signing key for {signer} at {path} (mode 0600; keep it out of the repo)", file=sys.stderr)
+    return read_key(fac, path)
 
 
 def signature_of(key: bytes, cert: dict) -> str:
@@ -659,14 +773,14 @@ def verified_certificate(fac: Factory, name: str) -> dict:
     where = fac.shown(path)
     if not path.exists():
         raise Refusal("uncertified. no evals, no production.")
-    cert = fac.read_json(path)
+    cert = fac.store.read_json(path)
     signer = cert.get("signer")
     if not isinstance(signer, str) or not SIGNER.match(signer) or not isinstance(cert.get("signature"), str):
         raise Refusal(f"{where}: the certificate does not verify (no valid signer or signature). re-certify.")
-    key_file = key_path(fac, signer)
+    key_file = fac.key_path(signer)
     if not key_file.exists():
         raise Refusal(f"{where}: signed by {signer}, whose key is not on this machine ({key_file}); it cannot be verified here.")
-    if not hmac.compare_digest(signature_of(read_key(key_file), cert), cert["signature"]):
+    if not hmac.compare_digest(signature_of(read_key(fac, key_file), cert), cert["signature"]):
         raise Refusal(f"{where}: the certificate does not verify with {signer}'s key; it was changed after signing. re-certify.")
     if cert.get("agent") != name:
         raise Refusal(f"{where}: the certificate is for {cert.get('agent')!r}, not {name}; it does not verify here.")
@@ -677,7 +791,7 @@ def revocation_of(fac: Factory, cert: dict) -> dict | None:
     """The revocation entry for this exact certificate (by signature), from the append-only log."""
     if not fac.revocations.exists():
         return None
-    for _, row in fac.read_jsonl(fac.revocations):
+    for _, row in fac.store.read_jsonl(fac.revocations):
         if row.get("signature") == cert["signature"]:
             return row
     return None
@@ -688,12 +802,12 @@ def revoke(fac: Factory, name: str, reason: str) -> bool:
     path = fac.cert_path(name)
     if not path.exists():
         return False
-    cert = fac.read_json(path)
+    cert = fac.store.read_json(path)
     if cert.get("revoked"):
         return False
     entry = {"agent": name, "reason": reason, "at": utc_now(), "signature": cert.get("signature")}
-    append_jsonl(fac.revocations, entry)
-    write_json(path, {**cert, "revoked": {"reason": reason, "at": entry["at"]}})
+    fac.store.append_jsonl(fac.revocations, entry)
+    fac.store.write_json(path, {**cert, "revoked": {"reason": reason, "at": entry["at"]}})
     return True
 
 
@@ -708,13 +822,15 @@ def revocation_reason(fac: Factory, name: str, cert: dict) -> str | None:
     return " ".join(reason.split())
 
 
+RECALL_SHAPE = Shape.of({"agent": str, "reason": str, "at": str})
+
+
 def recalls_of(fac: Factory, name: str) -> list[dict]:
     """Recall entries that reach NAME: its own and its masters', oldest first (append-only log)."""
     if not fac.recalls.exists():
         return []
-    reach, shape = {name, *ancestors(fac, name)}, {"agent": str, "reason": str, "at": str}
-    rows = [check_shape(row, shape, f"{fac.shown(fac.recalls)} line {n}") for n, row in fac.read_jsonl(fac.recalls)]
-    return [row for row in rows if row["agent"] in reach]
+    reach = {name, *ancestors(fac, name)}
+    return [row for _, row in fac.store.read_jsonl(fac.recalls, RECALL_SHAPE) if row["agent"] in reach]
 
 
 def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
@@ -733,9 +849,9 @@ def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
     return agent, cert
 
 
-RECORD_SHAPE = {"format": str, "agent": str, "half": str, "at": str, "score": (int, float), "passed": int,
-                "cases": int, "pass_bar": (int, float), "digest": str, "components": dict, "suite": str,
-                "suite_digest": str, "draft_check": str, "failures": list}
+RECORD_SHAPE = Shape.of({"format": str, "agent": str, "half": str, "at": str, "score": (int, float), "passed": int,
+                         "cases": int, "pass_bar": (int, float), "digest": str, "components": dict, "suite": str,
+                         "suite_digest": str, "draft_check": str, "failures": list})
 
 
 def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
@@ -744,7 +860,7 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
     paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
     found = []
     for path in paths:
-        record = check_shape(fac.read_json(path), RECORD_SHAPE, fac.shown(path))
+        record = fac.store.read_json(path, RECORD_SHAPE)
         if not NAME.match(record["suite"]):
             raise Refusal(f"{fac.shown(path)}: field 'suite' must be a suite name, got {record['suite']!r}")
         found.append((path, record))
@@ -763,8 +879,8 @@ def certify_guards(fac: Factory, agent: Agent, tier: str) -> tuple[Path, dict, i
     if proof.get("digest") != agent.digest:
         changed = ", ".join(changed_components(proof.get("components", {}), agent.components))
         raise Refusal(f"the ABOM changed after the sealed run ({changed}). re-prove before certifying.")
-    sealed = suite_path(fac, proof["suite"], True)
-    if sha256(fac.read_bytes(sealed, limit=1 << 40)) != proof.get("suite_digest"):
+    sealed = fac.suite_path(proof["suite"], True)
+    if sha256(fac.store.read_bytes(sealed, limit=1 << 40)) != proof.get("suite_digest"):
         raise Refusal(f"the sealed suite changed after the sealed run ({fac.shown(sealed)}). re-prove before certifying.")
     if proof["score"] < proof["pass_bar"]:
         raise Refusal(f"sealed score {proof['score']} is under the bar {proof['pass_bar']}.")
@@ -827,14 +943,14 @@ def archive_certificate(fac: Factory, name: str) -> None:
     current = fac.cert_path(name)
     if not current.exists():
         return
-    old = current.read_bytes()
-    write_text(fac.registry / "history" / name / f"{new_run_id()}.card.json", old)
+    old = fac.store.read_bytes(current)
+    fac.store.write_text(fac.history_path(name), old)
     try:
         signature = json.loads(old).get("signature")
     except (ValueError, AttributeError):
         signature = None
     if isinstance(signature, str):
-        append_jsonl(fac.revocations, {"agent": name, "reason": "superseded by a newer certificate",
+        fac.store.append_jsonl(fac.revocations, {"agent": name, "reason": "superseded by a newer certificate",
                                        "at": utc_now(), "signature": signature})
 
 
@@ -853,7 +969,7 @@ class Drift:
         drift, recent = cls(cert.get("certified_rate")), []
         if drift.certified_rate is None:
             return drift
-        for row in newest_rows(fac):
+        for row in (fac.store.read_jsonl_backwards(fac.index, INDEX_SHAPE) if fac.index.exists() else ()):
             if row["at"] <= cert["signed_at"] or len(recent) == DRIFT_WINDOW:
                 break
             if row["agent"] == name and row["gate"] in GATED:
@@ -896,29 +1012,24 @@ class Drift:
 PENDING_FORMAT = "factory-pending-1"
 
 
-PENDING_SHAPE = {"format": str, "run_id": str, "call": int, "agent": str, "tool": str, "args": dict,
-                 "args_digest": str, "certificate": str, "digest": str, "staged_at": str, "expires_at": str}
-
-
-def pending_path(fac: Factory, run_id: str, call: int, state: str = "") -> Path:
-    """registry/pending/RUN_ID.CALL.json, or its state file (.approved, .executed, .rejected)."""
-    return fac.registry / "pending" / f"{run_id}.{call}{'.' + state if state else ''}.json"
+PENDING_SHAPE = Shape.of({"format": str, "run_id": str, "call": int, "agent": str, "tool": str, "args": dict,
+                          "args_digest": str, "certificate": str, "digest": str, "staged_at": str, "expires_at": str})
 
 
 def load_pending(fac: Factory, run_id: str, call: int) -> dict:
     """The stored staged call RUN_ID/CALL, shape-checked; Refusal when the id is odd or nothing waits there."""
     if not RUN_ID.fullmatch(run_id or "") or call < 1:
         raise Refusal(f"{run_id!r} --call {call} does not name a staged call (see `pending`)")
-    path = pending_path(fac, run_id, call)
+    path = fac.pending_path(run_id, call)
     if not path.exists():
         raise Refusal(f"no staged call {call} for run {run_id} (see `pending`)")
-    return check_shape(fac.read_json(path), PENDING_SHAPE, fac.shown(path))
+    return fac.store.read_json(path, PENDING_SHAPE)
 
 
 def pending_state(fac: Factory, entry: dict) -> str:
     """executed | rejected | expired | pending, from the state files beside the stored call."""
     for state in ("executed", "rejected"):
-        if pending_path(fac, entry["run_id"], entry["call"], state).exists():
+        if fac.pending_path(entry["run_id"], entry["call"], state).exists():
             return state
     return "expired" if utc_now() > entry["expires_at"] else "pending"
 
@@ -927,7 +1038,7 @@ def refuse_closed(fac: Factory, entry: dict) -> None:
     """Refusal when the staged call was already executed, rejected, or has expired."""
     state, label = pending_state(fac, entry), f"{entry['tool']} from run {entry['run_id']} (call {entry['call']})"
     if state == "executed":
-        done = fac.read_json(pending_path(fac, entry["run_id"], entry["call"], "executed"))
+        done = fac.store.read_json(fac.pending_path(entry["run_id"], entry["call"], "executed"))
         raise Refusal(f"{label} was already executed at {done.get('at')} (approved by {done.get('by')}).")
     if state == "rejected":
         raise Refusal(f"{label} was rejected; it will not be executed.")
@@ -1285,13 +1396,13 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
     tier = tier or cert["tier"]
     run_id = new_run_id()
     trace = fac.trace_path(agent.name, run_id)
-    record = lambda event: append_jsonl(trace, event)  # noqa: E731 - the trace sink handed to the broker
+    record = lambda event: fac.store.append_jsonl(trace, event)  # noqa: E731 - the trace sink handed to the broker
     record({"format": TRACE_FORMAT, "run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
             "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
-    tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, append_jsonl)
+    tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, fac.store.append_jsonl)
     desk = broker.Broker(agent.policy_at(tier), agent.contracts, tools, "run", record)
     loop = Loop(make_worker(fac, agent, task_input), desk, agent, task_text(task_input), record,
-                spill=lambda seq, text: spill(fac, agent.name, run_id, seq, text),
+                spill=lambda seq, text: fac.store.spill(agent.name, run_id, seq, text),
                 router=Router(sage_client(fac, 8.0), record))
     return close_run(fac, agent, cert, run_id, loop, run_loop(loop), record, tier)
 
@@ -1304,14 +1415,6 @@ def run_loop(loop: Loop) -> str:
         loop.reason = f"{type(error).__name__}: {error}"
         loop.record({"event": "crash", "traceback": traceback.format_exc()})
         return "crashed"
-
-
-def spill(fac: Factory, agent: str, run_id: str, seq: int, text: str) -> str:
-    """Save a full tool result under traces/AGENT/RUN_ID/ and return its path as shown to the user."""
-    path = fac.traces / agent / run_id / f"tool-{seq}.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return fac.shown(path)
 
 
 def close_run(fac: Factory, agent: Agent, cert: dict, run_id: str, loop: Loop, status: str, record, tier: str) -> dict:
@@ -1334,7 +1437,7 @@ def close_run(fac: Factory, agent: Agent, cert: dict, run_id: str, loop: Loop, s
            "routed": bool(reasons), "why": reasons, "output": loop.output,
            "tools": [[o.tool, o.verdict] for o in loop.broker.outcomes]}
     record({"event": "end", **{k: row[k] for k in ("status", "reason", "verdict", "gate", "routed", "why", "output", "cost_usd")}})
-    append_jsonl(fac.index, {k: v for k, v in row.items() if k not in ("output", "tools", "gate_line")})
+    fac.store.append_jsonl(fac.index, {k: v for k, v in row.items() if k not in ("output", "tools", "gate_line")})
     return row
 
 
@@ -1358,16 +1461,13 @@ def run_verdict(fac: Factory, status: str, gate: str, within: bool, outcomes: li
     return "waiting-for-approval" if pending else "verified"
 
 
+
 def read_back(fac: Factory, receipt: dict | None) -> bool:
     """True when the effect line named by a tool's receipt is where the receipt says, with its effect id."""
     try:
-        path = (fac.root / receipt["path"]).resolve()
-        if not path.is_relative_to(fac.root):
-            return False
-        with path.open("rb") as effects:
-            effects.seek(receipt["offset"])
-            return json.loads(effects.readline()).get("effect_id") == receipt["effect_id"]
-    except (TypeError, KeyError, OSError, ValueError):
+        row = fac.store.line_at(receipt["path"], receipt["offset"])
+        return row is not None and row.get("effect_id") == receipt["effect_id"]
+    except (TypeError, KeyError):
         return False
 
 
@@ -1405,8 +1505,8 @@ class Staging:
                  "tool": outcome.tool, "args": outcome.args, "args_digest": broker.args_digest(outcome.args),
                  "certificate": self.cert["signature"], "digest": self.agent.digest, "staged_at": iso(staged),
                  "expires_at": iso(staged + timedelta(hours=hours))}
-        path = pending_path(self.fac, self.run_id, call)
-        write_json(path, entry)
+        path = self.fac.pending_path(self.run_id, call)
+        self.fac.store.write_json(path, entry)
         return path
 
 
@@ -1427,80 +1527,40 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
 
     Every check is made again here, whoever calls it: state, agent, certificate, argument digest."""
     entry = load_pending(fac, run_id, call)
-    approval_path = pending_path(fac, run_id, call, "approved")
+    approval_path = fac.pending_path(run_id, call, "approved")
     if not approval_path.exists():
         raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) has no approval record; the executor refuses.")
-    approval = fac.read_json(approval_path)
+    approval = fac.store.read_json(approval_path)
     refuse_closed(fac, entry)
     agent = refuse_changed(fac, entry)
     if approval.get("args_digest") != entry["args_digest"]:
         raise Refusal(f"the approval of run {run_id} (call {call}) was for other arguments; not executed.")
-    claim = pending_path(fac, run_id, call, "executed")
-    try:
-        os.close(os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # exactly once, across processes
-    except FileExistsError:
-        raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) was already executed.") from None
-    record = lambda event: append_jsonl(fac.trace_path(agent.name, run_id), event)  # noqa: E731
-    tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, append_jsonl)
+    claim = fac.pending_path(run_id, call, "executed")
+    if not fac.store.claim(claim):   # exactly once, across processes
+        raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) was already executed.")
+    record = lambda event: fac.store.append_jsonl(fac.trace_path(agent.name, run_id), event)  # noqa: E731
+    tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, fac.store.append_jsonl)
     desk = broker.Broker(agent.policy_at("C2"), agent.contracts, tools, "run", record)
     staged = desk.carry_out(entry["tool"], entry["args"])
     done = desk.execute_staged(staged) if staged.verdict == broker.STAGED else staged
     result = {"at": utc_now(), "by": approval.get("by"), "ok": done.ok, "verdict": done.verdict,
               "result": done.result, "receipt": done.receipt, "read_back": read_back(fac, done.receipt)}
-    write_json(claim, result)
+    fac.store.write_json(claim, result)
     record({"event": "approved_call", "call": call, **result})
     return result
 
 
-INDEX_SHAPE = {"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
-               "backends": list, "denied": list, "acted": int, "staged": int, "why": list}
+INDEX_SHAPE = Shape.of({"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
+                        "backends": list, "denied": list, "acted": int, "staged": int, "why": list},
+                       optional={"cost_usd": (int, float, type(None)), "p": (int, float, type(None))})
+
 
 
 def index_rows(fac: Factory) -> Iterator[dict]:
     """Rows of traces/index.jsonl, streamed and shape-checked; nothing when there is no index yet."""
-    index = fac.index
-    if index.exists():
-        for number, row in fac.read_jsonl(index):
-            if not index_row_fits(row):
-                where = f"{fac.shown(index)} line {number}"
-                check_shape(row, INDEX_SHAPE, where)
-                raise Refusal(f"{where}: field 'cost_usd' or 'p' is not a number")
+    if fac.index.exists():
+        for _, row in fac.store.read_jsonl(fac.index, INDEX_SHAPE):
             yield row
-
-
-INDEX_TYPES = tuple(INDEX_SHAPE.items())
-
-
-NUMBER_OR_NULL = (int, float, type(None))
-
-
-def index_row_fits(row: dict) -> bool:
-    """True when an index row has every INDEX_SHAPE field with its exact type, and cost_usd and p are
-    numbers or null (exact types: JSON has no subclasses, and bool is not a number here)."""
-    try:
-        for key, kind in INDEX_TYPES:
-            if type(row[key]) is not kind:
-                return False
-    except KeyError:
-        return False
-    return type(row.get("cost_usd")) in NUMBER_OR_NULL and type(row.get("p")) in NUMBER_OR_NULL
-
-
-def newest_rows(fac: Factory, block: int = 1 << 16) -> Iterator[dict]:
-    """Index rows newest first, read backwards in blocks; Refusal for a malformed row."""
-    if not fac.index.exists():
-        return
-    with fac.index.open("rb") as index:
-        end, tail = index.seek(0, os.SEEK_END), b""
-        while end > 0:
-            start = max(0, end - block)
-            index.seek(start)
-            lines = (index.read(end - start) + tail).split(b"\n")
-            tail, end = (lines.pop(0) if start > 0 else b""), start
-            for raw in reversed(lines):
-                if raw.strip():
-                    yield check_shape(as_object(parse_json(decode_line(raw, fac.shown(fac.index)), fac.shown(fac.index)),
-                                                fac.shown(fac.index)), INDEX_SHAPE, fac.shown(fac.index))
 
 
 def prove_case(fac: Factory, agent: Agent, case: dict) -> dict:
@@ -1667,14 +1727,6 @@ def jobs_of(args) -> int:
     return args.jobs
 
 
-def write_report(path: Path, text: str) -> None:
-    """Write a report the user asked for (JUnit, HTML); Refusal naming the path when it cannot be written."""
-    try:
-        write_text(path, text)
-    except OSError as error:
-        raise Refusal(f"{path}: cannot write the report ({error.strerror or type(error).__name__})") from None
-
-
 def cmd_stamp(fac: Factory, args) -> int:
     """Derive a variant from a master: --as NEW, each --set PATH=JSON an override the variant keeps."""
     master = load_agent(fac, args.master)
@@ -1685,10 +1737,10 @@ def cmd_stamp(fac: Factory, args) -> int:
     card = validate_card(derive(master.card, args.new, overrides, master.digest), f"variant {args.new}")
     agent_from_card(fac, card)
     try:
-        write_json(path, card, exclusive=True)
+        fac.store.write_json(path, card, exclusive=True)
     except FileExistsError:
         raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp") from None
-    append_jsonl(fac.lineage, {"agent": args.new, "stamped_from": args.master, "at": utc_now()})
+    fac.store.append_jsonl(fac.lineage, {"agent": args.new, "stamped_from": args.master, "at": utc_now()})
     print(f"stamped {args.new} from {args.master}: {fac.shown(path)} overrides {json.dumps(overrides)}")
     return 0
 
@@ -1707,7 +1759,7 @@ def cmd_restamp(fac: Factory, args) -> int:
             changed.append(name)
     revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]  # before the
     for name in changed:                                                    # cards change: a kill between keeps it revoked
-        write_json(fac.card_path(name), latest[name].card)
+        fac.store.write_json(fac.card_path(name), latest[name].card)
     print(f"restamped {len(changed)} variant(s) from {args.master}: {changed}")
     print(f"revoked {len(revoked)} certificate(s): {revoked}")
     if changed:
@@ -1720,13 +1772,13 @@ def cmd_prove(fac: Factory, args) -> int:
     agent = load_agent(fac, args.agent)
     half = "sealed" if args.sealed else "open"
     suite = suite_name(fac, agent)
-    path = suite_path(fac, suite, args.sealed)
+    path = fac.suite_path(suite, args.sealed)
     cases = load_cases(fac, path)
     results, draft = prove_all(fac, agent, cases, jobs_of(args))
-    record = proof_record(agent, half, suite, sha256(fac.read_bytes(path, limit=1 << 40)), results, draft)
-    write_json(fac.records / agent.name / f"{new_run_id()}.{half}.json", record)
+    record = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, draft)
+    fac.store.write_json(fac.records / agent.name / f"{new_run_id()}.{half}.json", record)
     if args.junit:
-        write_report(Path(args.junit), junit_xml(record, results))
+        fac.store.write_report(Path(args.junit), junit_xml(record, results))
     print(json.dumps(record, indent=2)) if args.json else print_proof(record)
     return 0 if record["score"] >= record["pass_bar"] else 1
 
@@ -1778,7 +1830,7 @@ def cmd_certify(fac: Factory, args) -> int:
     """Sign a certificate for an agent whose latest sealed proof clears the bar; only a human at a terminal can."""
     agent = load_agent(fac, args.agent)
     path, proof, attempts = certify_guards(fac, agent, args.tier)
-    if not key_path(fac, args.by).exists() and not writable_folder(fac.keys_dir):
+    if not fac.key_path(args.by).exists() and not fac.store.keys_writable():
         raise Refusal(f"no key for {args.by} and the keys folder {fac.keys_dir} cannot be created or written (FACTORY_KEYS_DIR)")
     if not sys.stdin.isatty():
         raise Refusal("unsigned. certification is the station that stays human.")
@@ -1793,7 +1845,7 @@ def cmd_certify(fac: Factory, args) -> int:
         raise Refusal("unsigned.")
     cert = certificate(fac, agent, args.tier, args.by, path, proof)
     archive_certificate(fac, agent.name)
-    write_json(fac.cert_path(agent.name), cert)
+    fac.store.write_json(fac.cert_path(agent.name), cert)
     print(f"certified {agent.name} at {args.tier}: {fac.shown(fac.cert_path(agent.name))}")
     return 0
 
@@ -1803,7 +1855,7 @@ def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
     if path.resolve().name == "sealed.jsonl" or path.resolve().is_relative_to(fac.sealed_dir) and fac.sealed_dir != fac.evals:
         raise Refusal(f"{fac.shown(path)}: is a sealed half; sealed cases are never run as tickets")
     tickets = []
-    for number, row in fac.read_jsonl(path, confined=False):
+    for number, row in fac.store.read_jsonl(path, confined=False):
         ok = set(row) <= {"id", "input", "source"} and isinstance(row.get("id"), str) and isinstance(row.get("input"), str)
         if not ok or not row["id"].isprintable() or not row["input"].strip():
             raise Refusal(f"{fac.shown(path)} line {number}: a ticket is {{\"id\": printable str, \"input\": non-empty str}}"
@@ -1886,7 +1938,7 @@ def cmd_tower(fac: Factory, args) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     if args.html:
-        write_report(Path(args.html), render_tower_html(doc))
+        fac.store.write_report(Path(args.html), render_tower_html(doc))
         print(f"wrote {args.html}")
         return 0
     print_tower(doc)
@@ -1906,7 +1958,7 @@ def cmd_harvest(fac: Factory, args) -> int:
     except Refusal as why:
         raise Refusal(f"evalsmith is not certified. the line only hires from the registry. ({why})") from None
     log = fac.records / args.agent / "harvested.jsonl"
-    done = {row.get("run_id") for _, row in fac.read_jsonl(log)} if log.exists() else set()
+    done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
     todo = [row for row in index_rows(fac) if row["agent"] == args.agent and flagged(row) and row["run_id"] not in done]
     inputs = [flagged_input(fac, row) for row in todo]  # every trace read before anything is written
     proposed = 0
@@ -1915,7 +1967,7 @@ def cmd_harvest(fac: Factory, args) -> int:
         made = sum(1 for tool, verdict in result["tools"] if tool == "evals:propose" and verdict == "ok")
         proposed += made
         if made:   # a run whose proposal failed stays flagged for the next harvest
-            append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
+            fac.store.append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
     print(f"harvested {len(todo)} flagged run(s) of {args.agent}; proposed {proposed} case(s) into "
           f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them)")
     return 0
@@ -1924,7 +1976,7 @@ def cmd_harvest(fac: Factory, args) -> int:
 def flagged_input(fac: Factory, row: dict) -> dict:
     """What evalsmith sees of one flagged run: its input (from the trace header), output, gate and denials."""
     trace = fac.trace_path(row["agent"], row["run_id"])
-    events = [event for _, event in fac.read_jsonl(trace)]
+    events = [event for _, event in fac.store.read_jsonl(trace)]
     if not events or events[0].get("format") != TRACE_FORMAT:
         raise Refusal(f"{fac.shown(trace)}: not a {TRACE_FORMAT} trace (no header line)")
     header, end = events[0], [event for event in events if event.get("event") == "end"]
@@ -1940,7 +1992,7 @@ def cmd_recall(fac: Factory, args) -> int:
     if not reason:
         raise Refusal("a recall needs a reason: --reason TEXT")
     variants = descendants(fac, args.agent)   # read (and checked) before anything is written
-    append_jsonl(fac.recalls, {"agent": args.agent, "reason": reason, "at": utc_now(),
+    fac.store.append_jsonl(fac.recalls, {"agent": args.agent, "reason": reason, "at": utc_now(),
                                "by": fac.env.get("USER", "unknown")})
     print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")
     print("every new run of these is refused until a fresh sealed proof and a new signature; runs already underway finish and are gated.")
@@ -2000,7 +2052,7 @@ def cmd_pending(fac: Factory, args) -> int:
     """List the staged acting calls waiting for a human's approval, oldest first."""
     folder = fac.registry / "pending"
     paths = [p for p in sorted(folder.glob("*.json")) if p.name.count(".") == 2] if folder.is_dir() else []
-    entries = [check_shape(fac.read_json(p), PENDING_SHAPE, fac.shown(p)) for p in paths]
+    entries = [fac.store.read_json(p, PENDING_SHAPE) for p in paths]
     waiting = sorted((e for e in entries if pending_state(fac, e) == "pending"), key=lambda e: e["staged_at"])
     for e in waiting:
         print(f"{e['run_id']} --call {e['call']}\t{e['agent']}\t{e['tool']} {json.dumps(e['args'], ensure_ascii=False)}"
@@ -2013,7 +2065,7 @@ def cmd_pending(fac: Factory, args) -> int:
 def cmd_approve(fac: Factory, args) -> int:
     """Show one staged call at a terminal, ask `approve? [y/N]`, and execute exactly that call, once."""
     entry = load_pending(fac, args.run_id, args.call)
-    key_path(fac, args.by)
+    fac.key_path(args.by)
     refuse_closed(fac, entry)
     refuse_changed(fac, entry)
     if not sys.stdin.isatty():
@@ -2025,7 +2077,7 @@ def cmd_approve(fac: Factory, args) -> int:
     sys.stderr.flush()
     if sys.stdin.readline().strip().lower() != "y":
         raise Refusal("not approved; the call stays staged.")
-    write_json(pending_path(fac, entry["run_id"], entry["call"], "approved"),
+    fac.store.write_json(fac.pending_path(entry["run_id"], entry["call"], "approved"),
                {"by": args.by, "at": utc_now(), "args_digest": entry["args_digest"]})
     result = execute_staged_call(fac, entry["run_id"], entry["call"])
     state = "read back" if result["read_back"] else "NOT read back: check it by hand"
@@ -2036,11 +2088,11 @@ def cmd_approve(fac: Factory, args) -> int:
 def cmd_reject(fac: Factory, args) -> int:
     """Close one staged call without executing it; the reason and the rejecter are kept."""
     entry = load_pending(fac, args.run_id, args.call)
-    key_path(fac, args.by)
+    fac.key_path(args.by)
     if not (args.reason or "").strip():
         raise Refusal("a rejection needs a reason: --reason TEXT")
     refuse_closed(fac, entry)
-    write_json(pending_path(fac, entry["run_id"], entry["call"], "rejected"),
+    fac.store.write_json(fac.pending_path(entry["run_id"], entry["call"], "rejected"),
                {"by": args.by, "at": utc_now(), "reason": args.reason.strip()})
     print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']})")
     return 0
@@ -2049,7 +2101,7 @@ def cmd_reject(fac: Factory, args) -> int:
 def cmd_replay(fac: Factory, args) -> int:
     """Feed a run's recorded model replies (or, with --live, the model again) to today's code; print what differs."""
     path = find_trace(fac, args.run_id)
-    events = [event for _, event in fac.read_jsonl(path)]
+    events = [event for _, event in fac.store.read_jsonl(path)]
     ends = [i for i, e in enumerate(events) if e.get("event") == "end"]
     if not ends or events[0].get("format") != TRACE_FORMAT or not NAME.match(str(events[0].get("agent"))) \
             or "input" not in events[0]:
@@ -2082,7 +2134,7 @@ def cmd_digest(fac: Factory, args) -> int:
     print(agent.digest)
     if args.explain:
         path = fac.cert_path(agent.name)
-        certified = fac.read_json(path).get("components") if path.exists() else None
+        certified = fac.store.read_json(path).get("components") if path.exists() else None
         certified = certified if isinstance(certified, dict) or certified is None else {}
         for label, value in agent.components.items():
             note = "" if certified is None or certified.get(label) == value else "   <- changed since certification"
@@ -2112,7 +2164,7 @@ class Tally:
     days: dict = field(default_factory=dict)
 
     def add(self, row: dict) -> None:
-        """Count one index row (a shape-checked one: see index_row_fits). Runs a million times: kept flat."""
+        """Count one index row (one that fits INDEX_SHAPE). Runs a million times: kept flat."""
         gate, cost, p, when = row["gate"], row.get("cost_usd"), row.get("p"), row["at"]
         passed = gate == "pass"
         self.runs += 1
@@ -2171,15 +2223,15 @@ def closed_calls(fac: Factory) -> Iterator[tuple[str, int, int]]:
     for path in sorted(folder.glob("*.*.json")):
         state = path.name.split(".")[-2]
         if state in ("executed", "rejected"):
-            entry = fac.read_json(path.with_name(".".join(path.name.split(".")[:2]) + ".json"))
-            executed = state == "executed" and fac.read_json(path).get("ok") is True
+            entry = fac.store.read_json(path.with_name(".".join(path.name.split(".")[:2]) + ".json"))
+            executed = state == "executed" and fac.store.read_json(path).get("ok") is True
             yield str(entry.get("agent")), int(executed), 1
 
 
 def new_tally(fac: Factory, name: str) -> Tally:
     """A tally whose drift watch is centred on NAME's certified rate (no baseline when uncertified)."""
     path = fac.cert_path(name)
-    cert = fac.read_json(path) if path.exists() else {}
+    cert = fac.store.read_json(path) if path.exists() else {}
     rate = cert.get("certified_rate")
     return Tally(Drift(rate if _fraction(rate) else None), since=str(cert.get("signed_at", "")))
 

@@ -174,9 +174,10 @@ class IndexReading(LineTest):
         import factory
         self.certified()
         tickets = self.tmp / "t.jsonl"
-        write_suite(tickets, [{"id": f"k{i}", "input": "How do I order a new card? " * (i % 4)} for i in range(12)])
-        self.factory("run", "triager", "--file", str(tickets))
+        write_suite(tickets, [{"id": f"k{i}", "input": "How do I order a new card? " * (1 + i % 4)} for i in range(12)])
+        self.assertEqual(self.factory("run", "triager", "--file", str(tickets))[0], 0)
         forwards = list(factory.index_rows(self.fac))
+        self.assertEqual(len(forwards), 12)
         for block in (7, 64, 300, 1 << 16):
             with self.subTest(block=block):
-                self.assertEqual(list(factory.newest_rows(self.fac, block=block)), forwards[::-1])
+                self.assertEqual(list(self.fac.store.read_jsonl_backwards(self.fac.index, factory.INDEX_SHAPE, block=block)), forwards[::-1])

@@ -5,7 +5,7 @@
         in-process with FACTORY_ROOT=ROOT; print one JSON line {"codes": {...}, "errors": [...]}.
 
     python3 tests/trust_helpers.py write-loop PATH MEGABYTES
-        write object A, print "ready", then loop factory.write_json(PATH, B), (PATH, A), ...
+        write object A, print "ready", then loop the Store's write_json(PATH, B), (PATH, A), ...
         forever, until the parent kills it. A and B come from big_object(0|1, MEGABYTES).
 """
 
@@ -56,15 +56,17 @@ def runs(root: str, keys: str, agent: str, count: int, go: str) -> int:
 
 
 def write_loop(path: str, megabytes: float) -> int:
-    """Alternate two big objects into one path with factory.write_json until killed."""
+    """Alternate two big objects into one path with the Store's write_json until killed."""
     import factory
     objects = [big_object(0, megabytes), big_object(1, megabytes)]
     target = Path(path)
-    factory.write_json(target, objects[0])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    store = factory.Factory.at(str(target.parent), None, {}).store
+    store.write_json(target, objects[0])
     print("ready", flush=True)
     which = 1
     while True:
-        factory.write_json(target, objects[which])
+        store.write_json(target, objects[which])
         which ^= 1
 
 
