@@ -583,23 +583,39 @@ def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict
     return {**card, "stamped_from": parent["agent"], "master_digest": master_digest, "overrides": overrides}
 
 
+
 @dataclass(frozen=True)
 class Agent:
-    """One agent as the line sees it: validated card, its module, and the tool contracts."""
+    """One agent as the line sees it, loaded once per station and reused for every run: the validated
+    card, its entrypoint module (SYSTEM, OUTPUT_SCHEMA, the rules function), its tool module
+    (CONTRACTS the broker rules on, make_tools for the effects), and what its digest is taken over."""
     name: str
     card: dict
     module: object
-    contracts: dict
-    components: dict
+    toolbox: object
+    components: dict              # component label -> sha256
+    digest: str = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "digest", sha256(canonical(self.components)))
 
     @property
-    def digest(self) -> str:
-        """sha256 over the component hashes: everything that decides behaviour."""
-        return sha256(canonical(self.components))
+    def contracts(self) -> dict:
+        """Tool name -> contract (name, effect, description, params, failure_modes)."""
+        return self.toolbox.CONTRACTS
+
+    @property
+    def rules(self):
+        """The entrypoint function: the agent's own deterministic rules, input -> (tool calls, output)."""
+        return getattr(self.module, self.card["entrypoint"].split(":")[1])
 
     def policy_at(self, tier: str) -> broker.Policy:
         """The broker policy: the card's grant and deny lists, at the tier the certificate allows."""
         return broker.Policy(self.name, frozenset(self.card["tools"]), frozenset(self.card["tools_denied"]), tier)
+
+    def tools_for(self, fac: Factory, run_id: str) -> dict:
+        """Tool name -> callable(args) writing this run's effects under the root through the store."""
+        return self.toolbox.make_tools(fac.root, self.name, run_id, fac.store.append_jsonl)
 
 
 def load_python(fac: Factory, relative: str):
@@ -628,19 +644,20 @@ def load_agent(fac: Factory, name: str) -> Agent:
     return agent_from_card(fac, load_card(fac, name))
 
 
+
 def agent_from_card(fac: Factory, card: dict) -> Agent:
-    """The Agent a validated card describes (its module and tool contracts read from agents/)."""
+    """The Agent a validated card describes (its module and tool module read from agents/)."""
     module_name, function = card["entrypoint"].split(":")
     module = load_python(fac, f"{module_name}.py")
     for needed in (function, "SYSTEM", "OUTPUT_SCHEMA"):
         if not hasattr(module, needed):
             raise Refusal(f"agents/{module_name}.py: has no {needed} (entrypoint {card['entrypoint']})")
-    contracts = load_python(fac, "tools.py").CONTRACTS
-    for name, contract in contracts.items():
+    toolbox = load_python(fac, "tools.py")
+    for name, contract in toolbox.CONTRACTS.items():
         if not isinstance(contract, dict) or contract.get("effect") not in broker.EFFECTS \
                 or not isinstance(contract.get("params"), dict):
             raise Refusal(f"agents/tools.py: contract {name} needs an effect in {broker.EFFECTS} and a params schema")
-    return Agent(card["agent"], card, module, contracts, digest_components(fac, card, module_name, contracts))
+    return Agent(card["agent"], card, module, toolbox, digest_components(fac, card, module_name, toolbox.CONTRACTS))
 
 
 def digest_components(fac: Factory, card: dict, module_name: str, contracts: dict) -> dict:
@@ -704,6 +721,20 @@ def descendants(fac: Factory, name: str) -> list[str]:
         found += children
         queue += children
     return found
+
+
+def restamped(fac: Factory, master: str) -> dict[str, dict]:
+    """The variants of MASTER (transitively, parents first) whose card changes when re-derived as their
+    parent's current card plus their own overrides: name -> new card, each validated and loadable."""
+    parent_of, latest, changed = parents(fac), {master: load_agent(fac, master)}, {}
+    for name in descendants(fac, master):
+        old = load_card(fac, name)
+        parent = latest[parent_of[name]]
+        card = validate_card(derive(parent.card, name, old.get("overrides", {}), parent.digest), fac.shown(fac.card_path(name)))
+        latest[name] = agent_from_card(fac, card)
+        if card != old:
+            changed[name] = card
+    return changed
 
 
 def suite_name(fac: Factory, agent: Agent) -> str:
@@ -1382,11 +1413,10 @@ def sage_client(fac: Factory, timeout: float, retries: int = 0):
     return client if client.usable else None
 
 
+
 def make_worker(fac: Factory, agent: Agent, task_input):
     """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules."""
-
-    rules = getattr(agent.module, agent.card["entrypoint"].split(":")[1])
-    return llm.Worker(model=agent.card["model"], env=fac.env, rules=rules, task_input=task_input)
+    return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input)
 
 
 def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
@@ -1399,7 +1429,7 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
     record = lambda event: fac.store.append_jsonl(trace, event)  # noqa: E731 - the trace sink handed to the broker
     record({"format": TRACE_FORMAT, "run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
             "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
-    tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, fac.store.append_jsonl)
+    tools = agent.tools_for(fac, run_id)
     desk = broker.Broker(agent.policy_at(tier), agent.contracts, tools, "run", record)
     loop = Loop(make_worker(fac, agent, task_input), desk, agent, task_text(task_input), record,
                 spill=lambda seq, text: fac.store.spill(agent.name, run_id, seq, text),
@@ -1539,7 +1569,7 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
     if not fac.store.claim(claim):   # exactly once, across processes
         raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) was already executed.")
     record = lambda event: fac.store.append_jsonl(fac.trace_path(agent.name, run_id), event)  # noqa: E731
-    tools = load_python(fac, "tools.py").make_tools(fac.root, agent.name, run_id, fac.store.append_jsonl)
+    tools = agent.tools_for(fac, run_id)
     desk = broker.Broker(agent.policy_at("C2"), agent.contracts, tools, "run", record)
     staged = desk.carry_out(entry["tool"], entry["args"])
     done = desk.execute_staged(staged) if staged.verdict == broker.STAGED else staged
@@ -1745,22 +1775,15 @@ def cmd_stamp(fac: Factory, args) -> int:
     return 0
 
 
+
 def cmd_restamp(fac: Factory, args) -> int:
     """Carry a master fix to every variant (transitively) as master + its overrides; revoke changed certificates."""
-    parent_of = parents(fac)
-    latest = {args.master: load_agent(fac, args.master)}
-    changed = []
-    for name in descendants(fac, args.master):
-        old = load_card(fac, name)
-        parent = latest[parent_of[name]]
-        card = validate_card(derive(parent.card, name, old.get("overrides", {}), parent.digest), fac.shown(fac.card_path(name)))
-        latest[name] = agent_from_card(fac, card)
-        if card != old:
-            changed.append(name)
-    revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]  # before the
-    for name in changed:                                                    # cards change: a kill between keeps it revoked
-        fac.store.write_json(fac.card_path(name), latest[name].card)
-    print(f"restamped {len(changed)} variant(s) from {args.master}: {changed}")
+    changed = restamped(fac, args.master)
+    # revoke before the cards change: a kill in between leaves them revoked, never runnable on an old signature
+    revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]
+    for name, card in changed.items():
+        fac.store.write_json(fac.card_path(name), card)
+    print(f"restamped {len(changed)} variant(s) from {args.master}: {list(changed)}")
     print(f"revoked {len(revoked)} certificate(s): {revoked}")
     if changed:
         print("re-prove and re-certify before these run again.")
