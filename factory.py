@@ -30,6 +30,7 @@ import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -798,26 +799,6 @@ def signature_of(key: bytes, cert: dict) -> str:
     return "hmac-sha256:" + hmac.new(key, canonical(body), hashlib.sha256).hexdigest()
 
 
-def verified_certificate(fac: Factory, name: str) -> dict:
-    """NAME's certificate after its signature verifies; Refusal saying exactly why it does not."""
-    path = fac.cert_path(name)
-    where = fac.shown(path)
-    if not path.exists():
-        raise Refusal("uncertified. no evals, no production.")
-    cert = fac.store.read_json(path)
-    signer = cert.get("signer")
-    if not isinstance(signer, str) or not SIGNER.match(signer) or not isinstance(cert.get("signature"), str):
-        raise Refusal(f"{where}: the certificate does not verify (no valid signer or signature). re-certify.")
-    key_file = fac.key_path(signer)
-    if not key_file.exists():
-        raise Refusal(f"{where}: signed by {signer}, whose key is not on this machine ({key_file}); it cannot be verified here.")
-    if not hmac.compare_digest(signature_of(read_key(fac, key_file), cert), cert["signature"]):
-        raise Refusal(f"{where}: the certificate does not verify with {signer}'s key; it was changed after signing. re-certify.")
-    if cert.get("agent") != name:
-        raise Refusal(f"{where}: the certificate is for {cert.get('agent')!r}, not {name}; it does not verify here.")
-    return cert
-
-
 def revocation_of(fac: Factory, cert: dict) -> dict | None:
     """The revocation entry for this exact certificate (by signature), from the append-only log."""
     if not fac.revocations.exists():
@@ -864,22 +845,6 @@ def recalls_of(fac: Factory, name: str) -> list[dict]:
     return [row for _, row in fac.store.read_jsonl(fac.recalls, RECALL_SHAPE) if row["agent"] in reach]
 
 
-def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
-    """The agent and its certificate when it may run: verifies, not revoked, not recalled, unchanged."""
-    cert = verified_certificate(fac, name)
-    revoked = revocation_reason(fac, name, cert)
-    if revoked:
-        raise Refusal(f"certificate revoked: {revoked}. re-prove and re-certify.")
-    recalls = [r for r in recalls_of(fac, name) if r["at"] > cert["sealed_at"]]
-    if recalls:
-        raise Refusal(f"recalled: {recalls[-1]['reason']}. re-certify before running.")
-    agent = load_agent(fac, name)
-    if agent.digest != cert["digest"]:
-        changed = ", ".join(changed_components(cert.get("components", {}), agent.components)) or "digest"
-        raise Refusal(f"the ABOM changed since certification ({changed}). re-prove and re-certify.")
-    return agent, cert
-
-
 RECORD_SHAPE = Shape.of({"format": str, "agent": str, "half": str, "at": str, "score": (int, float), "passed": int,
                          "cases": int, "pass_bar": (int, float), "digest": str, "components": dict, "suite": str,
                          "suite_digest": str, "draft_check": str, "failures": list})
@@ -896,31 +861,6 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
             raise Refusal(f"{fac.shown(path)}: field 'suite' must be a suite name, got {record['suite']!r}")
         found.append((path, record))
     return found
-
-
-def certify_guards(fac: Factory, agent: Agent, tier: str) -> tuple[Path, dict, int]:
-    """The latest sealed proof when every guard holds, plus the attempts since the card last changed."""
-    ceiling = agent.card["tier_ceiling"]
-    if TIERS.index(tier) > TIERS.index(ceiling):
-        raise Refusal(f"tier {tier} is above the card's tier_ceiling {ceiling}.")
-    proofs = sealed_records(fac, agent.name)
-    if not proofs:
-        raise Refusal("no sealed run. the law: no evals, no production.")
-    path, proof = proofs[-1]
-    if proof.get("digest") != agent.digest:
-        changed = ", ".join(changed_components(proof.get("components", {}), agent.components))
-        raise Refusal(f"the ABOM changed after the sealed run ({changed}). re-prove before certifying.")
-    sealed = fac.suite_path(proof["suite"], True)
-    if sha256(fac.store.read_bytes(sealed, limit=1 << 40)) != proof.get("suite_digest"):
-        raise Refusal(f"the sealed suite changed after the sealed run ({fac.shown(sealed)}). re-prove before certifying.")
-    if proof["score"] < proof["pass_bar"]:
-        raise Refusal(f"sealed score {proof['score']} is under the bar {proof['pass_bar']}.")
-    later = [r for r in recalls_of(fac, agent.name) if r["at"] > proof["at"]]
-    if later:
-        raise Refusal(f"recalled after the sealed run ({later[-1]['reason']}). a recall needs a fresh sealed proof.")
-    refuse_without_evidence(fac, agent, tier)
-    attempts = sum(1 for _, p in proofs if p.get("digest") == agent.digest)
-    return path, proof, attempts
 
 
 PROMOTION_RUNS = 20          # gated production runs at the tier below, since the card last changed
@@ -940,18 +880,6 @@ def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> tuple[int
                 and (tier is None or row.get("tier") == tier):
             runs, passes = runs + 1, passes + (row["gate"] == "pass")
     return runs, passes
-
-
-def refuse_without_evidence(fac: Factory, agent: Agent, tier: str) -> None:
-    """C2 and C3 need >= 20 gated runs at the tier below since the card last changed, passing at the bar."""
-    if tier not in ("C2", "C3"):
-        return
-    below, bar = TIERS[TIERS.index(tier) - 1], agent.card["evals"]["pass_bar"]
-    runs, passes = gated_runs(fac, agent, below)
-    rate = passes / runs if runs else 0.0
-    if runs < PROMOTION_RUNS or rate < bar:
-        raise Refusal(f"tier {tier} needs production evidence at {below} since the card last changed: "
-                      f"{runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {rate:.2f} (need {bar}).")
 
 
 def certificate(fac: Factory, agent: Agent, tier: str, signer: str, path: Path, proof: dict) -> dict:
@@ -1065,36 +993,261 @@ def pending_state(fac: Factory, entry: dict) -> str:
     return "expired" if utc_now() > entry["expires_at"] else "pending"
 
 
-def refuse_closed(fac: Factory, entry: dict) -> None:
-    """Refusal when the staged call was already executed, rejected, or has expired."""
-    state, label = pending_state(fac, entry), f"{entry['tool']} from run {entry['run_id']} (call {entry['call']})"
+# ---- the guards: named checks in ordered chains, run by one function
+
+@dataclass
+class Claim:
+    """What a guard chain decides on: that agent NAME may run (`run`), be certified at `tier`
+    (`certify`), or have one staged call executed (`approve`). The evidence is read lazily, once, as
+    the guards ask for it; each guard relies on the ones before it in its chain having held."""
+    fac: Factory
+    name: str
+    kind: str                   # run | certify | approve
+    tier: str | None = None     # certify: the tier asked for
+    entry: dict | None = None   # approve: the stored staged call
+
+    @property
+    def since(self) -> str:
+        """The moment the evidence dates from, in words for a refusal."""
+        return {"run": "certification", "certify": "the sealed run", "approve": "this call was staged"}[self.kind]
+
+    @property
+    def remedy(self) -> str:
+        """What the user does about a refusal of this kind of claim."""
+        return {"run": "re-prove and re-certify.", "certify": "re-prove before certifying.", "approve": "not executed."}[self.kind]
+
+    @property
+    def since_at(self) -> str:
+        """When the evidence dates from: the certified sealed proof, the latest sealed proof, or the staging."""
+        return {"run": lambda: self.cert["sealed_at"], "certify": lambda: self.proof["at"],
+                "approve": lambda: self.entry["staged_at"]}[self.kind]()
+
+    @property
+    def where(self) -> str:
+        """The certificate's path as shown to the user."""
+        return self.fac.shown(self.fac.cert_path(self.name))
+
+    @cached_property
+    def cert(self) -> dict | None:
+        """NAME's certificate as stored (not yet verified), or None when there is none."""
+        path = self.fac.cert_path(self.name)
+        return self.fac.store.read_json(path) if path.exists() else None
+
+    @cached_property
+    def agent(self) -> Agent:
+        """NAME as it is on disk now."""
+        return load_agent(self.fac, self.name)
+
+    @cached_property
+    def proofs(self) -> list[tuple[Path, dict]]:
+        """Every sealed proof of NAME, oldest first."""
+        return sealed_records(self.fac, self.name)
+
+    @property
+    def proof(self) -> dict:
+        """The latest sealed proof."""
+        return self.proofs[-1][1]
+
+    @property
+    def evidence(self) -> tuple[str, dict]:
+        """(digest, components) the claim rests on: the certificate's, the proof's, or the staged call's."""
+        if self.kind == "certify":
+            return self.proof["digest"], self.proof.get("components", {})
+        signed = self.entry["digest"] if self.kind == "approve" else self.cert["digest"]
+        return signed, self.cert.get("components", {})
+
+    @cached_property
+    def approval(self) -> dict | None:
+        """The approval record of the staged call, or None when nobody approved it."""
+        path = self.fac.pending_path(self.entry["run_id"], self.entry["call"], "approved")
+        return self.fac.store.read_json(path) if path.exists() else None
+
+    @property
+    def call(self) -> str:
+        """The staged call in words, for refusals."""
+        return f"{self.entry['tool']} from run {self.entry['run_id']} (call {self.entry['call']})"
+
+
+def has_certificate(claim: Claim) -> str | None:
+    """There is a certificate at all."""
+    return None if claim.cert is not None else "uncertified. no evals, no production."
+
+
+def names_a_signer(claim: Claim) -> str | None:
+    """The certificate names a well-formed signer and carries a signature."""
+    signer = claim.cert.get("signer")
+    if isinstance(signer, str) and SIGNER.match(signer) and isinstance(claim.cert.get("signature"), str):
+        return None
+    return f"{claim.where}: the certificate does not verify (no valid signer or signature). re-certify."
+
+
+def signer_key_here(claim: Claim) -> str | None:
+    """The signer's key is on this machine (else the signature cannot be checked here)."""
+    key = claim.fac.key_path(claim.cert["signer"])
+    if key.exists():
+        return None
+    return f"{claim.where}: signed by {claim.cert['signer']}, whose key is not on this machine ({key}); it cannot be verified here."
+
+
+def signature_verifies(claim: Claim) -> str | None:
+    """The signature verifies with the signer's key: nothing was changed after signing."""
+    signer = claim.cert["signer"]
+    if hmac.compare_digest(signature_of(read_key(claim.fac, claim.fac.key_path(signer)), claim.cert), claim.cert["signature"]):
+        return None
+    return f"{claim.where}: the certificate does not verify with {signer}'s key; it was changed after signing. re-certify."
+
+
+def for_this_agent(claim: Claim) -> str | None:
+    """The certificate was signed for NAME, not copied from another agent."""
+    if claim.cert.get("agent") == claim.name:
+        return None
+    return f"{claim.where}: the certificate is for {claim.cert.get('agent')!r}, not {claim.name}; it does not verify here."
+
+
+def not_revoked(claim: Claim) -> str | None:
+    """The certificate is not revoked (by its mark or in the revocation log)."""
+    reason = revocation_reason(claim.fac, claim.name, claim.cert)
+    return f"certificate revoked: {reason}. {claim.remedy}" if reason else None
+
+
+def not_recalled(claim: Claim) -> str | None:
+    """No recall reaching NAME (its own or a master's) since the evidence was made."""
+    later = [r for r in recalls_of(claim.fac, claim.name) if r["at"] > claim.since_at]
+    return f"recalled since {claim.since}: {later[-1]['reason']}. {claim.remedy}" if later else None
+
+
+def unchanged(claim: Claim) -> str | None:
+    """The agent's digest is the one the evidence was made for; else names the components that changed."""
+    digest, components = claim.evidence
+    if claim.agent.digest == digest:
+        return None
+    changed = ", ".join(changed_components(components, claim.agent.components)) or "digest"
+    return f"the ABOM changed since {claim.since} ({changed}). {claim.remedy}"
+
+
+def within_ceiling(claim: Claim) -> str | None:
+    """The tier asked for is at most the card's tier_ceiling."""
+    ceiling = claim.agent.card["tier_ceiling"]
+    return f"tier {claim.tier} is above the card's tier_ceiling {ceiling}." if TIERS.index(claim.tier) > TIERS.index(ceiling) else None
+
+
+def has_sealed_proof(claim: Claim) -> str | None:
+    """There is a sealed proof at all."""
+    return None if claim.proofs else "no sealed run. the law: no evals, no production."
+
+
+def sealed_suite_unchanged(claim: Claim) -> str | None:
+    """The sealed suite is byte for byte the one the latest proof ran."""
+    sealed = claim.fac.suite_path(claim.proof["suite"], True)
+    if sha256(claim.fac.store.read_bytes(sealed, limit=1 << 40)) == claim.proof["suite_digest"]:
+        return None
+    return f"the sealed suite changed since {claim.since} ({claim.fac.shown(sealed)}). {claim.remedy}"
+
+
+def clears_the_bar(claim: Claim) -> str | None:
+    """The latest sealed score is at or above its pass bar."""
+    score, bar = claim.proof["score"], claim.proof["pass_bar"]
+    return f"sealed score {score} is under the bar {bar}." if score < bar else None
+
+
+def production_evidence(claim: Claim) -> str | None:
+    """C2 and C3 need >= 20 gated runs at the tier below since the card last changed, passing at the bar."""
+    if claim.tier not in ("C2", "C3"):
+        return None
+    below, bar = TIERS[TIERS.index(claim.tier) - 1], claim.agent.card["evals"]["pass_bar"]
+    runs, passes = gated_runs(claim.fac, claim.agent, below)
+    rate = passes / runs if runs else 0.0
+    if runs >= PROMOTION_RUNS and rate >= bar:
+        return None
+    return (f"tier {claim.tier} needs production evidence at {below} since the card last changed: "
+            f"{runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {rate:.2f} (need {bar}).")
+
+
+def call_still_open(claim: Claim) -> str | None:
+    """The staged call was not executed or rejected already, and has not expired."""
+    state = pending_state(claim.fac, claim.entry)
     if state == "executed":
-        done = fac.store.read_json(fac.pending_path(entry["run_id"], entry["call"], "executed"))
-        raise Refusal(f"{label} was already executed at {done.get('at')} (approved by {done.get('by')}).")
+        done = claim.fac.store.read_json(claim.fac.pending_path(claim.entry["run_id"], claim.entry["call"], "executed"))
+        return f"{claim.call} was already executed at {done.get('at')} (approved by {done.get('by')})."
     if state == "rejected":
-        raise Refusal(f"{label} was rejected; it will not be executed.")
+        return f"{claim.call} was rejected; it will not be executed."
     if state == "expired":
-        raise Refusal(f"{label} expired at {entry['expires_at']} without approval; run the ticket again.")
+        return f"{claim.call} expired at {claim.entry['expires_at']} without approval; run the ticket again."
+    return None
 
 
-def refuse_changed(fac: Factory, entry: dict) -> Agent:
-    """The agent, unless it was recalled, re-stamped, re-certified or changed since the call was staged."""
-    name = entry["agent"]
-    cert = verified_certificate(fac, name)
-    revoked = revocation_reason(fac, name, cert)
-    if revoked:
-        raise Refusal(f"{name} was re-stamped since this call was staged (certificate revoked: {revoked}); not executed.")
-    recalls = [r for r in recalls_of(fac, name) if r["at"] > entry["staged_at"]]
-    if recalls:
-        raise Refusal(f"{name} was recalled since this call was staged ({recalls[-1]['reason']}); not executed.")
-    if cert["signature"] != entry["certificate"]:
-        raise Refusal(f"{name} was re-certified since this call was staged; run the ticket again under the new certificate.")
-    agent = load_agent(fac, name)
-    if agent.digest != entry["digest"]:
-        raise Refusal(f"the ABOM of {name} changed since this call was staged; not executed.")
-    if broker.args_digest(entry["args"]) != entry["args_digest"]:
-        raise Refusal(f"the stored arguments of {entry['tool']} no longer match their digest: changed after staging; not executed.")
-    return agent
+def same_certificate(claim: Claim) -> str | None:
+    """The certificate is the one the call was staged under (not re-certified since)."""
+    if claim.cert["signature"] == claim.entry["certificate"]:
+        return None
+    return f"{claim.name} was re-certified since {claim.since}; run the ticket again under the new certificate."
+
+
+def arguments_unchanged(claim: Claim) -> str | None:
+    """The stored arguments still match the digest taken when the call was staged."""
+    if broker.args_digest(claim.entry["args"]) == claim.entry["args_digest"]:
+        return None
+    return f"the stored arguments of {claim.entry['tool']} no longer match their digest: changed after staging; {claim.remedy}"
+
+
+def approved(claim: Claim) -> str | None:
+    """A human approved the call (the executor refuses without an approval record, whoever calls it)."""
+    return None if claim.approval is not None else f"{claim.call} has no approval record; the executor refuses."
+
+
+def approved_these_arguments(claim: Claim) -> str | None:
+    """The approval was for exactly the stored arguments."""
+    if claim.approval.get("args_digest") == claim.entry["args_digest"]:
+        return None
+    return f"the approval of run {claim.entry['run_id']} (call {claim.entry['call']}) was for other arguments; {claim.remedy}"
+
+
+# Each chain is (name, check) in order; a check returns None or the one refusal line.
+CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
+                      ("signature", signature_verifies), ("agent", for_this_agent))
+RUN_GUARDS = CERTIFICATE_GUARDS + (("revocation", not_revoked), ("recall", not_recalled), ("digest", unchanged))
+CERTIFY_GUARDS = (("tier ceiling", within_ceiling), ("sealed proof", has_sealed_proof), ("digest", unchanged),
+                  ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar), ("recall", not_recalled),
+                  ("production evidence", production_evidence))
+OPEN_GUARDS = (("open call", call_still_open),)
+APPROVE_GUARDS = OPEN_GUARDS + CERTIFICATE_GUARDS + (
+    ("revocation", not_revoked), ("recall", not_recalled), ("same certificate", same_certificate),
+    ("digest", unchanged), ("arguments", arguments_unchanged))
+EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (("approved arguments", approved_these_arguments),)
+
+
+def check_guards(claim: Claim, guards: tuple) -> list[tuple[str, str | None]]:
+    """(guard name, refusal line or None) for each guard in order, up to and including the first that
+    refuses (the ones after it rely on it). A file the guard reads that is malformed refuses too."""
+    results = []
+    for name, check in guards:
+        try:
+            line = check(claim)
+        except Refusal as refusal:
+            line = str(refusal)
+        results.append((name, line))
+        if line:
+            break
+    return results
+
+
+def enforce(claim: Claim, guards: tuple) -> Claim:
+    """The claim when every guard holds; Refusal with the first refusal line otherwise."""
+    results = check_guards(claim, guards)
+    if results and results[-1][1]:
+        raise Refusal(results[-1][1])
+    return claim
+
+
+def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
+    """The agent and its certificate when it may run: verifies, not revoked, not recalled, unchanged."""
+    claim = enforce(Claim(fac, name, "run"), RUN_GUARDS)
+    return claim.agent, claim.cert
+
+
+def staged_call_claim(fac: Factory, entry: dict) -> Claim:
+    """The claim that a stored staged call may be executed."""
+    return Claim(fac, entry["agent"], "approve", entry=entry)
 
 
 # ================================================================ 4. Runs
@@ -1556,18 +1709,11 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
     """Execute one approved staged call through the broker, exactly once; refuses without an approval record.
 
     Every check is made again here, whoever calls it: state, agent, certificate, argument digest."""
-    entry = load_pending(fac, run_id, call)
-    approval_path = fac.pending_path(run_id, call, "approved")
-    if not approval_path.exists():
-        raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) has no approval record; the executor refuses.")
-    approval = fac.store.read_json(approval_path)
-    refuse_closed(fac, entry)
-    agent = refuse_changed(fac, entry)
-    if approval.get("args_digest") != entry["args_digest"]:
-        raise Refusal(f"the approval of run {run_id} (call {call}) was for other arguments; not executed.")
-    claim = fac.pending_path(run_id, call, "executed")
-    if not fac.store.claim(claim):   # exactly once, across processes
-        raise Refusal(f"{entry['tool']} from run {run_id} (call {call}) was already executed.")
+    claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call)), EXECUTE_GUARDS)
+    entry, agent, approval = claim.entry, claim.agent, claim.approval
+    executed = fac.pending_path(run_id, call, "executed")
+    if not fac.store.claim(executed):   # exactly once, across processes
+        raise Refusal(f"{claim.call} was already executed.")
     record = lambda event: fac.store.append_jsonl(fac.trace_path(agent.name, run_id), event)  # noqa: E731
     tools = agent.tools_for(fac, run_id)
     desk = broker.Broker(agent.policy_at("C2"), agent.contracts, tools, "run", record)
@@ -1575,7 +1721,7 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
     done = desk.execute_staged(staged) if staged.verdict == broker.STAGED else staged
     result = {"at": utc_now(), "by": approval.get("by"), "ok": done.ok, "verdict": done.verdict,
               "result": done.result, "receipt": done.receipt, "read_back": read_back(fac, done.receipt)}
-    fac.store.write_json(claim, result)
+    fac.store.write_json(executed, result)
     record({"event": "approved_call", "call": call, **result})
     return result
 
@@ -1851,8 +1997,9 @@ def failure_message(half: str, result: dict) -> str:
 
 def cmd_certify(fac: Factory, args) -> int:
     """Sign a certificate for an agent whose latest sealed proof clears the bar; only a human at a terminal can."""
-    agent = load_agent(fac, args.agent)
-    path, proof, attempts = certify_guards(fac, agent, args.tier)
+    claim = enforce(Claim(fac, args.agent, "certify", tier=args.tier), CERTIFY_GUARDS)
+    agent, (path, proof) = claim.agent, claim.proofs[-1]
+    attempts = sum(1 for _, p in claim.proofs if p["digest"] == agent.digest)
     if not fac.key_path(args.by).exists() and not fac.store.keys_writable():
         raise Refusal(f"no key for {args.by} and the keys folder {fac.keys_dir} cannot be created or written (FACTORY_KEYS_DIR)")
     if not sys.stdin.isatty():
@@ -2089,8 +2236,7 @@ def cmd_approve(fac: Factory, args) -> int:
     """Show one staged call at a terminal, ask `approve? [y/N]`, and execute exactly that call, once."""
     entry = load_pending(fac, args.run_id, args.call)
     fac.key_path(args.by)
-    refuse_closed(fac, entry)
-    refuse_changed(fac, entry)
+    enforce(staged_call_claim(fac, entry), APPROVE_GUARDS)
     if not sys.stdin.isatty():
         raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
     print(f"{entry['agent']} wants to run {entry['tool']} (run {entry['run_id']}, call {entry['call']}):\n"
@@ -2114,7 +2260,7 @@ def cmd_reject(fac: Factory, args) -> int:
     fac.key_path(args.by)
     if not (args.reason or "").strip():
         raise Refusal("a rejection needs a reason: --reason TEXT")
-    refuse_closed(fac, entry)
+    enforce(staged_call_claim(fac, entry), OPEN_GUARDS)
     fac.store.write_json(fac.pending_path(entry["run_id"], entry["call"], "rejected"),
                {"by": args.by, "at": utc_now(), "reason": args.reason.strip()})
     print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']})")

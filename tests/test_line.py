@@ -59,7 +59,7 @@ class Refusals(LineTest):
         self.certified()
         code, out, _ = self.factory("recall", "triager", "--reason", "drafts promised refunds")
         self.assertEqual(code, 0)
-        self.refused("recalled: drafts promised refunds. re-certify before running.", "run", "triager", "hi")
+        self.refused("recalled since certification: drafts promised refunds. re-prove and re-certify.", "run", "triager", "hi")
 
     def test_explicit_denial_lands_in_the_trace_and_the_run_goes_on(self):
         self.certified()
@@ -265,7 +265,7 @@ class RecallAndHarvest(LineTest):
         self.refused("a recall needs a reason", "recall", "triager", "--reason", "  ")
         code, out, _ = self.factory("recall", "triager", "--reason", "leaked drafts")
         self.assertIn("recalled triager and 1 variant(s): ['triager-eu']", out)
-        self.refused("recalled: leaked drafts", "run", "triager-eu", "hi")
+        self.refused("recalled since certification: leaked drafts", "run", "triager-eu", "hi")
 
     def test_harvest_refused_without_a_certified_evalsmith(self):
         self.refused("evalsmith is not certified. the line only hires from the registry.", "harvest", "triager")

@@ -194,7 +194,7 @@ class Approval(Tiered):
     def test_restamp_between_stage_and_approve(self):
         self.edit_card("triager", owner="someone-else")
         self.factory("restamp", "triager")
-        self.assertIn("re-stamped since this call was staged", self.approve().stderr)
+        self.assertIn("certificate revoked: restamped: triager changed. not executed.", self.approve().stderr)
 
     def test_recertified_between_stage_and_approve(self):
         self.assertEqual(self.certify("payer", "C2").returncode, 0)

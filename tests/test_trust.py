@@ -519,7 +519,7 @@ class Sealed(TrustTest):
         self.runs_ok()
         self.assert_nothing_sealed_in(self.written_since(before), [out, err, signed.stdout, signed.stderr])
         self.env.pop("FACTORY_SEALED_DIR", None)
-        self.refuses("the sealed suite changed after the sealed run", "certify", "triager", "--tier", "C1", "--by", "alice")
+        self.refuses("the sealed suite changed since the sealed run", "certify", "triager", "--tier", "C1", "--by", "alice")
 
     def test_sealed_dir_flag_works_for_prove_and_certify(self):
         self.check_sealed_dir("flag")
@@ -545,7 +545,7 @@ class Sealed(TrustTest):
             with self.subTest(label):
                 self.assertNotEqual(data, original)
                 self.sealed_path.write_bytes(data)
-                self.refuses_writing_nothing("the sealed suite changed after the sealed run (evals/triager/sealed.jsonl)",
+                self.refuses_writing_nothing("the sealed suite changed since the sealed run (evals/triager/sealed.jsonl)",
                                              "certify", "triager", "--tier", "C1", "--by", "alice")
         self.sealed_path.write_bytes(original)
         self.sign()
@@ -582,7 +582,7 @@ class Recall(TrustTest):
         code, out, err = self.station("recall", "triager", "--reason", "drafts promised refunds")
         self.assertEqual(code, 0, err)
         self.assertIn("['a', 'b']", out)
-        self.refuses_writing_nothing("recalled: drafts promised refunds", "run", "b", "hi")
+        self.refuses_writing_nothing("recalled since certification: drafts promised refunds", "run", "b", "hi")
         card_path = self.root / "masters" / "b.json"
         original = card_path.read_bytes()
         card = json.loads(original)
@@ -591,10 +591,10 @@ class Recall(TrustTest):
                 card_path.write_text(json.dumps({k: v for k, v in card.items() if k not in dropped}, indent=2))
                 self.refuses_writing_nothing(("recalled", "changed"), "run", "b", "hi")
         card_path.write_bytes(original)
-        self.refuses_writing_nothing("a recall needs a fresh sealed proof", "certify", "b", "--tier", "C1", "--by", "alice")
+        self.refuses_writing_nothing("recalled since the sealed run: drafts promised refunds. re-prove before certifying.", "certify", "b", "--tier", "C1", "--by", "alice")
         at_terminal = self.at_terminal("certify", "b", "--tier", "C1", "--by", "alice")
         self.assertEqual(at_terminal.returncode, 1, at_terminal.stderr)
-        self.assertIn("a recall needs a fresh sealed proof", at_terminal.stderr)
+        self.assertIn("recalled since the sealed run: drafts promised refunds", at_terminal.stderr)
         self.prove_sealed("b")
         self.sign("b")
         self.runs_ok("b")
@@ -605,7 +605,7 @@ class Recall(TrustTest):
             self.sign(name)
         code, out, err = self.station("recall", "a", "--reason", "a bad override")
         self.assertEqual(code, 0, err)
-        self.refuses("recalled: a bad override", "run", "b", "hi")
+        self.refuses("recalled since certification: a bad override", "run", "b", "hi")
         self.runs_ok("triager")
 
     def test_a_blank_reason_is_refused_and_records_nothing(self):
