@@ -1126,3 +1126,39 @@ class Worker:
         if not failures:
             return reply                       # key-less from the start: plainly offline
         return replace(reply, backend=f"offline-after-error: {failures[-1].reason}", attempts=tuple(attempts))
+
+
+# ---------------------------------------------------------------------------------------------
+# The scripted twin of a Worker
+
+
+class Scripted:
+    """A worker that answers with the replies it was given, in order, and keeps what it was sent: no
+    network, no key. Replay feeds it the replies recorded in a trace; tests script a model with it.
+
+    It has the Worker's four methods. When the replies run out, `complete` raises `exhausted()`
+    (default: an LLMError), so the caller decides what running past the script means."""
+
+    def __init__(self, replies, exhausted: Callable[[], Exception] | None = None):
+        self._replies = list(replies)
+        self._exhausted = exhausted or (lambda: LLMError("no scripted reply left", "script ended"))
+        self.sent: list[tuple[list[dict], list[dict]]] = []   # (messages, tools) of each complete() call
+
+    def estimate_next_cost(self, messages: list[dict], tools: list[dict]) -> float:
+        """A scripted reply costs nothing now."""
+        return 0.0
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
+        """The next reply; raises exhausted() when none is left."""
+        self.sent.append(([dict(m) for m in messages], list(tools)))
+        if not self._replies:
+            raise self._exhausted()
+        return self._replies.pop(0)
+
+    def tier(self) -> str:
+        """Always 'scripted'."""
+        return "scripted"
+
+    def switch_model(self) -> bool:
+        """There is no other model to switch to."""
+        return False
