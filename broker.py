@@ -227,3 +227,25 @@ class Broker:
     def denials(self) -> list[str]:
         """Tool names this broker denied, in call order."""
         return [o.tool for o in self.outcomes if o.verdict in DENIALS]
+
+
+SETTLEMENTS = ("execute", "park", "keep")
+
+
+def settle(staged: list[Outcome], tier: str, passed: bool) -> list[tuple[Outcome, str, str]]:
+    """What becomes of each acting call staged during a run, once the gate has answered; decides only.
+
+        gate passed, tier C3 -> execute   executed now, inside the envelope
+        gate passed, tier C2 -> park      kept for one human's approval of exactly this call
+        otherwise            -> keep      recorded only, left for a human (the gate did not pass,
+                                          or the tier does not act)
+
+    `passed` is the gate's pass with the run's cost inside its envelope. Returns (call, settlement,
+    why) in staging order, each settlement one of SETTLEMENTS."""
+    if passed and tier == "C3":
+        settlement, why = "execute", "the gate passed at C3"
+    elif passed and tier == "C2":
+        settlement, why = "park", "waiting for approval"
+    else:
+        settlement, why = "keep", "the gate did not pass" if not passed else f"tier {tier} does not act"
+    return [(outcome, settlement, why) for outcome in staged]
