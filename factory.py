@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Protocol
 from xml.etree import ElementTree
 
 import broker
@@ -1251,6 +1251,26 @@ def staged_call_claim(fac: Factory, entry: dict) -> Claim:
 
 
 # ================================================================ 4. Runs
+# Owns what happens inside one run of an agent, in every mode: the Worker protocol, the loop and its
+# Stop family, the run gate (detectors, then Sage), the output gate, the verdicts, the trace (header,
+# events, end, index row) and the one function that assembles a broker and a loop for a mode.
+
+class Worker(Protocol):
+    """What the loop needs of a model. llm.Worker (the card's models, then the agent's own rules)
+    and llm.Scripted (given replies: replay and tests) both have it."""
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> llm.Reply:
+        """One answer to the conversation so far, offered these tool schemas."""
+
+    def estimate_next_cost(self, messages: list[dict], tools: list[dict]) -> float | None:
+        """Upper bound in USD of the next complete(); None when unknown (never within an envelope)."""
+
+    def tier(self) -> str:
+        """Which model the next call goes to (primary, fallback, offline, ...), for run-gate records."""
+
+    def switch_model(self) -> bool:
+        """Stop asking the current model (the run gate's switch_model); True when another one remains."""
+
 
 class Stop(Exception):
     """A loop exit; `status` is the closed-set status recorded in the trace."""
@@ -1263,7 +1283,7 @@ class Finished(Stop):
 
 
 class Escalated(Stop):
-    """The step budget ran out or the answer was unusable: a human takes over."""
+    """The step budget ran out, the answer was unusable or the run gate stopped it: a human takes over."""
     status = "escalated"
 
 
@@ -1301,17 +1321,17 @@ def parse_output(text: str, schema: dict) -> dict:
 class Loop:
     """One run of the worker: ask, carry out each tool call through the broker, until a Stop.
 
-    `worker` has `complete(messages, tools) -> llm.Reply`; `record` appends a trace event;
-    `spill(seq, text) -> str` saves a tool result too long to send back and returns its path.
-    """
-    worker: object
+    `worker` is a Worker (complete, estimate_next_cost, tier, switch_model); `record` appends a trace
+    event; `spill(seq, text) -> str` saves a tool result too long to send back and returns its path;
+    `router` (the run gate) reviews the run after every step when given."""
+    worker: Worker | None
     broker: broker.Broker
     agent: Agent
     task: str
     record: callable
     spill: callable = None
     steps: int = 0
-    cost: float | None = 0.0
+    cost: float | None = 0.0         # USD so far; None once any call's cost is unknown
     output: dict | None = None
     reason: str = ""
     router: object = None
@@ -1319,7 +1339,7 @@ class Loop:
     messages: list = field(default_factory=list)
 
     def run(self) -> str:
-        """Step until a Stop; returns its status (done | escalated | over_budget)."""
+        """Step until a Stop; returns its status (done | escalated | over_budget | diverged)."""
         self.messages = [{"role": "system", "content": self.agent.module.SYSTEM},
                          {"role": "user", "content": self.task}]
         while True:
@@ -1346,17 +1366,17 @@ class Loop:
         if self.router is not None:
             self.router.review(self)
 
-    def ask(self):
+    def ask(self) -> llm.Reply:
         """Check the step budget and the envelope *before* spending, then call the worker."""
         max_steps = self.agent.card.get("max_steps", 8)
         if self.steps >= max_steps:
             raise Escalated(f"step budget of {max_steps} spent without an answer")
-        envelope = self.agent.card["cost_envelope_usd"]
-        estimate = self.worker.estimate_next_cost(self.messages, self.schemas())
+        envelope, schemas = self.agent.card["cost_envelope_usd"], self.schemas()
+        estimate = self.worker.estimate_next_cost(self.messages, schemas)
         if self.cost is not None and estimate is not None and self.cost + estimate > envelope:
             raise OverBudget(f"next call (~${estimate:.4f}) would pass the ${envelope} envelope at ${self.cost:.4f}")
         self.steps += 1
-        reply = self.worker.complete(self.messages, self.schemas())
+        reply = self.worker.complete(self.messages, schemas)
         self.cost = None if self.cost is None or reply.cost_usd is None else self.cost + reply.cost_usd
         self.backends.append(reply.backend)
         self.record({"event": "model", "step": self.steps, "backend": reply.backend, "model": reply.model,
@@ -1364,10 +1384,6 @@ class Loop:
                      "text": reply.text, "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls],
                      "attempts": list(reply.attempts), "headers": reply.headers})
         return reply
-
-    def worker_tier(self) -> str:
-        """Which model tier the worker is on (primary, fallback, offline), for run-gate records."""
-        return self.worker.tier() if hasattr(self.worker, "tier") else "recorded"
 
     def restart_clean(self) -> None:
         """Rebuild the conversation: keep the task, the tool calls and their results; drop the model's text."""
@@ -1388,6 +1404,18 @@ class Loop:
         head, tail = text[:CLIP_CHARS // 2], text[-CLIP_CHARS // 4:]
         return f"{head}\n[... {len(text) - len(head) - len(tail)} characters clipped; {where} ...]\n{tail}"
 
+
+def run_loop(loop: Loop) -> str:
+    """Run the loop; its status, or `crashed` (traceback kept in the trace) when the agent's code or model raised."""
+    try:
+        return loop.run()
+    except Exception as error:  # the agent's code or its model failed: this run crashed, the batch goes on
+        loop.reason = f"{type(error).__name__}: {error}"
+        loop.record({"event": "crash", "traceback": traceback.format_exc()})
+        return "crashed"
+
+
+# ---- the run gate: local detectors every step; only when one fires, Sage decides
 
 NO_PROGRESS_STEPS = 5        # tool calls without one successful execution before detector 5 fires
 
@@ -1446,7 +1474,8 @@ def write_check_cycles(signs: list[Sign]) -> bool:
 
 
 def no_progress(signs: list[Sign], steps: int = NO_PROGRESS_STEPS) -> bool:
-    """5. no successful execution in the last `steps` calls (a command ran counts; a file changing does not)."""
+    """5. no successful execution in the last `steps` calls: any call that executed and returned ok counts as
+    progress, a write included; denied, recorded, staged and failed calls do not."""
     return len(signs) >= steps and not any(s.executed for s in signs[-steps:])
 
 
@@ -1473,7 +1502,7 @@ def evidence(signs: list[Sign], fired: list[str], cost: float | None) -> str:
 
 @dataclass
 class Router:
-    """The run gate: local detectors each step; only when one fires, Sage decides (SPEC §5, issue 5).
+    """The run gate: local detectors after each step; only when one fires does Sage decide.
 
     Without Sage, a second firing ends the run as escalated. Model switches and clean restarts are
     capped at one each. Every decision is recorded as tier / action / intervention / source."""
@@ -1494,7 +1523,7 @@ class Router:
         action, intervention, source, p = self.decide(summary)
         action = self.capped(action)
         self.record({"event": "run_gate", "step": loop.steps, "detectors": fired, "evidence": summary,
-                     "tier": loop.worker_tier(), "action": action, "intervention": intervention, "p": p, "source": source})
+                     "tier": loop.worker.tier(), "action": action, "intervention": intervention, "p": p, "source": source})
         self.carry_out(action, loop, fired)
 
     def decide(self, summary: str) -> tuple[str, bool, str, float | None]:
@@ -1529,12 +1558,13 @@ class Router:
             loop.restart_clean()
 
 
+# ---- the output gate (Sage)
+
 def gate_output(fac: Factory, agent: Agent, task: str, output: dict, within_envelope: bool) -> dict:
     """Ask Sage the card's gate question about one output: {verdict, p, answer, bar, line}.
 
     verdict is pass | flag | unsure | unscored | failed; only `pass` lets acting calls execute.
-    One attempt with an 8 s deadline, no retry (SPEC §4)."""
-
+    One attempt with an 8 s deadline, no retry: a run waits for its gate, never for a retry loop."""
     bar = agent.card["evals"]["gate"]
     content = f"Input:\n{task}\n\nAgent output:\n{json.dumps(output, ensure_ascii=False)}"
     try:
@@ -1566,70 +1596,31 @@ def sage_client(fac: Factory, timeout: float, retries: int = 0):
     return client if client.usable else None
 
 
+# ---- verdicts: how a run ends, from separate evidence
 
-def make_worker(fac: Factory, agent: Agent, task_input):
-    """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules."""
-    return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input)
-
-
-def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
-            tier: str | None = None) -> dict:
-    """Run a certified agent on one input at `tier` (default: the certificate's): loop, gate,
-    staged calls, verdict, trace and index row; returns the index row."""
-    tier = tier or cert["tier"]
-    run_id = new_run_id()
-    trace = fac.trace_path(agent.name, run_id)
-    record = lambda event: fac.store.append_jsonl(trace, event)  # noqa: E731 - the trace sink handed to the broker
-    record({"format": TRACE_FORMAT, "run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
-            "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
-    tools = agent.tools_for(fac, run_id)
-    desk = broker.Broker(agent.policy_at(tier), agent.contracts, tools, "run", record)
-    loop = Loop(make_worker(fac, agent, task_input), desk, agent, task_text(task_input), record,
-                spill=lambda seq, text: fac.store.spill(agent.name, run_id, seq, text),
-                router=Router(sage_client(fac, 8.0), record))
-    return close_run(fac, agent, cert, run_id, loop, run_loop(loop), record, tier)
+@dataclass(frozen=True)
+class Verdict:
+    """One way a run can end: its name, what it means, and its colour in the tower's charts."""
+    name: str
+    meaning: str
+    colour: str
 
 
-def run_loop(loop: Loop) -> str:
-    """Run the loop; its status, or `crashed` (traceback kept in the trace) when the agent's code or model raised."""
-    try:
-        return loop.run()
-    except Exception as error:  # the agent's code or its model failed: this run crashed, the batch goes on
-        loop.reason = f"{type(error).__name__}: {error}"
-        loop.record({"event": "crash", "traceback": traceback.format_exc()})
-        return "crashed"
-
-
-def close_run(fac: Factory, agent: Agent, cert: dict, run_id: str, loop: Loop, status: str, record, tier: str) -> dict:
-    """Gate the output, settle staged calls by tier, derive the verdict, write the end event and index row."""
-    within = loop.cost is not None and loop.cost <= agent.card["cost_envelope_usd"]
-    if status == "done":
-        gate = gate_output(fac, agent, loop.task, loop.output, within)
-    else:
-        gate = {"verdict": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
-                "line": f"gate: not run (run {status}: {loop.reason})"}
-    record({"event": "gate", **gate})
-    staging = Staging(fac, agent, cert, run_id, tier, record)
-    acted, pending = staging.settle(loop.broker, gate["verdict"] == "pass" and within)
-    verdict = run_verdict(fac, status, gate["verdict"], within, loop.broker.outcomes, pending)
-    reasons = routing_reasons(status, loop, gate)
-    row = {"run_id": run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
-           "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["verdict"], "p": gate["p"],
-           "gate_line": gate["line"], "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
-           "steps": loop.steps, "denied": loop.broker.denials(), "acted": acted, "staged": pending,
-           "routed": bool(reasons), "why": reasons, "output": loop.output,
-           "tools": [[o.tool, o.verdict] for o in loop.broker.outcomes]}
-    record({"event": "end", **{k: row[k] for k in ("status", "reason", "verdict", "gate", "routed", "why", "output", "cost_usd")}})
-    fac.store.append_jsonl(fac.index, {k: v for k, v in row.items() if k not in ("output", "tools", "gate_line")})
-    return row
-
-
-VERDICTS = ("verified", "waiting-for-approval", "routed-to-human", "unscored", "escalated", "over-budget",
-            "uncertain-effect", "crashed")
+VERDICTS = (  # in display order
+    Verdict("verified", "the gate passed and every executed effect was read back", "#2e7d32"),
+    Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
+    Verdict("routed-to-human", "the gate said no or unsure, the cost left the envelope, or the agent escalated", "#1565c0"),
+    Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
+    Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00"),
+    Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a"),
+    Verdict("uncertain-effect", "a write failed or could not be read back: a human reconciles", "#8d6e63"),
+    Verdict("crashed", "the agent's code or its model raised; the trace keeps the traceback", "#c62828"),
+)
 
 
 def run_verdict(fac: Factory, status: str, gate: str, within: bool, outcomes: list, pending: int) -> str:
-    """The run's one verdict, from separate evidence: status, gate, effects read back, approvals waiting."""
+    """The run's one verdict (a VERDICTS name), from separate evidence: status, gate, effects read back,
+    approvals waiting."""
     by_status = {"crashed": "crashed", "over_budget": "over-budget", "escalated": "escalated"}
     if status in by_status:
         return by_status[status]
@@ -1644,7 +1635,6 @@ def run_verdict(fac: Factory, status: str, gate: str, within: bool, outcomes: li
     return "waiting-for-approval" if pending else "verified"
 
 
-
 def read_back(fac: Factory, receipt: dict | None) -> bool:
     """True when the effect line named by a tool's receipt is where the receipt says, with its effect id."""
     try:
@@ -1652,45 +1642,6 @@ def read_back(fac: Factory, receipt: dict | None) -> bool:
         return row is not None and row.get("effect_id") == receipt["effect_id"]
     except (TypeError, KeyError):
         return False
-
-
-@dataclass
-class Staging:
-    """Settles a run's staged acting calls: C3 executes after a passing gate; C2 parks each call
-    durably for a human; C0/C1, or a gate that did not pass, execute nothing acting."""
-    fac: Factory
-    agent: Agent
-    cert: dict
-    run_id: str
-    tier: str
-    record: callable
-
-    def settle(self, desk: broker.Broker, passed: bool) -> tuple[int, int]:
-        """(calls executed, calls waiting for approval)."""
-        acted = pending = 0
-        for call, outcome in enumerate(list(desk.staged), 1):
-            if passed and self.tier == "C3":
-                acted += desk.execute_staged(outcome).ok
-                continue
-            if passed and self.tier == "C2":
-                why, pending = f"waiting for approval: {self.fac.shown(self.park(call, outcome))}", pending + 1
-            else:
-                why = "the gate did not pass" if not passed else f"tier {self.tier} does not act"
-            self.record({"event": "staged", "call": call, "seq": outcome.seq, "tool": outcome.tool,
-                         "args_digest": broker.args_digest(outcome.args), "left_for": "human", "why": why})
-        return acted, pending
-
-    def park(self, call: int, outcome: broker.Outcome) -> Path:
-        """Store one staged call for approval: exact arguments, their digest, certificate, expiry."""
-        staged = datetime.now(timezone.utc)
-        hours = self.agent.card.get("approval_expiry_hours", 24)
-        entry = {"format": PENDING_FORMAT, "run_id": self.run_id, "call": call, "agent": self.agent.name,
-                 "tool": outcome.tool, "args": outcome.args, "args_digest": broker.args_digest(outcome.args),
-                 "certificate": self.cert["signature"], "digest": self.agent.digest, "staged_at": iso(staged),
-                 "expires_at": iso(staged + timedelta(hours=hours))}
-        path = self.fac.pending_path(self.run_id, call)
-        self.fac.store.write_json(path, entry)
-        return path
 
 
 def routing_reasons(status: str, loop: Loop, gate: dict) -> list[str]:
@@ -1705,31 +1656,93 @@ def routing_reasons(status: str, loop: Loop, gate: dict) -> list[str]:
     return reasons
 
 
-def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
-    """Execute one approved staged call through the broker, exactly once; refuses without an approval record.
+# ---- the trace: one transcript per run, and its row in the index
 
-    Every check is made again here, whoever calls it: state, agent, certificate, argument digest."""
-    claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call)), EXECUTE_GUARDS)
-    entry, agent, approval = claim.entry, claim.agent, claim.approval
-    executed = fac.pending_path(run_id, call, "executed")
-    if not fac.store.claim(executed):   # exactly once, across processes
-        raise Refusal(f"{claim.call} was already executed.")
-    record = lambda event: fac.store.append_jsonl(fac.trace_path(agent.name, run_id), event)  # noqa: E731
-    tools = agent.tools_for(fac, run_id)
-    desk = broker.Broker(agent.policy_at("C2"), agent.contracts, tools, "run", record)
-    staged = desk.carry_out(entry["tool"], entry["args"])
-    done = desk.execute_staged(staged) if staged.verdict == broker.STAGED else staged
-    result = {"at": utc_now(), "by": approval.get("by"), "ok": done.ok, "verdict": done.verdict,
-              "result": done.result, "receipt": done.receipt, "read_back": read_back(fac, done.receipt)}
-    fac.store.write_json(executed, result)
-    record({"event": "approved_call", "call": call, **result})
-    return result
-
-
+END_FIELDS = ("status", "reason", "verdict", "gate", "routed", "why", "output", "cost_usd")   # of the row, in the end event
+NOT_INDEXED = ("output", "tools", "gate_line")                                          # of the row, kept out of the index
 INDEX_SHAPE = Shape.of({"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
                         "backends": list, "denied": list, "acted": int, "staged": int, "why": list},
                        optional={"cost_usd": (int, float, type(None)), "p": (int, float, type(None))})
+EVENT_SHAPES = {  # what replay and harvest rely on in each kind of event
+    "model": Shape.of({"tool_calls": list}),
+    "tool": Shape.of({"seq": int, "tool": str, "verdict": str}),
+    "tool_result": Shape.of({"seq": int, "content": str}),
+}
+CALL_SHAPE = Shape.of({"id": str, "name": str, "args": dict})
 
+
+@dataclass(frozen=True)
+class Recorded:
+    """A trace as read back: its header, its events up to and including the end, and the end (None
+    when the run never finished). Events appended after the end (an approved call) are left out."""
+    path: Path
+    header: dict
+    events: list
+    end: dict | None
+
+
+class Trace:
+    """One run's transcript, traces/AGENT/RUN_ID.jsonl: a header line, then one event per line as it
+    happens (a crash keeps every step before it), then the end event; and the run's one row in
+    traces/index.jsonl. `read` gives a trace back, refusing a malformed one in this one place."""
+
+    def __init__(self, fac: Factory, agent: str, run_id: str):
+        self.fac, self.agent, self.run_id = fac, agent, run_id
+        self.path = fac.trace_path(agent, run_id)
+
+    @classmethod
+    def start(cls, fac: Factory, header: dict) -> "Trace":
+        """A new trace for header's agent and run id, its first line the header with the format tag."""
+        trace = cls(fac, header["agent"], header["run_id"])
+        trace.record({"format": TRACE_FORMAT, **header})
+        return trace
+
+    def record(self, event: dict) -> None:
+        """Append one event."""
+        self.fac.store.append_jsonl(self.path, event)
+
+    def close(self, row: dict) -> None:
+        """End the run: the end event (END_FIELDS of the row), then the row in the index (all but NOT_INDEXED)."""
+        self.record({"event": "end", **{key: row[key] for key in END_FIELDS}})
+        self.fac.store.append_jsonl(self.fac.index, {k: v for k, v in row.items() if k not in NOT_INDEXED})
+
+    @staticmethod
+    def read(fac: Factory, run_id: str, agent: str | None = None) -> Recorded:
+        """The trace of a run (found by its id alone when agent is None); Refusal naming the file and line
+        for an odd run id, a missing trace, a header that is not ours, or an event replay relies on
+        that is malformed."""
+        path = fac.trace_path(agent, run_id) if agent else find_trace(fac, run_id)
+        where, events, end = fac.shown(path), [], None
+        for number, event in fac.store.read_jsonl(path):   # every line is read: a torn one is refused
+            if number == 1 and not (event.get("format") == TRACE_FORMAT and isinstance(event.get("agent"), str)
+                                    and NAME.match(event["agent"]) and "input" in event):
+                raise Refusal(f"{where}: not a {TRACE_FORMAT} trace (no header line)")
+            if end is None:
+                check_event(event, f"{where} line {number}")
+                events.append(event)
+                end = event if event.get("event") == "end" else None
+        if not events:
+            raise Refusal(f"{where}: empty")
+        return Recorded(path, events[0], events, end)
+
+
+def check_event(event: dict, where: str) -> None:
+    """Refusal naming the line when an event lacks what replay and harvest read from it."""
+    shape = EVENT_SHAPES.get(event.get("event"))
+    if shape is not None:
+        shape.check(event, where)
+    for call in event.get("tool_calls", []) if shape is EVENT_SHAPES["model"] else ():
+        CALL_SHAPE.check(as_object(call, where), f"{where} tool call")
+
+
+def find_trace(fac: Factory, run_id: str) -> Path:
+    """traces/AGENT/RUN_ID.jsonl for a run id; Refusal when the id is odd or unknown."""
+    if not RUN_ID.fullmatch(run_id or ""):
+        raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
+    found = sorted(fac.traces.glob(f"*/{run_id}.jsonl"))
+    if not found:
+        raise Refusal(f"no trace for run {run_id} under {fac.shown(fac.traces)}")
+    return found[0]
 
 
 def index_rows(fac: Factory) -> Iterator[dict]:
@@ -1739,24 +1752,151 @@ def index_rows(fac: Factory) -> Iterator[dict]:
             yield row
 
 
+# ---- assembling a loop: the one place a broker and a loop are put together
+
+@dataclass(frozen=True)
+class Mode:
+    """How a loop is assembled for one purpose."""
+    broker: str         # the broker's mode: dry (nothing executes, every call recorded) or run
+    own_tools: bool     # the agent's own tools, writing real effects under the root (else the ones given)
+    asks: bool          # a worker is asked (approve only carries out one stored call)
+    watched: bool       # the run gate reviews every step
+    spills: bool        # a tool result too long to send back is kept whole beside the trace
+
+
+MODES = {
+    "prove": Mode("dry", own_tools=False, asks=True, watched=False, spills=False),
+    "run": Mode("run", own_tools=True, asks=True, watched=True, spills=True),
+    "replay": Mode("run", own_tools=False, asks=True, watched=False, spills=False),
+    "approve": Mode("run", own_tools=True, asks=False, watched=False, spills=False),
+}
+
+
+def make_worker(fac: Factory, agent: Agent, task_input) -> llm.Worker:
+    """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules."""
+    return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input)
+
+
+def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *, tier: str = "C0",
+               run_id: str | None = None, worker: Worker | None = None, tools: dict | None = None) -> Loop:
+    """A loop for one of MODES: its broker at `tier` with the agent's policy and contracts, the tools
+    (the agent's own for run and approve, else `tools` or none), the worker (`worker`, else the
+    agent's llm.Worker when the mode asks one), and for a run, spills and the run gate; every event
+    goes to `record`."""
+    how = MODES[mode]
+    if how.own_tools:
+        tools = agent.tools_for(fac, run_id)
+    desk = broker.Broker(agent.policy_at(tier), agent.contracts, tools or {}, how.broker, record)
+    if worker is None and how.asks:
+        worker = make_worker(fac, agent, task_input)
+    spill = (lambda seq, text: fac.store.spill(agent.name, run_id, seq, text)) if how.spills else None
+    router = Router(sage_client(fac, 8.0), record) if how.watched else None
+    return Loop(worker, desk, agent, task_text(task_input), record, spill=spill, router=router)
+
+
+# ---- one production run
+
+def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
+            tier: str | None = None) -> dict:
+    """Run a certified agent on one input at `tier` (default: the certificate's): loop, gate,
+    staged calls, verdict, trace and index row; returns the row."""
+    tier = tier or cert["tier"]
+    run_id = new_run_id()
+    trace = Trace.start(fac, {"run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
+                              "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
+    loop = build_loop(fac, agent, "run", trace.record, task_input, tier=tier, run_id=run_id)
+    return close_run(fac, agent, cert, trace, loop, run_loop(loop), tier)
+
+
+def close_run(fac: Factory, agent: Agent, cert: dict, trace: Trace, loop: Loop, status: str, tier: str) -> dict:
+    """Gate the output, settle staged calls by tier, derive the verdict, close the trace; the run's row."""
+    within = loop.cost is not None and loop.cost <= agent.card["cost_envelope_usd"]
+    if status == "done":
+        gate = gate_output(fac, agent, loop.task, loop.output, within)
+    else:
+        gate = {"verdict": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
+                "line": f"gate: not run (run {status}: {loop.reason})"}
+    trace.record({"event": "gate", **gate})
+    acted, pending = settle_staged(fac, agent, cert, trace, loop.broker, tier, gate["verdict"] == "pass" and within)
+    verdict = run_verdict(fac, status, gate["verdict"], within, loop.broker.outcomes, pending)
+    reasons = routing_reasons(status, loop, gate)
+    row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
+           "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["verdict"], "p": gate["p"],
+           "gate_line": gate["line"], "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
+           "steps": loop.steps, "denied": loop.broker.denials(), "acted": acted, "staged": pending,
+           "routed": bool(reasons), "why": reasons, "output": loop.output,
+           "tools": [[o.tool, o.verdict] for o in loop.broker.outcomes]}
+    trace.close(row)
+    return row
+
+
+def settle_staged(fac: Factory, agent: Agent, cert: dict, trace: Trace, desk: broker.Broker, tier: str,
+                  passed: bool) -> tuple[int, int]:
+    """Carry out broker.settle's decision on each staged acting call: execute it, park it for a human,
+    or keep it recorded; returns (calls executed ok, calls waiting for approval)."""
+    acted = parked = 0
+    for call, (outcome, settlement, why) in enumerate(broker.settle(list(desk.staged), tier, passed), 1):
+        if settlement == "execute":
+            acted += desk.execute_staged(outcome).ok
+            continue
+        if settlement == "park":
+            why, parked = f"{why}: {fac.shown(park(fac, agent, cert, trace.run_id, call, outcome))}", parked + 1
+        trace.record({"event": "staged", "call": call, "seq": outcome.seq, "tool": outcome.tool,
+                      "args_digest": broker.args_digest(outcome.args), "left_for": "human", "why": why})
+    return acted, parked
+
+
+def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: broker.Outcome) -> Path:
+    """Store one staged call for approval: exact arguments, their digest, certificate, expiry; its path."""
+    staged = datetime.now(timezone.utc)
+    hours = agent.card.get("approval_expiry_hours", 24)
+    entry = {"format": PENDING_FORMAT, "run_id": run_id, "call": call, "agent": agent.name,
+             "tool": outcome.tool, "args": outcome.args, "args_digest": broker.args_digest(outcome.args),
+             "certificate": cert["signature"], "digest": agent.digest, "staged_at": iso(staged),
+             "expires_at": iso(staged + timedelta(hours=hours))}
+    path = fac.pending_path(run_id, call)
+    fac.store.write_json(path, entry)
+    return path
+
+
+def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
+    """Execute one approved staged call through the broker, exactly once; refuses without an approval record.
+
+    Every guard is checked again here, whoever calls it (EXECUTE_GUARDS): approval, state, agent,
+    certificate, argument digest. The result is kept beside the call and appended to the run's trace."""
+    claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call)), EXECUTE_GUARDS)
+    entry, agent = claim.entry, claim.agent
+    executed = fac.pending_path(run_id, call, "executed")
+    if not fac.store.claim(executed):   # exactly once, across processes
+        raise Refusal(f"{claim.call} was already executed.")
+    trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
+    desk = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
+    staged = desk.carry_out(entry["tool"], entry["args"])
+    done = desk.execute_staged(staged) if staged.verdict == broker.STAGED else staged
+    result = {"at": utc_now(), "by": claim.approval.get("by"), "ok": done.ok, "verdict": done.verdict,
+              "result": done.result, "receipt": done.receipt, "read_back": read_back(fac, done.receipt)}
+    fac.store.write_json(executed, result)
+    trace.record({"event": "approved_call", "call": call, **result})
+    return result
+
+
+# ---- the proving ground: every tool a recorder
+
 def prove_case(fac: Factory, agent: Agent, case: dict) -> dict:
     """Run one case with every tool a recorder (dry mode) and judge it against `expect`."""
     events: list = []
-    desk = broker.Broker(agent.policy_at("C0"), agent.contracts, {}, "dry", events.append)
-    loop = Loop(make_worker(fac, agent, case["input"]), desk, agent, task_text(case["input"]), events.append)
+    loop = build_loop(fac, agent, "prove", events.append, case["input"])
     status = run_loop(loop)
     expect = dict(case["expect"])
     allowed = set(expect.pop("denied", []))
     got = loop.output or {}
     wrong = {key: {"wanted": want, "got": got.get(key)} for key, want in expect.items() if got.get(key) != want}
-    unexpected = sorted(set(desk.denials()) - allowed)
+    denied = loop.broker.denials()
+    unexpected = sorted(set(denied) - allowed)
     return {"id": case["id"], "passed": status == "done" and not wrong and not unexpected,
-            "status": status, "reason": loop.reason, "wrong": wrong, "denied": desk.denials(),
+            "status": status, "reason": loop.reason, "wrong": wrong, "denied": denied,
             "unexpected_denials": unexpected, "draft": got.get("draft"), "backends": sorted(set(loop.backends)),
             "synthetic": case.get("source") == "synthetic", "draft_score": None}
-
-
-SCORING_BATCH = 16           # questions per /decide/batch request (the vendor's cap, decision-api.md §d.4)
 
 
 def draft_items(agent: Agent, cases: list[dict], results: list[dict], indices: list[int]) -> list:
@@ -1791,7 +1931,7 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
             progress.tick()
             if problem is None and isinstance(results[-1]["draft"], str):
                 ready.append(len(results) - 1)
-            if len(ready) == SCORING_BATCH or (ready and len(results) == len(cases)):
+            if len(ready) == sage.BATCH_MAX or (ready and len(results) == len(cases)):
                 batches.append((ready, scorer.submit(client.batch, draft_items(agent, cases, results, ready))))
                 ready = []
         answered = [(i, answer) for indices, future in batches for i, answer in zip(indices, future.result())]
@@ -1819,7 +1959,7 @@ def share(results: list[dict]) -> dict:
 
 
 def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results: list, draft: str) -> dict:
-    """The record of one proof (SPEC §4); a sealed record names failing case ids only."""
+    """The record of one proof (format factory-proof-1); a sealed record names failing case ids only."""
     overall = share(results)
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
     failures = [r["id"] if half == "sealed" else {k: r[k] for k in ("id", "status", "wrong", "unexpected_denials")}
@@ -1833,21 +1973,7 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
             "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures}
 
 
-@dataclass
-class RecordedWorker:
-    """A worker that answers with the model replies recorded in a trace, in order (no network)."""
-    replies: list
-
-    def estimate_next_cost(self, messages, tools) -> float:
-        """Recorded replies cost nothing now."""
-        return 0.0
-
-    def complete(self, messages, tools) -> llm.Reply:
-        """The next recorded reply; Diverged when today's code wants one more than was recorded."""
-        if not self.replies:
-            raise Diverged("today's code asked the model again after the recorded run ended")
-        return self.replies.pop(0)
-
+# ---- replay: a recorded run against today's code
 
 def recorded_reply(event: dict) -> llm.Reply:
     """An llm.Reply rebuilt from one `model` trace event."""
@@ -1866,16 +1992,6 @@ def recorder_tools(events: list[dict], contracts: dict) -> dict:
     def recorder(name):
         return lambda args: results.get(name, []).pop(0) if results.get(name) else "replay: no recorded result"
     return {name: recorder(name) for name in contracts}
-
-
-def find_trace(fac: Factory, run_id: str) -> Path:
-    """traces/AGENT/RUN_ID.jsonl for a run id; Refusal when the id is odd or unknown."""
-    if not RUN_ID.fullmatch(run_id or ""):
-        raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
-    found = sorted(fac.traces.glob(f"*/{run_id}.jsonl"))
-    if not found:
-        raise Refusal(f"no trace for run {run_id} under {fac.shown(fac.traces)}")
-    return found[0]
 
 
 def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loop: Loop, status: str) -> list[str]:
@@ -2143,15 +2259,13 @@ def cmd_harvest(fac: Factory, args) -> int:
     return 0
 
 
+
 def flagged_input(fac: Factory, row: dict) -> dict:
     """What evalsmith sees of one flagged run: its input (from the trace header), output, gate and denials."""
-    trace = fac.trace_path(row["agent"], row["run_id"])
-    events = [event for _, event in fac.store.read_jsonl(trace)]
-    if not events or events[0].get("format") != TRACE_FORMAT:
-        raise Refusal(f"{fac.shown(trace)}: not a {TRACE_FORMAT} trace (no header line)")
-    header, end = events[0], [event for event in events if event.get("event") == "end"]
-    return {"run_id": row["run_id"], "agent": row["agent"], "input": header.get("input"),
-            "output": end[-1].get("output") if end else None, "gate": {"verdict": row.get("gate"), "p": row.get("p")},
+    recorded = Trace.read(fac, row["run_id"], row["agent"])
+    return {"run_id": row["run_id"], "agent": row["agent"], "input": recorded.header.get("input"),
+            "output": recorded.end.get("output") if recorded.end else None,
+            "gate": {"verdict": row.get("gate"), "p": row.get("p")},
             "denials": row.get("denied", []), "why": "; ".join(row.get("why", []))}
 
 
@@ -2267,29 +2381,21 @@ def cmd_reject(fac: Factory, args) -> int:
     return 0
 
 
+
 def cmd_replay(fac: Factory, args) -> int:
     """Feed a run's recorded model replies (or, with --live, the model again) to today's code; print what differs."""
-    path = find_trace(fac, args.run_id)
-    events = [event for _, event in fac.store.read_jsonl(path)]
-    ends = [i for i, e in enumerate(events) if e.get("event") == "end"]
-    if not ends or events[0].get("format") != TRACE_FORMAT or not NAME.match(str(events[0].get("agent"))) \
-            or "input" not in events[0]:
-        raise Refusal(f"{fac.shown(path)}: not a finished {TRACE_FORMAT} trace")
-    events = events[:ends[0] + 1]   # what the run did; approvals executed later are appended after its end
-    header, ends = events[0], [events[-1]]
-    agent = load_agent(fac, header["agent"])
-    try:  # a trace is a file a user can edit: every event it replays must have its fields
-        replies = [recorded_reply(e) for e in events if e.get("event") == "model"]
-        tools = recorder_tools(events, agent.contracts)
-        [(e["tool"], e["verdict"], e["seq"]) for e in events if e.get("event") == "tool"]
-    except (KeyError, TypeError, AttributeError) as error:
-        raise Refusal(f"{fac.shown(path)}: an event is malformed ({type(error).__name__}: {error})") from None
-    worker = make_worker(fac, agent, header["input"]) if args.live else RecordedWorker(replies)
+    recorded = Trace.read(fac, args.run_id)
+    if recorded.end is None:
+        raise Refusal(f"{fac.shown(recorded.path)}: not a finished {TRACE_FORMAT} trace")
+    header, agent = recorded.header, load_agent(fac, recorded.header["agent"])
+    replies = [recorded_reply(e) for e in recorded.events if e.get("event") == "model"]
+    ran_out = lambda: Diverged("today's code asked the model again after the recorded run ended")  # noqa: E731
     now: list[dict] = []
-    desk = broker.Broker(agent.policy_at(header.get("tier", "C0")), agent.contracts, tools, "run", now.append)
-    loop = Loop(worker, desk, agent, task_text(header["input"]), now.append)
+    loop = build_loop(fac, agent, "replay", now.append, header["input"], tier=header.get("tier", "C0"),
+                      worker=None if args.live else llm.Scripted(replies, ran_out),
+                      tools=recorder_tools(recorded.events, agent.contracts))
     status = run_loop(loop)
-    differences = replay_differences(events, now, ends[-1], loop, status)
+    differences = replay_differences(recorded.events, now, recorded.end, loop, status)
     mode = "live" if args.live else "recorded replies"
     print(f"replay {args.run_id} ({agent.name}, {mode}): " + (f"{len(differences)} difference(s)" if differences else "no differences"))
     for line in differences:
@@ -2329,7 +2435,7 @@ class Tally:
     cost: float | None = 0.0
     backends: set = field(default_factory=set)
     p_bins: list = field(default_factory=lambda: [0] * 20)
-    verdicts: dict = field(default_factory=lambda: dict.fromkeys(VERDICTS, 0))
+    verdicts: dict = field(default_factory=lambda: dict.fromkeys((v.name for v in VERDICTS), 0))
     days: dict = field(default_factory=dict)
 
     def add(self, row: dict) -> None:
@@ -2431,18 +2537,6 @@ def print_tower(doc: dict) -> None:
 
 
 CHART_KINDS = ("gate-histogram", "pass-rate", "cost", "verdicts")
-
-# (verdict name, bar colour) in the fixed display order.
-VERDICT_COLOURS = (
-    ("verified", "#2e7d32"),
-    ("waiting-for-approval", "#f9a825"),
-    ("routed-to-human", "#1565c0"),
-    ("unscored", "#9e9e9e"),
-    ("escalated", "#ef6c00"),
-    ("over-budget", "#6a1b9a"),
-    ("uncertain-effect", "#8d6e63"),
-    ("crashed", "#c62828"),
-)
 
 # Chart geometry in px: width, height, plot margins (top, right, bottom).
 _W, _H = 480, 270
@@ -2890,10 +2984,11 @@ def _cost(agent):
 # --------------------------------------------------------- 4. verdicts ---
 
 def _verdict_rows(verdicts):
-    """[(name, count, colour)] in fixed order, then any extra names sorted."""
+    """[(name, count, colour)] for every verdict in VERDICTS order, then any name that is no verdict
+    (only a hand-made document has one) sorted, in grey."""
     verdicts = verdicts if isinstance(verdicts, dict) else {}
-    known = {name for name, _ in VERDICT_COLOURS}
-    rows = [(name, _count(verdicts.get(name)), col) for name, col in VERDICT_COLOURS]
+    known = {v.name for v in VERDICTS}
+    rows = [(v.name, _count(verdicts.get(v.name)), v.colour) for v in VERDICTS]
     extra = sorted(str(k) for k in verdicts if k not in known)
     return rows + [(name, _count(verdicts.get(name)), "#546e7a") for name in extra]
 
