@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The agent factory: a job card (ABOM) goes in, a certified agent comes out (SPEC §0-§8).
+"""The agent factory: a job card (ABOM) goes in, a certified agent comes out.
 
-Stations: stamp, restamp, prove, certify, run, tower, harvest, recall, digest. This module is the
-only one that wires the parts together and the only one that prints. Exit statuses: 0 done,
-1 refused or failed verdict, 2 usage error, 130 interrupted. A refusal is one lowercase line on
-stderr; results go to stdout.
+Stations: stamp, restamp, prove, certify, run, tower, harvest, recall, doctor, pending, approve,
+reject, replay, digest. This module is the only one that wires the parts together and the only one
+that prints; it reads in seven sections: store and layout, cards and agents, trust, runs, stations,
+tower, command line. Exit statuses: 0 done, 1 refused or failed verdict, 2 usage error, 130
+interrupted. A refusal is one lowercase line on stderr; results go to stdout.
 """
 
 from __future__ import annotations
@@ -2011,6 +2012,25 @@ def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loo
 
 
 # ================================================================ 5. Stations
+# Owns the stations: one function per station, cmd_NAME(fac, args) -> exit status, marked with
+# @station(...) beside the arguments it reads (a new flag is one edit here) and its docstring as its
+# --help; plus what each prints. The CLI section collects them in the order they are defined.
+
+def arg(*flags: str, **options) -> tuple:
+    """One argument of a station: argparse add_argument's flags and options, as given."""
+    return flags, options
+
+
+def station(*arguments: tuple):
+    """Mark cmd_NAME as the station NAME taking these arguments (each from arg())."""
+    def mark(func):
+        func.station_arguments = arguments
+        return func
+    return mark
+
+
+STAGED_CALL = (arg("run_id"), arg("--call", type=int, default=1), arg("--by", required=True))   # approve, reject
+
 
 def jobs_of(args) -> int:
     """--jobs N (N >= 1); Refusal otherwise."""
@@ -2019,6 +2039,7 @@ def jobs_of(args) -> int:
     return args.jobs
 
 
+@station(arg("master"), arg("--as", dest="new", required=True), arg("--set", action="append", metavar="PATH=JSON"))
 def cmd_stamp(fac: Factory, args) -> int:
     """Derive a variant from a master: --as NEW, each --set PATH=JSON an override the variant keeps."""
     master = load_agent(fac, args.master)
@@ -2038,6 +2059,7 @@ def cmd_stamp(fac: Factory, args) -> int:
 
 
 
+@station(arg("master"))
 def cmd_restamp(fac: Factory, args) -> int:
     """Carry a master fix to every variant (transitively) as master + its overrides; revoke changed certificates."""
     changed = restamped(fac, args.master)
@@ -2052,6 +2074,10 @@ def cmd_restamp(fac: Factory, args) -> int:
     return 0
 
 
+@station(arg("agent"), arg("--sealed", action="store_true"),
+         arg("--json", action="store_true", help="print the proof record as JSON instead of the summary"),
+         arg("--junit", metavar="FILE", help="also write JUnit XML (sealed cases by id only)"),
+         arg("--jobs", type=int, default=DEFAULT_JOBS, help=f"cases at a time (default {DEFAULT_JOBS})"))
 def cmd_prove(fac: Factory, args) -> int:
     """Prove an agent on its suite (open half, or --sealed); every tool is a recorder. Exit 0 only above the bar."""
     agent = load_agent(fac, args.agent)
@@ -2111,6 +2137,8 @@ def failure_message(half: str, result: dict) -> str:
     return "; ".join(parts) or "failed"
 
 
+@station(arg("agent"), arg("--tier", choices=TIERS, required=True),
+         arg("--by", required=True, help="the signer (their key is created on first use)"))
 def cmd_certify(fac: Factory, args) -> int:
     """Sign a certificate for an agent whose latest sealed proof clears the bar; only a human at a terminal can."""
     claim = enforce(Claim(fac, args.agent, "certify", tier=args.tier), CERTIFY_GUARDS)
@@ -2152,6 +2180,9 @@ def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
     return tickets
 
 
+@station(arg("agent"), arg("input", nargs="?"), arg("--file"),
+         arg("--json", action="store_true", help="one JSON object per run on stdout"),
+         arg("--jobs", type=int, default=DEFAULT_JOBS, help=f"tickets at a time (default {DEFAULT_JOBS})"))
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets: worker loop, gate, tier clamp, trace."""
     if (args.input is None) == (args.file is None):
@@ -2217,6 +2248,8 @@ def print_ticket(ticket_id: str, row: dict) -> None:
           f"gate={row['gate']}\tverdict={row['verdict']}\t-> {where}")
 
 
+@station(arg("--json", action="store_true", help="print the tower document (format factory-tower-1)"),
+         arg("--html", metavar="FILE", help="write one self-contained HTML report with charts"))
 def cmd_tower(fac: Factory, args) -> int:
     """Per agent: runs, gate pass %, acted, staged, cost, denials, verdicts, drift, backends, gate probabilities."""
     doc = tower_document(fac)
@@ -2236,6 +2269,7 @@ def flagged(row: dict) -> bool:
     return row.get("gate") in ("flag", "unsure") or bool(row.get("denied")) or row.get("status") != "done"
 
 
+@station(arg("agent"))
 def cmd_harvest(fac: Factory, args) -> int:
     """Evalsmith (certified) turns the agent's flagged runs into proposed cases in evals/AGENT/proposed.jsonl."""
     load_card(fac, args.agent)
@@ -2269,6 +2303,7 @@ def flagged_input(fac: Factory, row: dict) -> dict:
             "denials": row.get("denied", []), "why": "; ".join(row.get("why", []))}
 
 
+@station(arg("agent"), arg("--reason", required=True))
 def cmd_recall(fac: Factory, args) -> int:
     """Recall an agent and every variant stamped from it: none runs again until re-proved and re-signed."""
     load_card(fac, args.agent)
@@ -2313,6 +2348,7 @@ def gate_report(fac: Factory) -> list[str]:
     return lines
 
 
+@station()
 def cmd_doctor(fac: Factory, args) -> int:
     """Say which worker backend and gate each agent would use, which keys are present, and whether Sage answers."""
     present = [name for name in KEY_NAMES if fac.env.get(name)]
@@ -2332,6 +2368,7 @@ def cmd_doctor(fac: Factory, args) -> int:
     return 0
 
 
+@station()
 def cmd_pending(fac: Factory, args) -> int:
     """List the staged acting calls waiting for a human's approval, oldest first."""
     folder = fac.registry / "pending"
@@ -2346,6 +2383,7 @@ def cmd_pending(fac: Factory, args) -> int:
     return 0
 
 
+@station(*STAGED_CALL)
 def cmd_approve(fac: Factory, args) -> int:
     """Show one staged call at a terminal, ask `approve? [y/N]`, and execute exactly that call, once."""
     entry = load_pending(fac, args.run_id, args.call)
@@ -2368,6 +2406,7 @@ def cmd_approve(fac: Factory, args) -> int:
     return 0 if result["ok"] else 1
 
 
+@station(*STAGED_CALL, arg("--reason", required=True))
 def cmd_reject(fac: Factory, args) -> int:
     """Close one staged call without executing it; the reason and the rejecter are kept."""
     entry = load_pending(fac, args.run_id, args.call)
@@ -2382,6 +2421,7 @@ def cmd_reject(fac: Factory, args) -> int:
 
 
 
+@station(arg("run_id"), arg("--live", action="store_true", help="ask the model again"))
 def cmd_replay(fac: Factory, args) -> int:
     """Feed a run's recorded model replies (or, with --live, the model again) to today's code; print what differs."""
     recorded = Trace.read(fac, args.run_id)
@@ -2403,6 +2443,7 @@ def cmd_replay(fac: Factory, args) -> int:
     return 1 if differences else 0
 
 
+@station(arg("agent"), arg("--explain", action="store_true"))
 def cmd_digest(fac: Factory, args) -> int:
     """Print the agent's digest; --explain prints each component, marking what changed since certification."""
     agent = load_agent(fac, args.agent)
@@ -3142,53 +3183,28 @@ class Progress:
     close = clear
 
 
+
+def stations() -> list:
+    """The station functions (marked with @station), in the order they are defined."""
+    return [value for value in globals().values() if hasattr(value, "station_arguments")]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse tree: one subparser per station, its docstring as its help."""
+    """The argparse tree: one subparser per station, with the arguments beside it and its docstring as its help."""
     common = argparse.ArgumentParser(add_help=False)  # accepted before or after the station name
     common.add_argument("--root", default=argparse.SUPPRESS,
                         help="factory root (default: $FACTORY_ROOT, else the folder of factory.py)")
     common.add_argument("--sealed-dir", default=argparse.SUPPRESS,
                         help="where SUITE/sealed.jsonl live (default: $FACTORY_SEALED_DIR, else evals/)")
     parser = argparse.ArgumentParser(prog="factory.py", description=__doc__.splitlines()[0], parents=[common])
-    stations = parser.add_subparsers(dest="command", required=True, metavar="STATION")
-    def station(name, func):
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="STATION")
+    for func in stations():
         summary = func.__doc__.splitlines()[0].replace("%", "%%")  # argparse %-formats help, not descriptions
-        sub = stations.add_parser(name, help=summary, description=func.__doc__, parents=[common])
+        sub = subparsers.add_parser(func.__name__.removeprefix("cmd_"), help=summary, description=func.__doc__,
+                                    parents=[common])
         sub.set_defaults(func=func)
-        return sub
-    sub = station("stamp", cmd_stamp)
-    sub.add_argument("master"), sub.add_argument("--as", dest="new", required=True)
-    sub.add_argument("--set", action="append", metavar="PATH=JSON")
-    station("restamp", cmd_restamp).add_argument("master")
-    sub = station("prove", cmd_prove)
-    sub.add_argument("agent"), sub.add_argument("--sealed", action="store_true")
-    sub.add_argument("--json", action="store_true", help="print the proof record as JSON instead of the summary")
-    sub.add_argument("--junit", metavar="FILE", help="also write JUnit XML (sealed cases by id only)")
-    sub.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help=f"cases at a time (default {DEFAULT_JOBS})")
-    sub = station("certify", cmd_certify)
-    sub.add_argument("agent"), sub.add_argument("--tier", choices=TIERS, required=True)
-    sub.add_argument("--by", required=True, help="the signer (their key is created on first use)")
-    sub = station("run", cmd_run)
-    sub.add_argument("agent"), sub.add_argument("input", nargs="?"), sub.add_argument("--file")
-    sub.add_argument("--json", action="store_true", help="one JSON object per run on stdout")
-    sub.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help=f"tickets at a time (default {DEFAULT_JOBS})")
-    sub = station("tower", cmd_tower)
-    sub.add_argument("--json", action="store_true", help="print the tower document (format factory-tower-1)")
-    sub.add_argument("--html", metavar="FILE", help="write one self-contained HTML report with charts")
-    station("harvest", cmd_harvest).add_argument("agent")
-    sub = station("recall", cmd_recall)
-    sub.add_argument("agent"), sub.add_argument("--reason", required=True)
-    station("doctor", cmd_doctor)
-    station("pending", cmd_pending)
-    for name, func in (("approve", cmd_approve), ("reject", cmd_reject)):
-        sub = station(name, func)
-        sub.add_argument("run_id"), sub.add_argument("--call", type=int, default=1)
-        sub.add_argument("--by", required=True)
-    sub.add_argument("--reason", required=True)
-    sub = station("replay", cmd_replay)
-    sub.add_argument("run_id"), sub.add_argument("--live", action="store_true", help="ask the model again")
-    sub = station("digest", cmd_digest)
-    sub.add_argument("agent"), sub.add_argument("--explain", action="store_true")
+        for flags, options in func.station_arguments:
+            sub.add_argument(*flags, **options)
     return parser
 
 
