@@ -1,4 +1,4 @@
-"""The broker: every tool call goes through it, or it does not happen (SPEC §3).
+"""The broker: every tool call goes through it, or it does not happen.
 
 The card's grant and deny lists plus the tool contracts are the whole policy. The decision order
 is fixed and written once, in `rule_on`:
@@ -14,6 +14,9 @@ is fixed and written once, in `rule_on`:
 
 A tool implementation returns its result text, or (text, receipt) where the receipt says where
 its effect was written ({"path", "offset", "effect_id"}) so that the line can read it back.
+
+After the gate has answered, `settle` decides what becomes of the acting calls a run staged (the
+tier x gate table), and the caller carries the decision out.
 
 The broker never prints and never reads environment variables; the caller hands it the policy,
 the contracts, the tool implementations and a `record` callable that appends to the trace.
@@ -35,7 +38,7 @@ RECORDED = "RECORDED"
 STAGED = "STAGED"
 EXECUTE = "EXECUTE"
 DENIALS = frozenset({DENIED_UNKNOWN, DENIED_EXPLICIT, DENIED_UNGRANTED, DENIED_CONTRACT})
-VERDICTS = DENIALS | {RECORDED, STAGED, EXECUTE}
+RULINGS = DENIALS | {RECORDED, STAGED, EXECUTE}   # the closed set of the broker's decisions on a call
 EFFECTS = ("read", "draft", "act")
 MODES = ("dry", "run")
 
@@ -51,18 +54,20 @@ class Policy:
 
 @dataclass(frozen=True)
 class Ruling:
-    """The broker's decision on one call: a verdict from VERDICTS and why, in one line."""
-    verdict: str
+    """The broker's decision on one call: its name (one of RULINGS) and why, in one line."""
+    name: str
     why: str
 
 
 @dataclass
 class Outcome:
-    """One trace entry (SPEC §3): seq, tool, args, verdict, ok, error, effect, ms, and the result text."""
+    """One call as carried out, and its trace entry: seq, tool, args, ruling, ok, error, effect, ms, and the
+    result text. `ruling` is the broker's ruling (one of RULINGS) for a call that did not execute, and for
+    one that did, `ok` or the failure's class name."""
     seq: int
     tool: str
     args: dict
-    verdict: str
+    ruling: str
     ok: bool
     error: str | None
     effect: str | None
@@ -73,7 +78,7 @@ class Outcome:
     def entry(self) -> dict:
         """The trace entry as a dict (the result text is kept out; the loop records it separately)."""
         return {"event": "tool", "seq": self.seq, "tool": self.tool, "args": self.args,
-                "args_digest": args_digest(self.args), "verdict": self.verdict, "ok": self.ok,
+                "args_digest": args_digest(self.args), "ruling": self.ruling, "ok": self.ok,
                 "error": self.error, "effect": self.effect, "ms": round(self.ms, 3), "receipt": self.receipt}
 
 
@@ -182,7 +187,7 @@ class Broker:
         started = self.clock()
         ruling = rule_on(self.policy, self.contracts, tool, args, self.mode)
         effect = self.contracts.get(tool, {}).get("effect")
-        if ruling.verdict == EXECUTE:
+        if ruling.name == EXECUTE:
             outcome = self._execute(tool, args, effect, started)
         else:
             outcome = self._held(tool, args, ruling, effect, started)
@@ -192,26 +197,26 @@ class Broker:
 
     def _held(self, tool, args, ruling: Ruling, effect, started) -> Outcome:
         """Outcome for a call that does not execute now: denied, recorded or staged."""
-        denied = ruling.verdict in DENIALS
+        denied = ruling.name in DENIALS
         outcome = Outcome(len(self.outcomes) + 1, tool, args if isinstance(args, dict) else {"_": args},
-                          ruling.verdict, not denied, ruling.why if denied else None, effect,
+                          ruling.name, not denied, ruling.why if denied else None, effect,
                           (self.clock() - started) * 1000)
-        outcome.result = f"denied: {ruling.why}" if denied else f"{ruling.verdict.lower()}: {ruling.why}"
-        if ruling.verdict == STAGED:
+        outcome.result = f"denied: {ruling.why}" if denied else f"{ruling.name.lower()}: {ruling.why}"
+        if ruling.name == STAGED:
             self.staged.append(outcome)
         return outcome
 
     def _execute(self, tool, args, effect, started) -> Outcome:
         """Run the tool; its failure is named by class and handed back, not raised."""
-        verdict, error, result, receipt = "ok", None, "", None
+        ruling, error, result, receipt = "ok", None, "", None
         try:
             answer = self.tools[tool](args)
             result, receipt = answer if isinstance(answer, tuple) else (answer, None)
         except Exception as failure:  # a tool's failure is data for the worker, not a crash
-            verdict, error = type(failure).__name__, f"{type(failure).__name__}: {failure}"
+            ruling, error = type(failure).__name__, f"{type(failure).__name__}: {failure}"
             result = f"error: {error}"
         ms = (self.clock() - started) * 1000
-        return Outcome(len(self.outcomes) + 1, tool, args, verdict, error is None, error, effect, ms, str(result), receipt)
+        return Outcome(len(self.outcomes) + 1, tool, args, ruling, error is None, error, effect, ms, str(result), receipt)
 
     def execute_staged(self, outcome: Outcome) -> Outcome:
         """Execute one call this broker staged earlier (the caller has checked gate and tier)."""
@@ -226,7 +231,7 @@ class Broker:
 
     def denials(self) -> list[str]:
         """Tool names this broker denied, in call order."""
-        return [o.tool for o in self.outcomes if o.verdict in DENIALS]
+        return [o.tool for o in self.outcomes if o.ruling in DENIALS]
 
 
 SETTLEMENTS = ("execute", "park", "keep")

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Protocol
 from xml.etree import ElementTree
 
-import broker
+from broker import DENIALS, EFFECTS, RECORDED, STAGED, Broker, Outcome, Policy, args_digest, check_args, settle
 
 
 def lazy_module(name: str):
@@ -63,7 +63,7 @@ TIERS = ("C0", "C1", "C2", "C3")
 MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
 CLIP_CHARS = 8000              # ~2,000 tokens of tool result go back to the worker
-TRACE_FORMAT = "factory-trace-1"
+TRACE_FORMAT = "factory-trace-2"
 RECORD_FORMAT = "factory-proof-1"
 CERT_FORMAT = "factory-certificate-1"
 SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
@@ -611,9 +611,9 @@ class Agent:
         """The entrypoint function: the agent's own deterministic rules, input -> (tool calls, output)."""
         return getattr(self.module, self.card["entrypoint"].split(":")[1])
 
-    def policy_at(self, tier: str) -> broker.Policy:
+    def policy_at(self, tier: str) -> Policy:
         """The broker policy: the card's grant and deny lists, at the tier the certificate allows."""
-        return broker.Policy(self.name, frozenset(self.card["tools"]), frozenset(self.card["tools_denied"]), tier)
+        return Policy(self.name, frozenset(self.card["tools"]), frozenset(self.card["tools_denied"]), tier)
 
     def tools_for(self, fac: Factory, run_id: str) -> dict:
         """Tool name -> callable(args) writing this run's effects under the root through the store."""
@@ -656,9 +656,9 @@ def agent_from_card(fac: Factory, card: dict) -> Agent:
             raise Refusal(f"agents/{module_name}.py: has no {needed} (entrypoint {card['entrypoint']})")
     toolbox = load_python(fac, "tools.py")
     for name, contract in toolbox.CONTRACTS.items():
-        if not isinstance(contract, dict) or contract.get("effect") not in broker.EFFECTS \
+        if not isinstance(contract, dict) or contract.get("effect") not in EFFECTS \
                 or not isinstance(contract.get("params"), dict):
-            raise Refusal(f"agents/tools.py: contract {name} needs an effect in {broker.EFFECTS} and a params schema")
+            raise Refusal(f"agents/tools.py: contract {name} needs an effect in {EFFECTS} and a params schema")
     return Agent(card["agent"], card, module, toolbox, digest_components(fac, card, module_name, toolbox.CONTRACTS))
 
 
@@ -1186,7 +1186,7 @@ def same_certificate(claim: Claim) -> str | None:
 
 def arguments_unchanged(claim: Claim) -> str | None:
     """The stored arguments still match the digest taken when the call was staged."""
-    if broker.args_digest(claim.entry["args"]) == claim.entry["args_digest"]:
+    if args_digest(claim.entry["args"]) == claim.entry["args_digest"]:
         return None
     return f"the stored arguments of {claim.entry['tool']} no longer match their digest: changed after staging; {claim.remedy}"
 
@@ -1290,7 +1290,7 @@ class Escalated(Stop):
 
 class OverBudget(Stop):
     """The next model call would have exceeded the card's cost envelope."""
-    status = "over_budget"
+    status = "over-budget"
 
 
 class Diverged(Stop):
@@ -1312,7 +1312,7 @@ def parse_output(text: str, schema: dict) -> dict:
         value = None
     if not isinstance(value, dict):
         raise Escalated("the answer holds no json object")
-    problem = broker.check_args(schema, value, "output")
+    problem = check_args(schema, value, "output")
     if problem:
         raise Escalated(f"the answer breaks the output contract: {problem}")
     return value
@@ -1326,7 +1326,7 @@ class Loop:
     event; `spill(seq, text) -> str` saves a tool result too long to send back and returns its path;
     `router` (the run gate) reviews the run after every step when given."""
     worker: Worker | None
-    broker: broker.Broker
+    broker: Broker
     agent: Agent
     task: str
     record: callable
@@ -1340,7 +1340,7 @@ class Loop:
     messages: list = field(default_factory=list)
 
     def run(self) -> str:
-        """Step until a Stop; returns its status (done | escalated | over_budget | diverged)."""
+        """Step until a Stop; returns its status (done | escalated | over-budget | diverged)."""
         self.messages = [{"role": "system", "content": self.agent.module.SYSTEM},
                          {"role": "user", "content": self.task}]
         while True:
@@ -1396,7 +1396,7 @@ class Loop:
         return [{"name": t, "description": self.agent.contracts[t]["description"],
                  "params": self.agent.contracts[t]["params"]} for t in allowed if t in self.agent.contracts]
 
-    def clip(self, outcome: broker.Outcome) -> str:
+    def clip(self, outcome: Outcome) -> str:
         """The tool result for the worker: whole when short, else head + tail + where the full text is."""
         text = outcome.result
         if len(text) <= CLIP_CHARS:
@@ -1442,8 +1442,8 @@ class Sign:
 
 def signs_of(outcomes: list) -> list[Sign]:
     """Signs for the broker outcomes of a run so far."""
-    return [Sign(f"{o.tool} {broker.args_digest(o.args)}", sha256(o.result.encode()), None if o.ok else o.verdict,
-                 o.effect, o.verdict == "ok") for o in outcomes]
+    return [Sign(f"{o.tool} {args_digest(o.args)}", sha256(o.result.encode()), None if o.ok else o.ruling,
+                 o.effect, o.ruling == "ok") for o in outcomes]
 
 
 def repeated_observation(signs: list[Sign]) -> bool:
@@ -1562,18 +1562,18 @@ class Router:
 # ---- the output gate (Sage)
 
 def gate_output(fac: Factory, agent: Agent, task: str, output: dict, within_envelope: bool) -> dict:
-    """Ask Sage the card's gate question about one output: {verdict, p, answer, bar, line}.
+    """Ask Sage the card's gate question about one output: {result, p, answer, bar, line}.
 
-    verdict is pass | flag | unsure | unscored | failed; only `pass` lets acting calls execute.
+    result is pass | flag | unsure | unscored | failed; only `pass` lets acting calls execute.
     One attempt with an 8 s deadline, no retry: a run waits for its gate, never for a retry loop."""
     bar = agent.card["evals"]["gate"]
     content = f"Input:\n{task}\n\nAgent output:\n{json.dumps(output, ensure_ascii=False)}"
     try:
         decision = sage.Sage.from_env(fac.env, timeout=8.0).yesno(content, agent.card["gate_question"])
     except sage.NoKey as missing:
-        return {"verdict": "unscored", "p": None, "answer": None, "bar": bar, "line": f"gate: unscored ({missing})"}
+        return {"result": "unscored", "p": None, "answer": None, "bar": bar, "line": f"gate: unscored ({missing})"}
     except sage.SageError as error:
-        return {"verdict": "failed", "p": None, "answer": None, "bar": bar, "line": f"gate: FAILED ({error})"}
+        return {"result": "failed", "p": None, "answer": None, "bar": bar, "line": f"gate: FAILED ({error})"}
     return judge(decision.answer, decision.p, bar, within_envelope)
 
 
@@ -1581,14 +1581,14 @@ def judge(answer: str | None, p: float | None, bar: float, within_envelope: bool
     """passed = answer == yes and p >= bar and within the envelope; null answer is `unsure`, not `no`."""
     shown = "?" if p is None else f"{p:.3f}"
     if answer is None:
-        verdict, note = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag"
+        result, note = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag"
     elif answer == "yes" and p is not None and p >= bar and within_envelope:
-        verdict, note = "pass", f"gate: p={shown} bar={bar} -> pass"
+        result, note = "pass", f"gate: p={shown} bar={bar} -> pass"
     else:
-        verdict = "flag"
+        result = "flag"
         why = "" if within_envelope else " (cost outside the envelope)"
         note = f"gate: {answer} p={shown} bar={bar} -> flag{why}"
-    return {"verdict": verdict, "p": p, "answer": answer, "bar": bar, "line": note}
+    return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note}
 
 
 def sage_client(fac: Factory, timeout: float, retries: int = 0):
@@ -1622,11 +1622,10 @@ VERDICTS = (  # in display order
 def run_verdict(fac: Factory, status: str, gate: str, within: bool, outcomes: list, pending: int) -> str:
     """The run's one verdict (a VERDICTS name), from separate evidence: status, gate, effects read back,
     approvals waiting."""
-    by_status = {"crashed": "crashed", "over_budget": "over-budget", "escalated": "escalated"}
-    if status in by_status:
-        return by_status[status]
-    writes = [o for o in outcomes if o.effect in ("draft", "act") and o.verdict not in broker.DENIALS
-              and o.verdict not in (broker.RECORDED, broker.STAGED)]
+    if status in ("crashed", "over-budget", "escalated"):   # the status is the verdict
+        return status
+    writes = [o for o in outcomes if o.effect in ("draft", "act") and o.ruling not in DENIALS
+              and o.ruling not in (RECORDED, STAGED)]
     if any(not o.ok for o in writes) or not all(read_back(fac, o.receipt) for o in writes):
         return "uncertain-effect"
     if gate in ("unscored", "failed"):
@@ -1650,7 +1649,7 @@ def routing_reasons(status: str, loop: Loop, gate: dict) -> list[str]:
     reasons = []
     if status != "done":
         reasons.append(f"run {status}: {loop.reason}")
-    elif gate["verdict"] != "pass":
+    elif gate["result"] != "pass":
         reasons.append(gate["line"].removeprefix("gate: "))
     if isinstance(loop.output, dict) and loop.output.get("escalate") is True:
         reasons.append("the agent escalated it")
@@ -1666,7 +1665,7 @@ INDEX_SHAPE = Shape.of({"run_id": str, "agent": str, "at": str, "status": str, "
                        optional={"cost_usd": (int, float, type(None)), "p": (int, float, type(None))})
 EVENT_SHAPES = {  # what replay and harvest rely on in each kind of event
     "model": Shape.of({"tool_calls": list}),
-    "tool": Shape.of({"seq": int, "tool": str, "verdict": str}),
+    "tool": Shape.of({"seq": int, "tool": str, "ruling": str}),
     "tool_result": Shape.of({"seq": int, "content": str}),
 }
 CALL_SHAPE = Shape.of({"id": str, "name": str, "args": dict})
@@ -1713,18 +1712,45 @@ class Trace:
         for an odd run id, a missing trace, a header that is not ours, or an event replay relies on
         that is malformed."""
         path = fac.trace_path(agent, run_id) if agent else find_trace(fac, run_id)
-        where, events, end = fac.shown(path), [], None
+        where, events, end, upgrade = fac.shown(path), [], None, None
         for number, event in fac.store.read_jsonl(path):   # every line is read: a torn one is refused
-            if number == 1 and not (event.get("format") == TRACE_FORMAT and isinstance(event.get("agent"), str)
-                                    and NAME.match(event["agent"]) and "input" in event):
-                raise Refusal(f"{where}: not a {TRACE_FORMAT} trace (no header line)")
+            if number == 1:
+                upgrade = trace_upgrade(event, where)
             if end is None:
+                event = upgrade(event)
                 check_event(event, f"{where} line {number}")
                 events.append(event)
                 end = event if event.get("event") == "end" else None
         if not events:
             raise Refusal(f"{where}: empty")
         return Recorded(path, events[0], events, end)
+
+
+def from_trace_1(event: dict) -> dict:
+    """factory-trace-1 -> factory-trace-2: a tool call's `verdict` became its `ruling`, the gate's its
+    `result`, and the status over_budget is spelled over-budget like the verdict."""
+    renamed = {"tool": ("verdict", "ruling"), "approved_call": ("verdict", "ruling"), "gate": ("verdict", "result")}
+    old, new = renamed.get(event.get("event"), (None, None))
+    event = {new if key == old else key: value for key, value in event.items()}
+    if event.get("format") == "factory-trace-1":
+        event["format"] = TRACE_FORMAT
+    if event.get("status") == "over_budget":
+        event["status"] = "over-budget"
+    return event
+
+
+TRACE_UPGRADES = {"factory-trace-1": from_trace_1}   # an older format -> the step that reads it as today's
+
+
+def trace_upgrade(header: dict, where: str):
+    """The function that reads each event of a trace with this header as a TRACE_FORMAT event;
+    Refusal when the header is not one of our traces'."""
+    upgrade = TRACE_UPGRADES.get(header.get("format"), lambda event: event)
+    header = upgrade(header)
+    if not (header.get("format") == TRACE_FORMAT and isinstance(header.get("agent"), str)
+            and NAME.match(header["agent"]) and "input" in header):
+        raise Refusal(f"{where}: not a {TRACE_FORMAT} trace (no header line)")
+    return upgrade
 
 
 def check_event(event: dict, where: str) -> None:
@@ -1787,12 +1813,12 @@ def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *
     how = MODES[mode]
     if how.own_tools:
         tools = agent.tools_for(fac, run_id)
-    desk = broker.Broker(agent.policy_at(tier), agent.contracts, tools or {}, how.broker, record)
+    broker = Broker(agent.policy_at(tier), agent.contracts, tools or {}, how.broker, record)
     if worker is None and how.asks:
         worker = make_worker(fac, agent, task_input)
     spill = (lambda seq, text: fac.store.spill(agent.name, run_id, seq, text)) if how.spills else None
     router = Router(sage_client(fac, 8.0), record) if how.watched else None
-    return Loop(worker, desk, agent, task_text(task_input), record, spill=spill, router=router)
+    return Loop(worker, broker, agent, task_text(task_input), record, spill=spill, router=router)
 
 
 # ---- one production run
@@ -1815,44 +1841,44 @@ def close_run(fac: Factory, agent: Agent, cert: dict, trace: Trace, loop: Loop, 
     if status == "done":
         gate = gate_output(fac, agent, loop.task, loop.output, within)
     else:
-        gate = {"verdict": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
+        gate = {"result": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
                 "line": f"gate: not run (run {status}: {loop.reason})"}
     trace.record({"event": "gate", **gate})
-    acted, pending = settle_staged(fac, agent, cert, trace, loop.broker, tier, gate["verdict"] == "pass" and within)
-    verdict = run_verdict(fac, status, gate["verdict"], within, loop.broker.outcomes, pending)
+    acted, pending = settle_staged(fac, agent, cert, trace, loop.broker, tier, gate["result"] == "pass" and within)
+    verdict = run_verdict(fac, status, gate["result"], within, loop.broker.outcomes, pending)
     reasons = routing_reasons(status, loop, gate)
     row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
-           "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["verdict"], "p": gate["p"],
+           "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["result"], "p": gate["p"],
            "gate_line": gate["line"], "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
            "steps": loop.steps, "denied": loop.broker.denials(), "acted": acted, "staged": pending,
            "routed": bool(reasons), "why": reasons, "output": loop.output,
-           "tools": [[o.tool, o.verdict] for o in loop.broker.outcomes]}
+           "tools": [[o.tool, o.ruling] for o in loop.broker.outcomes]}
     trace.close(row)
     return row
 
 
-def settle_staged(fac: Factory, agent: Agent, cert: dict, trace: Trace, desk: broker.Broker, tier: str,
+def settle_staged(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Broker, tier: str,
                   passed: bool) -> tuple[int, int]:
     """Carry out broker.settle's decision on each staged acting call: execute it, park it for a human,
     or keep it recorded; returns (calls executed ok, calls waiting for approval)."""
     acted = parked = 0
-    for call, (outcome, settlement, why) in enumerate(broker.settle(list(desk.staged), tier, passed), 1):
+    for call, (outcome, settlement, why) in enumerate(settle(list(broker.staged), tier, passed), 1):
         if settlement == "execute":
-            acted += desk.execute_staged(outcome).ok
+            acted += broker.execute_staged(outcome).ok
             continue
         if settlement == "park":
             why, parked = f"{why}: {fac.shown(park(fac, agent, cert, trace.run_id, call, outcome))}", parked + 1
         trace.record({"event": "staged", "call": call, "seq": outcome.seq, "tool": outcome.tool,
-                      "args_digest": broker.args_digest(outcome.args), "left_for": "human", "why": why})
+                      "args_digest": args_digest(outcome.args), "left_for": "human", "why": why})
     return acted, parked
 
 
-def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: broker.Outcome) -> Path:
+def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome) -> Path:
     """Store one staged call for approval: exact arguments, their digest, certificate, expiry; its path."""
     staged = datetime.now(timezone.utc)
     hours = agent.card.get("approval_expiry_hours", 24)
     entry = {"format": PENDING_FORMAT, "run_id": run_id, "call": call, "agent": agent.name,
-             "tool": outcome.tool, "args": outcome.args, "args_digest": broker.args_digest(outcome.args),
+             "tool": outcome.tool, "args": outcome.args, "args_digest": args_digest(outcome.args),
              "certificate": cert["signature"], "digest": agent.digest, "staged_at": iso(staged),
              "expires_at": iso(staged + timedelta(hours=hours))}
     path = fac.pending_path(run_id, call)
@@ -1871,10 +1897,10 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
     if not fac.store.claim(executed):   # exactly once, across processes
         raise Refusal(f"{claim.call} was already executed.")
     trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
-    desk = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
-    staged = desk.carry_out(entry["tool"], entry["args"])
-    done = desk.execute_staged(staged) if staged.verdict == broker.STAGED else staged
-    result = {"at": utc_now(), "by": claim.approval.get("by"), "ok": done.ok, "verdict": done.verdict,
+    broker = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
+    staged = broker.carry_out(entry["tool"], entry["args"])
+    done = broker.execute_staged(staged) if staged.ruling == STAGED else staged
+    result = {"at": utc_now(), "by": claim.approval.get("by"), "ok": done.ok, "ruling": done.ruling,
               "result": done.result, "receipt": done.receipt, "read_back": read_back(fac, done.receipt)}
     fac.store.write_json(executed, result)
     trace.record({"event": "approved_call", "call": call, **result})
@@ -1988,7 +2014,7 @@ def recorder_tools(events: list[dict], contracts: dict) -> dict:
     results: dict[str, list[str]] = {}
     by_seq = {e["seq"]: e["content"] for e in events if e.get("event") == "tool_result"}
     for event in events:
-        if event.get("event") == "tool" and event.get("verdict") == "ok":
+        if event.get("event") == "tool" and event.get("ruling") == "ok":
             results.setdefault(event["tool"], []).append(by_seq.get(event["seq"], ""))
     def recorder(name):
         return lambda args: results.get(name, []).pop(0) if results.get(name) else "replay: no recorded result"
@@ -1998,7 +2024,7 @@ def recorder_tools(events: list[dict], contracts: dict) -> dict:
 def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loop: Loop, status: str) -> list[str]:
     """What differs between a recorded run and its replay: tool calls and verdicts, status, output."""
     def calls(events):
-        return [(e["tool"], e.get("args_digest"), e["verdict"]) for e in events if e.get("event") == "tool"]
+        return [(e["tool"], e.get("args_digest"), e["ruling"]) for e in events if e.get("event") == "tool"]
     then, today = calls(recorded), calls(now)
     differences = [f"tool call {i + 1}: recorded {a} / today {b}" for i, (a, b) in
                    enumerate(zip(then, today)) if a != b]
@@ -2086,38 +2112,38 @@ def cmd_prove(fac: Factory, args) -> int:
     path = fac.suite_path(suite, args.sealed)
     cases = load_cases(fac, path)
     results, draft = prove_all(fac, agent, cases, jobs_of(args))
-    record = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, draft)
-    fac.store.write_json(fac.records / agent.name / f"{new_run_id()}.{half}.json", record)
+    proof = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, draft)
+    fac.store.write_json(fac.record_path(agent.name, half), proof)
     if args.junit:
-        fac.store.write_report(Path(args.junit), junit_xml(record, results))
-    print(json.dumps(record, indent=2)) if args.json else print_proof(record)
-    return 0 if record["score"] >= record["pass_bar"] else 1
+        fac.store.write_report(Path(args.junit), junit_xml(proof, results))
+    print(json.dumps(proof, indent=2)) if args.json else print_proof(proof)
+    return 0 if proof["score"] >= proof["pass_bar"] else 1
 
 
-def print_proof(record: dict) -> None:
+def print_proof(proof: dict) -> None:
     """The summary line, the real/synthetic split, and the failures (ids only for the sealed half)."""
-    verdict = "PASS" if record["score"] >= record["pass_bar"] else "UNDER BAR"
-    print(f"{record['agent']} [{record['half']}] {record['passed']}/{record['cases']} = {record['score']:.2f} "
-          f"(bar {record['pass_bar']}) {verdict}   denials:{record['tool_denials']}   draft:{record['draft_check']}")
-    real, synthetic = record["real"], record["synthetic"]
+    verdict = "PASS" if proof["score"] >= proof["pass_bar"] else "UNDER BAR"
+    print(f"{proof['agent']} [{proof['half']}] {proof['passed']}/{proof['cases']} = {proof['score']:.2f} "
+          f"(bar {proof['pass_bar']}) {verdict}   denials:{proof['tool_denials']}   draft:{proof['draft_check']}")
+    real, synthetic = proof["real"], proof["synthetic"]
     print(f"  real tickets {real['passed']}/{real['cases']} = {real['score']:.2f}   "
-          f"synthetic {synthetic['passed']}/{synthetic['cases']} = {synthetic['score']:.2f}   backends: {', '.join(record['backends'])}")
-    for failure in record["failures"]:
+          f"synthetic {synthetic['passed']}/{synthetic['cases']} = {synthetic['score']:.2f}   backends: {', '.join(proof['backends'])}")
+    for failure in proof["failures"]:
         print(f"  failed {failure}" if isinstance(failure, str) else f"  failed {failure['id']}: {json.dumps(failure['wrong'])}"
               + (f" denied {failure['unexpected_denials']}" if failure["unexpected_denials"] else ""))
 
 
-def junit_xml(record: dict, results: list[dict]) -> str:
+def junit_xml(proof: dict, results: list[dict]) -> str:
     """JUnit XML for one proof: a testcase per case; sealed failures say nothing about the case."""
-    name = f"{record['agent']}.{record['half']}"
+    name = f"{proof['agent']}.{proof['half']}"
     failed = [r for r in results if not r["passed"]]
     suites = ElementTree.Element("testsuites", name="factory prove", tests=str(len(results)), failures=str(len(failed)))
     suite = ElementTree.SubElement(suites, "testsuite", name=name, tests=str(len(results)), failures=str(len(failed)),
-                                   errors="0", skipped="0", timestamp=record["at"])
+                                   errors="0", skipped="0", timestamp=proof["at"])
     for result in results:
         case = ElementTree.SubElement(suite, "testcase", classname=f"factory.{name}", name=result["id"])
         if not result["passed"]:
-            failure = ElementTree.SubElement(case, "failure", message=failure_message(record["half"], result))
+            failure = ElementTree.SubElement(case, "failure", message=failure_message(proof["half"], result))
             failure.text = failure.get("message")
     ElementTree.indent(suites)
     return ElementTree.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
@@ -2232,8 +2258,8 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
 def print_run(row: dict) -> None:
     """One run in full: the output, each tool ruling, the gate line, and where it went."""
     print(json.dumps(row["output"], ensure_ascii=False) if row["output"] is not None else f"(no output: {row['reason']})")
-    for tool, verdict in row["tools"]:
-        print(f"  tool {tool:<18} {verdict}")
+    for tool, ruling in row["tools"]:
+        print(f"  tool {tool:<18} {ruling}")
     print(row["gate_line"])
     print(f"routed to a human: {'; '.join(row['why'])}." if row["routed"] else "passed: no human needed.")
     print(f"verdict {row['verdict']}  tier {row['tier']}  status {row['status']}  backend {', '.join(row['backends']) or 'none'}"
@@ -2402,7 +2428,7 @@ def cmd_approve(fac: Factory, args) -> int:
                {"by": args.by, "at": utc_now(), "args_digest": entry["args_digest"]})
     result = execute_staged_call(fac, entry["run_id"], entry["call"])
     state = "read back" if result["read_back"] else "NOT read back: check it by hand"
-    print(f"executed {entry['tool']} for run {entry['run_id']}: {result['verdict']} ({state}); approved by {args.by}")
+    print(f"executed {entry['tool']} for run {entry['run_id']}: {result['ruling']} ({state}); approved by {args.by}")
     return 0 if result["ok"] else 1
 
 
@@ -2465,7 +2491,7 @@ class Tally:
     """Tower figures for one agent, accumulated row by row: counts, 20 gate-p bins, one entry per
     day and a drift window, so memory does not grow with the number of runs."""
     drift: Drift
-    since: str = ""                      # drift counts only runs after the certificate was signed
+    signed_at: str = ""                  # drift counts only runs after the certificate was signed
     runs: int = 0
     passed: int = 0
     scored: int = 0                      # runs the gate answered (pass, flag, unsure)
@@ -2500,7 +2526,7 @@ class Tally:
         day["runs"] += 1
         day["passed"] += passed
         day["cost_usd"] = add_cost(day["cost_usd"], cost)
-        if when > self.since and self.drift.certified_rate is not None:
+        if when > self.signed_at and self.drift.certified_rate is not None:
             self.drift.observe(row)
 
 
@@ -2549,7 +2575,7 @@ def new_tally(fac: Factory, name: str) -> Tally:
     path = fac.cert_path(name)
     cert = fac.store.read_json(path) if path.exists() else {}
     rate = cert.get("certified_rate")
-    return Tally(Drift(rate if _fraction(rate) else None), since=str(cert.get("signed_at", "")))
+    return Tally(Drift(rate if _fraction(rate) else None), signed_at=str(cert.get("signed_at", "")))
 
 
 def gate_bar(fac: Factory, name: str) -> float | None:

@@ -70,8 +70,8 @@ class Refusals(LineTest):
         self.assertIn("gate: unscored (no SAGE_API_KEY)", out)
         self.assertIn("routed to a human", out)
         tools = [e for e in self.traces()[0] if e.get("event") == "tool"]
-        self.assertEqual(tools[0]["verdict"], "DENIED_EXPLICIT")
-        self.assertEqual([t["verdict"] for t in tools[1:]], ["ok", "ok"])
+        self.assertEqual(tools[0]["ruling"], "DENIED_EXPLICIT")
+        self.assertEqual([t["ruling"] for t in tools[1:]], ["ok", "ok"])
         self.assertFalse((self.root / "outbox" / "triager" / "refunds.jsonl").exists())
 
     def test_ungranted_tool_is_denied_in_the_trace(self):
@@ -79,8 +79,8 @@ class Refusals(LineTest):
         self.assertEqual(code, 0, err)
         self.certified("loose")
         self.factory("run", "loose", INJECTION)
-        verdicts = {e["tool"]: e["verdict"] for e in self.traces("loose")[0] if e.get("event") == "tool"}
-        self.assertEqual(verdicts["billing:refund"], "DENIED_UNGRANTED")
+        rulings = {e["tool"]: e["ruling"] for e in self.traces("loose")[0] if e.get("event") == "tool"}
+        self.assertEqual(rulings["billing:refund"], "DENIED_UNGRANTED")
 
 
 class Broker(unittest.TestCase):
@@ -92,7 +92,7 @@ class Broker(unittest.TestCase):
 
     def rule(self, tool, args, tools=("a:read", "a:act"), denied=(), mode="run"):
         policy = broker.Policy("x", frozenset(tools), frozenset(denied))
-        return broker.rule_on(policy, self.CONTRACTS, tool, args, mode).verdict
+        return broker.rule_on(policy, self.CONTRACTS, tool, args, mode).name
 
     def test_order(self):
         table = [
@@ -133,9 +133,9 @@ class Broker(unittest.TestCase):
         denied = desk.carry_out("a:act", {})
         failed = desk.carry_out("a:read", {"q": "hi"})
         self.assertTrue(denied.result.startswith("denied: "))
-        self.assertEqual((failed.verdict, failed.ok), ("OSError", False))
+        self.assertEqual((failed.ruling, failed.ok), ("OSError", False))
         self.assertEqual([e["seq"] for e in events], [1, 2])
-        self.assertEqual(set(events[0]), {"event", "seq", "tool", "args", "args_digest", "verdict", "ok", "error", "effect", "ms", "receipt"})
+        self.assertEqual(set(events[0]), {"event", "seq", "tool", "args", "args_digest", "ruling", "ok", "error", "effect", "ms", "receipt"})
 
 
 class Cards(LineTest):
@@ -161,8 +161,8 @@ class Cards(LineTest):
         self.edit_card("triager", tools=["issues:label", "drafts:write", "billing:refund"])
         self.certified()
         self.factory("run", "triager", INJECTION)
-        verdicts = {e["tool"]: e["verdict"] for e in self.traces()[0] if e.get("event") == "tool"}
-        self.assertEqual(verdicts["billing:refund"], "DENIED_EXPLICIT")
+        rulings = {e["tool"]: e["ruling"] for e in self.traces()[0] if e.get("event") == "tool"}
+        self.assertEqual(rulings["billing:refund"], "DENIED_EXPLICIT")
 
     def test_odd_names_are_refused_before_any_path(self):
         for name in ("../x", "X", "", "a/b", "1abc", "a" * 65):

@@ -63,7 +63,7 @@ class Loop(LineTest):
         server = self.serve(Answer(body=anthropic_message(tool_uses=[refund])), Answer(body=anthropic_message(FINAL)))
         _, events = self.run_triager("refund me now")
         tools = [e for e in events if e.get("event") == "tool"]
-        self.assertEqual(tools[0]["verdict"], "DENIED_EXPLICIT")
+        self.assertEqual(tools[0]["ruling"], "DENIED_EXPLICIT")
         result = server.requests[1]["body"]["messages"][-1]["content"][0]
         self.assertTrue(result["is_error"])
         self.assertIn("denied:", json.dumps(result["content"]))
@@ -86,7 +86,7 @@ class Loop(LineTest):
         server = self.serve(Answer(body=anthropic_message(FINAL)))
         out, events = self.run_triager()
         self.assertEqual(server.requests, [])
-        self.assertEqual(events[-1]["status"], "over_budget")
+        self.assertEqual(events[-1]["status"], "over-budget")
         self.assertIn("routed to a human", out)
 
     def test_retired_primary_falls_back_and_the_trace_shows_both(self):

@@ -94,8 +94,8 @@ class EffectsByTier(Tiered):
         self.run_payer()
         refund = self.effects("refunds")[-1]
         staged = [e for e in self.traces("payer")[-1] if e.get("tool") == "billing:refund"]
-        self.assertEqual(staged[0]["verdict"], "STAGED")
-        self.assertEqual(staged[1]["verdict"], "ok")
+        self.assertEqual(staged[0]["ruling"], "STAGED")
+        self.assertEqual(staged[1]["ruling"], "ok")
         self.assertEqual({k: refund[k] for k in staged[0]["args"]}, staged[0]["args"])
 
 
