@@ -459,6 +459,11 @@ class Store:
 
 
 # ================================================================ 2. Cards and agents
+# Owns the job card (ABOM) and what is derived from it: strict validation, stamping a variant
+# (master + its overrides), restamping, the lineage log, the suites an agent is proved on, and the
+# Agent itself (card + entrypoint module + tool module, loaded once) with the digest over all of it.
+
+# ---- the card, strictly
 
 def _is_number(value) -> bool:
     """True for a finite int/float, never bool (and never NaN or infinity)."""
@@ -576,6 +581,8 @@ def parse_setting(text: str) -> tuple[str, object]:
         return path, raw
 
 
+# ---- variants: stamp and restamp
+
 def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict:
     """A variant card: the parent's fields, then the variant's own overrides, then its lineage fields."""
     card = {key: value for key, value in parent.items() if key not in SET_BY_STAMP}
@@ -585,6 +592,7 @@ def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict
     return {**card, "stamped_from": parent["agent"], "master_digest": master_digest, "overrides": overrides}
 
 
+# ---- the agent: card, module, tools, digest
 
 @dataclass(frozen=True)
 class Agent:
@@ -646,7 +654,6 @@ def load_agent(fac: Factory, name: str) -> Agent:
     return agent_from_card(fac, load_card(fac, name))
 
 
-
 def agent_from_card(fac: Factory, card: dict) -> Agent:
     """The Agent a validated card describes (its module and tool module read from agents/)."""
     module_name, function = card["entrypoint"].split(":")
@@ -692,6 +699,8 @@ def changed_components(old: dict, new: dict) -> list[str]:
     """Labels of components that differ between two component maps (added or removed count)."""
     return sorted(label for label in set(old) | set(new) if old.get(label) != new.get(label))
 
+
+# ---- lineage and suites
 
 LINEAGE_SHAPE = Shape.of({"agent": str, "stamped_from": str})
 
@@ -771,9 +780,13 @@ def load_cases(fac: Factory, path: Path) -> list[dict]:
 
 
 # ================================================================ 3. Trust
+# Owns what lets a certificate be believed: signing keys, HMAC signatures, revocations, recalls, the
+# sealed proofs and production evidence behind a signature, the drift watch, the staged calls that
+# wait for approval, and the guards: named checks in ordered chains, run by one function.
+
+# ---- keys, signatures, revocations
 
 UNSIGNED_FIELDS = ("signature", "revoked")   # revocation is added later and also kept in its own log
-
 
 
 def read_key(fac: Factory, path: Path) -> bytes:
@@ -783,7 +796,6 @@ def read_key(fac: Factory, path: Path) -> bytes:
     if not re.fullmatch(r"[0-9a-f]{64}", text):
         raise Refusal(f"{path}: not a signing key (expected 64 hex characters); restore it or certify with a new key")
     return text.encode()
-
 
 
 def signing_key(fac: Factory, signer: str) -> bytes:
@@ -835,6 +847,8 @@ def revocation_reason(fac: Factory, name: str, cert: dict) -> str | None:
     return " ".join(reason.split())
 
 
+# ---- recalls, sealed proofs, production evidence
+
 RECALL_SHAPE = Shape.of({"agent": str, "reason": str, "at": str})
 
 
@@ -867,9 +881,6 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
 PROMOTION_RUNS = 20          # gated production runs at the tier below, since the card last changed
 
 
-DRIFT_WINDOW = 20            # recent gated runs compared against the certified pass rate
-
-
 GATED = ("pass", "flag", "unsure")
 
 
@@ -882,6 +893,8 @@ def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> tuple[int
             runs, passes = runs + 1, passes + (row["gate"] == "pass")
     return runs, passes
 
+
+# ---- signing a certificate
 
 def certificate(fac: Factory, agent: Agent, tier: str, signer: str, path: Path, proof: dict) -> dict:
     """The signed certificate: what may run, at which tier, on whose word."""
@@ -912,6 +925,11 @@ def archive_certificate(fac: Factory, name: str) -> None:
     if isinstance(signature, str):
         fac.store.append_jsonl(fac.revocations, {"agent": name, "reason": "superseded by a newer certificate",
                                        "at": utc_now(), "signature": signature})
+
+
+# ---- drift: a certified rate watched in production
+
+DRIFT_WINDOW = 20            # recent gated runs compared against the certified pass rate
 
 
 @dataclass
@@ -968,6 +986,8 @@ class Drift:
         state = "DEMOTED to C0" if self.demoted else "in control"
         return f"{state} (recent {self.rate:.2f}, lcl {self.lcl:.2f}, certified {self.certified_rate:.2f})"
 
+
+# ---- staged calls waiting for approval
 
 PENDING_FORMAT = "factory-pending-1"
 
@@ -2084,7 +2104,6 @@ def cmd_stamp(fac: Factory, args) -> int:
     return 0
 
 
-
 @station(arg("master"))
 def cmd_restamp(fac: Factory, args) -> int:
     """Carry a master fix to every variant (transitively) as master + its overrides; revoke changed certificates."""
@@ -2319,7 +2338,6 @@ def cmd_harvest(fac: Factory, args) -> int:
     return 0
 
 
-
 def flagged_input(fac: Factory, row: dict) -> dict:
     """What evalsmith sees of one flagged run: its input (from the trace header), output, gate and denials."""
     recorded = Trace.read(fac, row["run_id"], row["agent"])
@@ -2446,7 +2464,6 @@ def cmd_reject(fac: Factory, args) -> int:
     return 0
 
 
-
 @station(arg("run_id"), arg("--live", action="store_true", help="ask the model again"))
 def cmd_replay(fac: Factory, args) -> int:
     """Feed a run's recorded model replies (or, with --live, the model again) to today's code; print what differs."""
@@ -2485,6 +2502,8 @@ def cmd_digest(fac: Factory, args) -> int:
 
 
 # ================================================================ 6. Tower
+# Owns the tower: one document computed in one streamed pass over the index (the --json shape), and
+# the text table and the self-contained HTML page drawn from that document alone.
 
 @dataclass
 class Tally:
@@ -3176,6 +3195,8 @@ def render_tower_html(doc):
 
 
 # ================================================================ 7. CLI
+# Owns the command line: progress on a terminal, the parser built from the @station functions, and
+# main, the one place a Refusal becomes a line on stderr and an exit status.
 
 @dataclass
 class Progress:
@@ -3207,7 +3228,6 @@ class Progress:
             self.width = 0
 
     close = clear
-
 
 
 def stations() -> list:
