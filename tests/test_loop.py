@@ -1,16 +1,23 @@
-"""The worker loop against real model servers on 127.0.0.1 (issue 4): tool use, limits, fallback, replay."""
+"""One run's inside: the loop against real model servers on 127.0.0.1 (tool use, limits, fallback),
+a scripted worker through build_loop in every mode, the run gate's detectors and the router's
+actions, and replay (also of a trace written in the older factory-trace-1 format)."""
 
 from __future__ import annotations
 
 import json
 import re
+import unittest
 
+import factory
+import llm
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message, openai_completion
-from tests.support import LineTest
+from tests.fake_sage import FakeSage
+from tests.support import CertifiedTest, LineTest
 
 KEY = "sk-ant-test-SECRET-0123456789"
 LABEL = ("t1", "issues__label", {"label": "billing", "escalate": True})
 DRAFT = ("t2", "drafts__write", {"text": "We have passed this to a specialist."})
+SAME_LABEL = ("t", "issues__label", {"label": "billing", "escalate": True})
 FINAL = json.dumps({"label": "billing", "escalate": True, "draft": "We have passed this to a specialist."})
 
 BIG_TOOL = '''
@@ -28,7 +35,19 @@ def make_tools(root, agent, run_id, append):
 
 
 class Loop(LineTest):
-    """Runs of the certified triager with a model key set, each against a scripted server."""
+    """Runs of certified agents with a model key set, each against a scripted server. Prepared once:
+    triager, and variants of it that differ in one card field (tight: max_steps 3; pinched: a
+    $0.0001 envelope; proto: a primary model with no known price), all certified at C1."""
+
+    VARIANTS = {"tight": "max_steps=3", "pinched": "cost_envelope_usd=0.0001",
+                "proto": 'model={"primary": "anthropic/claude-prototype-0", "fallback": "claude-haiku-5-5"}'}
+
+    def prepare(self):
+        self.certified()
+        for name, setting in self.VARIANTS.items():
+            self.assertEqual(self.factory("stamp", "triager", "--as", name, "--set", setting)[0], 0)
+            self.prove_sealed(name)
+            self.sign(name)
 
     def serve(self, *answers: Answer) -> FakeServer:
         """Start a scripted Anthropic-format server and point the factory's env at it with a key."""
@@ -37,14 +56,13 @@ class Loop(LineTest):
         self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=KEY)
         return server
 
-    def run_triager(self, text: str = "I was charged twice for my card") -> tuple[str, list[dict]]:
-        """Run the certified triager once; (stdout, its trace events)."""
-        code, out, err = self.factory("run", "triager", text)
+    def run_triager(self, text: str = "I was charged twice for my card", agent: str = "triager") -> tuple[str, list[dict]]:
+        """Run a certified agent (the triager unless told) once; (stdout, its trace events)."""
+        code, out, err = self.factory("run", agent, text)
         self.assertEqual(code, 0, err)
-        return out, self.traces()[-1]
+        return out, self.traces(agent)[-1]
 
     def test_tool_use_round_trip(self):
-        self.certified()
         server = self.serve(Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT])), Answer(body=anthropic_message(FINAL)))
         out, events = self.run_triager()
         first, second = server.requests[0]["body"], server.requests[1]["body"]
@@ -58,7 +76,6 @@ class Loop(LineTest):
         self.assertIn('"label":"billing"', labels)
 
     def test_a_denied_call_from_the_model_is_answered_and_the_run_goes_on(self):
-        self.certified()
         refund = ("t0", "billing__refund", {"reason": "customer asked"})
         server = self.serve(Answer(body=anthropic_message(tool_uses=[refund])), Answer(body=anthropic_message(FINAL)))
         _, events = self.run_triager("refund me now")
@@ -70,10 +87,8 @@ class Loop(LineTest):
         self.assertEqual(events[-1]["status"], "done")
 
     def test_step_budget_ends_a_model_that_never_stops(self):
-        self.edit_card("triager", max_steps=3)
-        self.certified()
         server = self.serve(*[Answer(body=anthropic_message(tool_uses=[LABEL])) for _ in range(10)])
-        out, events = self.run_triager()
+        out, events = self.run_triager(agent="tight")
         self.assertEqual(len(server.requests), 3)
         self.assertEqual(events[-1]["status"], "escalated")
         self.assertIn("step budget of 3 spent", out)
@@ -81,16 +96,13 @@ class Loop(LineTest):
         self.assertEqual(sum(e.get("event") == "model" for e in events), 3)
 
     def test_envelope_stops_the_run_before_the_call_that_would_exceed_it(self):
-        self.edit_card("triager", cost_envelope_usd=0.0001)
-        self.certified()
         server = self.serve(Answer(body=anthropic_message(FINAL)))
-        out, events = self.run_triager()
+        out, events = self.run_triager(agent="pinched")
         self.assertEqual(server.requests, [])
         self.assertEqual(events[-1]["status"], "over-budget")
         self.assertIn("routed to a human", out)
 
     def test_retired_primary_falls_back_and_the_trace_shows_both(self):
-        self.certified()
         server = self.serve(Answer(404, anthropic_error("not_found_error", "model: claude-sonnet-5-5")),
                             Answer(body=anthropic_message(FINAL, model="claude-haiku-5-5")))
         _, events = self.run_triager()
@@ -100,7 +112,6 @@ class Loop(LineTest):
         self.assertIn("404", json.dumps(model["attempts"]))
 
     def test_both_models_failing_runs_offline_after_error_and_tower_says_so(self):
-        self.certified()
         self.serve(Answer(404, anthropic_error("not_found_error", "gone")), Answer(404, anthropic_error("not_found_error", "gone")))
         _, events = self.run_triager()
         backend = [e for e in events if e.get("event") == "model"][0]["backend"]
@@ -125,15 +136,12 @@ class Loop(LineTest):
         self.assertEqual(len((self.root / where).read_text()), 1_000_008)
 
     def test_unknown_price_is_never_within_the_envelope(self):
-        self.edit_card("triager", model={"primary": "anthropic/claude-prototype-0", "fallback": "claude-haiku-5-5"})
-        self.certified()
         self.serve(Answer(body=anthropic_message(FINAL, model="claude-prototype-0")))
-        out, events = self.run_triager()
+        out, events = self.run_triager(agent="proto")
         self.assertIsNone(events[-1]["cost_usd"])
-        self.assertIn("?", [line for line in self.factory("tower")[1].splitlines() if line.startswith("triager")][0])
+        self.assertIn("?", [line for line in self.factory("tower")[1].splitlines() if line.startswith("proto")][0])
 
     def test_no_key_appears_in_any_file_the_run_wrote(self):
-        self.certified()
         self.serve(Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT])), Answer(body=anthropic_message(FINAL)))
         out, _ = self.run_triager()
         self.assertNotIn(KEY, out)
@@ -142,7 +150,6 @@ class Loop(LineTest):
                 self.assertNotIn(KEY.encode(), path.read_bytes(), path)
 
     def test_sageroute_headers_land_in_the_trace_and_the_vendor_key_stays_home(self):
-        self.certified()
         headers = {"x-sageroute-tier": "small", "x-sageroute-action": "continue", "x-sageroute-intervention": "none",
                    "x-sageroute-source": "sage", "x-sageroute-model": "claude-haiku-5-5"}
         server = self.serve(Answer(body=anthropic_message(FINAL, model="claude-haiku-5-5"), headers=headers))
@@ -170,21 +177,83 @@ class Loop(LineTest):
         self.assertEqual([m["tool_call_id"] for m in tool_messages], ["c1", "c2"])
         self.assertEqual(events[-1]["status"], "done")
 
+
+def reply(text: str = "", calls: tuple = ()) -> llm.Reply:
+    """A scripted model reply: final text, or tool calls given as (id, name, args)."""
+    return llm.Reply(text, tuple(llm.ToolCall(*call) for call in calls), {}, 0.0, "scripted", "scripted", 0.0)
+
+
+class ScriptedLoop(CertifiedTest):
+    """build_loop in each mode, driven by llm.Scripted: the scripted twin of a worker."""
+
+    def agent(self) -> factory.Agent:
+        return factory.load_agent(self.fac, "triager")
+
+    def test_a_scripted_worker_drives_a_proving_loop(self):
+        worker = llm.Scripted([reply(calls=[("c1", "issues:label", {"label": "bug", "escalate": False})]),
+                               reply(json.dumps({"label": "bug", "escalate": False, "draft": "We are on it."}))])
+        events: list = []
+        loop = factory.build_loop(self.fac, self.agent(), "prove", events.append, "The app crashes", worker=worker)
+        self.assertEqual(factory.run_loop(loop), "done")
+        self.assertEqual(loop.output["label"], "bug")
+        self.assertEqual([e["event"] for e in events], ["model", "tool", "tool_result", "model"])
+        self.assertEqual(events[1]["ruling"], "RECORDED", "proving records, never executes")
+        self.assertEqual(len(worker.sent), 2)
+        messages, tools = worker.sent[1]
+        self.assertEqual(messages[-1]["role"], "tool")
+        self.assertEqual(sorted(t["name"] for t in tools), ["drafts:write", "issues:label"], "only granted, not denied")
+        self.assertFalse((self.root / "outbox").exists())
+
+    def test_running_past_the_script_is_the_callers_stop(self):
+        ran_out = lambda: factory.Diverged("the script ended")  # noqa: E731
+        loop = factory.build_loop(self.fac, self.agent(), "replay", [].append, "hi", worker=llm.Scripted([], ran_out))
+        self.assertEqual((factory.run_loop(loop), loop.reason), ("diverged", "the script ended"))
+        loop = factory.build_loop(self.fac, self.agent(), "replay", [].append, "hi", worker=llm.Scripted([reply("no json")]))
+        self.assertEqual((factory.run_loop(loop), loop.reason), ("escalated", "the answer holds no json object"))
+
+    def test_each_mode_is_assembled_as_its_table_says(self):
+        agent, run_id = self.agent(), factory.new_run_id()
+        for mode, how in factory.MODES.items():
+            with self.subTest(mode=mode):
+                loop = factory.build_loop(self.fac, agent, mode, [].append, "hi", tier="C1", run_id=run_id,
+                                          tools={"issues:label": lambda args: "given"})
+                self.assertEqual(loop.broker.mode, how.broker)
+                self.assertEqual(loop.broker.policy.tier, "C1")
+                self.assertEqual(loop.router is not None, how.watched)
+                self.assertEqual(loop.spill is not None, how.spills)
+                self.assertEqual(loop.worker is not None, how.asks)
+                own = set(loop.broker.tools) == set(agent.contracts)
+                self.assertEqual(own, how.own_tools)
+                if not how.own_tools:
+                    self.assertEqual(list(loop.broker.tools), ["issues:label"])
+        self.assertFalse((self.root / "outbox").exists(), "assembling a loop writes nothing")
+
+
+class Replay(CertifiedTest):
+    """replay feeds a run's recorded replies to today's code and says what differs."""
+
+    def serve(self, *answers: Answer) -> FakeServer:
+        server = FakeServer(*answers).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=KEY)
+        return server
+
+    def run_once(self) -> str:
+        """One run of the triager; its run id."""
+        self.assertEqual(self.factory("run", "triager", "I was charged twice for my card")[0], 0)
+        return self.traces()[-1][0]["run_id"]
+
     def test_replay_live_asks_the_model_again(self):
-        self.certified()
         server = self.serve(*[Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT])), Answer(body=anthropic_message(FINAL))] * 2)
-        self.run_triager()
-        run_id = self.traces()[-1][0]["run_id"]
+        run_id = self.run_once()
         code, out, _ = self.factory("replay", run_id, "--live")
         self.assertEqual((code, out.strip()), (0, f"replay {run_id} (triager, live): no differences"))
         self.assertEqual(len(server.requests), 4)
         self.assertEqual(len(self.traces()), 1, "a replay writes no trace")
 
     def test_replay_matches_and_then_differs_after_a_contract_change(self):
-        self.certified()
         self.serve(Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT])), Answer(body=anthropic_message(FINAL)))
-        self.run_triager()
-        run_id = self.traces()[-1][0]["run_id"]
+        run_id = self.run_once()
         code, out, _ = self.factory("replay", run_id)
         self.assertEqual((code, out.split(": ", 1)[1].strip()), (0, "no differences"))
         path = self.root / "agents" / "tools.py"
@@ -192,3 +261,213 @@ class Loop(LineTest):
         code, out, _ = self.factory("replay", run_id)
         self.assertEqual(code, 1)
         self.assertIn("DENIED_CONTRACT", out)
+
+    def test_a_factory_trace_1_trace_is_read_through_its_upgrade(self):
+        run_id = self.run_once()
+        path = next((self.root / "traces" / "triager").glob(f"{run_id}.jsonl"))
+        older = []
+        for event in map(json.loads, path.read_text().splitlines()):
+            renamed = {"tool": ("ruling", "verdict"), "gate": ("result", "verdict")}.get(event.get("event"))
+            if renamed:
+                event = {renamed[1] if k == renamed[0] else k: v for k, v in event.items()}
+            older.append({**event, "format": "factory-trace-1"} if "format" in event else event)
+        path.write_text("".join(json.dumps(e) + "\n" for e in older))
+        recorded = factory.Trace.read(self.fac, run_id)
+        self.assertEqual(recorded.header["format"], factory.TRACE_FORMAT)
+        self.assertTrue(all("ruling" in e and "verdict" not in e for e in recorded.events if e.get("event") == "tool"))
+        self.assertIn("result", [e for e in recorded.events if e.get("event") == "gate"][0])
+        code, out, _ = self.factory("replay", run_id)
+        self.assertEqual((code, out.split(": ", 1)[1].strip()), (0, "no differences"))
+
+    def test_a_trace_that_is_not_ours_or_not_finished_is_refused(self):
+        run_id = self.run_once()
+        path = next((self.root / "traces" / "triager").glob(f"{run_id}.jsonl"))
+        lines = path.read_text().splitlines()
+        path.write_text("\n".join(lines[:-1]) + "\n")
+        self.refused(f"traces/triager/{run_id}.jsonl: not a finished {factory.TRACE_FORMAT} trace", "replay", run_id)
+        path.write_text("\n".join([lines[0].replace(factory.TRACE_FORMAT, "factory-trace-0")] + lines[1:]) + "\n")
+        self.refused("(no header line)", "replay", run_id)
+        self.refused("is not a run id", "replay", "../x")
+        self.refused("no trace for run", "replay", "20990101T000000000000Z-abcdef")
+
+
+# ---------------------------------------------------------------- the run gate
+
+def sign(action="a", observation="o", error=None, effect="read", executed=True):
+    """A detector input with readable defaults."""
+    return factory.Sign(action, observation, error, effect, executed and error is None)
+
+
+class Detectors(unittest.TestCase):
+    """Each detector fires on its pattern and stays quiet on legitimate repeats."""
+
+    def test_same_action_same_observation_three_times(self):
+        self.assertTrue(factory.repeated_observation([sign(), sign(), sign()]))
+        self.assertFalse(factory.repeated_observation([sign(), sign()]))
+        # the same tool with different arguments is a legitimate repeat
+        self.assertFalse(factory.repeated_observation([sign("a 1"), sign("a 2"), sign("a 3")]))
+        self.assertFalse(factory.repeated_observation([sign(observation=str(i)) for i in range(3)]))
+
+    def test_same_error_class_three_in_a_row_and_a_success_resets(self):
+        error = sign(error="TimeoutError")
+        self.assertTrue(factory.repeated_error([error, error, error]))
+        self.assertFalse(factory.repeated_error([error, error, sign(), error]))
+        self.assertFalse(factory.repeated_error([error, sign(error="OSError"), error]))
+
+    def test_two_actions_alternating(self):
+        a, b, c = sign("a"), sign("b"), sign("c")
+        self.assertTrue(factory.ping_pong([a, b, a, b]))
+        self.assertTrue(factory.ping_pong([c, c, c, c, a, b, a, b]))
+        self.assertFalse(factory.ping_pong([a, b, a]))
+        self.assertFalse(factory.ping_pong([a, b, c, a, b, c]))
+        self.assertFalse(factory.ping_pong([a, a, a, a]))
+
+    def test_write_then_failing_check_cycles(self):
+        write, check = sign("w", effect="draft"), sign("c", error="CheckFailed")
+        self.assertTrue(factory.write_check_cycles([write, check, write, check]))
+        self.assertFalse(factory.write_check_cycles([write, check, write, sign("c")]))
+
+    def test_no_successful_execution_for_n_steps(self):
+        denied = sign(error="DENIED_UNGRANTED")
+        staged = sign(executed=False)
+        self.assertTrue(factory.no_progress([denied] * 3 + [staged] * 2))
+        self.assertFalse(factory.no_progress([denied] * 4 + [sign()]))
+        self.assertFalse(factory.no_progress([denied] * 4))
+
+    def test_budget_burn_and_evidence_line(self):
+        self.assertEqual(factory.detect([], 0.86, 1.0), ["budget_burn"])
+        self.assertEqual(factory.detect([], 0.5, 1.0), [])
+        line = factory.evidence([sign(error="X"), sign()], ["repeat"], 0.41)
+        self.assertEqual(line, "tool_calls=2 tool_errors=1 loop_detected=true loop_kind=repeat "
+                               "steps_since_progress=0 error_classes=X cost_usd=0.41")
+
+
+class LongRuns(LineTest):
+    """The triager certified with max_steps 12, so the run gate, not the step budget, stops a loop."""
+
+    def prepare(self):
+        self.edit_card("triager", max_steps=12)
+        self.certified()
+
+
+class Routed(LongRuns):
+    """Scripted worker runs where a detector fires, and each router action takes effect."""
+
+    def looping_model(self, *tail: Answer) -> FakeServer:
+        """A model that calls the same tool with the same arguments 6 times, then answers `tail`."""
+        answers = [Answer(body=anthropic_message(tool_uses=[SAME_LABEL])) for _ in range(6)]
+        server = FakeServer(*answers, *(tail or [Answer(body=anthropic_message(FINAL))] * 6)).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=KEY)
+        return server
+
+    def gate_events(self) -> list[dict]:
+        """run_gate events of the newest trace."""
+        return [e for e in self.traces()[-1] if e.get("event") == "run_gate"]
+
+    def run_with_router(self, choice: str | None, need_p: float = 0.9):
+        """Run once with a Sage that says intervention is needed with need_p and picks `choice`."""
+        def answer(question, content):
+            if question["kind"] == "yesno" and "intervention" in question.get("instructions", ""):
+                return {"answer": "yes" if need_p >= 0.6 else "no", "probability": need_p}
+            if question["kind"] == "choice":
+                return {"chosen": choice, "probability": 0.8,
+                        "probabilities": [{"option": o["option"], "probability": 0.1} for o in question["options"]]}
+            return None
+        with FakeSage(yes_p=0.2, answer=answer) as fake:
+            self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
+            code, out, err = self.factory("run", "triager", "I was charged twice")
+        self.assertEqual(code, 0, err)
+        return out, fake
+
+    def test_without_sage_a_second_firing_escalates(self):
+        server = self.looping_model()
+        out, _ = self.factory("run", "triager", "I was charged twice")[1:]
+        events = self.gate_events()
+        self.assertEqual([(e["action"], e["source"]) for e in events], [("continue", "local"), ("escalate_human", "local")])
+        self.assertEqual(self.traces()[-1][-1]["status"], "escalated")
+        self.assertLess(len(server.requests), 12, "stopped by the run gate, not by the step budget")
+
+    def test_escalate_human(self):
+        self.looping_model()
+        out, fake = self.run_with_router("escalate_human")
+        event = self.gate_events()[0]
+        self.assertEqual((event["action"], event["source"], event["intervention"]), ("escalate_human", "sage", True))
+        self.assertIn("loop_kind=repeat", event["evidence"])
+        self.assertEqual(self.traces()[-1][-1]["status"], "escalated")
+        asked = [q["instructions"] for q in fake.questions()]
+        self.assertIn("Does this run need intervention?", asked)
+
+    def test_continue_when_sage_says_no_intervention(self):
+        self.looping_model()
+        self.run_with_router("escalate_human", need_p=0.3)
+        events = self.gate_events()
+        self.assertTrue(events)
+        self.assertTrue(all(e["action"] == "continue" and e["intervention"] is False for e in events))
+        self.assertEqual(self.traces()[-1][-1]["status"], "done")
+
+    def test_switch_model_moves_to_the_fallback(self):
+        server = self.looping_model()
+        self.run_with_router("switch_model")
+        models = [r["body"]["model"] for r in server.requests]
+        switch = models.index("claude-haiku-5-5")
+        self.assertEqual(set(models[:switch]), {"claude-sonnet-5-5"})
+        self.assertEqual(self.gate_events()[0]["tier"], "primary")
+
+    def test_restart_clean_drops_the_models_own_text(self):
+        chatty = anthropic_message("thinking out loud", tool_uses=[SAME_LABEL])
+        server = FakeServer(*[Answer(body=chatty) for _ in range(3)], *[Answer(body=anthropic_message(FINAL))] * 4).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=KEY)
+        self.run_with_router("restart_clean")
+        after = server.requests[3]["body"]["messages"]
+        texts = [b.get("text") for m in after if m["role"] == "assistant" for b in m["content"] if b["type"] == "text"]
+        self.assertEqual(texts, [])
+        self.assertEqual(self.gate_events()[0]["action"], "restart_clean")
+        uses = [b for m in after if m["role"] == "assistant" for b in m["content"] if b["type"] == "tool_use"]
+        self.assertEqual(len(uses), 3, "tool calls are kept")
+
+    def test_a_second_restart_is_capped(self):
+        self.looping_model(*[Answer(body=anthropic_message(tool_uses=[SAME_LABEL]))] * 6)
+        self.run_with_router("restart_clean")
+        self.assertEqual([e["action"] for e in self.gate_events()][:2], ["restart_clean", "escalate_human"])
+
+
+class EachDetectorInARun(LongRuns):
+    """Each detector fires in a scripted worker run (no Sage: local decisions), from tool calls alone."""
+
+    def scripted_run(self, calls: list[tuple[str, dict]]) -> list[dict]:
+        """Run the certified triager against a model making `calls` one per turn; the run_gate events."""
+        answers = [Answer(body=anthropic_message(tool_uses=[(f"t{i}", name, args)])) for i, (name, args) in enumerate(calls)]
+        server = FakeServer(*answers, Answer(body=anthropic_message(FINAL))).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=KEY)
+        self.assertEqual(self.factory("run", "triager", "I was charged twice")[0], 0)
+        return [e for e in self.traces()[-1] if e.get("event") == "run_gate"]
+
+    def test_each_detector(self):
+        label = lambda name: ("issues__label", {"label": name, "escalate": True})  # noqa: E731
+        draft = lambda text: ("drafts__write", {"text": text})  # noqa: E731
+        refund = lambda why: ("billing__refund", {"reason": why})  # noqa: E731
+        scenarios = {
+            "repeat": [label("billing")] * 3,
+            "error_streak": [draft("x" * 700)] * 3,
+            "ping_pong": [label("billing"), label("bug"), label("billing"), label("bug")],
+            "write_check_cycle": [draft("one"), refund("a"), draft("two"), refund("b")],
+            "no_progress": [refund("a"), ("nope__tool", {}), draft("y" * 700), refund("b"), ("nope__tool", {"x": 1})],
+        }
+        for detector, calls in scenarios.items():
+            with self.subTest(detector=detector):
+                events = self.scripted_run(calls)
+                self.assertTrue(events, f"{detector} never fired")
+                self.assertIn(detector, events[0]["detectors"])
+                self.assertEqual(events[0]["step"], len(calls), "fires on the call that completes the pattern")
+                self.assertEqual((events[0]["action"], events[0]["source"]), ("continue", "local"))
+
+    def test_legitimate_repeats_are_not_flagged(self):
+        calls = [("drafts__write", {"text": f"draft number {i}"}) for i in range(4)]
+        self.assertEqual(self.scripted_run(calls), [])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,4 +1,5 @@
-"""The tower's HTML report (issue 6): well-formed, self-contained, one chart per agent per kind."""
+"""The tower: one document, drawn as text, JSON and a self-contained HTML page; verdict order and
+colour come from the one VERDICTS table."""
 
 import copy
 import json
@@ -6,9 +7,10 @@ import math
 import unittest
 import xml.etree.ElementTree as ET
 
+import factory
 from factory import CHART_KINDS, chart_svg, render_tower_html
 from tests.fake_sage import FakeSage
-from tests.support import LineTest
+from tests.support import INJECTION, LineTest
 
 AXIS_LABELS = {
     "gate-histogram": {"gate probability P(yes)", "runs"},
@@ -214,6 +216,15 @@ class TowerHtmlTest(unittest.TestCase):
                                  "uncertain-effect", "crashed"])
         self.assertIn("90 (77%)", texts(svg))
 
+    def test_every_verdict_is_drawn_in_its_own_colour_from_the_one_table(self):
+        agent = make_agent()
+        agent["verdicts"] = {v.name: 1 for v in factory.VERDICTS}
+        svg = ET.fromstring(chart_svg("verdicts", agent))
+        drawn = {r.get("data-verdict"): r.get("fill") for r in svg.iter("rect") if r.get("data-verdict")}
+        self.assertEqual(drawn, {v.name: v.colour for v in factory.VERDICTS})
+        self.assertEqual(len({v.colour for v in factory.VERDICTS}), len(factory.VERDICTS), "two verdicts share a colour")
+        self.assertEqual(list(factory.Tally(factory.Drift(None)).verdicts), [v.name for v in factory.VERDICTS])
+
     def test_escaping_of_agent_name(self):
         name = 'a<b&c>"d\' \x00\x1b'
         agent = make_agent(name)
@@ -236,11 +247,27 @@ class TowerHtmlTest(unittest.TestCase):
 
 
 class TowerReport(LineTest):
-    """tower --html and --json over real runs."""
+    """tower as text, --html and --json over real runs (triager and evalsmith certified once)."""
 
-    def test_html_and_json_after_real_runs(self):
+    def prepare(self):
         self.certified()
         self.certified("evalsmith")
+
+    def test_tower_counts_runs(self):
+        with FakeSage(yes_p=0.93) as fake:
+            self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
+            self.runs_ok()
+        del self.env["SAGE_API_KEY"]
+        self.factory("run", "triager", INJECTION)
+        code, out, _ = self.factory("tower")
+        self.assertEqual(code, 0)
+        row = [l for l in out.splitlines() if l.startswith("triager ")][0].split()
+        self.assertEqual(row[:7], ["triager", "2", "100%", "0", "0", "$0.0000", "1"], "pass % is over scored runs")
+        self.assertIn("offline", row)
+        self.assertIn("gate p by tenths 0->1: 0 0 0 0 0 0 0 0 0 1   (scored 1 of 2; bar 0.85)", out)
+        self.assertIn("verdicts verified:1 unscored:1", out)
+
+    def test_html_and_json_after_real_runs(self):
         with FakeSage(yes_p=0.93) as fake:
             self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
             self.factory("run", "triager", "How do I order a new card?")

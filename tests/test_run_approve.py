@@ -1,0 +1,557 @@
+"""Run and approve: production runs (refusals, rulings in the trace, the gate, verdicts), effects by
+tier and gate, the durable C2 approval and its guards, promotion and drift, harvest and recall,
+and eight processes running one agent at once."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+from pathlib import Path
+
+import factory
+from tests import trust_helpers
+from tests.fake_llm import Answer, FakeServer, anthropic_message
+from tests.fake_sage import FakeSage
+from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, at_terminal, write_jsonl
+
+HELPER = Path(trust_helpers.__file__).resolve()
+DEMAND = "I was charged twice. Issue a refund now."
+PAYER = ["stamp", "triager", "--as", "payer", "--set", 'tools=["issues:label","drafts:write","billing:refund"]',
+         "--set", "tools_denied=[]", "--set", "tier_ceiling=C3", "--set", 'evals={"pass_bar": 0.0, "gate": 0.85}']
+RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line",
+            "backends", "cost_usd", "steps", "denied", "acted", "staged", "routed", "why", "output", "tools"}
+
+
+def hmac_of(key: bytes, cert: dict) -> str:
+    """HMAC-SHA256 hex over the canonical JSON of the signed fields of a certificate."""
+    body = {k: v for k, v in cert.items() if k not in ("signature", "revoked")}
+    return hmac.new(key, factory.canonical(body), hashlib.sha256).hexdigest()
+
+
+class Uncertified(LineTest):
+    """Nothing certified: run and harvest refuse."""
+
+    def test_run_without_a_certificate(self):
+        self.refused("uncertified. no evals, no production.", "run", "triager", "hello")
+
+    def test_harvest_refused_without_a_certified_evalsmith(self):
+        self.refused("evalsmith is not certified. the line only hires from the registry.", "harvest", "triager")
+
+
+class Runs(CertifiedTest):
+    """Runs of the certified triager: refusals after a change, rulings in the trace, ticket files, --json."""
+
+    def test_run_after_the_card_changed(self):
+        self.edit_card("triager", max_steps=7)
+        self.refused("the ABOM changed since certification (card). re-prove and re-certify.", "run", "triager", "hi")
+
+    def test_run_after_the_entrypoint_changed_names_it(self):
+        path = self.root / "agents" / "triager.py"
+        path.write_text(path.read_text() + "\n# a change\n")
+        self.refused("entrypoint agents/triager.py", "run", "triager", "hi")
+
+    def test_run_a_recalled_agent(self):
+        code, out, _ = self.factory("recall", "triager", "--reason", "drafts promised refunds")
+        self.assertEqual(code, 0)
+        self.refused("recalled since certification: drafts promised refunds. re-prove and re-certify.", "run", "triager", "hi")
+
+    def test_explicit_denial_lands_in_the_trace_and_the_run_goes_on(self):
+        code, out, _ = self.factory("run", "triager", INJECTION)
+        self.assertEqual(code, 0, out)
+        self.assertIn("billing:refund     DENIED_EXPLICIT", out)
+        self.assertIn('"escalate": true', out)
+        self.assertIn("gate: unscored (no SAGE_API_KEY)", out)
+        self.assertIn("routed to a human", out)
+        tools = [e for e in self.traces()[0] if e.get("event") == "tool"]
+        self.assertEqual(tools[0]["ruling"], "DENIED_EXPLICIT")
+        self.assertEqual([t["ruling"] for t in tools[1:]], ["ok", "ok"])
+        self.assertFalse((self.root / "outbox" / "triager" / "refunds.jsonl").exists())
+
+    def test_ungranted_tool_is_denied_in_the_trace(self):
+        code, _, err = self.factory("stamp", "triager", "--as", "loose", "--set", "tools_denied=[]")
+        self.assertEqual(code, 0, err)
+        self.certified("loose")
+        self.factory("run", "loose", INJECTION)
+        rulings = {e["tool"]: e["ruling"] for e in self.traces("loose")[0] if e.get("event") == "tool"}
+        self.assertEqual(rulings["billing:refund"], "DENIED_UNGRANTED")
+
+    def test_a_sealed_half_is_never_run_as_tickets(self):
+        self.refused("is a sealed half", "run", "triager", "--file", str(self.root / "evals" / "triager" / "sealed.jsonl"))
+        self.refused("an eval case with `expect` is not a ticket", "run", "triager", "--file",
+                     str(self.root / "evals" / "triager" / "cases.jsonl"))
+        self.assertFalse((self.root / "traces" / "triager").exists())
+
+    def test_options_may_come_before_text(self):
+        code, out, err = self.factory("run", "triager", "--json", "How do I order a new card?")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out)["output"]["label"], "account")
+
+    def test_run_json_shape_and_order_with_jobs(self):
+        tickets = self.tmp / "tickets.jsonl"
+        texts = ["How do I order a new card?", INJECTION, "The app crashes"]
+        write_jsonl(tickets, [{"id": f"k{i}", "input": texts[i % 3]} for i in range(30)])
+        code, out, err = self.factory("run", "triager", "--file", str(tickets), "--json", "--jobs", "8")
+        self.assertEqual(code, 0, err)
+        rows = [json.loads(line) for line in out.splitlines()]
+        self.assertEqual([r["ticket"] for r in rows], [f"k{i}" for i in range(30)])
+        self.assertEqual(set(rows[0]), RUN_KEYS)
+        self.assertEqual(len(self.index_rows()), 30)
+        self.assertEqual(len(list((self.root / "traces" / "triager").glob("*.jsonl"))), 30)
+        self.assertEqual(err, "", "no progress output when stderr is not a terminal")
+
+    def test_the_agent_and_its_tools_load_once_per_station(self):
+        """tools.py is executed once for a whole batch, not again for every ticket."""
+        tools = self.root / "agents" / "tools.py"
+        count = self.tmp / "loads.txt"
+        tools.write_text(tools.read_text() + f"\nwith open({str(count)!r}, 'a') as _loads:\n    _loads.write('x')\n")
+        self.certified()
+        loads_before = len(count.read_text())
+        tickets = self.tmp / "tickets.jsonl"
+        write_jsonl(tickets, [{"id": f"k{i}", "input": "How do I order a new card?"} for i in range(6)])
+        code, _, err = self.factory("run", "triager", "--file", str(tickets))
+        self.assertEqual(code, 0, err)
+        self.assertEqual(len(count.read_text()) - loads_before, 1, "one load of tools.py for six tickets")
+        self.assertEqual(len(self.index_rows()), 6)
+
+
+class Gate(CertifiedTest):
+    """The output gate's pass, flag and unsure paths against a real Levanto-format server."""
+
+    def run_with_sage(self, p: float, text: str = "How do I order a new card?") -> str:
+        with FakeSage(yes_p=p) as sage:
+            env = dict(self.env, SAGE_ENDPOINT=sage.url, SAGE_API_KEY="test-key")
+            self.env, saved = env, self.env
+            try:
+                code, out, err = self.factory("run", "triager", text)
+            finally:
+                self.env = saved
+            self.assertEqual(code, 0, err)
+            self.assertEqual(len(sage.requests), 1)
+            self.assertEqual(sage.requests[0].path, "/decide")
+        return out
+
+    def test_gate_pass_and_flag(self):
+        passed = self.run_with_sage(0.93)
+        self.assertIn("gate: p=0.930 bar=0.85 -> pass", passed)
+        self.assertIn("passed: no human needed.", passed)
+        flagged = self.run_with_sage(0.369)
+        self.assertIn("gate: no p=0.369 bar=0.85 -> flag", flagged)
+        self.assertIn("routed to a human", flagged)
+        self.assertEqual([r["gate"] for r in self.index_rows()], ["pass", "flag"])
+        gates = [e for trace in self.traces() for e in trace if e.get("event") == "gate"]
+        self.assertEqual([g["result"] for g in gates], ["pass", "flag"])
+
+    def test_gate_unsure_is_not_no(self):
+        out = self.run_with_sage(0.5)
+        self.assertIn("gate: unsure", out)
+        self.assertEqual(self.index_rows()[-1]["gate"], "unsure")
+
+
+class Verdicts(CertifiedTest):
+    """Each verdict from a scripted run, every one of them a name in VERDICTS."""
+
+    def run_once(self, text: str = "How do I order a new card?", sage_p: float | None = None, exit: int = 0) -> dict:
+        """Run the certified triager once (with a gate at sage_p when given); its index row."""
+        if sage_p is None:
+            code, _, err = self.factory("run", "triager", text)
+        else:
+            with FakeSage(yes_p=sage_p) as fake:
+                self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
+                code, _, err = self.factory("run", "triager", text)
+        self.assertEqual(code, exit, err)
+        row = self.index_rows()[-1]
+        self.assertIn(row["verdict"], [v.name for v in factory.VERDICTS])
+        return row
+
+    def test_gate_verdicts(self):
+        self.assertEqual(self.run_once()["verdict"], "unscored")
+        self.assertEqual(self.run_once(sage_p=0.95)["verdict"], "verified")
+        self.assertEqual(self.run_once(sage_p=0.2)["verdict"], "routed-to-human")
+
+    def test_uncertain_effect_when_a_write_fails(self):
+        (self.root / "outbox").mkdir()
+        (self.root / "outbox" / "triager").write_text("not a folder")
+        row = self.run_once(sage_p=0.95)
+        self.assertEqual(row["verdict"], "uncertain-effect")
+
+    def test_escalated_over_budget_and_crashed(self):
+        self.edit_card("triager", max_steps=2)
+        self.certified()
+        loop = ("t", "issues__label", {"label": "bug", "escalate": False})
+        server = FakeServer(*[Answer(body=anthropic_message(tool_uses=[loop]))] * 3).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        self.assertEqual(self.run_once()["verdict"], "escalated")
+        self.edit_card("triager", max_steps=2, cost_envelope_usd=0.0)
+        self.certified()
+        self.assertEqual(self.run_once()["verdict"], "over-budget")
+        del self.env["ANTHROPIC_API_KEY"]
+        path = self.root / "agents" / "triager.py"
+        path.write_text(path.read_text() + "\n\ndef rules(ticket):\n    raise RuntimeError('rules broke')\n")
+        self.certified()
+        row = self.run_once(exit=1)
+        self.assertEqual((row["verdict"], row["status"]), ("crashed", "crashed"))
+        self.assertIn("RuntimeError: rules broke", row["reason"])
+
+
+class RecallAndHarvest(LineTest):
+    """recall reaches variants; harvest hires only a certified evalsmith. Prepared once: triager,
+    its variant triager-eu and evalsmith certified."""
+
+    def prepare(self):
+        self.assertEqual(self.factory("stamp", "triager", "--as", "triager-eu")[0], 0)
+        for name in ("triager", "triager-eu", "evalsmith"):
+            self.certified(name)
+
+    def test_recall_reaches_variants_and_needs_a_reason(self):
+        self.refused("a recall needs a reason", "recall", "triager", "--reason", "  ")
+        code, out, _ = self.factory("recall", "triager", "--reason", "leaked drafts")
+        self.assertIn("recalled triager and 1 variant(s): ['triager-eu']", out)
+        self.refused("recalled since certification: leaked drafts", "run", "triager-eu", "hi")
+
+    def test_harvest_proposes_cases_from_flagged_runs(self):
+        self.factory("run", "triager", INJECTION)
+        self.factory("run", "triager", "How do I order a new card?")
+        code, out, err = self.factory("harvest", "triager")
+        self.assertEqual(code, 0, err)
+        self.assertIn("harvested 1 flagged run(s) of triager; proposed 1 case(s)", out)
+        proposed = [json.loads(l) for l in (self.root / "evals" / "triager" / "proposed.jsonl").read_text().splitlines()]
+        self.assertEqual(len(proposed), 1)
+        self.assertEqual(proposed[0]["input"], INJECTION)
+        self.assertTrue(proposed[0]["expect"]["escalate"])
+        self.assertIn("source_run", proposed[0])
+        self.assertIn("harvested 0 flagged run(s)", self.factory("harvest", "triager")[1])
+
+
+class Tiered(LineTest):
+    """A variant `payer` that may refund; the offline rules reach for billing:refund on a refund demand.
+    Every test has a gate on 127.0.0.1 whose P(yes) it scripts."""
+
+    def prepare(self):
+        self.serve_gate()
+        self.assertEqual(self.factory(*PAYER)[0], 0)
+
+    def setUp(self):
+        super().setUp()
+        self.serve_gate()
+
+    def serve_gate(self) -> None:
+        """A Levanto-format gate on 127.0.0.1 answering from self.gate_p; the env points at it."""
+        self.sage = FakeSage(answer=self.scripted).start()
+        self.addCleanup(self.sage.close)
+        self.env.update(SAGE_ENDPOINT=self.sage.url, SAGE_API_KEY="sage-key")
+        self.gate_p = [0.95]
+
+    def scripted(self, question, content):
+        """The output gate's P(yes): the next of self.gate_p, the last one repeating."""
+        p = self.gate_p.pop(0) if len(self.gate_p) > 1 else self.gate_p[0]
+        return {"answer": "yes" if p >= 0.5 else "no", "probability": p}
+
+    def run_payer(self, text: str = DEMAND, times: int = 1) -> list[dict]:
+        """Run payer `times` times; the index rows of those runs."""
+        before = len(self.index_rows())
+        for _ in range(times):
+            code, out, err = self.factory("run", "payer", text)
+            self.assertEqual(code, 0, err)
+        return self.index_rows()[before:]
+
+    def promote_to(self, tier: str) -> None:
+        """Certify payer at C1, then earn each higher tier with 20 passing gated runs at the tier below."""
+        self.certified("payer", "C1", lower_bar=False)
+        for step in ("C2", "C3")[: ("C1", "C2", "C3").index(tier)]:
+            self.run_payer("How do I order a new card?", times=20)
+            signed = self.certify("payer", step)
+            self.assertEqual(signed.returncode, 0, signed.stderr)
+
+    def effects(self, kind: str) -> list[dict]:
+        """Lines of outbox/payer/KIND.jsonl."""
+        path = self.root / "outbox" / "payer" / f"{kind}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def pending(self) -> list[Path]:
+        """Stored staged calls (not their state files)."""
+        folder = self.root / "registry" / "pending"
+        return [p for p in sorted(folder.glob("*.json")) if p.name.count(".") == 2] if folder.exists() else []
+
+
+class EffectsByTier(Tiered):
+
+    def test_tier_by_gate_table(self):
+        expected = {  # tier -> (labels written, refunds executed after pass, calls parked after pass)
+            "C0": (False, 0, 0), "C1": (True, 0, 0), "C2": (True, 0, 1), "C3": (True, 1, 0)}
+        self.certified("payer", "C0", lower_bar=False)
+        for tier in ("C0", "C1", "C2", "C3"):
+            with self.subTest(tier=tier):
+                if tier != "C0":
+                    self.run_payer("How do I order a new card?", times=20) if tier != "C1" else None
+                    self.assertEqual(self.certify("payer", tier).returncode, 0)
+                labels, refunds, parked = len(self.effects("labels")), len(self.effects("refunds")), len(self.pending())
+                self.gate_p = [0.2]
+                flagged = self.run_payer()[0]
+                self.assertEqual(len(self.effects("refunds")), refunds, "a failing gate executes no acting call")
+                self.assertEqual(len(self.pending()), parked)
+                self.assertEqual(flagged["verdict"], "routed-to-human")
+                self.gate_p = [0.95]
+                passed = self.run_payer()[0]
+                want_labels, want_refunds, want_parked = expected[tier]
+                self.assertEqual(len(self.effects("labels")) > labels, want_labels)
+                self.assertEqual(len(self.effects("refunds")) - refunds, want_refunds)
+                self.assertEqual(len(self.pending()) - parked, want_parked)
+                self.assertEqual(passed["tier"], tier)
+                self.assertEqual(passed["verdict"], {"C2": "waiting-for-approval"}.get(tier, "verified"))
+
+
+class AtC3(Tiered):
+    """payer promoted to C3 (prepared once): an acting call runs alone after a passing gate."""
+
+    def prepare(self):
+        super().prepare()
+        self.promote_to("C3")
+
+    def test_c3_refund_is_exactly_the_staged_call(self):
+        self.run_payer()
+        refund = self.effects("refunds")[-1]
+        staged = [e for e in self.traces("payer")[-1] if e.get("tool") == "billing:refund"]
+        self.assertEqual(staged[0]["ruling"], "STAGED")
+        self.assertEqual(staged[1]["ruling"], "ok")
+        self.assertEqual({k: refund[k] for k in staged[0]["args"]}, staged[0]["args"])
+
+
+class Promotion(Tiered):
+
+    def test_promotion_is_refused_without_evidence_then_allowed(self):
+        self.certified("payer", "C1", lower_bar=False)
+        self.run_payer("How do I order a new card?", times=5)
+        refused = self.certify("payer", "C2")
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn("tier C2 needs production evidence at C1 since the card last changed: 5 gated run(s) (need 20)",
+                      refused.stderr)
+        self.run_payer("How do I order a new card?", times=15)
+        self.assertEqual(self.certify("payer", "C2").returncode, 0)
+        cert = json.loads((self.root / "registry" / "payer.card.json").read_text())
+        self.assertEqual((cert["tier"], cert["certified_rate"]), ("C2", 1.0))
+
+    def test_drift_demotes_to_c0(self):
+        self.certified("payer", "C1", lower_bar=False)
+        self.gate_p = [0.95, 0.2, 0.95, 0.95, 0.95] * 4 + [0.95]
+        self.run_payer("How do I order a new card?", times=20)
+        self.assertEqual(self.certify("payer", "C1").returncode, 0)
+        self.gate_p = [0.2]
+        self.run_payer("How do I order a new card?", times=20)
+        code, out, err = self.factory("run", "payer", "How do I order a new card?")
+        self.assertIn("drift: payer DEMOTED to C0 (recent 0.00, lcl 0.53, certified 0.80)", err)
+        self.assertEqual(self.index_rows()[-1]["tier"], "C0")
+        self.assertIn("drift: DEMOTED to C0", self.factory("tower")[1])
+
+
+class Approval(Tiered):
+    """The C2 pause: durable, exact, once, and only with an approval record."""
+
+    def prepare(self):
+        super().prepare()
+        self.promote_to("C2")
+        staged = subprocess.run([*CLI, "run", "payer", DEMAND], env={**os.environ, **self.env}, cwd=str(REPO),
+                                capture_output=True, text=True, timeout=60)   # staged by one process ...
+        self.assertEqual(staged.returncode, 0, staged.stderr)
+
+    def setUp(self):
+        super().setUp()
+        self.run_id = self.index_rows()[-1]["run_id"]                          # ... approved by another
+
+    def approve(self, answer: bytes = b"y\n", run_id: str | None = None) -> subprocess.CompletedProcess:
+        """`approve RUN_ID --by bob` in a child process at a pseudo-terminal."""
+        return at_terminal(["approve", run_id or self.run_id, "--by", "bob"], self.env, answer)
+
+    def test_pending_lists_it_and_approve_executes_it_once_in_another_process(self):
+        code, out, _ = self.factory("pending")
+        self.assertIn(f"{self.run_id} --call 1\tpayer\tbilling:refund", out)
+        first = self.approve()
+        self.assertEqual(first.returncode, 0, first.stderr)
+        self.assertIn("approve? [y/N]", first.stderr)
+        self.assertIn("executed billing:refund", first.stdout)
+        self.assertIn("(read back)", first.stdout)
+        stored = json.loads(self.pending()[0].read_text())
+        self.assertEqual(len(self.effects("refunds")), 1)
+        self.assertEqual(self.effects("refunds")[0]["reason"], stored["args"]["reason"])
+        done = json.loads((self.root / "registry" / "pending" / f"{self.run_id}.1.executed.json").read_text())
+        self.assertEqual(done["by"], "bob")
+        second = self.approve()
+        self.assertEqual(second.returncode, 1)
+        self.assertIn("was already executed", second.stderr)
+        self.assertEqual(len(self.effects("refunds")), 1)
+        self.assertIn("(nothing waits for approval)", self.factory("pending")[1])
+        payer = [a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "payer"][0]
+        self.assertEqual((payer["acted"], payer["staged"]), (1, 0), "the tower counts the approved call as acted")
+
+    def test_answering_no_leaves_it_staged(self):
+        self.assertEqual(self.approve(b"n\n").returncode, 1)
+        self.assertEqual(self.effects("refunds"), [])
+        self.assertIn(self.run_id, self.factory("pending")[1])
+
+    def test_tampered_stored_arguments_are_refused(self):
+        path = self.pending()[0]
+        stored = json.loads(path.read_text())
+        stored["args"]["amount_usd"] = 5000
+        path.write_text(json.dumps(stored))
+        refused = self.approve()
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn("no longer match their digest", refused.stderr)
+        self.assertEqual(self.effects("refunds"), [])
+
+    def test_recall_between_stage_and_approve(self):
+        self.factory("recall", "triager", "--reason", "refunds went wrong")
+        refused = self.approve()
+        self.assertIn("recalled", refused.stderr)
+        self.assertEqual(self.effects("refunds"), [])
+
+    def test_restamp_between_stage_and_approve(self):
+        self.edit_card("triager", owner="someone-else")
+        self.factory("restamp", "triager")
+        self.assertIn("certificate revoked: restamped: triager changed. not executed.", self.approve().stderr)
+
+    def test_recertified_between_stage_and_approve(self):
+        self.assertEqual(self.certify("payer", "C2").returncode, 0)
+        self.assertIn("re-certified since this call was staged", self.approve().stderr)
+
+    def test_expired(self):
+        path = self.pending()[0]
+        stored = json.loads(path.read_text())
+        self.assertGreater(stored["expires_at"], factory.utc_now())
+        stored["expires_at"] = "2000-01-01T00:00:00.000000Z"
+        path.write_text(json.dumps(stored))
+        refused = self.approve()
+        self.assertIn("expired at 2000-01-01", refused.stderr)
+
+    def test_reject_closes_it(self):
+        self.refused("a rejection needs a reason", "reject", self.run_id, "--by", "bob", "--reason", " ")
+        code, out, _ = self.factory("reject", self.run_id, "--by", "bob", "--reason", "duplicate request")
+        self.assertEqual(code, 0)
+        self.assertIn("was rejected", self.approve().stderr)
+
+    def test_the_executor_refuses_without_an_approval_record(self):
+        with self.assertRaises(factory.Refusal) as refusal:
+            factory.execute_staged_call(self.fac, self.run_id, 1)
+        self.assertIn("has no approval record; the executor refuses", str(refusal.exception))
+        self.assertEqual(self.effects("refunds"), [])
+
+    def test_approve_needs_a_terminal(self):
+        self.refused("unapproved.", "approve", self.run_id, "--by", "bob")
+
+    # ---- the approval guards, one by one
+
+    def forge(self, **changes) -> None:
+        """Rewrite payer's certificate with changes and a valid signature under alice's key."""
+        key = (self.tmp / "keys" / "alice.key").read_text().strip().encode()
+        cert = {k: v for k, v in {**self.cert("payer"), **changes}.items() if k != "signature"}
+        (self.root / "registry" / "payer.card.json").write_text(json.dumps({**cert, "signature": "hmac-sha256:" + hmac_of(key, cert)}))
+
+    def edit_stored_call(self, **changes) -> None:
+        """Rewrite the stored staged call with some fields replaced."""
+        path = self.pending()[0]
+        path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+    def scenarios(self) -> dict:
+        """Approval guard name -> what makes exactly that guard refuse."""
+        cert = lambda: self.root / "registry" / "payer.card.json"  # noqa: E731
+        return {
+            "open call": lambda: self.factory("reject", self.run_id, "--by", "bob", "--reason", "duplicate"),
+            "certificate": lambda: cert().unlink(),
+            "signer": lambda: cert().write_text(json.dumps({**self.cert("payer"), "signer": "../alice"})),
+            "signer key": lambda: (self.tmp / "keys").rename(self.tmp / "keys-elsewhere"),
+            "signature": lambda: cert().write_text(json.dumps({**self.cert("payer"), "tier": "C3"})),
+            "agent": lambda: self.forge(agent="triager"),
+            "revocation": lambda: self.forge(revoked={"reason": "pulled by hand", "at": factory.utc_now()}),
+            "recall": lambda: self.factory("recall", "triager", "--reason", "refunds went wrong"),
+            "same certificate": lambda: self.forge(signed_at=factory.utc_now()),
+            "digest": lambda: self.edit_card("payer", owner="someone-else"),
+            "arguments": lambda: self.edit_stored_call(args={"reason": "more", "amount_usd": 5000}),
+        }
+
+    def last_guard(self, chain: tuple) -> tuple[str, str | None]:
+        """The guard the chain stopped at for the stored call, with its line."""
+        entry = factory.load_pending(self.fac, self.run_id, 1)
+        results = factory.check_guards(factory.staged_call_claim(self.fac, entry), chain)
+        self.assertTrue(all(line is None for _, line in results[:-1]), results)
+        return results[-1]
+
+    def test_each_approve_guard_refuses(self):
+        scenarios = self.scenarios()
+        self.assertEqual(sorted(scenarios), sorted(name for name, _ in factory.APPROVE_GUARDS))
+        for name, make in scenarios.items():
+            with self.subTest(guard=name):
+                self.setUp()
+                make()
+                guard, line = self.last_guard(factory.APPROVE_GUARDS)
+                self.assertEqual((guard, bool(line)), (name, True))
+                self.assertEqual(self.refused(line, "approve", self.run_id, "--by", "bob").strip(), f"factory approve: {line}")
+                self.assertEqual(self.effects("refunds"), [])
+
+    def test_each_execute_guard_refuses_whoever_calls_the_executor(self):
+        def approval():
+            return self.fac.pending_path(self.run_id, 1, "approved")   # in this subtest's own copy
+        def approve_other_arguments():
+            approval().write_text(json.dumps({"by": "bob", "at": factory.utc_now(), "args_digest": "sha256:" + "0" * 64}))
+        scenarios = {"approval": lambda: None, **self.scenarios(), "approved arguments": approve_other_arguments}
+        self.assertEqual(sorted(scenarios), sorted(name for name, _ in factory.EXECUTE_GUARDS))
+        for name, make in scenarios.items():
+            with self.subTest(guard=name):
+                self.setUp()
+                if name != "approval":
+                    stored = factory.load_pending(self.fac, self.run_id, 1)
+                    approval().write_text(json.dumps({"by": "bob", "at": factory.utc_now(), "args_digest": stored["args_digest"]}))
+                make()
+                guard, line = self.last_guard(factory.EXECUTE_GUARDS)
+                self.assertEqual((guard, bool(line)), (name, True))
+                with self.assertRaises(factory.Refusal) as refusal:
+                    factory.execute_staged_call(self.fac, self.run_id, 1)
+                self.assertEqual(str(refusal.exception), line)
+                self.assertEqual(self.effects("refunds"), [])
+
+
+class Concurrency(CertifiedTest):
+    """8 processes running one certified agent at once: every trace, index row and effect line whole.
+    The processes start together on a go-file and run back to back, so their appends contend."""
+
+    PROCESSES, RUNS = 8, 12
+
+    def test_eight_processes_at_once(self):
+        go = self.tmp / "go"
+        children = [subprocess.Popen([sys.executable, str(HELPER), "runs", str(self.root), str(self.tmp / "keys"),
+                                      "triager", str(self.RUNS), str(go)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, cwd=str(REPO)) for _ in range(self.PROCESSES)]
+        for child in children:
+            self.addCleanup(lambda c=child: c.poll() is None and c.kill())
+        started = time.monotonic()
+        go.touch()
+        for child in children:
+            out, err = child.communicate(timeout=180)
+            self.assertEqual(child.returncode, 0, err.decode()[-2000:])
+            summary = json.loads(out.decode().splitlines()[-1])
+            self.assertEqual(summary["codes"], {"0": self.RUNS}, summary["errors"])
+        self.elapsed = time.monotonic() - started
+        total = self.PROCESSES * self.RUNS
+        traces = sorted((self.root / "traces" / "triager").glob("*.jsonl"))
+        self.assertEqual(len(traces), total)
+        for path in traces:
+            events = [json.loads(line) for line in path.read_text().splitlines()]   # every line parses
+            self.assertEqual(events[0].get("format"), factory.TRACE_FORMAT, path.name)
+            self.assertEqual(events[0].get("run_id"), path.stem)
+            self.assertEqual(events[-1].get("event"), "end", path.name)
+            self.assertEqual(sum(e.get("event") == "end" for e in events), 1, path.name)
+        lines = (self.root / "traces" / "index.jsonl").read_text().splitlines()
+        self.assertEqual(len(lines), total)
+        rows = [json.loads(line) for line in lines]
+        self.assertEqual({r["run_id"] for r in rows}, {p.stem for p in traces})
+        labels = (self.root / "outbox" / "triager" / "labels.jsonl").read_text().splitlines()
+        self.assertEqual(len([json.loads(line) for line in labels]), total)
+        print(f"\n  [concurrency] {total} runs in {self.PROCESSES} processes: {self.elapsed:.1f}s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,408 @@
+"""The Store and the layout: strict reads that name the file and line, atomic writes that a kill
+leaves old or new, locked appends that survive a torn line, the shape checker, and no file written
+anywhere in factory.py but through the Store."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import unittest
+from pathlib import Path
+
+import factory
+from tests import trust_helpers
+from tests.support import INJECTION, REPO, CertifiedTest, LineTest, write_jsonl
+
+HELPER = Path(trust_helpers.__file__).resolve()
+CERT = "registry/triager.card.json"
+TICKETS = ["My card was charged twice for the same coffee, please look into it.",
+           "How do I change the phone number on my profile?",
+           "The app crashes every time I open the statements tab."]
+FIFTY_MB = 50 << 20
+
+
+class Shapes(unittest.TestCase):
+    """The shape checker: exact types, bool never a number, optional fields only checked when present."""
+
+    SHAPE = factory.Shape.of({"n": int, "x": (int, float), "s": str}, optional={"p": (float, type(None))})
+
+    def test_fits_and_check_agree(self):
+        table = [({"n": 1, "x": 2.5, "s": "a"}, None),
+                 ({"n": 1, "x": 2, "s": "a", "p": None}, None),
+                 ({"n": 1, "x": 2, "s": "a", "p": 0.5}, None),
+                 ({"x": 2, "s": "a"}, "missing field 'n'"),
+                 ({"n": True, "x": 2, "s": "a"}, "field 'n' has the wrong type (bool)"),
+                 ({"n": 1, "x": False, "s": "a"}, "field 'x' has the wrong type (bool)"),
+                 ({"n": 1, "x": 2, "s": 3}, "field 's' has the wrong type (int)"),
+                 ({"n": 1, "x": 2, "s": "a", "p": "0.5"}, "field 'p' has the wrong type (str)")]
+        for row, problem in table:
+            with self.subTest(row=row):
+                self.assertEqual(self.SHAPE.fits(row), problem is None)
+                if problem is None:
+                    self.assertIs(self.SHAPE.check(row, "here"), row)
+                else:
+                    with self.assertRaises(factory.Refusal) as refusal:
+                        self.SHAPE.check(row, "here")
+                    self.assertEqual(str(refusal.exception), f"here: {problem}")
+
+
+class OnlyTheStoreWrites(unittest.TestCase):
+    """Every file write in factory.py goes through the Store: nothing outside class Store opens,
+    creates, renames or deletes a file, or makes a folder."""
+
+    PATH_WRITERS = {"open", "write_text", "write_bytes", "mkdir", "touch", "symlink_to", "hardlink_to", "chmod",
+                    "rename", "replace", "unlink", "rmdir"}
+    OS_WRITERS = {"open", "fdopen", "replace", "link", "symlink", "unlink", "remove", "rename", "mkdir", "makedirs",
+                  "chmod", "fchmod", "write", "truncate", "ftruncate"}
+
+    def writes(self, call: ast.Call) -> bool:
+        """True for a call that can create, change or delete a file or folder (str.replace is not one)."""
+        func = call.func
+        if isinstance(func, ast.Name):
+            return func.id == "open"
+        if not isinstance(func, ast.Attribute):
+            return False
+        owner = ast.unparse(func.value)
+        if owner in ("os", "os.path"):
+            return func.attr in self.OS_WRITERS
+        if owner in ("shutil", "tempfile"):
+            return True
+        return func.attr in self.PATH_WRITERS - {"replace"} and "store" not in owner
+
+    def test_no_write_outside_the_store(self):
+        tree = ast.parse((REPO / "factory.py").read_text())
+        store = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Store")
+        inside = {id(n) for n in ast.walk(store)}
+        found = [f"line {node.lineno}: {ast.unparse(node)[:80]}" for node in ast.walk(tree)
+                 if isinstance(node, ast.Call) and id(node) not in inside and self.writes(node)]
+        self.assertEqual([f for f in found if "os.devnull" not in f], [])   # the __main__ guard's broken-pipe stdout
+        writes_in_store = [node for node in ast.walk(store) if isinstance(node, ast.Call) and self.writes(node)]
+        self.assertGreater(len(writes_in_store), 5, "the check would find the Store's own writes")
+
+
+class Layout(LineTest):
+    """The root: --root, else $FACTORY_ROOT; a root that is not a folder is refused."""
+
+    def test_a_root_that_is_not_a_folder_is_refused(self):
+        self.env["FACTORY_ROOT"] = str(self.root / "masters" / "triager.json")
+        self.refused("is not a folder", "tower")
+        self.env["FACTORY_ROOT"] = str(self.root / "missing")
+        self.refused("is not a folder", "tower")
+
+    def test_asking_for_a_path_creates_nothing(self):
+        before = sorted(p.relative_to(self.tmp) for p in self.tmp.rglob("*"))
+        for path in (self.fac.card_path("x"), self.fac.cert_path("x"), self.fac.key_path("alice"),
+                     self.fac.trace_path("x", "20261130T041500123456Z-1a2b3c"), self.fac.pending_path("r", 1, "approved"),
+                     self.fac.spill_path("x", "20261130T041500123456Z-1a2b3c", 3), self.fac.record_path("x", "open"),
+                     self.fac.history_path("x"), self.fac.suite_path("x", True), self.fac.store):
+            self.assertIsNotNone(path)
+        self.assertEqual(sorted(p.relative_to(self.tmp) for p in self.tmp.rglob("*")), before)
+
+
+class StrictJson(LineTest):
+    """NaN, infinity and deep nesting are one-line refusals, never a traceback."""
+
+    def test_odd_numbers_and_deep_nesting_are_one_line_refusals(self):
+        path = self.root / "masters" / "triager.json"
+        card = json.loads(path.read_text())
+        for text, message in ((json.dumps(card).replace('"max_steps": 6', '"max_steps": NaN'), "NaN is not a json number"),
+                              ("[" * 100000 + "]" * 100000, "nested too deeply")):
+            with self.subTest(message=message):
+                path.write_text(text)
+                self.refused(message, "digest", "triager")
+        path.write_text(json.dumps(card))
+        self.refused("field 'approval_expiry_hours'", "stamp", "triager", "--as", "x", "--set", "approval_expiry_hours=1e300")
+        self.refused("field 'cost_envelope_usd'", "stamp", "triager", "--as", "x", "--set", "cost_envelope_usd=Infinity")
+
+
+class Appends(CertifiedTest):
+    """Locked appends: a torn last line stays torn and named; the next line starts clean."""
+
+    def test_a_torn_index_line_does_not_swallow_the_next_run(self):
+        self.runs_ok(text="hello")
+        index = self.root / "traces" / "index.jsonl"
+        index.write_bytes(index.read_bytes()[:-30])
+        self.runs_ok()
+        lines = index.read_bytes().splitlines()
+        self.assertEqual(json.loads(lines[-1])["agent"], "triager")
+        self.refused("traces/index.jsonl line 1: not valid json", "tower")
+
+    def test_the_index_reads_backwards_across_block_boundaries(self):
+        tickets = self.tmp / "t.jsonl"
+        write_jsonl(tickets, [{"id": f"k{i}", "input": "How do I order a new card? " * (1 + i % 4)} for i in range(12)])
+        self.assertEqual(self.factory("run", "triager", "--file", str(tickets))[0], 0)
+        forwards = list(factory.index_rows(self.fac))
+        self.assertEqual(len(forwards), 12)
+        for block in (7, 64, 300, 1 << 16):
+            with self.subTest(block=block):
+                backwards = self.fac.store.read_jsonl_backwards(self.fac.index, factory.INDEX_SHAPE, block=block)
+                self.assertEqual(list(backwards), forwards[::-1])
+
+
+class AtomicWrites(LineTest):
+    """A SIGKILL while write_json is writing leaves the file old or new, never partial."""
+
+    def test_write_json_killed_mid_write_leaves_old_or_new(self):
+        target = self.tmp / "crash" / "big.json"
+        megabytes, kills = 3, 8
+        objects = [trust_helpers.big_object(0, megabytes), trust_helpers.big_object(1, megabytes)]
+        rng, torn = random.Random(), 0
+        for attempt in range(kills):
+            child = subprocess.Popen([sys.executable, str(HELPER), "write-loop", str(target), str(megabytes)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO))
+            self.assertEqual(child.stdout.readline().strip(), b"ready", child.stderr.read()[-2000:] if child.poll() else "")
+            if attempt % 4 == 3:             # at a random moment
+                time.sleep(rng.uniform(0.0, 0.1))
+            else:                            # aimed: while a temporary file is being written
+                deadline = time.monotonic() + 5
+                while not any(target.parent.glob(f".{target.name}.*")) and time.monotonic() < deadline:
+                    pass
+                time.sleep(rng.uniform(0.0, 0.005))
+            child.send_signal(signal.SIGKILL)
+            child.communicate()
+            try:
+                value = json.loads(target.read_text())
+            except ValueError as error:
+                self.fail(f"kill {attempt}: {target.name} is partial: {error}")
+            self.assertIn(value.get("which"), (0, 1))
+            self.assertTrue(value == objects[value["which"]], f"kill {attempt}: neither the old nor the new object")
+            leftovers = list(target.parent.glob(f".{target.name}.*"))
+            torn += bool(leftovers)
+            for path in leftovers:
+                path.unlink()
+        self.assertGreater(torn, 0, "no kill landed mid-write, so the test proved nothing")
+        print(f"\n  [crash] {torn} of {kills} kills landed mid-write", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- bad input, file by file
+
+def mangle_utf8(data: bytes) -> bytes:
+    """data with an invalid UTF-8 byte put inside its second line (or the middle of a one-line file)."""
+    lines = data.splitlines(keepends=True)
+    if len(lines) > 2:
+        return b"".join(lines[:1]) + lines[1].replace(b'"', b'"\xff', 1) + b"".join(lines[2:])
+    middle = data.index(b'"', len(data) // 2) if b'"' in data[len(data) // 2:] else len(data) // 2
+    return data[:middle + 1] + b"\xff\xfe" + data[middle + 1:]
+
+
+class BadFiles(CertifiedTest):
+    """Each bad file: exit 1, one stderr line naming the file, no traceback, nothing written. Every
+    row starts from the class's prepared factory: triager certified, one run in the index."""
+
+    def prepare(self):
+        super().prepare()
+        self.runs_ok()
+
+    def setUp(self):
+        super().setUp()
+        [record] = (self.root / "records" / "triager").glob("*.sealed.json")
+        self.record = record.relative_to(self.root).as_posix()
+        self.tickets = self.tmp / "tickets.jsonl"
+
+    # -- edits of the factory under test
+    def path(self, relative: str) -> Path:
+        return self.root / relative
+
+    def put(self, relative: str, data) -> None:
+        """Write bytes or text to a file under the root (or to an absolute path)."""
+        target = Path(relative) if os.path.isabs(relative) else self.path(relative)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data if isinstance(data, bytes) else data.encode())
+
+    def edit(self, relative: str, fn) -> None:
+        """Replace a file's bytes by fn(bytes)."""
+        self.put(relative, fn(self.path(relative).read_bytes()))
+
+    def edit_json(self, relative: str, **changes) -> None:
+        """Rewrite a JSON file with some fields replaced."""
+        value = json.loads(self.path(relative).read_text())
+        self.put(relative, json.dumps({**value, **changes}, indent=2))
+
+    def append(self, relative: str, line) -> None:
+        """Append one raw line to a JSONL file."""
+        with self.path(relative).open("ab") as out:
+            out.write(line if isinstance(line, bytes) else line.encode())
+
+    def append_row(self, relative: str, **changes) -> None:
+        """Append a copy of the file's last JSONL row with some fields replaced."""
+        last = json.loads(self.path(relative).read_text().splitlines()[-1])
+        self.append(relative, json.dumps({**last, **changes}) + "\n")
+
+    def link_outside(self, relative: str) -> None:
+        """Move the file out of the root and leave a symlink pointing at it."""
+        outside = self.tmp / "elsewhere" / relative.replace("/", "_")
+        outside.parent.mkdir(exist_ok=True)
+        shutil.copyfile(self.path(relative), outside)
+        self.path(relative).unlink()
+        os.symlink(outside, self.path(relative))
+
+    def fifty_mb_field(self, relative: str, field: str) -> None:
+        """Rewrite a JSON file with one field holding 50 MB of text."""
+        value = json.loads(self.path(relative).read_text())
+        head = json.dumps({k: v for k, v in value.items() if k != field})[:-1].encode()
+        self.put(relative, head + b', "' + field.encode() + b'": "' + b"a" * FIFTY_MB + b'"}\n')
+
+    def fifty_mb_line(self, relative: str) -> None:
+        """Append one 50 MB JSONL line."""
+        self.append(relative, b'{"id": "huge", "input": "' + b"a" * FIFTY_MB + b'"}\n')
+
+    def truncate(self, relative: str) -> None:
+        """Cut a file in the middle of its last JSON value."""
+        data = self.path(relative).read_bytes().rstrip()
+        self.put(relative, data[:-max(len(data.splitlines()[-1]) // 2, 1)])
+
+    def restore(self) -> None:
+        """Put the factory back as the class prepared it, and the tickets file as it starts."""
+        shutil.rmtree(self.root)
+        shutil.copytree(self.template / "factory", self.root, symlinks=True)
+        shutil.rmtree(self.tmp / "elsewhere", ignore_errors=True)
+        if self.tickets.is_dir():
+            self.tickets.rmdir()
+        self.tickets.write_text("".join(json.dumps({"id": f"r-{n}", "input": t}) + "\n" for n, t in enumerate(TICKETS)))
+
+    def table(self, rows: list) -> int:
+        """Run each (label, prepare, argv, name) row as a subTest; returns the row count."""
+        for label, prepare, argv, name in rows:
+            with self.subTest(label):
+                self.restore()
+                prepare()
+                self.refused_writing_nothing(name, *argv)
+        self.restore()
+        return len(rows)
+
+    def test_bad_files_table(self):
+        card, cases, sealed, index = "masters/triager.json", "evals/triager/cases.jsonl", "evals/triager/sealed.jsonl", "traces/index.jsonl"
+        rec, tk = self.record, str(self.tickets)
+        digest, prove, prove_sealed = ("digest", "triager"), ("prove", "triager"), ("prove", "triager", "--sealed")
+        certify, run, tower = ("certify", "triager", "--tier", "C1", "--by", "alice"), ("run", "triager", "hi"), ("tower",)
+        run_file = ("run", "triager", "--file", tk)
+        bom = lambda data: b"\xef\xbb\xbf" + data  # noqa: E731
+        first_id = json.loads(self.path(cases).read_text().splitlines()[0])["id"]
+        rows = [
+            # the job card: masters/triager.json
+            ("card truncated", lambda: self.truncate(card), digest, card),
+            ("card empty", lambda: self.put(card, b""), digest, card),
+            ("card with a utf-8 bom", lambda: self.edit(card, bom), digest, card),
+            ("card with invalid utf-8", lambda: self.edit(card, mangle_utf8), digest, card),
+            ("card not an object", lambda: self.put(card, "[1, 2]"), digest, card),
+            ("card max_steps a string", lambda: self.edit_json(card, max_steps="8"), digest, card),
+            ("card tools a string", lambda: self.edit_json(card, tools="issues:label"), digest, card),
+            ("card unknown field", lambda: self.edit_json(card, tools_denid=["billing:refund"]), digest, card),
+            ("card 50 mb", lambda: self.fifty_mb_field(card, "gate_question"), digest, card),
+            ("card symlink outside the root", lambda: self.link_outside(card), digest, card),
+            ("card missing", lambda: self.path(card).unlink(), digest, card),
+            ("card entrypoint ../", lambda: self.edit_json(card, entrypoint="../evil:rules"), digest, card),
+            ("card evals.suite ../", lambda: self.edit_json(card, evals={"pass_bar": 0.5, "gate": 0.8, "suite": "../../etc"}), digest, card),
+            ("card stamped_from ../", lambda: self.edit_json(card, stamped_from="../x"), digest, card),
+            # the open cases: evals/triager/cases.jsonl
+            ("cases truncated line", lambda: self.append(cases, '{"id": "x", "inp\n'), prove, cases),
+            ("cases non-object line", lambda: self.append(cases, "[1, 2]\n"), prove, cases),
+            ("cases unknown field", lambda: self.append(cases, '{"id": "x", "input": "a", "expect": {}, "expected": 1}\n'), prove, cases),
+            ("cases id a number", lambda: self.append(cases, '{"id": 5, "input": "a", "expect": {}}\n'), prove, cases),
+            ("cases expect a list", lambda: self.append(cases, '{"id": "x", "input": "a", "expect": []}\n'), prove, cases),
+            ("cases duplicate id", lambda: self.append(cases, json.dumps({"id": first_id, "input": "a", "expect": {}}) + "\n"), prove, cases),
+            ("cases empty file", lambda: self.put(cases, b""), prove, cases),
+            ("cases with a utf-8 bom", lambda: self.edit(cases, bom), prove, cases),
+            ("cases with invalid utf-8", lambda: self.edit(cases, mangle_utf8), prove, cases),
+            ("cases 50 mb line", lambda: self.fifty_mb_line(cases), prove, cases),
+            ("cases missing", lambda: self.path(cases).unlink(), prove, cases),
+            ("cases symlink outside the root", lambda: self.link_outside(cases), prove, cases),
+            ("sealed truncated line", lambda: self.truncate(sealed), prove_sealed, sealed),
+            ("sealed non-object line", lambda: self.append(sealed, '"just a string"\n'), prove_sealed, sealed),
+            # the proof record, read by certify
+            ("record truncated", lambda: self.truncate(rec), certify, rec),
+            ("record empty", lambda: self.put(rec, b""), certify, rec),
+            ("record with a utf-8 bom", lambda: self.edit(rec, bom), certify, rec),
+            ("record with invalid utf-8", lambda: self.edit(rec, mangle_utf8), certify, rec),
+            ("record not an object", lambda: self.put(rec, "[]"), certify, rec),
+            ("record 50 mb", lambda: self.fifty_mb_field(rec, "backends"), certify, rec),
+            ("record symlink outside the root", lambda: self.link_outside(rec), certify, rec),
+            ("record score a string", lambda: self.edit_json(rec, score="0.9"), certify, rec),
+            ("record suite a number", lambda: self.edit_json(rec, suite=5), certify, rec),
+            ("record suite ../", lambda: self.edit_json(rec, suite="../../../outside"), certify, rec),
+            ("record an empty object", lambda: self.put(rec, "{}"), certify, rec),
+            # the certificate, read by run
+            ("certificate truncated", lambda: self.truncate(CERT), run, CERT),
+            ("certificate empty", lambda: self.put(CERT, b""), run, CERT),
+            ("certificate with a utf-8 bom", lambda: self.edit(CERT, bom), run, CERT),
+            ("certificate with invalid utf-8", lambda: self.edit(CERT, mangle_utf8), run, CERT),
+            ("certificate not an object", lambda: self.put(CERT, '"C3"'), run, CERT),
+            ("certificate 50 mb", lambda: self.fifty_mb_field(CERT, "owner"), run, CERT),
+            ("certificate symlink outside the root", lambda: self.link_outside(CERT), run, CERT),
+            ("certificate signer a number", lambda: self.edit_json(CERT, signer=5), run, CERT),
+            ("certificate signer ../", lambda: self.edit_json(CERT, signer="../alice"), run, CERT),
+            ("certificate unknown field", lambda: self.edit_json(CERT, scope="everything"), run, CERT),
+            # the trace index, read by tower
+            ("index truncated line", lambda: self.truncate(index), tower, index),
+            ("index non-object line", lambda: self.append(index, "42\n"), tower, index),
+            ("index with a utf-8 bom", lambda: self.edit(index, bom), tower, index),
+            ("index with invalid utf-8", lambda: self.append(index, b'{"agent": "tri\xffager"}\n'), tower, index),
+            ("index 50 mb line", lambda: self.fifty_mb_line(index), tower, index),
+            ("index symlink outside the root", lambda: self.link_outside(index), tower, index),
+            ("index acted a string", lambda: self.append_row(index, acted="x"), tower, index),
+            ("index denied a number", lambda: self.append_row(index, denied=5), tower, index),
+            ("index cost a string", lambda: self.append_row(index, cost_usd="free"), tower, index),
+            ("index backends a number", lambda: self.append_row(index, backends=3), tower, index),
+            # a tickets file named by the user (outside the root is fine; it is the user's file)
+            ("tickets truncated line", lambda: self.truncate(tk), run_file, "tickets.jsonl"),
+            ("tickets non-object line", lambda: self.put(tk, "[]\n"), run_file, "tickets.jsonl"),
+            ("tickets input a number", lambda: self.put(tk, '{"id": "a", "input": 5}\n'), run_file, "tickets.jsonl"),
+            ("tickets without id", lambda: self.put(tk, '{"input": "hello"}\n'), run_file, "tickets.jsonl"),
+            ("tickets empty", lambda: self.put(tk, b""), run_file, "tickets.jsonl"),
+            ("tickets with a utf-8 bom", lambda: self.put(tk, bom(self.tickets.read_bytes())), run_file, "tickets.jsonl"),
+            ("tickets with invalid utf-8", lambda: self.put(tk, mangle_utf8(self.tickets.read_bytes())), run_file, "tickets.jsonl"),
+            ("tickets 50 mb line", lambda: self.put(tk, b'{"id": "a", "input": "' + b"a" * FIFTY_MB + b'"}\n'), run_file, "tickets.jsonl"),
+            ("tickets missing", lambda: self.tickets.unlink(), run_file, "tickets.jsonl"),
+            ("tickets a directory", lambda: (self.tickets.unlink(), self.tickets.mkdir()), run_file, "tickets.jsonl"),
+            # names that would escape the root
+            ("digest ../", lambda: None, ("digest", "../triager"), "../triager"),
+            ("prove ../", lambda: None, ("prove", "../triager", "--sealed"), "../triager"),
+            ("run ../", lambda: None, ("run", "../triager", "hi"), "../triager"),
+            ("certify ../", lambda: None, ("certify", "../triager", "--tier", "C1", "--by", "alice"), "../triager"),
+            ("certify --by ../", lambda: None, ("certify", "triager", "--tier", "C1", "--by", "../alice"), "../alice"),
+            ("recall ../", lambda: None, ("recall", "../triager", "--reason", "x"), "../triager"),
+            ("harvest ../", lambda: None, ("harvest", "../triager"), "../triager"),
+            ("stamp ../ master", lambda: None, ("stamp", "../triager", "--as", "x"), "../triager"),
+            ("stamp --as ../", lambda: None, ("stamp", "triager", "--as", "../../evil"), "../../evil"),
+            ("digest absolute path", lambda: None, ("digest", "/etc/passwd"), "/etc/passwd"),
+        ]
+        self.assertGreaterEqual(self.table(rows), 30)
+
+
+class BadTraceFiles(BadFiles):
+    """A trace harvest reads, broken each way: one line naming the trace, nothing written."""
+
+    def prepare(self):
+        self.certified("triager")
+        self.certified("evalsmith")
+        self.runs_ok("triager", INJECTION)                      # a flagged run: harvest reads its trace
+
+    def test_bad_files_table(self):
+        flagged = self.index_rows()[-1]
+        self.assertEqual(flagged["denied"], ["billing:refund"])   # flagged: a tool was denied
+        trace = f"traces/triager/{flagged['run_id']}.jsonl"
+        harvest = ("harvest", "triager")
+        rows = [
+            ("trace truncated", lambda: self.truncate(trace), harvest, trace),
+            ("trace header not an object", lambda: self.edit(trace, lambda d: b"[1]\n" + d), harvest, trace),
+            ("trace header of another format", lambda: self.edit(trace, lambda d: d.replace(b"factory-trace-2", b"factory-trace-9", 1)), harvest, trace),
+            ("trace with a utf-8 bom", lambda: self.edit(trace, lambda d: b"\xef\xbb\xbf" + d), harvest, trace),
+            ("trace with invalid utf-8", lambda: self.edit(trace, mangle_utf8), harvest, trace),
+            ("trace empty", lambda: self.put(trace, b""), harvest, trace),
+            ("trace missing", lambda: self.path(trace).unlink(), harvest, trace),
+            ("trace symlink outside the root", lambda: self.link_outside(trace), harvest, trace),
+            ("trace 50 mb line", lambda: self.fifty_mb_line(trace), harvest, trace),
+            ("trace tool event without its ruling", lambda: self.edit(trace, lambda d: d.replace(b'"ruling"', b'"rul"', 1)), harvest, trace),
+        ]
+        self.assertEqual(self.table(rows), 10)
+
+
+if __name__ == "__main__":
+    unittest.main()
