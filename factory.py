@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Iterator, Mapping, Protocol
 from xml.etree import ElementTree
@@ -64,7 +66,7 @@ MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, inde
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
 CLIP_CHARS = 8000              # ~2,000 tokens of tool result go back to the worker
 TRACE_FORMAT = "factory-trace-2"
-RECORD_FORMAT = "factory-proof-1"
+RECORD_FORMAT = "factory-proof-2"
 CERT_FORMAT = "factory-certificate-1"
 SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
 DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage calls are network waits
@@ -748,12 +750,14 @@ def restamped(fac: Factory, master: str) -> dict[str, dict]:
     return changed
 
 
-def suite_name(fac: Factory, agent: Agent) -> str:
-    """The suite an agent is proved on: evals.suite, else its own, else its nearest master's."""
+def suite_name(fac: Factory, agent: Agent, sealed: bool) -> str:
+    """The suite an agent is proved on for one half: evals.suite, else the first of its own and its
+    masters' (nearest first) that has that half, so a variant with only its own sealed half is proved
+    on it."""
     if "suite" in agent.card["evals"]:
         return agent.card["evals"]["suite"]
     for candidate in [agent.name] + ancestors(fac, agent.name):
-        if (fac.evals / candidate / "cases.jsonl").exists():
+        if fac.suite_path(candidate, sealed).exists():
             return candidate
     return agent.name
 
@@ -860,18 +864,41 @@ def recalls_of(fac: Factory, name: str) -> list[dict]:
     return [row for _, row in fac.store.read_jsonl(fac.recalls, RECALL_SHAPE) if row["agent"] in reach]
 
 
-RECORD_SHAPE = Shape.of({"format": str, "agent": str, "half": str, "at": str, "score": (int, float), "passed": int,
-                         "cases": int, "pass_bar": (int, float), "digest": str, "components": dict, "suite": str,
-                         "suite_digest": str, "draft_check": str, "failures": list})
+RECORD_SHAPE = Shape.of({"format": str, "agent": str, "half": str, "at": str, "verdict": str, "passed": bool,
+                         "score": (int, float), "passing_cases": int, "cases": int, "pass_bar": (int, float),
+                         "rubric": str, "digest": str, "components": dict, "suite": str, "suite_digest": str,
+                         "draft_check": str, "failures": list})
+
+
+def from_proof_1(record: dict) -> dict:
+    """factory-proof-1 -> factory-proof-2: the case count `passed` is `passing_cases` (also in `real` and
+    `synthetic`); `passed` is the verdict as a boolean beside `verdict`, both derived again from the
+    exact counts; `rubric` is read from the draft note."""
+    note = record.get("draft_check")
+    rubric = {"no rubric": "none", "unscored (no key)": "no key"}.get(note) or (
+        "failed" if str(note).startswith("scoring FAILED") else "scored")
+    renamed = {key: ({"passing_cases" if k == "passed" else k: v for k, v in value.items()}
+                     if key in ("real", "synthetic") and isinstance(value, dict) else value)
+               for key, value in record.items() if key != "passed"}
+    upgraded = {**renamed, "format": RECORD_FORMAT, "passing_cases": record.get("passed"), "rubric": rubric}
+    if type(upgraded["passing_cases"]) is int and type(upgraded.get("cases")) is int and _is_number(upgraded.get("pass_bar")):
+        upgraded["verdict"] = proof_verdict(upgraded)
+        upgraded["passed"] = upgraded["verdict"] == "PASS"
+    return upgraded
+
+
+RECORD_UPGRADES = {"factory-proof-1": from_proof_1}   # an older format -> the step that reads it as today's
 
 
 def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
-    """Every sealed proof of NAME, oldest first (run ids sort by time); history is never overwritten."""
+    """Every sealed proof of NAME, oldest first (run ids sort by time), each read as today's format;
+    history is never overwritten."""
     folder = fac.records / name
     paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
     found = []
     for path in paths:
-        record = fac.store.read_json(path, RECORD_SHAPE)
+        record = fac.store.read_json(path)
+        record = RECORD_SHAPE.check(RECORD_UPGRADES.get(record.get("format"), dict)(record), fac.shown(path))
         if not NAME.match(record["suite"]):
             raise Refusal(f"{fac.shown(path)}: field 'suite' must be a suite name, got {record['suite']!r}")
         found.append((path, record))
@@ -1166,9 +1193,16 @@ def sealed_suite_unchanged(claim: Claim) -> str | None:
 
 
 def clears_the_bar(claim: Claim) -> str | None:
-    """The latest sealed score is at or above its pass bar."""
-    score, bar = claim.proof["score"], claim.proof["pass_bar"]
-    return f"sealed score {score} is under the bar {bar}." if score < bar else None
+    """The latest sealed proof's verdict, derived again from its counts, is PASS: passing/cases is at
+    or above the bar as exact fractions, and a draft rubric on the card was scored."""
+    proof = claim.proof
+    verdict = proof_verdict(proof)
+    if verdict == "UNDER BAR":
+        return f"sealed score {score_text(proof, proof['pass_bar'])} is under the bar {proof['pass_bar']}."
+    if verdict == "RUBRIC UNSCORED":
+        return (f"the sealed proof could not score the draft rubric ({proof['draft_check']}); a rubric that could "
+                f"not be scored is not passed. check the decision model (doctor) and re-prove.")
+    return None
 
 
 def production_evidence(claim: Claim) -> str | None:
@@ -1930,8 +1964,9 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
 # ---- the proving ground: every tool a recorder
 
 def prove_case(fac: Factory, agent: Agent, case: dict) -> dict:
-    """Run one case with every tool a recorder (dry mode) and judge it against `expect`."""
-    events: list = []
+    """Run one case with every tool a recorder (dry mode) and judge it against `expect`; `seconds` is
+    its wall time."""
+    started, events = time.monotonic(), []
     loop = build_loop(fac, agent, "prove", events.append, case["input"])
     status = run_loop(loop)
     expect = dict(case["expect"])
@@ -1943,7 +1978,8 @@ def prove_case(fac: Factory, agent: Agent, case: dict) -> dict:
     return {"id": case["id"], "passed": status == "done" and not wrong and not unexpected,
             "status": status, "reason": loop.reason, "wrong": wrong, "denied": denied,
             "unexpected_denials": unexpected, "draft": got.get("draft"), "backends": sorted(set(loop.backends)),
-            "synthetic": case.get("source") == "synthetic", "draft_score": None}
+            "synthetic": case.get("source") == "synthetic", "draft_score": None,
+            "seconds": time.monotonic() - started}
 
 
 def draft_items(agent: Agent, cases: list[dict], results: list[dict], indices: list[int]) -> list:
@@ -1953,23 +1989,30 @@ def draft_items(agent: Agent, cases: list[dict], results: list[dict], indices: l
     return [(f"Input:\n{task_text(cases[i]['input'])}\n\nDraft reply:\n{results[i]['draft']}", question) for i in indices]
 
 
-def scoring_problem(client) -> str | None:
-    """Why drafts cannot be scored at all ('unscored (no key)', 'scoring FAILED (...)'), or None."""
+# A draft rubric's state in a proof: the card has none; every draft was scored; no decision model is
+# configured here (no key: the proof is judged on its cases alone and says so); or scoring was
+# impossible or a scoring call failed (a rubric that could not be scored is not passed).
+RUBRIC_STATES = ("none", "scored", "no key", "failed")
+
+
+def scoring_problem(client) -> tuple[str, str] | None:
+    """(rubric state, draft note) when drafts cannot be scored at all: ('no key', 'unscored (no key)')
+    or ('failed', 'scoring FAILED (...)') for a decision model that is set up wrong; else None."""
     try:
         client.batch([])
     except sage.NoKey:
-        return "unscored (no key)"
+        return "no key", "unscored (no key)"
     except sage.SageError as error:
-        return f"scoring FAILED ({error})"
+        return "failed", f"scoring FAILED ({error})"
     return None
 
 
-def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple[list[dict], str]:
-    """Run every case (`jobs` at a time, results in input order) while their drafts are scored
-    in batches of 16 as soon as 16 are ready; returns (results, draft note)."""
+def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple[list[dict], str, str]:
+    """Run every case (`jobs` at a time, results in input order) while their drafts are scored in
+    batches of 16 as soon as 16 are ready; returns (results, rubric state, draft note)."""
     rubric = agent.card.get("draft_rubric")
     client = sage.Sage.from_env(fac.env, timeout=30.0, retries=2)
-    problem = "no rubric" if not rubric else scoring_problem(client)
+    problem = ("none", "no rubric") if not rubric else scoring_problem(client)
     progress = Progress(f"prove {agent.name}", len(cases))
     results, ready, batches = [], [], []
     with ThreadPoolExecutor(max_workers=jobs) as pool, ThreadPoolExecutor(max_workers=2) as scorer:
@@ -1983,11 +2026,12 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
                 ready = []
         answered = [(i, answer) for indices, future in batches for i, answer in zip(indices, future.result())]
     progress.close()
-    return results, problem or apply_draft_scores(results, answered, rubric["min"])
+    return (results, *(problem or apply_draft_scores(results, answered, rubric["min"])))
 
 
-def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], minimum: int) -> str:
-    """Record each draft's score; a case under the rubric's min fails. Returns the draft note."""
+def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], minimum: int) -> tuple[str, str]:
+    """Record each draft's score; a case under the rubric's min fails. Returns (rubric state, draft note):
+    'failed' when any scoring call failed."""
     failures = [answer for _, answer in answered if isinstance(answer, sage.SageError)]
     for i, answer in answered:
         if not isinstance(answer, sage.SageError) and answer.expectation is not None:
@@ -1995,29 +2039,76 @@ def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], 
             results[i]["passed"] = results[i]["passed"] and answer.expectation >= minimum
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
     if failures:
-        return f"scoring FAILED ({len(failures)} of {len(answered)}: {failures[0]})"
-    return f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}" if scores else "0 scored"
+        return "failed", f"scoring FAILED ({len(failures)} of {len(answered)}: {failures[0]})"
+    return "scored", f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}" if scores else "0 scored"
 
 
-def share(results: list[dict]) -> dict:
-    """{score, passed, cases} for a list of case results (score 0.0 when empty)."""
-    passed = sum(r["passed"] for r in results)
-    return {"score": round(passed / len(results), 4) if results else 0.0, "passed": passed, "cases": len(results)}
+# ---- the proof's verdict: exit status, summary line, --json and --junit all read it from here
+
+PROOF_VERDICTS = ("PASS", "UNDER BAR", "RUBRIC UNSCORED")
 
 
-def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results: list, draft: str) -> dict:
-    """The record of one proof (format factory-proof-1); a sealed record names failing case ids only."""
-    overall = share(results)
+def clears_bar(passing: int, cases: int, bar) -> bool:
+    """passing/cases >= bar, compared as exact fractions with the bar read from its decimal text
+    (0.66667 is 66667/100000, so 2 of 3 is under it); no cases clear no bar."""
+    return cases > 0 and Fraction(passing, cases) >= Fraction(str(bar))
+
+
+def proof_verdict(proof: dict) -> str:
+    """One of PROOF_VERDICTS from a proof's passing_cases, cases, pass_bar and rubric: UNDER BAR when
+    the exact score is under the bar, else RUBRIC UNSCORED when the card's draft rubric could not be
+    scored, else PASS."""
+    if not clears_bar(proof["passing_cases"], proof["cases"], proof["pass_bar"]):
+        return "UNDER BAR"
+    return "RUBRIC UNSCORED" if proof["rubric"] == "failed" else "PASS"
+
+
+def decimals(bar) -> int:
+    """How many decimal places the bar's text has (0.66667 -> 5, 1e-05 -> 5, 1 -> 0)."""
+    return max(0, -Decimal(str(bar)).normalize().as_tuple().exponent)
+
+
+def cut_score(passing: int, cases: int, places: int) -> Fraction:
+    """passing/cases cut (never rounded up) to `places` decimals; 0 for no cases. Cut to at least as
+    many places as the bar has, it compares with the bar as the exact fraction does."""
+    if not cases:
+        return Fraction(0)
+    scale = 10 ** places
+    return Fraction(passing * scale // cases, scale)
+
+
+def score_text(share: dict, bar=None) -> str:
+    """'2/3 = 0.66666' for {passing_cases, cases}: the score cut to 2 places, or to the bar's places."""
+    places = max(2, decimals(bar) if bar is not None else 0)
+    cut = cut_score(share["passing_cases"], share["cases"], places)
+    return f"{share['passing_cases']}/{share['cases']} = {float(cut):.{places}f}"
+
+
+def share(results: list[dict], bar) -> dict:
+    """{score, passing_cases, cases} for a list of case results; score is cut to 4 places (or the
+    bar's), so `score >= pass_bar` says what the exact fraction says (0 when empty)."""
+    passing = sum(r["passed"] for r in results)
+    score = cut_score(passing, len(results), max(4, decimals(bar)))
+    return {"score": float(score), "passing_cases": passing, "cases": len(results)}
+
+
+def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results: list, rubric: str, draft: str) -> dict:
+    """The record of one proof (format factory-proof-2) with its verdict; a sealed record names failing
+    case ids only, an open one says why each case failed."""
+    bar = agent.card["evals"]["pass_bar"]
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
-    failures = [r["id"] if half == "sealed" else {k: r[k] for k in ("id", "status", "wrong", "unexpected_denials")}
-                for r in results if not r["passed"]]
-    return {"format": RECORD_FORMAT, "agent": agent.name, "half": half, "at": utc_now(), **overall,
-            "pass_bar": agent.card["evals"]["pass_bar"], "real": share([r for r in results if not r["synthetic"]]),
-            "synthetic": share([r for r in results if r["synthetic"]]),
-            "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
-            "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
-            "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
-            "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures}
+    failures = [r["id"] if half == "sealed" else
+                {**{k: r[k] for k in ("id", "status", "reason", "wrong", "unexpected_denials", "draft_score")},
+                 "why": failure_message(half, r)} for r in results if not r["passed"]]
+    proof = {"format": RECORD_FORMAT, "agent": agent.name, "half": half, "at": utc_now(), **share(results, bar),
+             "pass_bar": bar, "rubric": rubric, "real": share([r for r in results if not r["synthetic"]], bar),
+             "synthetic": share([r for r in results if r["synthetic"]], bar),
+             "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
+             "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
+             "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
+             "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures}
+    verdict = proof_verdict(proof)
+    return {"format": RECORD_FORMAT, "verdict": verdict, "passed": verdict == "PASS", **proof}
 
 
 # ---- replay: a recorded run against today's code
@@ -2124,59 +2215,85 @@ def cmd_restamp(fac: Factory, args) -> int:
          arg("--junit", metavar="FILE", help="also write JUnit XML (sealed cases by id only)"),
          arg("--jobs", type=int, default=DEFAULT_JOBS, help=f"cases at a time (default {DEFAULT_JOBS})"))
 def cmd_prove(fac: Factory, args) -> int:
-    """Prove an agent on its suite (open half, or --sealed); every tool is a recorder. Exit 0 only above the bar."""
+    """Prove an agent on its suite (open half, or --sealed); every tool is a recorder. Exit 0 only when the verdict is PASS."""
     agent = load_agent(fac, args.agent)
     half = "sealed" if args.sealed else "open"
-    suite = suite_name(fac, agent)
+    suite = suite_name(fac, agent, args.sealed)
     path = fac.suite_path(suite, args.sealed)
     cases = load_cases(fac, path)
-    results, draft = prove_all(fac, agent, cases, jobs_of(args))
-    proof = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, draft)
+    started = time.monotonic()
+    results, rubric, draft = prove_all(fac, agent, cases, jobs_of(args))
+    proof = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, rubric, draft)
     fac.store.write_json(fac.record_path(agent.name, half), proof)
     if args.junit:
-        fac.store.write_report(Path(args.junit), junit_xml(proof, results))
+        fac.store.write_report(Path(args.junit), junit_xml(proof, results, time.monotonic() - started))
     print(json.dumps(proof, indent=2)) if args.json else print_proof(proof)
-    return 0 if proof["score"] >= proof["pass_bar"] else 1
+    return 0 if proof["passed"] else 1
 
 
 def print_proof(proof: dict) -> None:
-    """The summary line, the real/synthetic split, and the failures (ids only for the sealed half)."""
-    verdict = "PASS" if proof["score"] >= proof["pass_bar"] else "UNDER BAR"
-    print(f"{proof['agent']} [{proof['half']}] {proof['passed']}/{proof['cases']} = {proof['score']:.2f} "
-          f"(bar {proof['pass_bar']}) {verdict}   denials:{proof['tool_denials']}   draft:{proof['draft_check']}")
+    """The summary line (suite, exact count, bar, verdict), the real/synthetic split, and each failure:
+    why it failed for the open half, its id only for the sealed one."""
+    print(f"{proof['agent']} [{proof['half']} half of {proof['suite']}] {score_text(proof, proof['pass_bar'])} "
+          f"(bar {proof['pass_bar']}) {proof['verdict']}   denials:{proof['tool_denials']}   draft:{proof['draft_check']}")
     real, synthetic = proof["real"], proof["synthetic"]
-    print(f"  real tickets {real['passed']}/{real['cases']} = {real['score']:.2f}   "
-          f"synthetic {synthetic['passed']}/{synthetic['cases']} = {synthetic['score']:.2f}   backends: {', '.join(proof['backends'])}")
+    print(f"  real tickets {score_text(real)}   synthetic {score_text(synthetic)}   backends: {', '.join(proof['backends'])}")
     for failure in proof["failures"]:
-        print(f"  failed {failure}" if isinstance(failure, str) else f"  failed {failure['id']}: {json.dumps(failure['wrong'])}"
-              + (f" denied {failure['unexpected_denials']}" if failure["unexpected_denials"] else ""))
+        print(f"  failed {failure}" if isinstance(failure, str) else f"  failed {failure['id']}: {failure['why']}")
 
 
-def junit_xml(proof: dict, results: list[dict]) -> str:
-    """JUnit XML for one proof: a testcase per case; sealed failures say nothing about the case."""
+def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
+    """JUnit XML for one proof, in the Jenkins/Surefire schema: the testsuite's properties carry the
+    verdict, score and bar; a testcase per case (sealed failures say nothing about the case); and a
+    `pass bar` testcase that fails exactly when the verdict is not PASS. Times are seconds."""
     name = f"{proof['agent']}.{proof['half']}"
-    failed = [r for r in results if not r["passed"]]
-    suites = ElementTree.Element("testsuites", name="factory prove", tests=str(len(results)), failures=str(len(failed)))
-    suite = ElementTree.SubElement(suites, "testsuite", name=name, tests=str(len(results)), failures=str(len(failed)),
-                                   errors="0", skipped="0", timestamp=proof["at"])
+    failed = [r for r in results if not r["passed"]] + ([] if proof["passed"] else [proof])
+    counts = {"tests": str(len(results) + 1), "failures": str(len(failed)), "errors": "0"}
+    suites = ElementTree.Element("testsuites", name="factory prove", time=f"{seconds:.3f}", **counts)
+    suite = ElementTree.SubElement(suites, "testsuite", name=name, **counts, skipped="0",
+                                   time=f"{seconds:.3f}", timestamp=proof["at"])
+    properties = ElementTree.SubElement(suite, "properties")
+    for key in JUNIT_PROPERTIES:
+        value = proof[key]
+        ElementTree.SubElement(properties, "property", name=key,
+                               value=json.dumps(value) if isinstance(value, bool) else str(value))
     for result in results:
-        case = ElementTree.SubElement(suite, "testcase", classname=f"factory.{name}", name=result["id"])
+        case = ElementTree.SubElement(suite, "testcase", classname=f"factory.{name}", name=result["id"],
+                                      time=f"{result['seconds']:.3f}")
         if not result["passed"]:
-            failure = ElementTree.SubElement(case, "failure", message=failure_message(proof["half"], result))
-            failure.text = failure.get("message")
+            message = failure_message(proof["half"], result)
+            ElementTree.SubElement(case, "failure", type=failure_type(proof["half"], result), message=message).text = message
+    bar = ElementTree.SubElement(suite, "testcase", classname=f"factory.{name}", name="pass bar", time="0.000")
+    if not proof["passed"]:
+        message = f"{proof['verdict']}: {score_text(proof, proof['pass_bar'])} (bar {proof['pass_bar']}), draft:{proof['draft_check']}"
+        ElementTree.SubElement(bar, "failure", type=proof["verdict"].lower().replace(" ", "-"), message=message).text = message
     ElementTree.indent(suites)
     return ElementTree.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
+JUNIT_PROPERTIES = ("verdict", "passed", "score", "passing_cases", "cases", "pass_bar", "rubric", "draft_check",
+                    "suite", "half", "digest")
+
+
+def failure_type(half: str, result: dict) -> str:
+    """What kind of failure a case had, for JUnit's `type`: run-STATUS, wrong-output, tool-denied or
+    draft-under-min; `sealed` for the sealed half (its cases stay sealed)."""
+    if half == "sealed":
+        return "sealed"
+    if result["status"] != "done":
+        return f"run-{result['status']}"
+    return "wrong-output" if result["wrong"] else "tool-denied" if result["unexpected_denials"] else "draft-under-min"
+
+
 def failure_message(half: str, result: dict) -> str:
-    """What a failing case shows in JUnit: wanted/got for the open half, nothing for the sealed one."""
+    """Why a case failed, in one line: the run's status and reason, wanted/got, unexpected denials and
+    the draft's score for the open half; nothing about the case for the sealed one."""
     if half == "sealed":
         return "sealed case failed (inputs and expectations stay sealed)"
-    parts = [f"{key}: wanted {json.dumps(v['wanted'])} got {json.dumps(v['got'])}" for key, v in result["wrong"].items()]
+    parts = [f"run {result['status']}: {result['reason']}"] if result["status"] != "done" else []
+    parts += [f"{key}: wanted {json.dumps(v['wanted'])} got {json.dumps(v['got'])}" for key, v in result["wrong"].items()]
     if result["unexpected_denials"]:
         parts.append(f"denied {result['unexpected_denials']}")
-    if result["status"] != "done":
-        parts.append(f"run {result['status']}: {result['reason']}")
     if result["draft_score"] is not None:
         parts.append(f"draft {result['draft_score']:.1f}/4")
     return "; ".join(parts) or "failed"
@@ -2194,7 +2311,7 @@ def cmd_certify(fac: Factory, args) -> int:
     if not sys.stdin.isatty():
         raise Refusal("unsigned. certification is the station that stays human.")
     print(f"{agent.name} at tier {args.tier}, signed by {args.by}\n  digest {agent.digest}\n"
-          f"  sealed proof {fac.shown(path)}: {proof['passed']}/{proof['cases']} = {proof['score']:.2f} (bar {proof['pass_bar']}), "
+          f"  sealed proof {fac.shown(path)}: {score_text(proof, proof['pass_bar'])} (bar {proof['pass_bar']}), "
           f"draft:{proof['draft_check']}\n  sealed attempts since the card last changed: {attempts}\n"
           f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}",
           file=sys.stderr)

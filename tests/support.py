@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pty
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import tempfile
 import traceback
 import unittest
 from pathlib import Path
+from xml.etree import ElementTree
 
 import factory
 
@@ -213,3 +215,56 @@ def snapshot(root: Path) -> dict:
     """path -> bytes of every file under root (to prove a refusal changed nothing)."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and "__pycache__" not in p.parts}
+
+
+# ---- JUnit reports: the structural rules of the Jenkins/Surefire schema (no XSD validator in the stdlib)
+
+JUNIT_ATTRIBUTES = {
+    "testsuites": ({"name", "time", "tests", "failures", "errors"}, set()),
+    "testsuite": ({"name", "tests", "failures", "errors", "skipped", "time", "timestamp", "hostname", "id", "package",
+                   "group", "file", "log", "url"}, {"name", "tests", "failures", "errors"}),
+    "properties": (set(), set()),
+    "property": ({"name", "value"}, {"name", "value"}),
+    "testcase": ({"name", "classname", "time", "assertions", "status", "group"}, {"name"}),
+    "failure": ({"message", "type"}, {"message", "type"}),   # strict readers require both
+    "error": ({"message", "type"}, {"message", "type"}),
+    "skipped": ({"message", "type"}, set()),
+    "system-out": (set(), set()),
+    "system-err": (set(), set()),
+}
+JUNIT_CHILDREN = {"testsuites": {"testsuite"}, "testsuite": {"properties", "testcase", "system-out", "system-err"},
+                  "properties": {"property"}, "property": set(),
+                  "testcase": {"failure", "error", "skipped", "system-out", "system-err"},
+                  "failure": set(), "error": set(), "skipped": set(), "system-out": set(), "system-err": set()}
+JUNIT_TIME = re.compile(r"[0-9]+(\.[0-9]+)?")     # seconds as a plain decimal (no sign, no exponent)
+
+
+def junit_problems(path: Path) -> list[str]:
+    """Every way the JUnit file breaks the Jenkins/Surefire schema's structure: element nesting,
+    required and allowed attributes, properties as a suite's first child, times as plain decimals, and
+    counts that match the testcases they count. An empty list is a valid report."""
+    root = ElementTree.parse(path).getroot()
+    problems = [] if root.tag == "testsuites" else [f"root is <{root.tag}>, not <testsuites>"]
+    for element in root.iter():
+        allowed, required = JUNIT_ATTRIBUTES.get(element.tag, (set(), set()))
+        problems += [f"<{element.tag}> has no {name}" for name in sorted(required - set(element.attrib))]
+        problems += [f"<{element.tag}> may not carry {name}" for name in sorted(set(element.attrib) - allowed)]
+        problems += [f"<{element.tag}> may not hold <{child.tag}>" for child in element
+                     if child.tag not in JUNIT_CHILDREN.get(element.tag, set())]
+        if "time" in element.attrib and not JUNIT_TIME.fullmatch(element.get("time")):
+            problems.append(f"<{element.tag}> time {element.get('time')!r} is not seconds as a decimal")
+    for suite in root.iter("testsuite"):
+        tags = [child.tag for child in suite]
+        if "properties" in tags and (tags.index("properties") != 0 or tags.count("properties") > 1):
+            problems.append("<properties> must be the suite's first child, once")
+        problems += junit_count_problems(suite, list(suite.iter("testcase")))
+    return problems + junit_count_problems(root, list(root.iter("testcase")))
+
+
+def junit_count_problems(element, cases: list) -> list[str]:
+    """Where element's tests/failures/errors/skipped attributes do not count its testcases."""
+    counted = {"tests": len(cases), "failures": sum(c.find("failure") is not None for c in cases),
+               "errors": sum(c.find("error") is not None for c in cases),
+               "skipped": sum(c.find("skipped") is not None for c in cases)}
+    return [f"<{element.tag} {element.get('name')}> says {key}={element.get(key)!r}, counts {number}"
+            for key, number in counted.items() if key in element.attrib and element.get(key) != str(number)]

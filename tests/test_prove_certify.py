@@ -7,10 +7,11 @@ import json
 from xml.etree import ElementTree
 
 from tests.fake_llm import Answer, FakeServer, anthropic_message
-from tests.fake_sage import FakeSage
-from tests.support import LineTest, write_jsonl
+from tests.fake_sage import Fail, FakeSage
+from tests.support import LineTest, junit_problems, write_jsonl
 
-RECORD_KEYS = {"format", "agent", "half", "at", "score", "passed", "cases", "pass_bar", "real", "synthetic",
+RECORD_KEYS = {"format", "agent", "half", "at", "verdict", "passed", "score", "passing_cases", "cases", "pass_bar",
+               "rubric", "real", "synthetic",
                "tool_denials", "drafts_scored", "draft_mean", "draft_check", "backends", "digest", "components",
                "suite", "suite_digest", "failures"}
 RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line",
@@ -72,18 +73,21 @@ class Reports(LineTest):
         self.small_suite()
         report = self.tmp / "junit.xml"
         code, out, _ = self.factory("prove", "triager", "--junit", str(report), "--jobs", "3")
+        self.assertEqual(junit_problems(report), [])
         suite = ElementTree.parse(report).getroot().find("testsuite")
-        self.assertEqual((suite.get("tests"), suite.get("failures")), ("6", "1"))
+        self.assertEqual((suite.get("tests"), suite.get("failures")), ("7", "1"), "six cases and the pass bar")
         cases = suite.findall("testcase")
-        self.assertEqual([c.get("name") for c in cases], [f"c{i}" for i in range(6)])
+        self.assertEqual([c.get("name") for c in cases], [f"c{i}" for i in range(6)] + ["pass bar"])
         failure = cases[2].find("failure")
         self.assertEqual(failure.get("message"), 'label: wanted "bug" got "account"')
+        self.assertEqual(failure.get("type"), "wrong-output")
 
     def test_sealed_junit_names_ids_only(self):
         sealed = [{"id": "s1", "input": "How do I order a new card?", "source": "synthetic", "expect": {"label": "bug"}}]
         write_jsonl(self.root / "evals" / "triager" / "sealed.jsonl", sealed)
         report = self.tmp / "junit.xml"
         self.factory("prove", "triager", "--sealed", "--junit", str(report))
+        self.assertEqual(junit_problems(report), [])
         text = report.read_text()
         self.assertIn('name="s1"', text)
         self.assertNotIn("order a new card", text)
@@ -94,7 +98,7 @@ class Reports(LineTest):
         code, out, _ = self.factory("prove", "triager", "--json")
         record = json.loads(out)
         self.assertEqual(set(record), RECORD_KEYS)
-        self.assertEqual((record["cases"], record["passed"]), (6, 5))
+        self.assertEqual((record["cases"], record["passing_cases"], record["passed"]), (6, 5, True))
         self.assertEqual(code, 0, "0.83 clears the shipped bar 0.8")
         self.set_bar("triager", 0.9)
         code, out, _ = self.factory("prove", "triager", "--json")
@@ -129,10 +133,11 @@ class Concurrency(LineTest):
         report = self.tmp / "j.xml"
         code, out, err = self.factory("prove", "triager", "--jobs", "8", "--json", "--junit", str(report))
         record = json.loads(out)
-        self.assertEqual((record["cases"], record["passed"]), (20, 19))
+        self.assertEqual((record["cases"], record["passing_cases"]), (20, 19))
         self.assertEqual([f["id"] for f in record["failures"]], ["c07"])
         self.assertEqual([c.get("name") for c in ElementTree.parse(report).getroot().iter("testcase")],
-                         [c["id"] for c in cases])
+                         [c["id"] for c in cases] + ["pass bar"])
+        self.assertEqual(junit_problems(report), [])
         self.assertEqual(len(server.requests), 20)
 
     def test_sixty_four_drafts_take_four_sage_requests(self):
@@ -146,6 +151,199 @@ class Concurrency(LineTest):
         self.assertEqual(len(fake.requests), 4)
         self.assertEqual(len(batches), 4)
         self.assertIn("draft:3.0/4 on 64", out)
+
+
+
+def banking_suite(root, passing: int, cases: int, half: str = "open", suite: str = "triager") -> None:
+    """A half of `cases` banking questions the offline triager labels account; the first `passing`
+    expect account, the rest bug (so exactly `passing` pass)."""
+    rows = [{"id": f"c{i}", "input": f"How do I order a new card? ({i})", "source": "synthetic",
+             "expect": {"label": "account" if i < passing else "bug"}} for i in range(cases)]
+    write_jsonl(root / suite / ("cases.jsonl" if half == "open" else "sealed.jsonl"), rows)
+
+
+class ProofVerdicts(LineTest):
+    """Exit status, summary line, --json and --junit give one verdict on every edge: at exactly the
+    bar, a hair under it, with no cases, and with drafts that could not be scored."""
+
+    def outputs(self, *extra: str) -> tuple[int, str, dict, ElementTree.Element]:
+        """prove the triager twice (--json --junit, then the summary); (exit status, summary line,
+        record, JUnit root), after checking both runs exit alike and the JUnit file is valid."""
+        report = self.tmp / "prove.xml"
+        code, out, err = self.factory("prove", "triager", "--json", "--junit", str(report), *extra)
+        again, summary, _ = self.factory("prove", "triager", *extra)
+        self.assertEqual(code, again, err)
+        self.assertEqual(junit_problems(report), [])
+        return code, summary.splitlines()[0], json.loads(out), ElementTree.parse(report).getroot()
+
+    def assert_agree(self, verdict: str, *extra: str) -> dict:
+        """All four outputs say `verdict`; returns the record."""
+        code, summary, record, junit = self.outputs(*extra)
+        properties = {p.get("name"): p.get("value") for p in junit.iter("property")}
+        [bar] = [c for c in junit.iter("testcase") if c.get("name") == "pass bar"]
+        passed = verdict == "PASS"
+        self.assertEqual(code, 0 if passed else 1, summary)
+        self.assertIn(f") {verdict}   ", summary)
+        self.assertEqual((record["verdict"], record["passed"]), (verdict, passed))
+        self.assertEqual((properties["verdict"], properties["passed"]), (verdict, json.dumps(passed)))
+        self.assertEqual(bar.find("failure") is None, passed, "the pass bar testcase fails exactly when the proof does")
+        for key in ("score", "pass_bar", "passing_cases", "cases"):
+            self.assertEqual(properties[key], str(record[key]))
+        return record
+
+    def test_the_bar_compares_exact_fractions(self):
+        for passing, cases, bar, verdict in ((2, 3, 0.66667, "UNDER BAR"), (2, 3, 0.6666, "PASS"),
+                                             (3, 4, 0.75, "PASS"), (5, 6, 1, "UNDER BAR"), (6, 6, 1, "PASS"),
+                                             (0, 3, 0.0, "PASS"), (1, 3, 0.3333333333333334, "UNDER BAR")):
+            with self.subTest(score=f"{passing}/{cases}", bar=bar):
+                banking_suite(self.root / "evals", passing, cases)
+                self.set_bar("triager", bar)
+                record = self.assert_agree(verdict)
+                self.assertEqual(record["passing_cases"], passing)
+                self.assertEqual(record["score"] >= bar, verdict == "PASS", "the score is cut, never rounded up")
+
+    def test_two_of_three_under_a_bar_of_0_66667_is_shown_under_it(self):
+        banking_suite(self.root / "evals", 2, 3)
+        self.set_bar("triager", 0.66667)
+        _, summary, record, _ = self.outputs()
+        self.assertIn("2/3 = 0.66666 (bar 0.66667) UNDER BAR", summary)
+        self.assertEqual(record["score"], 0.66666)
+
+    def test_a_suite_with_no_cases_is_refused_and_writes_no_report(self):
+        write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", [])
+        self.set_bar("triager", 0.0)
+        report = self.tmp / "prove.xml"
+        self.refused("has no cases", "prove", "triager", "--json", "--junit", str(report))
+        self.refused("has no cases", "prove", "triager")
+        self.assertFalse(report.exists())
+        self.assertFalse((self.root / "records").exists())
+
+    def test_drafts_that_could_not_be_scored_are_not_a_pass_of_the_rubric(self):
+        banking_suite(self.root / "evals", 3, 3)
+        self.set_bar("triager", 0.5)
+        with FakeSage(status=401) as fake:
+            self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
+            record = self.assert_agree("RUBRIC UNSCORED")
+        self.assertEqual((record["rubric"], record["passing_cases"]), ("failed", 3))
+        self.assertTrue(record["draft_check"].startswith("scoring FAILED (3 of 3"), record["draft_check"])
+
+    def test_one_draft_that_could_not_be_scored_is_enough(self):
+        banking_suite(self.root / "evals", 3, 3)
+        self.set_bar("triager", 0.5)
+        def answer(question, content):
+            return Fail("overloaded") if "(1)" in json.dumps(content) else None
+        with FakeSage(answer=answer) as fake:
+            self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
+            record = self.assert_agree("RUBRIC UNSCORED")
+        self.assertTrue(record["draft_check"].startswith("scoring FAILED (1 of 3"), record["draft_check"])
+
+    def test_a_misconfigured_decision_model_cannot_score_the_rubric(self):
+        banking_suite(self.root / "evals", 3, 3)
+        self.set_bar("triager", 0.5)
+        self.env.update(SAGE_PROTOCOL="systemone", SAGE_ENDPOINT="http://127.0.0.1:9")
+        record = self.assert_agree("RUBRIC UNSCORED")
+        self.assertIn("SAGE_MODEL is unset", record["draft_check"])
+
+    def test_without_a_decision_model_the_proof_counts_cases_and_says_so(self):
+        banking_suite(self.root / "evals", 3, 3)
+        self.set_bar("triager", 0.5)
+        record = self.assert_agree("PASS")
+        self.assertEqual((record["rubric"], record["draft_check"]), ("no key", "unscored (no key)"))
+        card = json.loads((self.root / "masters" / "triager.json").read_text())
+        del card["draft_rubric"]
+        (self.root / "masters" / "triager.json").write_text(json.dumps(card))
+        self.assertEqual(self.assert_agree("PASS")["rubric"], "none")
+
+    def test_junit_carries_the_verdict_where_ci_reads_it(self):
+        banking_suite(self.root / "evals", 3, 4)
+        self.set_bar("triager", 0.8)
+        _, _, record, junit = self.outputs()
+        suite = junit.find("testsuite")
+        self.assertEqual(suite[0].tag, "properties")
+        self.assertEqual((suite.get("tests"), suite.get("failures")), ("5", "2"))
+        [bar] = [c for c in suite.iter("testcase") if c.get("name") == "pass bar"]
+        failure = bar.find("failure")
+        self.assertEqual(failure.get("type"), "under-bar")
+        self.assertEqual(failure.get("message"), "UNDER BAR: 3/4 = 0.75 (bar 0.8), draft:unscored (no key)")
+        self.assertTrue(all(float(c.get("time")) >= 0 for c in suite.iter("testcase")))
+        self.assertGreaterEqual(float(suite.get("time")), max(float(c.get("time")) for c in suite.iter("testcase")))
+
+
+class SealedVerdicts(LineTest):
+    """certify reads the verdict the same way: exact fractions, a rubric that was not scored, and proofs
+    written in the older factory-proof-1 format."""
+
+    def test_certify_refuses_two_of_three_under_0_66667(self):
+        banking_suite(self.root / "evals", 2, 3, "sealed")
+        self.set_bar("triager", 0.66667)
+        self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 1)
+        self.refused("sealed score 2/3 = 0.66666 is under the bar 0.66667.", "certify", "triager", "--tier", "C1", "--by", "alice")
+
+    def test_certify_refuses_a_rubric_that_was_not_scored(self):
+        banking_suite(self.root / "evals", 3, 3, "sealed")
+        self.set_bar("triager", 0.5)
+        with FakeSage(status=401) as fake:
+            self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
+            self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 1)
+            self.refused("could not score the draft rubric", "certify", "triager", "--tier", "C1", "--by", "alice")
+
+    def test_a_factory_proof_1_record_is_read_with_the_exact_bar(self):
+        banking_suite(self.root / "evals", 2, 3, "sealed")
+        self.set_bar("triager", 0.66667)
+        self.factory("prove", "triager", "--sealed")
+        [path] = (self.root / "records" / "triager").glob("*.sealed.json")
+        record = json.loads(path.read_text())
+        older = {k: v for k, v in record.items() if k not in ("verdict", "rubric", "passing_cases")}
+        older.update(format="factory-proof-1", passed=2, score=0.6667)
+        path.write_text(json.dumps(older))
+        self.refused("sealed score 2/3 = 0.66666 is under the bar 0.66667.", "certify", "triager", "--tier", "C1", "--by", "alice")
+        older.update(pass_bar=0.6666)   # the same counts clear a bar of 0.6666
+        path.write_text(json.dumps(older))
+        self.refused("unsigned. certification is the station that stays human.", "certify", "triager", "--tier", "C1", "--by", "alice")
+
+
+class SuitePerHalf(LineTest):
+    """Each half's suite is chosen on its own: a variant with only its own sealed half is proved on it."""
+
+    def test_a_variant_with_only_its_own_sealed_half(self):
+        sealed = self.tmp / "sealed"
+        (sealed / "triager").mkdir(parents=True)
+        (sealed / "triager" / "sealed.jsonl").write_bytes((self.root / "evals" / "triager" / "sealed.jsonl").read_bytes())
+        banking_suite(sealed, 0, 3, "sealed", suite="tri-eu")
+        self.env["FACTORY_SEALED_DIR"] = str(sealed)
+        self.assertEqual(self.factory("stamp", "triager", "--as", "tri-eu")[0], 0)
+        code, out, _ = self.factory("prove", "tri-eu", "--sealed")
+        self.assertEqual(code, 1)
+        self.assertIn("tri-eu [sealed half of tri-eu] 0/3 = 0.00 (bar 0.7) UNDER BAR", out)
+        code, out, _ = self.factory("prove", "tri-eu")
+        self.assertIn("tri-eu [open half of triager] ", out.splitlines()[0])
+        code, out, _ = self.factory("prove", "triager", "--sealed", "--json")
+        self.assertEqual(json.loads(out)["suite"], "triager")
+
+
+class WhyACaseFailed(LineTest):
+    """prove says why an open-half case failed (status, reason, the contract it broke), in the summary and
+    --json alike; sealed failures stay ids only."""
+
+    def test_an_answer_that_breaks_the_output_contract(self):
+        broken = json.dumps({"label": "urgent", "escalate": False, "draft": "We are on it."})
+        server = FakeServer(*[Answer(body=anthropic_message(broken)) for _ in range(4)]).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        banking_suite(self.root / "evals", 1, 1)
+        banking_suite(self.root / "evals", 1, 1, "sealed")
+        code, out, _ = self.factory("prove", "triager")
+        self.assertIn("  failed c0: run escalated: the answer breaks the output contract: ", out)
+        self.assertIn("urgent", out)
+        code, out, _ = self.factory("prove", "triager", "--json")
+        [failure] = json.loads(out)["failures"]
+        self.assertEqual(failure["status"], "escalated")
+        self.assertIn("breaks the output contract", failure["reason"])
+        self.assertTrue(failure["why"].startswith("run escalated: the answer breaks the output contract"))
+        code, out, _ = self.factory("prove", "triager", "--sealed")
+        self.assertIn("  failed c0\n", out)
+        self.assertNotIn("contract", out)
+        self.assertNotIn("urgent", out)
 
 
 if __name__ == "__main__":

@@ -249,7 +249,10 @@ class Tiered(LineTest):
         self.gate_p = [0.95]
 
     def scripted(self, question, content):
-        """The output gate's P(yes): the next of self.gate_p, the last one repeating."""
+        """The output gate's P(yes): the next of self.gate_p, the last one repeating; a draft's scale
+        gets the server's default answer."""
+        if question["kind"] != "yesno":
+            return None
         p = self.gate_p.pop(0) if len(self.gate_p) > 1 else self.gate_p[0]
         return {"answer": "yes" if p >= 0.5 else "no", "probability": p}
 

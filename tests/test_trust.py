@@ -22,7 +22,7 @@ import unittest
 from pathlib import Path
 
 import factory
-from tests.support import INJECTION, LineTest, snapshot, spawn_at_terminal
+from tests.support import INJECTION, LineTest, junit_problems, snapshot, spawn_at_terminal
 
 CERT = "registry/triager.card.json"
 TICKETS = ["My card was charged twice for the same coffee, please look into it.",
@@ -436,6 +436,7 @@ class Sealed(LineTest):
             self.assertEqual(code, 0, out + err)
             outputs += [out, err]
         outputs.append(junit.read_text())
+        self.assertEqual(junit_problems(junit), [])
         # a variant that may not label fails every sealed case: its record must still hold ids only
         self.assertEqual(self.factory("stamp", "triager", "--as", "broken", "--set", 'tools_denied=["issues:label"]',
                                       "--set", "evals.pass_bar=0")[0], 0)
