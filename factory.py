@@ -1853,23 +1853,25 @@ MODES = {
 }
 
 
-def make_worker(fac: Factory, agent: Agent, task_input) -> llm.Worker:
-    """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules."""
-    return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input)
+def make_worker(fac: Factory, agent: Agent, task_input, breaker=None) -> llm.Worker:
+    """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules,
+    and the station's llm.Breaker (None: a breaker of its own) shared by every worker of a batch."""
+    return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input, breaker=breaker)
 
 
 def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *, tier: str = "C0",
-               run_id: str | None = None, worker: Worker | None = None, tools: dict | None = None) -> Loop:
+               run_id: str | None = None, worker: Worker | None = None, tools: dict | None = None,
+               breaker=None) -> Loop:
     """A loop for one of MODES: its broker at `tier` with the agent's policy and contracts, the tools
     (the agent's own for run and approve, else `tools` or none), the worker (`worker`, else the
-    agent's llm.Worker when the mode asks one), and for a run, spills and the run gate; every event
-    goes to `record`."""
+    agent's llm.Worker when the mode asks one, resting backends with the station's `breaker`), and
+    for a run, spills and the run gate; every event goes to `record`."""
     how = MODES[mode]
     if how.own_tools:
         tools = agent.tools_for(fac, run_id)
     broker = Broker(agent.policy_at(tier), agent.contracts, tools or {}, how.broker, record)
     if worker is None and how.asks:
-        worker = make_worker(fac, agent, task_input)
+        worker = make_worker(fac, agent, task_input, breaker)
     spill = (lambda seq, text: fac.store.spill(agent.name, run_id, seq, text)) if how.spills else None
     router = Router(sage_client(fac, 8.0), record) if how.watched else None
     return Loop(worker, broker, agent, task_text(task_input), record, spill=spill, router=router)
@@ -1878,14 +1880,14 @@ def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *
 # ---- one production run
 
 def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
-            tier: str | None = None) -> dict:
-    """Run a certified agent on one input at `tier` (default: the certificate's): loop, gate,
-    staged calls, verdict, trace and index row; returns the row."""
+            tier: str | None = None, breaker=None) -> dict:
+    """Run a certified agent on one input at `tier` (default: the certificate's), its model calls
+    through the station's llm.Breaker: loop, gate, staged calls, verdict, trace and index row; returns the row."""
     tier = tier or cert["tier"]
     run_id = new_run_id()
     trace = Trace.start(fac, {"run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
                               "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
-    loop = build_loop(fac, agent, "run", trace.record, task_input, tier=tier, run_id=run_id)
+    loop = build_loop(fac, agent, "run", trace.record, task_input, tier=tier, run_id=run_id, breaker=breaker)
     return close_run(fac, agent, cert, trace, loop, run_loop(loop), tier)
 
 
@@ -1963,11 +1965,11 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
 
 # ---- the proving ground: every tool a recorder
 
-def prove_case(fac: Factory, agent: Agent, case: dict) -> dict:
+def prove_case(fac: Factory, agent: Agent, case: dict, breaker=None) -> dict:
     """Run one case with every tool a recorder (dry mode) and judge it against `expect`; `seconds` is
     its wall time."""
     started, events = time.monotonic(), []
-    loop = build_loop(fac, agent, "prove", events.append, case["input"])
+    loop = build_loop(fac, agent, "prove", events.append, case["input"], breaker=breaker)
     status = run_loop(loop)
     expect = dict(case["expect"])
     allowed = set(expect.pop("denied", []))
@@ -2008,15 +2010,16 @@ def scoring_problem(client) -> tuple[str, str] | None:
 
 
 def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple[list[dict], str, str]:
-    """Run every case (`jobs` at a time, results in input order) while their drafts are scored in
-    batches of 16 as soon as 16 are ready; returns (results, rubric state, draft note)."""
+    """Run every case (`jobs` at a time, results in input order, one circuit breaker for all their
+    model calls) while their drafts are scored in batches of 16 as soon as 16 are ready; returns
+    (results, rubric state, draft note)."""
     rubric = agent.card.get("draft_rubric")
     client = sage.Sage.from_env(fac.env, timeout=30.0, retries=2)
     problem = ("none", "no rubric") if not rubric else scoring_problem(client)
-    progress = Progress(f"prove {agent.name}", len(cases))
+    progress, breaker = Progress(f"prove {agent.name}", len(cases)), llm.Breaker()
     results, ready, batches = [], [], []
     with ThreadPoolExecutor(max_workers=jobs) as pool, ThreadPoolExecutor(max_workers=2) as scorer:
-        for future in [pool.submit(prove_case, fac, agent, case) for case in cases]:
+        for future in [pool.submit(prove_case, fac, agent, case, breaker) for case in cases]:
             results.append(future.result())
             progress.tick()
             if problem is None and isinstance(results[-1]["draft"], str):
@@ -2367,8 +2370,10 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
     """Run tickets `jobs` at a time, emitting results in input order (--jobs 1 is exactly sequential);
     returns how many runs crashed.
 
-    The drift watch is consulted before each ticket starts and fed as each result is emitted."""
+    The drift watch is consulted before each ticket starts and fed as each result is emitted; one
+    circuit breaker rests a backend for every ticket of the batch once it keeps answering 429/5xx."""
     drift, progress, inflight = Drift.of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
+    breaker = llm.Breaker()
     crashed = []
     def finish():
         ticket_id, future = inflight.popleft()
@@ -2384,7 +2389,8 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
                 finish()
             if drift.demoted:
                 print(f"drift: {agent.name} {drift.describe()}; this run is clamped to C0 until it is re-certified.", file=sys.stderr)
-            inflight.append((ticket_id, pool.submit(run_one, fac, agent, cert, text, ticket_id, "C0" if drift.demoted else None)))
+            tier = "C0" if drift.demoted else None
+            inflight.append((ticket_id, pool.submit(run_one, fac, agent, cert, text, ticket_id, tier, breaker)))
         while inflight:
             finish()
     progress.close()
@@ -2443,9 +2449,9 @@ def cmd_harvest(fac: Factory, args) -> int:
     done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
     todo = [row for row in index_rows(fac) if row["agent"] == args.agent and flagged(row) and row["run_id"] not in done]
     inputs = [flagged_input(fac, row) for row in todo]  # every trace read before anything is written
-    proposed = 0
+    proposed, breaker = 0, llm.Breaker()   # one circuit breaker for the whole harvest
     for row, given in zip(todo, inputs):
-        result = run_one(fac, smith, smith_cert, given)
+        result = run_one(fac, smith, smith_cert, given, breaker=breaker)
         made = sum(1 for tool, verdict in result["tools"] if tool == "evals:propose" and verdict == "ok")
         proposed += made
         if made:   # a run whose proposal failed stays flagged for the next harvest

@@ -12,7 +12,7 @@ import factory
 import llm
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message, openai_completion
 from tests.fake_sage import FakeSage
-from tests.support import CertifiedTest, LineTest
+from tests.support import CertifiedTest, LineTest, write_jsonl
 
 KEY = "sk-ant-test-SECRET-0123456789"
 LABEL = ("t1", "issues__label", {"label": "billing", "escalate": True})
@@ -176,6 +176,45 @@ class Loop(LineTest):
         tool_messages = [m for m in server.requests[1]["body"]["messages"] if m["role"] == "tool"]
         self.assertEqual([m["tool_call_id"] for m in tool_messages], ["c1", "c2"])
         self.assertEqual(events[-1]["status"], "done")
+
+
+class Overloaded(FakeServer):
+    """A model server that answers every request 429 (rate limited, retry after 0.5 s)."""
+
+    def take(self, record: dict) -> Answer:
+        super().take(record)
+        return Answer(429, anthropic_error("rate_limit_error", "slow down"), headers={"retry-after": "0.5"})
+
+
+class OneBreakerPerStation(CertifiedTest):
+    """Every worker of a station shares one circuit breaker: a backend that keeps answering 429 is
+    rested for the whole batch, not rediscovered by each ticket (3 requests a ticket before)."""
+
+    def overloaded(self) -> Overloaded:
+        server = Overloaded().start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=KEY)
+        return server
+
+    def test_run_file_with_jobs_sends_a_handful_of_requests(self):
+        server = self.overloaded()
+        inbox = self.root / "evals" / "triager" / "inbox.jsonl"
+        code, out, err = self.factory("run", "triager", "--file", str(inbox), "--jobs", "4")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(len(out.splitlines()), 20)
+        self.assertLessEqual(len(server.requests), 12, "20 tickets x 3 attempts with a breaker per worker")
+        backends = {b for row in self.index_rows() for b in row["backends"]}
+        self.assertTrue(all(b.startswith("offline-after-error: ") for b in backends), backends)
+        self.assertIn("rested", " ".join(backends))
+
+    def test_prove_with_jobs_sends_a_handful_of_requests(self):
+        server = self.overloaded()
+        cases = [{"id": f"c{i}", "input": f"How do I order a new card? ({i})", "expect": {"label": "account"}}
+                 for i in range(20)]
+        write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", cases)
+        code, out, err = self.factory("prove", "triager", "--json", "--jobs", "4")
+        self.assertEqual((code, json.loads(out)["passing_cases"]), (0, 20), err)
+        self.assertLessEqual(len(server.requests), 12, "20 cases x 3 attempts with a breaker per worker")
 
 
 def reply(text: str = "", calls: tuple = ()) -> llm.Reply:
