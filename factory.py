@@ -1358,18 +1358,18 @@ def task_text(value) -> str:
 
 
 def parse_output(text: str, schema: dict) -> dict:
-    """The JSON object in the worker's final text, checked against the agent's OUTPUT_SCHEMA; Escalated otherwise."""
-    start, end = text.find("{"), text.rfind("}")
-    try:
-        value = json.loads(text[start:end + 1]) if start >= 0 else None
-    except json.JSONDecodeError:
-        value = None
-    if not isinstance(value, dict):
+    """The first JSON object in the worker's final text that the agent's OUTPUT_SCHEMA accepts (prose
+    braces before it, a code fence or a note after it do not hide it: llm.json_objects); Escalated
+    naming the first object's contract break when none is accepted, or when the text holds no object."""
+    found = llm.json_objects(text)
+    if not found:
         raise Escalated("the answer holds no json object")
-    problem = check_args(schema, value, "output")
-    if problem:
-        raise Escalated(f"the answer breaks the output contract: {problem}")
-    return value
+    problems = []
+    for value in found:
+        problems.append(check_args(schema, value, "output"))
+        if problems[-1] is None:
+            return value
+    raise Escalated(f"the answer breaks the output contract: {problems[0]}")
 
 
 @dataclass

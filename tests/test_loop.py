@@ -178,6 +178,32 @@ class Loop(LineTest):
         self.assertEqual(events[-1]["status"], "done")
 
 
+class OutputParsing(CertifiedTest):
+    """The final answer's object is the first one the output contract accepts, whatever text is around it."""
+
+    def test_prose_braces_fences_and_notes_do_not_hide_the_answer(self):
+        other = json.dumps({"example": True})
+        texts = {"a format line first": f"Output format {{label, escalate, draft}}:\n{FINAL}",
+                 "a note after a fence": f"```json\n{FINAL}\n```\nNote: {{escalate}} is true because money moved.",
+                 "an object the contract refuses first": f"Example: {other}\nAnswer: {FINAL}"}
+        for why, text in texts.items():
+            with self.subTest(why):
+                server = FakeServer(Answer(body=anthropic_message(text))).start()
+                self.addCleanup(server.close)
+                self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=KEY)
+                code, _, err = self.factory("run", "triager", "I was charged twice for my card")
+                self.assertEqual(code, 0, err)
+                end = self.traces()[-1][-1]
+                self.assertEqual((end["status"], end["output"]), ("done", json.loads(FINAL)), end["reason"])
+
+    def test_no_accepted_object_names_the_first_objects_break(self):
+        worker = llm.Scripted([reply('{"label": "urgent", "escalate": false, "draft": "x"} and {"note": 1}')])
+        loop = factory.build_loop(self.fac, factory.load_agent(self.fac, "triager"), "prove", [].append, "hi", worker=worker)
+        self.assertEqual(factory.run_loop(loop), "escalated")
+        self.assertIn("breaks the output contract", loop.reason)
+        self.assertIn("urgent", loop.reason)
+
+
 class Overloaded(FakeServer):
     """A model server that answers every request 429 (rate limited, retry after 0.5 s)."""
 
