@@ -2499,13 +2499,19 @@ def certificate_state(fac: Factory, name: str) -> str:
 
 
 def gate_report(fac: Factory) -> list[str]:
-    """Lines about the gate: protocol, endpoint, key present (never its value), User-Agent, live check."""
+    """Lines about the gate: protocol, endpoint, model (System One), key present (never its value),
+    User-Agent, then why it cannot be used (the client's own reason) or a live check."""
     client = sage.Sage.from_env(fac.env, timeout=8.0)
-    lines = [f"gate: {client.protocol} at {client.endpoint}  key {'present' if fac.env.get('SAGE_API_KEY') else 'absent'}"
+    model = f"  model {client.model or 'unset'}" if client.protocol == "systemone" else ""
+    lines = [f"gate: {client.protocol} at {client.endpoint}{model}  key {'present' if fac.env.get('SAGE_API_KEY') else 'absent'}"
              f"  user-agent {sage.USER_AGENT!r}"]
     if not client.usable:
-        lines.append("gate: not reachable without a key -> every run is 'unscored' and routed to a human "
-                     "(set SAGE_API_KEY, or SAGE_PROTOCOL=systemone with SAGE_ENDPOINT for a local decision model)")
+        lines.append(f"gate: not usable: {client.problem} -> every run is 'unscored' and routed to a human")
+        if scoring_problem(client)[0] == "no key":
+            lines.append("gate: proofs count their cases alone (drafts unscored); set SAGE_API_KEY, or "
+                         "SAGE_PROTOCOL=systemone with SAGE_ENDPOINT and SAGE_MODEL for a local decision model")
+        else:
+            lines.append("gate: a proof of a card with a draft rubric is RUBRIC UNSCORED until this is fixed")
         return lines
     report = client.ready()
     state = "ready" if report["ready"] else f"NOT READY ({report['detail']})"

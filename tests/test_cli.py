@@ -17,7 +17,7 @@ import unittest
 import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import FakeSage
-from tests.support import REPO, LineTest, write_jsonl
+from tests.support import REPO, CertifiedTest, LineTest, write_jsonl
 
 KEY = "sk-ant-test-router"
 
@@ -141,6 +141,26 @@ class Doctor(LineTest):
                 self.assertNotIn("SECRETSECRET", out)
                 self.assertNotIn(KEY, out)
                 self.assertEqual(fake.requests[-1].path, "/ready")
+
+
+class SystemOneWithoutAModel(CertifiedTest):
+    """System One needs the decision model's name: without SAGE_MODEL, doctor and the gate line say so,
+    and nothing is sent."""
+
+    def test_doctor_and_the_gate_line_say_sage_model_is_unset(self):
+        with FakeSage() as fake:
+            self.env.update(SAGE_PROTOCOL="systemone", SAGE_ENDPOINT=fake.url)
+            code, out, _ = self.factory("doctor")
+            self.assertEqual(code, 0)
+            self.assertIn(f"gate: systemone at {fake.url}  model unset", out)
+            self.assertIn("gate: not usable: SAGE_MODEL is unset: System One needs the decision model's name", out)
+            self.assertNotIn("without a key", out)
+            code, out, err = self.factory("run", "triager", "How do I order a new card?")
+            self.assertEqual(code, 0, err)
+            self.assertIn("gate: FAILED (SAGE_MODEL is unset: System One needs the decision model's name)", out)
+            self.assertEqual(fake.requests, [])
+            self.env["SAGE_MODEL"] = "decider"
+            self.assertIn("gate: live check ready", self.factory("doctor")[1])
 
 
 if __name__ == "__main__":
