@@ -64,7 +64,7 @@ SIGNER = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
 TIERS = ("C0", "C1", "C2", "C3")
 MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
-CLIP_CHARS = 8000              # ~2,000 tokens of tool result go back to the worker
+CLIP_CHARS = 8000              # ~2,000 tokens of a tool result or of the input go to the worker
 TRACE_FORMAT = "factory-trace-2"
 RECORD_FORMAT = "factory-proof-2"
 CERT_FORMAT = "factory-certificate-1"
@@ -252,9 +252,9 @@ class Factory:
             raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
         return self.traces / check_name(agent) / f"{run_id}.jsonl"
 
-    def spill_path(self, agent: str, run_id: str, seq: int) -> Path:
-        """traces/AGENT/RUN_ID/tool-SEQ.txt: a tool result too long to send back whole."""
-        return self.trace_path(agent, run_id).with_suffix("") / f"tool-{seq}.txt"
+    def spill_path(self, agent: str, run_id: str, name: str) -> Path:
+        """traces/AGENT/RUN_ID/NAME.txt: a text too long to send the worker whole (NAME: input, tool-SEQ)."""
+        return self.trace_path(agent, run_id).with_suffix("") / f"{name}.txt"
 
     def pending_path(self, run_id: str, call: int, state: str = "") -> Path:
         """registry/pending/RUN_ID.CALL.json, or its state file (.approved, .executed, .rejected)."""
@@ -426,9 +426,9 @@ class Store:
         except OSError as error:
             raise Refusal(f"{path}: cannot write the report ({error.strerror or type(error).__name__})") from None
 
-    def spill(self, agent: str, run_id: str, seq: int, text: str) -> str:
-        """Save a full tool result under traces/AGENT/RUN_ID/ and return its path as shown to the user."""
-        path = self.fac.spill_path(agent, run_id, seq)
+    def spill(self, agent: str, run_id: str, name: str, text: str) -> str:
+        """Save a full text (a tool result, the run's input) as traces/AGENT/RUN_ID/NAME.txt; its path as shown to the user."""
+        path = self.fac.spill_path(agent, run_id, name)
         self.write_text(path, text)
         return self.fac.shown(path)
 
@@ -1326,6 +1326,10 @@ class Worker(Protocol):
     def switch_model(self) -> bool:
         """Stop asking the current model (the run gate's switch_model); True when another one remains."""
 
+    def use_rules(self, reason: str) -> None:
+        """Answer the rest of the run with the agent's rules (backend offline-REASON); ValueError when
+        there are none."""
+
 
 class Stop(Exception):
     """A loop exit; `status` is the closed-set status recorded in the trace."""
@@ -1376,9 +1380,10 @@ def parse_output(text: str, schema: dict) -> dict:
 class Loop:
     """One run of the worker: ask, carry out each tool call through the broker, until a Stop.
 
-    `worker` is a Worker (complete, estimate_next_cost, tier, switch_model); `record` appends a trace
-    event; `spill(seq, text) -> str` saves a tool result too long to send back and returns its path;
-    `router` (the run gate) reviews the run after every step when given."""
+    `worker` is a Worker (complete, estimate_next_cost, tier, switch_model, use_rules); `record`
+    appends a trace event; `spill(name, text) -> str` keeps a text too long to send whole (the
+    input, a tool result) and returns its path; `router` (the run gate) reviews the run after every
+    step when given."""
     worker: Worker | None
     broker: Broker
     agent: Agent
@@ -1396,7 +1401,7 @@ class Loop:
     def run(self) -> str:
         """Step until a Stop; returns its status (done | escalated | over-budget | diverged)."""
         self.messages = [{"role": "system", "content": self.agent.module.SYSTEM},
-                         {"role": "user", "content": self.task}]
+                         {"role": "user", "content": self.clip(self.task, "input")}]
         while True:
             try:
                 self.step()
@@ -1414,7 +1419,7 @@ class Loop:
         self.messages.append({"role": "assistant", "content": reply.text, "tool_calls": calls})
         for call in reply.tool_calls:
             outcome = self.broker.carry_out(call.name, call.args)
-            content = self.clip(outcome)
+            content = self.clip(outcome.result, f"tool-{outcome.seq}")
             self.record({"event": "tool_result", "seq": outcome.seq, "tool_call_id": call.id, "content": content})
             self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
                                   "content": content, "is_error": not outcome.ok})
@@ -1426,10 +1431,8 @@ class Loop:
         max_steps = self.agent.card.get("max_steps", 8)
         if self.steps >= max_steps:
             raise Escalated(f"step budget of {max_steps} spent without an answer")
-        envelope, schemas = self.agent.card["cost_envelope_usd"], self.schemas()
-        estimate = self.worker.estimate_next_cost(self.messages, schemas)
-        if self.cost is not None and estimate is not None and self.cost + estimate > envelope:
-            raise OverBudget(f"next call (~${estimate:.4f}) would pass the ${envelope} envelope at ${self.cost:.4f}")
+        schemas = self.schemas()
+        self.fit_envelope(schemas)
         self.steps += 1
         reply = self.worker.complete(self.messages, schemas)
         self.cost = None if self.cost is None or reply.cost_usd is None else self.cost + reply.cost_usd
@@ -1439,6 +1442,24 @@ class Loop:
                      "text": reply.text, "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls],
                      "attempts": list(reply.attempts), "headers": reply.headers})
         return reply
+
+    def fit_envelope(self, schemas: list[dict]) -> None:
+        """OverBudget when the next call would pass the card's cost envelope. Before the run's first
+        call that means the envelope cannot fit one model call: the agent's rules answer the whole
+        run instead (backend offline-over-envelope) and the trace says why. An unknown estimate or
+        cost is let through; it never counts as within the envelope at the gate."""
+        envelope = self.agent.card["cost_envelope_usd"]
+        estimate = self.worker.estimate_next_cost(self.messages, schemas)
+        if self.cost is None or estimate is None or self.cost + estimate <= envelope:
+            return
+        why = f"next call (~${estimate:.4f}) would pass the ${envelope} envelope at ${self.cost:.4f}"
+        if self.steps:
+            raise OverBudget(why)
+        try:
+            self.worker.use_rules(llm.OVER_ENVELOPE)
+        except ValueError:   # a worker without rules to answer with
+            raise OverBudget(why) from None
+        self.record({"event": "envelope", "why": f"{why}: not one model call fits, so the agent's rules answer this run"})
 
     def restart_clean(self) -> None:
         """Rebuild the conversation: keep the task, the tool calls and their results; drop the model's text."""
@@ -1450,12 +1471,12 @@ class Loop:
         return [{"name": t, "description": self.agent.contracts[t]["description"],
                  "params": self.agent.contracts[t]["params"]} for t in allowed if t in self.agent.contracts]
 
-    def clip(self, outcome: Outcome) -> str:
-        """The tool result for the worker: whole when short, else head + tail + where the full text is."""
-        text = outcome.result
+    def clip(self, text: str, name: str) -> str:
+        """Text for the worker (the input, a tool result): whole when short, else head + tail + where
+        the full text is kept (traces/AGENT/RUN_ID/NAME.txt in a run; not kept in a dry run)."""
         if len(text) <= CLIP_CHARS:
             return text
-        where = f"full output at {self.spill(outcome.seq, text)}" if self.spill else "full output not kept (dry run)"
+        where = f"full text at {self.spill(name, text)}" if self.spill else "full text not kept (dry run)"
         head, tail = text[:CLIP_CHARS // 2], text[-CLIP_CHARS // 4:]
         return f"{head}\n[... {len(text) - len(head) - len(tail)} characters clipped; {where} ...]\n{tail}"
 
@@ -1872,7 +1893,7 @@ def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *
     broker = Broker(agent.policy_at(tier), agent.contracts, tools or {}, how.broker, record)
     if worker is None and how.asks:
         worker = make_worker(fac, agent, task_input, breaker)
-    spill = (lambda seq, text: fac.store.spill(agent.name, run_id, seq, text)) if how.spills else None
+    spill = (lambda name, text: fac.store.spill(agent.name, run_id, name, text)) if how.spills else None
     router = Router(sage_client(fac, 8.0), record) if how.watched else None
     return Loop(worker, broker, agent, task_text(task_input), record, spill=spill, router=router)
 

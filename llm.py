@@ -1136,7 +1136,7 @@ class Scripted:
     """A worker that answers with the replies it was given, in order, and keeps what it was sent: no
     network, no key. Replay feeds it the replies recorded in a trace; tests script a model with it.
 
-    It has the Worker's four methods. When the replies run out, `complete` raises `exhausted()`
+    It has the Worker's five methods. When the replies run out, `complete` raises `exhausted()`
     (default: an LLMError), so the caller decides what running past the script means."""
 
     def __init__(self, replies, exhausted: Callable[[], Exception] | None = None):
@@ -1162,3 +1162,7 @@ class Scripted:
     def switch_model(self) -> bool:
         """There is no other model to switch to."""
         return False
+
+    def use_rules(self, reason: str) -> None:
+        """A scripted worker has no rules to answer with: ValueError, as from a Worker without rules."""
+        raise ValueError("a scripted worker has no offline rules to answer with")

@@ -95,12 +95,55 @@ class Loop(LineTest):
         self.assertIn("routed to a human", out)
         self.assertEqual(sum(e.get("event") == "model" for e in events), 3)
 
-    def test_envelope_stops_the_run_before_the_call_that_would_exceed_it(self):
+    def test_an_envelope_that_cannot_fit_one_call_hands_the_run_to_the_rules(self):
         server = self.serve(Answer(body=anthropic_message(FINAL)))
         out, events = self.run_triager(agent="pinched")
         self.assertEqual(server.requests, [])
+        self.assertEqual((events[-1]["status"], events[-1]["output"]["label"]), ("done", "billing"))
+        [envelope] = [e for e in events if e.get("event") == "envelope"]
+        self.assertIn("would pass the $0.0001 envelope", envelope["why"])
+        self.assertIn("the agent's rules answer this run", envelope["why"])
+        self.assertEqual({e["backend"] for e in events if e.get("event") == "model"}, {"offline-over-envelope"})
+        self.assertEqual(self.index_rows()[-1]["backends"], ["offline-over-envelope"])
+
+    def test_the_envelope_stops_the_run_before_a_later_call_would_pass_it(self):
+        server = self.serve(Answer(body=anthropic_message(tool_uses=[LABEL], usage=(20_000, 2_000))),
+                            Answer(body=anthropic_message(FINAL)))
+        out, events = self.run_triager()
+        self.assertEqual(len(server.requests), 1)
         self.assertEqual(events[-1]["status"], "over-budget")
+        self.assertIn("would pass the $0.05 envelope at $0.0600", events[-1]["reason"])
         self.assertIn("routed to a human", out)
+
+    def test_a_long_ticket_is_clipped_for_the_model_and_kept_whole(self):
+        ticket = "The app crashes when I open statements. Log:\n" + "".join(
+            f"2026-11-30T04:12:{n % 60:02}Z ERROR StatementView: NullPointerException at row {n}\n" for n in range(1650))
+        self.assertGreater(len(ticket.encode()), 121_000)
+        server = self.serve(Answer(body=anthropic_message(tool_uses=[LABEL])), Answer(body=anthropic_message(FINAL)))
+        out, events = self.run_triager(ticket)
+        self.assertEqual(len(server.requests), 2)
+        sent = server.requests[0]["body"]["messages"][0]["content"]
+        sent = sent if isinstance(sent, str) else json.dumps(sent)
+        self.assertLess(len(sent), 10_000)
+        self.assertIn("The app crashes when I open statements.", sent)
+        self.assertIn("at row 1649", sent)
+        where = re.search(r"full text at (\S+)", sent).group(1)
+        self.assertTrue(where.endswith("/input.txt"), where)
+        self.assertEqual((self.root / where).read_text(), ticket)
+        self.assertEqual((events[-1]["status"], events[-1]["output"]["label"]), ("done", "billing"))
+
+    def test_an_unknown_cost_is_never_within_the_envelope_at_the_gate(self):
+        no_usage = {k: v for k, v in anthropic_message(FINAL).items() if k != "usage"}
+        for why, body in (("no usage from a priced model", no_usage),
+                          ("answered by an unpriced model", anthropic_message(FINAL, model="claude-prototype-0"))):
+            with self.subTest(why), FakeSage(yes_p=0.99) as sage:
+                self.serve(Answer(body=body))
+                self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY="sage-key")
+                out, events = self.run_triager()
+                row = self.index_rows()[-1]
+                self.assertIsNone(row["cost_usd"])
+                self.assertEqual((row["gate"], row["verdict"]), ("flag", "routed-to-human"))
+                self.assertIn("(cost outside the envelope)", out)
 
     def test_retired_primary_falls_back_and_the_trace_shows_both(self):
         server = self.serve(Answer(404, anthropic_error("not_found_error", "model: claude-sonnet-5-5")),
@@ -132,7 +175,7 @@ class Loop(LineTest):
         self.assertLess(len(sent), 10_000)
         self.assertIn("HEAD", sent)
         self.assertIn("TAIL", sent)
-        where = re.search(r"full output at (\S+)", sent).group(1)
+        where = re.search(r"full text at (\S+)", sent).group(1)
         self.assertEqual(len((self.root / where).read_text()), 1_000_008)
 
     def test_unknown_price_is_never_within_the_envelope(self):

@@ -188,8 +188,9 @@ class Verdicts(CertifiedTest):
         self.addCleanup(server.close)
         self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
         self.assertEqual(self.run_once()["verdict"], "escalated")
-        self.edit_card("triager", max_steps=2, cost_envelope_usd=0.0)
-        self.certified()
+        costly = FakeServer(Answer(body=anthropic_message(tool_uses=[loop], usage=(20_000, 2_000)))).start()
+        self.addCleanup(costly.close)
+        self.env["ANTHROPIC_BASE_URL"] = costly.url   # $0.06 spent: the next call would pass the $0.05 envelope
         self.assertEqual(self.run_once()["verdict"], "over-budget")
         del self.env["ANTHROPIC_API_KEY"]
         path = self.root / "agents" / "triager.py"
