@@ -881,7 +881,8 @@ def from_proof_1(record: dict) -> dict:
                      if key in ("real", "synthetic") and isinstance(value, dict) else value)
                for key, value in record.items() if key != "passed"}
     upgraded = {**renamed, "format": RECORD_FORMAT, "passing_cases": record.get("passed"), "rubric": rubric}
-    if type(upgraded["passing_cases"]) is int and type(upgraded.get("cases")) is int and _is_number(upgraded.get("pass_bar")):
+    counted = type(upgraded["passing_cases"]) is int and type(upgraded.get("cases")) is int
+    if counted and _is_number(upgraded.get("pass_bar")):   # else the shape check names what is missing
         upgraded["verdict"] = proof_verdict(upgraded)
         upgraded["passed"] = upgraded["verdict"] == "PASS"
     return upgraded
@@ -898,7 +899,8 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
     found = []
     for path in paths:
         record = fac.store.read_json(path)
-        record = RECORD_SHAPE.check(RECORD_UPGRADES.get(record.get("format"), dict)(record), fac.shown(path))
+        upgrade = RECORD_UPGRADES.get(record.get("format"))
+        record = RECORD_SHAPE.check(upgrade(record) if upgrade else record, fac.shown(path))
         if not NAME.match(record["suite"]):
             raise Refusal(f"{fac.shown(path)}: field 'suite' must be a suite name, got {record['suite']!r}")
         found.append((path, record))
@@ -2124,7 +2126,7 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
     failures = [r["id"] if half == "sealed" else
                 {**{k: r[k] for k in ("id", "status", "reason", "wrong", "unexpected_denials", "draft_score")},
                  "why": failure_message(half, r)} for r in results if not r["passed"]]
-    proof = {"format": RECORD_FORMAT, "agent": agent.name, "half": half, "at": utc_now(), **share(results, bar),
+    proof = {"agent": agent.name, "half": half, "at": utc_now(), **share(results, bar),
              "pass_bar": bar, "rubric": rubric, "real": share([r for r in results if not r["synthetic"]], bar),
              "synthetic": share([r for r in results if r["synthetic"]], bar),
              "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
@@ -2271,8 +2273,8 @@ def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
     verdict, score and bar; a testcase per case (sealed failures say nothing about the case); and a
     `pass bar` testcase that fails exactly when the verdict is not PASS. Times are seconds."""
     name = f"{proof['agent']}.{proof['half']}"
-    failed = [r for r in results if not r["passed"]] + ([] if proof["passed"] else [proof])
-    counts = {"tests": str(len(results) + 1), "failures": str(len(failed)), "errors": "0"}
+    failed = sum(not r["passed"] for r in results) + (not proof["passed"])
+    counts = {"tests": str(len(results) + 1), "failures": str(failed), "errors": "0"}
     suites = ElementTree.Element("testsuites", name="factory prove", time=f"{seconds:.3f}", **counts)
     suite = ElementTree.SubElement(suites, "testsuite", name=name, **counts, skipped="0",
                                    time=f"{seconds:.3f}", timestamp=proof["at"])
@@ -2285,18 +2287,23 @@ def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
         case = ElementTree.SubElement(suite, "testcase", classname=f"factory.{name}", name=result["id"],
                                       time=f"{result['seconds']:.3f}")
         if not result["passed"]:
-            message = failure_message(proof["half"], result)
-            ElementTree.SubElement(case, "failure", type=failure_type(proof["half"], result), message=message).text = message
+            junit_failure(case, failure_type(proof["half"], result), failure_message(proof["half"], result))
     bar = ElementTree.SubElement(suite, "testcase", classname=f"factory.{name}", name="pass bar", time="0.000")
     if not proof["passed"]:
-        message = f"{proof['verdict']}: {score_text(proof, proof['pass_bar'])} (bar {proof['pass_bar']}), draft:{proof['draft_check']}"
-        ElementTree.SubElement(bar, "failure", type=proof["verdict"].lower().replace(" ", "-"), message=message).text = message
+        verdict, score = proof["verdict"], score_text(proof, proof["pass_bar"])
+        junit_failure(bar, verdict.lower().replace(" ", "-"), f"{verdict}: {score} (bar {proof['pass_bar']}), draft:{proof['draft_check']}")
     ElementTree.indent(suites)
     return ElementTree.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
 JUNIT_PROPERTIES = ("verdict", "passed", "score", "passing_cases", "cases", "pass_bar", "rubric", "draft_check",
                     "suite", "half", "digest")
+
+
+def junit_failure(case: ElementTree.Element, kind: str, message: str) -> None:
+    """Mark a JUnit testcase failed: a <failure> with a type and a message (strict readers want both),
+    the message also as its text."""
+    ElementTree.SubElement(case, "failure", type=kind, message=message).text = message
 
 
 def failure_type(half: str, result: dict) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from xml.etree import ElementTree
 
+import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import Fail, FakeSage
 from tests.support import LineTest, junit_problems, write_jsonl
@@ -185,6 +186,8 @@ class ProofVerdicts(LineTest):
         self.assertEqual(code, 0 if passed else 1, summary)
         self.assertIn(f") {verdict}   ", summary)
         self.assertEqual((record["verdict"], record["passed"]), (verdict, passed))
+        self.assertIn(record["rubric"], factory.RUBRIC_STATES)
+        self.assertIn(verdict, factory.PROOF_VERDICTS)
         self.assertEqual((properties["verdict"], properties["passed"]), (verdict, json.dumps(passed)))
         self.assertEqual(bar.find("failure") is None, passed, "the pass bar testcase fails exactly when the proof does")
         for key in ("score", "pass_bar", "passing_cases", "cases"):
