@@ -8,15 +8,16 @@ is fixed and written once, in `rule_on`:
     not in tools -> DENIED_UNGRANTED
     arguments break the contract -> DENIED_CONTRACT (names the field)
     dry mode (prove) -> RECORDED              (nothing executes)
-    effect "act" during a run -> STAGED       (executed later, only after the gate and the tier)
-    effect "draft" at tier C0 -> RECORDED     (C0 observes: it records what it would have written)
-    otherwise -> EXECUTE                      (outcome "ok" or the failure's class name)
+    effect "draft" or "act" during a run -> HELD   (written nowhere until the gate has answered)
+    otherwise (a read) -> EXECUTE             (outcome "ok" or the failure's class name)
 
 A tool implementation returns its result text, or (text, receipt) where the receipt says where
 its effect was written ({"path", "offset", "effect_id"}) so that the line can read it back.
 
-After the gate has answered, `settle` decides what becomes of the acting calls a run staged (the
-tier x gate table), and the caller carries the decision out.
+Held until gated: during a run only reads execute. After the output gate has answered about the
+input, the output and every held call, `settle` decides what becomes of each held call (tier x
+gate result x the agent's hand-off x effect), and the caller carries the decision out, committing
+a call through `Broker.commit`.
 
 The broker never prints and never reads environment variables; the caller hands it the policy,
 the contracts, the tool implementations and a `record` callable that appends to the trace.
@@ -35,11 +36,12 @@ DENIED_EXPLICIT = "DENIED_EXPLICIT"
 DENIED_UNGRANTED = "DENIED_UNGRANTED"
 DENIED_CONTRACT = "DENIED_CONTRACT"
 RECORDED = "RECORDED"
-STAGED = "STAGED"
+HELD = "HELD"
 EXECUTE = "EXECUTE"
 DENIALS = frozenset({DENIED_UNKNOWN, DENIED_EXPLICIT, DENIED_UNGRANTED, DENIED_CONTRACT})
-RULINGS = DENIALS | {RECORDED, STAGED, EXECUTE}   # the closed set of the broker's decisions on a call
+RULINGS = DENIALS | {RECORDED, HELD, EXECUTE}   # the closed set of the broker's decisions on a call
 EFFECTS = ("read", "draft", "act")
+WRITES = ("draft", "act")                       # the effects a run holds until its gate has answered
 MODES = ("dry", "run")
 
 
@@ -49,7 +51,7 @@ class Policy:
     agent: str
     tools: frozenset
     tools_denied: frozenset
-    tier: str = "C0"          # C0 observe, C1 draft, C2 act with approval, C3 act alone
+    tier: str = "C0"          # C0 observe, C1 draft, C2 act with approval, C3 act alone (settling reads it)
 
 
 @dataclass(frozen=True)
@@ -150,10 +152,9 @@ def rule_on(policy: Policy, contracts: dict, tool: str, args, mode: str) -> Ruli
         return Ruling(DENIED_CONTRACT, f"{tool} contract: {problem}")
     if mode == "dry":
         return Ruling(RECORDED, "dry run: recorded, not executed")
-    if contract["effect"] == "act":
-        return Ruling(STAGED, "acting call staged: runs only after the gate, if the tier allows")
-    if contract["effect"] == "draft" and policy.tier == "C0":
-        return Ruling(RECORDED, "tier C0 observes: recorded what it would have written")
+    if contract["effect"] in WRITES:
+        return Ruling(HELD, "nothing is written yet: it is written only if the output gate passes "
+                            "and the tier allows it")
     return Ruling(EXECUTE, "granted")
 
 
@@ -163,7 +164,8 @@ class Broker:
 
     `contracts` maps tool name -> contract dict (name, effect, description, params, failure_modes);
     `tools` maps tool name -> callable(args: dict) -> str (the real effect); `record` receives each
-    trace entry dict. `staged` collects the acting calls held for after the gate.
+    trace entry dict. `held` collects the draft and acting calls kept for after the gate, in call
+    order; `committed` the held calls executed since (`commit`).
     """
     policy: Policy
     contracts: dict
@@ -171,7 +173,8 @@ class Broker:
     mode: str
     record: Callable[[dict], None]
     clock: Callable[[], float] = time.perf_counter
-    staged: list = field(default_factory=list)
+    held: list = field(default_factory=list)
+    committed: list = field(default_factory=list)
     outcomes: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -188,29 +191,29 @@ class Broker:
         ruling = rule_on(self.policy, self.contracts, tool, args, self.mode)
         effect = self.contracts.get(tool, {}).get("effect")
         if ruling.name == EXECUTE:
-            outcome = self._execute(tool, args, effect, started)
+            outcome = self._execute(tool, args, effect, started, self.tools)
         else:
-            outcome = self._held(tool, args, ruling, effect, started)
+            outcome = self._not_now(tool, args, ruling, effect, started)
         self.outcomes.append(outcome)
         self.record(outcome.entry())
         return outcome
 
-    def _held(self, tool, args, ruling: Ruling, effect, started) -> Outcome:
-        """Outcome for a call that does not execute now: denied, recorded or staged."""
+    def _not_now(self, tool, args, ruling: Ruling, effect, started) -> Outcome:
+        """Outcome for a call that does not execute now: denied, recorded or held."""
         denied = ruling.name in DENIALS
         outcome = Outcome(len(self.outcomes) + 1, tool, args if isinstance(args, dict) else {"_": args},
                           ruling.name, not denied, ruling.why if denied else None, effect,
                           (self.clock() - started) * 1000)
         outcome.result = f"denied: {ruling.why}" if denied else f"{ruling.name.lower()}: {ruling.why}"
-        if ruling.name == STAGED:
-            self.staged.append(outcome)
+        if ruling.name == HELD:
+            self.held.append(outcome)
         return outcome
 
-    def _execute(self, tool, args, effect, started) -> Outcome:
+    def _execute(self, tool, args, effect, started, tools: dict) -> Outcome:
         """Run the tool; its failure is named by class and handed back, not raised."""
         ruling, error, result, receipt = "ok", None, "", None
         try:
-            answer = self.tools[tool](args)
+            answer = tools[tool](args)
             result, receipt = answer if isinstance(answer, tuple) else (answer, None)
         except Exception as failure:  # a tool's failure is data for the worker, not a crash
             ruling, error = type(failure).__name__, f"{type(failure).__name__}: {failure}"
@@ -218,15 +221,18 @@ class Broker:
         ms = (self.clock() - started) * 1000
         return Outcome(len(self.outcomes) + 1, tool, args, ruling, error is None, error, effect, ms, str(result), receipt)
 
-    def execute_staged(self, outcome: Outcome) -> Outcome:
-        """Execute one call this broker staged earlier (the caller has checked gate and tier)."""
-        if outcome not in self.staged:
-            raise ValueError(f"{outcome.tool} call {outcome.seq} was not staged by this broker")
-        self.staged.remove(outcome)
-        done = self._execute(outcome.tool, outcome.args, outcome.effect, self.clock())
-        done.seq = len(self.outcomes) + 1
-        self.outcomes.append(done)
-        self.record({**done.entry(), "executes_staged": outcome.seq})
+    def commit(self, outcome: Outcome, tools: dict | None = None) -> Outcome:
+        """Execute one call this broker held, once (the caller has settled it), with `tools` (default:
+        the broker's own); records a `commit` event carrying the held call's seq. ValueError for a
+        call this broker did not hold or has committed already."""
+        if not any(held is outcome for held in self.held):
+            raise ValueError(f"{outcome.tool} call {outcome.seq} was not held by this broker")
+        if any(done.seq == outcome.seq for done in self.committed):
+            raise ValueError(f"{outcome.tool} call {outcome.seq} was committed already")
+        done = self._execute(outcome.tool, outcome.args, outcome.effect, self.clock(), tools or self.tools)
+        done.seq = outcome.seq
+        self.committed.append(done)
+        self.record({**done.entry(), "event": "commit"})
         return done
 
     def denials(self) -> list[str]:
@@ -234,23 +240,59 @@ class Broker:
         return [o.tool for o in self.outcomes if o.ruling in DENIALS]
 
 
-SETTLEMENTS = ("execute", "park", "keep")
+# ---- settling: what becomes of each held call once the gate has answered
+
+SETTLEMENTS = ("commit", "park", "review", "would-have")
 
 
-def settle(staged: list[Outcome], tier: str, passed: bool) -> list[tuple[Outcome, str, str]]:
-    """What becomes of each acting call staged during a run, once the gate has answered; decides only.
+@dataclass(frozen=True)
+class Settlement:
+    """The decision on one held call: `decision` is one of SETTLEMENTS, `why` one line.
 
-        gate passed, tier C3 -> execute   executed now, inside the envelope
-        gate passed, tier C2 -> park      kept for one human's approval of exactly this call
-        otherwise            -> keep      recorded only, left for a human (the gate did not pass,
-                                          or the tier does not act)
+    commit      write it now (the tool executes)
+    park        keep it for one human's approval of exactly this call
+    review      a draft goes to the human's review queue instead of out, marked routed to a human
+    would-have  written nowhere; the trace records what the run would have done"""
+    call: Outcome
+    decision: str
+    why: str
 
-    `passed` is the gate's pass with the run's cost inside its envelope. Returns (call, settlement,
-    why) in staging order, each settlement one of SETTLEMENTS."""
-    if passed and tier == "C3":
-        settlement, why = "execute", "the gate passed at C3"
-    elif passed and tier == "C2":
-        settlement, why = "park", "waiting for approval"
-    else:
-        settlement, why = "keep", "the gate did not pass" if not passed else f"tier {tier} does not act"
-    return [(outcome, settlement, why) for outcome in staged]
+
+def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated) -> list[Settlement]:
+    """One Settlement per held call, in call order; decides only (pure).
+
+    `tier` is the run's (C0..C3); `result` the output gate's result (only "pass" passes, and it
+    already includes the cost envelope); `handed_off` whether the agent's own output hands the run
+    to a human; `gated` the (seq, tool, args digest) of every call the gate was shown. The table:
+
+        C0, any effect                        -> would-have
+        C1, act                               -> would-have  (C1 does not act)
+        draft at C1..C3, gate clear           -> commit
+        draft at C1..C3, otherwise            -> review
+        act at C2, gate clear                 -> park
+        act at C3, gate clear                 -> commit
+        act at C2..C3, otherwise              -> would-have
+
+    "Gate clear" means the gate passed, the agent did not hand off, and the gate saw this call with
+    these exact arguments: a call changed after the gate answered is never committed or parked."""
+    seen = frozenset(tuple(item) for item in gated)
+    return [Settlement(call, *_decide(call, tier, result, handed_off,
+                                      (call.seq, call.tool, args_digest(call.args)) in seen)) for call in held]
+
+
+def _decide(call: Outcome, tier: str, result: str, handed_off: bool, seen: bool) -> tuple[str, str]:
+    """(decision, why) for one held call: see settle's table."""
+    if call.effect not in WRITES:
+        raise ValueError(f"{call.tool} call {call.seq} has effect {call.effect!r}; only {WRITES} are held")
+    if tier == "C0":
+        return "would-have", "tier C0 observes: recorded what it would have done"
+    if call.effect == "act" and tier == "C1":
+        return "would-have", "tier C1 does not act"
+    blocked = [why for why, hit in (("the agent handed off to a human", handed_off),
+                                    (f"the gate result is {result}", result != "pass"),
+                                    ("the gate did not see these arguments", not seen)) if hit]
+    if blocked:
+        return ("review" if call.effect == "draft" else "would-have"), "; ".join(blocked)
+    if call.effect == "act" and tier == "C2":
+        return "park", "the gate passed at C2: waiting for a human's approval"
+    return "commit", f"the gate passed at {tier}"

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
+import unicodedata
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Protocol
 from xml.etree import ElementTree
 
-from broker import DENIALS, EFFECTS, RECORDED, STAGED, Broker, Outcome, Policy, args_digest, check_args, settle
+from broker import DENIALS, EFFECTS, HELD, Broker, Outcome, Policy, args_digest, check_args, settle
 
 
 def lazy_module(name: str):
@@ -65,7 +66,7 @@ TIERS = ("C0", "C1", "C2", "C3")
 MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
 CLIP_CHARS = 8000              # ~2,000 tokens of a tool result or of the input go to the worker
-TRACE_FORMAT = "factory-trace-2"
+TRACE_FORMAT = "factory-trace-3"
 RECORD_FORMAT = "factory-proof-2"
 CERT_FORMAT = "factory-certificate-1"
 SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
@@ -482,6 +483,9 @@ def _tool_list(value) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) and v for v in value) and len(set(value)) == len(value)
 
 
+DEFAULT_HANDOFF = "escalate"     # the output field by which an agent hands a run to a human, unless its card names another
+
+
 CARD_FIELDS = {  # field -> (check, what the message says it must be)
     "agent": (lambda v: isinstance(v, str) and bool(NAME.match(v)), "an agent name"),
     "entrypoint": (lambda v: isinstance(v, str) and re.fullmatch(r"[a-z][a-z0-9_]*:[a-z_][a-z0-9_]*", v),
@@ -502,6 +506,8 @@ CARD_FIELDS = {  # field -> (check, what the message says it must be)
     "master_digest": (lambda v: isinstance(v, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", v), "sha256:<64 hex>"),
     "overrides": (lambda v: isinstance(v, dict), "an object of dotted paths to values"),
     "approval_expiry_hours": (lambda v: _is_number(v) and 0 < v <= 8760, "a number of hours in (0, 8760] (default 24)"),
+    "handoff_field": (lambda v: isinstance(v, str) and bool(re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", v)),
+                      f"the name of a boolean field of the agent's output (default '{DEFAULT_HANDOFF}')"),
 }
 
 
@@ -625,9 +631,22 @@ class Agent:
         """The broker policy: the card's grant and deny lists, at the tier the certificate allows."""
         return Policy(self.name, frozenset(self.card["tools"]), frozenset(self.card["tools_denied"]), tier)
 
-    def tools_for(self, fac: Factory, run_id: str) -> dict:
-        """Tool name -> callable(args) writing this run's effects under the root through the store."""
-        return self.toolbox.make_tools(fac.root, self.name, run_id, fac.store.append_jsonl)
+    @property
+    def handoff_field(self) -> str:
+        """The boolean field of the output by which the agent hands a run to a human (card: handoff_field)."""
+        return self.card.get("handoff_field", DEFAULT_HANDOFF)
+
+    def hands_off(self, output) -> bool:
+        """True when this output hands the run to a human: its hand-off field is true."""
+        return isinstance(output, dict) and output.get(self.handoff_field) is True
+
+    def tools_for(self, fac: Factory, run_id: str, tags: dict | None = None) -> dict:
+        """Tool name -> callable(args) writing this run's effects under the root through the store; every
+        row written also carries `tags` when given (the gate's result and p, for a committed call)."""
+        append = fac.store.append_jsonl
+        if tags:
+            append = lambda path, row: fac.store.append_jsonl(path, {**row, **tags})  # noqa: E731
+        return self.toolbox.make_tools(fac.root, self.name, run_id, append)
 
 
 def load_python(fac: Factory, relative: str):
@@ -663,12 +682,24 @@ def agent_from_card(fac: Factory, card: dict) -> Agent:
     for needed in (function, "SYSTEM", "OUTPUT_SCHEMA"):
         if not hasattr(module, needed):
             raise Refusal(f"agents/{module_name}.py: has no {needed} (entrypoint {card['entrypoint']})")
+    check_handoff(card, module.OUTPUT_SCHEMA, f"agents/{module_name}.py")
     toolbox = load_python(fac, "tools.py")
     for name, contract in toolbox.CONTRACTS.items():
         if not isinstance(contract, dict) or contract.get("effect") not in EFFECTS \
                 or not isinstance(contract.get("params"), dict):
             raise Refusal(f"agents/tools.py: contract {name} needs an effect in {EFFECTS} and a params schema")
     return Agent(card["agent"], card, module, toolbox, digest_components(fac, card, module_name, toolbox.CONTRACTS))
+
+
+def check_handoff(card: dict, schema, where: str) -> None:
+    """Refusal unless the card's hand-off field (handoff_field, default escalate) is a boolean property of
+    the output contract (OUTPUT_SCHEMA): the line must know for sure when an agent hands a run to a human."""
+    name = card.get("handoff_field", DEFAULT_HANDOFF)
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    kind = props.get(name) if isinstance(props, dict) else None
+    if not (isinstance(kind, dict) and kind.get("type") == "boolean"):
+        raise Refusal(f"{where}: OUTPUT_SCHEMA has no boolean property '{name}', the card's hand-off field "
+                      f"(set handoff_field to the output field by which the agent hands a run to a human)")
 
 
 def digest_components(fac: Factory, card: dict, module_name: str, contracts: dict) -> dict:
@@ -976,7 +1007,10 @@ class Drift:
         drift, recent = cls(cert.get("certified_rate")), []
         if drift.certified_rate is None:
             return drift
-        for row in (fac.store.read_jsonl_backwards(fac.index, INDEX_SHAPE) if fac.index.exists() else ()):
+        for row in (fac.store.read_jsonl_backwards(fac.index) if fac.index.exists() else ()):
+            if row.get("state") == "started":   # an unfinished run is not a run
+                continue
+            INDEX_SHAPE.check(row, fac.shown(fac.index))
             if row["at"] <= cert["signed_at"] or len(recent) == DRIFT_WINDOW:
                 break
             if row["agent"] == name and row["gate"] in GATED:
@@ -1358,6 +1392,10 @@ class Diverged(Stop):
     status = "diverged"
 
 
+CUT_OFF_NOTE = ("Your last reply stopped before it was complete (stop reason: {stop}), so none of its tool "
+                "calls was carried out and its text was not taken as an answer. Answer again, completely.")
+
+
 def task_text(value) -> str:
     """What the worker is asked: the ticket text, or a JSON rendering of a structured input."""
     return value if isinstance(value, str) else json.dumps(value, indent=1, ensure_ascii=False)
@@ -1397,6 +1435,7 @@ class Loop:
     output: dict | None = None
     reason: str = ""
     router: object = None
+    cut_off: str = ""                # the stop reason of the last turn that was used for nothing
     backends: list = field(default_factory=list)
     messages: list = field(default_factory=list)
 
@@ -1412,8 +1451,14 @@ class Loop:
                 return stop.status
 
     def step(self) -> None:
-        """Ask the worker once; text ends the run, tool calls go through the broker."""
+        """Ask the worker once; text ends the run, tool calls go through the broker. A turn that did not
+        end normally or to use tools (cut off at the token limit, say) is used for nothing: none of its
+        tool calls is carried out, its text is no answer, and the worker is asked again."""
         reply = self.ask()
+        if not reply.acts:
+            self.cut_off = reply.stop_reason or "not recorded"
+            self.messages.append({"role": "user", "content": CUT_OFF_NOTE.format(stop=self.cut_off)})
+            return
         if not reply.tool_calls:
             self.output = parse_output(reply.text, self.agent.module.OUTPUT_SCHEMA)
             raise Finished("answered")
@@ -1432,7 +1477,8 @@ class Loop:
         """Check the step budget and the envelope *before* spending, then call the worker."""
         max_steps = self.agent.card.get("max_steps", 8)
         if self.steps >= max_steps:
-            raise Escalated(f"step budget of {max_steps} spent without an answer")
+            last = f" (a turn stopped for {self.cut_off}; none of its tool calls ran)" if self.cut_off else ""
+            raise Escalated(f"step budget of {max_steps} spent without an answer{last}")
         schemas = self.schemas()
         self.fit_envelope(schemas)
         self.steps += 1
@@ -1442,7 +1488,8 @@ class Loop:
         self.record({"event": "model", "step": self.steps, "backend": reply.backend, "model": reply.model,
                      "usage": reply.usage, "cost_usd": reply.cost_usd, "latency_ms": round(reply.latency_ms, 3),
                      "text": reply.text, "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls],
-                     "attempts": list(reply.attempts), "headers": reply.headers})
+                     "attempts": list(reply.attempts), "headers": reply.headers,
+                     "stop_reason": reply.stop_reason, "raw_stop_reason": reply.raw_stop_reason})
         return reply
 
     def fit_envelope(self, schemas: list[dict]) -> None:
@@ -1514,13 +1561,13 @@ class Sign:
     observation: str     # digest of the result handed back
     error: str | None    # denial verdict or failure class; None when it went through
     effect: str | None
-    executed: bool       # a real execution that succeeded (progress)
+    executed: bool       # progress: a call that executed ok, or a write the broker accepted and holds
 
 
 def signs_of(outcomes: list) -> list[Sign]:
     """Signs for the broker outcomes of a run so far."""
     return [Sign(f"{o.tool} {args_digest(o.args)}", sha256(o.result.encode()), None if o.ok else o.ruling,
-                 o.effect, o.ruling == "ok") for o in outcomes]
+                 o.effect, o.ruling in ("ok", HELD)) for o in outcomes]
 
 
 def repeated_observation(signs: list[Sign]) -> bool:
@@ -1552,8 +1599,8 @@ def write_check_cycles(signs: list[Sign]) -> bool:
 
 
 def no_progress(signs: list[Sign], steps: int = NO_PROGRESS_STEPS) -> bool:
-    """5. no successful execution in the last `steps` calls: any call that executed and returned ok counts as
-    progress, a write included; denied, recorded, staged and failed calls do not."""
+    """5. no progress in the last `steps` calls: a call that executed and returned ok counts as progress,
+    and so does a write the broker accepted and holds for the gate; denied, recorded and failed calls do not."""
     return len(signs) >= steps and not any(s.executed for s in signs[-steps:])
 
 
@@ -1638,20 +1685,31 @@ class Router:
 
 # ---- the output gate (Sage)
 
-def gate_output(fac: Factory, agent: Agent, task: str, output: dict, within_envelope: bool) -> dict:
-    """Ask Sage the card's gate question about one output: {result, p, answer, bar, line}.
+def gate_output(fac: Factory, agent: Agent, task: str, output: dict, held: list, within_envelope: bool) -> dict:
+    """Ask Sage the card's gate question, in one decision, about the input, the output and every held
+    call (tool and exact arguments): {result, p, answer, bar, line, shown, effects}.
 
-    result is pass | flag | unsure | unscored | failed; only `pass` lets acting calls execute.
-    One attempt with an 8 s deadline, no retry: a run waits for its gate, never for a retry loop."""
-    bar = agent.card["evals"]["gate"]
-    content = f"Input:\n{task}\n\nAgent output:\n{json.dumps(output, ensure_ascii=False)}"
+    result is pass | flag | unsure | unscored | failed; only `pass` lets a held call be committed.
+    `shown` is the sha256 of exactly the content put to the gate and `effects` the (seq, tool, args
+    digest) of each held call in it: settling commits only calls listed there. One attempt with an
+    8 s deadline, no retry: a run waits for its gate, never for a retry loop."""
+    bar, content = agent.card["evals"]["gate"], gate_content(task, output, held)
+    seen = {"shown": sha256(content.encode()), "effects": [[o.seq, o.tool, args_digest(o.args)] for o in held]}
     try:
         decision = sage.Sage.from_env(fac.env, timeout=8.0).yesno(content, agent.card["gate_question"])
     except sage.NoKey as missing:
-        return {"result": "unscored", "p": None, "answer": None, "bar": bar, "line": f"gate: unscored ({missing})"}
+        return {"result": "unscored", "p": None, "answer": None, "bar": bar, "line": f"gate: unscored ({missing})", **seen}
     except sage.SageError as error:
-        return {"result": "failed", "p": None, "answer": None, "bar": bar, "line": f"gate: FAILED ({error})"}
-    return judge(decision.answer, decision.p, bar, within_envelope)
+        return {"result": "failed", "p": None, "answer": None, "bar": bar, "line": f"gate: FAILED ({error})", **seen}
+    return {**judge(decision.answer, decision.p, bar, within_envelope), **seen}
+
+
+def gate_content(task: str, output: dict, held: list) -> str:
+    """What the output gate is shown: the input, the output, and each held call as tool + exact JSON arguments."""
+    effects = "\n".join(f"{n}. {o.tool} {json.dumps(o.args, ensure_ascii=False, sort_keys=True)}"
+                        for n, o in enumerate(held, 1))
+    return (f"Input:\n{task}\n\nAgent output:\n{json.dumps(output, ensure_ascii=False)}\n\n"
+            f"Calls held until this decision (each is written only if the answer is yes):\n{effects or '(none)'}")
 
 
 def judge(answer: str | None, p: float | None, bar: float, within_envelope: bool) -> dict:
@@ -1696,20 +1754,19 @@ VERDICTS = (  # in display order
 )
 
 
-def run_verdict(fac: Factory, status: str, gate: str, within: bool, outcomes: list, pending: int) -> str:
-    """The run's one verdict (a VERDICTS name), from separate evidence: status, gate, effects read back,
-    approvals waiting."""
+def run_verdict(fac: Factory, status: str, gate: str, within: bool, handed_off: bool, committed: list,
+                settled: "Settled") -> str:
+    """The run's one verdict (a VERDICTS name), from separate evidence: status, the committed effects
+    read back (and the review-queue rows written), the gate, the agent's hand-off, approvals waiting."""
     if status in ("crashed", "over-budget", "escalated"):   # the status is the verdict
         return status
-    writes = [o for o in outcomes if o.effect in ("draft", "act") and o.ruling not in DENIALS
-              and o.ruling not in (RECORDED, STAGED)]
-    if any(not o.ok for o in writes) or not all(read_back(fac, o.receipt) for o in writes):
+    if settled.lost or any(not o.ok for o in committed) or not all(read_back(fac, o.receipt) for o in committed):
         return "uncertain-effect"
     if gate in ("unscored", "failed"):
         return "unscored"
-    if gate != "pass" or not within:
+    if gate != "pass" or not within or handed_off:
         return "routed-to-human"
-    return "waiting-for-approval" if pending else "verified"
+    return "waiting-for-approval" if settled.parked else "verified"
 
 
 def read_back(fac: Factory, receipt: dict | None) -> bool:
@@ -1721,27 +1778,30 @@ def read_back(fac: Factory, receipt: dict | None) -> bool:
         return False
 
 
-def routing_reasons(status: str, loop: Loop, gate: dict) -> list[str]:
-    """Why this run goes to a human (empty when it does not): run status, gate, the agent's own flag."""
+def routing_reasons(status: str, loop: Loop, gate: dict, handed_off: bool) -> list[str]:
+    """Why this run goes to a human (empty when it does not): run status, gate, the agent's own hand-off."""
     reasons = []
     if status != "done":
         reasons.append(f"run {status}: {loop.reason}")
     elif gate["result"] != "pass":
         reasons.append(gate["line"].removeprefix("gate: "))
-    if isinstance(loop.output, dict) and loop.output.get("escalate") is True:
-        reasons.append("the agent escalated it")
+    if handed_off:
+        reasons.append(f"the agent handed it off ({loop.agent.handoff_field}: true)")
     return reasons
 
 
 # ---- the trace: one transcript per run, and its row in the index
 
 END_FIELDS = ("status", "reason", "verdict", "gate", "routed", "why", "output", "cost_usd")   # of the row, in the end event
-NOT_INDEXED = ("output", "tools", "gate_line")                                          # of the row, kept out of the index
+NOT_INDEXED = ("output", "tools", "gate_line", "settled")                               # of the row, kept out of the index
+STARTED_FIELDS = ("run_id", "agent", "at", "tier", "digest")     # of the header, in the run's `started` index row
+STARTED_SHAPE = Shape.of({"state": str, "run_id": str, "agent": str, "at": str, "tier": str, "digest": str})
 INDEX_SHAPE = Shape.of({"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
                         "backends": list, "denied": list, "acted": int, "staged": int, "why": list},
-                       optional={"cost_usd": (int, float, type(None)), "p": (int, float, type(None))})
+                       optional={"cost_usd": (int, float, type(None)), "p": (int, float, type(None)), "state": str,
+                                 "review": int})
 EVENT_SHAPES = {  # what replay and harvest rely on in each kind of event
-    "model": Shape.of({"tool_calls": list}),
+    "model": Shape.of({"tool_calls": list, "stop_reason": str}),
     "tool": Shape.of({"seq": int, "tool": str, "ruling": str}),
     "tool_result": Shape.of({"seq": int, "content": str}),
 }
@@ -1759,9 +1819,11 @@ class Recorded:
 
 
 class Trace:
-    """One run's transcript, traces/AGENT/RUN_ID.jsonl: a header line, then one event per line as it
-    happens (a crash keeps every step before it), then the end event; and the run's one row in
-    traces/index.jsonl. `read` gives a trace back, refusing a malformed one in this one place."""
+    """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its rows in traces/index.jsonl, written in
+    this order: the `started` index row, the header line, one event per line as it happens (a crash
+    keeps every step before it; the gate, then the settled effects), the end event, and the `closed`
+    index row. A run killed anywhere in between is visibly unfinished: started, never closed. `read`
+    gives a trace back, refusing a malformed one in this one place."""
 
     def __init__(self, fac: Factory, agent: str, run_id: str):
         self.fac, self.agent, self.run_id = fac, agent, run_id
@@ -1769,8 +1831,10 @@ class Trace:
 
     @classmethod
     def start(cls, fac: Factory, header: dict) -> "Trace":
-        """A new trace for header's agent and run id, its first line the header with the format tag."""
+        """A new trace for header's agent and run id: first the run's `started` row in the index, then
+        the trace's first line, the header with the format tag."""
         trace = cls(fac, header["agent"], header["run_id"])
+        fac.store.append_jsonl(fac.index, {"state": "started", **{key: header[key] for key in STARTED_FIELDS}})
         trace.record({"format": TRACE_FORMAT, **header})
         return trace
 
@@ -1779,9 +1843,10 @@ class Trace:
         self.fac.store.append_jsonl(self.path, event)
 
     def close(self, row: dict) -> None:
-        """End the run: the end event (END_FIELDS of the row), then the row in the index (all but NOT_INDEXED)."""
+        """End the run: the end event (END_FIELDS of the row), then the `closed` row in the index (all
+        but NOT_INDEXED)."""
         self.record({"event": "end", **{key: row[key] for key in END_FIELDS}})
-        self.fac.store.append_jsonl(self.fac.index, {k: v for k, v in row.items() if k not in NOT_INDEXED})
+        self.fac.store.append_jsonl(self.fac.index, {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}})
 
     @staticmethod
     def read(fac: Factory, run_id: str, agent: str | None = None) -> Recorded:
@@ -1810,19 +1875,45 @@ def from_trace_1(event: dict) -> dict:
     old, new = renamed.get(event.get("event"), (None, None))
     event = {new if key == old else key: value for key, value in event.items()}
     if event.get("format") == "factory-trace-1":
-        event["format"] = TRACE_FORMAT
+        event["format"] = "factory-trace-2"
     if event.get("status") == "over_budget":
         event["status"] = "over-budget"
     return event
 
 
-TRACE_UPGRADES = {"factory-trace-1": from_trace_1}   # an older format -> the step that reads it as today's
+def from_trace_2(event: dict) -> dict:
+    """factory-trace-2 -> factory-trace-3, where draft and acting calls are held until the gate. A staged
+    acting call (ruling STAGED) was held, so it reads HELD; a staged call executed after the gate (a
+    `tool` event with `executes_staged`) reads as a `commit` event. A model event was recorded before
+    stop reasons were, so it gets the one its use implies: tool_use when it carried tool calls (they
+    were carried out), else end (its text was taken as the answer), with raw_stop_reason ''."""
+    if event.get("format") == "factory-trace-2":
+        return {**event, "format": TRACE_FORMAT}
+    kind = event.get("event")
+    if kind == "model" and "stop_reason" not in event:
+        return {**event, "stop_reason": "tool_use" if event.get("tool_calls") else "end", "raw_stop_reason": ""}
+    if kind == "tool" and "executes_staged" in event:
+        return {**{k: v for k, v in event.items() if k != "executes_staged"}, "event": "commit", "seq": event["executes_staged"]}
+    if kind == "tool" and event.get("ruling") == "STAGED":
+        return {**event, "ruling": HELD}
+    return event
+
+
+# each older format, oldest first, with the step that reads its events as the next format's
+TRACE_STEPS = (("factory-trace-1", from_trace_1), ("factory-trace-2", from_trace_2))
 
 
 def trace_upgrade(header: dict, where: str):
-    """The function that reads each event of a trace with this header as a TRACE_FORMAT event;
-    Refusal when the header is not one of our traces'."""
-    upgrade = TRACE_UPGRADES.get(header.get("format"), lambda event: event)
+    """The function that reads each event of a trace with this header as a TRACE_FORMAT event (every
+    step from the header's format on, in order); Refusal when the header is not one of our traces'."""
+    formats = [name for name, _ in TRACE_STEPS]
+    first = formats.index(header["format"]) if header.get("format") in formats else len(formats)
+    steps = [step for _, step in TRACE_STEPS[first:]]
+
+    def upgrade(event: dict) -> dict:
+        for step in steps:
+            event = step(event)
+        return event
     header = upgrade(header)
     if not (header.get("format") == TRACE_FORMAT and isinstance(header.get("agent"), str)
             and NAME.match(header["agent"]) and "input" in header):
@@ -1849,11 +1940,24 @@ def find_trace(fac: Factory, run_id: str) -> Path:
     return found[0]
 
 
+def index_entries(fac: Factory) -> Iterator[dict]:
+    """Every row of traces/index.jsonl, streamed, each checked against the shape of its state: a
+    `started` row (STARTED_SHAPE) or a closed one (INDEX_SHAPE; a row with no state was written before
+    runs were opened first, and is a closed row); nothing when there is no index yet."""
+    if not fac.index.exists():
+        return
+    where = fac.shown(fac.index)
+    for number, row in fac.store.read_jsonl(fac.index):
+        shape = STARTED_SHAPE if row.get("state") == "started" else INDEX_SHAPE
+        if not shape.fits(row):
+            shape.check(row, f"{where} line {number}")
+        yield row
+
+
 def index_rows(fac: Factory) -> Iterator[dict]:
-    """Rows of traces/index.jsonl, streamed and shape-checked; nothing when there is no index yet."""
-    if fac.index.exists():
-        for _, row in fac.store.read_jsonl(fac.index, INDEX_SHAPE):
-            yield row
+    """The runs: the closed rows of traces/index.jsonl, streamed and shape-checked (a started row with
+    no closed row is an unfinished run, never counted as a run)."""
+    return (row for row in index_entries(fac) if row.get("state") != "started")
 
 
 # ---- assembling a loop: the one place a broker and a loop are put together
@@ -1902,10 +2006,18 @@ def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *
 
 # ---- one production run
 
+def is_blank(text: str) -> bool:
+    """True when text holds nothing a reader would see: only whitespace, control and format (invisible) characters."""
+    return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in text)
+
+
 def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
             tier: str | None = None, breaker=None) -> dict:
     """Run a certified agent on one input at `tier` (default: the certificate's), its model calls
-    through the station's llm.Breaker: loop, gate, staged calls, verdict, trace and index row; returns the row."""
+    through the station's llm.Breaker: loop, gate, held calls settled, verdict, trace and index rows;
+    returns the row. Refusal for a blank input, before a run id is made."""
+    if is_blank(task_text(task_input)):
+        raise Refusal("the input is empty: a run needs a ticket with text")
     tier = tier or cert["tier"]
     run_id = new_run_id()
     trace = Trace.start(fac, {"run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
@@ -1915,51 +2027,93 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
 
 
 def close_run(fac: Factory, agent: Agent, cert: dict, trace: Trace, loop: Loop, status: str, tier: str) -> dict:
-    """Gate the output, settle staged calls by tier, derive the verdict, close the trace; the run's row."""
+    """Gate the output and every held call, settle each held call, derive the verdict, close the trace;
+    the run's row. Nothing outside traces/ is written before the gate has answered."""
     within = loop.cost is not None and loop.cost <= agent.card["cost_envelope_usd"]
-    if status == "done":
-        gate = gate_output(fac, agent, loop.task, loop.output, within)
-    else:
-        gate = {"result": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
-                "line": f"gate: not run (run {status}: {loop.reason})"}
+    gate = gate_run(fac, agent, loop, status, within)
     trace.record({"event": "gate", **gate})
-    acted, pending = settle_staged(fac, agent, cert, trace, loop.broker, tier, gate["result"] == "pass" and within)
-    verdict = run_verdict(fac, status, gate["result"], within, loop.broker.outcomes, pending)
-    reasons = routing_reasons(status, loop, gate)
+    handed_off = agent.hands_off(loop.output)
+    settled = settle_held(fac, agent, cert, trace, loop.broker, tier, gate, handed_off)
+    verdict = run_verdict(fac, status, gate["result"], within, handed_off, loop.broker.committed, settled)
+    reasons = routing_reasons(status, loop, gate, handed_off)
     row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
            "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["result"], "p": gate["p"],
            "gate_line": gate["line"], "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
-           "steps": loop.steps, "denied": loop.broker.denials(), "acted": acted, "staged": pending,
-           "routed": bool(reasons), "why": reasons, "output": loop.output,
-           "tools": [[o.tool, o.ruling] for o in loop.broker.outcomes]}
+           "steps": loop.steps, "denied": loop.broker.denials(), "acted": settled.acted, "staged": settled.parked,
+           "review": settled.review, "routed": bool(reasons), "why": reasons, "output": loop.output,
+           "tools": [[o.tool, o.ruling] for o in loop.broker.outcomes], "settled": settled.rows}
     trace.close(row)
     return row
 
 
-def settle_staged(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Broker, tier: str,
-                  passed: bool) -> tuple[int, int]:
-    """Carry out broker.settle's decision on each staged acting call: execute it, park it for a human,
-    or keep it recorded; returns (calls executed ok, calls waiting for approval)."""
-    acted = parked = 0
-    for call, (outcome, settlement, why) in enumerate(settle(list(broker.staged), tier, passed), 1):
-        if settlement == "execute":
-            acted += broker.execute_staged(outcome).ok
-            continue
-        if settlement == "park":
-            why, parked = f"{why}: {fac.shown(park(fac, agent, cert, trace.run_id, call, outcome))}", parked + 1
-        trace.record({"event": "staged", "call": call, "seq": outcome.seq, "tool": outcome.tool,
-                      "args_digest": args_digest(outcome.args), "left_for": "human", "why": why})
-    return acted, parked
+def gate_run(fac: Factory, agent: Agent, loop: Loop, status: str, within: bool) -> dict:
+    """The output gate's answer for a finished run, or `not-run` for a run that did not finish."""
+    if status == "done":
+        return gate_output(fac, agent, loop.task, loop.output, loop.broker.held, within)
+    return {"result": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
+            "line": f"gate: not run (run {status}: {loop.reason})", "shown": None, "effects": []}
 
 
-def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome) -> Path:
-    """Store one staged call for approval: exact arguments, their digest, certificate, expiry; its path."""
+@dataclass
+class Settled:
+    """What settling did with one run's held calls."""
+    acted: int = 0       # acting calls committed, ok
+    parked: int = 0      # acting calls parked for a human's approval
+    review: int = 0      # drafts put in the human's review queue
+    lost: int = 0        # review-queue rows that could not be written (a human reconciles)
+    rows: list = field(default_factory=list)   # [tool, decision, problem] per held call, in order: see settled_phrase
+
+
+def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Broker, tier: str, gate: dict,
+                handed_off: bool) -> Settled:
+    """Carry out broker.settle's decision on each held call, in call order, each recorded as a `settled`
+    event: commit it (the committed row names the run, the gate result and p), park it for approval,
+    put a draft in the human's review queue, or record what the run would have done."""
+    done, tags = Settled(), {"gate": gate["result"], "p": gate["p"]}
+    committing = agent.tools_for(fac, trace.run_id, tags)
+    for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"]):
+        call, decision = settlement.call, settlement.decision
+        event = {"event": "settled", "seq": call.seq, "tool": call.tool, "args_digest": args_digest(call.args),
+                 "decision": decision, "why": settlement.why}
+        if decision == "commit":
+            committed = broker.commit(call, committing)
+            done.acted += committed.ok and committed.effect == "act"
+            event["ruling"] = committed.ruling
+        elif decision == "park":
+            done.parked += 1
+            stored = park(fac, agent, cert, trace.run_id, done.parked, call, {"result": gate["result"], "p": gate["p"]})
+            event["path"] = fac.shown(stored)
+        elif decision == "review":
+            event.update(to_review(fac, agent, trace.run_id, settlement, tags))
+            done.review, done.lost = done.review + ("path" in event), done.lost + ("error" in event)
+        trace.record(event)
+        done.rows.append([call.tool, decision, event.get("ruling") or event.get("error")])
+    return done
+
+
+def to_review(fac: Factory, agent: Agent, run_id: str, settlement, tags: dict) -> dict:
+    """Append one held draft to the human's review queue (outbox/AGENT/review.jsonl), marked routed to a
+    human with the reason: {"path"} where it went, or {"error"} when it could not be written."""
+    path = fac.root / "outbox" / agent.name / "review.jsonl"
+    call = settlement.call
+    row = {"run_id": run_id, "seq": call.seq, "tool": call.tool, "args": call.args, "routed": "human",
+           "why": settlement.why, **tags, "at": utc_now()}
+    try:
+        fac.store.append_jsonl(path, row)
+    except OSError as error:
+        return {"error": f"{type(error).__name__}: {error.strerror or error}"}
+    return {"path": fac.shown(path)}
+
+
+def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome, gate: dict) -> Path:
+    """Store one held acting call for approval: exact arguments, their digest, certificate, expiry, and
+    the gate's result and p; its path."""
     staged = datetime.now(timezone.utc)
     hours = agent.card.get("approval_expiry_hours", 24)
     entry = {"format": PENDING_FORMAT, "run_id": run_id, "call": call, "agent": agent.name,
              "tool": outcome.tool, "args": outcome.args, "args_digest": args_digest(outcome.args),
              "certificate": cert["signature"], "digest": agent.digest, "staged_at": iso(staged),
-             "expires_at": iso(staged + timedelta(hours=hours))}
+             "expires_at": iso(staged + timedelta(hours=hours)), "gate": gate}
     path = fac.pending_path(run_id, call)
     fac.store.write_json(path, entry)
     return path
@@ -1969,7 +2123,8 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
     """Execute one approved staged call through the broker, exactly once; refuses without an approval record.
 
     Every guard is checked again here, whoever calls it (EXECUTE_GUARDS): approval, state, agent,
-    certificate, argument digest. The result is kept beside the call and appended to the run's trace."""
+    certificate, argument digest. The result is kept beside the call and appended to the run's trace;
+    the committed row names the run, and the gate's result and p when they were stored with the call."""
     claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call)), EXECUTE_GUARDS)
     entry, agent = claim.entry, claim.agent
     executed = fac.pending_path(run_id, call, "executed")
@@ -1977,8 +2132,10 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
         raise Refusal(f"{claim.call} was already executed.")
     trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
     broker = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
-    staged = broker.carry_out(entry["tool"], entry["args"])
-    done = broker.execute_staged(staged) if staged.ruling == STAGED else staged
+    held = broker.carry_out(entry["tool"], entry["args"])
+    gate = entry.get("gate") if isinstance(entry.get("gate"), dict) else {}
+    tags = {"gate": gate.get("result"), "p": gate.get("p")}
+    done = broker.commit(held, agent.tools_for(fac, run_id, tags)) if held.ruling == HELD else held
     result = {"at": utc_now(), "by": claim.approval.get("by"), "ok": done.ok, "ruling": done.ruling,
               "result": done.result, "receipt": done.receipt, "read_back": read_back(fac, done.receipt)}
     fac.store.write_json(executed, result)
@@ -2140,10 +2297,12 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
 # ---- replay: a recorded run against today's code
 
 def recorded_reply(event: dict) -> llm.Reply:
-    """An llm.Reply rebuilt from one `model` trace event."""
+    """An llm.Reply rebuilt from one `model` trace event, with its stop reason (a trace written before stop
+    reasons were recorded gets one from its upgrade step: tool_use with tool calls, else end)."""
     calls = tuple(llm.ToolCall(c["id"], c["name"], c["args"]) for c in event.get("tool_calls", []))
     return llm.Reply(event.get("text", ""), calls, event.get("usage", {}), event.get("cost_usd"),
-                     event.get("model", ""), "replay", 0.0)
+                     event.get("model", ""), "replay", 0.0, stop_reason=event.get("stop_reason", ""),
+                     raw_stop_reason=event.get("raw_stop_reason", ""))
 
 
 def recorder_tools(events: list[dict], contracts: dict) -> dict:
@@ -2364,7 +2523,7 @@ def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
     tickets = []
     for number, row in fac.store.read_jsonl(path, confined=False):
         ok = set(row) <= {"id", "input", "source"} and isinstance(row.get("id"), str) and isinstance(row.get("input"), str)
-        if not ok or not row["id"].isprintable() or not row["input"].strip():
+        if not ok or not row["id"].isprintable() or is_blank(row["input"]):
             raise Refusal(f"{fac.shown(path)} line {number}: a ticket is {{\"id\": printable str, \"input\": non-empty str}}"
                           f" (an eval case with `expect` is not a ticket)")
         tickets.append((row["id"], row["input"]))
@@ -2380,6 +2539,8 @@ def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets: worker loop, gate, tier clamp, trace."""
     if (args.input is None) == (args.file is None):
         raise Refusal("run takes one input: TEXT or --file TICKETS.jsonl")
+    if args.input is not None and is_blank(args.input):
+        raise Refusal("the input is empty: a run needs a ticket with text")
     jobs = jobs_of(args)
     agent, cert = certified_agent(fac, args.agent)
     tickets = [(None, args.input)] if args.file is None else load_tickets(fac, Path(args.file))
@@ -2428,12 +2589,24 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
 def print_run(row: dict) -> None:
     """One run in full: the output, each tool ruling, the gate line, and where it went."""
     print(json.dumps(row["output"], ensure_ascii=False) if row["output"] is not None else f"(no output: {row['reason']})")
+    settled = iter(row["settled"])
     for tool, ruling in row["tools"]:
-        print(f"  tool {tool:<18} {ruling}")
+        print(f"  tool {tool:<18} {ruling}" + (f" -> {settled_phrase(*next(settled)[1:])}" if ruling == HELD else ""))
     print(row["gate_line"])
     print(f"routed to a human: {'; '.join(row['why'])}." if row["routed"] else "passed: no human needed.")
     print(f"verdict {row['verdict']}  tier {row['tier']}  status {row['status']}  backend {', '.join(row['backends']) or 'none'}"
           f"  trace {row['agent']}/{row['run_id']}")
+
+
+def settled_phrase(decision: str, outcome: str | None) -> str:
+    """What became of one held call, for the terminal; `outcome` is a commit's ruling (ok or the failure's
+    class) or why a review-queue row could not be written (None when it was)."""
+    if decision == "commit":
+        return "written" if outcome == "ok" else f"write FAILED ({outcome})"
+    if decision == "review" and outcome:
+        return f"review queue write FAILED ({outcome})"
+    return {"park": "parked for a human's approval", "review": "sent to the human review queue",
+            "would-have": "not written (recorded what it would have done)"}[decision]
 
 
 def print_ticket(ticket_id: str, row: dict) -> None:
@@ -2477,15 +2650,18 @@ def cmd_harvest(fac: Factory, args) -> int:
     done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
     todo = [row for row in index_rows(fac) if row["agent"] == args.agent and flagged(row) and row["run_id"] not in done]
     inputs = [flagged_input(fac, row) for row in todo]  # every trace read before anything is written
-    proposed, breaker = 0, llm.Breaker()   # one circuit breaker for the whole harvest
+    proposed, reviewed, breaker = 0, 0, llm.Breaker()   # one circuit breaker for the whole harvest
     for row, given in zip(todo, inputs):
         result = run_one(fac, smith, smith_cert, given, breaker=breaker)
-        made = sum(1 for tool, verdict in result["tools"] if tool == "evals:propose" and verdict == "ok")
-        proposed += made
-        if made:   # a run whose proposal failed stays flagged for the next harvest
+        settled = [(decision, ruling) for tool, decision, ruling in result["settled"] if tool == "evals:propose"]
+        made, held_back = settled.count(("commit", "ok")), settled.count(("review", None))
+        proposed, reviewed = proposed + made, reviewed + held_back
+        if made or held_back:   # a run whose proposal was lost stays flagged for the next harvest
             fac.store.append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
+    review = f"; {reviewed} held back for a human in {fac.shown(fac.root / 'outbox' / smith.name / 'review.jsonl')} " \
+             f"(evalsmith's gate did not pass them)" if reviewed else ""
     print(f"harvested {len(todo)} flagged run(s) of {args.agent}; proposed {proposed} case(s) into "
-          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them)")
+          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them){review}")
     return 0
 
 
@@ -2584,6 +2760,27 @@ def cmd_pending(fac: Factory, args) -> int:
     return 0
 
 
+BRIEF_CHARS = 2000    # of a ticket shown at the approve prompt; the trace keeps it whole
+
+
+def approval_brief(fac: Factory, entry: dict) -> str:
+    """What a human needs to decide on one parked call, read from its run's trace: the ticket, the
+    agent's output, the gate's result and p, and the exact call with its digest and expiry."""
+    recorded = Trace.read(fac, entry["run_id"], entry["agent"])
+    gate = next((e for e in recorded.events if e.get("event") == "gate"), {})
+    ticket = task_text(recorded.header.get("input"))
+    if len(ticket) > BRIEF_CHARS:
+        ticket = f"{ticket[:BRIEF_CHARS]} [... {len(ticket) - BRIEF_CHARS} more characters in the trace]"
+    p = gate.get("p")
+    return "\n".join([
+        f"{entry['agent']} wants to run {entry['tool']} (run {entry['run_id']}, call {entry['call']}).",
+        "ticket:", *(f"  {line}" for line in ticket.splitlines() or [""]),
+        "agent output:", f"  {json.dumps(recorded.end.get('output') if recorded.end else None, ensure_ascii=False)}",
+        f"gate: {gate.get('result', 'not recorded')} p={'?' if p is None else f'{p:.3f}'} bar={gate.get('bar', '?')}",
+        "the exact call:", f"  {entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}",
+        f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"])
+
+
 @station(*STAGED_CALL)
 def cmd_approve(fac: Factory, args) -> int:
     """Show one staged call at a terminal, ask `approve? [y/N]`, and execute exactly that call, once."""
@@ -2592,9 +2789,7 @@ def cmd_approve(fac: Factory, args) -> int:
     enforce(staged_call_claim(fac, entry), APPROVE_GUARDS)
     if not sys.stdin.isatty():
         raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
-    print(f"{entry['agent']} wants to run {entry['tool']} (run {entry['run_id']}, call {entry['call']}):\n"
-          f"  {json.dumps(entry['args'], ensure_ascii=False)}\n  digest {entry['args_digest']}\n"
-          f"  staged {entry['staged_at']}, expires {entry['expires_at']}", file=sys.stderr)
+    print(approval_brief(fac, entry), file=sys.stderr)
     sys.stderr.write("approve? [y/N] ")
     sys.stderr.flush()
     if sys.stdin.readline().strip().lower() != "y":
@@ -2680,11 +2875,13 @@ class Tally:
     p_bins: list = field(default_factory=lambda: [0] * 20)
     verdicts: dict = field(default_factory=lambda: dict.fromkeys((v.name for v in VERDICTS), 0))
     days: dict = field(default_factory=dict)
+    unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
 
     def add(self, row: dict) -> None:
         """Count one index row (one that fits INDEX_SHAPE). Runs a million times: kept flat."""
         gate, cost, p, when = row["gate"], row.get("cost_usd"), row.get("p"), row["at"]
         passed = gate == "pass"
+        self.unclosed.discard(row["run_id"])
         self.runs += 1
         self.passed += passed
         self.scored += gate in GATED
@@ -2714,10 +2911,13 @@ def add_cost(total: float | None, cost: float | None) -> float | None:
 def tower_document(fac: Factory) -> dict:
     """Everything the tower shows, per agent, from one streamed pass over the index (the --json shape)."""
     tallies: dict[str, Tally] = {}
-    for row in index_rows(fac):
+    for row in index_entries(fac):
         if row["agent"] not in tallies:
             tallies[row["agent"]] = new_tally(fac, row["agent"])
-        tallies[row["agent"]].add(row)
+        if row.get("state") == "started":
+            tallies[row["agent"]].unclosed.add(row["run_id"])
+        else:
+            tallies[row["agent"]].add(row)
     for name, executed, closed in closed_calls(fac):
         if name in tallies:   # calls a human approved (and that ran) or rejected after their run was indexed
             tallies[name].acted += executed
@@ -2726,6 +2926,7 @@ def tower_document(fac: Factory) -> dict:
     for name, t in sorted(tallies.items()):
         agents.append({"agent": name, "runs": t.runs, "passed": t.passed, "scored": t.scored, "unscored": t.unscored, "acted": t.acted,
                        "staged": t.staged, "denied": t.denied, "cost_usd": t.cost, "backends": sorted(t.backends),
+                       "unfinished": len(t.unclosed),
                        "gate_bar": gate_bar(fac, name), "p_bins": t.p_bins, "days": list(t.days.values()),
                        "center_rate": t.drift.certified_rate, "verdicts": t.verdicts,
                        "drift": {"demoted": t.drift.demoted, "recent_rate": t.drift.rate, "lcl": t.drift.lcl,
@@ -2772,7 +2973,8 @@ def print_tower(doc: dict) -> None:
         print(f"{a['agent']:<16} {a['runs']:>6} {rate} {a['acted']:>6} "
               f"{a['staged']:>6} {cost:>10} {a['denied']:>7} {a['unscored']:>8}  {', '.join(a['backends'])}")
         shown = " ".join(f"{k}:{v}" for k, v in a["verdicts"].items() if v)
-        print(f"{'':<16} verdicts {shown or '-'}   drift: {a['drift']['state']}")
+        unfinished = f"   unfinished: {a['unfinished']} (started, never closed)" if a.get("unfinished") else ""
+        print(f"{'':<16} verdicts {shown or '-'}   drift: {a['drift']['state']}{unfinished}")
         tenths = [a["p_bins"][i] + a["p_bins"][i + 1] for i in range(0, 20, 2)]
         print(f"{'':<16} gate p by tenths 0->1: {' '.join(map(str, tenths))}   (scored {sum(tenths)} of {a['runs']}; bar {a['gate_bar']})")
     if not doc["agents"]:

@@ -15,6 +15,9 @@ agent that reaches for them again (and is refused again) still passes the case.
 
 The run's free-text `why` is never echoed: like the ticket, it is data, not instructions.
 Evalsmith only proposes (`evals:propose`); promotion into a suite is a human edit.
+
+The output's `escalate` is the proposed case's expectation, not evalsmith's own hand-off: its card
+names `handoff` as its hand-off field, true when the run holds no ticket text to build a case from.
 """
 
 from __future__ import annotations
@@ -49,18 +52,21 @@ Then:
    (add "denied": [<the run's denied tools>] inside expect when the run had denials)
 2. answer with ONE JSON object and nothing else:
 {"case_id": "harvest-<run_id>", "label": "<label>", "escalate": true|false, \
-"reason": "<one short sentence>"}
+"reason": "<one short sentence>", "handoff": true|false}
+   where "escalate" is the case's expectation and "handoff" is true only when the run record holds \
+no ticket text to build a case from (a human must look at it instead).
 
 You can only propose; you never write an eval suite yourself."""
 
 OUTPUT_SCHEMA = {
     "type": "object",
-    "required": ["case_id", "label", "escalate", "reason"],
+    "required": ["case_id", "label", "escalate", "reason", "handoff"],
     "properties": {
         "case_id": {"type": "string", "maxLength": 128},
         "label": {"type": "string", "enum": list(triager.LABELS)},
         "escalate": {"type": "boolean"},
         "reason": {"type": "string", "maxLength": 200},
+        "handoff": {"type": "boolean"},
     },
 }
 
@@ -127,5 +133,5 @@ def rules(flagged: dict) -> tuple[list[tuple[str, dict]], dict]:
     agent = str(record.get("agent") or "triager")
     calls = [("evals:propose", {"agent": agent, "case": case})]
     output = {"case_id": case_id, "label": expect["label"], "escalate": expect["escalate"],
-              "reason": reason_for(record, expect, denials)}
+              "reason": reason_for(record, expect, denials), "handoff": not ticket.strip()}
     return calls, output

@@ -195,8 +195,17 @@ class LineTest(unittest.TestCase):
         return [[json.loads(line) for line in path.read_text().splitlines()] for path in sorted(folder.glob("*.jsonl"))]
 
     def index_rows(self) -> list[dict]:
-        """Rows of traces/index.jsonl."""
+        """The runs in traces/index.jsonl: its closed rows (a run's `started` row is left out)."""
+        return [row for row in self.index_lines() if row.get("state") != "started"]
+
+    def index_lines(self) -> list[dict]:
+        """Every row of traces/index.jsonl, started and closed."""
         path = self.root / "traces" / "index.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def outbox(self, agent: str, kind: str) -> list[dict]:
+        """Rows of outbox/AGENT/KIND.jsonl (labels, drafts, refunds, review), [] when there is none."""
+        path = self.root / "outbox" / agent / f"{kind}.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def written_since(self, before: dict) -> dict:

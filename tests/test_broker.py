@@ -1,5 +1,6 @@
 """The broker: the decision order written once in broker.rule_on, a denial handed back as the
-result, and broker.settle's tier x gate table for staged acting calls."""
+result, writes held until the gate, and broker.settle's table for held calls (tier x gate result x
+the agent's hand-off x effect)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import broker
 
 
 class Rulings(unittest.TestCase):
-    """The decision order: unknown, denied, ungranted, contract, dry, staged, execute."""
+    """The decision order: unknown, denied, ungranted, contract, dry, held, execute."""
 
     CONTRACTS = {"a:read": {"effect": "read", "params": {"type": "object", "required": ["q"],
                                                          "properties": {"q": {"type": "string", "maxLength": 5}}}},
@@ -29,10 +30,12 @@ class Rulings(unittest.TestCase):
             ("a:read", {}, {}, "DENIED_CONTRACT"),
             ("a:read", {"q": "hi"}, {"mode": "dry"}, "RECORDED"),
             ("a:act", {}, {"mode": "dry"}, "RECORDED"),
-            ("a:act", {}, {}, "STAGED"),
-            ("a:draft", {}, {"tier": "C0"}, "RECORDED"),
-            ("a:draft", {}, {}, "EXECUTE"),
+            ("a:act", {}, {}, "HELD"),
+            ("a:draft", {}, {}, "HELD"),
+            ("a:draft", {}, {"tier": "C0"}, "HELD"),     # settling decides what C0 does with it
+            ("a:act", {}, {"tier": "C3"}, "HELD"),
             ("a:read", {"q": "hi"}, {}, "EXECUTE"),
+            ("a:read", {"q": "hi"}, {"tier": "C0"}, "EXECUTE"),
             # denied wins over granted, even when the arguments are also bad
             ("a:read", {"q": "too long"}, {"denied": ("a:read",)}, "DENIED_EXPLICIT"),
         ]
@@ -67,36 +70,106 @@ class Rulings(unittest.TestCase):
         self.assertEqual(set(events[0]), {"event", "seq", "tool", "args", "args_digest", "ruling", "ok", "error", "effect", "ms", "receipt"})
 
 
+class Held(unittest.TestCase):
+    """During a run a write is held: answered as held, executed by nothing until it is committed."""
+
+    CONTRACTS = Rulings.CONTRACTS
+
+    def test_a_held_write_runs_only_when_committed_and_only_once(self):
+        written, events = [], []
+        tools = {name: (lambda name: lambda args: written.append((name, args)) or "done")(name) for name in self.CONTRACTS}
+        desk = broker.Broker(broker.Policy("x", frozenset(self.CONTRACTS), frozenset(), "C3"), self.CONTRACTS,
+                             tools, "run", events.append)
+        read = desk.carry_out("a:read", {"q": "hi"})
+        draft = desk.carry_out("a:draft", {"text": "we will refund you"})
+        act = desk.carry_out("a:act", {"amount": 40})
+        self.assertEqual(written, [("a:read", {"q": "hi"})], "only the read executed")
+        self.assertEqual([read.ruling, draft.ruling, act.ruling], ["ok", "HELD", "HELD"])
+        self.assertIn("written only if the output gate passes", draft.result)
+        self.assertEqual(desk.held, [draft, act])
+        other = {"a:draft": lambda args: written.append(("other", args)) or "elsewhere"}
+        done = desk.commit(draft, other)
+        self.assertEqual((done.seq, done.ruling, written[-1]), (2, "ok", ("other", {"text": "we will refund you"})))
+        self.assertEqual(events[-1]["event"], "commit")
+        with self.assertRaisesRegex(ValueError, "committed already"):
+            desk.commit(draft)
+        with self.assertRaisesRegex(ValueError, "was not held"):
+            desk.commit(read)
+        self.assertEqual(len(written), 2)
+
+
+def held_calls() -> list:
+    """A draft (seq 1) and an acting call (seq 2) held by a run-mode broker."""
+    contracts = {"a:draft": {"effect": "draft", "params": {"type": "object"}},
+                 "a:act": {"effect": "act", "params": {"type": "object"}}}
+    desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C3"), contracts, {}, "run", [].append)
+    desk.carry_out("a:draft", {"text": "hello"})
+    desk.carry_out("a:act", {"amount": 1})
+    return list(desk.held)
+
+
+def shown(calls) -> list:
+    """What the gate saw of these calls: (seq, tool, args digest) each."""
+    return [(c.seq, c.tool, broker.args_digest(c.args)) for c in calls]
+
+
 class Settle(unittest.TestCase):
-    """broker.settle decides what becomes of staged acting calls once the gate has answered; pure."""
+    """broker.settle: one decision per held call from tier x gate result x hand-off x effect; pure."""
 
-    def staged(self, n: int = 2) -> list:
-        """n acting calls staged by a run-mode broker."""
-        contracts = {"a:act": {"effect": "act", "params": {"type": "object"}}}
-        desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C3"), contracts, {}, "run", [].append)
-        for i in range(n):
-            desk.carry_out("a:act", {"i": i})
-        return list(desk.staged)
+    # (tier, effect) -> (decision when the gate passed and the agent did not hand off, decision otherwise)
+    TABLE = {
+        ("C0", "draft"): ("would-have", "would-have"),
+        ("C0", "act"): ("would-have", "would-have"),
+        ("C1", "draft"): ("commit", "review"),
+        ("C1", "act"): ("would-have", "would-have"),
+        ("C2", "draft"): ("commit", "review"),
+        ("C2", "act"): ("park", "would-have"),
+        ("C3", "draft"): ("commit", "review"),
+        ("C3", "act"): ("commit", "would-have"),
+    }
+    RESULTS = ("pass", "flag", "unsure", "unscored", "failed", "not-run")
 
-    def test_the_tier_by_gate_table(self):
-        calls = self.staged()
-        table = [("C3", True, "execute", "the gate passed at C3"),
-                 ("C2", True, "park", "waiting for approval"),
-                 ("C1", True, "keep", "tier C1 does not act"),
-                 ("C0", True, "keep", "tier C0 does not act")]
-        table += [(tier, False, "keep", "the gate did not pass") for tier in ("C0", "C1", "C2", "C3")]
-        for tier, passed, settlement, why in table:
-            with self.subTest(tier=tier, passed=passed):
-                settled = broker.settle(calls, tier, passed)
-                self.assertEqual(settled, [(call, settlement, why) for call in calls])
-                self.assertIn(settlement, broker.SETTLEMENTS)
+    def test_every_tier_result_handoff_and_effect(self):
+        calls = held_calls()
+        combinations = 0
+        for tier in ("C0", "C1", "C2", "C3"):
+            for result in self.RESULTS:
+                for handed_off in (False, True):
+                    settled = broker.settle(calls, tier, result, handed_off, shown(calls))
+                    for call, settlement in zip(calls, settled, strict=True):
+                        with self.subTest(tier=tier, result=result, handed_off=handed_off, effect=call.effect):
+                            clear, otherwise = self.TABLE[tier, call.effect]
+                            want = clear if result == "pass" and not handed_off else otherwise
+                            self.assertIs(settlement.call, call)
+                            self.assertEqual(settlement.decision, want)
+                            self.assertIn(settlement.decision, broker.SETTLEMENTS)
+                            combinations += 1
+        self.assertEqual(combinations, 4 * len(self.RESULTS) * 2 * 2)
+
+    def test_the_reasons_name_what_blocked_it(self):
+        draft, act = held_calls()
+        why = {s.call.effect: s.why for s in broker.settle([draft, act], "C3", "flag", True, shown([draft, act]))}
+        self.assertEqual(why["draft"], "the agent handed off to a human; the gate result is flag")
+        self.assertEqual(broker.settle([act], "C1", "pass", False, shown([act]))[0].why, "tier C1 does not act")
+        self.assertEqual(broker.settle([act], "C2", "pass", False, shown([act]))[0].why,
+                         "the gate passed at C2: waiting for a human's approval")
+
+    def test_a_call_changed_after_the_gate_saw_it_is_not_committed(self):
+        calls = held_calls()
+        seen = shown(calls)
+        calls[0].args["text"] = "we will refund you 40 dollars"
+        calls[1].args["amount"] = 5000
+        settled = broker.settle(calls, "C3", "pass", False, seen)
+        self.assertEqual([s.decision for s in settled], ["review", "would-have"])
+        self.assertTrue(all(s.why == "the gate did not see these arguments" for s in settled))
+        self.assertEqual([s.decision for s in broker.settle(calls, "C3", "pass", False, [])], ["review", "would-have"])
 
     def test_settle_decides_only(self):
-        calls = self.staged()
-        before = [(c.seq, c.ruling, c.args) for c in calls]
-        broker.settle(calls, "C3", True)
+        calls = held_calls()
+        before = [(c.seq, c.ruling, dict(c.args)) for c in calls]
+        broker.settle(calls, "C3", "pass", False, shown(calls))
         self.assertEqual([(c.seq, c.ruling, c.args) for c in calls], before)
-        self.assertEqual(broker.settle([], "C3", True), [])
+        self.assertEqual(broker.settle([], "C3", "pass", False, []), [])
 
 
 if __name__ == "__main__":

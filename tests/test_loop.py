@@ -72,8 +72,10 @@ class Loop(LineTest):
         self.assertEqual([e["backend"] for e in events if e.get("event") == "model"], ["anthropic", "anthropic"])
         self.assertEqual(events[-1]["status"], "done")
         self.assertIn('"label": "billing"', out)
-        labels = (self.root / "outbox" / "triager" / "labels.jsonl").read_text()
-        self.assertIn('"label":"billing"', labels)
+        self.assertEqual([e["stop_reason"] for e in events if e.get("event") == "model"], ["tool_use", "end"])
+        review = self.outbox("triager", "review")   # no gate here (no Sage key): held writes go to a human
+        self.assertEqual([r["args"] for r in review], [LABEL[2], DRAFT[2]])
+        self.assertFalse((self.root / "outbox" / "triager" / "labels.jsonl").exists())
 
     def test_a_denied_call_from_the_model_is_answered_and_the_run_goes_on(self):
         refund = ("t0", "billing__refund", {"reason": "customer asked"})
@@ -286,9 +288,11 @@ class OneBreakerPerStation(CertifiedTest):
         self.assertLessEqual(len(server.requests), 12, "20 cases x 3 attempts with a breaker per worker")
 
 
-def reply(text: str = "", calls: tuple = ()) -> llm.Reply:
-    """A scripted model reply: final text, or tool calls given as (id, name, args)."""
-    return llm.Reply(text, tuple(llm.ToolCall(*call) for call in calls), {}, 0.0, "scripted", "scripted", 0.0)
+def reply(text: str = "", calls: tuple = (), stop: str | None = None) -> llm.Reply:
+    """A scripted model reply: final text, or tool calls given as (id, name, args); its stop reason is
+    `stop`, else the one a complete turn of that kind has."""
+    return llm.Reply(text, tuple(llm.ToolCall(*call) for call in calls), {}, 0.0, "scripted", "scripted", 0.0,
+                     stop_reason=stop or ("tool_use" if calls else "end"))
 
 
 class ScriptedLoop(CertifiedTest):
