@@ -34,6 +34,18 @@ class Cards(LineTest):
                 self.refused(message, "prove", "triager")
                 self.refused(message, "digest", "triager")
 
+    def test_the_hand_off_field_must_be_a_boolean_of_the_output(self):
+        table = [("label", "agents/triager.py: OUTPUT_SCHEMA has no boolean property 'label', the card's hand-off field"),
+                 ("handoff", "OUTPUT_SCHEMA has no boolean property 'handoff'"),
+                 ("Hand Off", "field 'handoff_field' must be the name of a boolean field of the agent's output")]
+        for field, message in table:
+            with self.subTest(field=field):
+                self.edit_card("triager", handoff_field=field)
+                self.refused(message, "digest", "triager")
+        self.edit_card("triager", handoff_field="escalate")
+        self.assertEqual(self.factory("digest", "triager")[0], 0)
+        self.assertEqual(self.factory("digest", "evalsmith")[0], 0, "evalsmith declares its own: handoff")
+
     def test_granted_and_denied_is_allowed_and_denied_wins(self):
         self.edit_card("triager", tools=["issues:label", "drafts:write", "billing:refund"])
         self.certified()

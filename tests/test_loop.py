@@ -77,6 +77,40 @@ class Loop(LineTest):
         self.assertEqual([r["args"] for r in review], [LABEL[2], DRAFT[2]])
         self.assertFalse((self.root / "outbox" / "triager" / "labels.jsonl").exists())
 
+    def test_a_turn_cut_off_at_the_token_limit_acts_on_nothing(self):
+        server = self.serve(Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT], stop="max_tokens")),
+                            Answer(body=anthropic_message(tool_uses=[LABEL])), Answer(body=anthropic_message(FINAL)))
+        out, events = self.run_triager()
+        models = [e for e in events if e.get("event") == "model"]
+        self.assertEqual([(m["stop_reason"], m["raw_stop_reason"]) for m in models],
+                         [("length", "max_tokens"), ("tool_use", "tool_use"), ("end", "end_turn")])
+        tools = [e for e in events if e.get("event") == "tool"]
+        self.assertEqual([(t["tool"], t["ruling"]) for t in tools], [("issues:label", "HELD")], "the cut-off draft never ran")
+        again = server.requests[1]["body"]["messages"]
+        self.assertFalse([b for m in again for b in (m["content"] if isinstance(m["content"], list) else [])
+                          if b.get("type") == "tool_use"], "the cut-off turn's calls are not sent back as made")
+        self.assertIn("stop reason: length", again[-1]["content"])
+        self.assertEqual(events[-1]["status"], "done")
+        self.assertEqual([r["tool"] for r in self.outbox("triager", "review")], ["issues:label"])
+
+    def test_a_model_that_keeps_stopping_for_length_is_escalated(self):
+        calls = [("c1", "drafts__write", json.dumps(DRAFT[2]))]
+        cut = openai_completion(tool_calls=calls)
+        cut["choices"][0]["finish_reason"] = "length"
+        self.edit_card("tight", model={"primary": "openai/gpt-local", "fallback": "openai/gpt-local"})
+        self.prove_sealed("tight")
+        self.sign("tight")
+        server = FakeServer(*[Answer(body=cut)] * 3).start()
+        self.addCleanup(server.close)
+        self.env.update(OPENAI_BASE_URL=server.url, OPENAI_API_KEY=KEY)
+        out, events = self.run_triager(agent="tight")
+        self.assertEqual(len(server.requests), 3)
+        self.assertEqual([e["stop_reason"] for e in events if e.get("event") == "model"], ["length"] * 3)
+        self.assertEqual([e for e in events if e.get("event") in ("tool", "settled", "commit")], [])
+        self.assertEqual((events[-1]["status"], events[-1]["verdict"]), ("escalated", "escalated"))
+        self.assertIn("a turn stopped for length; none of its tool calls ran", events[-1]["reason"])
+        self.assertFalse((self.root / "outbox").exists())
+
     def test_a_denied_call_from_the_model_is_answered_and_the_run_goes_on(self):
         refund = ("t0", "billing__refund", {"reason": "customer asked"})
         server = self.serve(Answer(body=anthropic_message(tool_uses=[refund])), Answer(body=anthropic_message(FINAL)))
@@ -316,6 +350,26 @@ class ScriptedLoop(CertifiedTest):
         self.assertEqual(sorted(t["name"] for t in tools), ["drafts:write", "issues:label"], "only granted, not denied")
         self.assertFalse((self.root / "outbox").exists())
 
+    def test_a_held_call_changed_after_the_gate_saw_it_is_not_committed(self):
+        agent, run_id = self.agent(), factory.new_run_id()
+        _, cert = factory.certified_agent(self.fac, "triager")
+        trace = factory.Trace.start(self.fac, {"run_id": run_id, "agent": "triager", "at": factory.utc_now(),
+                                               "digest": agent.digest, "tier": "C1", "input": "hi"})
+        worker = llm.Scripted([reply(calls=[("c1", "drafts:write", {"text": "We are on it."})]),
+                               reply(json.dumps({"label": "bug", "escalate": False, "draft": "We are on it."}))])
+        loop = factory.build_loop(self.fac, agent, "run", trace.record, "The app crashes", tier="C1", run_id=run_id,
+                                  worker=worker)
+        self.assertEqual(factory.run_loop(loop), "done")
+        with FakeSage(yes_p=0.95) as fake:
+            self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
+            gate = factory.gate_output(self.fac, agent, loop.task, loop.output, loop.broker.held, True)
+        self.assertEqual(gate["result"], "pass")
+        loop.broker.held[0].args["text"] = "We will refund you 40 dollars by Friday."
+        settled = factory.settle_held(self.fac, agent, cert, trace, loop.broker, "C1", gate, False)
+        self.assertEqual(settled.rows, [["drafts:write", "review", None]])
+        self.assertEqual(self.outbox("triager", "drafts"), [])
+        self.assertEqual(self.outbox("triager", "review")[0]["why"], "the gate did not see these arguments")
+
     def test_running_past_the_script_is_the_callers_stop(self):
         ran_out = lambda: factory.Diverged("the script ended")  # noqa: E731
         loop = factory.build_loop(self.fac, self.agent(), "replay", [].append, "hi", worker=llm.Scripted([], ran_out))
@@ -390,6 +444,27 @@ class Replay(CertifiedTest):
         self.assertIn("result", [e for e in recorded.events if e.get("event") == "gate"][0])
         code, out, _ = self.factory("replay", run_id)
         self.assertEqual((code, out.split(": ", 1)[1].strip()), (0, "no differences"))
+
+    def test_a_factory_trace_2_trace_is_read_through_its_upgrade(self):
+        run_id = self.run_once()
+        path = next((self.root / "traces" / "triager").glob(f"{run_id}.jsonl"))
+        older = []   # as factory-trace-2 wrote it: no stop reasons, a staged acting call executed after the gate
+        for event in map(json.loads, path.read_text().splitlines()):
+            if "format" in event:
+                event["format"] = "factory-trace-2"
+            if event.get("event") == "model":
+                event = {k: v for k, v in event.items() if k not in ("stop_reason", "raw_stop_reason")}
+            older.append(event)
+        older[-1:-1] = [{"event": "tool", "seq": 1, "tool": "billing:refund", "args": {}, "ruling": "STAGED"},
+                        {"event": "tool", "seq": 9, "tool": "billing:refund", "args": {}, "ruling": "ok", "executes_staged": 1}]
+        path.write_text("".join(json.dumps(e) + "\n" for e in older))
+        recorded = factory.Trace.read(self.fac, run_id)
+        self.assertEqual(recorded.header["format"], factory.TRACE_FORMAT)
+        models = [e for e in recorded.events if e.get("event") == "model"]
+        self.assertEqual([m["stop_reason"] for m in models], ["tool_use" if m["tool_calls"] else "end" for m in models])
+        self.assertEqual(models[-1]["stop_reason"], "end")
+        self.assertEqual([(e["event"], e["seq"], e["ruling"]) for e in recorded.events[-3:-1]],
+                         [("tool", 1, "HELD"), ("commit", 1, "ok")])
 
     def test_a_trace_that_is_not_ours_or_not_finished_is_refused(self):
         run_id = self.run_once()
