@@ -51,7 +51,7 @@ class Policy:
     agent: str
     tools: frozenset
     tools_denied: frozenset
-    tier: str = "C0"          # C0 observe, C1 draft, C2 act with approval, C3 act alone (settling reads it)
+    tier: str = "C0"          # C0 observe .. C3 act alone; rulings are the same at every tier, settle applies it
 
 
 @dataclass(frozen=True)

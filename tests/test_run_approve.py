@@ -609,6 +609,8 @@ class Approval(Tiered):
         stored = json.loads(self.pending()[0].read_text())
         self.assertEqual(len(self.effects("refunds")), 1)
         self.assertEqual(self.effects("refunds")[0]["reason"], stored["args"]["reason"])
+        self.assertEqual({k: self.effects("refunds")[0][k] for k in ("run_id", "gate", "p")},
+                         {"run_id": self.run_id, "gate": "pass", "p": 0.95}, "the committed row names run, gate and p")
         done = json.loads((self.root / "registry" / "pending" / f"{self.run_id}.1.executed.json").read_text())
         self.assertEqual(done["by"], "bob")
         second = self.approve()
