@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Protocol
 from xml.etree import ElementTree
 
-from broker import DENIALS, EFFECTS, HELD, Broker, Outcome, Policy, args_digest, check_args, settle
+from broker import EFFECTS, HELD, Broker, Outcome, Policy, args_digest, check_args, settle
 
 
 def lazy_module(name: str):
@@ -2776,7 +2776,8 @@ def approval_brief(fac: Factory, entry: dict) -> str:
         f"{entry['agent']} wants to run {entry['tool']} (run {entry['run_id']}, call {entry['call']}).",
         "ticket:", *(f"  {line}" for line in ticket.splitlines() or [""]),
         "agent output:", f"  {json.dumps(recorded.end.get('output') if recorded.end else None, ensure_ascii=False)}",
-        f"gate: {gate.get('result', 'not recorded')} p={'?' if p is None else f'{p:.3f}'} bar={gate.get('bar', '?')}",
+        f"gate: {gate.get('result', 'not recorded')} p={f'{p:.3f}' if isinstance(p, (int, float)) else '?'} "
+        f"bar={gate.get('bar', '?')}",
         "the exact call:", f"  {entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}",
         f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"])
 
