@@ -59,9 +59,10 @@ def lazy_module(name: str):
 llm = lazy_module("llm")
 sage = lazy_module("sage")
 
-NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+# Name patterns are always matched whole (fullmatch): `^...$` with match() also accepts a final newline.
+NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{6}")
-SIGNER = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")
+SIGNER = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 TIERS = ("C0", "C1", "C2", "C3")
 MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
@@ -109,8 +110,8 @@ def sha256(data: bytes) -> str:
 
 
 def check_name(name: str, what: str = "agent") -> str:
-    """name when it matches ^[a-z][a-z0-9_-]{0,63}$; Refusal before any path is built otherwise."""
-    if not isinstance(name, str) or not NAME.match(name):
+    """name when it is wholly [a-z][a-z0-9_-]{0,63}; Refusal before any path is built otherwise."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise Refusal(f"{name!r} is not a valid {what} name (lowercase letter, then a-z 0-9 _ -, at most 64)")
     return name
 
@@ -131,7 +132,7 @@ def parse_json(text: str, where: str):
     if not text.strip():
         raise Refusal(f"{where}: empty")
     try:
-        return json.loads(text, parse_constant=reject_constant)
+        return json.loads(text, parse_constant=reject_constant, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
         raise Refusal(f"{where}: not valid json ({error.msg}; line {error.lineno} column {error.colno})") from None
     except RecursionError:
@@ -143,6 +144,21 @@ def parse_json(text: str, where: str):
 def reject_constant(name: str):
     """json.loads hook: NaN and Infinity are not JSON (RFC 8259) and never a valid number here."""
     raise ValueError(f"{name} is not a json number")
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice."""
+
+
+def unique_keys(pairs: list) -> dict:
+    """json.loads hook: the object, or DuplicateKey naming a key that appears twice in it (json.loads
+    would silently keep the last, so a card could deny a tool and grant it again further down)."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise DuplicateKey(f"duplicate key {twice!r}")
+    return obj
 
 
 def as_object(value, where: str) -> dict:
@@ -235,7 +251,7 @@ class Factory:
 
     def key_path(self, signer: str) -> Path:
         """KEYS_DIR/SIGNER.key (signer name checked first)."""
-        if not isinstance(signer, str) or not SIGNER.match(signer):
+        if not isinstance(signer, str) or not SIGNER.fullmatch(signer):
             raise Refusal(f"{signer!r} is not a valid signer name (a letter, then letters, digits . _ -)")
         return self.keys_dir / f"{signer}.key"
 
@@ -280,7 +296,7 @@ class Store:
 
     def __init__(self, fac: Factory):
         self.fac = fac
-        self.decoder = json.JSONDecoder(parse_constant=reject_constant)   # built once, not per line
+        self.decoder = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=unique_keys)  # built once
 
     # ---- reads
 
@@ -487,7 +503,7 @@ DEFAULT_HANDOFF = "escalate"     # the output field by which an agent hands a ru
 
 
 CARD_FIELDS = {  # field -> (check, what the message says it must be)
-    "agent": (lambda v: isinstance(v, str) and bool(NAME.match(v)), "an agent name"),
+    "agent": (lambda v: isinstance(v, str) and bool(NAME.fullmatch(v)), "an agent name"),
     "entrypoint": (lambda v: isinstance(v, str) and re.fullmatch(r"[a-z][a-z0-9_]*:[a-z_][a-z0-9_]*", v),
                    "'module:function' inside agents/"),
     "model": (lambda v: isinstance(v, dict) and set(v) <= {"primary", "fallback"} and "primary" in v
@@ -502,7 +518,7 @@ CARD_FIELDS = {  # field -> (check, what the message says it must be)
     "tier_ceiling": (lambda v: v in TIERS, "one of C0 C1 C2 C3"),
     "identity": (lambda v: isinstance(v, str) and v.strip(), "a non-empty string"),
     "owner": (lambda v: isinstance(v, str) and v.strip(), "a non-empty string"),
-    "stamped_from": (lambda v: isinstance(v, str) and bool(NAME.match(v)), "an agent name"),
+    "stamped_from": (lambda v: isinstance(v, str) and bool(NAME.fullmatch(v)), "an agent name"),
     "master_digest": (lambda v: isinstance(v, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", v), "sha256:<64 hex>"),
     "overrides": (lambda v: isinstance(v, dict), "an object of dotted paths to values"),
     "approval_expiry_hours": (lambda v: _is_number(v) and 0 < v <= 8760, "a number of hours in (0, 8760] (default 24)"),
@@ -543,7 +559,7 @@ def validate_evals(evals: dict, where: str) -> None:
     for key in ("pass_bar", "gate"):
         if not _fraction(evals.get(key)):
             raise Refusal(f"{where}: field 'evals.{key}' must be a number in 0..1")
-    if "suite" in evals and not (isinstance(evals["suite"], str) and NAME.match(evals["suite"])):
+    if "suite" in evals and not (isinstance(evals["suite"], str) and NAME.fullmatch(evals["suite"])):
         raise Refusal(f"{where}: field 'evals.suite' must be an agent name")
 
 
@@ -582,9 +598,11 @@ def parse_setting(text: str) -> tuple[str, object]:
     if path.split(".")[0] in ("agent",) + SET_BY_STAMP:
         raise Refusal(f"--set {path}: set by stamp itself, not by hand")
     try:
-        return path, json.loads(raw, parse_constant=reject_constant)
+        return path, json.loads(raw, parse_constant=reject_constant, object_pairs_hook=unique_keys)
     except RecursionError:
         raise Refusal(f"--set {path}: value nested too deeply") from None
+    except DuplicateKey as error:
+        raise Refusal(f"--set {path}: {error}") from None
     except ValueError:
         return path, raw
 
@@ -932,7 +950,7 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
         record = fac.store.read_json(path)
         upgrade = RECORD_UPGRADES.get(record.get("format"))
         record = RECORD_SHAPE.check(upgrade(record) if upgrade else record, fac.shown(path))
-        if not NAME.match(record["suite"]):
+        if not NAME.fullmatch(record["suite"]):
             raise Refusal(f"{fac.shown(path)}: field 'suite' must be a suite name, got {record['suite']!r}")
         found.append((path, record))
     return found
@@ -1160,7 +1178,7 @@ def has_certificate(claim: Claim) -> str | None:
 def names_a_signer(claim: Claim) -> str | None:
     """The certificate names a well-formed signer and carries a signature."""
     signer = claim.cert.get("signer")
-    if isinstance(signer, str) and SIGNER.match(signer) and isinstance(claim.cert.get("signature"), str):
+    if isinstance(signer, str) and SIGNER.fullmatch(signer) and isinstance(claim.cert.get("signature"), str):
         return None
     return f"{claim.where}: the certificate does not verify (no valid signer or signature). re-certify."
 
@@ -1916,7 +1934,7 @@ def trace_upgrade(header: dict, where: str):
         return event
     header = upgrade(header)
     if not (header.get("format") == TRACE_FORMAT and isinstance(header.get("agent"), str)
-            and NAME.match(header["agent"]) and "input" in header):
+            and NAME.fullmatch(header["agent"]) and "input" in header):
         raise Refusal(f"{where}: not a {TRACE_FORMAT} trace (no header line)")
     return upgrade
 

@@ -77,7 +77,7 @@ ANTHROPIC_VERSION = "2023-06-01"
 ANTHROPIC_BASE = "https://api.anthropic.com"
 OPENAI_BASE = "https://api.openai.com/v1"
 OPENAI_HOST = "api.openai.com"
-_O_SERIES = re.compile(r"o\d+(?:-|$)")                 # o1, o3-mini, o4-mini-high, ...
+_O_SERIES = re.compile(r"o\d+(?:-|\Z)")                # o1, o3-mini, o4-mini-high, ...
 MOONSHOT_BASE = "https://api.moonshot.ai/v1"          # https://platform.kimi.com/docs/api/overview
 OLLAMA_BASE = "http://localhost:11434/v1"             # https://docs.ollama.com/api/openai-compatibility
 OPENROUTER_BASE = "https://openrouter.ai/api/v1"      # https://openrouter.ai/docs/api/errors
@@ -295,7 +295,7 @@ SNAPSHOTS = MappingProxyType({
     "claude-opus-4-5-20251101": "claude-opus-4-5",
     "claude-opus-4-1-20250805": "claude-opus-4-1",
 })
-_DATED = re.compile(r"-(?:19|20)\d{6}$")
+_DATED = re.compile(r"-(?:19|20)\d{6}\Z")
 _LOCAL = Price(0.0, 0.0, "self-hosted: no per-token price", "n/a")
 
 

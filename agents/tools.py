@@ -20,7 +20,7 @@ import secrets
 from pathlib import Path
 from typing import Callable
 
-NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 
 CONTRACTS = {
     "issues:label": {
@@ -84,7 +84,7 @@ def make_tools(root: Path, agent: str, run_id: str, append: Callable[[Path, dict
 
     def propose(args: dict) -> tuple:
         target = args["agent"]
-        if not NAME.match(target):
+        if not NAME.fullmatch(target):
             raise ValueError(f"{target!r} is not an agent name")
         case = {**args["case"], "source_run": run_id, "proposed_by": agent}
         return f"proposed {case['id']} for {target}", write(root / "evals" / target / "proposed.jsonl", case)

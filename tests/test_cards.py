@@ -62,6 +62,18 @@ class Cards(LineTest):
                 self.refused("is not a valid agent name", "run", name, "hi")
                 self.assertEqual(snapshot(self.root), before)
 
+    def test_a_name_with_a_trailing_newline_is_refused(self):
+        """`^name$` with match() also accepts 'name\\n': `stamp --as $'evil\\n'` made masters/evil\\n.json."""
+        self.set_bar("triager", 0.0)
+        self.prove_sealed()                      # so that certify gets as far as the signer's name
+        before = snapshot(self.root)
+        for argv in (("stamp", "triager", "--as", "evil\n"), ("prove", "triager\n"), ("run", "triager\n", "hi"),
+                     ("certify", "triager", "--tier", "C1", "--by", "alice\n")):
+            with self.subTest(argv=argv):
+                self.refused(("is not a valid agent name", "is not a valid signer name"), *argv)
+        self.assertEqual(snapshot(self.root), before)
+        self.assertEqual(sorted(p.name for p in (self.root / "masters").iterdir()), ["evalsmith.json", "triager.json"])
+
     def test_digest_explain_names_each_component(self):
         code, out, _ = self.factory("digest", "triager", "--explain")
         self.assertEqual(code, 0)
@@ -111,6 +123,8 @@ class Stamping(LineTest):
         self.refused("no agent named ghost", "stamp", "ghost", "--as", "new")
         self.refused("field 'max_steps' must be", "stamp", "triager", "--as", "bad", "--set", "max_steps=0")
         self.refused("set by stamp itself", "stamp", "triager", "--as", "bad", "--set", "agent=x")
+        self.refused("--set evals: duplicate key 'gate'", "stamp", "triager", "--as", "bad",
+                     "--set", 'evals={"pass_bar": 0.5, "gate": 0.5, "gate": 0}')
         self.assertFalse((self.root / "masters" / "bad.json").exists())
 
     def test_restamp_carries_a_master_fix_and_revokes(self):

@@ -377,6 +377,32 @@ class BadFiles(CertifiedTest):
         self.assertGreaterEqual(self.table(rows), 30)
 
 
+    def test_a_key_given_twice_is_refused_in_every_file(self):
+        """json.loads keeps the last of two equal keys: a second tools_denied would silently undo the first."""
+        card, cases, sealed, index = "masters/triager.json", "evals/triager/cases.jsonl", "evals/triager/sealed.jsonl", "traces/index.jsonl"
+        twice = lambda key, value: lambda data: data.replace(b"{", b'{"%s": %s, ' % (key, value), 1)  # noqa: E731
+        rows = [
+            ("card", lambda: self.edit(card, lambda d: d.replace(b'"gate_question"', b'"tools_denied": [], "gate_question"')),
+             ("digest", "triager"), card, "tools_denied"),
+            ("cases", lambda: self.append(cases, '{"id": "x", "input": "a", "input": "b", "expect": {}}\n'), ("prove", "triager"), cases, "input"),
+            ("sealed", lambda: self.append(sealed, '{"id": "x", "input": "a", "expect": {}, "expect": {}}\n'),
+             ("prove", "triager", "--sealed"), sealed, "expect"),
+            ("record", lambda: self.edit(self.record, twice(b"score", b"1.0")),
+             ("certify", "triager", "--tier", "C1", "--by", "alice"), self.record, "score"),
+            ("certificate", lambda: self.edit(CERT, twice(b"tier", b'"C3"')), ("run", "triager", "hi"), CERT, "tier"),
+            ("index", lambda: self.append(index, '{"agent": "triager", "agent": "evalsmith"}\n'), ("tower",), index, "agent"),
+            ("tickets", lambda: self.put(str(self.tickets), '{"id": "a", "input": "hi", "id": "b"}\n'),
+             ("run", "triager", "--file", str(self.tickets)), "tickets.jsonl", "id"),
+        ]
+        for label, prepare, argv, name, key in rows:
+            with self.subTest(label):
+                self.restore()
+                prepare()
+                err = self.refused_writing_nothing(name, *argv)
+                self.assertIn(f"duplicate key '{key}'", err)
+        self.restore()
+
+
 class BadTraceFiles(BadFiles):
     """A trace harvest reads, broken each way: one line naming the trace, nothing written."""
 
