@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import hmac
 import html
+import importlib.machinery
 import importlib.util
 import json
 import math
@@ -40,24 +41,36 @@ from pathlib import Path
 from typing import Iterator, Mapping, Protocol
 from xml.etree import ElementTree
 
-from broker import EFFECTS, HELD, Broker, Outcome, Policy, args_digest, check_args, settle
+class SourceOnly(importlib.machinery.SourceFileLoader):
+    """A loader that compiles the module from its .py source every time: it neither reads nor writes
+    __pycache__, where a planted .pyc would run in the source's place (git ignores that folder)."""
+
+    def get_code(self, fullname):
+        """The module's code, compiled from the bytes of its source file."""
+        return compile(self.get_data(self.path), self.path, "exec", dont_inherit=True)
 
 
-def lazy_module(name: str):
-    """The module `name`, loaded on first attribute access (importlib.util.LazyLoader): the network
-    clients cost ~35 ms to import, which `--help` and the offline stations need not pay."""
+def own_module(name: str, lazy: bool = False):
+    """The product's own module NAME (broker, llm, sage) from NAME.py beside this file, compiled from its
+    source (SourceOnly) and registered as NAME, whatever the interpreter's path. `lazy` defers running
+    it to the first attribute access (importlib.util.LazyLoader): the network clients cost ~35 ms to
+    import, which `--help` and the offline stations need not pay. A module already imported is reused."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    spec.loader = importlib.util.LazyLoader(spec.loader)
+    path = str(Path(__file__).resolve().parent / f"{name}.py")
+    loader = SourceOnly(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=importlib.util.LazyLoader(loader) if lazy else loader)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-llm = lazy_module("llm")
-sage = lazy_module("sage")
+own_module("broker")   # the import below then finds it registered and reads no file of its own
+from broker import EFFECTS, HELD, Broker, Outcome, Policy, args_digest, check_args, settle  # noqa: E402
+
+llm = own_module("llm", lazy=True)
+sage = own_module("sage", lazy=True)
 
 # Name patterns are always matched whole (fullmatch): `^...$` with match() also accepts a final newline.
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")

@@ -4,15 +4,19 @@ killed midway)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import py_compile
 import random
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import unittest
 
-from tests.support import CLI, INJECTION, REPO, LineTest, snapshot
+from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, snapshot
 
 
 class Cards(LineTest):
@@ -100,6 +104,29 @@ class Cards(LineTest):
         path = self.root / "agents" / "tools.py"
         path.write_text(path.read_text().replace('"maxLength": 600', '"maxLength": 601'))
         self.assertNotEqual(self.factory("digest", "triager")[1], first)
+
+
+class OwnModules(CertifiedTest):
+    """The product's own modules run from their source."""
+
+    def test_a_planted_bytecode_file_of_the_broker_does_not_run(self):
+        """The product's own modules are compiled from their source too: a .pyc beside broker.py is not git's to see."""
+        install = self.tmp / "install"
+        install.mkdir()
+        for name in ("factory.py", "broker.py", "llm.py", "sage.py"):
+            shutil.copy(REPO / name, install / name)
+        planted = self.tmp / "broker.py"
+        planted.write_text((REPO / "broker.py").read_text() + "\nprint('planted broker ran', file=__import__('sys').stderr)\n")
+        py_compile.compile(str(planted), cfile=importlib.util.cache_from_source(str(install / "broker.py")), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        pycache = sorted(p.name for p in (install / "__pycache__").iterdir())
+        for argv in (("--help",), ("digest", "triager"), ("run", "triager", "hi")):
+            with self.subTest(argv=argv):
+                done = subprocess.run([sys.executable, str(install / "factory.py"), *argv], capture_output=True, text=True,
+                                      env={**os.environ, **self.env}, timeout=60)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.assertNotIn("planted", done.stderr)
+        self.assertEqual(sorted(p.name for p in (install / "__pycache__").iterdir()), pycache, "a module wrote bytecode")
 
 
 class Stamping(LineTest):
