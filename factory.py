@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import contextlib
 import difflib
 import fcntl
@@ -27,9 +28,11 @@ import re
 import secrets
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import unicodedata
+import types
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,8 +41,9 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator, Mapping, Protocol
+from typing import Callable, Iterator, Mapping, Protocol
 from xml.etree import ElementTree
+
 
 class SourceOnly(importlib.machinery.SourceFileLoader):
     """A loader that compiles the module from its .py source every time: it neither reads nor writes
@@ -218,15 +222,17 @@ class Shape:
 @dataclass(frozen=True)
 class Factory:
     """Every path of one factory, computed from its root; asking for a path creates nothing.
-    `store` does every read and write under these paths."""
+    `store` does every read and write under these paths; `code` loads the modules under agents/."""
     root: Path
     sealed_dir: Path
     keys_dir: Path
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
     store: "Store" = field(init=False, compare=False, repr=False)
+    code: "Code" = field(init=False, compare=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "store", Store(self))
+        object.__setattr__(self, "code", Code(self))   # the agent and tool modules, each read and run once
 
     @classmethod
     def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str]) -> "Factory":
@@ -508,87 +514,162 @@ def _fraction(value) -> bool:
 
 
 def _tool_list(value) -> bool:
-    """True for a list of distinct tool-name strings."""
+    """True for a list of distinct, non-empty strings (whether each names a tool is checked against the contracts)."""
     return isinstance(value, list) and all(isinstance(v, str) and v for v in value) and len(set(value)) == len(value)
 
 
 DEFAULT_HANDOFF = "escalate"     # the output field by which an agent hands a run to a human, unless its card names another
 
 
-CARD_FIELDS = {  # field -> (check, what the message says it must be)
-    "agent": (lambda v: isinstance(v, str) and bool(NAME.fullmatch(v)), "an agent name"),
-    "entrypoint": (lambda v: isinstance(v, str) and re.fullmatch(r"[a-z][a-z0-9_]*:[a-z_][a-z0-9_]*", v),
-                   "'module:function' inside agents/"),
-    "model": (lambda v: isinstance(v, dict) and set(v) <= {"primary", "fallback"} and "primary" in v
-              and all(isinstance(x, str) and x for x in v.values()), '{"primary": id, "fallback": id}'),
-    "tools": (_tool_list, "a list of distinct tool names"),
-    "tools_denied": (_tool_list, "a list of distinct tool names"),
-    "gate_question": (lambda v: isinstance(v, str) and v.strip(), "a non-empty string"),
-    "evals": (lambda v: isinstance(v, dict), '{"pass_bar": 0..1, "gate": 0..1}'),
-    "draft_rubric": (lambda v: isinstance(v, dict), '{"min", "instructions", "levels"}'),
-    "cost_envelope_usd": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "max_steps": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
-    "tier_ceiling": (lambda v: v in TIERS, "one of C0 C1 C2 C3"),
-    "identity": (lambda v: isinstance(v, str) and v.strip(), "a non-empty string"),
-    "owner": (lambda v: isinstance(v, str) and v.strip(), "a non-empty string"),
-    "stamped_from": (lambda v: isinstance(v, str) and bool(NAME.fullmatch(v)), "an agent name"),
-    "master_digest": (lambda v: isinstance(v, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", v), "sha256:<64 hex>"),
-    "overrides": (lambda v: isinstance(v, dict), "an object of dotted paths to values"),
-    "approval_expiry_hours": (lambda v: _is_number(v) and 0 < v <= 8760, "a number of hours in (0, 8760] (default 24)"),
-    "handoff_field": (lambda v: isinstance(v, str) and bool(re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", v)),
-                      f"the name of a boolean field of the agent's output (default '{DEFAULT_HANDOFF}')"),
-}
+def _text(value) -> bool:
+    """True for a string that is not blank."""
+    return isinstance(value, str) and bool(value.strip())
 
 
-REQUIRED = ("agent", "entrypoint", "model", "tools", "tools_denied", "gate_question", "evals",
-            "cost_envelope_usd", "tier_ceiling", "identity", "owner")
+def _name(value) -> bool:
+    """True for an agent name, matched whole."""
+    return isinstance(value, str) and bool(NAME.fullmatch(value))
 
 
-def validate_card(card: dict, where: str) -> dict:
-    """card when every field is known and well-typed; Refusal naming the field otherwise."""
-    for key in card:
-        if key not in CARD_FIELDS:
-            near = difflib.get_close_matches(key, CARD_FIELDS, n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else ""
-            raise Refusal(f"{where}: unknown field '{key}'{hint}")
-    for key in REQUIRED:
-        if key not in card:
-            raise Refusal(f"{where}: missing field '{key}'")
-    for key, value in card.items():
-        check, wanted = CARD_FIELDS[key]
-        if not check(value):
-            raise Refusal(f"{where}: field '{key}' must be {wanted}")
-    validate_evals(card["evals"], where)
-    if "draft_rubric" in card:
-        validate_rubric(card["draft_rubric"], where)
-    return card
+def _integer(value, low: int, high: int | None = None) -> bool:
+    """True for an int (never bool) in low..high."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
 
 
-def validate_evals(evals: dict, where: str) -> None:
-    """Refusal unless evals is {"pass_bar": 0..1, "gate": 0..1} with an optional suite name."""
-    for key in evals:
-        if key not in ("pass_bar", "gate", "suite"):
-            raise Refusal(f"{where}: unknown field 'evals.{key}'")
-    for key in ("pass_bar", "gate"):
-        if not _fraction(evals.get(key)):
-            raise Refusal(f"{where}: field 'evals.{key}' must be a number in 0..1")
-    if "suite" in evals and not (isinstance(evals["suite"], str) and NAME.fullmatch(evals["suite"])):
-        raise Refusal(f"{where}: field 'evals.suite' must be an agent name")
+def _levels(value) -> bool:
+    """True for exactly five {level, description} objects, levels 0..4 in order."""
+    return (isinstance(value, list) and len(value) == 5 and all(
+        isinstance(lv, dict) and set(lv) == {"level", "description"} and lv["level"] == n and type(lv["level"]) is int
+        and isinstance(lv["description"], str) for n, lv in enumerate(value)))
 
 
-def validate_rubric(rubric: dict, where: str) -> None:
-    """Refusal unless the rubric has min 0..4, instructions, and exactly five levels 0..4."""
-    for key in rubric:
-        if key not in ("min", "instructions", "levels"):
-            raise Refusal(f"{where}: unknown field 'draft_rubric.{key}'")
-    if not (isinstance(rubric.get("min"), int) and not isinstance(rubric["min"], bool) and 0 <= rubric["min"] <= 4):
-        raise Refusal(f"{where}: field 'draft_rubric.min' must be an integer 0..4")
-    if not (isinstance(rubric.get("instructions"), str) and rubric["instructions"].strip()):
-        raise Refusal(f"{where}: field 'draft_rubric.instructions' must be a non-empty string")
-    levels = rubric.get("levels")
-    ok = isinstance(levels, list) and [lv.get("level") if isinstance(lv, dict) else None for lv in levels] == [0, 1, 2, 3, 4]
-    if not ok or not all(set(lv) == {"level", "description"} and isinstance(lv["description"], str) for lv in levels):
-        raise Refusal(f"{where}: field 'draft_rubric.levels' must be exactly five levels 0..4, each {{level, description}}")
+def _model_id(value) -> bool:
+    """True for a model id: 1 to 200 printable characters, no spaces."""
+    return isinstance(value, str) and bool(re.fullmatch(r"[!-~]{1,200}", value))
+
+
+TOOL = re.compile(r"([a-z][a-z0-9_]{0,31}):[a-z][a-z0-9_-]{0,31}")   # family:verb, defined in agents/tools/FAMILY.py
+ENTRYPOINT = re.compile(r"([a-z][a-z0-9_]*):([a-z_][a-z0-9_]*)")     # module:function, the module agents/MODULE.py
+CONTRACT = "contract "                                              # how a tool's contract is labelled in a digest
+REQUIRED = "required"                                               # the default of a field that must be there
+
+
+@dataclass(frozen=True)
+class CardField:
+    """One field of the job card, as `schema` prints it and as validation checks it. A field named a.b
+    sits inside the object field a, whose own fields are then checked one by one."""
+    name: str
+    kind: str                             # its JSON type
+    default: str                          # REQUIRED, or what applies when it is absent
+    allowed: str                          # the values it takes; a problem reads "field NAME must be ALLOWED"
+    does: str                             # what it does
+    check: Callable[[object], bool]
+
+
+TOOL_NAMES = "a list of distinct tool names family:verb, each with a contract in agents/tools/FAMILY.py"
+CARD_SCHEMA = (  # the one source of the card's documentation (the schema station, README) and of its validation
+    CardField("agent", "string", REQUIRED, "an agent name: a lowercase letter, then a-z 0-9 _ -, at most 64 in all",
+              "the agent's name; it is also the file's name, masters/NAME.json", _name),
+    CardField("entrypoint", "string", REQUIRED, "'module:function', the module being agents/MODULE.py",
+              "the agent's code: the module holds SYSTEM (the worker's system prompt), OUTPUT_SCHEMA (the output "
+              "contract) and this function (the agent's own offline rules)",
+              lambda v: isinstance(v, str) and bool(ENTRYPOINT.fullmatch(v))),
+    CardField("model", "object", REQUIRED, 'an object {"primary", "fallback"}', "the worker models",
+              lambda v: isinstance(v, dict)),
+    CardField("model.primary", "string", REQUIRED, "a model id without spaces (e.g. claude-sonnet-5-5, ollama/llama3.2, "
+              "offline)", "the model asked first; its id picks the backend (see Worker models)", _model_id),
+    CardField("model.fallback", "string", "none", "a model id without spaces",
+              "the model asked when the primary is retired or keeps failing", _model_id),
+    CardField("tools", "list", REQUIRED, TOOL_NAMES,
+              "grants: the tools the agent may call (an acting tool is staged, never run at once)", _tool_list),
+    CardField("tools_denied", "list", REQUIRED, TOOL_NAMES,
+              "explicit denials: a tool both granted and denied is denied", _tool_list),
+    CardField("gate_question", "string", REQUIRED, "a non-empty string",
+              "the yes/no question the output gate asks Sage about every output", _text),
+    CardField("evals", "object", REQUIRED, 'an object {"pass_bar", "gate", "suite"}', "how the agent is proved and gated",
+              lambda v: isinstance(v, dict)),
+    CardField("evals.pass_bar", "number", REQUIRED, "a number in 0..1",
+              "the share of cases that must pass: prove exits 0 and certify signs only at or above it", _fraction),
+    CardField("evals.gate", "number", REQUIRED, "a number in 0..1",
+              "the output gate passes an output only when Sage answers yes with at least this probability", _fraction),
+    CardField("evals.suite", "string", "the agent's own suite, else its nearest master's", "an agent name",
+              "the suite proved: evals/SUITE/cases.jsonl and the sealed half SUITE/sealed.jsonl", _name),
+    CardField("draft_rubric", "object", "none: drafts are not scored", 'an object {"min", "instructions", "levels"}',
+              "how prove has Sage score the draft in each output", lambda v: isinstance(v, dict)),
+    CardField("draft_rubric.min", "integer", REQUIRED, "an integer 0..4",
+              "the lowest level a draft may score and still pass", lambda v: _integer(v, 0, 4)),
+    CardField("draft_rubric.instructions", "string", REQUIRED, "a non-empty string",
+              "what Sage is told a good draft is", _text),
+    CardField("draft_rubric.levels", "list", REQUIRED, "exactly five levels 0..4 in order, each {level, description}",
+              "what each level means", _levels),
+    CardField("cost_envelope_usd", "number", REQUIRED, "a number >= 0",
+              "the most one run may spend, checked before every model call", lambda v: _is_number(v) and v >= 0),
+    CardField("max_steps", "integer", "8", "an integer >= 1",
+              "model calls a run may make before it is escalated", lambda v: _integer(v, 1)),
+    CardField("tier_ceiling", "string", REQUIRED, "one of C0 C1 C2 C3",
+              "the highest tier a certificate for this card may grant", lambda v: v in TIERS),
+    CardField("identity", "string", REQUIRED, "a non-empty string", "the service identity the agent acts as", _text),
+    CardField("owner", "string", REQUIRED, "a non-empty string", "the accountable human", _text),
+    CardField("approval_expiry_hours", "number", "24", "a number of hours in (0, 8760]",
+              "how long a parked acting call waits for a human before it expires",
+              lambda v: _is_number(v) and 0 < v <= 8760),
+    CardField("handoff_field", "string", DEFAULT_HANDOFF, "the name of a boolean field of the agent's output (a property of OUTPUT_SCHEMA)",
+              "the output field by which the agent hands a run to a human: when it is true no acting call is "
+              "committed, drafts go to the review queue and the run is routed to a human",
+              lambda v: isinstance(v, str) and bool(re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", v))),
+    CardField("stamped_from", "string", "set by stamp", "an agent name", "the master this variant was stamped from", _name),
+    CardField("master_digest", "string", "set by stamp", "'sha256:' and 64 hex digits",
+              "the master's digest when the variant was stamped",
+              lambda v: isinstance(v, str) and bool(re.fullmatch(r"sha256:[0-9a-f]{64}", v))),
+    CardField("overrides", "object", "set by stamp", "an object of dotted paths to values",
+              "the variant's own changes to its master, which restamp keeps", lambda v: isinstance(v, dict)),
+)
+
+
+def fields_in(parent: str) -> dict[str, CardField]:
+    """The card's fields directly inside the object field `parent` ('' for the card itself), by key."""
+    return {f.name.rpartition(".")[2]: f for f in CARD_SCHEMA if f.name.rpartition(".")[0] == parent}
+
+
+def object_problems(value: dict, parent: str = "") -> list[str]:
+    """One line per problem with the fields of one object of the card (unknown, missing, malformed), then
+    with the fields inside each object field that is well formed."""
+    fields, problems = fields_in(parent), []
+    for key in value:
+        if key not in fields:
+            full = f"{parent}.{key}" if parent else key
+            problems.append(f"unknown field '{full}'{did_you_mean(full, [f.name for f in fields.values()])}")
+    for key, row in fields.items():
+        if key not in value:
+            problems += [f"missing field '{row.name}'"] if row.default == REQUIRED else []
+        elif not row.check(value[key]):
+            problems.append(f"field '{row.name}' must be {row.allowed}")
+        elif fields_in(row.name):
+            problems += object_problems(value[key], row.name)
+    return problems
+
+
+def card_problems(card: dict, name: str | None = None) -> list[str]:
+    """Every problem with a card's fields, one line each, and with its name when it is read from masters/NAME.json."""
+    problems = object_problems(card)
+    if name is not None and _name(card.get("agent")) and card["agent"] != name:
+        problems.append(f"field 'agent' is {card['agent']!r} but the file is named {name!r}")
+    return problems
+
+
+def did_you_mean(word: str, candidates: list[str]) -> str:
+    """" (did you mean 'x'?)" for the candidate closest to word, ignoring case, or ""."""
+    lowered = {candidate.lower(): candidate for candidate in candidates}
+    near = difflib.get_close_matches(word.lower(), list(lowered), n=1)
+    return f" (did you mean '{lowered[near[0]]}'?)" if near else ""
+
+
+def refuse(where: str, problems: list[str]) -> None:
+    """Refusal naming every problem at once: one line for one, else the count and then one line each."""
+    if len(problems) == 1:
+        raise Refusal(f"{where}: {problems[0]}")
+    if problems:
+        raise Refusal(f"{where}: {len(problems)} problems\n" + "\n".join(f"  {problem}" for problem in problems))
 
 
 def set_path(card: dict, dotted: str, value) -> dict:
@@ -631,27 +712,143 @@ def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict
     return {**card, "stamped_from": parent["agent"], "master_digest": master_digest, "overrides": overrides}
 
 
-# ---- the agent: card, module, tools, digest
+# ---- the code an agent is made of: read once, hashed, executed from exactly those bytes
+
+def agent_modules(dotted: str, names: list[str]) -> list[str]:
+    """The agent modules (paths under agents/) one import names: `from agents import a, b` -> a.py, b.py;
+    `from agents.a import f` and `import agents.a` -> a.py; an import of anything else -> []. Refusal for
+    a deeper name (`agents.tools.x`): tool modules are the factory's to load, not an import."""
+    parts = dotted.split(".")
+    if parts[0] != "agents":
+        return []
+    if len(parts) > 2 or "tools" in parts[1:] + names:
+        raise Refusal(f"imports {dotted}: an agent module is imported as `from agents import NAME` (agents/NAME.py)")
+    return [f"{parts[1]}.py"] if len(parts) == 2 else [f"{name}.py" for name in names]
+
+
+class Code:
+    """The agent and tool modules of one factory for one station invocation. Each file under agents/ is
+    read once through the Store, hashed, and executed from exactly those bytes (compile + exec into a
+    fresh module): no bytecode cache is read or written, and a file changed after it was read is not
+    read again. A module's imports of other agent modules resolve to this root's agents/NAME.py, loaded
+    the same way, and only when its source names them (what the digest covers), never through sys.path.
+    Raises Refusal naming the file for a module that is missing, not valid Python, or fails to load."""
+
+    def __init__(self, fac: Factory):
+        self.fac = fac
+        self.sources: dict[str, bytes] = {}
+        self.trees: dict[str, ast.Module] = {}
+        self.modules: dict[str, types.ModuleType] = {}
+        self.lock = threading.RLock()   # re-entered on one thread by a module importing another
+
+    def source(self, relative: str) -> bytes:
+        """The bytes of agents/RELATIVE, read the first time they are asked for and kept."""
+        with self.lock:
+            if relative not in self.sources:
+                self.sources[relative] = self.fac.store.read_bytes(self.fac.agents / relative)
+            return self.sources[relative]
+
+    def digest(self, relative: str) -> str:
+        """sha256 of exactly the bytes that are (or will be) executed."""
+        return sha256(self.source(relative))
+
+    def tree(self, relative: str) -> ast.Module:
+        """The parsed source: what is scanned for imports and compiled; Refusal for invalid Python."""
+        with self.lock:
+            if relative not in self.trees:
+                try:
+                    self.trees[relative] = ast.parse(self.source(relative), str(self.fac.agents / relative))
+                except (SyntaxError, ValueError) as error:   # ValueError: a null byte in the source
+                    line = f", line {error.lineno}" if getattr(error, "lineno", None) else ""
+                    raise Refusal(f"agents/{relative}: not valid python ({getattr(error, 'msg', error)}{line})") from None
+            return self.trees[relative]
+
+    def imports(self, relative: str) -> list[str]:
+        """The agent modules agents/RELATIVE names in its import statements, as sorted paths under agents/."""
+        found, tree = set(), self.tree(relative)
+        try:
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    found.update(agent_modules(node.module, [alias.name for alias in node.names]))
+                elif isinstance(node, ast.Import):
+                    found.update(path for alias in node.names for path in agent_modules(alias.name, []))
+        except Refusal as refusal:
+            raise Refusal(f"agents/{relative} {refusal}") from None
+        for path in found:
+            if not (self.fac.agents / path).is_file():
+                raise Refusal(f"agents/{relative} imports agents.{path[:-3]}, and there is no agents/{path}")
+        return sorted(found)
+
+    def closure(self, relative: str) -> list[str]:
+        """Every agent module agents/RELATIVE imports, directly or through another, sorted (itself excluded)."""
+        seen, todo = set(), [relative]
+        while todo:
+            fresh = set(self.imports(todo.pop())) - seen
+            seen |= fresh
+            todo += fresh
+        return sorted(seen - {relative})
+
+    def module(self, relative: str) -> types.ModuleType:
+        """agents/RELATIVE executed once, from the bytes `source` read."""
+        with self.lock:
+            return self.modules[relative] if relative in self.modules else self.execute(relative)
+
+    def execute(self, relative: str) -> types.ModuleType:
+        """A fresh module made by executing the compiled source; Refusal naming the file (and line) when it raises."""
+        path, imports = str(self.fac.agents / relative), self.imports(relative)
+        module = types.ModuleType("agents." + relative.removesuffix(".py").replace("/", "."))
+        module.__file__ = path
+        module.__builtins__ = {**vars(builtins), "__import__": self.importer(relative, imports)}
+        code = compile(self.tree(relative), path, "exec", dont_inherit=True)
+        self.modules[relative] = module   # before it runs: an import cycle finds it half made, as Python's own does
+        try:
+            exec(code, vars(module))
+        except Exception as error:   # noqa: BLE001 - the agent's own code: what it raises is named in one line
+            del self.modules[relative]
+            if isinstance(error, Refusal):
+                raise
+            lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == path]
+            raise Refusal(f"agents/{relative}: failed while loading ({type(error).__name__}: {error}"
+                          f"{f', line {lines[-1]}' if lines else ''})") from None
+        return module
+
+    def importer(self, relative: str, imports: list[str]):
+        """The __import__ the module agents/RELATIVE runs with: an import of `agents` gets the modules of this
+        root that its source names (`imports`); every other import is Python's own."""
+        def find(name, globals=None, locals=None, fromlist=(), level=0):
+            if level == 0 and name.split(".")[0] != "agents":
+                return builtins.__import__(name, globals, locals, fromlist, level)
+            try:
+                paths = agent_modules(name, list(fromlist or ())) if level == 0 else None
+            except Refusal:
+                paths = None
+            if paths is None or not set(paths) <= set(imports):
+                raise ImportError(f"agents/{relative}: only an import written `from agents import NAME` loads an "
+                                  f"agent module (it is what the digest covers)")
+            loaded = {path[:-3]: self.module(path) for path in paths}
+            return loaded[name.split(".")[1]] if "." in name and fromlist else types.SimpleNamespace(**loaded)
+        return find
+
+
+# ---- the agent: card, entrypoint module, tool modules, digest
 
 @dataclass(frozen=True)
 class Agent:
     """One agent as the line sees it, loaded once per station and reused for every run: the validated
-    card, its entrypoint module (SYSTEM, OUTPUT_SCHEMA, the rules function), its tool module
-    (CONTRACTS the broker rules on, make_tools for the effects), and what its digest is taken over."""
+    card, its entrypoint module (SYSTEM, OUTPUT_SCHEMA, the rules function), the tool modules of the
+    tools it grants or denies (make_tools for the effects), the contracts of exactly those tools (what
+    the broker rules on), and the components its digest is taken over."""
     name: str
     card: dict
     module: object
-    toolbox: object
+    toolboxes: tuple              # the tool modules, agents/tools/FAMILY.py, of the tools the card names
+    contracts: dict               # tool name -> contract (name, effect, description, params, failure_modes) of
+                                  # every tool those modules define: any other tool is unknown to this agent
     components: dict              # component label -> sha256
     digest: str = field(init=False)
 
     def __post_init__(self):
         object.__setattr__(self, "digest", sha256(canonical(self.components)))
-
-    @property
-    def contracts(self) -> dict:
-        """Tool name -> contract (name, effect, description, params, failure_modes)."""
-        return self.toolbox.CONTRACTS
 
     @property
     def rules(self):
@@ -672,91 +869,174 @@ class Agent:
         return isinstance(output, dict) and output.get(self.handoff_field) is True
 
     def tools_for(self, fac: Factory, run_id: str, tags: dict | None = None) -> dict:
-        """Tool name -> callable(args) writing this run's effects under the root through the store; every
-        row written also carries `tags` when given (the gate's result and p, for a committed call)."""
-        append = fac.store.append_jsonl
-        if tags:
-            append = lambda path, row: fac.store.append_jsonl(path, {**row, **tags})  # noqa: E731
-        return self.toolbox.make_tools(fac.root, self.name, run_id, append)
+        """Tool name -> callable(args) writing this run's effects under the root, for the tools the card
+        grants; every row written also carries `tags` when given (the gate's result and p, for a committed call)."""
+        made, write = {}, effect_writer(fac, run_id, tags or {})
+        for toolbox in self.toolboxes:
+            made.update(toolbox.make_tools(fac.root, self.name, run_id, write))
+        return {name: tool for name, tool in made.items() if name in self.card["tools"]}
 
 
-def load_python(fac: Factory, relative: str):
-    """Import agents/<relative> from this factory's root as a fresh module (not cached globally)."""
-    path = fac.agents / relative
-    fac.store.read_bytes(path)
-    spec = importlib.util.spec_from_file_location(f"factory_agents_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def effect_writer(fac: Factory, run_id: str, tags: dict):
+    """The `write(path, row) -> receipt` a tool module's make_tools is handed: the row, tagged with the run
+    id, a fresh effect id and `tags`, appended as one whole locked line to a file under the root; the
+    receipt {"path", "offset", "effect_id"} is how the line reads the effect back before calling a run
+    verified."""
+    def write(path: Path, row: dict) -> dict:
+        relative = Path(path).resolve().relative_to(fac.root).as_posix()   # ValueError outside the root, before writing
+        effect_id = secrets.token_hex(8)
+        offset = fac.store.append_jsonl(fac.root / relative, {**row, "run_id": run_id, "effect_id": effect_id, **tags})
+        return {"path": relative, "offset": offset, "effect_id": effect_id}
+    return write
+
+
+def tool_families(tools) -> list[str]:
+    """The tool modules (paths under agents/) that define the given tool names, sorted."""
+    return sorted({f"tools/{match.group(1)}.py" for match in map(TOOL.fullmatch, tools) if match})
+
+
+def toolbox_contracts(fac: Factory, relative: str) -> dict:
+    """The CONTRACTS of the tool module agents/RELATIVE (executed), each checked; Refusal naming the module."""
+    module, family, where = fac.code.module(relative), Path(relative).stem, f"agents/{relative}"
+    contracts = getattr(module, "CONTRACTS", None)
+    if not isinstance(contracts, dict) or not callable(getattr(module, "make_tools", None)):
+        raise Refusal(f"{where}: a tool module defines CONTRACTS (tool name -> contract) and "
+                      f"make_tools(root, agent, run_id, write)")
+    for name, contract in contracts.items():
+        if not (isinstance(name, str) and TOOL.fullmatch(name) and name.startswith(f"{family}:")):
+            raise Refusal(f"{where}: contract {name!r} is not named {family}:VERB (a tool lives in its family's module)")
+        if not (isinstance(contract, dict) and contract.get("name") == name and contract.get("effect") in EFFECTS
+                and isinstance(contract.get("description"), str) and isinstance(contract.get("params"), dict)):
+            raise Refusal(f"{where}: contract {name} needs its name, an effect in {EFFECTS}, a description "
+                          f"and a params schema")
+    return contracts
+
+
+def known_tools(fac: Factory) -> list[str]:
+    """Every tool the modules under agents/tools/ define (asked for only to suggest a near miss)."""
+    found = []
+    for path in sorted((fac.agents / "tools").glob("*.py")):
+        with contextlib.suppress(Refusal):
+            found += toolbox_contracts(fac, f"tools/{path.name}")
+    return found
+
+
+def tool_problems(fac: Factory, card: dict) -> list[str]:
+    """One line per tool module that cannot be loaded, and per granted or denied tool that no module
+    defines (a denial of a tool nothing defines would deny nothing); a field that is not a list of
+    names is left to the card's own checks."""
+    named = {key: card[key] for key in ("tools", "tools_denied") if _tool_list(card.get(key))}
+    problems, contracts, broken = [], {}, set()
+    for relative in tool_families(tool for tools in named.values() for tool in tools):
+        try:
+            contracts.update(toolbox_contracts(fac, relative) if (fac.agents / relative).is_file() else {})
+        except Refusal as refusal:
+            problems.append(str(refusal))
+            broken.add(relative)
+    missing = [(key, tool) for key, tools in named.items() for tool in tools
+               if tool not in contracts and not set(tool_families([tool])) & broken]   # a broken module is named once
+    known = known_tools(fac) if missing else []
+    return problems + [no_contract(key, tool, known) for key, tool in missing]
+
+
+def no_contract(key: str, tool: str, known: list[str]) -> str:
+    """The problem of a tool the card names in `key` that no tool module defines, with a near miss if any."""
+    hint = did_you_mean(tool, known) or " (a tool is named family:verb and defined in agents/tools/FAMILY.py)"
+    return f"field '{key}': no contract for {tool!r}{hint}"
+
+
+ENTRYPOINT_NEEDS = (  # what the entrypoint module defines beside its function, and what each is
+    ("SYSTEM", str, "the worker's system prompt: a string assigned at the top level of the entrypoint module, "
+                    'SYSTEM = "You are ..."'),
+    ("OUTPUT_SCHEMA", dict, "the output contract: a JSON-schema object assigned at the top level of the entrypoint "
+                            "module, which the final answer must match"),
+)
+
+
+def entrypoint_problems(fac: Factory, card: dict) -> list[str]:
+    """One line for each thing the entrypoint module lacks, or the one reason it cannot be loaded (nothing
+    when the entrypoint field itself is malformed: the card's own checks say so)."""
+    entry = card.get("entrypoint")
+    if not (isinstance(entry, str) and ENTRYPOINT.fullmatch(entry)):
+        return []
+    relative, function = entry_module(card), entry.split(":")[1]
+    if not (fac.agents / relative).exists():
+        return [f"field 'entrypoint': there is no agents/{relative} for {entry}"]
+    try:
+        module = fac.code.module(relative)
+    except Refusal as refusal:
+        return [str(refusal)]
+    problems = [] if callable(getattr(module, function, None)) else [
+        f"agents/{relative} has no function {function} (the entrypoint: the agent's own rules, "
+        f"input -> (tool calls, output))"]
+    problems += [f"agents/{relative} has no {name} ({what})"
+                 for name, kind, what in ENTRYPOINT_NEEDS if not isinstance(getattr(module, name, None), kind)]
+    return problems + handoff_problems(card, getattr(module, "OUTPUT_SCHEMA", None), f"agents/{relative}")
+
+
+def handoff_problems(card: dict, schema, where: str) -> list[str]:
+    """The problem when the card's hand-off field (handoff_field, default escalate) is not a boolean property
+    of the output contract (OUTPUT_SCHEMA): the line must know for sure when an agent hands a run to a human."""
+    name = card.get("handoff_field", DEFAULT_HANDOFF)
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    kind = props.get(name) if isinstance(props, dict) and isinstance(name, str) else None
+    if isinstance(kind, dict) and kind.get("type") == "boolean":
+        return []
+    return [f"{where}: OUTPUT_SCHEMA has no boolean property '{name}', the card's hand-off field "
+            f"(set handoff_field to the output field by which the agent hands a run to a human)"]
+
+
+def entry_module(card: dict) -> str:
+    """The entrypoint module's path under agents/: triager:rules -> triager.py."""
+    return f"{card['entrypoint'].split(':')[0]}.py"
+
+
+def read_card(fac: Factory, name: str) -> tuple[dict, str]:
+    """(the JSON object in masters/NAME.json, its path as shown); Refusal when there is none."""
+    path = fac.card_path(name)
+    if not path.exists():
+        raise Refusal(f"no agent named {name} (no {fac.shown(path)}); stamp it from a master first")
+    return fac.store.read_json(path), fac.shown(path)
 
 
 def load_card(fac: Factory, name: str) -> dict:
     """The validated card of NAME from masters/NAME.json; Refusal when absent or malformed."""
-    path = fac.card_path(name)
-    if not path.exists():
-        raise Refusal(f"no agent named {name} (no {fac.shown(path)}); stamp it from a master first")
-    card = validate_card(fac.store.read_json(path), fac.shown(path))
-    if card["agent"] != name:
-        raise Refusal(f"{fac.shown(path)}: field 'agent' is {card['agent']!r} but the file is named {name!r}")
+    card, where = read_card(fac, name)
+    refuse(where, card_problems(card, name))
     return card
 
 
 def load_agent(fac: Factory, name: str) -> Agent:
-    """Card, entrypoint module and contracts of NAME, with its digest components."""
-    return agent_from_card(fac, load_card(fac, name))
+    """NAME with its code loaded; Refusal naming every problem with its card and that code at once."""
+    card, where = read_card(fac, name)
+    return agent_from_card(fac, card, where, card_problems(card, name))
 
 
-def agent_from_card(fac: Factory, card: dict) -> Agent:
-    """The Agent a validated card describes (its module and tool module read from agents/)."""
-    module_name, function = card["entrypoint"].split(":")
-    module = load_python(fac, f"{module_name}.py")
-    for needed in (function, "SYSTEM", "OUTPUT_SCHEMA"):
-        if not hasattr(module, needed):
-            raise Refusal(f"agents/{module_name}.py: has no {needed} (entrypoint {card['entrypoint']})")
-    check_handoff(card, module.OUTPUT_SCHEMA, f"agents/{module_name}.py")
-    toolbox = load_python(fac, "tools.py")
-    for name, contract in toolbox.CONTRACTS.items():
-        if not isinstance(contract, dict) or contract.get("effect") not in EFFECTS \
-                or not isinstance(contract.get("params"), dict):
-            raise Refusal(f"agents/tools.py: contract {name} needs an effect in {EFFECTS} and a params schema")
-    return Agent(card["agent"], card, module, toolbox, digest_components(fac, card, module_name, toolbox.CONTRACTS))
+def agent_from_card(fac: Factory, card: dict, where: str, problems: list[str] = ()) -> Agent:
+    """The Agent a card describes, its code executed from the bytes hashed for its digest; Refusal naming
+    the card's own `problems` and every problem with the code it names, at once."""
+    refuse(where, [*problems, *entrypoint_problems(fac, card), *tool_problems(fac, card)])
+    toolboxes = tool_families(card["tools"] + card["tools_denied"])
+    contracts = {name: contract for relative in toolboxes for name, contract in toolbox_contracts(fac, relative).items()}
+    return Agent(card["agent"], card, fac.code.module(entry_module(card)), tuple(map(fac.code.module, toolboxes)),
+                 contracts, digest_components(fac, card, contracts))
 
 
-def check_handoff(card: dict, schema, where: str) -> None:
-    """Refusal unless the card's hand-off field (handoff_field, default escalate) is a boolean property of
-    the output contract (OUTPUT_SCHEMA): the line must know for sure when an agent hands a run to a human."""
-    name = card.get("handoff_field", DEFAULT_HANDOFF)
-    props = schema.get("properties") if isinstance(schema, dict) else None
-    kind = props.get(name) if isinstance(props, dict) else None
-    if not (isinstance(kind, dict) and kind.get("type") == "boolean"):
-        raise Refusal(f"{where}: OUTPUT_SCHEMA has no boolean property '{name}', the card's hand-off field "
-                      f"(set handoff_field to the output field by which the agent hands a run to a human)")
+def code_components(fac: Factory, card: dict) -> dict:
+    """Component label -> sha256 of what a valid card names, read and hashed but not executed: the card,
+    its entrypoint module, the tool modules of the tools it grants or denies, and every agent module
+    those import."""
+    entry, toolboxes = entry_module(card), tool_families(card["tools"] + card["tools_denied"])
+    imported = {path for start in (entry, *toolboxes) for path in fac.code.closure(start)} - {entry}
+    return {"card": sha256(canonical(card)), f"entrypoint agents/{entry}": fac.code.digest(entry),
+            **{f"module agents/{path}": fac.code.digest(path) for path in sorted(imported)},
+            **{f"tool code agents/{path}": fac.code.digest(path) for path in toolboxes}}
 
 
-def digest_components(fac: Factory, card: dict, module_name: str, contracts: dict) -> dict:
-    """Component label -> sha256: the card, entrypoint source, tool code, each tool contract, referenced files."""
-    def file_hash(relative):
-        return sha256(fac.store.read_bytes(fac.agents / relative))
-    parts = {"card": sha256(canonical(card)),
-             f"entrypoint agents/{module_name}.py": file_hash(f"{module_name}.py"),
-             "tool code agents/tools.py": file_hash("tools.py")}
-    for tool in sorted(set(card["tools"]) | set(card["tools_denied"])):
-        parts[f"contract {tool}"] = sha256(canonical(contracts.get(tool)))
-    for other in sorted(referenced_modules(fac, module_name)):
-        parts[f"file agents/{other}.py"] = file_hash(f"{other}.py")
-    return parts
-
-
-def referenced_modules(fac: Factory, module_name: str) -> set[str]:
-    """Names of the other agents/ modules the entrypoint module imports (`from agents import x`)."""
-    tree = ast.parse(fac.store.read_bytes(fac.agents / f"{module_name}.py"))
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "agents":
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agents."):
-            found.add(node.module.split(".")[1])
-    return {name for name in found if (fac.agents / f"{name}.py").is_file()} - {module_name, "tools"}
+def digest_components(fac: Factory, card: dict, contracts: dict) -> dict:
+    """code_components, and each granted or denied tool's contract as its executed module defines it."""
+    named = sorted(set(card["tools"]) | set(card["tools_denied"]))
+    return {**code_components(fac, card), **{f"{CONTRACT}{tool}": sha256(canonical(contracts[tool])) for tool in named}}
 
 
 def changed_components(old: dict, new: dict) -> list[str]:
@@ -805,8 +1085,8 @@ def restamped(fac: Factory, master: str) -> dict[str, dict]:
     for name in descendants(fac, master):
         old = load_card(fac, name)
         parent = latest[parent_of[name]]
-        card = validate_card(derive(parent.card, name, old.get("overrides", {}), parent.digest), fac.shown(fac.card_path(name)))
-        latest[name] = agent_from_card(fac, card)
+        card = derive(parent.card, name, old.get("overrides", {}), parent.digest)
+        latest[name] = agent_from_card(fac, card, fac.shown(fac.card_path(name)), card_problems(card))
         if card != old:
             changed[name] = card
     return changed
@@ -1149,9 +1429,19 @@ class Claim:
         return self.fac.store.read_json(path) if path.exists() else None
 
     @cached_property
+    def card(self) -> dict:
+        """NAME's card as it is on disk now, validated."""
+        return load_card(self.fac, self.name)
+
+    @cached_property
+    def code(self) -> dict:
+        """The components of the code NAME's card names, read and hashed but not yet executed."""
+        return code_components(self.fac, self.card)
+
+    @cached_property
     def agent(self) -> Agent:
-        """NAME as it is on disk now."""
-        return load_agent(self.fac, self.name)
+        """NAME as it is on disk now, its code executed from the bytes `code` hashed."""
+        return agent_from_card(self.fac, self.card, self.fac.shown(self.fac.card_path(self.name)))
 
     @cached_property
     def proofs(self) -> list[tuple[Path, dict]]:
@@ -1232,17 +1522,20 @@ def not_recalled(claim: Claim) -> str | None:
 
 
 def unchanged(claim: Claim) -> str | None:
-    """The agent's digest is the one the evidence was made for; else names the components that changed."""
+    """The agent's digest is the one the evidence was made for; else names the components that changed.
+    Its code is compared before any of it runs, so a changed module is refused without being executed."""
     digest, components = claim.evidence
-    if claim.agent.digest == digest:
+    code = {label: value for label, value in components.items() if not label.startswith(CONTRACT)}
+    changed = changed_components(code, claim.code) if code else []
+    if not changed and claim.agent.digest == digest:
         return None
-    changed = ", ".join(changed_components(components, claim.agent.components)) or "digest"
-    return f"the ABOM changed since {claim.since} ({changed}). {claim.remedy}"
+    changed = changed or changed_components(components, claim.agent.components) or ["digest"]
+    return f"the ABOM changed since {claim.since} ({', '.join(changed)}). {claim.remedy}"
 
 
 def within_ceiling(claim: Claim) -> str | None:
     """The tier asked for is at most the card's tier_ceiling."""
-    ceiling = claim.agent.card["tier_ceiling"]
+    ceiling = claim.card["tier_ceiling"]
     return f"tier {claim.tier} is above the card's tier_ceiling {ceiling}." if TIERS.index(claim.tier) > TIERS.index(ceiling) else None
 
 
@@ -2400,8 +2693,8 @@ def cmd_stamp(fac: Factory, args) -> int:
     if path.exists():
         raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp")
     overrides = dict(parse_setting(text) for text in args.set or [])
-    card = validate_card(derive(master.card, args.new, overrides, master.digest), f"variant {args.new}")
-    agent_from_card(fac, card)
+    card = derive(master.card, args.new, overrides, master.digest)
+    agent_from_card(fac, card, f"variant {args.new}", card_problems(card))
     try:
         fac.store.write_json(path, card, exclusive=True)
     except FileExistsError:

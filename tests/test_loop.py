@@ -20,17 +20,14 @@ DRAFT = ("t2", "drafts__write", {"text": "We have passed this to a specialist."}
 SAME_LABEL = ("t", "issues__label", {"label": "billing", "escalate": True})
 FINAL = json.dumps({"label": "billing", "escalate": True, "draft": "We have passed this to a specialist."})
 
-BIG_TOOL = '''
+BIG_TOOL = '''"""A tool family of its own: logs:read returns a million characters."""
 
-CONTRACTS["logs:read"] = {"name": "logs:read", "effect": "read", "description": "Read the customer's app log.",
-                          "params": {"type": "object", "properties": {}}, "failure_modes": []}
-_shipped_make_tools = make_tools
+CONTRACTS = {"logs:read": {"name": "logs:read", "effect": "read", "description": "Read the customer's app log.",
+                           "params": {"type": "object", "properties": {}}, "failure_modes": []}}
 
 
-def make_tools(root, agent, run_id, append):
-    tools = _shipped_make_tools(root, agent, run_id, append)
-    tools["logs:read"] = lambda args: "HEAD" + "x" * 1_000_000 + "TAIL"
-    return tools
+def make_tools(root, agent, run_id, write):
+    return {"logs:read": lambda args: "HEAD" + "x" * 1_000_000 + "TAIL"}
 '''
 
 
@@ -199,8 +196,7 @@ class Loop(LineTest):
         self.assertIn("offline-after-error", tower)
 
     def test_big_tool_result_is_clipped_and_kept_whole_on_disk(self):
-        with open(self.root / "agents" / "tools.py", "a") as tools:
-            tools.write(BIG_TOOL)
+        (self.root / "agents" / "tools" / "logs.py").write_text(BIG_TOOL)
         self.edit_card("triager", tools=["issues:label", "drafts:write", "logs:read"])
         self.certified()
         server = self.serve(Answer(body=anthropic_message(tool_uses=[("t9", "logs__read", {})])),
@@ -388,7 +384,7 @@ class ScriptedLoop(CertifiedTest):
                 self.assertEqual(loop.router is not None, how.watched)
                 self.assertEqual(loop.spill is not None, how.spills)
                 self.assertEqual(loop.worker is not None, how.asks)
-                own = set(loop.broker.tools) == set(agent.contracts)
+                own = set(loop.broker.tools) == set(agent.card["tools"])   # the implementations of its granted tools
                 self.assertEqual(own, how.own_tools)
                 if not how.own_tools:
                     self.assertEqual(list(loop.broker.tools), ["issues:label"])
@@ -422,7 +418,7 @@ class Replay(CertifiedTest):
         run_id = self.run_once()
         code, out, _ = self.factory("replay", run_id)
         self.assertEqual((code, out.split(": ", 1)[1].strip()), (0, "no differences"))
-        path = self.root / "agents" / "tools.py"
+        path = self.root / "agents" / "tools" / "drafts.py"
         path.write_text(path.read_text().replace('"maxLength": 600', '"maxLength": 10'))
         code, out, _ = self.factory("replay", run_id)
         self.assertEqual(code, 1)

@@ -85,7 +85,8 @@ class Runs(CertifiedTest):
         self.certified("loose")
         self.factory("run", "loose", INJECTION)
         rulings = {e["tool"]: e["ruling"] for e in self.traces("loose")[0] if e.get("event") == "tool"}
-        self.assertEqual(rulings["billing:refund"], "DENIED_UNGRANTED")
+        # its card names no billing tool, so no billing contract is loaded for it: the tool is unknown to it
+        self.assertEqual(rulings["billing:refund"], "DENIED_UNKNOWN")
 
     def test_a_sealed_half_is_never_run_as_tickets(self):
         self.refused("is a sealed half", "run", "triager", "--file", str(self.root / "evals" / "triager" / "sealed.jsonl"))
@@ -136,8 +137,8 @@ class Runs(CertifiedTest):
         self.assertEqual(err, "", "no progress output when stderr is not a terminal")
 
     def test_the_agent_and_its_tools_load_once_per_station(self):
-        """tools.py is executed once for a whole batch, not again for every ticket."""
-        tools = self.root / "agents" / "tools.py"
+        """A tool module is executed once for a whole batch, not again for every ticket."""
+        tools = self.root / "agents" / "tools" / "drafts.py"
         count = self.tmp / "loads.txt"
         tools.write_text(tools.read_text() + f"\nwith open({str(count)!r}, 'a') as _loads:\n    _loads.write('x')\n")
         self.certified()
@@ -146,7 +147,7 @@ class Runs(CertifiedTest):
         write_jsonl(tickets, [{"id": f"k{i}", "input": "How do I order a new card?"} for i in range(6)])
         code, _, err = self.factory("run", "triager", "--file", str(tickets))
         self.assertEqual(code, 0, err)
-        self.assertEqual(len(count.read_text()) - loads_before, 1, "one load of tools.py for six tickets")
+        self.assertEqual(len(count.read_text()) - loads_before, 1, "one load of drafts.py for six tickets")
         self.assertEqual(len(self.index_rows()), 6)
 
 
