@@ -2,7 +2,7 @@
 """The agent factory: a job card (ABOM) goes in, a certified agent comes out.
 
 Stations: stamp, restamp, prove, certify, run, tower, harvest, recall, doctor, pending, approve,
-reject, replay, digest. This module is the only one that wires the parts together and the only one
+reject, replay, digest, schema. This module is the only one that wires the parts together and the only one
 that prints; it reads in seven sections: store and layout, cards and agents, trust, runs, stations,
 tower, command line. Exit statuses: 0 done, 1 refused or failed verdict, 2 usage error, 130
 interrupted. A refusal is one lowercase line on stderr; results go to stdout.
@@ -670,6 +670,12 @@ def refuse(where: str, problems: list[str]) -> None:
         raise Refusal(f"{where}: {problems[0]}")
     if problems:
         raise Refusal(f"{where}: {len(problems)} problems\n" + "\n".join(f"  {problem}" for problem in problems))
+
+
+def schema_table() -> str:
+    """The card's fields as a Markdown table: what `schema` prints and the README's card section holds."""
+    rows = [f"| `{f.name}` | {f.kind} | {f.default} | {f.allowed} | {f.does} |" for f in CARD_SCHEMA]
+    return "\n".join(["| field | type | default | allowed | what it does |", "| --- | --- | --- | --- | --- |", *rows])
 
 
 def set_path(card: dict, dotted: str, value) -> dict:
@@ -3175,6 +3181,13 @@ def cmd_digest(fac: Factory, args) -> int:
         for label, value in agent.components.items():
             note = "" if certified is None or certified.get(label) == value else "   <- changed since certification"
             print(f"  {value}  {label}{note}")
+    return 0
+
+
+@station()
+def cmd_schema(fac: Factory, args) -> int:
+    """Print the job card's fields: type, default, allowed values and what each does (the README's card section)."""
+    print(schema_table())
     return 0
 
 

@@ -105,6 +105,16 @@ class Cards(LineTest):
                 path.write_text(shipped + "\n" + broken + "\n")
                 self.refused(message, "digest", "triager")
 
+    def test_schema_prints_the_card_table_the_readme_holds(self):
+        code, out, _ = self.factory("schema")
+        self.assertEqual(code, 0)
+        self.assertTrue(out.startswith("| field | type | default | allowed | what it does |"), out[:80])
+        card = json.loads((REPO / "masters" / "triager.json").read_text())
+        fields = {line.split("`")[1] for line in out.splitlines()[2:]}
+        self.assertLessEqual(set(card), fields)
+        self.assertIn("evals.pass_bar", fields)
+        self.assertIn(out, (REPO / "README.md").read_text(), "README's card section is not `factory.py schema`")
+
     def test_granted_and_denied_is_allowed_and_denied_wins(self):
         self.edit_card("triager", tools=["issues:label", "drafts:write", "billing:refund"])
         self.certified()
