@@ -984,8 +984,10 @@ def handoff_problems(card: dict, schema, where: str) -> list[str]:
     """The problem when the card's hand-off field (handoff_field, default escalate) is not a boolean property
     of the output contract (OUTPUT_SCHEMA): the line must know for sure when an agent hands a run to a human."""
     name = card.get("handoff_field", DEFAULT_HANDOFF)
+    if not fields_in("")["handoff_field"].check(name):
+        return []   # a malformed name is the card's own problem, said once
     props = schema.get("properties") if isinstance(schema, dict) else None
-    kind = props.get(name) if isinstance(props, dict) and isinstance(name, str) else None
+    kind = props.get(name) if isinstance(props, dict) else None
     if isinstance(kind, dict) and kind.get("type") == "boolean":
         return []
     return [f"{where}: OUTPUT_SCHEMA has no boolean property '{name}', the card's hand-off field "
