@@ -10,6 +10,13 @@ interrupted. A refusal is one lowercase line on stderr; results go to stdout.
 
 from __future__ import annotations
 
+import sys
+
+if sys.version_info < (3, 11):   # checked before anything a newer Python has is imported or used
+    print(f"factory: needs Python 3.11 or newer, and this is Python {sys.version.split()[0]} ({sys.executable})",
+          file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import ast
 import builtins
@@ -26,7 +33,6 @@ import math
 import os
 import re
 import secrets
-import sys
 import tempfile
 import threading
 import time

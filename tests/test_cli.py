@@ -9,10 +9,13 @@ import io
 import json
 import os
 import pty
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import unittest
+from pathlib import Path
 
 import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
@@ -103,6 +106,43 @@ class Progress(LineTest):
         self.assertRegex(b"".join(chunks).decode(errors="replace"), r"prove triager: \d+/12 .*left")
         self.assertEqual(quiet_err, b"")
         self.assertEqual(len(server.requests), 24)
+
+
+class Interpreter(LineTest):
+    """factory.py starts wherever the user's Python does: below 3.11 one line says what is needed, and
+    its own modules are found whatever the path settings and the current folder."""
+
+    OLD_PYTHON = "/root/.pyenv/versions/3.10.13/bin/python3"
+
+    def test_an_older_python_gets_one_line_naming_both_versions(self):
+        python = next((p for p in (self.OLD_PYTHON, shutil.which("python3.10")) if p and os.access(p, os.X_OK)), None)
+        if python is None:
+            self.skipTest("no Python 3.10 on this machine (looked for python3.10 on PATH and in ~/.pyenv)")
+        for argv in (["prove", "triager"], ["--help"], []):
+            with self.subTest(argv=argv):
+                done = subprocess.run([python, str(REPO / "factory.py"), *argv], capture_output=True, text=True,
+                                      env={**os.environ, **self.env}, cwd=str(self.tmp), timeout=60)
+                self.assertEqual(done.returncode, 2, done.stderr)
+                self.assertEqual(done.stdout, "")
+                self.assertEqual(len(done.stderr.splitlines()), 1, done.stderr)
+                self.assertIn("needs Python 3.11 or newer, and this is Python 3.10.", done.stderr)
+                self.assertIn(python, done.stderr)
+
+    def test_its_own_modules_are_found_whatever_the_path_settings_and_folder(self):
+        """Run from a folder holding decoy broker/llm/sage modules that are also first on PYTHONPATH:
+        with -P, with PYTHONSAFEPATH=1 and with neither, the digest printed is the one computed here."""
+        elsewhere = Path(tempfile.mkdtemp(prefix="elsewhere-", dir=self.tmp))
+        for name in ("broker", "llm", "sage"):
+            (elsewhere / f"{name}.py").write_text(f"raise ImportError('the decoy {name} was imported')\n")
+        expected = factory.load_agent(self.fac, "triager").digest
+        env = {**os.environ, **self.env, "PYTHONPATH": str(elsewhere)}
+        for flags, extra in ((["-P"], {}), ([], {"PYTHONSAFEPATH": "1"}), ([], {})):
+            with self.subTest(flags=flags, env=extra):
+                command = [sys.executable, *flags, str(REPO / "factory.py"), "digest", "triager"]
+                done = subprocess.run(command, capture_output=True, text=True, env={**env, **extra},
+                                      cwd=str(elsewhere), timeout=60)
+                self.assertEqual((done.returncode, done.stderr), (0, ""))
+                self.assertEqual(done.stdout.strip(), expected)
 
 
 def _drain(fd: int) -> bytes:
