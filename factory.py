@@ -33,8 +33,10 @@ import math
 import os
 import re
 import secrets
+import shutil
 import tempfile
 import threading
+import textwrap
 import time
 import traceback
 import unicodedata
@@ -82,6 +84,7 @@ from broker import EFFECTS, HELD, Broker, Outcome, Policy, args_digest, check_ar
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
 
+VERSION = "0.1"                # what --version says; sage.py's User-Agent names the same version
 # Name patterns are always matched whole (fullmatch): `^...$` with match() also accepts a final newline.
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{6}")
@@ -99,6 +102,15 @@ DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage cal
 
 class Refusal(Exception):
     """A station declined; str(self) is one lowercase line for the user (exit 1)."""
+
+
+class Usage(Exception):
+    """A command line that can never work, whatever the factory holds (exit 2); str(self) is one
+    lowercase line, and `station` names the station it was given to ('' before one was named)."""
+
+    def __init__(self, message: str, station: str = ""):
+        super().__init__(message)
+        self.station = station
 
 
 # ================================================================ 1. Store and layout
@@ -1005,11 +1017,18 @@ def entry_module(card: dict) -> str:
     return f"{card['entrypoint'].split(':')[0]}.py"
 
 
+def missing_agent(fac: Factory, name: str) -> str | None:
+    """The refusal line when NAME has no card (masters/NAME.json), else None."""
+    path = fac.card_path(name)
+    return None if path.exists() else f"no agent named {name} (no {fac.shown(path)}); stamp it from a master first"
+
+
 def read_card(fac: Factory, name: str) -> tuple[dict, str]:
     """(the JSON object in masters/NAME.json, its path as shown); Refusal when there is none."""
+    missing = missing_agent(fac, name)
+    if missing:
+        raise Refusal(missing)
     path = fac.card_path(name)
-    if not path.exists():
-        raise Refusal(f"no agent named {name} (no {fac.shown(path)}); stamp it from a master first")
     return fac.store.read_json(path), fac.shown(path)
 
 
@@ -1488,8 +1507,10 @@ class Claim:
 
 
 def has_certificate(claim: Claim) -> str | None:
-    """There is a certificate at all."""
-    return None if claim.cert is not None else "uncertified. no evals, no production."
+    """There is a certificate at all; with no card either, there is no such agent to certify."""
+    if claim.cert is not None:
+        return None
+    return missing_agent(claim.fac, claim.name) or "uncertified. no evals, no production."
 
 
 def names_a_signer(claim: Claim) -> str | None:
@@ -2681,32 +2702,95 @@ def arg(*flags: str, **options) -> tuple:
     return flags, options
 
 
-def station(*arguments: tuple):
-    """Mark cmd_NAME as the station NAME taking these arguments (each from arg())."""
+def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str], env: tuple[str, ...]):
+    """Mark cmd_NAME as the station NAME taking these arguments (each from arg(), each with its help),
+    and give what its --help shows after them: example command lines, what exit statuses 0 and 1 mean
+    for it (2 is always a usage error, 130 an interrupt), and the environment variables it reads (names
+    in ENVIRONMENT)."""
     def mark(func):
         func.station_arguments = arguments
+        func.station_help = {"examples": examples, "exits": exits, "env": env}
         return func
     return mark
 
 
-STAGED_CALL = (arg("run_id"), arg("--call", type=int, default=1), arg("--by", required=True))   # approve, reject
+ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
+    "FACTORY_ROOT": "the factory root when --root is not given",
+    "FACTORY_SEALED_DIR": "where sealed halves live: DIR/SUITE/sealed.jsonl",
+    "FACTORY_KEYS_DIR": "signers' keys (default ~/.config/agent-factory/keys)",
+    "ANTHROPIC_API_KEY": "claude-* models; with no model key, the agent's own rules",
+    "ANTHROPIC_BASE_URL": "another server speaking the Anthropic Messages API",
+    "OPENAI_API_KEY": "OpenAI-compatible chat completions",
+    "OPENAI_BASE_URL": "an OpenAI-compatible server (vLLM, LM Studio, Ollama...)",
+    "MOONSHOT_API_KEY": "kimi-* and moonshot-* models",
+    "MOONSHOT_BASE_URL": "another Moonshot endpoint",
+    "OPENROUTER_API_KEY": "openrouter/MODEL models",
+    "OPENROUTER_BASE_URL": "another OpenRouter endpoint",
+    "SAGEROUTE_URL": "send every model call through a SageRoute proxy",
+    "SAGEROUTE_TOKEN": "the SageRoute proxy's token",
+    "SAGE_API_KEY": "the decision model (Sage); unset: gate results 'unscored'",
+    "SAGE_ENDPOINT": "another Sage endpoint, or a local System One server",
+    "SAGE_PROTOCOL": "levanto (default) or systemone",
+    "SAGE_MODEL": "the decision model's name (System One)",
+    "SAGE_REASONING": "Levanto's reasoning setting: auto, off or on",
+    "HTTPS_PROXY": "proxy for https model and Sage calls (or https_proxy)",
+    "HTTP_PROXY": "proxy for http model and Sage calls (or http_proxy)",
+    "USER": "who recalled, as written in the recall log",
+}
+PROXY_ENV = ("HTTPS_PROXY", "HTTP_PROXY")
+WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "MOONSHOT_API_KEY",
+              "MOONSHOT_BASE_URL", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL", "SAGEROUTE_URL", "SAGEROUTE_TOKEN")
+GATE_ENV = ("SAGE_API_KEY", "SAGE_ENDPOINT", "SAGE_PROTOCOL", "SAGE_MODEL", "SAGE_REASONING")
+ROOT_ENV = ("FACTORY_ROOT",)
 
 
-def jobs_of(args) -> int:
-    """--jobs N (N >= 1); Refusal otherwise."""
-    if args.jobs < 1:
-        raise Refusal(f"--jobs must be at least 1, not {args.jobs}")
-    return args.jobs
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse turns the error into a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
-@station(arg("master"), arg("--as", dest="new", required=True), arg("--set", action="append", metavar="PATH=JSON"))
+def reason_text(text: str) -> str:
+    """An argparse type: the text on one line (it is echoed in refusals); blank is a usage error."""
+    line = " ".join(text.split())
+    if not line:
+        raise argparse.ArgumentTypeError("needs a reason, not blank: it is kept with the record")
+    return line
+
+
+STAGED_CALL = (arg("run_id", metavar="RUN_ID", help="the run that staged the call, as pending lists it"),   # approve, reject
+               arg("--call", type=at_least_one, default=1, metavar="N", help="which staged call of that run (default 1)"))
+
+
+@station(arg("master", metavar="MASTER", help="the agent to derive from (masters/MASTER.json)"),
+         arg("--as", dest="new", metavar="NEW", required=True,
+             help="the variant's name: a lowercase letter, then lowercase letters, digits, - or _"),
+         arg("--set", action="append", metavar="PATH=JSON",
+             help="override one card field (repeatable): a dotted PATH and a JSON value; a bare word is a string"),
+         examples=("python3 factory.py stamp triager --as triager-eu --set owner=eu-lead",
+                   "python3 factory.py stamp triager --as strict --set evals.pass_bar=0.95"),
+         exits=("the variant was written", "refused: no such master, the name is taken, or the card is invalid"),
+         env=ROOT_ENV)
 def cmd_stamp(fac: Factory, args) -> int:
-    """Derive a variant from a master: --as NEW, each --set PATH=JSON an override the variant keeps."""
+    """Derive a variant from a master, with overrides.
+
+    Writes masters/NEW.json: the master's card with each --set applied, plus stamped_from,
+    master_digest and the overrides (so restamp can re-derive it when the master changes), and
+    appends the lineage log. The variant is an agent of its own: prove and certify it before it runs.
+    """
+    try:
+        overrides = dict(parse_setting(text) for text in args.set or [])
+    except Refusal as why:   # the setting as typed can never work: a usage error
+        raise Usage(str(why)) from None
     master = load_agent(fac, args.master)
     path = fac.card_path(check_name(args.new))
     if path.exists():
         raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp")
-    overrides = dict(parse_setting(text) for text in args.set or [])
     card = derive(master.card, args.new, overrides, master.digest)
     agent_from_card(fac, card, f"variant {args.new}", card_problems(card))
     try:
@@ -2718,9 +2802,17 @@ def cmd_stamp(fac: Factory, args) -> int:
     return 0
 
 
-@station(arg("master"))
+@station(arg("master", metavar="MASTER", help="the master whose variants to re-derive"),
+         examples=("python3 factory.py restamp triager",),
+         exits=("done, also when no variant changed", "refused: no such master, or a variant's card is invalid"),
+         env=ROOT_ENV)
 def cmd_restamp(fac: Factory, args) -> int:
-    """Carry a master fix to every variant (transitively) as master + its overrides; revoke changed certificates."""
+    """Carry a master's fix to every variant stamped from it.
+
+    Each variant, transitively, is re-derived as the master's card plus its own overrides. A variant
+    whose card changes has its certificate revoked (kept on disk, marked revoked with the reason):
+    re-prove and re-certify it before it runs again.
+    """
     changed = restamped(fac, args.master)
     # revoke before the cards change: a kill in between leaves them revoked, never runnable on an old signature
     revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]
@@ -2733,19 +2825,37 @@ def cmd_restamp(fac: Factory, args) -> int:
     return 0
 
 
-@station(arg("agent"), arg("--sealed", action="store_true"),
-         arg("--json", action="store_true", help="print the proof record as JSON instead of the summary"),
-         arg("--junit", metavar="FILE", help="also write JUnit XML (sealed cases by id only)"),
-         arg("--jobs", type=int, default=DEFAULT_JOBS, help=f"cases at a time (default {DEFAULT_JOBS})"))
+@station(arg("agent", metavar="AGENT", help="the agent to prove (masters/AGENT.json)"),
+         arg("--sealed", action="store_true",
+             help="prove the sealed half, the proof certify needs (sealed cases are named by id only)"),
+         arg("--json", action="store_true", help="print the proof record (format factory-proof-1), not the summary"),
+         arg("--junit", metavar="FILE", help="also write JUnit XML to FILE: one testcase per case"),
+         arg("--jobs", type=at_least_one, default=DEFAULT_JOBS, metavar="N",
+             help=f"cases at a time (default {DEFAULT_JOBS}; 1 is exactly sequential)"),
+         examples=("python3 factory.py prove triager",
+                   "python3 factory.py prove triager --sealed --junit prove.xml"),
+         exits=("verdict PASS: at or above the pass bar, and the draft rubric scored",
+                "verdict UNDER BAR or RUBRIC UNSCORED, or refused"),
+         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *WORKER_ENV, *GATE_ENV, *PROXY_ENV))
 def cmd_prove(fac: Factory, args) -> int:
-    """Prove an agent on its suite (open half, or --sealed); every tool is a recorder. Exit 0 only when the verdict is PASS."""
+    """Prove an agent on its open or sealed suite.
+
+    Runs every case of the suite's open half (evals/SUITE/cases.jsonl) or, with --sealed, its sealed
+    half (SEALED_DIR/SUITE/sealed.jsonl) with every tool a recorder: no effect is written, only the
+    proof record under records/AGENT/. The suite is the card's evals.suite, else the first of the
+    agent's own and its masters' (nearest first) that has that half. The worker is the card's model
+    when its key is set, else the agent's own offline rules (the summary's backends say which);
+    drafts are scored by Sage against the card's draft rubric. Prints the verdict (PASS, UNDER BAR,
+    RUBRIC UNSCORED), the exact score against the bar, real tickets and synthetic ones apart, and
+    why each case failed (sealed failures by case id only).
+    """
     agent = load_agent(fac, args.agent)
     half = "sealed" if args.sealed else "open"
     suite = suite_name(fac, agent, args.sealed)
     path = fac.suite_path(suite, args.sealed)
     cases = load_cases(fac, path)
     started = time.monotonic()
-    results, rubric, draft = prove_all(fac, agent, cases, jobs_of(args))
+    results, rubric, draft = prove_all(fac, agent, cases, args.jobs)
     proof = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, rubric, draft)
     fac.store.write_json(fac.record_path(agent.name, half), proof)
     if args.junit:
@@ -2827,10 +2937,22 @@ def failure_message(half: str, result: dict) -> str:
     return "; ".join(parts) or "failed"
 
 
-@station(arg("agent"), arg("--tier", choices=TIERS, required=True),
-         arg("--by", required=True, help="the signer (their key is created on first use)"))
+@station(arg("agent", metavar="AGENT", help="the agent to sign for (its latest sealed proof must clear the bar)"),
+         arg("--tier", choices=TIERS, required=True,
+             help="C0 observe, C1 draft, C2 act with approval, C3 act alone; at most the card's tier_ceiling"),
+         arg("--by", required=True, metavar="SIGNER", help="who signs; their key is created on first use"),
+         examples=("python3 factory.py certify triager --tier C1 --by alice",),
+         exits=("signed", "refused, or declined at the prompt: nothing was signed"),
+         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR"))
 def cmd_certify(fac: Factory, args) -> int:
-    """Sign a certificate for an agent whose latest sealed proof clears the bar; only a human at a terminal can."""
+    """Sign an agent's certificate, as a human at a terminal.
+
+    Refused without a sealed proof of the agent as it is now, under the bar, after the sealed suite
+    changed, above the card's tier_ceiling, after a recall with no sealed proof since, at C2 or C3
+    without production evidence at the tier below, or when stdin is not a terminal. Otherwise it
+    shows what you sign and asks `sign it? [y/N]`: y signs, anything else declines. The signer's key
+    (FACTORY_KEYS_DIR/SIGNER.key, mode 0600) is created on first use.
+    """
     claim = enforce(Claim(fac, args.agent, "certify", tier=args.tier), CERTIFY_GUARDS)
     agent, (path, proof) = claim.agent, claim.proofs[-1]
     attempts = sum(1 for _, p in claim.proofs if p["digest"] == agent.digest)
@@ -2870,16 +2992,28 @@ def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
     return tickets
 
 
-@station(arg("agent"), arg("input", nargs="?"), arg("--file"),
-         arg("--json", action="store_true", help="one JSON object per run on stdout"),
-         arg("--jobs", type=int, default=DEFAULT_JOBS, help=f"tickets at a time (default {DEFAULT_JOBS})"))
+@station(arg("agent", metavar="AGENT", help="the certified agent to run"),
+         arg("input", nargs="?", metavar="TEXT", help="the input, one ticket's text (quote it); or --file"),
+         arg("--file", metavar="TICKETS.jsonl", help='run each line {"id": ..., "input": ...} of a tickets file'),
+         arg("--json", action="store_true", help="one JSON object per run: the index row, ticket, output, tools, gate line"),
+         arg("--jobs", type=at_least_one, default=DEFAULT_JOBS, metavar="N",
+             help=f"tickets at a time (default {DEFAULT_JOBS}; 1 is exactly sequential); results keep input order"),
+         examples=('python3 factory.py run triager "my new card never arrived"',
+                   "python3 factory.py run triager --file evals/triager/inbox.jsonl --json"),
+         exits=("every run completed, whether or not a human must see it", "refused, or a run crashed (see its trace)"),
+         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR", *WORKER_ENV, *GATE_ENV, *PROXY_ENV))
 def cmd_run(fac: Factory, args) -> int:
-    """Run a certified agent on one input or a file of tickets: worker loop, gate, tier clamp, trace."""
+    """Run a certified agent on one input or a file of tickets.
+
+    The certificate is verified first (signature, revocation, recall, digest). Then the worker loop
+    runs with every tool call ruled on by the broker at the certificate's tier, the output gate
+    (Sage) judges the output, and each run leaves a trace (traces/AGENT/RUN_ID.jsonl) and an index
+    row. A run the gate does not pass is routed to a human, and the result says why.
+    """
     if (args.input is None) == (args.file is None):
-        raise Refusal("run takes one input: TEXT or --file TICKETS.jsonl")
+        raise Usage("one input: TEXT or --file TICKETS.jsonl, not both and not neither")
     if args.input is not None and is_blank(args.input):
         raise Refusal("the input is empty: a run needs a ticket with text")
-    jobs = jobs_of(args)
     agent, cert = certified_agent(fac, args.agent)
     tickets = [(None, args.input)] if args.file is None else load_tickets(fac, Path(args.file))
     def emit(ticket_id, row):
@@ -2887,7 +3021,7 @@ def cmd_run(fac: Factory, args) -> int:
             print(json.dumps({"ticket": ticket_id, **row}, ensure_ascii=False))
         else:
             print_run(row) if args.file is None else print_ticket(ticket_id, row)
-    crashed = run_tickets(fac, agent, cert, tickets, jobs, emit)
+    crashed = run_tickets(fac, agent, cert, tickets, args.jobs, emit)
     if crashed:
         print(f"factory run: {crashed} run(s) crashed; their traces keep the traceback", file=sys.stderr)
     return 1 if crashed else 0
@@ -2956,9 +3090,17 @@ def print_ticket(ticket_id: str, row: dict) -> None:
 
 
 @station(arg("--json", action="store_true", help="print the tower document (format factory-tower-1)"),
-         arg("--html", metavar="FILE", help="write one self-contained HTML report with charts"))
+         arg("--html", metavar="FILE", help="write one self-contained HTML page with charts to FILE"),
+         examples=("python3 factory.py tower", "python3 factory.py tower --html tower.html"),
+         exits=("done", "refused: the index is malformed, or FILE cannot be written"),
+         env=ROOT_ENV)
 def cmd_tower(fac: Factory, args) -> int:
-    """Per agent: runs, gate pass %, acted, staged, cost, denials, verdicts, drift, backends, gate probabilities."""
+    """Show per agent its runs, gate results, cost and verdicts.
+
+    Read from traces/index.jsonl alone. Per agent: runs, gate pass %, acted, staged, cost, denials,
+    verdicts, drift, backends and the gate's probabilities. --json prints the same document; --html
+    writes one self-contained page with charts (no scripts, readable offline).
+    """
     doc = tower_document(fac)
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -2976,9 +3118,18 @@ def flagged(row: dict) -> bool:
     return row.get("gate") in ("flag", "unsure") or bool(row.get("denied")) or row.get("status") != "done"
 
 
-@station(arg("agent"))
+@station(arg("agent", metavar="AGENT", help="the agent whose flagged runs to harvest"),
+         examples=("python3 factory.py harvest triager",),
+         exits=("done, also when nothing was flagged", "refused: no such agent, or evalsmith is not certified"),
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", *WORKER_ENV, *GATE_ENV, *PROXY_ENV))
 def cmd_harvest(fac: Factory, args) -> int:
-    """Evalsmith (certified) turns the agent's flagged runs into proposed cases in evals/AGENT/proposed.jsonl."""
+    """Turn an agent's flagged runs into proposed eval cases.
+
+    A run is flagged when the gate said no or unsure, a tool call was denied, or it did not finish.
+    The certified evalsmith agent turns each flagged run into one proposed case in
+    evals/AGENT/proposed.jsonl; promoting one into the suite is a human edit. A run already
+    harvested is not proposed again.
+    """
     load_card(fac, args.agent)
     try:
         smith, smith_cert = certified_agent(fac, "evalsmith")
@@ -3012,23 +3163,29 @@ def flagged_input(fac: Factory, row: dict) -> dict:
             "denials": row.get("denied", []), "why": "; ".join(row.get("why", []))}
 
 
-@station(arg("agent"), arg("--reason", required=True))
+@station(arg("agent", metavar="AGENT", help="the agent to recall, with every variant stamped from it"),
+         arg("--reason", type=reason_text, required=True, metavar="TEXT",
+             help="why: kept in the recall log and shown in every refusal it causes"),
+         examples=('python3 factory.py recall triager --reason "drafts promised refunds"',),
+         exits=("recalled", "refused: no such agent"),
+         env=(*ROOT_ENV, "USER"))
 def cmd_recall(fac: Factory, args) -> int:
-    """Recall an agent and every variant stamped from it: none runs again until re-proved and re-signed."""
+    """Recall an agent and every variant stamped from it.
+
+    Appended to registry/recalls.jsonl. Every new run of the agent and of its variants (transitively)
+    is refused until a sealed proof made after the recall and a new signature; runs already underway
+    finish and are gated.
+    """
     load_card(fac, args.agent)
-    reason = " ".join((args.reason or "").split())   # one line: it is echoed in every refusal
-    if not reason:
-        raise Refusal("a recall needs a reason: --reason TEXT")
     variants = descendants(fac, args.agent)   # read (and checked) before anything is written
-    fac.store.append_jsonl(fac.recalls, {"agent": args.agent, "reason": reason, "at": utc_now(),
+    fac.store.append_jsonl(fac.recalls, {"agent": args.agent, "reason": args.reason, "at": utc_now(),
                                "by": fac.env.get("USER", "unknown")})
     print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")
     print("every new run of these is refused until a fresh sealed proof and a new signature; runs already underway finish and are gated.")
     return 0
 
 
-KEY_NAMES = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "MOONSHOT_API_KEY", "OPENROUTER_API_KEY",
-             "SAGEROUTE_TOKEN", "SAGE_API_KEY")
+KEY_NAMES = tuple(name for name in ENVIRONMENT if name.endswith(("_API_KEY", "_TOKEN")))   # doctor: present or not
 
 
 def certificate_state(fac: Factory, name: str) -> str:
@@ -3063,9 +3220,17 @@ def gate_report(fac: Factory) -> list[str]:
     return lines
 
 
-@station()
+@station(examples=("python3 factory.py doctor",),
+         exits=("done, whatever it found", "refused: the root is not a folder"),
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", *WORKER_ENV, *GATE_ENV, *PROXY_ENV))
 def cmd_doctor(fac: Factory, args) -> int:
-    """Say which worker backend and gate each agent would use, which keys are present, and whether Sage answers."""
+    """Say which models and gate each agent would use, and why.
+
+    Per agent: the worker backend it would use (a model, or its own offline rules), its gate
+    threshold and whether it may run now. Then which keys are set (never their values), the gate's
+    protocol, endpoint and User-Agent, and a live check of the gate: it answers "why is every run
+    routed to a human?".
+    """
     present = [name for name in KEY_NAMES if fac.env.get(name)]
     print(f"root {fac.root}\nkeys present: {', '.join(present) or 'none'} (values are never printed)")
     for path in sorted(fac.masters.glob("*.json")):
@@ -3083,9 +3248,15 @@ def cmd_doctor(fac: Factory, args) -> int:
     return 0
 
 
-@station()
+@station(examples=("python3 factory.py pending",),
+         exits=("done, also when nothing waits", "refused: a staged call's file is malformed"),
+         env=ROOT_ENV)
 def cmd_pending(fac: Factory, args) -> int:
-    """List the staged acting calls waiting for a human's approval, oldest first."""
+    """List the staged acting calls waiting for a human.
+
+    Oldest first, one per line: RUN_ID --call N, the agent, the tool and its exact arguments, when it
+    was staged and when it expires. approve executes one; reject closes one.
+    """
     folder = fac.registry / "pending"
     paths = [p for p in sorted(folder.glob("*.json")) if p.name.count(".") == 2] if folder.is_dir() else []
     entries = [fac.store.read_json(p, PENDING_SHAPE) for p in paths]
@@ -3120,9 +3291,18 @@ def approval_brief(fac: Factory, entry: dict) -> str:
         f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"])
 
 
-@station(*STAGED_CALL)
+@station(*STAGED_CALL, arg("--by", required=True, metavar="NAME", help="who approves"),
+         examples=("python3 factory.py pending", "python3 factory.py approve RUN_ID --call 2 --by alice"),
+         exits=("approved and executed", "refused, declined at the prompt, or the executed call failed"),
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR"))
 def cmd_approve(fac: Factory, args) -> int:
-    """Show one staged call at a terminal, ask `approve? [y/N]`, and execute exactly that call, once."""
+    """Approve one staged call at a terminal and execute it.
+
+    Shows the exact call (agent, tool, arguments and their digest, when it was staged and when it
+    expires) and asks `approve? [y/N]`: y executes exactly that call, once. Refused when stdin is not
+    a terminal, the call was already executed or rejected, it expired, or its agent was recalled,
+    re-certified or changed since the call was staged.
+    """
     entry = load_pending(fac, args.run_id, args.call)
     fac.key_path(args.by)
     enforce(staged_call_claim(fac, entry), APPROVE_GUARDS)
@@ -3141,23 +3321,38 @@ def cmd_approve(fac: Factory, args) -> int:
     return 0 if result["ok"] else 1
 
 
-@station(*STAGED_CALL, arg("--reason", required=True))
+@station(*STAGED_CALL, arg("--by", required=True, metavar="NAME", help="who rejects"),
+         arg("--reason", type=reason_text, required=True, metavar="TEXT", help="why: kept with the call"),
+         examples=('python3 factory.py reject RUN_ID --call 2 --by alice --reason "asked twice"',),
+         exits=("rejected", "refused: no such staged call, or it is no longer open"),
+         env=ROOT_ENV)
 def cmd_reject(fac: Factory, args) -> int:
-    """Close one staged call without executing it; the reason and the rejecter are kept."""
+    """Close one staged call without executing it.
+
+    Who rejected it and why are kept beside the call; a rejected call is never executed.
+    """
     entry = load_pending(fac, args.run_id, args.call)
     fac.key_path(args.by)
-    if not (args.reason or "").strip():
-        raise Refusal("a rejection needs a reason: --reason TEXT")
     enforce(staged_call_claim(fac, entry), OPEN_GUARDS)
     fac.store.write_json(fac.pending_path(entry["run_id"], entry["call"], "rejected"),
-               {"by": args.by, "at": utc_now(), "reason": args.reason.strip()})
+               {"by": args.by, "at": utc_now(), "reason": args.reason})
     print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']})")
     return 0
 
 
-@station(arg("run_id"), arg("--live", action="store_true", help="ask the model again"))
+@station(arg("run_id", metavar="RUN_ID", help="the run to replay, as run printed it (trace AGENT/RUN_ID)"),
+         arg("--live", action="store_true", help="ask the model again instead of feeding its recorded replies"),
+         examples=("python3 factory.py replay 20261130T041500123456Z-1a2b3c",
+                   "python3 factory.py replay 20261130T041500123456Z-1a2b3c --live"),
+         exits=("no differences", "differences (each printed), or refused"),
+         env=(*ROOT_ENV, *WORKER_ENV, *PROXY_ENV))
 def cmd_replay(fac: Factory, args) -> int:
-    """Feed a run's recorded model replies (or, with --live, the model again) to today's code; print what differs."""
+    """Replay a recorded run against today's code.
+
+    Feeds the run's recorded model replies (with --live, the model again) to the agent as it is now,
+    with recorder tools (nothing is written), and prints what differs: tool calls and their rulings,
+    the status, the output.
+    """
     recorded = Trace.read(fac, args.run_id)
     if recorded.end is None:
         raise Refusal(f"{fac.shown(recorded.path)}: not a finished {TRACE_FORMAT} trace")
@@ -3177,9 +3372,18 @@ def cmd_replay(fac: Factory, args) -> int:
     return 1 if differences else 0
 
 
-@station(arg("agent"), arg("--explain", action="store_true"))
+@station(arg("agent", metavar="AGENT", help="the agent whose digest to print"),
+         arg("--explain", action="store_true", help="print each component's digest, marking what changed since certification"),
+         examples=("python3 factory.py digest triager", "python3 factory.py digest triager --explain"),
+         exits=("done", "refused: no such agent, or its card or code does not load"),
+         env=ROOT_ENV)
 def cmd_digest(fac: Factory, args) -> int:
-    """Print the agent's digest; --explain prints each component, marking what changed since certification."""
+    """Print an agent's digest: what its certificate covers.
+
+    One sha256 over everything that decides the agent's behaviour: its card, its entrypoint module,
+    the tool code, each granted or denied tool's contract, and the other agents/ modules the
+    entrypoint imports. A certificate holds only for that digest.
+    """
     agent = load_agent(fac, args.agent)
     print(agent.digest)
     if args.explain:
@@ -3192,9 +3396,15 @@ def cmd_digest(fac: Factory, args) -> int:
     return 0
 
 
-@station()
+@station(examples=("python3 factory.py schema",),
+         exits=("done", "refused: the root is not a folder"),
+         env=ROOT_ENV)
 def cmd_schema(fac: Factory, args) -> int:
-    """Print the job card's fields: type, default, allowed values and what each does (the README's card section)."""
+    """Print the job card's fields and what each does.
+
+    One row per field of masters/NAME.json: its type, its default, the values it allows and what it
+    does, the same table validation checks and the README's card section shows.
+    """
     print(schema_table())
     return 0
 
@@ -3940,42 +4150,111 @@ def stations() -> list:
     return [value for value in globals().values() if hasattr(value, "station_arguments")]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a usage error raises Usage (one line naming the station; exit 2) instead
+    of printing the usage block and exiting: main reports it like every other error."""
+    station = ""
+
+    def error(self, message: str):
+        """Raise Usage(message) for this parser's station."""
+        raise Usage(message, self.station)
+
+
+START_HERE = """\
+start here, with the shipped triager (no keys needed: it runs on its own rules):
+  python3 factory.py doctor                         what this machine can reach
+  python3 factory.py prove triager --sealed         prove it on its sealed half
+  python3 factory.py certify triager --tier C1 --by NAME  sign it at a terminal
+  python3 factory.py run triager "my card is lost"  run it; then: tower
+  python3 factory.py STATION --help                 flags, examples, exit status
+
+exit status: 0 done, 1 refused or a failed verdict (prove under the bar),
+2 usage error, 130 interrupted. Results go to stdout; refusals, prompts and
+progress to stderr."""
+
+
+def wrapped(text: str) -> str:
+    """Text as --help shows it: each paragraph (split at blank lines) re-wrapped to the terminal."""
+    width = min(shutil.get_terminal_size().columns - 2, 100)
+    return "\n\n".join(textwrap.fill(" ".join(part.split()), width) for part in re.split(r"\n\s*\n", text.strip()))
+
+
+def station_epilog(func) -> str:
+    """What a station's --help shows after its arguments: examples, exit statuses, environment."""
+    about = func.station_help
+    done, failed = about["exits"]
+    width = max(len(name) for name in about["env"]) + 2
+    return "\n".join(["examples:", *(f"  {line}" for line in about["examples"]), "",
+                      "exit status:", f"  0    {done}", f"  1    {failed}", "  2    usage error (one line on stderr)",
+                      "  130  interrupted", "",
+                      "environment:", *(f"  {name:<{width}}{ENVIRONMENT[name]}" for name in about["env"])])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse tree: one subparser per station, with the arguments beside it and its docstring as its help."""
+    """The argparse tree: one subparser per station, with the arguments beside it, its docstring as
+    its description and its examples, exit statuses and environment after them."""
     common = argparse.ArgumentParser(add_help=False)  # accepted before or after the station name
-    common.add_argument("--root", default=argparse.SUPPRESS,
-                        help="factory root (default: $FACTORY_ROOT, else the folder of factory.py)")
-    common.add_argument("--sealed-dir", default=argparse.SUPPRESS,
+    common.add_argument("--root", default=argparse.SUPPRESS, metavar="DIR",
+                        help="the factory root (default: $FACTORY_ROOT, else the folder of factory.py)")
+    common.add_argument("--sealed-dir", default=argparse.SUPPRESS, metavar="DIR",
                         help="where SUITE/sealed.jsonl live (default: $FACTORY_SEALED_DIR, else evals/)")
-    parser = argparse.ArgumentParser(prog="factory.py", description=__doc__.splitlines()[0], parents=[common])
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="STATION")
+    raw = argparse.RawDescriptionHelpFormatter   # descriptions come wrapped, epilogs laid out by hand
+    parser = Parser(prog="factory.py", description=wrapped(__doc__.split("\n\n")[0]), epilog=START_HERE,
+                    parents=[common], formatter_class=raw)
+    parser.add_argument("--version", action="version", version=version_line())
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="STATION", title="stations")
     for func in stations():
+        name = func.__name__.removeprefix("cmd_")
         summary = func.__doc__.splitlines()[0].replace("%", "%%")  # argparse %-formats help, not descriptions
-        sub = subparsers.add_parser(func.__name__.removeprefix("cmd_"), help=summary, description=func.__doc__,
-                                    parents=[common])
+        sub = subparsers.add_parser(name, help=summary, description=wrapped(func.__doc__),
+                                    epilog=station_epilog(func), parents=[common], formatter_class=raw)
+        sub.station = name
         sub.set_defaults(func=func)
         for flags, options in func.station_arguments:
             sub.add_argument(*flags, **options)
     return parser
 
 
-def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    """Parse argv, build the Factory, run the station; a Refusal is one line on stderr and exit 1."""
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)   # --help and usage errors exit here, before the clients load
+def version_line() -> str:
+    """What --version prints: this version, the Python running it, and the record formats it writes."""
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"factory.py {VERSION} (Python {python}; writes {TRACE_FORMAT}, {RECORD_FORMAT}, {CERT_FORMAT})"
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line; Usage for anything argparse refuses or leaves over."""
+    args, extra = parser.parse_known_args(argv)   # --help exits here, before the clients load
     if extra and args.command == "run" and args.input is None and len(extra) == 1 and not extra[0].startswith("-"):
         args.input = extra[0]   # `run AGENT --json TEXT`: argparse binds optional positionals before options only
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    llm.Worker, sage.Sage  # noqa: B018 - load the lazy clients now, before any thread (LazyLoader is not thread-safe on 3.11)
+        raise Usage(f"unrecognized arguments: {' '.join(extra)}", args.command)
+    return args
+
+
+def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Parse argv, build the Factory, run the station; a Refusal is one line on stderr and exit 1, a
+    usage error one line and exit 2. With no arguments at all, the help goes to stderr (exit 2)."""
+    parser, argv = build_parser(), sys.argv[1:] if argv is None else argv
+    if not argv:
+        parser.print_help(sys.stderr)
+        return 2
+    station = ""
     try:
+        args = parse(parser, argv)
+        station = args.command
+        llm.Worker, sage.Sage  # noqa: B018 - load the lazy clients now, before any thread (LazyLoader is not thread-safe on 3.11)
         fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), os.environ if env is None else env)
         return args.func(fac, args)
+    except Usage as usage:
+        station = usage.station or station
+        print(f"factory{' ' + station if station else ''}: {usage}; see `factory.py {station + ' ' if station else ''}--help`",
+              file=sys.stderr)
+        return 2
     except Refusal as refusal:
-        print(f"factory {args.command}: {refusal}", file=sys.stderr)
+        print(f"factory {station}: {refusal}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"factory {args.command}: interrupted", file=sys.stderr)
+        print(f"factory {station}: interrupted", file=sys.stderr)
         return 130
 
 

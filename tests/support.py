@@ -129,6 +129,19 @@ class LineTest(unittest.TestCase):
         self.assertTrue(any(o in err for o in options), f"{argv}: expected one of {options} in {err!r}")
         return err
 
+    def usage_error(self, expected: str, *argv: str) -> str:
+        """Assert a usage error: exit 2, one stderr line `factory STATION: ...` containing `expected` and
+        pointing at the station's --help, no traceback, nothing written under the root; returns stderr."""
+        before = snapshot(self.root)
+        code, out, err = self.factory(*argv)
+        self.assertNotIn("Traceback", err, f"{argv}: crashed instead of a usage error")
+        self.assertEqual((code, out), (2, ""), f"{argv} should be a usage error; stderr={err[-300:]!r}")
+        self.assertEqual(len(err.splitlines()), 1, f"{argv}: one stderr line expected: {err!r}")
+        self.assertRegex(err, r"^factory( [a-z]+)?: .*; see `factory.py ([a-z]+ )?--help`\n$")
+        self.assertIn(expected, err)
+        self.assertEqual(snapshot(self.root), before, f"{argv}: a usage error changed the factory")
+        return err
+
     def refused_writing_nothing(self, expected, *argv: str) -> str:
         """refused(...), and the refusal changed nothing under the root."""
         before = snapshot(self.root)

@@ -301,9 +301,9 @@ class Stamping(LineTest):
         self.refused("already exists", "stamp", "triager", "--as", "copy")
         self.refused("no agent named ghost", "stamp", "ghost", "--as", "new")
         self.refused("field 'max_steps' must be", "stamp", "triager", "--as", "bad", "--set", "max_steps=0")
-        self.refused("set by stamp itself", "stamp", "triager", "--as", "bad", "--set", "agent=x")
-        self.refused("--set evals: duplicate key 'gate'", "stamp", "triager", "--as", "bad",
-                     "--set", 'evals={"pass_bar": 0.5, "gate": 0.5, "gate": 0}')
+        self.usage_error("set by stamp itself", "stamp", "triager", "--as", "bad", "--set", "agent=x")
+        self.usage_error("--set evals: duplicate key 'gate'", "stamp", "triager", "--as", "bad",
+                         "--set", 'evals={"pass_bar": 0.5, "gate": 0.5, "gate": 0}')
         self.assertFalse((self.root / "masters" / "bad.json").exists())
 
     def test_restamp_carries_a_master_fix_and_revokes(self):

@@ -4,11 +4,14 @@ a terminal, and doctor answers why every run is routed to a human."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
 import os
 import pty
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -45,7 +48,7 @@ class Parser(unittest.TestCase):
         for func in factory.stations():
             with self.subTest(station=func.__name__):
                 self.assertTrue(func.__doc__)
-                self.assertEqual(choices[func.__name__.removeprefix("cmd_")].description, func.__doc__)
+                self.assertEqual(choices[func.__name__.removeprefix("cmd_")].description.split(), func.__doc__.split())
 
     def test_the_module_docstring_names_every_station_and_cites_nothing(self):
         doc = " ".join(factory.__doc__.split())
@@ -66,14 +69,144 @@ class Parser(unittest.TestCase):
                     self.assertNotIn(citation, out.getvalue())
 
 
-class Usage(LineTest):
-    """Usage errors are argparse's: exit 2."""
+def help_of(*argv: str, columns: int = 80) -> str:
+    """What `factory.py ARGV --help` prints on a terminal `columns` wide."""
+    out, before = io.StringIO(), os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(columns)   # argparse and the wrapping read the width from here first
+    try:
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            factory.main([*argv, "--help"], env={})
+    finally:
+        os.environ.pop("COLUMNS") if before is None else os.environ.update(COLUMNS=before)
+    return out.getvalue()
 
-    def test_usage_errors_exit_2(self):
-        for argv in (("nosuch",), ("prove",), ("run",), ("certify", "triager", "--tier", "C9", "--by", "a"),
-                     ("recall", "triager"), ("run", "triager", "a", "b")):
+
+def example_argv(line: str) -> list[str]:
+    """The arguments of an example command line `python3 factory.py ...` (a trailing # comment dropped)."""
+    words = shlex.split(line, comments=True)
+    assert words[:2] == ["python3", "factory.py"], line
+    return words[2:]
+
+
+class Help(unittest.TestCase):
+    """--help teaches: every station and every flag explained, examples that parse, exit statuses and
+    the environment each station reads; the top level lists each station on one line and says where
+    to start; --version."""
+
+    def test_every_station_and_every_flag_has_help(self):
+        parser = factory.build_parser()
+        subparsers = next(a for a in parser._actions if a.dest == "command")
+        for name, sub in subparsers.choices.items():
+            for action in sub._actions:
+                with self.subTest(station=name, argument=action.option_strings or action.dest):
+                    self.assertTrue(action.help and action.help != argparse.SUPPRESS and len(action.help) > 10)
+        for action in parser._actions:
+            with self.subTest(argument=action.option_strings or action.dest):
+                self.assertTrue(action.help or action is subparsers)
+
+    def test_each_station_shows_examples_exit_statuses_and_environment(self):
+        for func in factory.stations():
+            name = func.__name__.removeprefix("cmd_")
+            with self.subTest(station=name):
+                text = help_of(name)
+                examples = text.split("\nexamples:\n")[1].split("\n\n")[0].splitlines()
+                self.assertTrue(examples)
+                self.assertTrue(any(example_argv(line)[0] == name for line in examples), examples)
+                for line in examples:
+                    self.assertIsInstance(factory.parse(factory.build_parser(), example_argv(line)), argparse.Namespace)
+                statuses = text.split("\nexit status:\n")[1].split("\n\n")[0]
+                self.assertEqual([line.split()[0] for line in statuses.splitlines()], ["0", "1", "2", "130"])
+                environment = text.split("\nenvironment:\n")[1].splitlines()
+                self.assertEqual(environment[0].split()[0], "FACTORY_ROOT")
+                for line in environment:
+                    self.assertIn(line.split()[0], factory.ENVIRONMENT)
+
+    def test_the_environment_documented_is_the_environment_read(self):
+        """Every variable the product reads is documented (in ENVIRONMENT, shown by --help, and in the
+        README's table), and every one documented is read somewhere."""
+        source = "".join((REPO / name).read_text() for name in ("factory.py", "llm.py", "sage.py", "broker.py"))
+        read = set(re.findall(r'\benv(?:\.get\(|\[)"([A-Z][A-Z0-9_]*)"', source))
+        read |= set(re.findall(r'_need\(env, "([A-Z][A-Z0-9_]*)"\)', source))
+        self.assertGreater(len(read), 15)
+        self.assertLessEqual(read, set(factory.ENVIRONMENT))
+        readme = (REPO / "README.md").read_text().split("## Environment")[1].split("\n## ")[0]
+        for name in factory.ENVIRONMENT:
+            with self.subTest(variable=name):
+                self.assertTrue(f'"{name}"' in source or name.endswith("_PROXY") and '_PROXY"' in source)
+                self.assertIn(f"`{name}`", readme)
+                self.assertTrue(any(name in factory.station_epilog(f) for f in factory.stations()))
+
+    def test_the_top_level_lists_each_station_on_one_line_and_says_where_to_start(self):
+        text = help_of()
+        for func in factory.stations():
+            name, summary = func.__name__.removeprefix("cmd_"), func.__doc__.splitlines()[0]
+            with self.subTest(station=name):
+                self.assertRegex(text, rf"\n    {name} +{re.escape(summary)}\n")
+        start = text.split("\nstart here")[1].split("\n\n")[0].splitlines()[1:]
+        self.assertGreaterEqual(len(start), 4)
+        for line in start:
+            with self.subTest(example=line):
+                argv = example_argv(re.split(r"\s{2,}", line.strip())[0])   # the command, then what it does
+                if argv != ["STATION", "--help"]:
+                    self.assertIsInstance(factory.parse(factory.build_parser(), argv), argparse.Namespace)
+        self.assertIn("exit status: 0 done, 1 refused", text)
+
+    def test_help_fits_an_80_column_terminal(self):
+        for argv in ([], *[[f.__name__.removeprefix("cmd_")] for f in factory.stations()]):
             with self.subTest(argv=argv):
-                self.assertEqual(self.factory(*argv)[0], 2)
+                for line in help_of(*argv).splitlines():
+                    self.assertLessEqual(len(line), 80, line)
+
+    def test_version(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), self.assertRaises(SystemExit) as done:
+            factory.main(["--version"], env={})
+        self.assertEqual(done.exception.code, 0)
+        python = ".".join(map(str, sys.version_info[:3]))
+        self.assertEqual(out.getvalue(), f"factory.py {factory.VERSION} (Python {python}; writes factory-trace-2, "
+                                         f"factory-proof-1, factory-certificate-1)\n")
+        import sage
+        self.assertIn(f"/{factory.VERSION} ", sage.USER_AGENT, "the User-Agent names the same version")
+
+
+class Usage(LineTest):
+    """A command line that can never work is a usage error, whichever station it reaches: exit 2, one
+    line naming the station and its --help, nothing written."""
+
+    def test_usage_errors_exit_2_on_one_line(self):
+        rows = (  # argv, what the line says
+            (("nosuch",), "invalid choice: 'nosuch'"),
+            (("prove",), "the following arguments are required: AGENT"),
+            (("run",), "the following arguments are required: AGENT"),
+            (("run", "triager"), "one input: TEXT or --file TICKETS.jsonl"),
+            (("run", "triager", "hi", "--file", "t.jsonl"), "one input: TEXT or --file TICKETS.jsonl"),
+            (("run", "triager", "a", "b"), "unrecognized arguments: b"),
+            (("prove", "triager", "--jobs", "0"), "argument --jobs: must be at least 1, not 0"),
+            (("run", "triager", "hi", "--jobs", "many"), "argument --jobs: 'many' is not a whole number"),
+            (("approve", "20261130T041500123456Z-1a2b3c", "--call", "0", "--by", "bob"), "argument --call: must be at least 1"),
+            (("certify", "triager", "--tier", "C9", "--by", "a"), "argument --tier: invalid choice: 'C9'"),
+            (("recall", "triager"), "the following arguments are required: --reason"),
+            (("recall", "triager", "--reason", " \t\n"), "argument --reason: needs a reason, not blank"),
+            (("reject", "20261130T041500123456Z-1a2b3c", "--by", "bob", "--reason", ""), "argument --reason: needs a reason"),
+            (("stamp", "triager", "--as", "copy", "--set", "max_steps"), "--set 'max_steps': expected PATH=JSON"),
+            (("stamp", "triager", "--as", "copy", "--set", "agent=x"), "--set agent: set by stamp itself"),
+            (("tower", "--nosuch"), "unrecognized arguments: --nosuch"),
+        )
+        for argv, expected in rows:
+            with self.subTest(argv=argv):
+                self.usage_error(expected, *argv)
+
+    def test_no_arguments_show_the_help_on_stderr(self):
+        code, out, err = self.factory()
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn("usage: factory.py", err)
+        self.assertIn("prove", err)
+
+    def test_an_agent_that_does_not_exist_is_named_as_such(self):
+        for argv in (("run", "nosuch", "hello"), ("run", "nosuch", "--file", "t.jsonl"), ("harvest", "nosuch"),
+                     ("prove", "nosuch"), ("certify", "nosuch", "--tier", "C1", "--by", "bob")):
+            with self.subTest(argv=argv):
+                self.refused_writing_nothing("no agent named nosuch (no masters/nosuch.json)", *argv)
 
 
 class Progress(LineTest):

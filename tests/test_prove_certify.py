@@ -105,8 +105,8 @@ class Reports(LineTest):
         code, out, _ = self.factory("prove", "triager", "--json")
         self.assertEqual((code, json.loads(out)["pass_bar"]), (1, 0.9))
 
-    def test_bad_jobs_is_refused(self):
-        self.refused("--jobs must be at least 1", "prove", "triager", "--jobs", "0")
+    def test_bad_jobs_is_a_usage_error(self):
+        self.usage_error("argument --jobs: must be at least 1, not 0", "prove", "triager", "--jobs", "0")
 
 
 class Concurrency(LineTest):

@@ -341,7 +341,7 @@ class RecallAndHarvest(LineTest):
             self.certified(name)
 
     def test_recall_reaches_variants_and_needs_a_reason(self):
-        self.refused("a recall needs a reason", "recall", "triager", "--reason", "  ")
+        self.usage_error("argument --reason: needs a reason", "recall", "triager", "--reason", "  ")
         code, out, _ = self.factory("recall", "triager", "--reason", "leaked drafts")
         self.assertIn("recalled triager and 1 variant(s): ['triager-eu']", out)
         self.refused("recalled since certification: leaked drafts", "run", "triager-eu", "hi")
@@ -668,7 +668,7 @@ class Approval(Tiered):
         self.assertIn("expired at 2000-01-01", refused.stderr)
 
     def test_reject_closes_it(self):
-        self.refused("a rejection needs a reason", "reject", self.run_id, "--by", "bob", "--reason", " ")
+        self.usage_error("argument --reason: needs a reason", "reject", self.run_id, "--by", "bob", "--reason", " ")
         code, out, _ = self.factory("reject", self.run_id, "--by", "bob", "--reason", "duplicate request")
         self.assertEqual(code, 0)
         self.assertIn("was rejected", self.approve().stderr)

@@ -574,10 +574,10 @@ class Recall(LineTest):
         self.refused("recalled since certification: a bad override", "run", "b", "hi")
         self.runs_ok("triager")
 
-    def test_a_blank_reason_is_refused_and_records_nothing(self):
+    def test_a_blank_reason_is_a_usage_error_and_records_nothing(self):
         for reason in ("", " ", "\t\n  "):
             with self.subTest(reason=reason):
-                self.refused_writing_nothing("a recall needs a reason", "recall", "triager", "--reason", reason)
+                self.usage_error("argument --reason: needs a reason", "recall", "triager", "--reason", reason)
         self.assertEqual(self.factory("recall", "triager")[0], 2)
         self.assertFalse((self.root / "registry" / "recalls.jsonl").exists())
 
