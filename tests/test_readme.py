@@ -1,0 +1,349 @@
+"""The README's examples work as written: the GitHub Actions workflow parses and has every step a
+sealed proof in CI needs (its restore step is run for real), and the smallest complete agent of the
+module contract proves, certifies and runs with no key.
+
+The workflow is YAML, and the standard library has no YAML parser. It is kept in ordinary block
+style (what a reader copies into .github/workflows/) rather than YAML's JSON-compatible flow style,
+and `parse_yaml` below reads exactly the subset it uses, refusing anything else rather than guessing.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import factory
+import llm
+from tests.support import REPO, LineTest
+
+INTEGER = re.compile(r"[-+]?[0-9]+")
+FLOAT = re.compile(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def parse_yaml(text: str):
+    """The value of a YAML document written in this subset: block mappings and sequences indented
+    with spaces, `# comments`, plain, 'single' and "double" quoted scalars (typed as YAML 1.2's core
+    schema types them: true/false, null, integers, floats, else strings), one-line flow sequences
+    `[a, b]` and flow mappings `{k: v}` of scalars, and `|` literal blocks. ValueError names the line
+    of anything outside the subset (tabs, anchors, tags, folded blocks, several documents...)."""
+    return Reader(text).document()
+
+
+def strip_comment(text: str) -> str:
+    """Text without a trailing ` # comment`. A # inside a quoted scalar is kept; a quote opens one only
+    where a scalar starts (so the apostrophe in `the card's model` quotes nothing)."""
+    quote, i = None, 0
+    while i < len(text):
+        char = text[i]
+        if quote and (char == "\\" and quote == '"' or text.startswith("''", i) and quote == "'"):
+            i += 2   # an escaped character, or '' (one quote) inside single quotes
+            continue
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"" and (i == 0 or text[i - 1] in " [{,"):
+            quote = char
+        elif char == "#" and (i == 0 or text[i - 1] == " "):
+            return text[:i].rstrip()
+        i += 1
+    return text.rstrip()
+
+
+def scalar(text: str, where: str):
+    """One scalar or one-line flow collection, typed as YAML 1.2's core schema does."""
+    if text.startswith('"'):
+        if len(text) < 2 or not text.endswith('"'):
+            raise ValueError(f"{where}: unterminated double-quoted scalar")
+        return json.loads(text)   # the escapes used here (\\ \" \n \uXXXX) mean the same in JSON
+    if text.startswith("'"):
+        if len(text) < 2 or not text.endswith("'"):
+            raise ValueError(f"{where}: unterminated single-quoted scalar")
+        return text[1:-1].replace("''", "'")
+    if text.startswith("[") and text.endswith("]"):
+        return [scalar(item.strip(), where) for item in text[1:-1].split(",") if item.strip()]
+    if text.startswith("{") and text.endswith("}"):
+        pairs = [item.split(": ", 1) for item in text[1:-1].split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"{where}: flow mapping entries are `key: value`")
+        return {key.strip(): scalar(value.strip(), where) for key, value in pairs}
+    if text[:1] in set("&*!|>%@`[]{},") or text in ("---", "..."):
+        raise ValueError(f"{where}: {text!r} is outside the YAML subset these tests read")
+    if text in ("true", "false"):
+        return text == "true"
+    if text in ("null", "~", ""):
+        return None
+    if INTEGER.fullmatch(text):
+        return int(text)
+    return float(text) if FLOAT.fullmatch(text) else text
+
+
+class Reader:
+    """Reads parse_yaml's subset line by line; each method consumes the lines of one node."""
+
+    def __init__(self, text: str):
+        if "\t" in text:
+            raise ValueError(f"line {text[:text.index(chr(9))].count(chr(10)) + 1}: a tab (YAML indents with spaces)")
+        self.lines, self.at = text.splitlines(), 0
+
+    def where(self) -> str:
+        """The current line for an error message."""
+        return f"line {self.at + 1}"
+
+    def peek(self) -> tuple[int, str] | None:
+        """(indent, content without comment) of the next line holding something; None at the end."""
+        while self.at < len(self.lines):
+            raw = self.lines[self.at]
+            content = strip_comment(raw.strip())
+            if content:
+                return len(raw) - len(raw.lstrip(" ")), content
+            self.at += 1
+        return None
+
+    def document(self):
+        """The whole document: one block node at indent 0, and nothing after it."""
+        first = self.peek()
+        value = None if first is None else self.node(first[0])
+        if self.peek() is not None:
+            raise ValueError(f"{self.where()}: unexpected indentation")
+        return value
+
+    def node(self, indent: int):
+        """The block sequence or mapping starting at the next line, at exactly `indent`."""
+        _, content = self.peek()
+        return self.sequence(indent) if content == "-" or content.startswith("- ") else self.mapping(indent)
+
+    def mapping(self, indent: int) -> dict:
+        """`key: value` lines at `indent`, each value inline, a literal block, or a nested node."""
+        result = {}
+        while (line := self.peek()) and line[0] == indent and not (line[1] == "-" or line[1].startswith("- ")):
+            key, sep, rest = line[1].partition(":")
+            if not sep or not KEY.fullmatch(key) or (rest and not rest.startswith(" ")):
+                raise ValueError(f"{self.where()}: expected `key: value`, got {line[1]!r}")
+            if key in result:
+                raise ValueError(f"{self.where()}: key {key!r} given twice")
+            self.at += 1
+            result[key] = self.value(rest.strip(), indent)
+        if line and line[0] > indent:
+            raise ValueError(f"{self.where()}: unexpected indentation")
+        return result
+
+    def value(self, rest: str, indent: int):
+        """A mapping value: inline, a `|` literal block, a nested node, or null."""
+        if rest == "|":
+            return self.literal(indent)
+        if rest:
+            return scalar(rest, self.where())
+        line = self.peek()
+        if line and (line[0] > indent or line[0] == indent and (line[1] == "-" or line[1].startswith("- "))):
+            return self.node(line[0])
+        return None
+
+    def sequence(self, indent: int) -> list:
+        """`- item` lines at `indent`; an item holding `key: value` starts a mapping two columns in."""
+        items = []
+        while (line := self.peek()) and line[0] == indent and (line[1] == "-" or line[1].startswith("- ")):
+            body = line[1][2:].strip()
+            if re.match(r"[A-Za-z0-9_][A-Za-z0-9_.-]*:( |$)", body):
+                self.lines[self.at] = " " * (indent + 2) + body   # the item is a mapping at indent + 2
+                items.append(self.mapping(indent + 2))
+            else:
+                self.at += 1
+                items.append(self.value(body, indent))
+        return items
+
+    def literal(self, indent: int) -> str:
+        """A `|` block: the following lines indented deeper than `indent`, dedented, one final newline."""
+        block, depth = [], None
+        while self.at < len(self.lines):
+            raw = self.lines[self.at]
+            here = len(raw) - len(raw.lstrip(" "))
+            if raw.strip() and (here <= indent or depth is not None and here < depth):
+                break
+            depth = here if depth is None and raw.strip() else depth
+            block.append(raw[depth:] if depth is not None and raw.strip() else "")
+            self.at += 1
+        while block and not block[-1]:
+            block.pop()
+        return "\n".join(block) + "\n" if block else ""
+
+
+def readme_block(start: str) -> str:
+    """The fenced block of README.md whose text starts with `start` (the fence's own line excluded)."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```$", readme, flags=re.S | re.M)
+    found = [block for block in blocks if block.startswith(start)]
+    assert len(found) == 1, f"README.md holds {len(found)} blocks starting {start!r}"
+    return found[0]
+
+
+def workflow_problems(doc) -> list[str]:
+    """What keeps a parsed workflow from proving a sealed half in CI as written; [] when nothing."""
+    if not isinstance(doc, dict):
+        return ["the workflow is not a mapping"]
+    problems = [] if isinstance(doc.get("on"), (dict, list, str)) and doc.get("on") else ["no `on:` trigger"]
+    steps = [step for job in (doc.get("jobs") or {}).values() for step in job.get("steps", [])]
+    uses = [step.get("uses", "").split("@")[0] for step in steps]
+    for action in ("actions/checkout", "actions/setup-python", "actions/upload-artifact"):
+        if action not in uses:
+            problems.append(f"no {action} step")
+    python = next((s.get("with", {}).get("python-version") for s in steps if "setup-python" in s.get("uses", "")), None)
+    if not (isinstance(python, str) and tuple(map(int, python.split("."))) >= (3, 11)):
+        problems.append(f"python-version {python!r} is not a quoted version >= 3.11")
+    restore = [i for i, s in enumerate(steps) if "FACTORY_SEALED_DIR" in s.get("run", "") and secret_env(s)]
+    prove = [i for i, s in enumerate(steps) if "factory.py prove" in s.get("run", "")]
+    if not restore:
+        problems.append("no step restores the sealed half from a secret into FACTORY_SEALED_DIR")
+    if not prove:
+        return problems + ["no step runs factory.py prove"]
+    if restore and restore[0] > prove[0]:
+        problems.append("the sealed half is restored after the proof")
+    step = steps[prove[0]]
+    args = factory.parse(factory.build_parser(), prove_argv(step["run"]))
+    if not (args.sealed and args.junit):
+        problems.append("the proof is not `prove AGENT --sealed --junit FILE`")
+    for key in model_keys(args.agent) + ["SAGE_API_KEY"]:
+        if step.get("env", {}).get(key) != f"${{{{ secrets.{key} }}}}":
+            problems.append(f"the prove step does not pass {key} from secrets")
+    upload = next((s for s in steps if "upload-artifact" in s.get("uses", "")), {})
+    if upload.get("if") != "always()" or upload.get("with", {}).get("path") != args.junit:
+        problems.append("the JUnit report is not uploaded with `if: always()`")
+    return problems
+
+
+def secret_env(step: dict) -> bool:
+    """True when the step reads a secret through its env."""
+    return any("${{ secrets." in str(value) for value in (step.get("env") or {}).values())
+
+
+def prove_argv(script: str) -> list[str]:
+    """The arguments after `factory.py` of the script's prove command."""
+    line = next(line for line in script.splitlines() if "factory.py prove" in line)
+    words = shlex.split(line)
+    return words[words.index("factory.py") + 1:]
+
+
+def model_keys(agent: str) -> list[str]:
+    """The keys the shipped card's primary model needs (e.g. ANTHROPIC_API_KEY for claude-*)."""
+    model = json.loads((REPO / "masters" / f"{agent}.json").read_text())["model"]["primary"]
+    backend = llm.backend_for(model, {})
+    return {"anthropic": ["ANTHROPIC_API_KEY"], "openai": ["OPENAI_API_KEY"], "moonshot": ["MOONSHOT_API_KEY"],
+            "openrouter": ["OPENROUTER_API_KEY"]}.get(backend, [])
+
+
+# The README's workflow before this test existed: no trigger, nothing restores the sealed half, no model key.
+OLD_WORKFLOW = """\
+jobs:
+  prove:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+      - uses: actions/setup-python@v5
+        with: {python-version: "3.11"}
+      - name: prove the sealed half
+        env:
+          FACTORY_SEALED_DIR: ${{ runner.temp }}/sealed   # restored from a secret, outside the repo
+          SAGE_API_KEY: ${{ secrets.SAGE_API_KEY }}
+        run: python3 factory.py prove triager --sealed --junit prove.xml
+      - uses: actions/upload-artifact@v4
+        if: always()
+        with: {name: prove-junit, path: prove.xml}
+"""
+
+
+class YamlSubset(unittest.TestCase):
+    """The parser reads its subset as YAML does and refuses what it does not know."""
+
+    def test_it_reads_the_subset(self):
+        text = ('a: 1\nb: "3.10"\nc: 3.10\nd:\n  - x\n  - k: v   # comment\n    m: [p, "q r"]\n'
+                'e: {f: g, h: true}\nf: |\n  one\n    two\n\n  three\ng:\nh: \'it\'\'s # not a comment\'\n')
+        self.assertEqual(parse_yaml(text), {"a": 1, "b": "3.10", "c": 3.1, "d": ["x", {"k": "v", "m": ["p", "q r"]}],
+                                            "e": {"f": "g", "h": True}, "f": "one\n  two\n\nthree\n", "g": None,
+                                            "h": "it's # not a comment"})
+
+    def test_it_refuses_what_is_outside_the_subset(self):
+        for text in ("a:\n\t- b\n", "a: &anchor b\n", "a: !!str b\n", "a: >\n  folded\n", "a: 1\n  b: 2\n",
+                     "a: 1\na: 2\n", "- a\nb: c\n"):
+            with self.subTest(text=text), self.assertRaises(ValueError):
+                parse_yaml(text)
+
+
+class Workflow(unittest.TestCase):
+    """The README's GitHub Actions workflow works as written."""
+
+    def setUp(self):
+        self.text = readme_block("# .github/workflows/prove.yml\n")
+        self.doc = parse_yaml(self.text)
+
+    def test_it_has_every_step_a_sealed_proof_needs(self):
+        self.assertEqual(workflow_problems(self.doc), [])
+        self.assertEqual(list(self.doc["jobs"]["prove"]["steps"][0]), ["uses"])   # checkout comes first
+
+    def test_the_old_workflow_is_caught(self):
+        self.assertEqual(workflow_problems(parse_yaml(OLD_WORKFLOW)), [
+            "no `on:` trigger", "no step restores the sealed half from a secret into FACTORY_SEALED_DIR",
+            "the prove step does not pass ANTHROPIC_API_KEY from secrets"])
+
+    def test_the_restore_step_restores_the_sealed_half(self):
+        """Run the restore step's script with bash as a runner would: the secret made as the README
+        says becomes DIR/triager/sealed.jsonl byte for byte, and FACTORY_SEALED_DIR reaches later
+        steps through GITHUB_ENV; an empty secret stops the job with an ::error:: line."""
+        tools = [name for name in ("bash", "base64", "gunzip") if shutil.which(name) is None]
+        if tools:
+            self.skipTest(f"{', '.join(tools)} not on this machine: the script cannot be run here")
+        step = next(s for s in self.doc["jobs"]["prove"]["steps"] if "FACTORY_SEALED_DIR" in s.get("run", ""))
+        (name, _), = step["env"].items()
+        sealed = (REPO / "evals" / "triager" / "sealed.jsonl").read_bytes()
+        secret = base64.b64encode(gzip.compress(sealed)).decode()
+        runner = self.enterContext(tempfile.TemporaryDirectory())
+        env = {"PATH": os.environ["PATH"], "RUNNER_TEMP": runner, "GITHUB_ENV": f"{runner}/github_env"}
+        done = subprocess.run(["bash", "-e", "-c", step["run"]], env={**env, name: secret}, capture_output=True, text=True)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        with open(f"{runner}/sealed/triager/sealed.jsonl", "rb") as restored:
+            self.assertEqual(restored.read(), sealed)
+        with open(f"{runner}/github_env") as exported:
+            self.assertEqual(exported.read(), f"FACTORY_SEALED_DIR={runner}/sealed\n")
+        empty = subprocess.run(["bash", "-e", "-c", step["run"]], env={**env, name: ""}, capture_output=True, text=True)
+        self.assertEqual(empty.returncode, 1)
+        self.assertIn("::error::", empty.stdout)
+
+
+class ModuleContract(LineTest):
+    """The smallest complete agent in the README, copied from it as written, proves on both halves
+    with no key, is certified and runs."""
+
+    def prepare(self):
+        readme = (REPO / "README.md").read_text().split("## An agent's module")[1].split("\n## ")[0]
+        blocks = re.findall(r"^```([a-z]+)\n(.*?)^```$", readme, flags=re.S | re.M)
+        self.assertEqual([kind for kind, _ in blocks], ["python", "json", "jsonl", "jsonl"])
+        (module, card, cases, sealed) = [text for _, text in blocks]
+        (self.root / "agents" / "hours.py").write_text(module)
+        (self.root / "masters" / "hours.json").write_text(card)
+        (self.root / "evals" / "hours").mkdir()
+        (self.root / "evals" / "hours" / "cases.jsonl").write_text(cases)
+        (self.root / "evals" / "hours" / "sealed.jsonl").write_text(sealed)
+
+    def test_it_proves_certifies_and_runs(self):
+        for half in ([], ["--sealed"]):
+            with self.subTest(half=half):
+                code, out, err = self.factory("prove", "hours", *half, "--json")
+                self.assertEqual(code, 0, err)
+                proof = json.loads(out)
+                self.assertEqual((proof["score"], proof["tool_denials"], proof["backends"]), (1.0, 0, ["offline"]))
+        self.sign("hours", "C1")
+        code, out, err = self.factory("run", "hours", "Are you open at 9?", "--json")
+        self.assertEqual(code, 0, err)
+        row = json.loads(out)
+        self.assertEqual(row["output"], {"reply": "We are open Monday to Friday, 9:00 to 17:00.", "escalate": False})
+        self.assertEqual([tool for tool, _ in row["tools"]], ["drafts:write"])
+
+
+if __name__ == "__main__":
+    unittest.main()
