@@ -2742,6 +2742,7 @@ WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPEN
               "MOONSHOT_BASE_URL", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL", "SAGEROUTE_URL", "SAGEROUTE_TOKEN")
 GATE_ENV = ("SAGE_API_KEY", "SAGE_ENDPOINT", "SAGE_PROTOCOL", "SAGE_MODEL", "SAGE_REASONING")
 ROOT_ENV = ("FACTORY_ROOT",)
+MODEL_ENV = (*WORKER_ENV, *GATE_ENV, *PROXY_ENV)   # stations that ask a worker model and Sage
 
 
 def at_least_one(text: str) -> int:
@@ -2753,6 +2754,12 @@ def at_least_one(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def jobs_argument(what: str) -> tuple:
+    """--jobs N: how many cases or tickets at a time."""
+    return arg("--jobs", type=at_least_one, default=DEFAULT_JOBS, metavar="N",
+               help=f"{what} at a time (default {DEFAULT_JOBS}; 1 is exactly sequential); results keep input order")
 
 
 def reason_text(text: str) -> str:
@@ -2830,13 +2837,12 @@ def cmd_restamp(fac: Factory, args) -> int:
              help="prove the sealed half, the proof certify needs (sealed cases are named by id only)"),
          arg("--json", action="store_true", help="print the proof record (format factory-proof-1), not the summary"),
          arg("--junit", metavar="FILE", help="also write JUnit XML to FILE: one testcase per case"),
-         arg("--jobs", type=at_least_one, default=DEFAULT_JOBS, metavar="N",
-             help=f"cases at a time (default {DEFAULT_JOBS}; 1 is exactly sequential)"),
+         jobs_argument("cases"),
          examples=("python3 factory.py prove triager",
                    "python3 factory.py prove triager --sealed --junit prove.xml"),
          exits=("verdict PASS: at or above the pass bar, and the draft rubric scored",
                 "verdict UNDER BAR or RUBRIC UNSCORED, or refused"),
-         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *WORKER_ENV, *GATE_ENV, *PROXY_ENV))
+         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *MODEL_ENV))
 def cmd_prove(fac: Factory, args) -> int:
     """Prove an agent on its open or sealed suite.
 
@@ -2996,12 +3002,11 @@ def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
          arg("input", nargs="?", metavar="TEXT", help="the input, one ticket's text (quote it); or --file"),
          arg("--file", metavar="TICKETS.jsonl", help='run each line {"id": ..., "input": ...} of a tickets file'),
          arg("--json", action="store_true", help="one JSON object per run: the index row, ticket, output, tools, gate line"),
-         arg("--jobs", type=at_least_one, default=DEFAULT_JOBS, metavar="N",
-             help=f"tickets at a time (default {DEFAULT_JOBS}; 1 is exactly sequential); results keep input order"),
+         jobs_argument("tickets"),
          examples=('python3 factory.py run triager "my new card never arrived"',
                    "python3 factory.py run triager --file evals/triager/inbox.jsonl --json"),
          exits=("every run completed, whether or not a human must see it", "refused, or a run crashed (see its trace)"),
-         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR", *WORKER_ENV, *GATE_ENV, *PROXY_ENV))
+         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR", *MODEL_ENV))
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
 
@@ -3121,7 +3126,7 @@ def flagged(row: dict) -> bool:
 @station(arg("agent", metavar="AGENT", help="the agent whose flagged runs to harvest"),
          examples=("python3 factory.py harvest triager",),
          exits=("done, also when nothing was flagged", "refused: no such agent, or evalsmith is not certified"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", *WORKER_ENV, *GATE_ENV, *PROXY_ENV))
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", *MODEL_ENV))
 def cmd_harvest(fac: Factory, args) -> int:
     """Turn an agent's flagged runs into proposed eval cases.
 
@@ -3222,7 +3227,7 @@ def gate_report(fac: Factory) -> list[str]:
 
 @station(examples=("python3 factory.py doctor",),
          exits=("done, whatever it found", "refused: the root is not a folder"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", *WORKER_ENV, *GATE_ENV, *PROXY_ENV))
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", *MODEL_ENV))
 def cmd_doctor(fac: Factory, args) -> int:
     """Say which models and gate each agent would use, and why.
 
