@@ -63,6 +63,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple
 
@@ -997,11 +998,16 @@ class Worker:
         self._breaker = breaker if breaker is not None else Breaker()
         self._chain = _model_chain(model, self._env)
         self._offline = Offline(rules, task_input) if rules is not None else None
-        self._opener = build_opener(self._env)
         self._timeout, self._sleep, self._max_tokens = timeout, sleep, max_tokens
         self._rng = random.Random()
         self._dead: dict[str, LLMError] = {}   # model id -> why this Worker stopped asking it
         self._rules_reason = ""                # set by use_rules: no model is asked again
+
+    @cached_property
+    def _opener(self) -> urllib.request.OpenerDirector:
+        """The HTTP opener, built when the first model is asked: a Worker that answers offline never
+        needs one, and from Python 3.12 building one loads the system's CA certificates (tens of ms)."""
+        return build_opener(self._env)
 
     def backend_for(self, model_id: str) -> str:
         """Which backend model_id would use under this Worker's env."""

@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
@@ -594,7 +595,7 @@ class _RefuseRedirect(urllib.request.HTTPRedirectHandler):
 # ---------------------------------------------------------------- the client
 
 class Sage:
-    """A decision-model client for one endpoint; immutable after construction, thread-safe."""
+    """A decision-model client for one endpoint; its settings fixed at construction, thread-safe."""
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, key: str | None = None, *,
                  protocol: str = "levanto", model: str | None = None, timeout: float = 8.0,
@@ -606,8 +607,14 @@ class Sage:
         self.protocol, self.model, self.reasoning = protocol, model, reasoning
         self.timeout, self.retries, self.sleep = timeout, max(0, int(retries)), sleep
         self._key = key or None
-        self._opener = urllib.request.build_opener(
-            _RefuseRedirect(), urllib.request.ProxyHandler(dict(proxies or {})))
+        self._proxies = dict(proxies or {})
+
+    @cached_property
+    def _opener(self) -> urllib.request.OpenerDirector:
+        """The HTTP opener, built on the first call: a client that is never asked (no key, an offline
+        run) never needs one, and from Python 3.12 building one loads the system's CA certificates
+        (tens of ms). Two threads asking first may each build one; either serves."""
+        return urllib.request.build_opener(_RefuseRedirect(), urllib.request.ProxyHandler(self._proxies))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], timeout: float = 8.0, retries: int = 0,
