@@ -2835,7 +2835,7 @@ def cmd_restamp(fac: Factory, args) -> int:
 @station(arg("agent", metavar="AGENT", help="the agent to prove (masters/AGENT.json)"),
          arg("--sealed", action="store_true",
              help="prove the sealed half, the proof certify needs (sealed cases are named by id only)"),
-         arg("--json", action="store_true", help="print the proof record (format factory-proof-1), not the summary"),
+         arg("--json", action="store_true", help=f"print the proof record (format {RECORD_FORMAT}), not the summary"),
          arg("--junit", metavar="FILE", help="also write JUnit XML to FILE: one testcase per case"),
          jobs_argument("cases"),
          examples=("python3 factory.py prove triager",
@@ -3011,9 +3011,11 @@ def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
 
     The certificate is verified first (signature, revocation, recall, digest). Then the worker loop
-    runs with every tool call ruled on by the broker at the certificate's tier, the output gate
-    (Sage) judges the output, and each run leaves a trace (traces/AGENT/RUN_ID.jsonl) and an index
-    row. A run the gate does not pass is routed to a human, and the result says why.
+    runs with every tool call ruled on by the broker: reads execute, drafts and acting calls are held.
+    The output gate (Sage) is asked about the input, the output and every held call, and each held
+    call is settled by the tier, the gate's result and the agent's hand-off. Each run leaves a trace
+    (traces/AGENT/RUN_ID.jsonl) and its index rows. A run the gate does not pass, or that the agent
+    hands off, is routed to a human, and the result says why.
     """
     if (args.input is None) == (args.file is None):
         raise Usage("one input: TEXT or --file TICKETS.jsonl, not both and not neither")
@@ -3303,10 +3305,11 @@ def approval_brief(fac: Factory, entry: dict) -> str:
 def cmd_approve(fac: Factory, args) -> int:
     """Approve one staged call at a terminal and execute it.
 
-    Shows the exact call (agent, tool, arguments and their digest, when it was staged and when it
-    expires) and asks `approve? [y/N]`: y executes exactly that call, once. Refused when stdin is not
-    a terminal, the call was already executed or rejected, it expired, or its agent was recalled,
-    re-certified or changed since the call was staged.
+    Shows what a human needs to decide (the ticket, the agent's output, the gate's result and p, and
+    the exact call with its digest, when it was staged and when it expires) and asks `approve? [y/N]`:
+    y executes exactly that call, once. Refused when stdin is not a terminal, the call was already
+    executed or rejected, it expired, or its agent was recalled, re-certified or changed since the
+    call was staged.
     """
     entry = load_pending(fac, args.run_id, args.call)
     fac.key_path(args.by)

@@ -163,8 +163,9 @@ class Help(unittest.TestCase):
             factory.main(["--version"], env={})
         self.assertEqual(done.exception.code, 0)
         python = ".".join(map(str, sys.version_info[:3]))
-        self.assertEqual(out.getvalue(), f"factory.py {factory.VERSION} (Python {python}; writes factory-trace-2, "
-                                         f"factory-proof-1, factory-certificate-1)\n")
+        self.assertEqual(out.getvalue(), f"factory.py {factory.VERSION} (Python {python}; writes "
+                                         f"{factory.TRACE_FORMAT}, {factory.RECORD_FORMAT}, {factory.CERT_FORMAT})\n")
+        self.assertEqual((factory.TRACE_FORMAT[:14], factory.RECORD_FORMAT[:14]), ("factory-trace-", "factory-proof-"))
         import sage
         self.assertIn(f"/{factory.VERSION} ", sage.USER_AGENT, "the User-Agent names the same version")
 
