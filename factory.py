@@ -22,6 +22,7 @@ import ast
 import builtins
 import contextlib
 import difflib
+import errno
 import fcntl
 import hashlib
 import hmac
@@ -34,7 +35,8 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
+import stat
+import sys
 import threading
 import textwrap
 import time
@@ -42,7 +44,7 @@ import traceback
 import unicodedata
 import types
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from datetime import datetime, timedelta, timezone
@@ -113,11 +115,75 @@ class Usage(Exception):
         self.station = station
 
 
+class StoreError(Refusal, OSError):
+    """The machine would not let the Store read or write one path (permission denied, no space left, a
+    file-size limit, a link that would lead out of the root); str(self) names the path and the cause.
+    Also an OSError, so a tool whose effect could not be written still fails the way its contract says."""
+
+
 # ================================================================ 1. Store and layout
 # Owns the factory's paths (`Factory`: paths only; asking for one creates nothing) and every read and
 # write of its files (`Store`): strict reads that name the file and line of anything malformed, the
 # shape checker, atomic JSON writes, locked JSONL appends, exclusive claims, reports the user names,
-# spilled tool output and signing keys. Nothing else in the product opens a file for writing.
+# spilled tool output and signing keys. Nothing else in the product opens a file for writing. Writes
+# go only through real folders inside the root (never a link), and every string written has the
+# configured secrets scrubbed out of it; the same scrubbing, plus escaping of terminal controls, is
+# applied to everything printed (`SafeStream`, in the command line section).
+
+# ---- text that came from outside: secrets, terminal controls, bytes that are not text
+
+SECRET_NAME = re.compile(r"(?:^|_)(?:KEY|TOKEN|SECRET|PASSWORD)$")   # ANTHROPIC_API_KEY, SAGEROUTE_TOKEN, ...
+MIN_SECRET = 8       # shorter values are not real keys, and scrubbing them would mangle ordinary text
+# C0 controls but tab and newline, DEL, C1 controls, bidirectional overrides and lone surrogates: what a
+# terminal would act on (move the cursor, erase a line, reorder text) or cannot show.
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """(variable name, value) of every configured secret in env (a name ending in KEY, TOKEN, SECRET or
+    PASSWORD, a value of at least MIN_SECRET characters), longest value first."""
+    found = {(name, value.strip()) for name, value in env.items()
+             if SECRET_NAME.search(name) and isinstance(value, str) and len(value.strip()) >= MIN_SECRET}
+    return tuple(sorted(found, key=lambda pair: (-len(pair[1]), pair[0])))
+
+
+def redact(value, hidden: tuple[tuple[str, str], ...]):
+    """value (a string, or JSON-like data: dicts, lists, keys included) with every secret value in
+    `hidden` replaced by `[NAME redacted]`."""
+    if not hidden:
+        return value
+    if isinstance(value, str):
+        for name, secret in hidden:
+            if secret in value:
+                value = value.replace(secret, f"[{name} redacted]")
+        return value
+    if isinstance(value, dict):
+        return {redact(key, hidden): redact(item, hidden) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(item, hidden) for item in value]
+    return value
+
+
+def printable(text: str) -> str:
+    """text with every character a terminal would act on or cannot show (UNPRINTABLE) written as a
+    visible `\\uXXXX` escape, which is also a valid escape inside a JSON string."""
+    return UNPRINTABLE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
+def utf8(text: str) -> bytes:
+    """text as UTF-8 bytes; a lone surrogate (which UTF-8 cannot hold) is written as U+FFFD."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+def lone_surrogate(value) -> str | None:
+    """The first lone surrogate in a JSON value (as `\\udcff`), or None when it is all text. A lone
+    surrogate is not text: it can only arrive as a `\\ud800`..`\\udfff` escape in a file."""
+    found = LONE_SURROGATE.search(json.dumps(value, ensure_ascii=False))
+    return f"\\u{ord(found.group()):04x}" if found else None
 
 def utc_now() -> str:
     """The current UTC time as ISO 8601 with microseconds and a Z, e.g. 2026-11-30T04:12:55.123456Z."""
@@ -254,7 +320,11 @@ class Factory:
 
     @classmethod
     def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str]) -> "Factory":
-        """The factory at --root, else $FACTORY_ROOT, else the folder of factory.py."""
+        """The factory at --root, else $FACTORY_ROOT, else the folder of factory.py. An empty --root or
+        --sealed-dir (`--root "$UNSET"`) is refused rather than read as "not given"."""
+        for flag, given in (("--root", root), ("--sealed-dir", sealed_dir)):
+            if given is not None and not given.strip():
+                raise Refusal(f"{flag} is empty (an unset variable?); name the folder, or leave {flag} out")
         base = Path(root or env.get("FACTORY_ROOT") or Path(__file__).resolve().parent).resolve()
         if not base.is_dir():
             raise Refusal(f"the factory root {base} is not a folder (--root, else $FACTORY_ROOT)")
@@ -326,66 +396,129 @@ class Store:
     """Every read and write of one factory's files, in one place.
 
     Reads are strict: a file must be a regular file inside the root or the sealed folder (a link
-    pointing out counts as outside) unless the user named it, of bounded size, UTF-8 and JSON, and
-    of the expected shape; every refusal names the file (and line). Writes are atomic (temporary
-    file in the same folder, fsync, rename) and appends hold an fcntl lock and write whole lines.
-    Raises Refusal for anything a user can fix; OSError from the machine passes through."""
+    pointing out counts as outside) unless the user named it, of bounded size, UTF-8 text (no lone
+    surrogates) and JSON, and of the expected shape; every refusal names the file (and line).
+    Writes under the root go only through real folders inside it: each folder is opened from the root
+    one part at a time with O_NOFOLLOW, and a link anywhere on the way, or at the file itself, is
+    refused. JSON writes are atomic (temporary file in the same folder, fsync, rename); appends hold an
+    fcntl lock and write whole lines (a failed append is cut back, never left torn). Every string
+    written has the configured secrets scrubbed out (`redact`). The machine's refusals (permission,
+    space, size limit) become a StoreError naming the path and the cause."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
         self.decoder = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=unique_keys)  # built once
+        self.hidden = secret_values(fac.env)
+
+    @contextlib.contextmanager
+    def machine(self, path: Path, doing: str) -> Iterator[None]:
+        """Turn the machine's OSError while `doing` something to path into a StoreError naming both."""
+        try:
+            yield
+        except (StoreError, FileExistsError):
+            raise
+        except OSError as error:
+            cause = error.strerror or type(error).__name__
+            raise StoreError(f"{self.fac.shown(path)}: cannot {doing} it ({cause.lower()})") from None
 
     # ---- reads
 
-    def check_readable(self, path: Path, confined: bool = True) -> None:
-        """Refusal unless path is an existing file inside the root or the sealed dir (a symlink
-        that points out counts as outside); `confined=False` is for files the user names."""
-        where, real = self.fac.shown(path), path.resolve()
+    def check_readable(self, path: Path, confined: bool = True) -> Path:
+        """The real location of path; Refusal unless it is an existing regular file inside the root or
+        the sealed dir (a symlink that points out counts as outside); `confined=False` is for files the
+        user names."""
+        where, real = self.fac.shown(path), Path(os.path.realpath(path))
         if confined and not any(real.is_relative_to(base) for base in (self.fac.root, self.fac.sealed_dir)):
             raise Refusal(f"{where}: points outside the factory root ({real}); refusing to read it")
-        if path.is_dir():
-            raise Refusal(f"{where}: is a folder, not a file")
-        if not path.is_file():
-            raise Refusal(f"{where}: missing" if not path.exists() else f"{where}: not a regular file")
+        with self.machine(path, "read"):
+            if path.is_dir():
+                raise Refusal(f"{where}: is a folder, not a file")
+            if not path.is_file():
+                raise Refusal(f"{where}: missing" if not path.exists() else f"{where}: not a regular file")
+        return real
+
+    @contextlib.contextmanager
+    def opened(self, path: Path, confined: bool = True) -> Iterator:
+        """A binary reader of a readable file (see check_readable), opened at its real location without
+        following a link swapped in since, and without blocking on a FIFO."""
+        real = self.check_readable(path, confined)
+        with self.machine(path, "read"):
+            handle = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            if not stat.S_ISREG(os.fstat(handle).st_mode):
+                os.close(handle)
+                raise Refusal(f"{self.fac.shown(path)}: not a regular file")
+            with os.fdopen(handle, "rb") as reader:
+                yield reader
 
     def read_bytes(self, path: Path, limit: int = MAX_FILE_BYTES, confined: bool = True) -> bytes:
         """Bytes of a readable file (see check_readable) of at most `limit` bytes."""
-        self.check_readable(path, confined)
-        if path.stat().st_size > limit:
-            raise Refusal(f"{self.fac.shown(path)}: larger than {limit >> 20} mib")
-        return path.read_bytes()
+        with self.opened(path, confined) as reader, self.machine(path, "read"):
+            if os.fstat(reader.fileno()).st_size > limit:
+                raise Refusal(f"{self.fac.shown(path)}: larger than {limit >> 20} mib")
+            return reader.read()
 
     def read_json(self, path: Path, shape: Shape | None = None) -> dict:
         """The JSON object in a file, of `shape` when given; Refusal naming the file for every way it can be wrong."""
         where = self.fac.shown(path)
         value = as_object(parse_json(decode(self.read_bytes(path), where), where), where)
+        self.check_text(value, where)
         return shape.check(value, where) if shape else value
 
-    def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True) -> Iterator[tuple[int, dict]]:
+    def check_text(self, value, where: str) -> None:
+        """Refusal naming `where` when a JSON value holds a lone surrogate, which is not text."""
+        bad = lone_surrogate(value)
+        if bad:
+            raise Refusal(f"{where}: holds {bad}, half of a utf-16 pair, which is not text; remove it")
+
+    def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True,
+                   each: bool = False) -> Iterator[tuple[int, dict]]:
         """(line number, object) for each non-blank line, streamed, each of `shape` when given;
-        Refusal naming file and line (a torn, oversized, non-object or misshapen line)."""
+        Refusal naming file and line (a torn, oversized, non-object, misshapen or non-text line). With
+        `each`, a bad line is yielded as its Refusal instead and the lines after it are still read (a
+        byte-order mark that starts the file still refuses it whole)."""
         where = self.fac.shown(path)
-        self.check_readable(path, confined)
-        with path.open("rb") as lines:
+        with self.opened(path, confined) as lines, self.machine(path, "read"):
             for number, raw in enumerate(iter(lambda: lines.readline(MAX_LINE_BYTES + 1), b""), 1):
                 try:  # the common case fast; every way a line can be wrong is named on the slow path
                     value = self.decoder.decode(raw.decode("utf-8")) \
                         if number > 1 or not raw.startswith(b"\xef\xbb\xbf") else None
                 except (ValueError, RecursionError):  # decode, json and NaN errors
                     value = None
-                if type(value) is not dict or len(raw) > MAX_LINE_BYTES:
+                if type(value) is not dict or len(raw) > MAX_LINE_BYTES or b"\\ud" in raw or b"\\uD" in raw:
                     if not raw.strip():
                         continue
-                    value = self.line_problem(raw, f"{where} line {number}", number)
-                if shape is not None and not shape.fits(value):
-                    shape.check(value, f"{where} line {number}")
+                    value = self.line_or_problem(raw, lines, f"{where} line {number}", number, each)
+                if type(value) is dict and shape is not None and not shape.fits(value):
+                    value = self.misshapen(shape, value, f"{where} line {number}", each)
                 yield number, value
+
+    def line_or_problem(self, raw: bytes, lines, at: str, number: int, each: bool):
+        """The object on one JSONL line, or (with `each`) the Refusal naming what is wrong with it; the
+        slow path of read_jsonl. An oversized line is skipped to its end, so the next line reads whole."""
+        try:
+            return self.line_problem(raw, at, number)
+        except Refusal as problem:
+            if not each or (number == 1 and raw.startswith(b"\xef\xbb\xbf")):
+                raise
+            while len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raw = lines.readline(MAX_LINE_BYTES + 1)
+            return problem
+
+    def misshapen(self, shape: Shape, value: dict, at: str, each: bool):
+        """The Refusal naming the first field of value that breaks shape (raised, or returned with `each`)."""
+        try:
+            shape.check(value, at)
+        except Refusal as problem:
+            if not each:
+                raise
+            return problem
+        return value
 
     def read_jsonl_backwards(self, path: Path, shape: Shape | None = None, block: int = 1 << 16) -> Iterator[dict]:
         """The objects of a JSONL file newest (last) first, read in blocks from the end, each of
         `shape` when given; Refusal naming the file for a malformed line."""
         where = self.fac.shown(path)
-        with path.open("rb") as rows:
+        with self.opened(path) as rows, self.machine(path, "read"):
             end, tail = rows.seek(0, os.SEEK_END), b""
             while end > 0:
                 start = max(0, end - block)
@@ -398,16 +531,18 @@ class Store:
                         yield shape.check(value, where) if shape else value
 
     def line_problem(self, raw: bytes, at: str, number: int) -> dict:
-        """Refusal naming what is wrong with one JSONL line (the slow path of read_jsonl)."""
+        """The object on one JSONL line; Refusal naming what is wrong with it (the slow path of read_jsonl)."""
         if len(raw) > MAX_LINE_BYTES:
             raise Refusal(f"{at}: longer than {MAX_LINE_BYTES >> 20} mib")
-        return as_object(parse_json(decode(raw, at, first=number == 1), at), at)
+        value = as_object(parse_json(decode(raw, at, first=number == 1), at), at)
+        self.check_text(value, at)
+        return value
 
     def line_at(self, relative: str, offset: int) -> dict | None:
         """The JSON object on the line that starts at byte `offset` of a file under the root, or None
         when there is no such file, line or object (how an effect is read back after it was written)."""
         try:
-            path = (self.fac.root / relative).resolve()
+            path = Path(os.path.realpath(self.fac.root / relative))
             if not path.is_relative_to(self.fac.root):
                 return None
             with path.open("rb") as lines:
@@ -417,74 +552,197 @@ class Store:
             return None
         return value if isinstance(value, dict) else None
 
+    # ---- where a write may go: real folders inside the root
+
+    def parts_inside(self, path: Path) -> tuple[str, ...]:
+        """The parts of path below the root; StoreError unless it names a file lexically inside it."""
+        try:
+            parts = path.relative_to(self.fac.root).parts
+        except ValueError:
+            parts = ()
+        if not parts or ".." in parts:
+            raise StoreError(f"{path}: not inside the factory root {self.fac.root}; refusing to write it")
+        return parts
+
+    @contextlib.contextmanager
+    def folder(self, path: Path) -> Iterator[int]:
+        """A descriptor of the folder that holds path, opened from the root one part at a time with
+        O_NOFOLLOW and made where missing: every folder on the way is a real folder inside the root."""
+        parts = self.parts_inside(path)
+        handle = os.open(self.fac.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for depth, part in enumerate(parts[:-1], 1):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=handle)
+                handle = self.step_into(handle, part, self.fac.root.joinpath(*parts[:depth]))
+            yield handle
+        finally:
+            os.close(handle)
+
+    def step_into(self, parent: int, part: str, where: Path) -> int:
+        """A descriptor of the folder `part` inside `parent` (which it closes); StoreError naming the
+        folder when it is a link or not a folder at all."""
+        try:
+            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            raise self.not_plain(parent, part, where, "folder") from None
+        os.close(parent)
+        return child
+
+    def not_plain(self, folder: int, name: str, where: Path, wanted: str) -> StoreError:
+        """The StoreError for a link (saying where it points) or another kind of file where a plain
+        `wanted` (file or folder) must be."""
+        shown = self.fac.shown(where)
+        try:
+            target = os.readlink(name, dir_fd=folder)
+        except OSError:
+            return StoreError(f"{shown}: not a regular {wanted}; refusing to write through it")
+        return StoreError(f"{shown}: is a symbolic link (to {target}); the factory never writes through a "
+                          f"link, so remove it or name the real file")
+
+    def check_plain_file(self, folder: int, name: str, where: Path) -> int | None:
+        """The permission bits of the regular file `name` in folder, None when there is none; StoreError
+        when a link, FIFO, folder or device is there (nothing is ever written through one)."""
+        try:
+            found = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(found.st_mode):
+            raise self.not_plain(folder, name, where, "file")
+        return found.st_mode & 0o777
+
     # ---- writes
 
     def write_json(self, path: Path, obj, exclusive: bool = False) -> None:
         """Write obj as JSON atomically (temp file, fsync, rename); `exclusive` raises FileExistsError
         instead of replacing a file that is already there (two stamps of one name: one wins, one is told)."""
-        self.write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n", exclusive)
+        text = json.dumps(redact(obj, self.hidden), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        self.write_text(path, text, exclusive)
 
     def write_text(self, path: Path, text: str | bytes, exclusive: bool = False, mode: int = 0o644) -> None:
-        """Write a file atomically: temp file in the same folder, fsync, then os.replace (old or new, never
-        torn) or, when `exclusive`, os.link (FileExistsError if the path exists). A new file gets `mode`;
-        a replaced one keeps its own."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        """Write a file under the root atomically: temp file in the same folder, fsync, then os.replace
+        (old or new, never torn) or, when `exclusive`, os.link (FileExistsError if the path exists). A new
+        file gets `mode`; a replaced one keeps its own. Text has the secrets scrubbed out."""
+        with self.machine(path, "write"), self.folder(path) as folder:
+            self.write_atomic(folder, path, self.encoded(text), exclusive, mode)
+
+    def encoded(self, text: str | bytes) -> bytes:
+        """The bytes to write for text, secrets scrubbed out (bytes are written as given)."""
+        return text if isinstance(text, bytes) else utf8(redact(text, self.hidden))
+
+    def write_atomic(self, folder: int, path: Path, data: bytes, exclusive: bool, mode: int) -> None:
+        """Write data to path.name in the open folder through a temporary file (see write_text)."""
+        kept = self.check_plain_file(folder, path.name, path)
+        temp = f".{path.name}.{secrets.token_hex(4)}.tmp"
+        handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
         try:
-            os.fchmod(handle, path.stat().st_mode & 0o777 if path.exists() else mode)  # mkstemp makes 0600
+            os.fchmod(handle, mode if kept is None else kept)
             with os.fdopen(handle, "wb") as out:
-                out.write(text.encode() if isinstance(text, str) else text)
+                out.write(data)
                 out.flush()
                 os.fsync(out.fileno())
             if exclusive:
-                os.link(temp, path)
+                os.link(temp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
             else:
-                os.replace(temp, path)
+                os.replace(temp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
         finally:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
+                os.unlink(temp, dir_fd=folder)
 
     def append_jsonl(self, path: Path, obj: dict) -> int:
         """Append obj as one whole JSON line under an exclusive fcntl lock (O_APPEND, looped write);
-        returns the byte offset where the line starts, so the effect can be read back."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        line = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-        handle = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        returns the byte offset where the line starts, so the effect can be read back. A write the
+        machine stops half-way (no space, a size limit) is cut back: the file never keeps a torn line of ours."""
+        line = utf8(json.dumps(redact(obj, self.hidden), ensure_ascii=False, separators=(",", ":")) + "\n")
+        with self.machine(path, "write"), self.folder(path) as folder:
+            self.check_plain_file(folder, path.name, path)
+            handle = os.open(path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | os.O_CLOEXEC, 0o644, dir_fd=folder)
+            try:
+                if not stat.S_ISREG(os.fstat(handle).st_mode):
+                    raise self.not_plain(folder, path.name, path, "file")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                return self.append_locked(handle, line)
+            finally:
+                os.close(handle)
+
+    @staticmethod
+    def append_locked(handle: int, line: bytes) -> int:
+        """Write line at the end of the locked file; its offset. Cut back to where it started on failure."""
+        offset = os.lseek(handle, 0, os.SEEK_END)
+        if offset and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a killed writer)
+            os.write(handle, b"\n")                                # stays torn; ours starts clean
+            offset += 1
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            offset = os.lseek(handle, 0, os.SEEK_END)
-            if offset and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a killed writer)
-                os.write(handle, b"\n")                                # stays torn; ours starts clean
-                offset += 1
             view = memoryview(line)
             while view:
                 view = view[os.write(handle, view):]
-        finally:
-            os.close(handle)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(handle, offset)
+            raise
         return offset
 
     def claim(self, path: Path) -> bool:
         """Create path empty, exclusively across processes; False when it already exists (someone claimed it)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        except FileExistsError:
-            return False
+        with self.machine(path, "write"), self.folder(path) as folder:
+            try:
+                os.close(os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder))
+            except FileExistsError:
+                return False
         return True
 
-    def write_report(self, path: Path, text: str) -> None:
-        """Write a report the user asked for (JUnit, HTML) where they named it, possibly outside the root;
-        Refusal naming the path when it cannot be written."""
-        try:
-            self.write_text(path, text)
-        except OSError as error:
-            raise Refusal(f"{path}: cannot write the report ({error.strerror or type(error).__name__})") from None
+    def discard(self, path: Path) -> None:
+        """Remove a file this station wrote a moment ago, when the step that belongs with it failed (a
+        stamped card whose lineage entry could not be written): a station does all of it or none."""
+        with self.machine(path, "remove"), self.folder(path) as folder:
+            self.check_plain_file(folder, path.name, path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.name, dir_fd=folder)
+
+    @contextlib.contextmanager
+    def locked(self, folder: Path) -> Iterator[None]:
+        """Hold an exclusive fcntl lock on a folder under the root (made when missing) for the block:
+        what one process checks and then appends there, no other process checks in between."""
+        with self.machine(folder, "lock"), self.folder(folder / ".lock") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
 
     def spill(self, agent: str, run_id: str, name: str, text: str) -> str:
         """Save a full text (a tool result, the run's input) as traces/AGENT/RUN_ID/NAME.txt; its path as shown to the user."""
         path = self.fac.spill_path(agent, run_id, name)
         self.write_text(path, text)
         return self.fac.shown(path)
+
+    # ---- reports the user names (anywhere, never through a link or FIFO they did not name)
+
+    @contextlib.contextmanager
+    def report_folder(self, path: Path) -> Iterator[int]:
+        """A descriptor of the folder the user named for a report (the folders they named are theirs,
+        links included)."""
+        with self.machine(path, "write"):
+            handle = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            yield handle
+        finally:
+            os.close(handle)
+
+    def check_report(self, path: Path) -> None:
+        """StoreError naming the path unless a report can be written there: its folder exists and takes
+        a new file, and nothing but a regular file is at the path (a link or FIFO there is refused)."""
+        with self.report_folder(path) as folder, self.machine(path, "write"):
+            self.check_plain_file(folder, path.name, path)
+            probe = f".{path.name}.{secrets.token_hex(4)}.tmp"
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder))
+            os.unlink(probe, dir_fd=folder)
+
+    def write_report(self, path: Path, text: str) -> None:
+        """Write a report the user asked for (JUnit, HTML) where they named it, possibly outside the root,
+        atomically and with the secrets scrubbed out; StoreError naming the path when it cannot be written."""
+        with self.report_folder(path) as folder, self.machine(path, "write"):
+            self.write_atomic(folder, path, self.encoded(text), False, 0o644)
 
     # ---- signing keys (outside the root, in the keys folder)
 
@@ -498,9 +756,11 @@ class Store:
     def create_key(self, path: Path, text: str) -> bool:
         """Create a key file holding text, mode 0600 in a 0700 folder, written to a temporary file and
         hard-linked into place (a kill never leaves an empty key); False when it already exists."""
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with self.machine(path, "write"):
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
-            self.write_text(path, text, exclusive=True, mode=0o600)
+            with self.report_folder(path) as folder, self.machine(path, "write"):
+                self.write_atomic(folder, path, text.encode("ascii"), True, 0o600)
         except FileExistsError:
             return False
         return True
@@ -907,7 +1167,9 @@ def effect_writer(fac: Factory, run_id: str, tags: dict):
     receipt {"path", "offset", "effect_id"} is how the line reads the effect back before calling a run
     verified."""
     def write(path: Path, row: dict) -> dict:
-        relative = Path(path).resolve().relative_to(fac.root).as_posix()   # ValueError outside the root, before writing
+        # lexically (a link is not followed here): ValueError outside the root, before writing; the Store
+        # refuses a link on the way with a line naming it
+        relative = Path(os.path.normpath(path)).relative_to(fac.root).as_posix()
         effect_id = secrets.token_hex(8)
         offset = fac.store.append_jsonl(fac.root / relative, {**row, "run_id": run_id, "effect_id": effect_id, **tags})
         return {"path": relative, "offset": offset, "effect_id": effect_id}
@@ -1890,9 +2152,12 @@ class Loop:
 
 
 def run_loop(loop: Loop) -> str:
-    """Run the loop; its status, or `crashed` (traceback kept in the trace) when the agent's code or model raised."""
+    """Run the loop; its status, or `crashed` (traceback kept in the trace) when the agent's code or model
+    raised. A StoreError (the trace could not be written) is the machine's, not the agent's: it goes up."""
     try:
         return loop.run()
+    except StoreError:
+        raise
     except Exception as error:  # the agent's code or its model failed: this run crashed, the batch goes on
         loop.reason = f"{type(error).__name__}: {error}"
         loop.record({"event": "crash", "traceback": traceback.format_exc()})
@@ -2160,7 +2425,8 @@ INDEX_SHAPE = Shape.of({"run_id": str, "agent": str, "at": str, "status": str, "
                        optional={"cost_usd": (int, float, type(None)), "p": (int, float, type(None)), "state": str,
                                  "review": int})
 EVENT_SHAPES = {  # what replay and harvest rely on in each kind of event
-    "model": Shape.of({"tool_calls": list, "stop_reason": str}),
+    "model": Shape.of({"tool_calls": list, "stop_reason": str},
+                      optional={"text": str, "usage": dict, "model": str, "cost_usd": (int, float, type(None))}),
     "tool": Shape.of({"seq": int, "tool": str, "ruling": str}),
     "tool_result": Shape.of({"seq": int, "content": str}),
 }
@@ -2187,6 +2453,7 @@ class Trace:
     def __init__(self, fac: Factory, agent: str, run_id: str):
         self.fac, self.agent, self.run_id = fac, agent, run_id
         self.path = fac.trace_path(agent, run_id)
+        self.effect_tags: dict = {}   # fields every effect the run commits carries besides the gate's
 
     @classmethod
     def start(cls, fac: Factory, header: dict) -> "Trace":
@@ -2277,6 +2544,8 @@ def trace_upgrade(header: dict, where: str):
     if not (header.get("format") == TRACE_FORMAT and isinstance(header.get("agent"), str)
             and NAME.fullmatch(header["agent"]) and "input" in header):
         raise Refusal(f"{where}: not a {TRACE_FORMAT} trace (no header line)")
+    if header.get("tier", "C0") not in TIERS:
+        raise Refusal(f"{where} line 1: field 'tier' must be one of {' '.join(TIERS)}, not {header['tier']!r}")
     return upgrade
 
 
@@ -2371,16 +2640,18 @@ def is_blank(text: str) -> bool:
 
 
 def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
-            tier: str | None = None, breaker=None) -> dict:
+            tier: str | None = None, breaker=None, effect_tags: dict | None = None) -> dict:
     """Run a certified agent on one input at `tier` (default: the certificate's), its model calls
     through the station's llm.Breaker: loop, gate, held calls settled, verdict, trace and index rows;
-    returns the row. Refusal for a blank input, before a run id is made."""
+    returns the row. Every effect it commits carries `effect_tags` (what only the line knows, e.g. the
+    flagged run a harvest proposal comes from). Refusal for a blank input, before a run id is made."""
     if is_blank(task_text(task_input)):
         raise Refusal("the input is empty: a run needs a ticket with text")
     tier = tier or cert["tier"]
     run_id = new_run_id()
     trace = Trace.start(fac, {"run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
                               "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
+    trace.effect_tags = dict(effect_tags or {})
     loop = build_loop(fac, agent, "run", trace.record, task_input, tier=tier, run_id=run_id, breaker=breaker)
     return close_run(fac, agent, cert, trace, loop, run_loop(loop), tier)
 
@@ -2429,7 +2700,7 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
     event: commit it (the committed row names the run, the gate result and p), park it for approval,
     put a draft in the human's review queue, or record what the run would have done."""
     done, tags = Settled(), {"gate": gate["result"], "p": gate["p"]}
-    committing = agent.tools_for(fac, trace.run_id, tags)
+    committing = agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags})
     for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"]):
         call, decision = settlement.call, settlement.decision
         event = {"event": "settled", "seq": call.seq, "tool": call.tool, "args_digest": args_digest(call.args),
@@ -2804,7 +3075,11 @@ def cmd_stamp(fac: Factory, args) -> int:
         fac.store.write_json(path, card, exclusive=True)
     except FileExistsError:
         raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp") from None
-    fac.store.append_jsonl(fac.lineage, {"agent": args.new, "stamped_from": args.master, "at": utc_now()})
+    try:
+        fac.store.append_jsonl(fac.lineage, {"agent": args.new, "stamped_from": args.master, "at": utc_now()})
+    except Refusal:
+        fac.store.discard(path)   # a variant the lineage log does not know would escape its master's recalls
+        raise
     print(f"stamped {args.new} from {args.master}: {fac.shown(path)} overrides {json.dumps(overrides)}")
     return 0
 
@@ -2860,6 +3135,8 @@ def cmd_prove(fac: Factory, args) -> int:
     suite = suite_name(fac, agent, args.sealed)
     path = fac.suite_path(suite, args.sealed)
     cases = load_cases(fac, path)
+    if args.junit:   # before any case runs or any record is written
+        fac.store.check_report(Path(args.junit))
     started = time.monotonic()
     results, rubric, draft = prove_all(fac, agent, cases, args.jobs)
     proof = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, rubric, draft)
@@ -2906,7 +3183,18 @@ def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
         verdict, score = proof["verdict"], score_text(proof, proof["pass_bar"])
         junit_failure(bar, verdict.lower().replace(" ", "-"), f"{verdict}: {score} (bar {proof['pass_bar']}), draft:{proof['draft_check']}")
     ElementTree.indent(suites)
-    return ElementTree.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+    return xml_safe(ElementTree.tostring(suites, encoding="unicode", xml_declaration=True)) + "\n"
+
+
+# What XML 1.0 forbids anywhere in a document (https://www.w3.org/TR/xml/#charsets): C0 controls but tab,
+# newline and carriage return, lone surrogates, U+FFFE and U+FFFF. ElementTree writes them as they are.
+XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(text: str) -> str:
+    """XML text with every character XML 1.0 forbids written as a visible `\\uXXXX` escape (a case id
+    `a<ESC>b` becomes `a\\u001bb`), so any XML parser accepts the document."""
+    return XML_FORBIDDEN.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 JUNIT_PROPERTIES = ("verdict", "passed", "score", "passing_cases", "cases", "pass_bar", "rubric", "draft_check",
@@ -2982,20 +3270,40 @@ def cmd_certify(fac: Factory, args) -> int:
     return 0
 
 
-def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str]]:
-    """(id, input) for each line of a tickets file `{"id", "input"}`; Refusal naming file and line."""
+TICKET_FIELDS = ("id", "input", "source")
+
+
+def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str | Refusal]]:
+    """(id, input) for each line of a tickets file `{"id", "input"}`, or (its id or `line N`, the Refusal
+    naming what is wrong with that line): one bad ticket is refused alone and the others still run.
+    Refusal for the file as a whole: missing, a sealed half, a byte-order mark, no tickets at all."""
     if path.resolve().name == "sealed.jsonl" or path.resolve().is_relative_to(fac.sealed_dir) and fac.sealed_dir != fac.evals:
         raise Refusal(f"{fac.shown(path)}: is a sealed half; sealed cases are never run as tickets")
     tickets = []
-    for number, row in fac.store.read_jsonl(path, confined=False):
-        ok = set(row) <= {"id", "input", "source"} and isinstance(row.get("id"), str) and isinstance(row.get("input"), str)
-        if not ok or not row["id"].isprintable() or is_blank(row["input"]):
-            raise Refusal(f"{fac.shown(path)} line {number}: a ticket is {{\"id\": printable str, \"input\": non-empty str}}"
-                          f" (an eval case with `expect` is not a ticket)")
-        tickets.append((row["id"], row["input"]))
+    for number, row in fac.store.read_jsonl(path, confined=False, each=True):
+        problem = row if isinstance(row, Refusal) else ticket_problem(row, f"{fac.shown(path)} line {number}")
+        named = isinstance(row, dict) and isinstance(row.get("id"), str) and row["id"].isprintable() and row["id"]
+        tickets.append((row["id"] if named else f"line {number}", problem or row["input"]))
     if not tickets:
         raise Refusal(f"{fac.shown(path)}: has no tickets")
     return tickets
+
+
+def ticket_problem(row: dict, at: str) -> Refusal | None:
+    """The Refusal naming the field that keeps row from being a ticket {"id", "input"[, "source"]}, or None."""
+    extra = sorted(set(row) - set(TICKET_FIELDS))
+    if "expect" in extra:
+        return Refusal(f"{at}: an eval case with `expect` is not a ticket (a ticket is {{\"id\", \"input\"}})")
+    if extra:
+        return Refusal(f"{at}: unknown field(s) {', '.join(extra)} (a ticket is {{\"id\", \"input\"}})")
+    for field_name, fine, wanted in (("id", lambda v: isinstance(v, str) and v and v.isprintable(), "printable text"),
+                                     ("input", lambda v: isinstance(v, str) and not is_blank(v), "non-empty text"),
+                                     ("source", lambda v: isinstance(v, str), "text")):
+        if field_name not in row and field_name != "source":
+            return Refusal(f"{at}: missing field '{field_name}' (a ticket is {{\"id\", \"input\"}})")
+        if field_name in row and not fine(row[field_name]):
+            return Refusal(f"{at}: field '{field_name}' must be {wanted}")
+    return None
 
 
 @station(arg("agent", metavar="AGENT", help="the certified agent to run"),
@@ -3028,25 +3336,30 @@ def cmd_run(fac: Factory, args) -> int:
             print(json.dumps({"ticket": ticket_id, **row}, ensure_ascii=False))
         else:
             print_run(row) if args.file is None else print_ticket(ticket_id, row)
-    crashed = run_tickets(fac, agent, cert, tickets, args.jobs, emit)
-    if crashed:
-        print(f"factory run: {crashed} run(s) crashed; their traces keep the traceback", file=sys.stderr)
-    return 1 if crashed else 0
+    unfinished = run_tickets(fac, agent, cert, tickets, args.jobs, emit)
+    refused = [row["why"][0] for row in unfinished if row["status"] == "refused"]
+    crashed = len(unfinished) - len(refused)
+    said = ([f"{len(refused)} of {len(tickets)} ticket(s) refused, each on its own line (the first: {refused[0]})"]
+            if refused else []) + ([f"{crashed} run(s) crashed; their traces keep the traceback"] if crashed else [])
+    if said:
+        print(f"factory run: {'; '.join(said)}", file=sys.stderr)
+    return 1 if unfinished else 0
 
 
-def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit) -> int:
+def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit) -> list[dict]:
     """Run tickets `jobs` at a time, emitting results in input order (--jobs 1 is exactly sequential);
-    returns how many runs crashed.
+    a ticket whose text is a Refusal is not run but emitted as refused in its place. Returns the rows
+    of the runs that crashed and of the tickets refused.
 
     The drift watch is consulted before each ticket starts and fed as each result is emitted; one
     circuit breaker rests a backend for every ticket of the batch once it keeps answering 429/5xx."""
     drift, progress, inflight = Drift.of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
     breaker = llm.Breaker()
-    crashed = []
+    unfinished = []
     def finish():
         ticket_id, future = inflight.popleft()
         row = future.result()
-        crashed.extend([row["run_id"]] if row["status"] == "crashed" else [])
+        unfinished.extend([row] if row["status"] in ("crashed", "refused") else [])
         drift.observe(row)
         progress.clear()
         emit(ticket_id, row)
@@ -3055,6 +3368,9 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
         for ticket_id, text in tickets:
             if len(inflight) >= jobs:
                 finish()
+            if isinstance(text, Refusal):
+                inflight.append((ticket_id, refused_ticket(text)))
+                continue
             if drift.demoted:
                 print(f"drift: {agent.name} {drift.describe()}; this run is clamped to C0 until it is re-certified.", file=sys.stderr)
             tier = "C0" if drift.demoted else None
@@ -3062,7 +3378,15 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
         while inflight:
             finish()
     progress.close()
-    return len(crashed)
+    return unfinished
+
+
+def refused_ticket(problem: Refusal) -> Future:
+    """A finished future holding the row of a ticket that was refused, not run (no run id, no trace)."""
+    done = Future()
+    done.set_result({"run_id": None, "status": "refused", "verdict": "refused", "gate": "-", "output": None,
+                     "routed": True, "why": [str(problem)]})
+    return done
 
 
 def print_run(row: dict) -> None:
@@ -3089,9 +3413,10 @@ def settled_phrase(decision: str, outcome: str | None) -> str:
 
 
 def print_ticket(ticket_id: str, row: dict) -> None:
-    """One line per ticket for --file runs."""
+    """One line per ticket for --file runs (a refused ticket's line says why it did not run)."""
     out = row["output"] or {}
     where = "human: " + "; ".join(row["why"]) if row["routed"] else "passed"
+    where = f"not run: {row['why'][0]}" if row["status"] == "refused" else where
     print(f"{ticket_id}\t{out.get('label', '-')}\tescalate={str(out.get('escalate', '-')).lower()}\t"
           f"gate={row['gate']}\tverdict={row['verdict']}\t-> {where}")
 
@@ -3142,23 +3467,39 @@ def cmd_harvest(fac: Factory, args) -> int:
         smith, smith_cert = certified_agent(fac, "evalsmith")
     except Refusal as why:
         raise Refusal(f"evalsmith is not certified. the line only hires from the registry. ({why})") from None
-    log = fac.records / args.agent / "harvested.jsonl"
+    with fac.store.locked(fac.records / args.agent):   # two harvests at once never propose one run twice
+        proposed, reviewed, failed, todo = harvest_flagged(fac, args.agent, smith, smith_cert)
+    review = f"; {reviewed} held back for a human in {fac.shown(fac.root / 'outbox' / smith.name / 'review.jsonl')} " \
+             f"(evalsmith's gate did not pass them)" if reviewed else ""
+    print(f"harvested {len(todo)} flagged run(s) of {args.agent}; proposed {proposed} case(s) into "
+          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them){review}")
+    if failed:
+        print(f"factory harvest: the proposal for {len(failed)} run(s) could not be written (evalsmith run(s) "
+              f"{', '.join(failed)}: see their traces); they stay flagged for the next harvest", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def harvest_flagged(fac: Factory, name: str, smith: Agent, smith_cert: dict) -> tuple[int, int, list[str], list[dict]]:
+    """Run evalsmith once per flagged run of NAME not harvested yet (the caller holds the harvest lock):
+    (cases proposed, proposals held back for a human's review, evalsmith run ids whose proposal could
+    not be written, the flagged rows). Each proposal's source_run is the flagged run's id (evalsmith's
+    run is started on it as its ticket)."""
+    log = fac.records / name / "harvested.jsonl"
     done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
-    todo = [row for row in index_rows(fac) if row["agent"] == args.agent and flagged(row) and row["run_id"] not in done]
+    todo = [row for row in index_rows(fac) if row["agent"] == name and flagged(row) and row["run_id"] not in done]
     inputs = [flagged_input(fac, row) for row in todo]  # every trace read before anything is written
-    proposed, reviewed, breaker = 0, 0, llm.Breaker()   # one circuit breaker for the whole harvest
+    proposed, reviewed, failed, breaker = 0, 0, [], llm.Breaker()   # one circuit breaker for the whole harvest
     for row, given in zip(todo, inputs):
-        result = run_one(fac, smith, smith_cert, given, breaker=breaker)
+        result = run_one(fac, smith, smith_cert, given, ticket_id=row["run_id"], breaker=breaker,
+                         effect_tags={"source_run": row["run_id"]})
         settled = [(decision, ruling) for tool, decision, ruling in result["settled"] if tool == "evals:propose"]
         made, held_back = settled.count(("commit", "ok")), settled.count(("review", None))
         proposed, reviewed = proposed + made, reviewed + held_back
         if made or held_back:   # a run whose proposal was lost stays flagged for the next harvest
             fac.store.append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
-    review = f"; {reviewed} held back for a human in {fac.shown(fac.root / 'outbox' / smith.name / 'review.jsonl')} " \
-             f"(evalsmith's gate did not pass them)" if reviewed else ""
-    print(f"harvested {len(todo)} flagged run(s) of {args.agent}; proposed {proposed} case(s) into "
-          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them){review}")
-    return 0
+        elif any(decision in ("commit", "review") for decision, _ in settled):
+            failed.append(result["run_id"])   # it was to be written, and could not be
+    return proposed, reviewed, failed, todo
 
 
 def flagged_input(fac: Factory, row: dict) -> dict:
@@ -4118,8 +4459,59 @@ def render_tower_html(doc):
 
 
 # ================================================================ 7. CLI
-# Owns the command line: progress on a terminal, the parser built from the @station functions, and
-# main, the one place a Refusal becomes a line on stderr and an exit status.
+# Owns the command line: the streams everything is printed through (secrets scrubbed, terminal
+# controls escaped, never an encoding error), progress on a terminal, the parser built from the
+# @station functions, and main, the one place a Refusal becomes a line on stderr and an exit status.
+
+class SafeStream:
+    """stdout or stderr as the stations print to it: every configured secret scrubbed out, every
+    character a terminal would act on written as a visible `\\uXXXX` escape (`printable`), and every
+    character the stream's encoding cannot hold escaped the same way (a Latin-1 terminal never raises).
+    `unfiltered` is the stream underneath, for the progress line's own carriage returns."""
+
+    def __init__(self, stream, hidden: tuple[tuple[str, str], ...]):
+        self.unfiltered, self.hidden = stream, hidden
+        self.target = getattr(stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        """Write text made safe; returns len(text) as a stream's write does."""
+        self.unfiltered.write(encodable(printable(redact(text, self.hidden)), self.target))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.unfiltered, name)   # flush, isatty, fileno, encoding, ...
+
+
+def encodable(text: str, encoding: str) -> str:
+    """text with each character `encoding` cannot hold written as a `\\uXXXX` escape (a UTF-16 pair
+    of them above U+FFFF, so the result stays valid inside a JSON string)."""
+    try:
+        text.encode(encoding)
+        return text
+    except (UnicodeEncodeError, LookupError):
+        pass
+    def fits(char: str) -> bool:
+        try:
+            char.encode(encoding)
+            return True
+        except (UnicodeEncodeError, LookupError):
+            return False
+    def escaped(char: str) -> str:
+        units = char.encode("utf-16-be")
+        return "".join(f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2))
+    return "".join(char if char.isascii() or fits(char) else escaped(char) for char in text)
+
+
+@contextlib.contextmanager
+def safe_streams(env: Mapping[str, str]) -> Iterator[None]:
+    """sys.stdout and sys.stderr wrapped in SafeStream for the block, and put back after it."""
+    saved, hidden = (sys.stdout, sys.stderr), secret_values(env)
+    sys.stdout, sys.stderr = SafeStream(sys.stdout, hidden), SafeStream(sys.stderr, hidden)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
 
 @dataclass
 class Progress:
@@ -4139,18 +4531,23 @@ class Progress:
         if self.on_terminal and elapsed > 1.0:
             rate = self.done / elapsed
             line = f"{self.label}: {self.done}/{self.total}  {rate:.1f}/s  ~{(self.total - self.done) / rate:.0f}s left"
-            sys.stderr.write("\r" + line.ljust(self.width))
-            sys.stderr.flush()
+            self.show("\r" + line.ljust(self.width))
             self.width = len(line)
 
     def clear(self) -> None:
         """Wipe the progress line so the next stdout line starts clean."""
         if self.width:
-            sys.stderr.write("\r" + " " * self.width + "\r")
-            sys.stderr.flush()
+            self.show("\r" + " " * self.width + "\r")
             self.width = 0
 
     close = clear
+
+    @staticmethod
+    def show(text: str) -> None:
+        """Write our own line (an agent name and numbers) with its carriage returns to the terminal."""
+        terminal = getattr(sys.stderr, "unfiltered", sys.stderr)
+        terminal.write(text)
+        terminal.flush()
 
 
 def stations() -> list:
@@ -4239,9 +4636,21 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     return args
 
 
+# Arguments that name paths: any bytes the file system allows are fine there (decoded with surrogateescape).
+PATH_ARGUMENTS = ("root", "sealed_dir", "file", "junit", "html")
+
+
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    """Parse argv, build the Factory, run the station; a Refusal is one line on stderr and exit 1, a
-    usage error one line and exit 2. With no arguments at all, the help goes to stderr (exit 2)."""
+    """Parse argv, build the Factory, run the station, all through safe streams (SafeStream): a
+    Refusal is one line on stderr and exit 1, a usage error (an argument that is not text included)
+    one line and exit 2. With no arguments at all, the help goes to stderr (exit 2)."""
+    env = os.environ if env is None else env
+    with safe_streams(env):
+        return run_station(argv, env)
+
+
+def run_station(argv: list[str] | None, env: Mapping[str, str]) -> int:
+    """main, inside the safe streams."""
     parser, argv = build_parser(), sys.argv[1:] if argv is None else argv
     if not argv:
         parser.print_help(sys.stderr)
@@ -4250,8 +4659,11 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     try:
         args = parse(parser, argv)
         station = args.command
+        bad = not_text(args)
+        if bad:
+            raise Usage(bad, station)
         llm.Worker, sage.Sage  # noqa: B018 - load the lazy clients now, before any thread (LazyLoader is not thread-safe on 3.11)
-        fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), os.environ if env is None else env)
+        fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), env)
         return args.func(fac, args)
     except Usage as usage:
         station = usage.station or station
@@ -4264,6 +4676,29 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     except KeyboardInterrupt:
         print(f"factory {station}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise
+    except OSError as error:   # the machine refused something outside the Store's reads and writes
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"factory {station}: {where}{(error.strerror or type(error).__name__).lower()}", file=sys.stderr)
+        return 1
+
+
+def not_text(args: argparse.Namespace) -> str | None:
+    """Why an argument cannot be used (bytes the terminal's encoding could not decode, which Python
+    keeps as lone surrogates), or None. Paths are exempt: a file name may be any bytes."""
+    for dest, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if dest not in PATH_ARGUMENTS and isinstance(text, str) and LONE_SURROGATE.search(text):
+                shown = dest if dest in ("input", "agent", "master", "run_id") else "--" + dest.replace("_", "-")
+                return (f"{shown} holds bytes that are not {sys.getfilesystemencoding()} text "
+                        f"({printable(text)[:80]}); pass it as text in the terminal's encoding")
+    return None
+
+
+def one_line(text: str) -> str:
+    """text on one line: line breaks and other controls written as visible escapes."""
+    return printable(text).replace("\n", "\\n")
 
 
 if __name__ == "__main__":

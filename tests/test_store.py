@@ -267,6 +267,8 @@ class BadFiles(CertifiedTest):
         shutil.rmtree(self.tmp / "elsewhere", ignore_errors=True)
         if self.tickets.is_dir():
             self.tickets.rmdir()
+        elif self.tickets.exists() and not self.tickets.is_file():   # a FIFO: writing to it would wait forever
+            self.tickets.unlink()
         self.tickets.write_text("".join(json.dumps({"id": f"r-{n}", "input": t}) + "\n" for n, t in enumerate(TICKETS)))
 
     def table(self, rows: list) -> int:
@@ -286,6 +288,7 @@ class BadFiles(CertifiedTest):
         certify, run, tower = ("certify", "triager", "--tier", "C1", "--by", "alice"), ("run", "triager", "hi"), ("tower",)
         run_file = ("run", "triager", "--file", tk)
         bom = lambda data: b"\xef\xbb\xbf" + data  # noqa: E731
+        surrogate = lambda data: data.replace(b'": "', b'": "\\udcff', 1)  # noqa: E731  in the first string value
         first_id = json.loads(self.path(cases).read_text().splitlines()[0])["id"]
         rows = [
             # the job card: masters/triager.json
@@ -303,6 +306,7 @@ class BadFiles(CertifiedTest):
             ("card entrypoint ../", lambda: self.edit_json(card, entrypoint="../evil:rules"), digest, card),
             ("card evals.suite ../", lambda: self.edit_json(card, evals={"pass_bar": 0.5, "gate": 0.8, "suite": "../../etc"}), digest, card),
             ("card stamped_from ../", lambda: self.edit_json(card, stamped_from="../x"), digest, card),
+            ("card with a lone surrogate", lambda: self.edit(card, surrogate), digest, card),
             # the open cases: evals/triager/cases.jsonl
             ("cases truncated line", lambda: self.append(cases, '{"id": "x", "inp\n'), prove, cases),
             ("cases non-object line", lambda: self.append(cases, "[1, 2]\n"), prove, cases),
@@ -316,6 +320,7 @@ class BadFiles(CertifiedTest):
             ("cases 50 mb line", lambda: self.fifty_mb_line(cases), prove, cases),
             ("cases missing", lambda: self.path(cases).unlink(), prove, cases),
             ("cases symlink outside the root", lambda: self.link_outside(cases), prove, cases),
+            ("cases with a lone surrogate", lambda: self.append(cases, '{"id": "x\\ud800", "input": "a", "expect": {}}\n'), prove, cases),
             ("sealed truncated line", lambda: self.truncate(sealed), prove_sealed, sealed),
             ("sealed non-object line", lambda: self.append(sealed, '"just a string"\n'), prove_sealed, sealed),
             # the proof record, read by certify
@@ -330,6 +335,7 @@ class BadFiles(CertifiedTest):
             ("record suite a number", lambda: self.edit_json(rec, suite=5), certify, rec),
             ("record suite ../", lambda: self.edit_json(rec, suite="../../../outside"), certify, rec),
             ("record an empty object", lambda: self.put(rec, "{}"), certify, rec),
+            ("record with a lone surrogate", lambda: self.edit(rec, surrogate), certify, rec),
             # the certificate, read by run
             ("certificate truncated", lambda: self.truncate(CERT), run, CERT),
             ("certificate empty", lambda: self.put(CERT, b""), run, CERT),
@@ -341,6 +347,7 @@ class BadFiles(CertifiedTest):
             ("certificate signer a number", lambda: self.edit_json(CERT, signer=5), run, CERT),
             ("certificate signer ../", lambda: self.edit_json(CERT, signer="../alice"), run, CERT),
             ("certificate unknown field", lambda: self.edit_json(CERT, scope="everything"), run, CERT),
+            ("certificate with a lone surrogate", lambda: self.edit(CERT, surrogate), run, CERT),
             # the trace index, read by tower
             ("index truncated line", lambda: self.truncate(index), tower, index),
             ("index non-object line", lambda: self.append(index, "42\n"), tower, index),
@@ -352,17 +359,20 @@ class BadFiles(CertifiedTest):
             ("index denied a number", lambda: self.append_row(index, denied=5), tower, index),
             ("index cost a string", lambda: self.append_row(index, cost_usd="free"), tower, index),
             ("index backends a number", lambda: self.append_row(index, backends=3), tower, index),
+            ("index with a lone surrogate", lambda: self.append_row(index, agent="tri\udfffager"), tower, index),
             # a tickets file named by the user (outside the root is fine; it is the user's file)
-            ("tickets truncated line", lambda: self.truncate(tk), run_file, "tickets.jsonl"),
+            ("tickets truncated line", lambda: self.put(tk, '{"id": "a", "inp\n'), run_file, "tickets.jsonl"),
             ("tickets non-object line", lambda: self.put(tk, "[]\n"), run_file, "tickets.jsonl"),
             ("tickets input a number", lambda: self.put(tk, '{"id": "a", "input": 5}\n'), run_file, "tickets.jsonl"),
             ("tickets without id", lambda: self.put(tk, '{"input": "hello"}\n'), run_file, "tickets.jsonl"),
             ("tickets empty", lambda: self.put(tk, b""), run_file, "tickets.jsonl"),
             ("tickets with a utf-8 bom", lambda: self.put(tk, bom(self.tickets.read_bytes())), run_file, "tickets.jsonl"),
-            ("tickets with invalid utf-8", lambda: self.put(tk, mangle_utf8(self.tickets.read_bytes())), run_file, "tickets.jsonl"),
+            ("tickets with invalid utf-8", lambda: self.put(tk, b'{"id": "a", "input": "caf\xff"}\n'), run_file, "tickets.jsonl"),
             ("tickets 50 mb line", lambda: self.put(tk, b'{"id": "a", "input": "' + b"a" * FIFTY_MB + b'"}\n'), run_file, "tickets.jsonl"),
             ("tickets missing", lambda: self.tickets.unlink(), run_file, "tickets.jsonl"),
             ("tickets a directory", lambda: (self.tickets.unlink(), self.tickets.mkdir()), run_file, "tickets.jsonl"),
+            ("tickets with a lone surrogate", lambda: self.put(tk, '{"id": "a", "input": "refund \\udcff"}\n'), run_file, "tickets.jsonl"),
+            ("tickets a fifo", lambda: (self.tickets.unlink(), os.mkfifo(self.tickets)), run_file, "tickets.jsonl"),
             # names that would escape the root
             ("digest ../", lambda: None, ("digest", "../triager"), "../triager"),
             ("prove ../", lambda: None, ("prove", "../triager", "--sealed"), "../triager"),
@@ -428,8 +438,10 @@ class BadTraceFiles(BadFiles):
             ("trace symlink outside the root", lambda: self.link_outside(trace), harvest, trace),
             ("trace 50 mb line", lambda: self.fifty_mb_line(trace), harvest, trace),
             ("trace tool event without its ruling", lambda: self.edit(trace, lambda d: d.replace(b'"ruling"', b'"rul"', 1)), harvest, trace),
+            ("trace with a lone surrogate", lambda: self.edit(trace, lambda d: d.replace(b'"input":"', b'"input":"\\udcff', 1)), harvest, trace),
+            ("trace header with tier C9", lambda: self.edit(trace, lambda d: d.replace(b'"tier":"C1"', b'"tier":"C9"', 1)), harvest, trace),
         ]
-        self.assertEqual(self.table(rows), 10)
+        self.assertEqual(self.table(rows), 12)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def make_tools(root: Path, agent: str, run_id: str, write: Callable[[Path, dict]
         target = args["agent"]
         if not NAME.fullmatch(target):
             raise ValueError(f"{target!r} is not an agent name")
-        case = {**args["case"], "source_run": run_id, "proposed_by": agent}
+        case = {**args["case"], "proposed_by": agent}   # the line adds run_id, and for harvest the source_run
         return f"proposed {case['id']} for {target}", write(root / "evals" / target / "proposed.jsonl", case)
 
     return {"evals:propose": propose}

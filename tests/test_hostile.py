@@ -1,0 +1,535 @@
+"""A hostile machine loses nothing and crashes nothing: links planted at every write path, reports
+that are links or FIFOs, a root the user may only read, a file-size limit, bytes that are not text
+(arguments, cards, tickets, a Latin-1 terminal), terminal controls and echoed secrets from local
+servers, characters XML forbids, two harvests at once, bad tickets inside a batch, and the small ones.
+
+Every row of every table here asserts: the exit status, at most one stderr line (naming the path or
+argument at fault), no traceback, nothing written outside the root, and nothing lost."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import unittest
+from pathlib import Path
+from xml.etree import ElementTree
+
+import factory
+from tests.fake_llm import Answer, FakeServer, anthropic_message
+from tests.fake_sage import Fail, FakeSage
+from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, snapshot, write_jsonl
+from tests.test_run_approve import DEMAND, Tiered
+
+SAGE_KEY = "Zq9rT2aSECRETvalue77"             # not key-shaped: only the factory's scrubbing can catch it
+MODEL_KEY = "Wb4nCLAUDEsecretvalue88"
+DRAFT = "We\u2019ll look into the charge today."
+FINAL = json.dumps({"label": "billing", "escalate": False, "draft": DRAFT}, ensure_ascii=False)
+CONTROLS = "\x1b[2K\r\x07\x9b31m"                # erase the line, return, bell, a C1 CSI
+
+
+class Hostile(CertifiedTest):
+    """The triager certified at C1 with one run in the index, prepared once; every row starts from a
+    fresh copy of it. `outside` is a folder beside the root that nothing may write into."""
+
+    def prepare(self):
+        super().prepare()
+        self.runs_ok()
+
+    @property
+    def outside(self) -> Path:
+        return self.tmp / "outside"
+
+    def fresh(self) -> None:
+        """Start the next row from a fresh copy of the prepared factory."""
+        self.setUp()
+
+    def link_out(self, relative: str) -> None:
+        """Move what is at root/RELATIVE (a folder when it ends with /) outside the root and leave a
+        symbolic link to it in its place."""
+        path, target = self.root / relative.rstrip("/"), self.outside / relative.rstrip("/").replace("/", "_")
+        self.outside.mkdir(exist_ok=True)
+        if path.exists():
+            shutil.move(str(path), str(target))
+        elif relative.endswith("/"):
+            target.mkdir()
+        else:
+            target.write_text("")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, path)
+
+    def check(self, result: tuple, status: int, named: str | None, before: dict) -> None:
+        """The row's assertions on (code, stdout, stderr) and on the outside folder."""
+        code, out, err = result
+        self.assertNotIn("Traceback", err + out)
+        self.assertEqual(code, status, f"stdout={out[-400:]!r} stderr={err[-400:]!r}")
+        lines = err.strip().splitlines()
+        self.assertLessEqual(len(lines), 1, err)
+        if named:
+            self.assertEqual(len(lines), 1, err)
+            self.assertIn(named, lines[0])
+        self.assertEqual(snapshot(self.outside) if self.outside.exists() else {}, before, "something was written outside the root")
+
+    def table(self, rows: list) -> int:
+        """Run each (label, prepare, argv, status, named) row from a fresh copy; `{tmp}` in an argument is
+        this copy's temporary folder. Returns the row count."""
+        for label, prepare, argv, status, named in rows:
+            with self.subTest(label):
+                self.fresh()
+                prepare()
+                before = snapshot(self.outside) if self.outside.exists() else {}
+                self.check(self.factory(*(a.replace("{tmp}", str(self.tmp)) for a in argv)), status, named, before)
+        return len(rows)
+
+
+class Links(Hostile):
+    """Class 1: a link planted at each path a station writes, or at a report the user names, is refused
+    with one line naming it; nothing is written through it."""
+
+    def test_links_at_every_write_path(self):
+        report, fifo = "{tmp}/report.xml", "{tmp}/fifo.xml"
+        def link_report(name):
+            self.outside.mkdir(exist_ok=True)
+            (self.outside / name).write_text("the user's own file\n")
+            os.symlink(self.outside / name, self.tmp / name)
+        run, prove = ("run", "triager", "hi"), ("prove", "triager")
+        rows = [
+            ("traces/index.jsonl", lambda: self.link_out("traces/index.jsonl"), run, 1, "traces/index.jsonl"),
+            ("traces/triager/", lambda: self.link_out("traces/triager/"), run, 1, "traces/triager"),
+            ("records/triager/", lambda: self.link_out("records/triager/"), prove, 1, "records/triager"),
+            ("registry/recalls.jsonl", lambda: self.link_out("registry/recalls.jsonl"),
+             ("recall", "triager", "--reason", "drafts went wrong"), 1, "registry/recalls.jsonl"),
+            ("registry/lineage.jsonl", lambda: self.link_out("registry/lineage.jsonl"),
+             ("stamp", "triager", "--as", "triager-eu"), 1, "registry/lineage.jsonl"),
+            ("prove --junit a link", lambda: link_report("report.xml"), (*prove, "--junit", report), 1, "report.xml"),
+            ("prove --junit a fifo", lambda: os.mkfifo(self.tmp / "fifo.xml"), (*prove, "--junit", fifo), 1, "fifo.xml"),
+            ("tower --html a link", lambda: link_report("report.xml"), ("tower", "--html", report), 1, "report.xml"),
+            ("tower --html a fifo", lambda: os.mkfifo(self.tmp / "fifo.xml"), ("tower", "--html", fifo), 1, "fifo.xml"),
+        ]
+        self.assertEqual(self.table(rows), 9)
+
+    def test_a_refused_stamp_leaves_no_variant_behind(self):
+        self.link_out("registry/lineage.jsonl")
+        self.check(self.factory("stamp", "triager", "--as", "triager-eu"), 1, "is a symbolic link", {"registry_lineage.jsonl": b""})
+        self.assertFalse((self.root / "masters" / "triager-eu.json").exists(), "a variant the lineage log does not know")
+
+    def test_a_refused_junit_is_refused_before_any_proof_is_written(self):
+        before = snapshot(self.root)
+        for target in (self.tmp / "no-such-folder" / "prove.xml", self.tmp):
+            with self.subTest(target=target.name):
+                self.check(self.factory("prove", "triager", "--junit", str(target)), 1, target.name, {})
+                self.assertEqual(snapshot(self.root), before, "no proof record without its report")
+
+    def test_an_outbox_linked_out_fails_the_effect_not_the_outside(self):
+        self.link_out("outbox/triager/")
+        before = snapshot(self.outside)   # the effects of the prepared run, moved out with the folder
+        code, out, err = self.factory("run", "triager", "I was charged twice for my card")
+        self.check((code, out, err), 0, None, before)
+        self.assertIn("verdict uncertain-effect", out)
+        tool = [e for e in self.traces()[-1] if e.get("event") == "tool" and e["tool"] == "issues:label"][0]
+        self.assertEqual(tool["ruling"], "StoreError")
+        self.assertIn("outbox/triager: is a symbolic link", tool["error"])
+
+    def test_reads_refuse_a_link_out_of_the_root_too(self):
+        self.link_out("masters/triager.json")
+        self.check(self.factory("digest", "triager"), 1, "points outside the factory root", snapshot(self.outside))
+
+
+class PendingLink(Tiered):
+    """registry/pending/ linked out of the root: a C2 run whose call would be parked there refuses."""
+
+    def prepare(self):
+        super().prepare()
+        self.promote_to("C2")
+
+    def test_a_parked_call_is_never_written_through_a_link(self):
+        outside = self.tmp / "outside"
+        outside.mkdir()
+        os.symlink(outside, self.root / "registry" / "pending")
+        code, out, err = self.factory("run", "payer", DEMAND)
+        self.assertNotIn("Traceback", err)
+        self.assertEqual((code, len(err.strip().splitlines())), (1, 1), err)
+        self.assertIn("registry/pending: is a symbolic link", err)
+        self.assertEqual(list(outside.iterdir()), [])
+        self.assertEqual(self.effects("refunds"), [])
+
+
+# ---------------------------------------------------------------- the machine says no
+
+def read_only(root: Path) -> None:
+    """Every folder under root 0555 and every file 0444 (what a user who may only read sees)."""
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+
+
+def writable(root: Path) -> None:
+    """Undo read_only (so the temporary folder can be removed)."""
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def drop_root_overrides() -> None:
+    """preexec_fn: as root, give up CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (prctl PR_CAPBSET_DROP before
+    exec), so the child is bound by file permissions like an unprivileged user."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):
+        if libc.prctl(24, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+class MachineSaysNo(Hostile):
+    """Class 2: permission denied, a file-size limit: one line naming the path and the cause, exit 1,
+    nothing half-done. Each station runs in a child process bound by file permissions (as root, the
+    child gives up the capabilities that let root ignore them)."""
+
+    def child(self, *argv: str, fsize: int | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+        """The CLI in a child process, optionally with RLIMIT_FSIZE (Python ignores SIGXFSZ: writes get EFBIG)."""
+        command = list(CLI)
+        if fsize is not None:
+            command[2] = f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize})); " + command[2]
+        return subprocess.run([*command, *argv], env={**os.environ, **self.env, **(env or {})}, cwd=str(REPO),
+                              capture_output=True, text=True, timeout=60,
+                              preexec_fn=drop_root_overrides if os.geteuid() == 0 else None)
+
+    def refused_by_the_machine(self, child: subprocess.CompletedProcess, cause: str, where: str) -> None:
+        """One stderr line naming the path and the cause, exit 1, no traceback."""
+        self.assertNotIn("Traceback", child.stderr)
+        self.assertEqual(child.returncode, 1, child.stdout[-300:] + child.stderr[-500:])
+        self.assertEqual(len(child.stderr.strip().splitlines()), 1, child.stderr)
+        self.assertIn(cause, child.stderr)
+        self.assertIn(where, child.stderr)
+
+    def test_a_root_the_user_may_only_read(self):
+        tickets = self.tmp / "tickets.jsonl"
+        write_jsonl(tickets, [{"id": f"t{i}", "input": "How do I order a new card?"} for i in range(3)])
+        read_only(self.root)
+        self.addCleanup(writable, self.root)
+        before = snapshot(self.root)
+        rows = [(("run", "triager", "hi"), "traces"), (("run", "triager", "--file", str(tickets)), "traces"),
+                (("prove", "triager"), "records"), (("recall", "triager", "--reason", "drafts went wrong"), "registry"),
+                (("stamp", "triager", "--as", "triager-eu"), "masters/triager-eu.json")]
+        for argv, where in rows:
+            with self.subTest(argv=argv):
+                self.refused_by_the_machine(self.child(*argv), "permission denied", where)
+                self.assertEqual(snapshot(self.root), before)
+
+    def test_an_unreadable_card(self):
+        card = self.root / "masters" / "triager.json"
+        card.chmod(0)
+        self.addCleanup(card.chmod, 0o644)
+        self.refused_by_the_machine(self.child("digest", "triager"), "permission denied", "masters/triager.json")
+
+    def test_a_file_size_limit(self):
+        index = self.root / "traces" / "index.jsonl"
+        before = snapshot(self.root)
+        for argv in (("run", "triager", "I was charged twice for my card"), ("prove", "triager")):
+            with self.subTest(argv=argv):
+                self.refused_by_the_machine(self.child(*argv, fsize=index.stat().st_size + 64), "file too large", "")
+                for path in sorted(self.root.rglob("*.jsonl")):   # no torn line anywhere: appends are cut back
+                    for line in path.read_text().splitlines():
+                        self.assertIsInstance(json.loads(line), dict, path)
+                self.assertEqual(sorted(p.name for p in (self.root / "records" / "triager").iterdir()),
+                                 sorted(Path(p).name for p in before if p.startswith("records/triager/")),
+                                 "no proof record and no temporary file left behind")
+
+
+# ---------------------------------------------------------------- text in, text out
+
+class Text(Hostile):
+    """Class 3: arguments that are not text are refused (exit 2); lone surrogates in cards and tickets are
+    refused naming the file; a Latin-1 terminal never makes a station raise after it acted."""
+
+    def test_arguments_that_are_not_text(self):
+        rows = [
+            ("the input", lambda: None, ("run", "triager", "refund \udcff please"), 2, "input"),
+            ("a recall reason", lambda: None, ("recall", "triager", "--reason", "broken \udcff"), 2, "--reason"),
+            ("a --set value", lambda: None, ("stamp", "triager", "--as", "triager-eu", "--set", "owner=\udcff"), 2, "--set"),
+            ("a signer", lambda: None, ("certify", "triager", "--tier", "C1", "--by", "al\udcffice"), 2, "--by"),
+        ]
+        for label, _, argv, status, named in rows:
+            with self.subTest(label):
+                before = snapshot(self.root)
+                self.check(self.factory(*argv), status, named, {})
+                self.assertEqual(snapshot(self.root), before)
+
+    def test_argument_bytes_from_a_real_terminal(self):
+        child = subprocess.run([*[a.encode() for a in CLI], b"run", b"triager", b"refund \xff please"],
+                               env={**os.environ, **self.env, "LC_ALL": "C.UTF-8"}, cwd=str(REPO),
+                               capture_output=True, timeout=60)
+        self.assertNotIn(b"Traceback", child.stderr)
+        self.assertEqual((child.returncode, len(child.stderr.splitlines())), (2, 1), child.stderr)
+        self.assertIn(b"input holds bytes that are not utf-8 text", child.stderr)
+
+    def test_a_lone_surrogate_in_a_card(self):
+        card = self.root / "masters" / "triager.json"
+        card.write_text(card.read_text().replace('"gate_question": "', '"gate_question": "\\udcff', 1))
+        self.check(self.factory("digest", "triager"), 1, "masters/triager.json: holds \\udcff", {})
+
+    def latin1_env(self) -> dict:
+        """LANG/LC_ALL for a Latin-1 locale: the machine's own, else one built with localedef into tmp."""
+        listed = subprocess.run(["locale", "-a"], capture_output=True, text=True).stdout.split() \
+            if shutil.which("locale") else []
+        for name in listed:
+            if name.lower().replace("-", "").endswith(("iso88591", "latin1")):
+                return {"LANG": name, "LC_ALL": name}
+        if not shutil.which("localedef"):
+            self.skipTest("no Latin-1 locale here and no localedef to build one")
+        (self.tmp / "loc").mkdir()
+        built = subprocess.run(["localedef", "-i", "en_US", "-f", "ISO-8859-1", str(self.tmp / "loc" / "en_US.ISO-8859-1")],
+                               capture_output=True, text=True)
+        if built.returncode not in (0, 1) or not (self.tmp / "loc" / "en_US.ISO-8859-1").exists():
+            self.skipTest(f"localedef could not build a Latin-1 locale: {built.stderr.strip()[-200:]}")
+        return {"LOCPATH": str(self.tmp / "loc"), "LANG": "en_US.ISO-8859-1", "LC_ALL": "en_US.ISO-8859-1"}
+
+    def test_a_latin1_terminal(self):
+        env = self.latin1_env()
+        server = FakeServer(*[Answer(body=anthropic_message(FINAL)) for _ in range(8)]).start()
+        self.addCleanup(server.close)
+        env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=MODEL_KEY)
+        base = {k: v for k, v in os.environ.items() if k not in ("PYTHONIOENCODING", "PYTHONUTF8", "LC_CTYPE")}
+        tickets = self.tmp / "tickets.jsonl"
+        write_jsonl(tickets, [{"id": f"t{i}", "input": "My card was charged twice \u2014 please check"} for i in range(3)])
+        probe = subprocess.run([sys.executable, "-c", "import sys; print(sys.stdout.encoding)"],
+                               env={**base, **env}, capture_output=True, text=True)
+        self.assertEqual(probe.stdout.strip(), "iso8859-1", "the child's terminal is Latin-1")
+        for argv in (("run", "triager", "I was charged twice"), ("run", "triager", "--file", str(tickets), "--json")):
+            with self.subTest(argv=argv[2]):
+                child = subprocess.run([*CLI, *argv], env={**base, **self.env, **env}, cwd=str(REPO),
+                                       capture_output=True, timeout=60)
+                self.assertNotIn(b"Traceback", child.stderr)
+                self.assertEqual(child.returncode, 0, child.stderr.decode("latin-1"))
+                self.assertIn(b"We\\u2019ll look into the charge today.", child.stdout)
+        self.assertEqual(len(self.index_rows()), 1 + 1 + 3, "every ticket of the batch ran")
+        self.assertEqual(self.traces()[-1][-1]["output"]["draft"], DRAFT, "the trace keeps the exact text")
+
+
+# ---------------------------------------------------------------- what reaches a terminal
+
+class Controls(Hostile):
+    """Class 4 and 5: text from a model, a server or a file is printed with its controls escaped (the
+    trace keeps it exact), and JUnit never holds a character XML forbids."""
+
+    def serve(self, *answers: Answer) -> FakeServer:
+        server = FakeServer(*answers).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=MODEL_KEY)
+        return server
+
+    def assert_clean(self, text: str) -> None:
+        for char in "\x1b\x07\r\x9b":
+            self.assertNotIn(char, text)
+
+    def test_a_tool_name_and_a_draft_chosen_by_the_model(self):
+        final = json.dumps({"label": "billing", "escalate": True, "draft": f"ok{CONTROLS} fine"})
+        self.serve(Answer(body=anthropic_message(tool_uses=[("t1", f"evil{CONTROLS}", {})])),
+                   Answer(body=anthropic_message(final)))
+        code, out, err = self.factory("run", "triager", "I was charged twice")
+        self.assertEqual(code, 0, err)
+        self.assert_clean(out + err)
+        self.assertIn("evil\\u001b[2K\\u000d\\u0007\\u009b31m", out)
+        self.assertIn("DENIED_UNKNOWN", out)
+        tools = [e for e in self.traces()[-1] if e.get("event") == "tool"]
+        self.assertEqual(tools[0]["tool"], f"evil{CONTROLS}", "the trace keeps the exact text")
+
+    def test_a_server_error_type_reaches_the_tower_escaped(self):
+        error = {"type": "error", "error": {"type": f"overloaded{CONTROLS}", "message": "x"}}
+        self.serve(*[Answer(status=400, body=error) for _ in range(4)])
+        self.assertEqual(self.factory("run", "triager", "I was charged twice")[0], 0)
+        code, out, err = self.factory("tower")
+        self.assertEqual(code, 0, err)
+        self.assert_clean(out)
+        self.assertIn("overloaded\\u001b[2K", out)
+
+    def test_a_case_id_with_controls_in_prove_and_junit(self):
+        cases = self.root / "evals" / "triager" / "cases.jsonl"
+        write_jsonl(cases, [{"id": f"case{CONTROLS}\x00", "input": "How do I order a new card?", "expect": {"label": "bug"}}])
+        junit = self.tmp / "prove.xml"
+        code, out, err = self.factory("prove", "triager", "--junit", str(junit))
+        self.assertEqual(code, 0, err)   # the bar is 0 here; the case itself fails (it expects the wrong label)
+        self.assert_clean(out + err)
+        self.assertIn("failed case\\u001b[2K", out)
+        case = ElementTree.parse(junit).getroot().find("testsuite/testcase")   # any XML parser accepts it
+        self.assertEqual(case.get("name"), "case\\u001b[2K\r\\u0007\x9b31m\\u0000")
+
+
+# ---------------------------------------------------------------- secrets echoed back
+
+class Secrets(Hostile):
+    """Class 6: a configured secret echoed back by a server is scrubbed from everything written under the
+    root and everything printed."""
+
+    def assert_nowhere(self, secret: str, *printed: str) -> None:
+        for text in printed:
+            self.assertNotIn(secret, text)
+        for path, data in snapshot(self.root).items():
+            self.assertNotIn(secret.encode(), data, path)
+
+    def gate(self, **script) -> FakeSage:
+        sage = FakeSage(**script).start()
+        self.addCleanup(sage.close)
+        self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY=SAGE_KEY)
+        return sage
+
+    def test_a_gate_that_echoes_the_key(self):
+        for label, script in (("200 with a body echoing the authorization header",
+                               {"status": 200, "body": f"Authorization: Bearer {SAGE_KEY}"}),
+                              ("a yes/no answer equal to the key",
+                               {"answer": lambda q, c: {"answer": SAGE_KEY, "probability": 0.9}})):
+            with self.subTest(label):
+                self.fresh()
+                self.gate(**script)
+                code, out, err = self.factory("run", "triager", "I was charged twice")
+                self.assertEqual(code, 0, err)
+                self.assertIn("gate: FAILED", out)
+                self.assertIn("[SAGE_API_KEY redacted]", out)
+                self.assert_nowhere(SAGE_KEY, out, err, self.factory("tower", "--json")[1])
+
+    def test_a_batch_error_echoing_the_key_into_the_proof(self):
+        self.gate(answer=lambda q, c: Fail(f"token {SAGE_KEY} refused") if q["kind"] == "scale" else None)
+        junit = self.tmp / "prove.xml"
+        code, out, err = self.factory("prove", "triager", "--json", "--junit", str(junit))
+        self.assertIn("scoring FAILED", out)
+        self.assert_nowhere(SAGE_KEY, out, err, junit.read_text())
+
+    def test_a_worker_header_and_error_body_echoing_the_key(self):
+        error = {"type": "error", "error": {"type": "overloaded_error", "message": f"bad key {MODEL_KEY}"}}
+        server = FakeServer(Answer(status=200, body=error, headers={"x-request-id": MODEL_KEY}),
+                            *[Answer(body=anthropic_message(FINAL), headers={"request-id": f"req-{MODEL_KEY}"})] * 3).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=MODEL_KEY)
+        code, out, err = self.factory("run", "triager", "I was charged twice", "--json")
+        self.assertEqual(code, 0, err)
+        trace = "\n".join(json.dumps(e) for e in self.traces()[-1])
+        self.assertIn("[ANTHROPIC_API_KEY redacted]", trace)
+        self.assert_nowhere(MODEL_KEY, out, err)
+
+
+# ---------------------------------------------------------------- harvests
+
+class Harvests(LineTest):
+    """Class 8: two harvests at once propose each flagged run once, each proposal naming the flagged run;
+    a proposal that cannot be written fails the harvest and leaves the run flagged."""
+
+    def prepare(self):
+        for name in ("triager", "evalsmith"):
+            self.certified(name)
+        for _ in range(2):
+            self.runs_ok("triager", INJECTION)   # two flagged runs: a tool was denied
+
+    def test_two_harvests_at_once(self):
+        sage = FakeSage(yes_p=0.95, delay=0.3).start()   # a slow gate keeps each harvest's runs open a while
+        self.addCleanup(sage.close)
+        env = {**os.environ, **self.env, "SAGE_ENDPOINT": sage.url, "SAGE_API_KEY": SAGE_KEY}
+        children = [subprocess.Popen([*CLI, "harvest", "triager"], env=env, cwd=str(REPO), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        for child in children:
+            out, err = child.communicate(timeout=120)
+            self.assertEqual(child.returncode, 0, err)
+        proposed = [json.loads(line) for line in (self.root / "evals" / "triager" / "proposed.jsonl").read_text().splitlines()]
+        flagged = sorted(row["run_id"] for row in self.index_rows() if row["agent"] == "triager")
+        self.assertEqual(sorted(case["source_run"] for case in proposed), flagged, "each flagged run proposed once, by its id")
+
+    def test_a_proposal_written_through_a_link_fails_the_harvest(self):
+        outside = self.tmp / "outside.jsonl"
+        outside.write_text("")
+        os.symlink(outside, self.root / "evals" / "triager" / "proposed.jsonl")
+        code, out, err = self.factory("harvest", "triager")
+        self.assertNotIn("Traceback", err)
+        self.assertEqual((code, len(err.strip().splitlines())), (1, 1), err)
+        self.assertIn("could not be written", err)
+        self.assertEqual(outside.read_text(), "")
+        self.assertFalse((self.root / "records" / "triager" / "harvested.jsonl").exists(), "the runs stay flagged")
+
+
+# ---------------------------------------------------------------- a batch with bad tickets in it
+
+class Batch(Hostile):
+    """Class 9: each bad ticket is refused on its own line and every other ticket runs."""
+
+    def test_bad_tickets_among_good_ones(self):
+        tickets = self.tmp / "tickets.jsonl"
+        lines = [json.dumps({"id": "good-1", "input": "How do I order a new card?"}),
+                 json.dumps({"id": "huge", "input": "a" * (2_200_000)}),
+                 '{"id": "torn", "inp',
+                 '{"id": "odd", "input": "refund \\udcff"}',
+                 json.dumps({"id": "case", "input": "hi", "expect": {"label": "bug"}}),
+                 json.dumps({"id": "no-input"}),
+                 json.dumps({"id": "good-2", "input": "The app crashes every time I open it."})]
+        tickets.write_text("\n".join(lines) + "\n")
+        for mode in ((), ("--json",)):
+            with self.subTest(mode=mode):
+                self.fresh()
+                code, out, err = self.factory("run", "triager", "--file", str(tickets), *mode)
+                self.check((code, out, err), 1, "5 of 7 ticket(s) refused", {})
+                shown = out.splitlines()
+                self.assertEqual(len(shown), 7, out)
+                rows = [json.loads(line) for line in shown] if mode else None
+                verdicts = [r["verdict"] for r in rows] if mode else [line.split("verdict=")[1].split("\t")[0] for line in shown]
+                self.assertEqual(verdicts[1:6], ["refused"] * 5)
+                self.assertNotIn("refused", (verdicts[0], verdicts[6]))
+                self.assertEqual(len(self.index_rows()), 1 + 2, "the good tickets ran")
+                text = out if not mode else "\n".join(r["why"][0] for r in rows[1:6])
+                for why in ("line 2: longer than 1 mib", "line 3: not valid json", "line 4: holds \\udcff",
+                            "line 5: an eval case with `expect`", "line 6: missing field 'input'"):
+                    self.assertIn(why, text)
+
+
+# ---------------------------------------------------------------- the small ones
+
+class Small(Hostile):
+    """Class 10: an empty --root, names that would print over two lines, ticket shapes blamed on the right
+    field, replay of a malformed trace, and an agent that does not exist."""
+
+    def test_small_ones(self):
+        tickets = str(self.tmp / "tickets.jsonl")
+        trace = lambda: next((self.root / "traces" / "triager").glob("*.jsonl"))  # noqa: E731
+        def edit_trace(fn):
+            path = trace()
+            events = [json.loads(line) for line in path.read_text().splitlines()]
+            path.write_text("".join(json.dumps(e) + "\n" for e in fn(events)))
+        def model_text_a_number(events):
+            return [{**e, "text": 5} if e.get("event") == "model" else e for e in events]
+        run_id = lambda: trace().stem  # noqa: E731
+        rows = [
+            ("--root empty", lambda: None, ("tower", "--root", ""), 1, "--root is empty"),
+            ("--sealed-dir empty", lambda: None, ("prove", "triager", "--sealed-dir", " "), 1, "--sealed-dir is empty"),
+            ("a name with a line break", lambda: None, ("run", "triager\n", "hi"), 1, "triager\\n"),
+            ("run nosuch", lambda: None, ("run", "nosuch", "hello"), 1, "no agent named nosuch"),
+            ("a ticket without input", lambda: write_jsonl(Path(tickets), [{"id": "a"}]),
+             ("run", "triager", "--file", tickets), 1, "1 of 1 ticket(s) refused"),
+            ("a replayed trace with a tier C9", lambda: edit_trace(lambda ev: [{**ev[0], "tier": "C9"}] + ev[1:]),
+             ("replay", "RUN"), 1, "field 'tier' must be one of C0 C1 C2 C3"),
+            ("a replayed trace whose model text is a number", lambda: edit_trace(model_text_a_number),
+             ("replay", "RUN"), 1, "field 'text' has the wrong type (int)"),
+        ]
+        for label, prepare, argv, status, named in rows:
+            with self.subTest(label):
+                self.fresh()
+                prepare()
+                argv = tuple(run_id() if a == "RUN" else a for a in argv)
+                before = snapshot(self.root)
+                self.check(self.factory(*argv), status, named, {})
+                self.assertEqual(snapshot(self.root), before, "a refusal writes nothing")
+        self.assertEqual(len(rows), 7)
+
+    def test_ticket_refusals_blame_the_right_field(self):
+        tickets = self.tmp / "tickets.jsonl"
+        for row, why in (({"id": "a"}, "missing field 'input'"), ({"input": "hi"}, "missing field 'id'"),
+                         ({"id": "a", "input": "hi", "prio": 1}, "unknown field(s) prio"),
+                         ({"id": "a\tb", "input": "hi"}, "field 'id' must be printable text"),
+                         ({"id": "a", "input": "  "}, "field 'input' must be non-empty text"),
+                         ({"id": "a", "input": "hi", "expect": {}}, "an eval case with `expect` is not a ticket")):
+            with self.subTest(why=why):
+                write_jsonl(tickets, [row])
+                code, out, _ = self.factory("run", "triager", "--file", str(tickets))
+                self.assertEqual(code, 1)
+                self.assertIn(f"line 1: {why}", out)
+                if "expect" not in row:
+                    self.assertNotIn("expect", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
