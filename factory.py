@@ -572,18 +572,22 @@ class Store:
         handle = os.open(self.fac.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for depth, part in enumerate(parts[:-1], 1):
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=handle)
                 handle = self.step_into(handle, part, self.fac.root.joinpath(*parts[:depth]))
             yield handle
         finally:
             os.close(handle)
 
     def step_into(self, parent: int, part: str, where: Path) -> int:
-        """A descriptor of the folder `part` inside `parent` (which it closes); StoreError naming the
-        folder when it is a link or not a folder at all."""
+        """A descriptor of the folder `part` inside `parent` (made when missing; `parent` is closed);
+        StoreError naming the folder when it is a link or not a folder at all."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            try:
+                child = os.open(part, flags, dir_fd=parent)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):   # another process may make it first
+                    os.mkdir(part, 0o755, dir_fd=parent)
+                child = os.open(part, flags, dir_fd=parent)
         except OSError as error:
             if error.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
@@ -3261,7 +3265,7 @@ def cmd_certify(fac: Factory, args) -> int:
           file=sys.stderr)
     sys.stderr.write("sign it? [y/N] ")
     sys.stderr.flush()
-    if sys.stdin.readline().strip().lower() != "y":
+    if typed_answer() != "y":
         raise Refusal("unsigned.")
     cert = certificate(fac, agent, args.tier, args.by, path, proof)
     archive_certificate(fac, agent.name)
@@ -3660,7 +3664,7 @@ def cmd_approve(fac: Factory, args) -> int:
     print(approval_brief(fac, entry), file=sys.stderr)
     sys.stderr.write("approve? [y/N] ")
     sys.stderr.flush()
-    if sys.stdin.readline().strip().lower() != "y":
+    if typed_answer() != "y":
         raise Refusal("not approved; the call stays staged.")
     fac.store.write_json(fac.pending_path(entry["run_id"], entry["call"], "approved"),
                {"by": args.by, "at": utc_now(), "args_digest": entry["args_digest"]})
@@ -4548,6 +4552,13 @@ class Progress:
         terminal = getattr(sys.stderr, "unfiltered", sys.stderr)
         terminal.write(text)
         terminal.flush()
+
+
+def typed_answer() -> str:
+    """The line a human typed at a prompt, stripped and lowercased; bytes that are not text in the
+    terminal's encoding are read as U+FFFD (never an answer of `y`), never an error."""
+    raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline().encode()
+    return raw.decode(getattr(sys.stdin, "encoding", None) or "utf-8", errors="replace").strip().lower()
 
 
 def stations() -> list:

@@ -268,24 +268,32 @@ class Text(Hostile):
         card.write_text(card.read_text().replace('"gate_question": "', '"gate_question": "\\udcff', 1))
         self.check(self.factory("digest", "triager"), 1, "masters/triager.json: holds \\udcff", {})
 
-    def latin1_env(self) -> dict:
-        """LANG/LC_ALL for a Latin-1 locale: the machine's own, else one built with localedef into tmp."""
+    def locale_env(self, charmap: str, suffixes: tuple) -> dict:
+        """LANG/LC_ALL for an en_US locale in `charmap`: the machine's own when `locale -a` lists one
+        ending in one of `suffixes`, else one built with localedef into tmp (LOCPATH)."""
         listed = subprocess.run(["locale", "-a"], capture_output=True, text=True).stdout.split() \
             if shutil.which("locale") else []
         for name in listed:
-            if name.lower().replace("-", "").endswith(("iso88591", "latin1")):
+            if name.lower().replace("-", "").endswith(suffixes) and not name.lower().startswith("c."):
                 return {"LANG": name, "LC_ALL": name}
         if not shutil.which("localedef"):
-            self.skipTest("no Latin-1 locale here and no localedef to build one")
-        (self.tmp / "loc").mkdir()
-        built = subprocess.run(["localedef", "-i", "en_US", "-f", "ISO-8859-1", str(self.tmp / "loc" / "en_US.ISO-8859-1")],
-                               capture_output=True, text=True)
-        if built.returncode not in (0, 1) or not (self.tmp / "loc" / "en_US.ISO-8859-1").exists():
-            self.skipTest(f"localedef could not build a Latin-1 locale: {built.stderr.strip()[-200:]}")
-        return {"LOCPATH": str(self.tmp / "loc"), "LANG": "en_US.ISO-8859-1", "LC_ALL": "en_US.ISO-8859-1"}
+            self.skipTest(f"no {charmap} locale here and no localedef to build one")
+        name, folder = f"en_US.{charmap}", self.tmp / "loc"
+        folder.mkdir(exist_ok=True)
+        built = subprocess.run(["localedef", "-i", "en_US", "-f", charmap, str(folder / name)], capture_output=True, text=True)
+        if not (folder / name).exists():
+            self.skipTest(f"localedef could not build {name}: {built.stderr.strip()[-200:]}")
+        return {"LOCPATH": str(folder), "LANG": name, "LC_ALL": name}
+
+    def test_bytes_that_are_not_text_at_a_prompt(self):
+        env = self.locale_env("UTF-8", ("utf8",))   # a UTF-8 terminal decodes stdin strictly
+        answered = self.certify("triager", answer=b"\xff\xfe y\n", env=env)
+        self.assertNotIn("Traceback", answered.stderr)
+        self.assertEqual(answered.returncode, 1)
+        self.assertTrue(answered.stderr.strip().endswith("factory certify: unsigned."), answered.stderr)
 
     def test_a_latin1_terminal(self):
-        env = self.latin1_env()
+        env = self.locale_env("ISO-8859-1", ("iso88591", "latin1"))
         server = FakeServer(*[Answer(body=anthropic_message(FINAL)) for _ in range(8)]).start()
         self.addCleanup(server.close)
         env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=MODEL_KEY)
