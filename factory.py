@@ -103,7 +103,8 @@ DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage cal
 
 
 class Refusal(Exception):
-    """A station declined; str(self) is one lowercase line for the user (exit 1)."""
+    """A station declined; str(self) is one lowercase line for the user (exit 1). A value from outside
+    put into it (a name, a path) goes through one_line (Factory.shown does), so it cannot break the line."""
 
 
 class Usage(Exception):
@@ -169,6 +170,12 @@ def printable(text: str) -> str:
     """text with every character a terminal would act on or cannot show (UNPRINTABLE) written as a
     visible `\\uXXXX` escape, which is also a valid escape inside a JSON string."""
     return UNPRINTABLE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
+def one_line(text: str) -> str:
+    """text from outside (a name, a path) made fit to stand inside a one-line message: line breaks and
+    every other control written as visible escapes."""
+    return printable(text).replace("\n", "\\n")
 
 
 def utf8(text: str) -> bytes:
@@ -385,11 +392,11 @@ class Factory:
         return self.pending / f"{run_id}.{call}{'.' + state if state else ''}.json"
 
     def shown(self, path: Path) -> str:
-        """The path as the user should see it: relative to the root when inside it."""
+        """The path as the user should see it, on one line: relative to the root when inside it."""
         try:
-            return str(path.relative_to(self.root))
+            return one_line(str(path.relative_to(self.root)))
         except ValueError:
-            return str(path)
+            return one_line(str(path))
 
 
 class Store:
@@ -436,6 +443,12 @@ class Store:
             if not path.is_file():
                 raise Refusal(f"{where}: missing" if not path.exists() else f"{where}: not a regular file")
         return real
+
+    def exists(self, path: Path) -> bool:
+        """True when something is at path; StoreError when the machine will not say (a folder on the
+        way the user may not enter)."""
+        with self.machine(path, "read"):
+            return path.exists()
 
     @contextlib.contextmanager
     def opened(self, path: Path, confined: bool = True) -> Iterator:
@@ -1286,7 +1299,7 @@ def entry_module(card: dict) -> str:
 def missing_agent(fac: Factory, name: str) -> str | None:
     """The refusal line when NAME has no card (masters/NAME.json), else None."""
     path = fac.card_path(name)
-    return None if path.exists() else f"no agent named {name} (no {fac.shown(path)}); stamp it from a master first"
+    return None if fac.store.exists(path) else f"no agent named {one_line(name)} (no {fac.shown(path)}); stamp it from a master first"
 
 
 def read_card(fac: Factory, name: str) -> tuple[dict, str]:
@@ -4705,11 +4718,6 @@ def not_text(args: argparse.Namespace) -> str | None:
                 return (f"{shown} holds bytes that are not {sys.getfilesystemencoding()} text "
                         f"({printable(text)[:80]}); pass it as text in the terminal's encoding")
     return None
-
-
-def one_line(text: str) -> str:
-    """text on one line: line breaks and other controls written as visible escapes."""
-    return printable(text).replace("\n", "\\n")
 
 
 if __name__ == "__main__":

@@ -222,6 +222,22 @@ class MachineSaysNo(Hostile):
         self.addCleanup(card.chmod, 0o644)
         self.refused_by_the_machine(self.child("digest", "triager"), "permission denied", "masters/triager.json")
 
+    def test_a_folder_the_user_may_not_enter(self):
+        rows = [("masters", ("run", "triager", "hi"), 1), ("masters", ("digest", "triager"), 1),
+                ("masters", ("tower",), 0),            # the tower shows the gate bar as unknown
+                ("registry", ("run", "triager", "hi"), 1), ("traces", ("tower",), 1)]
+        for folder, argv, status in rows:
+            with self.subTest(folder=folder, argv=argv):
+                (self.root / folder).chmod(0)
+                try:
+                    child = self.child(*argv)
+                finally:
+                    (self.root / folder).chmod(0o755)
+                if status == 0:
+                    self.assertEqual((child.returncode, child.stderr), (0, ""))
+                else:
+                    self.refused_by_the_machine(child, "permission denied", folder)
+
     def test_a_file_size_limit(self):
         index = self.root / "traces" / "index.jsonl"
         before = snapshot(self.root)
