@@ -22,7 +22,7 @@ import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import Fail, FakeSage
 from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, snapshot, write_jsonl
-from tests.test_run_approve import DEMAND, Tiered
+from tests.test_run_approve import CHARGED, Tiered
 
 SAGE_KEY = "Zq9rT2aSECRETvalue77"             # not key-shaped: only the factory's scrubbing can catch it
 MODEL_KEY = "Wb4nCLAUDEsecretvalue88"
@@ -129,9 +129,9 @@ class Links(Hostile):
         code, out, err = self.factory("run", "triager", "I was charged twice for my card")
         self.check((code, out, err), 0, None, before)
         self.assertIn("verdict uncertain-effect", out)
-        tool = [e for e in self.traces()[-1] if e.get("event") == "tool" and e["tool"] == "issues:label"][0]
-        self.assertEqual(tool["ruling"], "StoreError")
-        self.assertIn("outbox/triager: is a symbolic link", tool["error"])
+        settled = [e for e in self.traces()[-1] if e.get("event") == "settled"]
+        self.assertTrue(settled and all("StoreError" in (e.get("error") or e.get("ruling") or "") for e in settled), settled)
+        self.assertIn("outbox/triager: is a symbolic link", json.dumps(self.traces()[-1]))
 
     def test_reads_refuse_a_link_out_of_the_root_too(self):
         self.link_out("masters/triager.json")
@@ -149,7 +149,8 @@ class PendingLink(Tiered):
         outside = self.tmp / "outside"
         outside.mkdir()
         os.symlink(outside, self.root / "registry" / "pending")
-        code, out, err = self.factory("run", "payer", DEMAND)
+        self.refund_model()   # labels, asks for a refund, and does not hand off: the gate passes, the call parks
+        code, out, err = self.factory("run", "payer", CHARGED)
         self.assertNotIn("Traceback", err)
         self.assertEqual((code, len(err.strip().splitlines())), (1, 1), err)
         self.assertIn("registry/pending: is a symbolic link", err)
@@ -457,6 +458,9 @@ class Harvests(LineTest):
         self.assertEqual(sorted(case["source_run"] for case in proposed), flagged, "each flagged run proposed once, by its id")
 
     def test_a_proposal_written_through_a_link_fails_the_harvest(self):
+        sage = FakeSage(yes_p=0.95).start()   # evalsmith's gate passes: its proposals are committed
+        self.addCleanup(sage.close)
+        self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY=SAGE_KEY)
         outside = self.tmp / "outside.jsonl"
         outside.write_text("")
         os.symlink(outside, self.root / "evals" / "triager" / "proposed.jsonl")
