@@ -99,12 +99,17 @@ class Runs(CertifiedTest):
             with self.subTest(text=text):
                 self.refused_writing_nothing("the input is empty: a run needs a ticket with text", "run", "triager", text)
         tickets = self.tmp / "tickets.jsonl"
-        write_jsonl(tickets, [{"id": "k1", "input": "How do I order a new card?"}, {"id": "k2", "input": "\u200b \u200d"}])
-        self.refused_writing_nothing("tickets.jsonl line 2: a ticket is", "run", "triager", "--file", str(tickets))
+        write_jsonl(tickets, [{"id": "k2", "input": "\u200b \u200d"}])
+        self.refused_writing_nothing("tickets.jsonl line 1: field 'input' must be non-empty text", "run", "triager", "--file", str(tickets))
         agent, cert = factory.certified_agent(self.fac, "triager")
         with self.assertRaisesRegex(factory.Refusal, "the input is empty"):
             factory.run_one(self.fac, agent, cert, " \n ")
         self.assertEqual(self.index_lines(), [])
+        write_jsonl(tickets, [{"id": "k1", "input": "How do I order a new card?"}, {"id": "k2", "input": "\u200b \u200d"}])
+        code, out, err = self.factory("run", "triager", "--file", str(tickets))   # the blank one alone is refused
+        self.assertEqual(code, 1, err)
+        self.assertIn("tickets.jsonl line 2: field 'input' must be non-empty text", err)
+        self.assertEqual([row["run_id"] for row in self.index_rows()], [self.index_rows()[0]["run_id"]], "k1 ran; no run id for k2")
 
     def test_a_run_is_written_in_order_started_first_closed_last(self):
         self.runs_ok()
