@@ -1038,8 +1038,13 @@ class Worker:
     def estimate_next_cost(self, messages: list[dict], tools: list[dict]) -> float | None:
         """Upper-bound USD for the next call (input ~ chars/4, output = max_tokens); None = unknown.
 
-        Under SageRoute the card's primary is priced, though the proxy may pick another tier."""
-        return estimate_cost(self._next_model(), estimate_input_tokens(messages, tools), self._max_tokens)
+        Under SageRoute the card's primary is priced, though the proxy may pick another tier. A free
+        model (the rules, a local server) costs 0.0 whatever the size, so nothing is counted."""
+        model_id = self._next_model()
+        row = price_row(model_id)
+        if row is not None and row.input == row.output == 0 and row.long_above is None:
+            return 0.0
+        return estimate_cost(model_id, estimate_input_tokens(messages, tools), self._max_tokens)
 
     def use_rules(self, reason: str) -> None:
         """Answer with the agent's rules for the rest of this run; no model is asked again.
