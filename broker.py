@@ -25,7 +25,6 @@ the contracts, the tool implementations and a `record` callable that appends to 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -86,6 +85,7 @@ class Outcome:
 
 def args_digest(args: dict) -> str:
     """sha256 of the canonical JSON of a call's arguments, 'sha256:<64 hex>'."""
+    import hashlib   # here: the factory's --help imports the broker but need not load OpenSSL
     blob = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 

@@ -17,42 +17,35 @@ if sys.version_info < (3, 11):   # checked before anything a newer Python has is
           file=sys.stderr)
     sys.exit(2)
 
+# What --help and every station need. A module only some stations use (ast, decimal, difflib, fractions,
+# hashlib, hmac, traceback, concurrent.futures, xml) is imported inside the function that
+# uses it, so a cold start does not pay for it.
 import argparse
-import ast
 import builtins
 import contextlib
-import difflib
 import errno
 import fcntl
-import hashlib
-import hmac
-import html
 import importlib.machinery
 import importlib.util
 import json
 import math
 import os
 import re
-import secrets
 import shutil
 import stat
 import sys
 import threading
 import textwrap
 import time
-import traceback
-import unicodedata
 import types
+import unicodedata
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from datetime import datetime, timedelta, timezone
-from decimal import Decimal
-from fractions import Fraction
+from functools import cached_property
+from operator import itemgetter
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Protocol
-from xml.etree import ElementTree
 
 
 class SourceOnly(importlib.machinery.SourceFileLoader):
@@ -204,7 +197,7 @@ def iso(moment: datetime) -> str:
 
 def new_run_id() -> str:
     """A run id that sorts by time: UTC timestamp with microseconds, then 6 random hex."""
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + secrets.token_hex(3)
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + os.urandom(3).hex()
 
 
 def canonical(obj) -> bytes:
@@ -214,6 +207,7 @@ def canonical(obj) -> bytes:
 
 def sha256(data: bytes) -> str:
     """'sha256:' + 64 hex of data."""
+    import hashlib   # here, not at the top: loading OpenSSL is a cold start's cost --help need not pay
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
@@ -652,7 +646,7 @@ class Store:
     def write_atomic(self, folder: int, path: Path, data: bytes, exclusive: bool, mode: int) -> None:
         """Write data to path.name in the open folder through a temporary file (see write_text)."""
         kept = self.check_plain_file(folder, path.name, path)
-        temp = f".{path.name}.{secrets.token_hex(4)}.tmp"
+        temp = f".{path.name}.{os.urandom(4).hex()}.tmp"
         handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
         try:
             os.fchmod(handle, mode if kept is None else kept)
@@ -751,7 +745,7 @@ class Store:
         a new file, and nothing but a regular file is at the path (a link or FIFO there is refused)."""
         with self.report_folder(path) as folder, self.machine(path, "write"):
             self.check_plain_file(folder, path.name, path)
-            probe = f".{path.name}.{secrets.token_hex(4)}.tmp"
+            probe = f".{path.name}.{os.urandom(4).hex()}.tmp"
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder))
             os.unlink(probe, dir_fd=folder)
 
@@ -955,6 +949,7 @@ def card_problems(card: dict, name: str | None = None) -> list[str]:
 def did_you_mean(word: str, candidates: list[str]) -> str:
     """" (did you mean 'x'?)" for the candidate closest to word, ignoring case, or ""."""
     lowered = {candidate.lower(): candidate for candidate in candidates}
+    import difflib
     near = difflib.get_close_matches(word.lower(), list(lowered), n=1)
     return f" (did you mean '{lowered[near[0]]}'?)" if near else ""
 
@@ -1057,6 +1052,7 @@ class Code:
         """The parsed source: what is scanned for imports and compiled; Refusal for invalid Python."""
         with self.lock:
             if relative not in self.trees:
+                import ast
                 try:
                     self.trees[relative] = ast.parse(self.source(relative), str(self.fac.agents / relative))
                 except (SyntaxError, ValueError) as error:   # ValueError: a null byte in the source
@@ -1066,6 +1062,7 @@ class Code:
 
     def imports(self, relative: str) -> list[str]:
         """The agent modules agents/RELATIVE names in its import statements, as sorted paths under agents/."""
+        import ast
         found, tree = set(), self.tree(relative)
         try:
             for node in ast.walk(tree):
@@ -1108,6 +1105,7 @@ class Code:
             del self.modules[relative]
             if isinstance(error, Refusal):
                 raise
+            import traceback
             lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == path]
             raise Refusal(f"agents/{relative}: failed while loading ({type(error).__name__}: {error}"
                           f"{f', line {lines[-1]}' if lines else ''})") from None
@@ -1187,7 +1185,7 @@ def effect_writer(fac: Factory, run_id: str, tags: dict):
         # lexically (a link is not followed here): ValueError outside the root, before writing; the Store
         # refuses a link on the way with a line naming it
         relative = Path(os.path.normpath(path)).relative_to(fac.root).as_posix()
-        effect_id = secrets.token_hex(8)
+        effect_id = os.urandom(8).hex()
         offset = fac.store.append_jsonl(fac.root / relative, {**row, "run_id": run_id, "effect_id": effect_id, **tags})
         return {"path": relative, "offset": offset, "effect_id": effect_id}
     return write
@@ -1459,7 +1457,7 @@ def read_key(fac: Factory, path: Path) -> bytes:
 def signing_key(fac: Factory, signer: str) -> bytes:
     """The signer's key, created on first use (32 random bytes as hex, mode 0600) with a line saying where."""
     path = fac.key_path(signer)
-    if not path.exists() and fac.store.create_key(path, secrets.token_hex(32) + "\n"):
+    if not path.exists() and fac.store.create_key(path, os.urandom(32).hex() + "\n"):
         print(f"created signing key for {signer} at {path} (mode 0600; keep it out of the repo)", file=sys.stderr)
     return read_key(fac, path)
 
@@ -1467,6 +1465,8 @@ def signing_key(fac: Factory, signer: str) -> bytes:
 def signature_of(key: bytes, cert: dict) -> str:
     """'hmac-sha256:<hex>' over the canonical JSON of every certificate field but the unsigned ones."""
     body = {k: v for k, v in cert.items() if k not in UNSIGNED_FIELDS}
+    import hashlib
+    import hmac
     return "hmac-sha256:" + hmac.new(key, canonical(body), hashlib.sha256).hexdigest()
 
 
@@ -1811,6 +1811,7 @@ def signer_key_here(claim: Claim) -> str | None:
 def signature_verifies(claim: Claim) -> str | None:
     """The signature verifies with the signer's key: nothing was changed after signing."""
     signer = claim.cert["signer"]
+    import hmac
     if hmac.compare_digest(signature_of(read_key(claim.fac, claim.fac.key_path(signer)), claim.cert), claim.cert["signature"]):
         return None
     return f"{claim.where}: the certificate does not verify with {signer}'s key; it was changed after signing. re-certify."
@@ -1984,9 +1985,10 @@ def staged_call_claim(fac: Factory, entry: dict) -> Claim:
 # Stop family, the run gate (detectors, then Sage), the output gate, the verdicts, the trace (header,
 # events, end, index row) and the one function that assembles a broker and a loop for a mode.
 
-class Worker(Protocol):
-    """What the loop needs of a model. llm.Worker (the card's models, then the agent's own rules)
-    and llm.Scripted (given replies: replay and tests) both have it."""
+class Worker:
+    """The protocol of what the loop needs of a model, written down (a worker has these four methods;
+    it need not inherit from this class): llm.Worker (the card's models, then the agent's own rules)
+    and llm.Scripted (given replies: replay and tests) both have them."""
 
     def complete(self, messages: list[dict], tools: list[dict]) -> llm.Reply:
         """One answer to the conversation so far, offered these tool schemas."""
@@ -2177,6 +2179,7 @@ def run_loop(loop: Loop) -> str:
         raise
     except Exception as error:  # the agent's code or its model failed: this run crashed, the batch goes on
         loop.reason = f"{type(error).__name__}: {error}"
+        import traceback
         loop.record({"event": "crash", "traceback": traceback.format_exc()})
         return "crashed"
 
@@ -2845,6 +2848,7 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
     problem = ("none", "no rubric") if not rubric else scoring_problem(client)
     progress, breaker = Progress(f"prove {agent.name}", len(cases)), llm.Breaker()
     results, ready, batches = [], [], []
+    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=jobs) as pool, ThreadPoolExecutor(max_workers=2) as scorer:
         for future in [pool.submit(prove_case, fac, agent, case, breaker) for case in cases]:
             results.append(future.result())
@@ -2881,6 +2885,7 @@ PROOF_VERDICTS = ("PASS", "UNDER BAR", "RUBRIC UNSCORED")
 def clears_bar(passing: int, cases: int, bar) -> bool:
     """passing/cases >= bar, compared as exact fractions with the bar read from its decimal text
     (0.66667 is 66667/100000, so 2 of 3 is under it); no cases clear no bar."""
+    from fractions import Fraction
     return cases > 0 and Fraction(passing, cases) >= Fraction(str(bar))
 
 
@@ -2895,12 +2900,14 @@ def proof_verdict(proof: dict) -> str:
 
 def decimals(bar) -> int:
     """How many decimal places the bar's text has (0.66667 -> 5, 1e-05 -> 5, 1 -> 0)."""
+    from decimal import Decimal
     return max(0, -Decimal(str(bar)).normalize().as_tuple().exponent)
 
 
 def cut_score(passing: int, cases: int, places: int) -> Fraction:
     """passing/cases cut (never rounded up) to `places` decimals; 0 for no cases. Cut to at least as
     many places as the bar has, it compares with the bar as the exact fraction does."""
+    from fractions import Fraction
     if not cases:
         return Fraction(0)
     scale = 10 ** places
@@ -3179,6 +3186,7 @@ def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
     """JUnit XML for one proof, in the Jenkins/Surefire schema: the testsuite's properties carry the
     verdict, score and bar; a testcase per case (sealed failures say nothing about the case); and a
     `pass bar` testcase that fails exactly when the verdict is not PASS. Times are seconds."""
+    from xml.etree import ElementTree
     name = f"{proof['agent']}.{proof['half']}"
     failed = sum(not r["passed"] for r in results) + (not proof["passed"])
     counts = {"tests": str(len(results) + 1), "failures": str(failed), "errors": "0"}
@@ -3218,9 +3226,10 @@ JUNIT_PROPERTIES = ("verdict", "passed", "score", "passing_cases", "cases", "pas
                     "suite", "half", "digest")
 
 
-def junit_failure(case: ElementTree.Element, kind: str, message: str) -> None:
-    """Mark a JUnit testcase failed: a <failure> with a type and a message (strict readers want both),
-    the message also as its text."""
+def junit_failure(case, kind: str, message: str) -> None:
+    """Mark a JUnit testcase (an ElementTree element) failed: a <failure> with a type and a message
+    (strict readers want both), the message also as its text."""
+    from xml.etree import ElementTree
     ElementTree.SubElement(case, "failure", type=kind, message=message).text = message
 
 
@@ -3381,6 +3390,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
         progress.clear()
         emit(ticket_id, row)
         progress.tick()
+    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for ticket_id, text in tickets:
             if len(inflight) >= jobs:
@@ -3400,6 +3410,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
 
 def refused_ticket(problem: Refusal) -> Future:
     """A finished future holding the row of a ticket that was refused, not run (no run id, no trace)."""
+    from concurrent.futures import Future
     done = Future()
     done.set_result({"run_id": None, "status": "refused", "verdict": "refused", "gate": "-", "output": None,
                      "routed": True, "why": [str(problem)]})
@@ -3934,6 +3945,9 @@ section h2 { margin: 0 0 0.3em 0; }
 
 # ---------------------------------------------------------------- values ---
 
+HTML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"})  # html.escape's
+
+
 def _esc(value):
     """Escape any value to XML/HTML-safe text (str); drops XML-illegal chars."""
     text = "".join(
@@ -3941,7 +3955,7 @@ def _esc(value):
         if c in "\t\n\r" or (" " <= c and not "\ud800" <= c <= "\udfff"
                              and c not in "\ufffe\uffff")
     )
-    return html.escape(text, quote=True)
+    return text.translate(HTML_ESCAPES)
 
 
 def _num(value):
@@ -4576,7 +4590,8 @@ def typed_answer() -> str:
 
 def stations() -> list:
     """The station functions (marked with @station), in the order they are defined."""
-    return [value for value in globals().values() if hasattr(value, "station_arguments")]
+    # callable() first: hasattr on the lazily loaded llm and sage modules would load them
+    return [value for value in globals().values() if callable(value) and hasattr(value, "station_arguments")]
 
 
 class Parser(argparse.ArgumentParser):
