@@ -284,11 +284,23 @@ class Shape:
             return tuple((key, kind if isinstance(kind, tuple) else (kind,)) for key, kind in fields.items())
         return cls(pairs(required), pairs(optional or {}))
 
+    def __post_init__(self):
+        # the fast path: the required fields of one type are fetched and typed in C, all at once
+        single = [(key, kinds[0]) for key, kinds in self.required if len(kinds) == 1]
+        object.__setattr__(self, "_fetch", itemgetter(*[key for key, _ in single]) if len(single) > 1 else None)
+        object.__setattr__(self, "_types", tuple(kind for _, kind in single))
+        object.__setattr__(self, "_rest", tuple(p for p in self.required if self._fetch is None or len(p[1]) > 1))
+
     def fits(self, value: dict) -> bool:
         """True when value has the shape: the fast path, run once per row of a million-row index."""
-        for key, kinds in self.required:
-            if key not in value or type(value[key]) not in kinds:
+        try:
+            if self._fetch is not None and tuple(map(type, self._fetch(value))) != self._types:
                 return False
+            for key, kinds in self._rest:
+                if type(value[key]) not in kinds:
+                    return False
+        except KeyError:
+            return False
         for key, kinds in self.optional:
             if key in value and type(value[key]) not in kinds:
                 return False
@@ -333,17 +345,18 @@ class Factory:
         keys = env.get("FACTORY_KEYS_DIR") or Path.home() / ".config" / "agent-factory" / "keys"
         return cls(base, Path(sealed).resolve() if sealed else base / "evals", Path(keys), env)
 
-    masters = property(lambda self: self.root / "masters")
-    evals = property(lambda self: self.root / "evals")
-    records = property(lambda self: self.root / "records")
-    registry = property(lambda self: self.root / "registry")
-    traces = property(lambda self: self.root / "traces")
-    agents = property(lambda self: self.root / "agents")
-    index = property(lambda self: self.traces / "index.jsonl")
-    recalls = property(lambda self: self.registry / "recalls.jsonl")
-    lineage = property(lambda self: self.registry / "lineage.jsonl")
-    revocations = property(lambda self: self.registry / "revocations.jsonl")
-    pending = property(lambda self: self.registry / "pending")
+    # computed once per Factory: a batch asks for the index and the traces folder on every run
+    masters = cached_property(lambda self: self.root / "masters")
+    evals = cached_property(lambda self: self.root / "evals")
+    records = cached_property(lambda self: self.root / "records")
+    registry = cached_property(lambda self: self.root / "registry")
+    traces = cached_property(lambda self: self.root / "traces")
+    agents = cached_property(lambda self: self.root / "agents")
+    index = cached_property(lambda self: self.traces / "index.jsonl")
+    recalls = cached_property(lambda self: self.registry / "recalls.jsonl")
+    lineage = cached_property(lambda self: self.registry / "lineage.jsonl")
+    revocations = cached_property(lambda self: self.registry / "revocations.jsonl")
+    pending = cached_property(lambda self: self.registry / "pending")
 
     def card_path(self, name: str) -> Path:
         """masters/NAME.json (name checked first)."""
@@ -409,6 +422,7 @@ class Store:
     def __init__(self, fac: Factory):
         self.fac = fac
         self.decoder = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=unique_keys)  # built once
+        self.encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))   # one JSONL line
         self.hidden = secret_values(fac.env)
 
     @contextlib.contextmanager
@@ -483,13 +497,14 @@ class Store:
         Refusal naming file and line (a torn, oversized, non-object, misshapen or non-text line). With
         `each`, a bad line is yielded as its Refusal instead and the lines after it are still read (a
         byte-order mark that starts the file still refuses it whole)."""
-        where = self.fac.shown(path)
+        where, scan = self.fac.shown(path), self.decoder.scan_once
         with self.opened(path, confined) as lines, self.machine(path, "read"):
             for number, raw in enumerate(iter(lambda: lines.readline(MAX_LINE_BYTES + 1), b""), 1):
-                try:  # the common case fast; every way a line can be wrong is named on the slow path
-                    value = self.decoder.decode(raw.decode("utf-8")) \
-                        if number > 1 or not raw.startswith(b"\xef\xbb\xbf") else None
-                except (ValueError, RecursionError):  # decode, json and NaN errors
+                try:  # the common case fast: one object filling the line (a BOM, NaN, a key given twice or
+                    text = raw.decode("utf-8")       # anything else fails here and is named on the slow path)
+                    value, end = scan(text, 0)
+                    value = value if end == len(text) or text[end:] == "\n" else None
+                except (ValueError, RecursionError, StopIteration):   # decode, json and NaN errors
                     value = None
                 if type(value) is not dict or len(raw) > MAX_LINE_BYTES or b"\\ud" in raw or b"\\uD" in raw:
                     if not raw.strip():
@@ -549,10 +564,10 @@ class Store:
         """The JSON object on the line that starts at byte `offset` of a file under the root, or None
         when there is no such file, line or object (how an effect is read back after it was written)."""
         try:
-            path = Path(os.path.realpath(self.fac.root / relative))
-            if not path.is_relative_to(self.fac.root):
+            real = os.path.realpath(os.path.join(self.fac.root, relative))
+            if not real.startswith(f"{self.fac.root}{os.sep}"):
                 return None
-            with path.open("rb") as lines:
+            with open(real, "rb") as lines:
                 lines.seek(offset)
                 value = json.loads(lines.readline())
         except (TypeError, OSError, ValueError):
@@ -666,22 +681,35 @@ class Store:
         """Append obj as one whole JSON line under an exclusive fcntl lock (O_APPEND, looped write);
         returns the byte offset where the line starts, so the effect can be read back. A write the
         machine stops half-way (no space, a size limit) is cut back: the file never keeps a torn line of ours."""
-        line = utf8(json.dumps(redact(obj, self.hidden), ensure_ascii=False, separators=(",", ":")) + "\n")
-        with self.machine(path, "write"), self.folder(path) as folder:
-            self.check_plain_file(folder, path.name, path)
-            handle = os.open(path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                             | os.O_CLOEXEC, 0o644, dir_fd=folder)
+        line = self.line(obj)
+        with self.machine(path, "write"):
+            handle = self.open_append(path)
             try:
-                if not stat.S_ISREG(os.fstat(handle).st_mode):
-                    raise self.not_plain(folder, path.name, path, "file")
                 fcntl.flock(handle, fcntl.LOCK_EX)
                 return self.append_locked(handle, line)
             finally:
                 os.close(handle)
 
+    def line(self, obj: dict) -> bytes:
+        """obj as one JSONL line: compact JSON by the store's one encoder, secrets scrubbed, UTF-8, a newline."""
+        return utf8(self.encoder.encode(redact(obj, self.hidden)) + "\n")
+
+    def open_append(self, path: Path) -> int:
+        """A descriptor appending to the regular file path (made 0644 when missing), opened through real
+        folders inside the root; StoreError naming a link, FIFO or folder found there instead."""
+        with self.folder(path) as folder:
+            self.check_plain_file(folder, path.name, path)
+            handle = os.open(path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | os.O_CLOEXEC, 0o644, dir_fd=folder)
+            if not stat.S_ISREG(os.fstat(handle).st_mode):
+                os.close(handle)
+                raise self.not_plain(folder, path.name, path, "file")
+        return handle
+
     @staticmethod
     def append_locked(handle: int, line: bytes) -> int:
-        """Write line at the end of the locked file; its offset. Cut back to where it started on failure."""
+        """Write line at the end of the file (locked, or written by one process alone); its offset. Cut
+        back to where it started on failure."""
         offset = os.lseek(handle, 0, os.SEEK_END)
         if offset and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a killed writer)
             os.write(handle, b"\n")                                # stays torn; ours starts clean
@@ -695,6 +723,31 @@ class Store:
                 os.ftruncate(handle, offset)
             raise
         return offset
+
+    def open_log(self, path: Path) -> "Store.Log":
+        """An append handle on a JSONL file that this process alone writes while it is open (a run's own
+        trace): each line is one whole O_APPEND write and no lock is taken."""
+        return Store.Log(self, path)
+
+    class Log:
+        """See Store.open_log; the file and its folder are made on the first line; close() is idempotent."""
+
+        def __init__(self, store: "Store", path: Path):
+            self.store, self.path, self.handle = store, path, None
+
+        def append(self, obj: dict) -> None:
+            """Write obj as one whole JSON line (cut back, never torn, when the machine stops it half-way)."""
+            line = self.store.line(obj)
+            with self.store.machine(self.path, "write"):
+                if self.handle is None:
+                    self.handle = self.store.open_append(self.path)
+                self.store.append_locked(self.handle, line)
+
+        def close(self) -> None:
+            """Let go of the file."""
+            if self.handle is not None:
+                os.close(self.handle)
+                self.handle = None
 
     def claim(self, path: Path) -> bool:
         """Create path empty, exclusively across processes; False when it already exists (someone claimed it)."""
