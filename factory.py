@@ -2382,7 +2382,23 @@ class Router:
 
 # ---- the output gate (Sage)
 
-def gate_output(fac: Factory, agent: Agent, task: str, output: dict, held: list, within_envelope: bool) -> dict:
+class Clients:
+    """The network clients one station invocation shares across all its runs, so a batch of tickets
+    builds none per ticket: the gate's Sage client (one attempt, 8 s deadline; also the run gate's when
+    it can reach Sage) and the llm circuit breaker that every Worker of the batch shares (it rests a
+    backend for every ticket once it keeps answering 429/5xx)."""
+
+    def __init__(self, env: Mapping[str, str]):
+        self.gate = sage.Sage.from_env(env, timeout=8.0)
+        self.breaker = llm.Breaker()
+
+    @property
+    def router(self):
+        """The run gate's Sage client, or None when there is no way to reach one."""
+        return self.gate if self.gate.usable else None
+
+
+def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: list, within_envelope: bool) -> dict:
     """Ask Sage the card's gate question, in one decision, about the input, the output and every held
     call (tool and exact arguments): {result, p, answer, bar, line, shown, effects}.
 
@@ -2393,7 +2409,7 @@ def gate_output(fac: Factory, agent: Agent, task: str, output: dict, held: list,
     bar, content = agent.card["evals"]["gate"], gate_content(task, output, held)
     seen = {"shown": sha256(content.encode()), "effects": [[o.seq, o.tool, args_digest(o.args)] for o in held]}
     try:
-        decision = sage.Sage.from_env(fac.env, timeout=8.0).yesno(content, agent.card["gate_question"])
+        decision = clients.gate.yesno(content, agent.card["gate_question"])
     except sage.NoKey as missing:
         return {"result": "unscored", "p": None, "answer": None, "bar": bar, "line": f"gate: unscored ({missing})", **seen}
     except sage.SageError as error:
@@ -2421,12 +2437,6 @@ def judge(answer: str | None, p: float | None, bar: float, within_envelope: bool
         why = "" if within_envelope else " (cost outside the envelope)"
         note = f"gate: {answer} p={shown} bar={bar} -> flag{why}"
     return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note}
-
-
-def sage_client(fac: Factory, timeout: float, retries: int = 0):
-    """The Sage client from this factory's env, or None when it has no way to reach one."""
-    client = sage.Sage.from_env(fac.env, timeout=timeout, retries=retries)
-    return client if client.usable else None
 
 
 # ---- verdicts: how a run ends, from separate evidence
@@ -2527,24 +2537,38 @@ class Trace:
         self.fac, self.agent, self.run_id = fac, agent, run_id
         self.path = fac.trace_path(agent, run_id)
         self.effect_tags: dict = {}   # fields every effect the run commits carries besides the gate's
+        self.log = None
 
     @classmethod
     def start(cls, fac: Factory, header: dict) -> "Trace":
         """A new trace for header's agent and run id: first the run's `started` row in the index, then
-        the trace's first line, the header with the format tag."""
+        the trace's first line, the header with the format tag. The run is its trace's only writer, so
+        its events go through one open handle with no lock (Store.open_log)."""
         trace = cls(fac, header["agent"], header["run_id"])
         fac.store.append_jsonl(fac.index, {"state": "started", **{key: header[key] for key in STARTED_FIELDS}})
+        trace.log = fac.store.open_log(trace.path)
         trace.record({"format": TRACE_FORMAT, **header})
         return trace
 
     def record(self, event: dict) -> None:
-        """Append one event."""
-        self.fac.store.append_jsonl(self.path, event)
+        """Append one event: through the run's own handle, or, for a trace opened later (an approval, in
+        another process), under the lock."""
+        if self.log is not None:
+            self.log.append(event)
+        else:
+            self.fac.store.append_jsonl(self.path, event)
+
+    def release(self) -> None:
+        """Let go of the run's handle, if any (idempotent; later events append under the lock)."""
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
     def close(self, row: dict) -> None:
         """End the run: the end event (END_FIELDS of the row), then the `closed` row in the index (all
         but NOT_INDEXED)."""
         self.record({"event": "end", **{key: row[key] for key in END_FIELDS}})
+        self.release()
         self.fac.store.append_jsonl(self.fac.index, {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}})
 
     @staticmethod
@@ -2681,27 +2705,30 @@ MODES = {
 }
 
 
-def make_worker(fac: Factory, agent: Agent, task_input, breaker=None) -> llm.Worker:
+def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients) -> llm.Worker:
     """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules,
-    and the station's llm.Breaker (None: a breaker of its own) shared by every worker of a batch."""
-    return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input, breaker=breaker)
+    and the station's circuit breaker, shared by every worker of a batch."""
+    return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input,
+                      breaker=clients.breaker)
 
 
 def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *, tier: str = "C0",
                run_id: str | None = None, worker: Worker | None = None, tools: dict | None = None,
-               breaker=None) -> Loop:
+               clients: Clients | None = None) -> Loop:
     """A loop for one of MODES: its broker at `tier` with the agent's policy and contracts, the tools
     (the agent's own for run and approve, else `tools` or none), the worker (`worker`, else the
-    agent's llm.Worker when the mode asks one, resting backends with the station's `breaker`), and
+    agent's llm.Worker when the mode asks one, through the station's `clients`: else new ones), and
     for a run, spills and the run gate; every event goes to `record`."""
     how = MODES[mode]
+    if clients is None and (how.watched or how.asks and worker is None):
+        clients = Clients(fac.env)
     if how.own_tools:
         tools = agent.tools_for(fac, run_id)
     broker = Broker(agent.policy_at(tier), agent.contracts, tools or {}, how.broker, record)
     if worker is None and how.asks:
-        worker = make_worker(fac, agent, task_input, breaker)
+        worker = make_worker(fac, agent, task_input, clients)
     spill = (lambda name, text: fac.store.spill(agent.name, run_id, name, text)) if how.spills else None
-    router = Router(sage_client(fac, 8.0), record) if how.watched else None
+    router = Router(clients.router, record) if how.watched else None
     return Loop(worker, broker, agent, task_text(task_input), record, spill=spill, router=router)
 
 
@@ -2713,27 +2740,31 @@ def is_blank(text: str) -> bool:
 
 
 def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
-            tier: str | None = None, breaker=None, effect_tags: dict | None = None) -> dict:
-    """Run a certified agent on one input at `tier` (default: the certificate's), its model calls
-    through the station's llm.Breaker: loop, gate, held calls settled, verdict, trace and index rows;
-    returns the row. Every effect it commits carries `effect_tags` (what only the line knows, e.g. the
-    flagged run a harvest proposal comes from). Refusal for a blank input, before a run id is made."""
+            tier: str | None = None, clients: Clients | None = None, effect_tags: dict | None = None) -> dict:
+    """Run a certified agent on one input at `tier` (default: the certificate's) with the station's
+    `clients` (else new ones): loop, gate, held calls settled, verdict, trace and index rows; returns
+    the row. Every effect it commits carries `effect_tags` (what only the line knows, e.g. the flagged
+    run a harvest proposal comes from). Refusal for a blank input, before a run id is made."""
     if is_blank(task_text(task_input)):
         raise Refusal("the input is empty: a run needs a ticket with text")
-    tier = tier or cert["tier"]
+    tier, clients = tier or cert["tier"], clients or Clients(fac.env)
     run_id = new_run_id()
     trace = Trace.start(fac, {"run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
                               "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
     trace.effect_tags = dict(effect_tags or {})
-    loop = build_loop(fac, agent, "run", trace.record, task_input, tier=tier, run_id=run_id, breaker=breaker)
-    return close_run(fac, agent, cert, trace, loop, run_loop(loop), tier)
+    try:
+        loop = build_loop(fac, agent, "run", trace.record, task_input, tier=tier, run_id=run_id, clients=clients)
+        return close_run(fac, clients, agent, cert, trace, loop, run_loop(loop), tier)
+    finally:
+        trace.release()
 
 
-def close_run(fac: Factory, agent: Agent, cert: dict, trace: Trace, loop: Loop, status: str, tier: str) -> dict:
+def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: Trace, loop: Loop, status: str,
+              tier: str) -> dict:
     """Gate the output and every held call, settle each held call, derive the verdict, close the trace;
     the run's row. Nothing outside traces/ is written before the gate has answered."""
     within = loop.cost is not None and loop.cost <= agent.card["cost_envelope_usd"]
-    gate = gate_run(fac, agent, loop, status, within)
+    gate = gate_run(clients, agent, loop, status, within)
     trace.record({"event": "gate", **gate})
     handed_off = agent.hands_off(loop.output)
     settled = settle_held(fac, agent, cert, trace, loop.broker, tier, gate, handed_off)
@@ -2749,10 +2780,10 @@ def close_run(fac: Factory, agent: Agent, cert: dict, trace: Trace, loop: Loop, 
     return row
 
 
-def gate_run(fac: Factory, agent: Agent, loop: Loop, status: str, within: bool) -> dict:
+def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, within: bool) -> dict:
     """The output gate's answer for a finished run, or `not-run` for a run that did not finish."""
     if status == "done":
-        return gate_output(fac, agent, loop.task, loop.output, loop.broker.held, within)
+        return gate_output(clients, agent, loop.task, loop.output, loop.broker.held, within)
     return {"result": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
             "line": f"gate: not run (run {status}: {loop.reason})", "shown": None, "effects": []}
 
@@ -2848,11 +2879,11 @@ def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
 
 # ---- the proving ground: every tool a recorder
 
-def prove_case(fac: Factory, agent: Agent, case: dict, breaker=None) -> dict:
+def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None = None) -> dict:
     """Run one case with every tool a recorder (dry mode) and judge it against `expect`; `seconds` is
     its wall time."""
     started, events = time.monotonic(), []
-    loop = build_loop(fac, agent, "prove", events.append, case["input"], breaker=breaker)
+    loop = build_loop(fac, agent, "prove", events.append, case["input"], clients=clients)
     status = run_loop(loop)
     expect = dict(case["expect"])
     allowed = set(expect.pop("denied", []))
@@ -2899,11 +2930,11 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
     rubric = agent.card.get("draft_rubric")
     client = sage.Sage.from_env(fac.env, timeout=30.0, retries=2)
     problem = ("none", "no rubric") if not rubric else scoring_problem(client)
-    progress, breaker = Progress(f"prove {agent.name}", len(cases)), llm.Breaker()
+    progress, clients = Progress(f"prove {agent.name}", len(cases)), Clients(fac.env)
     results, ready, batches = [], [], []
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=jobs) as pool, ThreadPoolExecutor(max_workers=2) as scorer:
-        for future in [pool.submit(prove_case, fac, agent, case, breaker) for case in cases]:
+        for future in [pool.submit(prove_case, fac, agent, case, clients) for case in cases]:
             results.append(future.result())
             progress.tick()
             if problem is None and isinstance(results[-1]["draft"], str):
@@ -3104,10 +3135,10 @@ def at_least_one(text: str) -> int:
     return value
 
 
-def jobs_argument(what: str) -> tuple:
-    """--jobs N: how many cases or tickets at a time."""
-    return arg("--jobs", type=at_least_one, default=DEFAULT_JOBS, metavar="N",
-               help=f"{what} at a time (default {DEFAULT_JOBS}; 1 is exactly sequential); results keep input order")
+def jobs_argument(what: str, default: int | None = DEFAULT_JOBS, note: str = "") -> tuple:
+    """--jobs N: how many cases or tickets at a time (`default` None: the station decides; `note` says how)."""
+    return arg("--jobs", type=at_least_one, default=default, metavar="N",
+               help=f"{what} at a time (default {DEFAULT_JOBS}{note}; 1 is exactly sequential); results keep input order")
 
 
 def reason_text(text: str) -> str:
@@ -3389,7 +3420,8 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
          arg("input", nargs="?", metavar="TEXT", help="the input, one ticket's text (quote it); or --file"),
          arg("--file", metavar="TICKETS.jsonl", help='run each line {"id": ..., "input": ...} of a tickets file'),
          arg("--json", action="store_true", help="one JSON object per run: the index row, ticket, output, tools, gate line"),
-         jobs_argument("tickets"),
+         jobs_argument("tickets", default=None, note="; 1 when the agent's models and the gate are all offline, "
+                                                   "since such runs wait on nothing"),
          examples=('python3 factory.py run triager "my new card never arrived"',
                    "python3 factory.py run triager --file evals/triager/inbox.jsonl --json"),
          exits=("every run completed, whether or not a human must see it", "refused, or a run crashed (see its trace)"),
@@ -3410,12 +3442,15 @@ def cmd_run(fac: Factory, args) -> int:
         raise Refusal("the input is empty: a run needs a ticket with text")
     agent, cert = certified_agent(fac, args.agent)
     tickets = [(None, args.input)] if args.file is None else load_tickets(fac, Path(args.file))
+    clients = Clients(fac.env)
+    # threads only help runs that wait on a network; offline ones would contend for the interpreter
+    jobs = args.jobs or (1 if waits_on_nothing(fac, agent, clients) else DEFAULT_JOBS)
     def emit(ticket_id, row):
         if args.json:
             print(json.dumps({"ticket": ticket_id, **row}, ensure_ascii=False))
         else:
             print_run(row) if args.file is None else print_ticket(ticket_id, row)
-    unfinished = run_tickets(fac, agent, cert, tickets, args.jobs, emit)
+    unfinished = run_tickets(fac, agent, cert, tickets, jobs, emit, clients)
     refused = [row["why"][0] for row in unfinished if row["status"] == "refused"]
     crashed = len(unfinished) - len(refused)
     said = ([f"{len(refused)} of {len(tickets)} ticket(s) refused, each on its own line (the first: {refused[0]})"]
@@ -3425,15 +3460,21 @@ def cmd_run(fac: Factory, args) -> int:
     return 1 if unfinished else 0
 
 
-def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit) -> list[dict]:
-    """Run tickets `jobs` at a time, emitting results in input order (--jobs 1 is exactly sequential);
-    a ticket whose text is a Refusal is not run but emitted as refused in its place. Returns the rows
-    of the runs that crashed and of the tickets refused.
 
-    The drift watch is consulted before each ticket starts and fed as each result is emitted; one
-    circuit breaker rests a backend for every ticket of the batch once it keeps answering 429/5xx."""
+def waits_on_nothing(fac: Factory, agent: Agent, clients: Clients) -> bool:
+    """True when the agent's runs would make no network call: no model key for its card and no gate."""
+    return make_worker(fac, agent, None, clients).planned_backend() == "offline" and clients.router is None
+
+
+def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit, clients: Clients) -> list[dict]:
+    """Run tickets `jobs` at a time with the station's `clients`, emitting results in input order
+    (--jobs 1 is exactly sequential); a ticket whose text is a Refusal is not run but emitted as
+    refused in its place. Returns the rows of the runs that crashed and of the tickets refused.
+
+    The drift watch is consulted before each ticket starts and fed as each result is emitted; the
+    clients' one circuit breaker rests a backend for every ticket of the batch once it keeps
+    answering 429/5xx."""
     drift, progress, inflight = Drift.of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
-    breaker = llm.Breaker()
     unfinished = []
     def finish():
         ticket_id, future = inflight.popleft()
@@ -3454,7 +3495,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
             if drift.demoted:
                 print(f"drift: {agent.name} {drift.describe()}; this run is clamped to C0 until it is re-certified.", file=sys.stderr)
             tier = "C0" if drift.demoted else None
-            inflight.append((ticket_id, pool.submit(run_one, fac, agent, cert, text, ticket_id, tier, breaker)))
+            inflight.append((ticket_id, pool.submit(run_one, fac, agent, cert, text, ticket_id, tier, clients)))
         while inflight:
             finish()
     progress.close()
@@ -3569,9 +3610,9 @@ def harvest_flagged(fac: Factory, name: str, smith: Agent, smith_cert: dict) -> 
     done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
     todo = [row for row in index_rows(fac) if row["agent"] == name and flagged(row) and row["run_id"] not in done]
     inputs = [flagged_input(fac, row) for row in todo]  # every trace read before anything is written
-    proposed, reviewed, failed, breaker = 0, 0, [], llm.Breaker()   # one circuit breaker for the whole harvest
+    proposed, reviewed, failed, clients = 0, 0, [], Clients(fac.env)   # one gate client and breaker for the whole harvest
     for row, given in zip(todo, inputs):
-        result = run_one(fac, smith, smith_cert, given, ticket_id=row["run_id"], breaker=breaker,
+        result = run_one(fac, smith, smith_cert, given, ticket_id=row["run_id"], clients=clients,
                          effect_tags={"source_run": row["run_id"]})
         settled = [(decision, ruling) for tool, decision, ruling in result["settled"] if tool == "evals:propose"]
         made, held_back = settled.count(("commit", "ok")), settled.count(("review", None))

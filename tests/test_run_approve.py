@@ -16,7 +16,7 @@ from pathlib import Path
 
 import factory
 from tests import trust_helpers
-from tests.fake_llm import Answer, FakeServer, anthropic_message
+from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
 from tests.fake_sage import FakeSage
 from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, at_terminal, snapshot, write_jsonl
 
@@ -140,6 +140,34 @@ class Runs(CertifiedTest):
         self.assertEqual(len(self.index_rows()), 30)
         self.assertEqual(len(list((self.root / "traces" / "triager").glob("*.jsonl"))), 30)
         self.assertEqual(err, "", "no progress output when stderr is not a terminal")
+
+    def test_a_batch_shares_one_gate_client_and_one_circuit_breaker(self):
+        """A model that only ever answers 429: every run of the batch shares the station's breaker, so
+        after the first few answers each ticket goes straight to the rules (else 20 tickets x 2 models
+        x 3 attempts would be 120 requests), and the trace says why."""
+        limited = Answer(429, anthropic_error("rate_limit_error", "slow down"))
+        server = FakeServer(*[limited] * 150).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        tickets = self.tmp / "tickets.jsonl"
+        write_jsonl(tickets, [{"id": f"k{i}", "input": "How do I order a new card?"} for i in range(20)])
+        code, _, err = self.factory("run", "triager", "--file", str(tickets), "--jobs", "4")
+        self.assertEqual(code, 0, err)
+        self.assertLessEqual(len(server.requests), 8)
+        rows = factory.index_rows(self.fac)
+        backends = [b for row in rows for b in row["backends"]]
+        self.assertEqual(len(backends), 20)
+        self.assertTrue(all(b.startswith("offline-after-error: ") for b in backends), backends)
+
+    def test_an_offline_batch_runs_one_at_a_time_unless_told(self):
+        """Without a model key or a gate the runs wait on nothing, so threads would only contend."""
+        agent = factory.load_agent(self.fac, "triager")
+        self.assertTrue(factory.waits_on_nothing(self.fac, agent, factory.Clients(self.env)))
+        for extra in ({"ANTHROPIC_API_KEY": "sk-test"}, {"SAGE_API_KEY": "sage-key"}):
+            with self.subTest(extra=extra):
+                fac = factory.Factory.at(None, None, {**self.env, **extra})
+                self.assertFalse(factory.waits_on_nothing(fac, agent, factory.Clients(fac.env)))
+        self.assertEqual(self.factory("run", "triager", "hi", "--jobs", "0")[0], 2, "--jobs 0 is a usage error")
 
     def test_the_agent_and_its_tools_load_once_per_station(self):
         """A tool module is executed once for a whole batch, not again for every ticket."""
