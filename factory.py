@@ -3886,53 +3886,55 @@ def cmd_schema(fac: Factory, args) -> int:
 
 @dataclass
 class Tally:
-    """Tower figures for one agent, accumulated row by row: counts, 20 gate-p bins, one entry per
-    day and a drift window, so memory does not grow with the number of runs."""
+    """Tower figures for one agent, accumulated row by row in a few counters, so memory does not grow
+    with the number of runs: runs by (gate result, verdict, day), sums, the cost so far and by day, 20
+    gate-p bins, the drift window, and the runs started but not (yet) closed. add() runs a million
+    times: it is kept flat."""
     drift: Drift
     signed_at: str = ""                  # drift counts only runs after the certificate was signed
-    runs: int = 0
-    passed: int = 0
-    scored: int = 0                      # runs the gate answered (pass, flag, unsure)
-    unscored: int = 0
+    seen: dict = field(default_factory=dict)       # (gate result, verdict, day) -> runs
     acted: int = 0
     staged: int = 0
     denied: int = 0
-    cost: float | None = 0.0
+    cost: float | None = 0.0             # USD; None once any run's cost is unknown
+    day_cost: dict = field(default_factory=dict)   # day -> USD or None, in the order days first appear
     backends: set = field(default_factory=set)
     p_bins: list = field(default_factory=lambda: [0] * 20)
-    verdicts: dict = field(default_factory=lambda: dict.fromkeys((v.name for v in VERDICTS), 0))
-    days: dict = field(default_factory=dict)
-    unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
+    unclosed: set = field(default_factory=set)     # run ids started and not (yet) closed: unfinished runs
 
     def add(self, row: dict) -> None:
-        """Count one index row (one that fits INDEX_SHAPE). Runs a million times: kept flat."""
-        gate, cost, p, when = row["gate"], row.get("cost_usd"), row.get("p"), row["at"]
-        passed = gate == "pass"
+        """Count one closed index row (one that fits INDEX_SHAPE)."""
+        cost, p, day = row.get("cost_usd"), row.get("p"), row["at"][:10]
         self.unclosed.discard(row["run_id"])
-        self.runs += 1
-        self.passed += passed
-        self.scored += gate in GATED
-        self.unscored += gate in ("unscored", "failed")
+        key = (row["gate"], row["verdict"], day)
+        self.seen[key] = self.seen.get(key, 0) + 1
         self.acted += row["acted"]
         self.staged += row["staged"]
         self.denied += len(row["denied"])
-        self.cost = add_cost(self.cost, cost)
+        self.cost = None if cost is None or self.cost is None else self.cost + cost
+        so_far = self.day_cost.get(day, 0.0)
+        self.day_cost[day] = None if cost is None or so_far is None else so_far + cost
         self.backends.update(row["backends"])
-        if row["verdict"] in self.verdicts:
-            self.verdicts[row["verdict"]] += 1
         if p is not None:
             self.p_bins[min(int(p * 20), 19)] += 1
-        day = self.days.get(when[:10]) or self.days.setdefault(when[:10], {"day": when[:10], "runs": 0, "passed": 0, "cost_usd": 0.0})
-        day["runs"] += 1
-        day["passed"] += passed
-        day["cost_usd"] = add_cost(day["cost_usd"], cost)
-        if when > self.signed_at and self.drift.certified_rate is not None:
+        if self.drift.certified_rate is not None and row["at"] > self.signed_at:
             self.drift.observe(row)
 
+    def runs(self, gates=None, verdict: str | None = None, day: str | None = None) -> int:
+        """Runs counted so far, only those whose gate result is in `gates`, of `verdict`, on `day` when given."""
+        return sum(n for (g, v, d), n in self.seen.items()
+                   if (gates is None or g in gates) and (verdict is None or v == verdict) and (day is None or d == day))
 
-def add_cost(total: float | None, cost: float | None) -> float | None:
-    """A running cost in USD; unknown (None) once any part is unknown."""
-    return None if total is None or cost is None else total + cost
+    @property
+    def verdicts(self) -> dict:
+        """Runs by verdict, every VERDICTS name in its order (a name that is no verdict is not counted)."""
+        return {v.name: self.runs(verdict=v.name) for v in VERDICTS}
+
+    @property
+    def days(self) -> list[dict]:
+        """One entry per day, in the order days first appeared: runs, gate passes and cost."""
+        return [{"day": day, "runs": self.runs(day=day), "passed": self.runs(("pass",), day=day), "cost_usd": cost}
+                for day, cost in self.day_cost.items()]
 
 
 def tower_document(fac: Factory) -> dict:
@@ -3951,10 +3953,11 @@ def tower_document(fac: Factory) -> dict:
             tallies[name].staged -= closed
     agents = []
     for name, t in sorted(tallies.items()):
-        agents.append({"agent": name, "runs": t.runs, "passed": t.passed, "scored": t.scored, "unscored": t.unscored, "acted": t.acted,
-                       "staged": t.staged, "denied": t.denied, "cost_usd": t.cost, "backends": sorted(t.backends),
+        agents.append({"agent": name, "runs": t.runs(), "passed": t.runs(("pass",)), "scored": t.runs(GATED),
+                       "unscored": t.runs(("unscored", "failed")), "acted": t.acted, "staged": t.staged,
+                       "denied": t.denied, "cost_usd": t.cost, "backends": sorted(t.backends),
                        "unfinished": len(t.unclosed),
-                       "gate_bar": gate_bar(fac, name), "p_bins": t.p_bins, "days": list(t.days.values()),
+                       "gate_bar": gate_bar(fac, name), "p_bins": t.p_bins, "days": t.days,
                        "center_rate": t.drift.certified_rate, "verdicts": t.verdicts,
                        "drift": {"demoted": t.drift.demoted, "recent_rate": t.drift.rate, "lcl": t.drift.lcl,
                                  "state": t.drift.describe()}})
