@@ -18,7 +18,7 @@ if sys.version_info < (3, 11):   # checked before anything a newer Python has is
     sys.exit(2)
 
 # What --help and every station need. A module only some stations use (ast, decimal, difflib, fractions,
-# hashlib, hmac, traceback, concurrent.futures, xml) is imported inside the function that
+# hashlib, hmac, subprocess, traceback, concurrent.futures, xml) is imported inside the function that
 # uses it, so a cold start does not pay for it.
 import argparse
 import builtins
@@ -92,6 +92,8 @@ TRACE_FORMAT = "factory-trace-3"
 RECORD_FORMAT = "factory-proof-2"
 CERT_FORMAT = "factory-certificate-1"
 SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
+GENESIS = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"   # sha256 of nothing: the `prev` of a log's first entry
+CHAINED_LOGS = ("recalls", "revocations", "lineage", "approvals")   # Factory properties of the hash-chained logs
 DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage calls are network waits
 
 
@@ -118,8 +120,8 @@ class StoreError(Refusal, OSError):
 # ================================================================ 1. Store and layout
 # Owns the factory's paths (`Factory`: paths only; asking for one creates nothing) and every read and
 # write of its files (`Store`): strict reads that name the file and line of anything malformed, the
-# shape checker, atomic JSON writes, locked JSONL appends, exclusive claims, reports the user names,
-# spilled tool output and signing keys. Nothing else in the product opens a file for writing. Writes
+# shape checker, atomic JSON writes, locked JSONL appends, hash-chained logs, reports the user names,
+# spilled tool output, signing keys and the ssh-keygen they are used through. Nothing else in the product opens a file for writing. Writes
 # go only through real folders inside the root (never a link), and every string written has the
 # configured secrets scrubbed out of it; the same scrubbing, plus escaping of terminal controls, is
 # applied to everything printed (`SafeStream`, in the command line section).
@@ -184,6 +186,14 @@ def lone_surrogate(value) -> str | None:
     surrogate is not text: it can only arrive as a `\\ud800`..`\\udfff` escape in a file."""
     found = LONE_SURROGATE.search(json.dumps(value, ensure_ascii=False))
     return f"\\u{ord(found.group()):04x}" if found else None
+
+
+def note(fac: "Factory", line: str) -> None:
+    """Print a one-line note on stderr (something the user should know that refuses nothing), once per
+    station: the same note from many runs of a batch is printed once."""
+    if line not in fac.store.noted:
+        fac.store.noted.add(line)
+        print(f"factory: note: {line}", file=sys.stderr)
 
 def utc_now() -> str:
     """The current UTC time as ISO 8601 with microseconds and a Z, e.g. 2026-11-30T04:12:55.123456Z."""
@@ -263,6 +273,15 @@ def unique_keys(pairs: list) -> dict:
     return obj
 
 
+def read_all(handle: int) -> bytes:
+    """Every byte of an open file descriptor, from its start (positional reads: the offset is left alone)."""
+    chunks, offset = [], 0
+    while chunk := os.pread(handle, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 def as_object(value, where: str) -> dict:
     """value when it is a JSON object; Refusal otherwise."""
     if not isinstance(value, dict):
@@ -317,6 +336,20 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class Chain:
+    """A hash-chained JSONL log as read and verified: each entry with its line number, and the sha256
+    of each entry's line (the `prev` of the entry after it). Empty when the log does not exist yet."""
+    where: str
+    entries: tuple = ()       # ((line number, entry), ...) in order
+    hashes: tuple = ()        # 'sha256:<hex>' of each entry's line, in order
+
+    @property
+    def head(self) -> dict:
+        """{"count": entries, "hash": the last entry's hash, GENESIS when empty}: what a certificate records."""
+        return {"count": len(self.hashes), "hash": self.hashes[-1] if self.hashes else GENESIS}
+
+
+@dataclass(frozen=True)
 class Factory:
     """Every path of one factory, computed from its root; asking for a path creates nothing.
     `store` does every read and write under these paths; `code` loads the modules under agents/."""
@@ -357,6 +390,9 @@ class Factory:
     lineage = cached_property(lambda self: self.registry / "lineage.jsonl")
     revocations = cached_property(lambda self: self.registry / "revocations.jsonl")
     pending = cached_property(lambda self: self.registry / "pending")
+    approvals = cached_property(lambda self: self.registry / "approvals.jsonl")
+    allowed_signers = cached_property(lambda self: self.registry / "allowed_signers")
+    evidence_key_path = cached_property(lambda self: self.keys_dir / "_evidence.key")   # no signer's name starts with _
 
     def card_path(self, name: str) -> Path:
         """masters/NAME.json (name checked first)."""
@@ -394,9 +430,9 @@ class Factory:
         """traces/AGENT/RUN_ID/NAME.txt: a text too long to send the worker whole (NAME: input, tool-SEQ)."""
         return self.trace_path(agent, run_id).with_suffix("") / f"{name}.txt"
 
-    def pending_path(self, run_id: str, call: int, state: str = "") -> Path:
-        """registry/pending/RUN_ID.CALL.json, or its state file (.approved, .executed, .rejected)."""
-        return self.pending / f"{run_id}.{call}{'.' + state if state else ''}.json"
+    def pending_path(self, run_id: str, call: int) -> Path:
+        """registry/pending/RUN_ID.CALL.json: one parked call (its decisions are in the approvals log)."""
+        return self.pending / f"{run_id}.{call}.json"
 
     def shown(self, path: Path) -> str:
         """The path as the user should see it, on one line: relative to the root when inside it."""
@@ -424,6 +460,7 @@ class Store:
         self.decoder = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=unique_keys)  # built once
         self.encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))   # one JSONL line
         self.hidden = secret_values(fac.env)
+        self.noted: set[str] = set()      # notes printed by this station
 
     @contextlib.contextmanager
     def machine(self, path: Path, doing: str) -> Iterator[None]:
@@ -560,6 +597,37 @@ class Store:
         self.check_text(value, at)
         return value
 
+    def read_chain(self, path: Path, shape: Shape | None = None) -> Chain:
+        """The hash-chained log at path, every entry and link verified (see `chain`), read under a shared
+        lock so an entry being appended is never half read; an empty Chain when there is no log yet."""
+        if not os.path.lexists(path):
+            return Chain(self.fac.shown(path))
+        with self.opened(path) as log, self.machine(path, "read"):
+            fcntl.flock(log.fileno(), fcntl.LOCK_SH)
+            data = log.read()
+        return self.chain(path, data, shape)
+
+    def chain(self, path: Path, data: bytes, shape: Shape | None = None) -> Chain:
+        """The entries in a log's bytes, each of `shape` when given, each one's `prev` equal to the sha256
+        of the line before it (GENESIS for the first); Refusal naming the file and line of a torn or
+        misshapen entry, an entry that carries no `prev`, or a broken link."""
+        where, entries, hashes = self.fac.shown(path), [], []
+        for number, raw in enumerate(data.split(b"\n"), 1):
+            if not raw.strip():
+                continue
+            at = f"{where} line {number}"
+            entry = self.line_problem(raw, at, number)
+            if shape is not None:
+                shape.check(entry, at)
+            if "prev" not in entry:
+                raise Refusal(f"{at}: not a hash-chained entry (no 'prev'): written by hand, or before this log was chained")
+            if entry["prev"] != (hashes[-1] if hashes else GENESIS):
+                raise Refusal(f"{at}: the hash chain is broken here (an entry before it was edited, removed or "
+                              f"inserted); restore the log from a copy")
+            entries.append((number, entry))
+            hashes.append(sha256(raw))
+        return Chain(where, tuple(entries), tuple(hashes))
+
     def line_at(self, relative: str, offset: int) -> dict | None:
         """The JSON object on the line that starts at byte `offset` of a file under the root, or None
         when there is no such file, line or object (how an effect is read back after it was written)."""
@@ -681,12 +749,28 @@ class Store:
         """Append obj as one whole JSON line under an exclusive fcntl lock (O_APPEND, looped write);
         returns the byte offset where the line starts, so the effect can be read back. A write the
         machine stops half-way (no space, a size limit) is cut back: the file never keeps a torn line of ours."""
-        line = self.line(obj)
+        return self.locked_append(path, lambda handle: (self.line(obj), None))[0]
+
+    def append_chained(self, path: Path, make) -> dict:
+        """Append make(chain) to a hash-chained log, with `prev` set to the hash of its last entry, all
+        under the log's exclusive lock: the log is read and verified first (a broken or torn log is
+        refused, never extended), and `make(chain) -> dict` sees every entry before it and may raise
+        Refusal, so a check and its append are one step across processes. Returns the entry written."""
+        def compose(handle: int) -> tuple[bytes, dict]:
+            chain = self.chain(path, read_all(handle))
+            entry = {**make(chain), "prev": chain.head["hash"]}
+            return self.line(entry), entry
+        return self.locked_append(path, compose)[1]
+
+    def locked_append(self, path: Path, compose) -> tuple[int, object]:
+        """Under an exclusive fcntl lock on path (see open_append), write the line `compose(handle) ->
+        (line bytes, value)` at its end; (the byte offset where the line starts, value)."""
         with self.machine(path, "write"):
             handle = self.open_append(path)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX)
-                return self.append_locked(handle, line)
+                line, value = compose(handle)
+                return self.append_locked(handle, line), value
             finally:
                 os.close(handle)
 
@@ -749,15 +833,6 @@ class Store:
                 os.close(self.handle)
                 self.handle = None
 
-    def claim(self, path: Path) -> bool:
-        """Create path empty, exclusively across processes; False when it already exists (someone claimed it)."""
-        with self.machine(path, "write"), self.folder(path) as folder:
-            try:
-                os.close(os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder))
-            except FileExistsError:
-                return False
-        return True
-
     def discard(self, path: Path) -> None:
         """Remove a file this station wrote a moment ago, when the step that belongs with it failed (a
         stamped card whose lineage entry could not be written): a station does all of it or none."""
@@ -811,11 +886,24 @@ class Store:
     # ---- signing keys (outside the root, in the keys folder)
 
     def read_key(self, path: Path) -> str:
-        """The text of a key file, stripped; Refusal naming the file when it cannot be read as text."""
+        """The text of a key file, stripped; Refusal naming the file when it cannot be read as text, or
+        when it or its folder is open to other users (see check_private)."""
         try:
-            return path.read_bytes().decode("ascii").strip()
+            text = path.read_bytes().decode("ascii").strip()
         except (OSError, UnicodeDecodeError) as error:
             raise Refusal(f"{path}: not a readable signing key ({type(error).__name__}); restore it or certify with a new key") from None
+        self.check_private(path)
+        return text
+
+    def check_private(self, path: Path) -> None:
+        """Refusal, with the chmod that fixes it, when a key file or its folder may be read or written by
+        other users (any group or other permission bit): a key others can read signs for its owner."""
+        open_to_others = [(place, mode) for place, mode in ((path.parent, "700"), (path, "600"))
+                          if place.stat().st_mode & 0o077]
+        if open_to_others:
+            what = " and ".join("its folder" if place == path.parent else "the key file" for place, _ in open_to_others)
+            fix = " && ".join(f"chmod {mode} {place}" for place, mode in open_to_others)
+            raise Refusal(f"{path}: other users may read or write {what}; refusing to use it. fix it with: {fix}")
 
     def create_key(self, path: Path, text: str) -> bool:
         """Create a key file holding text, mode 0600 in a 0700 folder, written to a temporary file and
@@ -828,6 +916,38 @@ class Store:
         except FileExistsError:
             return False
         return True
+
+    def ssh_keygen(self, argv: list[str], data: bytes, signature: str | None = None):
+        """Run the ssh-keygen on $PATH with argv, `data` on its stdin and, when given, the signature on a
+        pipe it reads as the file /dev/fd/N (the `-s` argument, written `{signature}` in argv), so no
+        temporary file is made; the subprocess.CompletedProcess. Refusal in one line when ssh-keygen is
+        not installed, or does not answer within 60 s."""
+        import subprocess   # here, not at the top: only ssh signatures need it
+        program = self.ssh_program()
+        if signature is None:
+            return subprocess.run([program, *argv], input=data, capture_output=True, check=False)
+        reader, writer = os.pipe()
+        try:
+            os.write(writer, signature.encode())   # an armoured signature is far below a pipe's buffer
+            os.close(writer)
+            writer = None
+            argv = [item.replace("{signature}", f"/dev/fd/{reader}") for item in argv]
+            return subprocess.run([program, *argv], input=data, capture_output=True, check=False,
+                                  pass_fds=(reader,), timeout=60)
+        except subprocess.TimeoutExpired:
+            raise Refusal("ssh-keygen -Y verify did not answer within 60 s") from None
+        finally:
+            os.close(reader)
+            if writer is not None:
+                os.close(writer)
+
+    def ssh_program(self) -> str:
+        """The path of ssh-keygen on $PATH; Refusal in one line when it is not installed."""
+        program = shutil.which("ssh-keygen", path=self.fac.env.get("PATH", os.defpath))
+        if program is None:
+            raise Refusal("ssh-keygen is not installed here (OpenSSH); ssh signatures cannot be made or checked "
+                          "on this machine (hmac signatures still work)")
+        return program
 
     def keys_writable(self) -> bool:
         """True when the keys folder exists (or can be made, mode 0700) and this process may write in it."""
@@ -1220,25 +1340,29 @@ class Agent:
         """True when this output hands the run to a human: its hand-off field is true."""
         return isinstance(output, dict) and output.get(self.handoff_field) is True
 
-    def tools_for(self, fac: Factory, run_id: str, tags: dict | None = None) -> dict:
+    def tools_for(self, fac: Factory, run_id: str, tags: dict | None = None, announce=None) -> dict:
         """Tool name -> callable(args) writing this run's effects under the root, for the tools the card
-        grants; every row written also carries `tags` when given (the gate's result and p, for a committed call)."""
-        made, write = {}, effect_writer(fac, run_id, tags or {})
+        grants; every row written also carries `tags` when given (the gate's result and p, for a committed
+        call), and `announce(path, effect_id)` is told where each is about to be written (see effect_writer)."""
+        made, write = {}, effect_writer(fac, run_id, tags or {}, announce)
         for toolbox in self.toolboxes:
             made.update(toolbox.make_tools(fac.root, self.name, run_id, write))
         return {name: tool for name, tool in made.items() if name in self.card["tools"]}
 
 
-def effect_writer(fac: Factory, run_id: str, tags: dict):
+def effect_writer(fac: Factory, run_id: str, tags: dict, announce=None):
     """The `write(path, row) -> receipt` a tool module's make_tools is handed: the row, tagged with the run
     id, a fresh effect id and `tags`, appended as one whole locked line to a file under the root; the
     receipt {"path", "offset", "effect_id"} is how the line reads the effect back before calling a run
-    verified."""
+    verified. `announce(path, effect_id)`, when given, is called first (an approved call's trace says
+    where its effect is about to be written, so a kill before its result can still be read back)."""
     def write(path: Path, row: dict) -> dict:
         # lexically (a link is not followed here): ValueError outside the root, before writing; the Store
         # refuses a link on the way with a line naming it
         relative = Path(os.path.normpath(path)).relative_to(fac.root).as_posix()
         effect_id = os.urandom(8).hex()
+        if announce is not None:
+            announce(relative, effect_id)
         offset = fac.store.append_jsonl(fac.root / relative, {**row, "run_id": run_id, "effect_id": effect_id, **tags})
         return {"path": relative, "offset": offset, "effect_id": effect_id}
     return write
@@ -1413,11 +1537,15 @@ LINEAGE_SHAPE = Shape.of({"agent": str, "stamped_from": str})
 
 
 def parents(fac: Factory) -> dict:
-    """variant -> the agent it was stamped from, from the append-only lineage log (cards can be edited)."""
-    found = {}
-    if fac.lineage.exists():
-        for _, row in fac.store.read_jsonl(fac.lineage, LINEAGE_SHAPE):
-            found[row["agent"]] = row["stamped_from"]
+    """variant -> the agent it was stamped from, from the hash-chained lineage log (cards can be edited).
+    A variant's parent is fixed by its FIRST entry: a later entry naming another parent (one appended
+    line would otherwise move a variant out from under a recall) is ignored, with a note saying so."""
+    found, chain = {}, fac.store.read_chain(fac.lineage, LINEAGE_SHAPE)
+    for number, row in chain.entries:
+        first = found.setdefault(row["agent"], row["stamped_from"])
+        if first != row["stamped_from"]:
+            note(fac, f"{chain.where} line {number} re-parents {row['agent']} to {row['stamped_from']}; ignored: "
+                      f"a variant's parent is fixed by its first lineage entry ({first})")
     return found
 
 
@@ -1489,18 +1617,23 @@ def load_cases(fac: Factory, path: Path) -> list[dict]:
 
 
 # ================================================================ 3. Trust
-# Owns what lets a certificate be believed: signing keys, HMAC signatures, revocations, recalls, the
-# sealed proofs and production evidence behind a signature, the drift watch, the staged calls that
-# wait for approval, and the guards: named checks in ordered chains, run by one function.
+# Owns what lets a certificate be believed: signing keys (HMAC, or OpenSSH through ssh-keygen), the
+# factory evidence key and the MACs it puts on proof records and index rows, the hash-chained logs
+# (revocations, recalls, lineage, approvals) and their heads, the sealed proofs and production evidence
+# behind a signature, the drift watch, the parked calls and the approvals log that decides them, and
+# the guards: named checks in ordered chains, run by one function.
 
-# ---- keys, signatures, revocations
+# ---- keys and signatures
 
 UNSIGNED_FIELDS = ("signature", "revoked")   # revocation is added later and also kept in its own log
+HMAC_SIGNATURE = re.compile(r"hmac-sha256:[0-9a-f]{64}")
+SSH_SIGNATURE = re.compile(r"-----BEGIN SSH SIGNATURE-----\n[A-Za-z0-9+/=\n]{1,16384}-----END SSH SIGNATURE-----\n?")
+SSH_NAMESPACE = "agent-factory"   # ssh-keygen -Y's namespace: a signature made for git or email never verifies here
 
 
 def read_key(fac: Factory, path: Path) -> bytes:
     """The key in a key file: exactly 64 hex characters; Refusal naming the file otherwise
-    (an empty or cut key would let anyone compute a valid HMAC)."""
+    (an empty or cut key would let anyone compute a valid HMAC), or when others may read it."""
     text = fac.store.read_key(path)
     if not re.fullmatch(r"[0-9a-f]{64}", text):
         raise Refusal(f"{path}: not a signing key (expected 64 hex characters); restore it or certify with a new key")
@@ -1515,19 +1648,175 @@ def signing_key(fac: Factory, signer: str) -> bytes:
     return read_key(fac, path)
 
 
-def signature_of(key: bytes, cert: dict) -> str:
-    """'hmac-sha256:<hex>' over the canonical JSON of every certificate field but the unsigned ones."""
-    body = {k: v for k, v in cert.items() if k not in UNSIGNED_FIELDS}
-    import hashlib
-    import hmac
-    return "hmac-sha256:" + hmac.new(key, canonical(body), hashlib.sha256).hexdigest()
+def signed_part(obj: dict, unsigned: tuple = UNSIGNED_FIELDS) -> bytes:
+    """The canonical JSON of every field of obj but the unsigned ones: what a signature or MAC is taken over."""
+    return canonical({key: value for key, value in obj.items() if key not in unsigned})
 
+
+def hmac_hex(key: bytes, data: bytes) -> str:
+    """'hmac-sha256:<64 hex>' of data under key."""
+    import hashlib   # here, not at the top: loading OpenSSL is a cold start's cost --help need not pay
+    import hmac
+    return "hmac-sha256:" + hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class Signer:
+    """A person who signs (a certificate, or a decision on a parked call): their name, and how they sign,
+    with their HMAC key in the keys folder or, when `ssh_key` is given, with that OpenSSH key through
+    `ssh-keygen -Y sign` (verified against registry/allowed_signers; see `man ssh-keygen`)."""
+    name: str
+    ssh_key: Path | None = None
+
+    def ready(self, fac: Factory, station: str) -> None:
+        """Refusal, before anything is shown or written, when this signer cannot sign here: no HMAC key of
+        theirs on this machine (it is not created: a decision is signed by a key the person already
+        has), a key others may read, or an ssh key file that is not there."""
+        if self.ssh_key is not None:
+            fac.store.ssh_program()
+            if not self.ssh_key.is_file():
+                raise Refusal(f"--ssh-key {self.ssh_key}: no such key file")
+            return
+        path = fac.key_path(self.name)
+        if not path.exists():
+            raise Refusal(f"no signing key for {self.name} on this machine ({path}): {station} signs with the "
+                          f"person's own key (certify creates one on first use), or with --ssh-key")
+        read_key(fac, path)
+
+    def sign(self, fac: Factory, data: bytes) -> str:
+        """The signature of data: 'hmac-sha256:<hex>' with the signer's key, or an armoured ssh signature."""
+        if self.ssh_key is None:
+            return hmac_hex(read_key(fac, fac.key_path(self.name)), data)
+        made = fac.store.ssh_keygen(["-Y", "sign", "-f", str(self.ssh_key), "-n", SSH_NAMESPACE], data)
+        armour = made.stdout.decode("ascii", "replace")
+        if made.returncode != 0 or not SSH_SIGNATURE.fullmatch(armour):
+            raise Refusal(f"--ssh-key {self.ssh_key}: ssh-keygen could not sign with it ({last_line(made.stderr)})")
+        return armour
+
+    def signed(self, fac: Factory, body: dict, unsigned: tuple) -> dict:
+        """body with its `signature` by this signer (taken over every field but the unsigned ones)."""
+        return {**body, "signature": self.sign(fac, signed_part(body, unsigned))}
+
+
+def same_text(computed: str, given: str) -> bool:
+    """True when two ASCII signature texts are equal, compared in constant time (hmac.compare_digest)."""
+    import hmac
+    return hmac.compare_digest(computed.encode(), given.encode())
+
+
+def last_line(raw: bytes) -> str:
+    """The last non-blank line of a program's output, printable, for a one-line refusal."""
+    lines = [line.strip() for line in raw.decode("utf-8", "replace").splitlines() if line.strip()]
+    return "".join(c if c.isprintable() else "?" for c in lines[-1]) if lines else "no message"
+
+
+def signature_problem(fac: Factory, signer: str, obj: dict, unsigned: tuple = UNSIGNED_FIELDS) -> str | None:
+    """None when obj's `signature` verifies as signer's, else why not, in words: with signer's HMAC key
+    on this machine, or with `ssh-keygen -Y verify` against registry/allowed_signers. A signature that
+    is neither well-formed hex nor ssh armour does not verify (never an exception)."""
+    signature, data = obj.get("signature"), signed_part(obj, unsigned)
+    if isinstance(signature, str) and HMAC_SIGNATURE.fullmatch(signature):
+        key = fac.key_path(signer)
+        if not key.exists():
+            return f"cannot be checked: {signer}'s key is not on this machine ({key})"
+        return None if same_text(hmac_hex(read_key(fac, key), data), signature) else f"does not verify with {signer}'s key"
+    if isinstance(signature, str) and SSH_SIGNATURE.fullmatch(signature):
+        return None if ssh_verifies(fac, signer, data, signature) else \
+            f"does not verify with {signer}'s ssh key in {fac.shown(fac.allowed_signers)}"
+    return "does not verify (its signature is neither hmac-sha256 hex nor an ssh signature)"
+
+
+def ssh_verifies(fac: Factory, signer: str, data: bytes, signature: str) -> bool:
+    """True when `ssh-keygen -Y verify` accepts signature over data as signer's (the principal) under
+    the agent-factory namespace, by a key listed for signer in registry/allowed_signers (the format git
+    uses for signed commits: `PRINCIPAL KEYTYPE BASE64`; see `man ssh-keygen`, ALLOWED SIGNERS).
+    Refusal when there is no allowed-signers file or no ssh-keygen."""
+    fac.store.check_readable(fac.allowed_signers)
+    checked = fac.store.ssh_keygen(["-Y", "verify", "-f", str(fac.allowed_signers), "-I", signer,
+                                    "-n", SSH_NAMESPACE, "-s", "{signature}"], data, signature)
+    return checked.returncode == 0
+
+
+# ---- the factory evidence key: MACs on what certify relies on
+
+def evidence_key(fac: Factory, create: bool) -> bytes | None:
+    """The factory evidence key (KEYS_DIR/_evidence.key, 64 hex like a signing key, kept and checked
+    the same way), created on first use when `create` and the keys folder can be written; None when
+    this machine has none."""
+    path = fac.evidence_key_path
+    if create and not path.exists() and fac.store.keys_writable() \
+            and fac.store.create_key(path, os.urandom(32).hex() + "\n"):
+        print(f"created the factory evidence key at {path} (mode 0600; it seals proof records and index rows; "
+              f"keep it out of the repo)", file=sys.stderr)
+    return read_key(fac, path) if path.exists() else None
+
+
+def mac_verifies(key: bytes, obj: dict) -> bool:
+    """True when obj's `mac` is well-formed and is the HMAC of its other fields under key."""
+    mac = obj.get("mac")
+    return isinstance(mac, str) and HMAC_SIGNATURE.fullmatch(mac) is not None \
+        and same_text(hmac_hex(key, signed_part(obj, ("mac",))), mac)
+
+
+def sealed_evidence(fac: Factory, obj: dict) -> dict:
+    """obj with its `mac` under the evidence key (the key made on first use); obj as it is, with a note
+    saying so, when no key can be had: it then counts as no evidence."""
+    key = evidence_key(fac, create=True)
+    if key is None:
+        note(fac, f"no factory evidence key at {fac.evidence_key_path} and the keys folder cannot be written: "
+                  f"proof records and index rows are written without a MAC and count as no evidence")
+        return obj
+    obj = redact(obj, fac.store.hidden)   # as the store will write it, so the MAC verifies when read back
+    return {**obj, "mac": hmac_hex(key, signed_part(obj, ("mac",)))}
+
+
+def evidence_problem(fac: Factory, obj: dict) -> str | None:
+    """None when obj's MAC verifies under the evidence key; else why not, in words."""
+    if "mac" not in obj:
+        return "carries no evidence MAC (written by hand, or without an evidence key)"
+    key = evidence_key(fac, create=False)
+    if key is None:
+        return f"cannot be checked: the factory evidence key is not on this machine ({fac.evidence_key_path})"
+    return None if mac_verifies(key, obj) else "does not verify with the factory evidence key: it was changed after it was written"
+
+
+# ---- the hash-chained logs and their heads
+
+def chained_logs(fac: Factory) -> dict[str, Chain]:
+    """log name -> the hash-chained log as it is now, each read and verified."""
+    return {name: fac.store.read_chain(getattr(fac, name)) for name in CHAINED_LOGS}
+
+
+def chain_heads(fac: Factory) -> dict:
+    """log name -> {"count", "hash"} of every hash-chained log now: what a certificate records, so that
+    removing or editing an entry made before it is detected."""
+    return {name: chain.head for name, chain in chained_logs(fac).items()}
+
+
+def heads_problem(chains: dict[str, Chain], heads, where: str) -> str | None:
+    """None when every log in `chains` still begins with the entries it held when `heads` were recorded
+    (a log may have grown since); else one line naming the log that lost or changed an entry."""
+    if not isinstance(heads, dict) or set(heads) != set(CHAINED_LOGS):
+        return f"{where}: records no log heads (signed before the logs were hash-chained)"
+    for name in CHAINED_LOGS:
+        chain, head = chains[name], heads[name]
+        count = head.get("count") if isinstance(head, dict) else None
+        if not isinstance(count, int) or count < 0:
+            return f"{where}: its head of {chain.where} is malformed"
+        if len(chain.hashes) < count:
+            return (f"{chain.where}: has {len(chain.hashes)} entries but had {count} when {where} was signed: "
+                    f"entries were removed since; restore the log from a copy")
+        if count and chain.hashes[count - 1] != head.get("hash"):
+            return (f"{chain.where}: entry {count} is not the one {where} was signed over: the log was rewritten "
+                    f"since; restore it from a copy")
+    return None
+
+
+# ---- revocations
 
 def revocation_of(fac: Factory, cert: dict) -> dict | None:
-    """The revocation entry for this exact certificate (by signature), from the append-only log."""
-    if not fac.revocations.exists():
-        return None
-    for _, row in fac.store.read_jsonl(fac.revocations):
+    """The revocation entry for this exact certificate (by signature), from the hash-chained log."""
+    for _, row in fac.store.read_chain(fac.revocations).entries:
         if row.get("signature") == cert["signature"]:
             return row
     return None
@@ -1542,7 +1831,7 @@ def revoke(fac: Factory, name: str, reason: str) -> bool:
     if cert.get("revoked"):
         return False
     entry = {"agent": name, "reason": reason, "at": utc_now(), "signature": cert.get("signature")}
-    fac.store.append_jsonl(fac.revocations, entry)
+    fac.store.append_chained(fac.revocations, lambda chain: entry)
     fac.store.write_json(path, {**cert, "revoked": {"reason": reason, "at": entry["at"]}})
     return True
 
@@ -1564,17 +1853,15 @@ RECALL_SHAPE = Shape.of({"agent": str, "reason": str, "at": str})
 
 
 def recalls_of(fac: Factory, name: str) -> list[dict]:
-    """Recall entries that reach NAME: its own and its masters', oldest first (append-only log)."""
-    if not fac.recalls.exists():
-        return []
+    """Recall entries that reach NAME: its own and its masters', oldest first (hash-chained log)."""
     reach = {name, *ancestors(fac, name)}
-    return [row for _, row in fac.store.read_jsonl(fac.recalls, RECALL_SHAPE) if row["agent"] in reach]
+    return [row for _, row in fac.store.read_chain(fac.recalls, RECALL_SHAPE).entries if row["agent"] in reach]
 
 
 RECORD_SHAPE = Shape.of({"format": str, "agent": str, "half": str, "at": str, "verdict": str, "passed": bool,
                          "score": (int, float), "passing_cases": int, "cases": int, "pass_bar": (int, float),
                          "rubric": str, "digest": str, "components": dict, "suite": str, "suite_digest": str,
-                         "draft_check": str, "failures": list})
+                         "draft_check": str, "failures": list}, optional={"mac": str})
 
 
 def from_proof_1(record: dict) -> dict:
@@ -1620,30 +1907,60 @@ PROMOTION_RUNS = 20          # gated production runs at the tier below, since th
 GATED = ("pass", "flag", "unsure")
 
 
-def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> tuple[int, int]:
-    """(gated runs, gate passes) of this agent with its current digest, at `tier` when given."""
-    runs = passes = 0
-    for row in index_rows(fac):
-        if row["agent"] == agent.name and row.get("digest") == agent.digest and row["gate"] in GATED \
-                and (tier is None or row.get("tier") == tier):
-            runs, passes = runs + 1, passes + (row["gate"] == "pass")
-    return runs, passes
+@dataclass(frozen=True)
+class Production:
+    """The production evidence in the index for one agent's digest: gated runs whose row's MAC verifies
+    under the evidence key, their gate passes, and the lines of rows that would have counted but whose
+    MAC does not verify (forged, edited, or written without the key): those are not counted."""
+    runs: int
+    passes: int
+    unverified: tuple = ()        # line numbers in traces/index.jsonl
+
+    @property
+    def rate(self) -> float:
+        """The gate pass rate of the verified runs (0.0 with none)."""
+        return self.passes / self.runs if self.runs else 0.0
+
+    def not_counted(self, fac: Factory) -> str:
+        """'; N row(s) of traces/index.jsonl not counted (...)', or '' when every row verified."""
+        if not self.unverified:
+            return ""
+        lines = ", ".join(map(str, self.unverified[:5])) + (", ..." if len(self.unverified) > 5 else "")
+        return (f"; {len(self.unverified)} row(s) of {fac.shown(fac.index)} not counted: their evidence MAC does "
+                f"not verify (line {lines})")
+
+
+def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> Production:
+    """The closed, gated runs of this agent with its current digest (at `tier` when given) that the
+    index holds, each row's MAC checked under the evidence key."""
+    key, runs, passes, unverified = evidence_key(fac, create=False), 0, 0, []
+    rows = fac.store.read_jsonl(fac.index, INDEX_SHAPE) if fac.index.exists() else ()
+    for number, row in rows:
+        if row["agent"] != agent.name or row.get("digest") != agent.digest or row["gate"] not in GATED \
+                or (tier is not None and row.get("tier") != tier) or row.get("state", "closed") != "closed":
+            continue
+        if key is None or not mac_verifies(key, row):
+            unverified.append(number)
+            continue
+        runs, passes = runs + 1, passes + (row["gate"] == "pass")
+    return Production(runs, passes, tuple(unverified))
 
 
 # ---- signing a certificate
 
-def certificate(fac: Factory, agent: Agent, tier: str, signer: str, path: Path, proof: dict) -> dict:
-    """The signed certificate: what may run, at which tier, on whose word."""
+def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Path, proof: dict) -> dict:
+    """The signed certificate: what may run, at which tier, on whose word, with the heads of the
+    hash-chained logs at signing (so an entry removed or edited later is detected)."""
     cert = {"format": CERT_FORMAT, "agent": agent.name, "tier": tier, "digest": agent.digest,
             "components": agent.components, "sealed_score": proof["score"], "sealed_record": path.name,
             "sealed_at": proof["at"], "suite_digest": proof["suite_digest"], "grants": agent.card["tools"],
             "denied": agent.card["tools_denied"], "envelope_usd": agent.card["cost_envelope_usd"],
-            "identity": agent.card["identity"], "owner": agent.card["owner"], "signer": signer, "signed_at": utc_now()}
-    runs, passes = gated_runs(fac, agent)
-    cert["certified_rate"] = round(passes / runs, 4) if runs >= PROMOTION_RUNS else None
-    cert["certified_rate_runs"] = runs
-    cert["signature"] = signature_of(signing_key(fac, signer), cert)
-    return cert
+            "identity": agent.card["identity"], "owner": agent.card["owner"], "signer": signer.name, "signed_at": utc_now()}
+    production = gated_runs(fac, agent)
+    cert["certified_rate"] = round(production.rate, 4) if production.runs >= PROMOTION_RUNS else None
+    cert["certified_rate_runs"] = production.runs
+    cert["chains"] = chain_heads(fac)
+    return signer.signed(fac, cert, UNSIGNED_FIELDS)
 
 
 def archive_certificate(fac: Factory, name: str) -> None:
@@ -1659,8 +1976,8 @@ def archive_certificate(fac: Factory, name: str) -> None:
     except (ValueError, AttributeError):
         signature = None
     if isinstance(signature, str):
-        fac.store.append_jsonl(fac.revocations, {"agent": name, "reason": "superseded by a newer certificate",
-                                       "at": utc_now(), "signature": signature})
+        entry = {"agent": name, "reason": "superseded by a newer certificate", "at": utc_now(), "signature": signature}
+        fac.store.append_chained(fac.revocations, lambda chain: entry)
 
 
 # ---- drift: a certified rate watched in production
@@ -1726,13 +2043,31 @@ class Drift:
         return f"{state} (recent {self.rate:.2f}, lcl {self.lcl:.2f}, certified {self.certified_rate:.2f})"
 
 
-# ---- staged calls waiting for approval
+# ---- parked calls, and the approvals log that decides them
 
 PENDING_FORMAT = "factory-pending-1"
 
 
 PENDING_SHAPE = Shape.of({"format": str, "run_id": str, "call": int, "agent": str, "tool": str, "args": dict,
                           "args_digest": str, "certificate": str, "digest": str, "staged_at": str, "expires_at": str})
+
+
+# registry/approvals.jsonl, hash-chained: one entry per decision, each signed by the person who made it.
+#   intent    a human approved the call; written BEFORE the effect (the call is claimed, exactly once)
+#   result    the effect's outcome, AFTER it; with the run's verdict before and after (verdict_from/to)
+#   rejected  a human closed the call without executing it (or after reconciling an uncertain effect)
+# A call with an intent and no result is `uncertain-effect`: the approving process was stopped between.
+DECISION_SHAPE = Shape.of({"kind": str, "run_id": str, "call": int, "agent": str, "by": str, "at": str, "signature": str})
+DECISION_UNSIGNED = ("signature", "prev")      # `prev` is set by the log as the entry is appended
+OUTCOMES = ("verified", "routed-to-human", "uncertain-effect")   # a decided call's outcome for its run, worst last
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A human's signed decision on one parked call (an approvals-log entry not yet appended), and the
+    Signer who made it, who also signs the result of executing it."""
+    entry: dict
+    signer: Signer
 
 
 def load_pending(fac: Factory, run_id: str, call: int) -> dict:
@@ -1745,12 +2080,95 @@ def load_pending(fac: Factory, run_id: str, call: int) -> dict:
     return fac.store.read_json(path, PENDING_SHAPE)
 
 
-def pending_state(fac: Factory, entry: dict) -> str:
-    """executed | rejected | expired | pending, from the state files beside the stored call."""
-    for state in ("executed", "rejected"):
-        if fac.pending_path(entry["run_id"], entry["call"], state).exists():
-            return state
+def decisions_of(fac: Factory) -> dict:
+    """(run id, call) -> {kind: entry}: the first intent, result and rejected entry of each call in the
+    approvals log (read and verified now)."""
+    found: dict = {}
+    for _, entry in fac.store.read_chain(fac.approvals, DECISION_SHAPE).entries:
+        found.setdefault((entry["run_id"], entry["call"]), {}).setdefault(entry["kind"], entry)
+    return found
+
+
+def call_state(entry: dict, decided: dict) -> str:
+    """rejected | executed | uncertain-effect | expired | pending: a parked call's state from its decisions."""
+    if "rejected" in decided:
+        return "rejected"
+    if "result" in decided:
+        return "executed"
+    if "intent" in decided:
+        return "uncertain-effect"
     return "expired" if utc_now() > entry["expires_at"] else "pending"
+
+
+def undecided(chain: Chain, run_id: str, call: int, blocking: tuple) -> None:
+    """Refusal when the approvals log already holds a decision of a `blocking` kind on this call (read
+    under the log's lock, so two approvals of one call cannot both pass)."""
+    for number, old in chain.entries:
+        if old.get("run_id") == run_id and old.get("call") == call and old.get("kind") in blocking:
+            raise Refusal(f"call {call} of run {run_id} was already decided: {old['kind']} by {old.get('by')} "
+                          f"at {old.get('at')} ({chain.where} line {number}).")
+
+
+def first_decision(run_id: str, call: int, entry: dict):
+    """make(chain) for the approvals log: entry, appended only while the log holds no decision on the call."""
+    def make(chain: Chain) -> dict:
+        undecided(chain, run_id, call, ("intent", "result", "rejected"))
+        return entry
+    return make
+
+
+def verdict_after(before: str, outcomes: list[str], waiting: bool) -> str:
+    """A run's verdict once a human decided one of its parked calls: the verdict `before`, the outcomes
+    of the run's decided calls (OUTCOMES), and whether another of its calls still waits."""
+    worst = max(outcomes, key=OUTCOMES.index)
+    if before != "waiting-for-approval":
+        return worst if worst == "uncertain-effect" else before
+    return "waiting-for-approval" if waiting else worst
+
+
+def closing(claim: "Claim", signer: Signer, body: dict, outcome: str, blocking: tuple):
+    """make(chain) for the approvals log: body (a result or rejected entry of the claim's call) with the
+    run's verdict before and after it (from the log itself, else the run's trace), signed by signer;
+    Refusal when the log already holds a `blocking` decision on the call."""
+    run_id, call = claim.entry["run_id"], claim.entry["call"]
+
+    def make(chain: Chain) -> dict:
+        undecided(chain, run_id, call, blocking)
+        closed = [e for _, e in chain.entries if e.get("run_id") == run_id and e["kind"] in ("result", "rejected")]
+        before = closed[-1].get("verdict_to", claim.verdict_at_close) if closed else claim.verdict_at_close
+        outcomes = [outcome] + [outcome_of(e) for e in closed]
+        decided = {e["call"] for e in closed} | {call}
+        waiting = any(number not in decided for number in claim.calls_of_run)
+        return signer.signed(claim.fac, {**body, "verdict_from": before,
+                                         "verdict_to": verdict_after(before, outcomes, waiting)}, DECISION_UNSIGNED)
+    return make
+
+
+def outcome_of(entry: dict) -> str:
+    """What a closing entry means for its run: verified (executed and read back), routed-to-human
+    (rejected), or uncertain-effect (it failed, or could not be read back)."""
+    if entry["kind"] == "rejected":
+        return "routed-to-human"
+    return "verified" if entry.get("ok") is True and entry.get("read_back") is True else "uncertain-effect"
+
+
+def effect_read_back(fac: Factory, entry: dict) -> str:
+    """For a call whose effect is uncertain: what reading back finds, from the place the run's trace
+    says the tool was about to write (an `effect_started` event) and the effect id it wrote with."""
+    try:
+        events = [e for _, e in fac.store.read_jsonl(fac.trace_path(entry["agent"], entry["run_id"]))
+                  if e.get("event") == "effect_started" and e.get("call") == entry["call"]]
+        if not events:
+            return "no effect was started (the tool never began its write)"
+        started = events[-1]
+        path = fac.root / str(started.get("path"))
+        found = path.exists() and any(row.get("effect_id") == started.get("effect_id")
+                                      for _, row in fac.store.read_jsonl(path))
+    except Refusal as why:
+        return f"cannot be read back ({why})"
+    if found:
+        return f"the effect IS written: {started.get('path')} holds effect {started.get('effect_id')}"
+    return f"the effect was NOT written: {started.get('path')} holds no effect {started.get('effect_id')}"
 
 
 # ---- the guards: named checks in ordered chains, run by one function
@@ -1765,6 +2183,7 @@ class Claim:
     kind: str                   # run | certify | approve
     tier: str | None = None     # certify: the tier asked for
     entry: dict | None = None   # approve: the stored staged call
+    approval: Decision | None = None   # approve: the signed approval the executor was handed
 
     @property
     def since(self) -> str:
@@ -1827,10 +2246,30 @@ class Claim:
         return signed, self.cert.get("components", {})
 
     @cached_property
-    def approval(self) -> dict | None:
-        """The approval record of the staged call, or None when nobody approved it."""
-        path = self.fac.pending_path(self.entry["run_id"], self.entry["call"], "approved")
-        return self.fac.store.read_json(path) if path.exists() else None
+    def decided(self) -> dict:
+        """The decisions on the staged call in the approvals log: {kind: entry}."""
+        return decisions_of(self.fac).get((self.entry["run_id"], self.entry["call"]), {})
+
+    @cached_property
+    def recorded(self) -> "Recorded":
+        """The trace of the run that staged the call."""
+        return Trace.read(self.fac, self.entry["run_id"], self.entry["agent"])
+
+    @property
+    def verdict_at_close(self) -> str:
+        """The verdict the staging run ended with (its trace's end event); waiting-for-approval, the verdict
+        of a run that parked a call, when the trace cannot say."""
+        try:
+            end = self.recorded.end or {}
+        except Refusal:
+            end = {}
+        return end.get("verdict") if isinstance(end.get("verdict"), str) else "waiting-for-approval"
+
+    @property
+    def calls_of_run(self) -> list[int]:
+        """The call numbers parked by the staging run (registry/pending/RUN_ID.N.json)."""
+        names = (path.name.split(".") for path in self.fac.pending.glob(f"{self.entry['run_id']}.*.json"))
+        return [int(parts[1]) for parts in names if len(parts) == 3 and parts[1].isdigit()]
 
     @property
     def call(self) -> str:
@@ -1846,28 +2285,65 @@ def has_certificate(claim: Claim) -> str | None:
 
 
 def names_a_signer(claim: Claim) -> str | None:
-    """The certificate names a well-formed signer and carries a signature."""
-    signer = claim.cert.get("signer")
-    if isinstance(signer, str) and SIGNER.fullmatch(signer) and isinstance(claim.cert.get("signature"), str):
+    """The certificate names a well-formed signer and carries a well-formed signature (hmac-sha256 hex,
+    or ssh armour): anything else does not verify."""
+    signer, signature = claim.cert.get("signer"), claim.cert.get("signature")
+    if isinstance(signer, str) and SIGNER.fullmatch(signer) and isinstance(signature, str) \
+            and (HMAC_SIGNATURE.fullmatch(signature) or SSH_SIGNATURE.fullmatch(signature)):
         return None
     return f"{claim.where}: the certificate does not verify (no valid signer or signature). re-certify."
 
 
 def signer_key_here(claim: Claim) -> str | None:
-    """The signer's key is on this machine (else the signature cannot be checked here)."""
-    key = claim.fac.key_path(claim.cert["signer"])
+    """What checks the signature is on this machine: the signer's HMAC key, or for an ssh signature
+    ssh-keygen and registry/allowed_signers (else it cannot be checked here)."""
+    signer = claim.cert["signer"]
+    if SSH_SIGNATURE.fullmatch(claim.cert["signature"]):
+        if not claim.fac.allowed_signers.exists():
+            return (f"{claim.where}: signed with {signer}'s ssh key, but there is no {claim.fac.shown(claim.fac.allowed_signers)} "
+                    f"to check it against; it cannot be verified here.")
+        try:
+            claim.fac.store.ssh_program()
+        except Refusal as missing:
+            return f"{claim.where}: signed with {signer}'s ssh key; {missing}."
+        return None
+    key = claim.fac.key_path(signer)
     if key.exists():
         return None
-    return f"{claim.where}: signed by {claim.cert['signer']}, whose key is not on this machine ({key}); it cannot be verified here."
+    return f"{claim.where}: signed by {signer}, whose key is not on this machine ({key}); it cannot be verified here."
 
 
 def signature_verifies(claim: Claim) -> str | None:
-    """The signature verifies with the signer's key: nothing was changed after signing."""
-    signer = claim.cert["signer"]
-    import hmac
-    if hmac.compare_digest(signature_of(read_key(claim.fac, claim.fac.key_path(signer)), claim.cert), claim.cert["signature"]):
+    """The signature verifies with the signer's key (or ssh key in allowed_signers): nothing was changed after signing."""
+    problem = signature_problem(claim.fac, claim.cert["signer"], claim.cert)
+    if problem is None:
         return None
-    return f"{claim.where}: the certificate does not verify with {signer}'s key; it was changed after signing. re-certify."
+    return f"{claim.where}: the certificate {problem}; it was changed after signing, or signed by someone else. re-certify."
+
+
+def logs_unchanged(claim: Claim) -> str | None:
+    """Every hash-chained log still begins with the entries it held when this certificate was signed,
+    and when every other certificate in the registry that verifies here was: the newest signature of
+    any agent anchors every entry made before it (a recall of a master, say, and its variants)."""
+    chains = chained_logs(claim.fac)
+    problem = heads_problem(chains, claim.cert.get("chains"), claim.where)
+    for where, heads in ([] if problem else anchors(claim.fac, claim.name)):
+        problem = problem or heads_problem(chains, heads, where)
+    return f"{problem}. {claim.remedy}" if problem else None
+
+
+def anchors(fac: Factory, but: str) -> Iterator[tuple[str, dict]]:
+    """(path shown, log heads) of each other agent's certificate in the registry whose signature verifies
+    here (one that does not anchors nothing: anyone could have written it)."""
+    for path in sorted(fac.registry.glob("*.card.json")):
+        try:
+            cert = fac.store.read_json(path)
+            signer = cert.get("signer")
+            if path.name != f"{but}.card.json" and isinstance(cert.get("chains"), dict) and isinstance(signer, str) \
+                    and SIGNER.fullmatch(signer) and signature_problem(fac, signer, cert) is None:
+                yield fac.shown(path), cert.get("chains")
+        except Refusal:   # that agent's own station names what is wrong with its certificate
+            continue
 
 
 def for_this_agent(claim: Claim) -> str | None:
@@ -1912,6 +2388,12 @@ def has_sealed_proof(claim: Claim) -> str | None:
     return None if claim.proofs else "no sealed run. the law: no evals, no production."
 
 
+def proof_verifies(claim: Claim) -> str | None:
+    """The latest sealed proof is the one prove wrote: its evidence MAC verifies."""
+    problem = evidence_problem(claim.fac, claim.proof)
+    return f"{claim.fac.shown(claim.proofs[-1][0])}: the sealed proof {problem}. {claim.remedy}" if problem else None
+
+
 def sealed_suite_unchanged(claim: Claim) -> str | None:
     """The sealed suite is byte for byte the one the latest proof ran."""
     sealed = claim.fac.suite_path(claim.proof["suite"], True)
@@ -1938,24 +2420,43 @@ def production_evidence(claim: Claim) -> str | None:
     if claim.tier not in ("C2", "C3"):
         return None
     below, bar = TIERS[TIERS.index(claim.tier) - 1], claim.agent.card["evals"]["pass_bar"]
-    runs, passes = gated_runs(claim.fac, claim.agent, below)
-    rate = passes / runs if runs else 0.0
-    if runs >= PROMOTION_RUNS and rate >= bar:
+    production = gated_runs(claim.fac, claim.agent, below)
+    if production.runs >= PROMOTION_RUNS and production.rate >= bar:
         return None
     return (f"tier {claim.tier} needs production evidence at {below} since the card last changed: "
-            f"{runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {rate:.2f} (need {bar}).")
+            f"{production.runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {production.rate:.2f} "
+            f"(need {bar}){production.not_counted(claim.fac)}.")
 
 
 def call_still_open(claim: Claim) -> str | None:
-    """The staged call was not executed or rejected already, and has not expired."""
-    state = pending_state(claim.fac, claim.entry)
+    """The staged call was not executed, rejected or approved already (an approval without a result
+    is an uncertain effect, never executed twice), and has not expired."""
+    state, decided = call_state(claim.entry, claim.decided), claim.decided
     if state == "executed":
-        done = claim.fac.store.read_json(claim.fac.pending_path(claim.entry["run_id"], claim.entry["call"], "executed"))
-        return f"{claim.call} was already executed at {done.get('at')} (approved by {done.get('by')})."
+        return f"{claim.call} was already executed at {decided['result'].get('at')} (approved by {decided['result'].get('by')})."
     if state == "rejected":
         return f"{claim.call} was rejected; it will not be executed."
+    if state == "uncertain-effect":
+        return (f"{claim.call} was approved by {decided['intent'].get('by')} at {decided['intent'].get('at')} but no result "
+                f"was recorded: its effect is uncertain and it will not be executed again. reconcile it by hand "
+                f"(`pending` reads it back), then close it with `reject`.")
     if state == "expired":
         return f"{claim.call} expired at {claim.entry['expires_at']} without approval; run the ticket again."
+    return None
+
+
+def call_not_closed(claim: Claim) -> str | None:
+    """The staged call may still be rejected: it is open, or its effect is uncertain (a human closes it
+    after reconciling); not when it was executed, rejected or expired."""
+    return None if call_state(claim.entry, claim.decided) == "uncertain-effect" else call_still_open(claim)
+
+
+def acting_certificate(claim: Claim) -> str | None:
+    """The certificate lets the agent act (C2 or above) and is for the digest the call was staged under."""
+    if claim.cert.get("tier") not in ("C2", "C3"):
+        return f"{claim.where} is at {claim.cert.get('tier')}: a parked call runs only under a certificate at C2 or above; {claim.remedy}"
+    if claim.cert.get("digest") != claim.entry["digest"]:
+        return f"{claim.where} is for another digest than the one {claim.call} was staged under; {claim.remedy}"
     return None
 
 
@@ -1973,30 +2474,61 @@ def arguments_unchanged(claim: Claim) -> str | None:
     return f"the stored arguments of {claim.entry['tool']} no longer match their digest: changed after staging; {claim.remedy}"
 
 
+def staged_in_the_trace(claim: Claim) -> str | None:
+    """The run's trace holds the `settled` event that parked this call, sealed by the evidence MAC, naming
+    the same tool, arguments digest, certificate and digest as the parked file (which alone proves nothing)."""
+    where, number = claim.fac.shown(claim.recorded.path), claim.entry["call"]
+    events = [e for e in claim.recorded.events
+              if e.get("event") == "settled" and e.get("decision") == "park" and e.get("call") == number]
+    if not events:
+        return f"{where}: no call {number} was parked by that run; {claim.remedy}"
+    problem = evidence_problem(claim.fac, events[0])
+    if problem:
+        return f"{where}: the event that parked call {number} {problem}; {claim.remedy}"
+    differs = [key for key in ("tool", "args_digest", "certificate", "digest") if events[0].get(key) != claim.entry[key]]
+    if differs:
+        return (f"the parked {claim.call} is not what the run staged ({', '.join(differs)} differ from {where}): "
+                f"changed after staging; {claim.remedy}")
+    return None
+
+
 def approved(claim: Claim) -> str | None:
     """A human approved the call (the executor refuses without an approval record, whoever calls it)."""
     return None if claim.approval is not None else f"{claim.call} has no approval record; the executor refuses."
 
 
+def approval_signed(claim: Claim) -> str | None:
+    """The approval is signed by the approver it names: their HMAC key here, or their ssh key in allowed_signers."""
+    by = claim.approval.entry.get("by")
+    if not (isinstance(by, str) and SIGNER.fullmatch(by)) or claim.approval.entry.get("kind") != "intent":
+        return f"the approval of {claim.call} names no approver; the executor refuses."
+    problem = signature_problem(claim.fac, by, claim.approval.entry, DECISION_UNSIGNED)
+    return f"the approval of {claim.call} by {by} {problem}; the executor refuses." if problem else None
+
+
 def approved_these_arguments(claim: Claim) -> str | None:
-    """The approval was for exactly the stored arguments."""
-    if claim.approval.get("args_digest") == claim.entry["args_digest"]:
+    """The approval was for exactly this parked call: its run, call, tool, arguments and certificate."""
+    keys = ("run_id", "call", "agent", "tool", "args_digest", "certificate")
+    if all(claim.approval.entry.get(key) == claim.entry[key] for key in keys):
         return None
     return f"the approval of run {claim.entry['run_id']} (call {claim.entry['call']}) was for other arguments; {claim.remedy}"
 
 
 # Each chain is (name, check) in order; a check returns None or the one refusal line.
 CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
-                      ("signature", signature_verifies), ("agent", for_this_agent))
+                      ("signature", signature_verifies), ("agent", for_this_agent), ("logs", logs_unchanged))
 RUN_GUARDS = CERTIFICATE_GUARDS + (("revocation", not_revoked), ("recall", not_recalled), ("digest", unchanged))
-CERTIFY_GUARDS = (("tier ceiling", within_ceiling), ("sealed proof", has_sealed_proof), ("digest", unchanged),
-                  ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar), ("recall", not_recalled),
-                  ("production evidence", production_evidence))
+CERTIFY_GUARDS = (("tier ceiling", within_ceiling), ("sealed proof", has_sealed_proof), ("proof evidence", proof_verifies),
+                  ("digest", unchanged), ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar),
+                  ("recall", not_recalled), ("production evidence", production_evidence))
 OPEN_GUARDS = (("open call", call_still_open),)
+REJECT_GUARDS = (("open call", call_not_closed),)
 APPROVE_GUARDS = OPEN_GUARDS + CERTIFICATE_GUARDS + (
-    ("revocation", not_revoked), ("recall", not_recalled), ("same certificate", same_certificate),
-    ("digest", unchanged), ("arguments", arguments_unchanged))
-EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (("approved arguments", approved_these_arguments),)
+    ("revocation", not_revoked), ("recall", not_recalled), ("acting certificate", acting_certificate),
+    ("same certificate", same_certificate), ("digest", unchanged), ("arguments", arguments_unchanged),
+    ("staged event", staged_in_the_trace))
+EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (
+    ("approval signature", approval_signed), ("approved arguments", approved_these_arguments))
 
 
 def check_guards(claim: Claim, guards: tuple) -> list[tuple[str, str | None]]:
@@ -2028,9 +2560,9 @@ def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
     return claim.agent, claim.cert
 
 
-def staged_call_claim(fac: Factory, entry: dict) -> Claim:
-    """The claim that a stored staged call may be executed."""
-    return Claim(fac, entry["agent"], "approve", entry=entry)
+def staged_call_claim(fac: Factory, entry: dict, approval: Decision | None = None) -> Claim:
+    """The claim that a stored staged call may be executed (on `approval`, for the executor)."""
+    return Claim(fac, entry["agent"], "approve", entry=entry, approval=approval)
 
 
 # ================================================================ 4. Runs
@@ -2506,7 +3038,7 @@ STARTED_SHAPE = Shape.of({"state": str, "run_id": str, "agent": str, "at": str, 
 INDEX_SHAPE = Shape.of({"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
                         "backends": list, "denied": list, "acted": int, "staged": int, "why": list},
                        optional={"cost_usd": (int, float, type(None)), "p": (int, float, type(None)), "state": str,
-                                 "review": int})
+                                 "review": int, "mac": str})
 EVENT_SHAPES = {  # what replay and harvest rely on in each kind of event
     "model": Shape.of({"tool_calls": list, "stop_reason": str},
                       optional={"text": str, "usage": dict, "model": str, "cost_usd": (int, float, type(None))}),
@@ -2569,7 +3101,8 @@ class Trace:
         but NOT_INDEXED)."""
         self.record({"event": "end", **{key: row[key] for key in END_FIELDS}})
         self.release()
-        self.fac.store.append_jsonl(self.fac.index, {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}})
+        closed = {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}}
+        self.fac.store.append_jsonl(self.fac.index, sealed_evidence(self.fac, closed))   # counted as evidence
 
     @staticmethod
     def read(fac: Factory, run_id: str, agent: str | None = None) -> Recorded:
@@ -2813,10 +3346,11 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
             committed = broker.commit(call, committing)
             done.acted += committed.ok and committed.effect == "act"
             event["ruling"] = committed.ruling
-        elif decision == "park":
+        elif decision == "park":   # sealed: the executor compares the parked file with this event
             done.parked += 1
             stored = park(fac, agent, cert, trace.run_id, done.parked, call, {"result": gate["result"], "p": gate["p"]})
-            event["path"] = fac.shown(stored)
+            event = sealed_evidence(fac, {**event, "call": done.parked, "path": fac.shown(stored),
+                                          "certificate": cert["signature"], "digest": agent.digest})
         elif decision == "review":
             event.update(to_review(fac, agent, trace.run_id, settlement, tags))
             done.review, done.lost = done.review + ("path" in event), done.lost + ("error" in event)
@@ -2853,28 +3387,42 @@ def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome
     return path
 
 
-def execute_staged_call(fac: Factory, run_id: str, call: int) -> dict:
-    """Execute one approved staged call through the broker, exactly once; refuses without an approval record.
+def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision | None = None) -> dict:
+    """Execute one parked call through the broker, exactly once, on a signed approval; refuses without one.
 
-    Every guard is checked again here, whoever calls it (EXECUTE_GUARDS): approval, state, agent,
-    certificate, argument digest. The result is kept beside the call and appended to the run's trace;
-    the committed row names the run, and the gate's result and p when they were stored with the call."""
-    claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call)), EXECUTE_GUARDS)
+    Every guard is checked again here, whoever calls it (EXECUTE_GUARDS): the approval and its signature,
+    the call's state, the certificate (C2 or above, the one it was staged under), the arguments against
+    their digest and against the run's sealed `settled` event. Then, in this order: the approval is
+    appended to the approvals log as the call's `intent` (only while the log holds no decision on the
+    call: exactly once, across processes); the run's trace records where the effect is about to be
+    written; the effect (its row names the run, and the gate's result and p stored with the call); the
+    `result` entry, signed by the approver, with the run's verdict before and after. A kill between
+    intent and result leaves the call `uncertain-effect`. Returns the result entry."""
+    claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call), approval), EXECUTE_GUARDS)
     entry, agent = claim.entry, claim.agent
-    executed = fac.pending_path(run_id, call, "executed")
-    if not fac.store.claim(executed):   # exactly once, across processes
-        raise Refusal(f"{claim.call} was already executed.")
+    fac.store.append_chained(fac.approvals, first_decision(run_id, call, approval.entry))
     trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
     broker = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
     held = broker.carry_out(entry["tool"], entry["args"])
     gate = entry.get("gate") if isinstance(entry.get("gate"), dict) else {}
-    tags = {"gate": gate.get("result"), "p": gate.get("p")}
-    done = broker.commit(held, agent.tools_for(fac, run_id, tags)) if held.ruling == HELD else held
-    result = {"at": utc_now(), "by": claim.approval.get("by"), "ok": done.ok, "ruling": done.ruling,
-              "result": done.result, "receipt": done.receipt, "read_back": read_back(fac, done.receipt)}
-    fac.store.write_json(executed, result)
-    trace.record({"event": "approved_call", "call": call, **result})
+    tools = agent.tools_for(fac, run_id, {"gate": gate.get("result"), "p": gate.get("p")}, announcer(trace, call))
+    done = broker.commit(held, tools) if held.ruling == HELD else held
+    outcome = {"ok": done.ok, "ruling": done.ruling, "result": done.result, "receipt": done.receipt,
+               "read_back": read_back(fac, done.receipt)}
+    body = {"kind": "result", "run_id": run_id, "call": call, "agent": agent.name, "by": approval.signer.name,
+            "at": utc_now(), **outcome}
+    result = fac.store.append_chained(fac.approvals, closing(claim, approval.signer, body, outcome_of(body),
+                                                             ("result", "rejected")))
+    trace.record({"event": "approved_call", "call": call, "at": result["at"], "by": result["by"], **outcome})
     return result
+
+
+def announcer(trace: "Trace", call: int):
+    """announce(path, effect_id) for an approved call's tools: records in the run's trace where the effect
+    is about to be written, so a kill before the call's result can still be read back (`pending`)."""
+    def announce(path: str, effect_id: str) -> None:
+        trace.record({"event": "effect_started", "call": call, "path": path, "effect_id": effect_id})
+    return announce
 
 
 # ---- the proving ground: every tool a recorder
@@ -3096,7 +3644,7 @@ def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str]
 ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
     "FACTORY_ROOT": "the factory root when --root is not given",
     "FACTORY_SEALED_DIR": "where sealed halves live: DIR/SUITE/sealed.jsonl",
-    "FACTORY_KEYS_DIR": "signers' keys (default ~/.config/agent-factory/keys)",
+    "FACTORY_KEYS_DIR": "signers' keys and the factory evidence key (default ~/.config/agent-factory/keys)",
     "ANTHROPIC_API_KEY": "claude-* models; with no model key, the agent's own rules",
     "ANTHROPIC_BASE_URL": "another server speaking the Anthropic Messages API",
     "OPENAI_API_KEY": "OpenAI-compatible chat completions",
@@ -3122,6 +3670,15 @@ WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPEN
 GATE_ENV = ("SAGE_API_KEY", "SAGE_ENDPOINT", "SAGE_PROTOCOL", "SAGE_MODEL", "SAGE_REASONING")
 ROOT_ENV = ("FACTORY_ROOT",)
 MODEL_ENV = (*WORKER_ENV, *GATE_ENV, *PROXY_ENV)   # stations that ask a worker model and Sage
+SSH_KEY = arg("--ssh-key", metavar="KEY", type=Path,
+              help="sign with this OpenSSH key (ssh-keygen -Y sign) instead of the signer's HMAC key; "
+                   "verified against registry/allowed_signers")
+
+
+def signer_of(fac: Factory, args) -> Signer:
+    """The Signer that --by NAME [--ssh-key KEY] names (the name checked first)."""
+    fac.key_path(args.by)
+    return Signer(args.by, args.ssh_key.expanduser() if args.ssh_key else None)
 
 
 def at_least_one(text: str) -> int:
@@ -3177,14 +3734,19 @@ def cmd_stamp(fac: Factory, args) -> int:
     path = fac.card_path(check_name(args.new))
     if path.exists():
         raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp")
+    earlier = parents(fac).get(args.new)   # the lineage log fixes a name's parent for good, even once its card is gone
+    if earlier is not None:
+        raise Refusal(f"{args.new} was stamped from {earlier} before ({fac.shown(fac.lineage)}); "
+                      f"a name keeps its first parent: pick a new name")
     card = derive(master.card, args.new, overrides, master.digest)
     agent_from_card(fac, card, f"variant {args.new}", card_problems(card))
     try:
         fac.store.write_json(path, card, exclusive=True)
     except FileExistsError:
         raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp") from None
+    entry = {"agent": args.new, "stamped_from": args.master, "at": utc_now()}
     try:
-        fac.store.append_jsonl(fac.lineage, {"agent": args.new, "stamped_from": args.master, "at": utc_now()})
+        fac.store.append_chained(fac.lineage, lambda chain: entry)
     except Refusal:
         fac.store.discard(path)   # a variant the lineage log does not know would escape its master's recalls
         raise
@@ -3248,7 +3810,7 @@ def cmd_prove(fac: Factory, args) -> int:
     started = time.monotonic()
     results, rubric, draft = prove_all(fac, agent, cases, args.jobs)
     proof = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, rubric, draft)
-    fac.store.write_json(fac.record_path(agent.name, half), proof)
+    fac.store.write_json(fac.record_path(agent.name, half), sealed_evidence(fac, proof))   # certify checks the MAC
     if args.junit:
         fac.store.write_report(Path(args.junit), junit_xml(proof, results, time.monotonic() - started))
     print(json.dumps(proof, indent=2)) if args.json else print_proof(proof)
@@ -3344,40 +3906,64 @@ def failure_message(half: str, result: dict) -> str:
 @station(arg("agent", metavar="AGENT", help="the agent to sign for (its latest sealed proof must clear the bar)"),
          arg("--tier", choices=TIERS, required=True,
              help="C0 observe, C1 draft, C2 act with approval, C3 act alone; at most the card's tier_ceiling"),
-         arg("--by", required=True, metavar="SIGNER", help="who signs; their key is created on first use"),
-         examples=("python3 factory.py certify triager --tier C1 --by alice",),
+         arg("--by", required=True, metavar="SIGNER", help="who signs; their HMAC key is created on first use"),
+         SSH_KEY,
+         examples=("python3 factory.py certify triager --tier C1 --by alice",
+                   "python3 factory.py certify triager --tier C1 --by alice --ssh-key ~/.ssh/id_ed25519"),
          exits=("signed", "refused, or declined at the prompt: nothing was signed"),
          env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR"))
 def cmd_certify(fac: Factory, args) -> int:
     """Sign an agent's certificate, as a human at a terminal.
 
-    Refused without a sealed proof of the agent as it is now, under the bar, after the sealed suite
-    changed, above the card's tier_ceiling, after a recall with no sealed proof since, at C2 or C3
-    without production evidence at the tier below, or when stdin is not a terminal. Otherwise it
-    shows what you sign and asks `sign it? [y/N]`: y signs, anything else declines. The signer's key
-    (FACTORY_KEYS_DIR/SIGNER.key, mode 0600) is created on first use.
+    Refused without a sealed proof of the agent as it is now, under the bar, when the proof's evidence
+    MAC does not verify, after the sealed suite changed, above the card's tier_ceiling, after a recall
+    with no sealed proof since, at C2 or C3 without production evidence at the tier below (index rows
+    whose evidence MAC verifies), or when stdin is not a terminal. Otherwise it shows what you sign and
+    the evidence it rests on and asks `sign it? [y/N]`: y signs, anything else declines. The signer's
+    HMAC key (FACTORY_KEYS_DIR/SIGNER.key, mode 0600) is created on first use; with --ssh-key it signs
+    with `ssh-keygen -Y sign` and checks the signature against registry/allowed_signers first.
     """
+    signer = signer_of(fac, args)
     claim = enforce(Claim(fac, args.agent, "certify", tier=args.tier), CERTIFY_GUARDS)
     agent, (path, proof) = claim.agent, claim.proofs[-1]
-    attempts = sum(1 for _, p in claim.proofs if p["digest"] == agent.digest)
-    if not fac.key_path(args.by).exists() and not fac.store.keys_writable():
+    if signer.ssh_key is not None:
+        signer.ready(fac, "certify")
+    elif not fac.key_path(args.by).exists() and not fac.store.keys_writable():
         raise Refusal(f"no key for {args.by} and the keys folder {fac.keys_dir} cannot be created or written (FACTORY_KEYS_DIR)")
     if not sys.stdin.isatty():
         raise Refusal("unsigned. certification is the station that stays human.")
-    print(f"{agent.name} at tier {args.tier}, signed by {args.by}\n  digest {agent.digest}\n"
-          f"  sealed proof {fac.shown(path)}: {score_text(proof, proof['pass_bar'])} (bar {proof['pass_bar']}), "
-          f"draft:{proof['draft_check']}\n  sealed attempts since the card last changed: {attempts}\n"
-          f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}",
-          file=sys.stderr)
+    show_certify_prompt(fac, claim, signer)
     sys.stderr.write("sign it? [y/N] ")
     sys.stderr.flush()
     if typed_answer() != "y":
         raise Refusal("unsigned.")
-    cert = certificate(fac, agent, args.tier, args.by, path, proof)
+    if signer.ssh_key is None:
+        signing_key(fac, signer.name)   # created on first use, with a line saying where
+    cert = certificate(fac, agent, args.tier, signer, path, proof)
+    problem = signature_problem(fac, signer.name, cert) if signer.ssh_key else None
+    if problem:
+        raise Refusal(f"unsigned: the ssh signature {problem}; add `{signer.name} <your public key line>` to it")
     archive_certificate(fac, agent.name)
     fac.store.write_json(fac.cert_path(agent.name), cert)
     print(f"certified {agent.name} at {args.tier}: {fac.shown(fac.cert_path(agent.name))}")
     return 0
+
+
+def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
+    """What the signer sees before `sign it?`: the agent, tier and digest, the sealed proof it rests on
+    (its MAC verified), the attempts, the production evidence the index holds (verified rows counted,
+    the rest named), and the grants."""
+    agent, (path, proof) = claim.agent, claim.proofs[-1]
+    attempts = sum(1 for _, p in claim.proofs if p["digest"] == agent.digest)
+    production = gated_runs(fac, agent)
+    how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
+    print(f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})\n  digest {agent.digest}\n"
+          f"  sealed proof {fac.shown(path)}: {score_text(proof, proof['pass_bar'])} (bar {proof['pass_bar']}), "
+          f"draft:{proof['draft_check']}, evidence MAC verified\n  sealed attempts since the card last changed: {attempts}\n"
+          f"  production evidence since the card last changed: {production.runs} verified gated run(s), gate pass rate "
+          f"{production.rate:.2f}{production.not_counted(fac)}\n"
+          f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}",
+          file=sys.stderr)
 
 
 TICKET_FIELDS = ("id", "input", "source")
@@ -3642,14 +4228,14 @@ def flagged_input(fac: Factory, row: dict) -> dict:
 def cmd_recall(fac: Factory, args) -> int:
     """Recall an agent and every variant stamped from it.
 
-    Appended to registry/recalls.jsonl. Every new run of the agent and of its variants (transitively)
+    Appended to the hash-chained registry/recalls.jsonl. Every new run of the agent and of its variants (transitively)
     is refused until a sealed proof made after the recall and a new signature; runs already underway
     finish and are gated.
     """
     load_card(fac, args.agent)
     variants = descendants(fac, args.agent)   # read (and checked) before anything is written
-    fac.store.append_jsonl(fac.recalls, {"agent": args.agent, "reason": args.reason, "at": utc_now(),
-                               "by": fac.env.get("USER", "unknown")})
+    entry = {"agent": args.agent, "reason": args.reason, "at": utc_now(), "by": fac.env.get("USER", "unknown")}
+    fac.store.append_chained(fac.recalls, lambda chain: entry)
     print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")
     print("every new run of these is refused until a fresh sealed proof and a new signature; runs already underway finish and are gated.")
     return 0
@@ -3719,24 +4305,55 @@ def cmd_doctor(fac: Factory, args) -> int:
 
 
 @station(examples=("python3 factory.py pending",),
-         exits=("done, also when nothing waits", "refused: a staged call's file is malformed"),
+         exits=("done, also when nothing waits", "a parked file or the approvals log is malformed: named, the rest listed"),
          env=ROOT_ENV)
 def cmd_pending(fac: Factory, args) -> int:
-    """List the staged acting calls waiting for a human.
+    """List the staged acting calls waiting for a human, and those whose effect is uncertain.
 
     Oldest first, one per line: RUN_ID --call N, the agent, the tool and its exact arguments, when it
-    was staged and when it expires. approve executes one; reject closes one.
+    was staged and when it expires. approve executes one; reject closes one. Then each call approved
+    but with no result recorded (the approving process was stopped between its intent and its result):
+    UNCERTAIN-EFFECT, who approved it and what reading back finds, for a human to reconcile and close
+    with reject. A parked file or an approvals log that cannot be read is named on stderr (exit 1) and
+    every other call is still listed.
     """
-    folder = fac.registry / "pending"
-    paths = [p for p in sorted(folder.glob("*.json")) if p.name.count(".") == 2] if folder.is_dir() else []
-    entries = [fac.store.read_json(p, PENDING_SHAPE) for p in paths]
-    waiting = sorted((e for e in entries if pending_state(fac, e) == "pending"), key=lambda e: e["staged_at"])
-    for e in waiting:
+    entries, problems = parked_calls(fac)
+    try:
+        decided = decisions_of(fac)
+    except Refusal as why:
+        problems.append(f"{why}; the state of every parked call is unknown until it is restored")
+        decided = None
+    states = {(e["run_id"], e["call"]): "unknown" if decided is None else call_state(e, decided.get((e["run_id"], e["call"]), {}))
+              for e in entries}
+    shown = sorted((e for e in entries if states[e["run_id"], e["call"]] in ("pending", "unknown")), key=lambda e: e["staged_at"])
+    uncertain = [e for e in entries if states[e["run_id"], e["call"]] == "uncertain-effect"]
+    for e in shown:
+        state = "" if states[e["run_id"], e["call"]] == "pending" else "\tstate unknown"
         print(f"{e['run_id']} --call {e['call']}\t{e['agent']}\t{e['tool']} {json.dumps(e['args'], ensure_ascii=False)}"
-              f"\tstaged {e['staged_at']}\texpires {e['expires_at']}")
-    if not waiting:
+              f"\tstaged {e['staged_at']}\texpires {e['expires_at']}{state}")
+    for e in uncertain:
+        intent = decided[e["run_id"], e["call"]]["intent"]
+        print(f"{e['run_id']} --call {e['call']}\t{e['agent']}\t{e['tool']} {json.dumps(e['args'], ensure_ascii=False)}"
+              f"\tUNCERTAIN-EFFECT: approved by {intent['by']} at {intent['at']}, no result recorded; "
+              f"read back: {effect_read_back(fac, e)}")
+    if not shown and not uncertain:
         print("(nothing waits for approval)")
-    return 0
+    for problem in problems:
+        print(f"factory pending: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def parked_calls(fac: Factory) -> tuple[list[dict], list[str]]:
+    """(every parked call that reads well, one line per parked file that does not): one bad file never
+    hides the others."""
+    entries, problems = [], []
+    paths = sorted(fac.pending.glob("*.json")) if fac.pending.is_dir() else []
+    for path in (p for p in paths if p.name.count(".") == 2):
+        try:
+            entries.append(fac.store.read_json(path, PENDING_SHAPE))
+        except Refusal as why:
+            problems.append(f"{why}; skipped")
+    return entries, problems
 
 
 BRIEF_CHARS = 2000    # of a ticket shown at the approve prompt; the trace keeps it whole
@@ -3761,8 +4378,10 @@ def approval_brief(fac: Factory, entry: dict) -> str:
         f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"])
 
 
-@station(*STAGED_CALL, arg("--by", required=True, metavar="NAME", help="who approves"),
-         examples=("python3 factory.py pending", "python3 factory.py approve RUN_ID --call 2 --by alice"),
+@station(*STAGED_CALL, arg("--by", required=True, metavar="NAME", help="who approves: their signing key must be here"),
+         SSH_KEY,
+         examples=("python3 factory.py pending", "python3 factory.py approve RUN_ID --call 2 --by alice",
+                   "python3 factory.py approve RUN_ID --by alice --ssh-key ~/.ssh/id_ed25519"),
          exits=("approved and executed", "refused, declined at the prompt, or the executed call failed"),
          env=(*ROOT_ENV, "FACTORY_KEYS_DIR"))
 def cmd_approve(fac: Factory, args) -> int:
@@ -3770,13 +4389,17 @@ def cmd_approve(fac: Factory, args) -> int:
 
     Shows what a human needs to decide (the ticket, the agent's output, the gate's result and p, and
     the exact call with its digest, when it was staged and when it expires) and asks `approve? [y/N]`:
-    y executes exactly that call, once. Refused when stdin is not a terminal, the call was already
-    executed or rejected, it expired, or its agent was recalled, re-certified or changed since the
+    y executes exactly that call, once. The approval is signed with the approver's own key (NAME's
+    HMAC key in FACTORY_KEYS_DIR, never created here, or --ssh-key) and kept, with the result and the
+    run's verdict before and after, in registry/approvals.jsonl. Refused when NAME has no key here,
+    stdin is not a terminal, the call was already executed, rejected or approved (an uncertain effect
+    is never executed again), it expired, or its agent was recalled, re-certified or changed since the
     call was staged.
     """
     entry = load_pending(fac, args.run_id, args.call)
-    fac.key_path(args.by)
+    signer = signer_of(fac, args)
     enforce(staged_call_claim(fac, entry), APPROVE_GUARDS)
+    signer.ready(fac, "approve")
     if not sys.stdin.isatty():
         raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
     print(approval_brief(fac, entry), file=sys.stderr)
@@ -3784,30 +4407,37 @@ def cmd_approve(fac: Factory, args) -> int:
     sys.stderr.flush()
     if typed_answer() != "y":
         raise Refusal("not approved; the call stays staged.")
-    fac.store.write_json(fac.pending_path(entry["run_id"], entry["call"], "approved"),
-               {"by": args.by, "at": utc_now(), "args_digest": entry["args_digest"]})
-    result = execute_staged_call(fac, entry["run_id"], entry["call"])
+    body = {"kind": "intent", **{key: entry[key] for key in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},
+            "by": signer.name, "at": utc_now()}
+    result = execute_staged_call(fac, entry["run_id"], entry["call"], Decision(signer.signed(fac, body, DECISION_UNSIGNED), signer))
     state = "read back" if result["read_back"] else "NOT read back: check it by hand"
-    print(f"executed {entry['tool']} for run {entry['run_id']}: {result['ruling']} ({state}); approved by {args.by}")
+    print(f"executed {entry['tool']} for run {entry['run_id']}: {result['ruling']} ({state}); approved by {signer.name}; "
+          f"run verdict {result['verdict_from']} -> {result['verdict_to']}")
     return 0 if result["ok"] else 1
 
 
-@station(*STAGED_CALL, arg("--by", required=True, metavar="NAME", help="who rejects"),
-         arg("--reason", type=reason_text, required=True, metavar="TEXT", help="why: kept with the call"),
+@station(*STAGED_CALL, arg("--by", required=True, metavar="NAME", help="who rejects: their signing key must be here"),
+         arg("--reason", type=reason_text, required=True, metavar="TEXT", help="why: kept with the decision"),
+         SSH_KEY,
          examples=('python3 factory.py reject RUN_ID --call 2 --by alice --reason "asked twice"',),
-         exits=("rejected", "refused: no such staged call, or it is no longer open"),
-         env=ROOT_ENV)
+         exits=("rejected", "refused: no such staged call, it is no longer open, or NAME has no key here"),
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR"))
 def cmd_reject(fac: Factory, args) -> int:
     """Close one staged call without executing it.
 
-    Who rejected it and why are kept beside the call; a rejected call is never executed.
+    Who rejected it and why are kept, signed with the rejecter's own key (NAME's HMAC key, or
+    --ssh-key), in registry/approvals.jsonl; a rejected call is never executed. A call whose effect is
+    uncertain (see pending) is closed the same way once a human has reconciled it.
     """
     entry = load_pending(fac, args.run_id, args.call)
-    fac.key_path(args.by)
-    enforce(staged_call_claim(fac, entry), OPEN_GUARDS)
-    fac.store.write_json(fac.pending_path(entry["run_id"], entry["call"], "rejected"),
-               {"by": args.by, "at": utc_now(), "reason": args.reason})
-    print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']})")
+    signer = signer_of(fac, args)
+    claim = enforce(staged_call_claim(fac, entry), REJECT_GUARDS)
+    signer.ready(fac, "reject")
+    body = {"kind": "rejected", "run_id": entry["run_id"], "call": entry["call"], "agent": entry["agent"],
+            "by": signer.name, "at": utc_now(), "reason": args.reason}
+    done = fac.store.append_chained(fac.approvals, closing(claim, signer, body, "routed-to-human", ("result", "rejected")))
+    print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']}); "
+          f"run verdict {done['verdict_from']} -> {done['verdict_to']}")
     return 0
 
 
@@ -3901,6 +4531,7 @@ class Tally:
     backends: set = field(default_factory=set)
     p_bins: list = field(default_factory=lambda: [0] * 20)
     unclosed: set = field(default_factory=set)     # run ids started and not (yet) closed: unfinished runs
+    moved: dict = field(default_factory=dict)      # verdict -> runs moved into (+) or out of (-) it by a human's decision
 
     def add(self, row: dict) -> None:
         """Count one closed index row (one that fits INDEX_SHAPE)."""
@@ -3925,10 +4556,21 @@ class Tally:
         return sum(n for (g, v, d), n in self.seen.items()
                    if (gates is None or g in gates) and (verdict is None or v == verdict) and (day is None or d == day))
 
+    def decide(self, entry: dict) -> None:
+        """Count a human's decision on a parked call (a result or rejected entry of the approvals log): the
+        call no longer waits, an executed one acted, and its run's verdict moves from -> to (`moved`)."""
+        self.staged -= 1
+        self.acted += entry["kind"] == "result" and entry.get("ok") is True
+        before, after = entry.get("verdict_from"), entry.get("verdict_to")
+        if before != after and isinstance(before, str) and isinstance(after, str):
+            self.moved[before] = self.moved.get(before, 0) - 1
+            self.moved[after] = self.moved.get(after, 0) + 1
+
     @property
     def verdicts(self) -> dict:
-        """Runs by verdict, every VERDICTS name in its order (a name that is no verdict is not counted)."""
-        return {v.name: self.runs(verdict=v.name) for v in VERDICTS}
+        """Runs by verdict, every VERDICTS name in its order (a name that is no verdict is not counted),
+        after the approvals log's decisions moved some from one verdict to another."""
+        return {v.name: self.runs(verdict=v.name) + self.moved.get(v.name, 0) for v in VERDICTS}
 
     @property
     def days(self) -> list[dict]:
@@ -3947,10 +4589,9 @@ def tower_document(fac: Factory) -> dict:
             tallies[row["agent"]].unclosed.add(row["run_id"])
         else:
             tallies[row["agent"]].add(row)
-    for name, executed, closed in closed_calls(fac):
-        if name in tallies:   # calls a human approved (and that ran) or rejected after their run was indexed
-            tallies[name].acted += executed
-            tallies[name].staged -= closed
+    for entry in closing_decisions(fac):
+        if entry["agent"] in tallies:   # calls a human approved (and that ran) or rejected after their run was indexed
+            tallies[entry["agent"]].decide(entry)
     agents = []
     for name, t in sorted(tallies.items()):
         agents.append({"agent": name, "runs": t.runs(), "passed": t.runs(("pass",)), "scored": t.runs(GATED),
@@ -3964,17 +4605,15 @@ def tower_document(fac: Factory) -> dict:
     return {"format": "factory-tower-1", "generated_at": utc_now(), "agents": agents}
 
 
-def closed_calls(fac: Factory) -> Iterator[tuple[str, int, int]]:
-    """(agent, 1 if it executed ok else 0, 1) for each parked call that was executed or rejected."""
-    folder = fac.registry / "pending"
-    if not folder.is_dir():
-        return
-    for path in sorted(folder.glob("*.*.json")):
-        state = path.name.split(".")[-2]
-        if state in ("executed", "rejected"):
-            entry = fac.store.read_json(path.with_name(".".join(path.name.split(".")[:2]) + ".json"))
-            executed = state == "executed" and fac.store.read_json(path).get("ok") is True
-            yield str(entry.get("agent")), int(executed), 1
+def closing_decisions(fac: Factory) -> list[dict]:
+    """The result and rejected entries of the approvals log, oldest first; none, with a note saying so,
+    when the log cannot be read (the runs in the index are still counted)."""
+    try:
+        chain = fac.store.read_chain(fac.approvals, DECISION_SHAPE)
+    except Refusal as why:
+        note(fac, f"{why}; approvals and rejections are not counted until it is restored")
+        return []
+    return [entry for _, entry in chain.entries if entry["kind"] in ("result", "rejected")]
 
 
 def new_tally(fac: Factory, name: str) -> Tally:

@@ -15,6 +15,7 @@ import json
 import os
 import pty
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -186,6 +187,16 @@ class LineTest(unittest.TestCase):
         self.sign(name, tier)
 
     # ---- files
+
+    def give_key(self, signer: str) -> Path:
+        """A signing key for SIGNER in this test's keys folder (64 hex, mode 0600 in a 0700 folder), as
+        certify makes one on first use."""
+        keys = self.tmp / "keys"
+        keys.mkdir(mode=0o700, exist_ok=True)
+        path = keys / f"{signer}.key"
+        path.write_text(secrets.token_hex(32) + "\n")
+        path.chmod(0o600)
+        return path
 
     def edit_card(self, name: str, **fields) -> None:
         """Rewrite masters/NAME.json with some fields replaced."""

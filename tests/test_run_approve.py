@@ -4,6 +4,7 @@ promotion and drift, harvest and recall, and eight processes running one agent a
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import json
@@ -18,7 +19,7 @@ import factory
 from tests import trust_helpers
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
 from tests.fake_sage import FakeSage
-from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, at_terminal, snapshot, write_jsonl
+from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, at_terminal, snapshot, spawn_at_terminal, write_jsonl
 
 HELPER = Path(trust_helpers.__file__).resolve()
 DEMAND = "I was charged twice. Issue a refund now."
@@ -608,7 +609,7 @@ class Promotion(Tiered):
 
 
 class Approval(Tiered):
-    """The C2 pause: durable, exact, once, and only with an approval record."""
+    """The C2 pause: durable, exact, once, bound to the staged call and signed by a person who has a key."""
 
     def prepare(self):
         super().prepare()
@@ -618,14 +619,20 @@ class Approval(Tiered):
                                 capture_output=True, text=True, timeout=60)   # parked by one process ...
         self.offline()
         self.assertEqual(staged.returncode, 0, staged.stderr)
+        self.give_key("bob")                                                   # the approver has a key of his own
 
     def setUp(self):
         super().setUp()
         self.run_id = self.index_rows()[-1]["run_id"]                          # ... approved by another
 
-    def approve(self, answer: bytes = b"y\n", run_id: str | None = None) -> subprocess.CompletedProcess:
-        """`approve RUN_ID --by bob` in a child process at a pseudo-terminal."""
-        return at_terminal(["approve", run_id or self.run_id, "--by", "bob"], self.env, answer)
+    def approve(self, answer: bytes = b"y\n", run_id: str | None = None, by: str = "bob") -> subprocess.CompletedProcess:
+        """`approve RUN_ID --by BY` in a child process at a pseudo-terminal."""
+        return at_terminal(["approve", run_id or self.run_id, "--by", by], self.env, answer)
+
+    def decisions(self) -> list[dict]:
+        """The entries of registry/approvals.jsonl."""
+        path = self.root / "registry" / "approvals.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def test_pending_lists_it_and_approve_executes_it_once_in_another_process(self):
         code, out, _ = self.factory("pending")
@@ -640,13 +647,14 @@ class Approval(Tiered):
                       first.stderr)
         self.assertIn("executed billing:refund", first.stdout)
         self.assertIn("(read back)", first.stdout)
+        self.assertIn("run verdict waiting-for-approval -> verified", first.stdout)
         stored = json.loads(self.pending()[0].read_text())
         self.assertEqual(len(self.effects("refunds")), 1)
         self.assertEqual(self.effects("refunds")[0]["reason"], stored["args"]["reason"])
         self.assertEqual({k: self.effects("refunds")[0][k] for k in ("run_id", "gate", "p")},
                          {"run_id": self.run_id, "gate": "pass", "p": 0.95}, "the committed row names run, gate and p")
-        done = json.loads((self.root / "registry" / "pending" / f"{self.run_id}.1.executed.json").read_text())
-        self.assertEqual(done["by"], "bob")
+        intent, result = self.decisions()
+        self.assertEqual((intent["kind"], result["kind"], result["by"]), ("intent", "result", "bob"))
         second = self.approve()
         self.assertEqual(second.returncode, 1)
         self.assertIn("was already executed", second.stderr)
@@ -661,10 +669,29 @@ class Approval(Tiered):
         code, out, _ = self.factory("replay", self.run_id)
         self.assertEqual((code, out.strip()), (0, f"replay {self.run_id} (payer, recorded replies): no differences"))
 
+    def test_the_decisions_are_signed_chained_and_say_how_the_verdict_changed(self):
+        self.assertEqual(self.approve().returncode, 0)
+        key = (self.tmp / "keys" / "bob.key").read_text().strip().encode()
+        previous = factory.GENESIS
+        for entry, line in zip(self.decisions(), (self.root / "registry" / "approvals.jsonl").read_bytes().splitlines()):
+            body = {k: v for k, v in entry.items() if k not in ("signature", "prev")}
+            self.assertEqual(entry["signature"], "hmac-sha256:" + hmac.new(key, factory.canonical(body), hashlib.sha256).hexdigest())
+            self.assertEqual(entry["prev"], previous)
+            previous = factory.sha256(line)
+        intent, result = self.decisions()
+        self.assertEqual({k: intent[k] for k in ("run_id", "call", "tool", "args_digest")},
+                         {"run_id": self.run_id, "call": 1, "tool": "billing:refund",
+                          "args_digest": json.loads(self.pending()[0].read_text())["args_digest"]})
+        self.assertEqual((result["verdict_from"], result["verdict_to"], result["read_back"]),
+                         ("waiting-for-approval", "verified", True))
+        payer = [a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "payer"][0]
+        self.assertEqual(payer["verdicts"]["waiting-for-approval"], 0, "the tower folds the verdict change")
+
     def test_answering_no_leaves_it_staged(self):
         self.assertEqual(self.approve(b"n\n").returncode, 1)
         self.assertEqual(self.effects("refunds"), [])
         self.assertIn(self.run_id, self.factory("pending")[1])
+        self.assertEqual(self.decisions(), [])
 
     def test_tampered_stored_arguments_are_refused(self):
         path = self.pending()[0]
@@ -675,6 +702,32 @@ class Approval(Tiered):
         self.assertEqual(refused.returncode, 1)
         self.assertIn("no longer match their digest", refused.stderr)
         self.assertEqual(self.effects("refunds"), [])
+
+    def test_rewritten_arguments_with_their_digest_do_not_execute(self):
+        args = {"reason": "duplicate charge", "amount_usd": 5000}
+        self.edit_stored_call(args=args, args_digest=factory.args_digest(args))
+        refused = self.approve()
+        self.assertEqual(refused.returncode, 1, refused.stdout)
+        self.assertIn("is not what the run staged (args_digest differ", refused.stderr)
+        self.assertEqual(self.effects("refunds"), [])
+
+    def test_a_c1_signature_copied_into_a_parked_call_does_not_execute(self):
+        self.assertEqual(self.certify("payer", "C1").returncode, 0)           # payer demoted to C1
+        self.edit_stored_call(certificate=self.cert("payer")["signature"])    # ... and its signature copied in
+        refused = self.approve()
+        self.assertEqual(refused.returncode, 1, refused.stdout)
+        self.assertIn("is at C1: a parked call runs only under a certificate at C2 or above", refused.stderr)
+        self.assertEqual(self.effects("refunds"), [])
+
+    def test_approve_by_a_name_without_a_key_is_refused(self):
+        refused = self.approve(by="mallory")
+        self.assertEqual(refused.returncode, 1, refused.stdout)
+        self.assertEqual(len(refused.stderr.strip().splitlines()), 1, refused.stderr)
+        self.assertIn("no signing key for mallory on this machine", refused.stderr)
+        self.assertNotIn("approve? [y/N]", refused.stderr)
+        self.assertFalse((self.tmp / "keys" / "mallory.key").exists(), "approve never makes a key")
+        self.assertEqual((self.effects("refunds"), self.decisions()), ([], []))
+        self.refused("no signing key for mallory", "reject", self.run_id, "--by", "mallory", "--reason", "no")
 
     def test_recall_between_stage_and_approve(self):
         self.factory("recall", "triager", "--reason", "refunds went wrong")
@@ -704,7 +757,12 @@ class Approval(Tiered):
         self.usage_error("argument --reason: needs a reason", "reject", self.run_id, "--by", "bob", "--reason", " ")
         code, out, _ = self.factory("reject", self.run_id, "--by", "bob", "--reason", "duplicate request")
         self.assertEqual(code, 0)
+        self.assertIn("run verdict waiting-for-approval -> routed-to-human", out)
+        [rejected] = self.decisions()
+        self.assertEqual((rejected["kind"], rejected["by"], rejected["reason"]), ("rejected", "bob", "duplicate request"))
         self.assertIn("was rejected", self.approve().stderr)
+        payer = [a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "payer"][0]
+        self.assertEqual((payer["staged"], payer["verdicts"]["waiting-for-approval"]), (0, 0))
 
     def test_the_executor_refuses_without_an_approval_record(self):
         with self.assertRaises(factory.Refusal) as refusal:
@@ -714,6 +772,94 @@ class Approval(Tiered):
 
     def test_approve_needs_a_terminal(self):
         self.refused("unapproved.", "approve", self.run_id, "--by", "bob")
+
+    def test_one_bad_parked_file_does_not_hide_the_others(self):
+        self.run_payer()                                                      # a second parked call
+        first, second = self.pending()
+        first.write_text("")
+        code, out, err = self.factory("pending")
+        self.assertEqual(code, 1, out)
+        self.assertIn(f"{second.name.split('.')[0]} --call 1\tpayer", out)
+        self.assertEqual(err.strip(), f"factory pending: registry/pending/{first.name}: empty; skipped")
+        self.assertEqual(self.factory("tower")[0], 0)
+
+    def test_a_broken_approvals_log_blinds_neither_pending_nor_tower(self):
+        self.assertEqual(self.approve().returncode, 0)
+        log = self.root / "registry" / "approvals.jsonl"
+        intent, result = log.read_text().splitlines()
+        log.write_text(intent.replace("bob", "eve") + "\n" + result + "\n")
+        code, out, err = self.factory("pending")
+        self.assertEqual(code, 1)
+        self.assertIn("state unknown", out)
+        self.assertIn("registry/approvals.jsonl line 2: the hash chain is broken here", err)
+        code, out, err = self.factory("tower")
+        self.assertEqual(code, 0, err)
+        self.assertIn("payer", out)
+        self.assertIn("approvals and rejections are not counted until it is restored", err)
+        refused = self.approve()
+        self.assertIn("registry/approvals.jsonl line 2: the hash chain is broken here", refused.stderr)
+
+    # ---- a kill between the intent and the result
+
+    def kill_while_approving(self, hold: Path, wait_for) -> None:
+        """approve in a child at a terminal while this process holds an exclusive lock on `hold` (the child
+        blocks when it reaches it); once wait_for() is true, SIGKILL the child, then let go."""
+        hold.parent.mkdir(parents=True, exist_ok=True)
+        with hold.open("a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            child, leader = spawn_at_terminal(["approve", self.run_id, "--by", "bob"], self.env)
+            try:
+                os.write(leader, b"y\n")
+                wait_until(wait_for)
+                child.kill()
+                child.communicate()
+            finally:
+                os.close(leader)
+
+    def effect_started(self) -> bool:
+        """The run's trace says where the approved call's effect is about to be written."""
+        return any(e.get("event") == "effect_started" for e in self.traces("payer")[-1])
+
+    def test_killed_before_the_effect_is_uncertain_and_not_executed_again(self):
+        refunds = self.root / "outbox" / "payer" / "refunds.jsonl"
+        self.kill_while_approving(refunds, self.effect_started)               # blocked at the refund's own lock
+        self.assertEqual([e["kind"] for e in self.decisions()], ["intent"])
+        code, out, _ = self.factory("pending")
+        self.assertEqual(code, 0)
+        self.assertIn(f"{self.run_id} --call 1\tpayer\tbilling:refund", out)
+        self.assertIn("UNCERTAIN-EFFECT: approved by bob", out)
+        self.assertIn("read back: the effect was NOT written: outbox/payer/refunds.jsonl holds no effect", out)
+        again = self.approve()
+        self.assertEqual(again.returncode, 1)
+        self.assertIn("no result was recorded: its effect is uncertain and it will not be executed again", again.stderr)
+        self.assertEqual(self.effects("refunds"), [])
+        code, out, _ = self.factory("reject", self.run_id, "--by", "bob", "--reason", "reconciled: no refund went out")
+        self.assertEqual(code, 0)
+        self.assertIn("(nothing waits for approval)", self.factory("pending")[1])
+
+    def test_killed_after_the_effect_reads_it_back(self):
+        refunds = self.root / "outbox" / "payer" / "refunds.jsonl"
+        log = self.root / "registry" / "approvals.jsonl"
+        with refunds.open("a") as effect:
+            fcntl.flock(effect, fcntl.LOCK_EX)
+            child, leader = spawn_at_terminal(["approve", self.run_id, "--by", "bob"], self.env)
+            try:
+                os.write(leader, b"y\n")
+                wait_until(self.effect_started)
+                with log.open("a") as decisions:                              # the result's append will wait here
+                    fcntl.flock(decisions, fcntl.LOCK_EX)
+                    fcntl.flock(effect, fcntl.LOCK_UN)                        # the refund is written ...
+                    wait_until(lambda: bool(self.effects("refunds")))
+                    child.kill()                                              # ... and the result never is
+                    child.communicate()
+            finally:
+                os.close(leader)
+        self.assertEqual([e["kind"] for e in self.decisions()], ["intent"])
+        out = self.factory("pending")[1]
+        self.assertIn("UNCERTAIN-EFFECT", out)
+        self.assertIn("read back: the effect IS written: outbox/payer/refunds.jsonl holds effect", out)
+        self.assertIn("its effect is uncertain", self.approve().stderr)
+        self.assertEqual(len(self.effects("refunds")), 1)
 
     # ---- the approval guards, one by one
 
@@ -731,6 +877,9 @@ class Approval(Tiered):
     def scenarios(self) -> dict:
         """Approval guard name -> what makes exactly that guard refuse."""
         cert = lambda: self.root / "registry" / "payer.card.json"  # noqa: E731
+        demoted = lambda: (self.assertEqual(self.certify("payer", "C1").returncode, 0),  # noqa: E731
+                           self.edit_stored_call(certificate=self.cert("payer")["signature"]))
+        rewritten = {"reason": "more", "amount_usd": 5000}
         return {
             "open call": lambda: self.factory("reject", self.run_id, "--by", "bob", "--reason", "duplicate"),
             "certificate": lambda: cert().unlink(),
@@ -738,17 +887,20 @@ class Approval(Tiered):
             "signer key": lambda: (self.tmp / "keys").rename(self.tmp / "keys-elsewhere"),
             "signature": lambda: cert().write_text(json.dumps({**self.cert("payer"), "tier": "C3"})),
             "agent": lambda: self.forge(agent="triager"),
+            "logs": lambda: (self.root / "registry" / "lineage.jsonl").write_text(""),
             "revocation": lambda: self.forge(revoked={"reason": "pulled by hand", "at": factory.utc_now()}),
             "recall": lambda: self.factory("recall", "triager", "--reason", "refunds went wrong"),
+            "acting certificate": demoted,
             "same certificate": lambda: self.forge(signed_at=factory.utc_now()),
             "digest": lambda: self.edit_card("payer", owner="someone-else"),
-            "arguments": lambda: self.edit_stored_call(args={"reason": "more", "amount_usd": 5000}),
+            "arguments": lambda: self.edit_stored_call(args=rewritten),
+            "staged event": lambda: self.edit_stored_call(args=rewritten, args_digest=factory.args_digest(rewritten)),
         }
 
-    def last_guard(self, chain: tuple) -> tuple[str, str | None]:
+    def last_guard(self, chain: tuple, approval: factory.Decision | None = None) -> tuple[str, str | None]:
         """The guard the chain stopped at for the stored call, with its line."""
         entry = factory.load_pending(self.fac, self.run_id, 1)
-        results = factory.check_guards(factory.staged_call_claim(self.fac, entry), chain)
+        results = factory.check_guards(factory.staged_call_claim(self.fac, entry, approval), chain)
         self.assertTrue(all(line is None for _, line in results[:-1]), results)
         return results[-1]
 
@@ -764,26 +916,39 @@ class Approval(Tiered):
                 self.assertEqual(self.refused(line, "approve", self.run_id, "--by", "bob").strip(), f"factory approve: {line}")
                 self.assertEqual(self.effects("refunds"), [])
 
+    def approval_by(self, signer: str, **changes) -> factory.Decision:
+        """bob's signed approval of the stored call (with some fields replaced before signing)."""
+        stored = factory.load_pending(self.fac, self.run_id, 1)
+        body = {"kind": "intent", **{k: stored[k] for k in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},
+                "by": "bob", "at": factory.utc_now(), **changes}
+        return factory.Decision(factory.Signer(signer).signed(self.fac, body, factory.DECISION_UNSIGNED), factory.Signer("bob"))
+
     def test_each_execute_guard_refuses_whoever_calls_the_executor(self):
-        def approval():
-            return self.fac.pending_path(self.run_id, 1, "approved")   # in this subtest's own copy
-        def approve_other_arguments():
-            approval().write_text(json.dumps({"by": "bob", "at": factory.utc_now(), "args_digest": "sha256:" + "0" * 64}))
-        scenarios = {"approval": lambda: None, **self.scenarios(), "approved arguments": approve_other_arguments}
+        approvals = {"approval": lambda: None, "approval signature": lambda: self.approval_by("alice"),
+                     "approved arguments": lambda: self.approval_by("bob", args_digest="sha256:" + "0" * 64)}
+        scenarios = {"approval": lambda: None, **self.scenarios(), "approval signature": lambda: None,
+                     "approved arguments": lambda: None}
         self.assertEqual(sorted(scenarios), sorted(name for name, _ in factory.EXECUTE_GUARDS))
         for name, make in scenarios.items():
             with self.subTest(guard=name):
                 self.setUp()
-                if name != "approval":
-                    stored = factory.load_pending(self.fac, self.run_id, 1)
-                    approval().write_text(json.dumps({"by": "bob", "at": factory.utc_now(), "args_digest": stored["args_digest"]}))
+                approval = approvals.get(name, lambda: self.approval_by("bob"))()   # signed before the scenario
                 make()
-                guard, line = self.last_guard(factory.EXECUTE_GUARDS)
+                guard, line = self.last_guard(factory.EXECUTE_GUARDS, approval)
                 self.assertEqual((guard, bool(line)), (name, True))
                 with self.assertRaises(factory.Refusal) as refusal:
-                    factory.execute_staged_call(self.fac, self.run_id, 1)
+                    factory.execute_staged_call(self.fac, self.run_id, 1, approval)
                 self.assertEqual(str(refusal.exception), line)
                 self.assertEqual(self.effects("refunds"), [])
+
+
+def wait_until(condition, seconds: float = 30) -> None:
+    """Poll condition() every 20 ms until it is true; AssertionError after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)
 
 
 class Killed(CertifiedTest):
@@ -816,7 +981,7 @@ class Killed(CertifiedTest):
         self.assertEqual((tower["runs"], tower["unfinished"]), (1, 1))
         self.assertIn("unfinished: 1 (started, never closed)", self.factory("tower")[1])
         self.assertEqual(len(list(factory.index_rows(self.fac))), 1, "index readers count closed rows as runs")
-        self.assertEqual(factory.gated_runs(self.fac, factory.load_agent(self.fac, "triager")), (0, 0))
+        self.assertEqual(factory.gated_runs(self.fac, factory.load_agent(self.fac, "triager")), factory.Production(0, 0))
 
 
 class Concurrency(CertifiedTest):

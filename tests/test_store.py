@@ -100,7 +100,7 @@ class Layout(LineTest):
     def test_asking_for_a_path_creates_nothing(self):
         before = sorted(p.relative_to(self.tmp) for p in self.tmp.rglob("*"))
         for path in (self.fac.card_path("x"), self.fac.cert_path("x"), self.fac.key_path("alice"),
-                     self.fac.trace_path("x", "20261130T041500123456Z-1a2b3c"), self.fac.pending_path("r", 1, "approved"),
+                     self.fac.trace_path("x", "20261130T041500123456Z-1a2b3c"), self.fac.pending_path("r", 1),
                      self.fac.spill_path("x", "20261130T041500123456Z-1a2b3c", "tool-3"), self.fac.record_path("x", "open"),
                      self.fac.history_path("x"), self.fac.suite_path("x", True), self.fac.store):
             self.assertIsNotNone(path)

@@ -17,12 +17,13 @@ import select
 import shutil
 import signal
 import stat
+import subprocess
 import time
 import unittest
 from pathlib import Path
 
 import factory
-from tests.support import INJECTION, LineTest, junit_problems, snapshot, spawn_at_terminal
+from tests.support import INJECTION, CertifiedTest, LineTest, junit_problems, snapshot, spawn_at_terminal
 
 CERT = "registry/triager.card.json"
 TICKETS = ["My card was charged twice for the same coffee, please look into it.",
@@ -68,6 +69,13 @@ def plausible(field: str, value):
     return f"{value}-x"
 
 
+def edit_latest_sealed_record(root: Path, **changes) -> Path:
+    """Rewrite the newest sealed proof record of triager with some fields replaced (its MAC left as it was)."""
+    path = sorted((root / "records" / "triager").glob("*.sealed.json"))[-1]
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}, indent=2))
+    return path
+
+
 # ---------------------------------------------------------------- the guards, one by one
 
 class Guards(LineTest):
@@ -76,6 +84,7 @@ class Guards(LineTest):
     added to a chain without a scenario here fails the test."""
 
     def prepare(self):
+        self.assertEqual(self.factory("stamp", "triager", "--as", "variant")[0], 0)   # a lineage entry before signing
         self.certified("triager")      # certified at C1, bar 0: every run guard holds
 
     def forge(self, **changes) -> None:
@@ -100,6 +109,7 @@ class Guards(LineTest):
             "signer key": lambda: (self.tmp / "keys").rename(self.tmp / "keys-elsewhere"),
             "signature": lambda: (self.root / CERT).write_text(json.dumps({**self.cert(), "tier": "C3"})),
             "agent": lambda: self.forge(agent="evalsmith"),
+            "logs": lambda: (self.root / "registry" / "lineage.jsonl").write_text(""),
             "revocation": lambda: self.forge(revoked={"reason": "pulled by hand", "at": factory.utc_now()}),
             "recall": lambda: self.factory("recall", "triager", "--reason", "drafts promised refunds"),
             "digest": lambda: self.edit_card("triager", max_steps=7),
@@ -121,6 +131,7 @@ class Guards(LineTest):
         scenarios = {  # guard -> (the tier asked for, what makes that guard refuse)
             "tier ceiling": ("C3", lambda: None),
             "sealed proof": ("C1", lambda: shutil.rmtree(self.root / "records")),
+            "proof evidence": ("C1", lambda: edit_latest_sealed_record(self.root, score=1.0)),
             "digest": ("C1", lambda: self.edit_card("triager", max_steps=7)),
             "sealed suite": ("C1", add_a_sealed_case),
             "pass bar": ("C1", under_the_bar),
@@ -267,9 +278,9 @@ class Keys(LineTest):
         self.keys = self.tmp / "keys"
 
     def test_key_created_on_first_use_with_mode_0600_and_certify_says_where(self):
-        self.assertFalse(self.keys.exists())
-        first = self.sign()
         key = self.keys / "alice.key"
+        self.assertFalse(key.exists())
+        first = self.sign()
         self.assertTrue(key.is_file(), list(self.keys.iterdir()) if self.keys.exists() else "no keys dir")
         self.assertIn(str(key), first.stderr)
         self.assertEqual(stat.S_IMODE(key.stat().st_mode), 0o600)
@@ -303,7 +314,6 @@ class Keys(LineTest):
     def test_an_empty_key_file_never_signs(self):
         # a certify killed between creating the key file and writing it leaves it empty; anyone
         # can compute an HMAC with an empty key, so such a file must never sign or verify
-        self.keys.mkdir(mode=0o700)
         (self.keys / "alice.key").touch(mode=0o600)
         signed = self.at_terminal("certify", "triager", "--tier", "C1", "--by", "alice")
         cert_path = self.root / CERT
@@ -338,6 +348,7 @@ class Keys(LineTest):
                     if key.is_dir():
                         key.rmdir()
                     key.write_bytes(good)
+                    key.chmod(0o600)
         self.runs_ok()
 
 
@@ -588,6 +599,311 @@ class Recall(LineTest):
             self.refused("recalled", "run", "b", "hi")
 
 
+# ---------------------------------------------------------------- evidence under the factory evidence key
+
+def index_row(agent: str, digest: str, tier: str, gate: str = "pass", **changes) -> dict:
+    """An index row as a closed run writes it (without a MAC: nobody but the line has the key)."""
+    row = {"run_id": factory.new_run_id(), "agent": agent, "at": factory.utc_now(), "digest": digest, "tier": tier,
+           "status": "done", "reason": "answered", "verdict": "verified", "gate": gate, "p": 0.97, "backends": ["offline"],
+           "cost_usd": 0.0, "steps": 2, "denied": [], "acted": 0, "staged": 0, "routed": False, "why": []}
+    return {**row, **changes}
+
+
+class Evidence(LineTest):
+    """What certify relies on carries a MAC under the factory evidence key: an edited sealed proof is
+    refused by name, forged index rows are not counted, and the prompt shows the evidence it used."""
+
+    def prepare(self):
+        self.certified("triager")      # C1, bar 0; triager's tier_ceiling is C2
+
+    def test_a_sealed_record_edited_from_under_bar_to_perfect_is_refused(self):
+        self.set_bar("triager", 1.0)
+        code, out, _ = self.factory("prove", "triager", "--sealed")
+        self.assertEqual(code, 1, out)
+        self.assertIn("UNDER BAR", out)
+        record = json.loads(edit_latest_sealed_record(self.root).read_text())
+        path = edit_latest_sealed_record(self.root, score=1.0, passed=record["cases"], failures=[],
+                                         real={**record["real"], "score": 1.0, "passed": record["real"]["cases"]})
+        err = self.refused_writing_nothing("the sealed proof does not verify with the factory evidence key",
+                                           "certify", "triager", "--tier", "C1", "--by", "alice")
+        self.assertIn(path.relative_to(self.root).as_posix(), err)
+        signed = self.certify("triager")
+        self.assertEqual(signed.returncode, 1, "certify signed an edited proof at the terminal")
+        self.assertNotIn("sign it?", signed.stderr)
+
+    def test_a_record_without_a_mac_or_with_a_malformed_one_is_refused_in_one_line(self):
+        for label, mac in (("no mac", None), ("not hex", "hmac-sha256:" + "é" * 64), ("cut", "hmac-sha256:00"),
+                           ("not a string", 5)):
+            with self.subTest(label):
+                path = sorted((self.root / "records" / "triager").glob("*.sealed.json"))[-1]
+                record = {k: v for k, v in json.loads(path.read_text()).items() if k != "mac"}
+                path.write_text(json.dumps(record if mac is None else {**record, "mac": mac}))
+                expected = "carries no evidence MAC" if mac is None else ("does not verify", "wrong type")
+                self.refused_writing_nothing(expected, "certify", "triager", "--tier", "C1", "--by", "alice")
+                self.setUp()
+
+    def test_twenty_appended_pass_rows_do_not_earn_c2(self):
+        digest = self.cert()["digest"]
+        index = self.root / "traces" / "index.jsonl"
+        self.runs_ok()                                   # one real row with a real MAC, to copy from
+        real = json.loads(index.read_text().splitlines()[-1])
+        fakes = [index_row("triager", digest, "C1") for _ in range(19)] + [index_row("triager", digest, "C1", mac=real.get("mac", "hmac-sha256:" + "0" * 64))]
+        with index.open("a") as out:
+            out.writelines(json.dumps(row) + "\n" for row in fakes)
+        err = self.refused_writing_nothing("tier C2 needs production evidence at C1 since the card last changed: "
+                                           "0 gated run(s) (need 20)", "certify", "triager", "--tier", "C2", "--by", "alice")
+        self.assertIn("20 row(s) of traces/index.jsonl not counted: their evidence MAC does not verify (line 2, 3, 4, 5, 6, ...)", err)
+        signed = self.certify("triager", "C2")
+        self.assertEqual(signed.returncode, 1, "twenty forged rows earned C2")
+        self.assertEqual(self.cert()["tier"], "C1")
+
+    def test_the_prompt_shows_the_evidence_it_used(self):
+        digest = self.cert()["digest"]
+        self.runs_ok()
+        with (self.root / "traces" / "index.jsonl").open("a") as out:
+            out.writelines(json.dumps(index_row("triager", digest, "C1")) + "\n" for _ in range(3))
+        signed = self.sign()
+        record = sorted((self.root / "records" / "triager").glob("*.sealed.json"))[-1].relative_to(self.root).as_posix()
+        self.assertIn(f"sealed proof {record}: ", signed.stderr)
+        self.assertIn("evidence MAC verified", signed.stderr)
+        self.assertIn("production evidence since the card last changed: 0 verified gated run(s), gate pass rate 0.00; "
+                      "3 row(s) of traces/index.jsonl not counted", signed.stderr)
+
+    def test_rows_and_records_written_by_the_line_verify(self):
+        self.runs_ok()
+        key = (self.tmp / "keys" / "_evidence.key").read_text().strip().encode()
+        row = self.index_rows()[-1]
+        record = json.loads(sorted((self.root / "records" / "triager").glob("*.sealed.json"))[-1].read_text())
+        for sealed in (row, record):
+            body = {k: v for k, v in sealed.items() if k != "mac"}
+            self.assertEqual(sealed["mac"], "hmac-sha256:" + hmac.new(key, factory.canonical(body), hashlib.sha256).hexdigest())
+        self.assertEqual(stat.S_IMODE((self.tmp / "keys" / "_evidence.key").stat().st_mode), 0o600)
+
+
+# ---------------------------------------------------------------- the hash-chained logs
+
+def chained_line(path: Path, entry: dict) -> str:
+    """entry as the next line of a hash-chained log, its `prev` the hash of the log's last line (anyone
+    can compute this: the chain protects what was signed over, not against appending)."""
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    prev = factory.sha256(lines[-1]) if lines else factory.GENESIS
+    return json.dumps({**entry, "prev": prev}, separators=(",", ":")) + "\n"
+
+
+class Chains(LineTest):
+    """Recalls, revocations, lineage and approvals are hash-chained; certificates record their heads.
+    Prepared once: triager and its grand-variant b certified (a, b's master, only stamped)."""
+
+    def prepare(self):
+        self.set_bar("triager", 0.0)
+        self.assertEqual(self.factory("stamp", "triager", "--as", "a")[0], 0)
+        self.assertEqual(self.factory("stamp", "a", "--as", "b")[0], 0)
+        for name in ("triager", "b"):
+            self.prove_sealed(name)
+            self.sign(name)
+
+    def log(self, name: str) -> Path:
+        return self.root / "registry" / f"{name}.jsonl"
+
+    def test_certificates_record_every_log_head(self):
+        heads = self.cert("b")["chains"]
+        self.assertEqual(sorted(heads), ["approvals", "lineage", "recalls", "revocations"])
+        self.assertEqual(heads["lineage"], {"count": 2, "hash": factory.sha256(self.log("lineage").read_bytes().splitlines()[-1])})
+        self.assertEqual(heads["recalls"], {"count": 0, "hash": factory.GENESIS})
+
+    def test_a_recall_deleted_after_a_later_signature_is_detected(self):
+        self.factory("recall", "triager", "--reason", "drafts promised refunds")
+        self.refused("recalled since certification", "run", "b", "hi")
+        self.certified("evalsmith")                      # any later signature anchors the recall
+        self.log("recalls").write_text("")
+        err = self.refused_writing_nothing("registry/recalls.jsonl: has 0 entries but had 1 when registry/evalsmith.card.json "
+                                           "was signed: entries were removed since", "run", "b", "hi")
+        self.assertIn("restore the log from a copy", err)
+        self.refused("registry/recalls.jsonl: has 0 entries but had 1", "run", "evalsmith", "hi")
+
+    def test_an_edited_entry_breaks_the_chain_for_every_reader(self):
+        self.factory("recall", "a", "--reason", "a bad override")
+        self.factory("recall", "triager", "--reason", "drafts promised refunds")
+        log = self.log("recalls")
+        log.write_text(log.read_text().replace("a bad override", "a fine override"))
+        for argv in (("run", "b", "hi"), ("certify", "b", "--tier", "C1", "--by", "alice"), ("recall", "a", "--reason", "x")):
+            with self.subTest(argv=argv):
+                self.refused_writing_nothing("registry/recalls.jsonl line 2: the hash chain is broken here", *argv)
+
+    def test_a_reparenting_line_is_ignored_and_says_so(self):
+        self.factory("recall", "triager", "--reason", "drafts promised refunds")
+        lineage = self.log("lineage")
+        with lineage.open("a") as out:
+            out.write(chained_line(lineage, {"agent": "b", "stamped_from": "evalsmith", "at": factory.utc_now()}))
+        code, out, err = self.factory("run", "b", "hi")
+        self.assertEqual(code, 1, out)
+        self.assertNotIn("Traceback", err)
+        self.assertIn("factory: note: registry/lineage.jsonl line 3 re-parents b to evalsmith; ignored: a variant's parent "
+                      "is fixed by its first lineage entry (a)", err)
+        self.assertIn("factory run: recalled since certification: drafts promised refunds", err)
+        self.assertIn("['a', 'b']", self.factory("recall", "triager", "--reason", "again")[1])
+
+    def test_a_name_keeps_its_first_parent(self):
+        (self.root / "masters" / "b.json").unlink()
+        self.refused_writing_nothing("b was stamped from a before (registry/lineage.jsonl); a name keeps its first parent",
+                                     "stamp", "evalsmith", "--as", "b")
+
+    def test_an_entry_without_prev_is_refused_by_name(self):
+        with self.log("recalls").open("a") as out:
+            out.write(json.dumps({"agent": "evalsmith", "reason": "by hand", "at": factory.utc_now()}) + "\n")
+        self.refused_writing_nothing("registry/recalls.jsonl line 1: not a hash-chained entry (no 'prev')", "run", "b", "hi")
+
+    def test_appends_keep_the_chain_whole(self):
+        for reason in ("one", "two", "three"):
+            self.factory("recall", "a", "--reason", reason)
+        self.edit_card("triager", owner="new-lead")
+        self.assertEqual(self.factory("restamp", "triager")[0], 0)
+        for name in ("recalls", "revocations", "lineage"):
+            lines, prev = self.log(name).read_bytes().splitlines(), factory.GENESIS
+            self.assertTrue(lines, name)
+            for line in lines:
+                self.assertEqual(json.loads(line)["prev"], prev, name)
+                prev = factory.sha256(line)
+
+
+# ---------------------------------------------------------------- key files and malformed signatures
+
+class KeyFiles(CertifiedTest):
+    """A key file or keys folder open to other users is refused with the chmod that fixes it; a signature
+    that is not well-formed does not verify, in one line."""
+
+    def test_a_key_file_others_can_read_is_refused_with_the_chmod(self):
+        key = self.tmp / "keys" / "alice.key"
+        for mode in (0o644, 0o640, 0o606):
+            with self.subTest(mode=oct(mode)):
+                key.chmod(mode)
+                err = self.refused_writing_nothing("other users may read or write the key file", "run", "triager", "hi")
+                self.assertIn(f"fix it with: chmod 600 {key}", err)
+        key.chmod(0o600)
+        self.runs_ok()
+
+    def test_an_open_key_in_an_open_folder_names_both_fixes(self):
+        keys, key = self.tmp / "keys", self.tmp / "keys" / "alice.key"
+        keys.chmod(0o777)
+        key.chmod(0o666)
+        err = self.refused_writing_nothing("other users may read or write its folder and the key file", "run", "triager", "hi")
+        self.assertIn(f"alice.key: other users may read or write its folder and the key file; refusing to use it. "
+                      f"fix it with: chmod 700 {keys} && chmod 600 {key}", err)
+        err = self.refused_writing_nothing("other users may read or write its folder", "certify", "triager", "--tier", "C1",
+                                           "--by", "alice")
+        self.assertIn(f"fix it with: chmod 700 {keys}", err)   # the evidence key in it is refused first
+        keys.chmod(0o700)
+        key.chmod(0o600)
+        self.runs_ok()
+
+    def test_an_open_evidence_key_is_refused(self):
+        evidence = self.tmp / "keys" / "_evidence.key"
+        evidence.chmod(0o644)
+        self.refused_writing_nothing(f"fix it with: chmod 600 {evidence}", "certify", "triager", "--tier", "C1", "--by", "alice")
+
+    def test_a_signature_that_is_not_well_formed_does_not_verify(self):
+        path, cert = self.root / CERT, self.cert()
+        for label, signature in (("non-ascii hex", "hmac-sha256:" + "é" * 64), ("not hex", "hmac-sha256:" + "zz" * 32),
+                                 ("short", "hmac-sha256:abcd"), ("armour of garbage", "-----BEGIN SSH SIGNATURE-----\n!!\n"
+                                                                "-----END SSH SIGNATURE-----\n"), ("a number", 7)):
+            with self.subTest(label):
+                path.write_text(json.dumps({**cert, "signature": signature}))
+                self.refused_writing_nothing("the certificate does not verify (no valid signer or signature)", "run", "triager", "hi")
+
+
+# ---------------------------------------------------------------- certificates signed with OpenSSH
+
+def ssh_key(folder: Path, name: str) -> tuple[Path, str]:
+    """A new ed25519 key pair under folder (no passphrase); (private key path, 'TYPE BASE64' of its public key)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = folder / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)], check=True)
+    return key, " ".join(key.with_suffix(".pub").read_text().split()[:2])
+
+
+@unittest.skipUnless(shutil.which("ssh-keygen"), "ssh-keygen (OpenSSH) is not installed")
+class SshCertificates(LineTest):
+    """certify --ssh-key signs with `ssh-keygen -Y sign`; every verifier checks with `ssh-keygen -Y verify`
+    against registry/allowed_signers. Prepared once: alice's ssh key allowed, triager certified with it."""
+
+    def prepare(self):
+        key, public = ssh_key(self.tmp / "ssh", "alice")
+        (self.root / "registry").mkdir(exist_ok=True)
+        (self.root / "registry" / "allowed_signers").write_text(f"alice {public}\n")
+        self.set_bar("triager", 0.0)
+        self.prove_sealed()
+        self.sign("triager", "C1", "alice", "--ssh-key", str(key))
+
+    def test_an_ssh_signed_certificate_verifies_with_public_keys_only(self):
+        self.assertTrue(self.cert()["signature"].startswith("-----BEGIN SSH SIGNATURE-----\n"))
+        self.assertFalse((self.tmp / "keys" / "alice.key").exists(), "no hmac key was made or needed")
+        self.runs_ok()
+
+    def test_an_edited_ssh_certificate_does_not_verify(self):
+        path = self.root / CERT
+        path.write_text(path.read_text().replace('"tier": "C1"', '"tier": "C2"'))
+        self.refused_writing_nothing("does not verify with alice's ssh key in registry/allowed_signers", "run", "triager", "hi")
+
+    def test_a_signer_not_in_allowed_signers_does_not_verify(self):
+        _, bobs = ssh_key(self.tmp / "ssh", "bob")
+        allowed = self.root / "registry" / "allowed_signers"
+        alices = allowed.read_text()
+        allowed.write_text(f"bob {bobs}\n")                                   # alice is no longer an allowed signer
+        self.refused_writing_nothing("does not verify with alice's ssh key", "run", "triager", "hi")
+        allowed.write_text(alices + f"bob {bobs}\n")
+        self.runs_ok()
+        (self.root / CERT).write_text(json.dumps({**self.cert(), "signer": "bob"}))   # alice's signature passed off as bob's
+        self.refused_writing_nothing("does not verify with bob's ssh key", "run", "triager", "hi")
+
+    def test_certify_with_a_key_that_is_not_allowed_signs_nothing(self):
+        mallory, _ = ssh_key(self.tmp / "ssh", "mallory")
+        before = self.cert()
+        signed = self.at_terminal("certify", "triager", "--tier", "C1", "--by", "alice", "--ssh-key", str(mallory))
+        self.assertEqual(signed.returncode, 1, signed.stderr)
+        self.assertIn("unsigned: the ssh signature does not verify with alice's ssh key in registry/allowed_signers", signed.stderr)
+        self.assertEqual(self.cert(), before)
+
+    def test_without_allowed_signers_it_cannot_be_verified_here(self):
+        (self.root / "registry" / "allowed_signers").unlink()
+        self.refused_writing_nothing("signed with alice's ssh key, but there is no registry/allowed_signers", "run", "triager", "hi")
+
+    def test_without_ssh_keygen_one_line_says_so_and_hmac_keeps_working(self):
+        self.assertEqual(self.factory("stamp", "triager", "--as", "copy")[0], 0)
+        self.certified("copy")                                               # an hmac certificate
+        self.env["PATH"] = str(self.tmp / "no-programs-here")
+        self.refused_writing_nothing("ssh-keygen is not installed here (OpenSSH)", "run", "triager", "hi")
+        self.refused_writing_nothing("ssh-keygen is not installed here (OpenSSH)", "certify", "copy", "--tier", "C1",
+                                     "--by", "alice", "--ssh-key", str(self.tmp / "ssh" / "alice"))
+        self.runs_ok("copy")
+
+    def test_a_decision_signed_with_ssh_verifies_as_its_signer(self):
+        signer = factory.Signer("alice", self.tmp / "ssh" / "alice")
+        body = {"kind": "intent", "run_id": "r", "call": 1, "by": "alice", "at": factory.utc_now()}
+        signed = signer.signed(self.fac, body, factory.DECISION_UNSIGNED)
+        self.assertIsNone(factory.signature_problem(self.fac, "alice", {**signed, "prev": "x"}, factory.DECISION_UNSIGNED))
+        self.assertIsNotNone(factory.signature_problem(self.fac, "alice", {**signed, "call": 2}, factory.DECISION_UNSIGNED))
+
+
+# ---------------------------------------------------------------- the README's main job, with no keys at all
+
+class MainJob(LineTest):
+    """prove --sealed, certify at a terminal, run the inbox, tower: on a fresh machine with no keys folder."""
+
+    def test_the_main_job_runs_end_to_end_with_no_keys(self):
+        self.assertFalse((self.tmp / "keys").exists())
+        code, out, err = self.factory("prove", "triager", "--sealed")
+        self.assertEqual(code, 0, out + err)
+        self.assertIn("created the factory evidence key at", err)
+        signed = self.at_terminal("certify", "triager", "--tier", "C1", "--by", "alice")
+        self.assertEqual(signed.returncode, 0, signed.stderr)
+        code, out, err = self.factory("run", "triager", "--file", str(self.root / "evals" / "triager" / "inbox.jsonl"))
+        self.assertEqual(code, 0, err)
+        self.assertEqual(len(out.splitlines()), 20)
+        code, out, err = self.factory("tower")
+        self.assertEqual(code, 0, err)
+        self.assertIn("triager", out)
+
+
 # ---------------------------------------------------------------- a certify killed while it writes
 
 class KilledCertify(LineTest):
@@ -630,7 +946,7 @@ class KilledCertify(LineTest):
         rng = random.Random()
         for attempt in range(6):
             if attempt % 2 == 0:
-                shutil.rmtree(self.tmp / "keys", ignore_errors=True)     # also kill key creation
+                (self.tmp / "keys" / "alice.key").unlink(missing_ok=True)     # also kill key creation
             self.kill_after_answering(rng.uniform(0.0, 0.004))
             self.assert_registry_whole()
             key = self.tmp / "keys" / "alice.key"
