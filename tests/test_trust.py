@@ -545,17 +545,20 @@ class Sealed(LineTest):
 
 # ---------------------------------------------------------------- recall chains
 
-class Recall(LineTest):
-    """A recall reaches every variant, survives card edits, and needs a fresh sealed proof."""
+class GrandVariant(LineTest):
+    """Prepared once: triager and its grand-variant b proved and certified; a (b's master) only stamped."""
 
     def prepare(self):
-        """triager and its grand-variant b proved and certified; a (b's master) only stamped."""
         self.set_bar("triager", 0.0)
         self.assertEqual(self.factory("stamp", "triager", "--as", "a")[0], 0)
         self.assertEqual(self.factory("stamp", "a", "--as", "b")[0], 0)
         for name in ("triager", "b"):
             self.prove_sealed(name)
             self.sign(name)
+
+
+class Recall(GrandVariant):
+    """A recall reaches every variant, survives card edits, and needs a fresh sealed proof."""
 
     def test_recall_reaches_a_variant_of_a_variant_until_a_fresh_proof(self):
         self.runs_ok("b")
@@ -690,19 +693,11 @@ def chained_line(path: Path, entry: dict) -> str:
     return json.dumps({**entry, "prev": prev}, separators=(",", ":")) + "\n"
 
 
-class Chains(LineTest):
-    """Recalls, revocations, lineage and approvals are hash-chained; certificates record their heads.
-    Prepared once: triager and its grand-variant b certified (a, b's master, only stamped)."""
-
-    def prepare(self):
-        self.set_bar("triager", 0.0)
-        self.assertEqual(self.factory("stamp", "triager", "--as", "a")[0], 0)
-        self.assertEqual(self.factory("stamp", "a", "--as", "b")[0], 0)
-        for name in ("triager", "b"):
-            self.prove_sealed(name)
-            self.sign(name)
+class Chains(GrandVariant):
+    """Recalls, revocations, lineage and approvals are hash-chained; certificates record their heads."""
 
     def log(self, name: str) -> Path:
+        """registry/NAME.jsonl."""
         return self.root / "registry" / f"{name}.jsonl"
 
     def test_certificates_record_every_log_head(self):
