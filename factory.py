@@ -2518,8 +2518,8 @@ def approved_these_arguments(claim: Claim) -> str | None:
 CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
                       ("signature", signature_verifies), ("agent", for_this_agent), ("logs", logs_unchanged))
 RUN_GUARDS = CERTIFICATE_GUARDS + (("revocation", not_revoked), ("recall", not_recalled), ("digest", unchanged))
-CERTIFY_GUARDS = (("tier ceiling", within_ceiling), ("sealed proof", has_sealed_proof), ("proof evidence", proof_verifies),
-                  ("digest", unchanged), ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar),
+CERTIFY_GUARDS = (("tier ceiling", within_ceiling), ("sealed proof", has_sealed_proof), ("digest", unchanged),
+                  ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar), ("proof evidence", proof_verifies),
                   ("recall", not_recalled), ("production evidence", production_evidence))
 OPEN_GUARDS = (("open call", call_still_open),)
 REJECT_GUARDS = (("open call", call_not_closed),)

@@ -296,13 +296,14 @@ class SealedVerdicts(LineTest):
         self.factory("prove", "triager", "--sealed")
         [path] = (self.root / "records" / "triager").glob("*.sealed.json")
         record = json.loads(path.read_text())
-        older = {k: v for k, v in record.items() if k not in ("verdict", "rubric", "passing_cases")}
+        older = {k: v for k, v in record.items() if k not in ("verdict", "rubric", "passing_cases", "mac")}
         older.update(format="factory-proof-1", passed=2, score=0.6667)
         path.write_text(json.dumps(older))
         self.refused("sealed score 2/3 = 0.66666 is under the bar 0.66667.", "certify", "triager", "--tier", "C1", "--by", "alice")
-        older.update(pass_bar=0.6666)   # the same counts clear a bar of 0.6666
+        older.update(pass_bar=0.6666)   # the same counts clear a bar of 0.6666 ...
         path.write_text(json.dumps(older))
-        self.refused("unsigned. certification is the station that stays human.", "certify", "triager", "--tier", "C1", "--by", "alice")
+        self.refused("the sealed proof carries no evidence MAC", "certify", "triager", "--tier", "C1", "--by", "alice")
+        # ... but a record from before proof records were sealed is no evidence: re-prove
 
 
 class SuitePerHalf(LineTest):

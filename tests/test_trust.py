@@ -625,8 +625,9 @@ class Evidence(LineTest):
         self.assertEqual(code, 1, out)
         self.assertIn("UNDER BAR", out)
         record = json.loads(edit_latest_sealed_record(self.root).read_text())
-        path = edit_latest_sealed_record(self.root, score=1.0, passed=record["cases"], failures=[],
-                                         real={**record["real"], "score": 1.0, "passed": record["real"]["cases"]})
+        self.assertEqual(record["verdict"], "UNDER BAR")
+        path = edit_latest_sealed_record(self.root, score=1.0, passing_cases=record["cases"], verdict="PASS", passed=True,
+                                         failures=[], real={**record["real"], "score": 1.0, "passing_cases": record["real"]["cases"]})
         err = self.refused_writing_nothing("the sealed proof does not verify with the factory evidence key",
                                            "certify", "triager", "--tier", "C1", "--by", "alice")
         self.assertIn(path.relative_to(self.root).as_posix(), err)
