@@ -1934,10 +1934,9 @@ def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> Productio
     """The closed, gated runs of this agent with its current digest (at `tier` when given) that the
     index holds, each row's MAC checked under the evidence key."""
     key, runs, passes, unverified = evidence_key(fac, create=False), 0, 0, []
-    rows = fac.store.read_jsonl(fac.index, INDEX_SHAPE) if fac.index.exists() else ()
-    for number, row in rows:
-        if row["agent"] != agent.name or row.get("digest") != agent.digest or row["gate"] not in GATED \
-                or (tier is not None and row.get("tier") != tier) or row.get("state", "closed") != "closed":
+    for number, row in index_lines(fac):
+        if row.get("state") == "started" or row["agent"] != agent.name or row.get("digest") != agent.digest \
+                or row["gate"] not in GATED or (tier is not None and row.get("tier") != tier):
             continue
         if key is None or not mac_verifies(key, row):
             unverified.append(number)
@@ -3198,10 +3197,10 @@ def find_trace(fac: Factory, run_id: str) -> Path:
     return found[0]
 
 
-def index_entries(fac: Factory) -> Iterator[dict]:
-    """Every row of traces/index.jsonl, streamed, each checked against the shape of its state: a
-    `started` row (STARTED_SHAPE) or a closed one (INDEX_SHAPE; a row with no state was written before
-    runs were opened first, and is a closed row); nothing when there is no index yet."""
+def index_lines(fac: Factory) -> Iterator[tuple[int, dict]]:
+    """(line number, row) for every row of traces/index.jsonl, streamed, each checked against the shape
+    of its state: a `started` row (STARTED_SHAPE) or a closed one (INDEX_SHAPE; a row with no state was
+    written before runs were opened first, and is a closed row); nothing when there is no index yet."""
     if not fac.index.exists():
         return
     where = fac.shown(fac.index)
@@ -3209,7 +3208,12 @@ def index_entries(fac: Factory) -> Iterator[dict]:
         shape = STARTED_SHAPE if row.get("state") == "started" else INDEX_SHAPE
         if not shape.fits(row):
             shape.check(row, f"{where} line {number}")
-        yield row
+        yield number, row
+
+
+def index_entries(fac: Factory) -> Iterator[dict]:
+    """Every row of traces/index.jsonl, started and closed (see index_lines)."""
+    return (row for _, row in index_lines(fac))
 
 
 def index_rows(fac: Factory) -> Iterator[dict]:

@@ -774,7 +774,7 @@ class Approval(Tiered):
         self.refused("unapproved.", "approve", self.run_id, "--by", "bob")
 
     def test_one_bad_parked_file_does_not_hide_the_others(self):
-        self.run_payer()                                                      # a second parked call
+        self.refund_run()                                                     # a second parked call
         first, second = self.pending()
         first.write_text("")
         code, out, err = self.factory("pending")

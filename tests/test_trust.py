@@ -656,7 +656,7 @@ class Evidence(LineTest):
             out.writelines(json.dumps(row) + "\n" for row in fakes)
         err = self.refused_writing_nothing("tier C2 needs production evidence at C1 since the card last changed: "
                                            "0 gated run(s) (need 20)", "certify", "triager", "--tier", "C2", "--by", "alice")
-        self.assertIn("20 row(s) of traces/index.jsonl not counted: their evidence MAC does not verify (line 2, 3, 4, 5, 6, ...)", err)
+        self.assertIn("20 row(s) of traces/index.jsonl not counted: their evidence MAC does not verify (line 3, 4, 5, 6, 7, ...)", err)
         signed = self.certify("triager", "C2")
         self.assertEqual(signed.returncode, 1, "twenty forged rows earned C2")
         self.assertEqual(self.cert()["tier"], "C1")
