@@ -3648,7 +3648,7 @@ def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str]
 ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
     "FACTORY_ROOT": "the factory root when --root is not given",
     "FACTORY_SEALED_DIR": "where sealed halves live: DIR/SUITE/sealed.jsonl",
-    "FACTORY_KEYS_DIR": "signers' keys and the factory evidence key (default ~/.config/agent-factory/keys)",
+    "FACTORY_KEYS_DIR": "signers' and evidence keys (~/.config/agent-factory/keys)",
     "ANTHROPIC_API_KEY": "claude-* models; with no model key, the agent's own rules",
     "ANTHROPIC_BASE_URL": "another server speaking the Anthropic Messages API",
     "OPENAI_API_KEY": "OpenAI-compatible chat completions",
@@ -3667,6 +3667,7 @@ ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
     "HTTPS_PROXY": "proxy for https model and Sage calls (or https_proxy)",
     "HTTP_PROXY": "proxy for http model and Sage calls (or http_proxy)",
     "USER": "who recalled, as written in the recall log",
+    "PATH": "where ssh-keygen is found (ssh signatures)",
 }
 PROXY_ENV = ("HTTPS_PROXY", "HTTP_PROXY")
 WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "MOONSHOT_API_KEY",
@@ -3913,9 +3914,9 @@ def failure_message(half: str, result: dict) -> str:
          arg("--by", required=True, metavar="SIGNER", help="who signs; their HMAC key is created on first use"),
          SSH_KEY,
          examples=("python3 factory.py certify triager --tier C1 --by alice",
-                   "python3 factory.py certify triager --tier C1 --by alice --ssh-key ~/.ssh/id_ed25519"),
+                   "python3 factory.py certify triager --tier C1 --by alice --ssh-key KEY"),
          exits=("signed", "refused, or declined at the prompt: nothing was signed"),
-         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR"))
+         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR", "PATH"))
 def cmd_certify(fac: Factory, args) -> int:
     """Sign an agent's certificate, as a human at a terminal.
 
@@ -4015,7 +4016,7 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
          examples=('python3 factory.py run triager "my new card never arrived"',
                    "python3 factory.py run triager --file evals/triager/inbox.jsonl --json"),
          exits=("every run completed, whether or not a human must see it", "refused, or a run crashed (see its trace)"),
-         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR", *MODEL_ENV))
+         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR", "PATH", *MODEL_ENV))
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
 
@@ -4312,14 +4313,14 @@ def cmd_doctor(fac: Factory, args) -> int:
          exits=("done, also when nothing waits", "a parked file or the approvals log is malformed: named, the rest listed"),
          env=ROOT_ENV)
 def cmd_pending(fac: Factory, args) -> int:
-    """List the staged acting calls waiting for a human, and those whose effect is uncertain.
+    """List the staged calls waiting, and the uncertain effects.
 
     Oldest first, one per line: RUN_ID --call N, the agent, the tool and its exact arguments, when it
     was staged and when it expires. approve executes one; reject closes one. Then each call approved
-    but with no result recorded (the approving process was stopped between its intent and its result):
-    UNCERTAIN-EFFECT, who approved it and what reading back finds, for a human to reconcile and close
-    with reject. A parked file or an approvals log that cannot be read is named on stderr (exit 1) and
-    every other call is still listed.
+    but with no result recorded (the approving process was stopped between its intent and its result),
+    marked as an uncertain effect with who approved it and what reading back finds, for a human to
+    reconcile and close with reject. A parked file or an approvals log that cannot be read is named on
+    stderr (exit 1) and every other call is still listed.
     """
     entries, problems = parked_calls(fac)
     try:
@@ -4387,7 +4388,7 @@ def approval_brief(fac: Factory, entry: dict) -> str:
          examples=("python3 factory.py pending", "python3 factory.py approve RUN_ID --call 2 --by alice",
                    "python3 factory.py approve RUN_ID --by alice --ssh-key ~/.ssh/id_ed25519"),
          exits=("approved and executed", "refused, declined at the prompt, or the executed call failed"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR"))
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", "PATH"))
 def cmd_approve(fac: Factory, args) -> int:
     """Approve one staged call at a terminal and execute it.
 
@@ -4424,8 +4425,8 @@ def cmd_approve(fac: Factory, args) -> int:
          arg("--reason", type=reason_text, required=True, metavar="TEXT", help="why: kept with the decision"),
          SSH_KEY,
          examples=('python3 factory.py reject RUN_ID --call 2 --by alice --reason "asked twice"',),
-         exits=("rejected", "refused: no such staged call, it is no longer open, or NAME has no key here"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR"))
+         exits=("rejected", "refused: no such call, it is not open, or NAME has no key here"),
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", "PATH"))
 def cmd_reject(fac: Factory, args) -> int:
     """Close one staged call without executing it.
 
