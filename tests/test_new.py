@@ -1,0 +1,218 @@
+"""`new NAME`: an agent of your own that proves, certifies and runs with no hand edits, from scratch or
+from a copy; a name already in use is refused before anything is written, the files are written all
+or none, and no other agent's certificate is touched."""
+
+from __future__ import annotations
+
+import json
+
+import factory
+from tests.support import LineTest, snapshot, write_jsonl
+
+NEW_FILES = ("masters/faq.json", "agents/faq.py", "agents/tools/faq.py", "evals/faq/cases.jsonl", "evals/faq/sealed.jsonl")
+
+
+class NewAgent(LineTest):
+    """`new faq` with no options, then the whole line: prove both halves, certify, run."""
+
+    def prepare(self):
+        code, out, err = self.factory("new", "faq")
+        self.assertEqual(code, 0, err)
+        self.created = out
+
+    def card(self, name: str = "faq") -> dict:
+        return json.loads((self.root / "masters" / f"{name}.json").read_text())
+
+    def test_it_writes_the_card_module_tools_and_both_halves(self):
+        for path in NEW_FILES:
+            self.assertTrue((self.root / path).is_file(), path)
+        code, out, err = self.factory("new", "faq2")
+        self.assertEqual(code, 0, err)
+        for path in ("masters/faq2.json", "agents/faq2.py", "agents/tools/faq2.py", "evals/faq2/cases.jsonl"):
+            self.assertIn(f"  {path} ", out)
+        self.assertIn("next: python3 factory.py prove faq2; then prove faq2 --sealed", out)
+
+    def test_the_card_has_every_field_and_is_valid(self):
+        card = self.card()
+        fields = {f.name.split(".")[0] for f in factory.CARD_SCHEMA} - set(factory.SET_BY_STAMP)
+        self.assertEqual(set(card), fields)
+        self.assertEqual(set(card["evals"]), {"pass_bar", "gate", "suite"})
+        self.assertEqual(set(card["model"]), {"primary", "fallback"})
+        self.assertEqual(factory.card_problems(card, "faq"), [])
+        self.assertEqual((card["tools"], card["tools_denied"], card["tier_ceiling"], card["owner"]),
+                         (["faq:lookup", "faq:draft"], [], "C1", "tester"))
+        self.assertEqual((card["max_steps"], card["approval_expiry_hours"], card["handoff_field"]), (8, 24, "escalate"))
+
+    def test_its_tools_are_one_read_and_one_draft_in_its_own_module(self):
+        agent = factory.load_agent(self.fac, "faq")
+        self.assertEqual({name: c["effect"] for name, c in agent.contracts.items()}, {"faq:lookup": "read", "faq:draft": "draft"})
+        self.assertIn("tool code agents/tools/faq.py", agent.components)
+
+    def test_it_proves_certifies_and_runs_with_no_hand_edits(self):
+        for half in ([], ["--sealed"]):
+            with self.subTest(half=half):
+                code, out, err = self.factory("prove", "faq", *half, "--json")
+                self.assertEqual(code, 0, err)
+                proof = json.loads(out)
+                self.assertEqual((proof["verdict"], proof["passing_cases"], proof["tool_denials"], proof["backends"]),
+                                 ("PASS", proof["cases"], 0, ["offline"]))
+        self.sign("faq", "C1")
+        code, out, err = self.factory("run", "faq", "What are your opening hours?", "--json")
+        self.assertEqual(code, 0, err)
+        row = json.loads(out)
+        self.assertEqual(row["output"], {"topic": "hours", "draft": "We are open Monday to Friday, 9:00 to 17:00.",
+                                         "escalate": False})
+        self.assertEqual(row["tools"], [["faq:lookup", "ok"], ["faq:draft", "HELD"]])
+        [trace] = self.traces("faq")
+        [lookup] = [e for e in trace if e.get("event") == "tool" and e["tool"] == "faq:lookup"]
+        [result] = [e for e in trace if e.get("event") == "tool_result" and e["seq"] == lookup["seq"]]
+        self.assertEqual((lookup["effect"], result["content"]), ("read", "We are open Monday to Friday, 9:00 to 17:00."))
+
+    def test_anything_else_goes_to_a_human(self):
+        self.prove_sealed("faq")
+        self.sign("faq", "C1")
+        code, out, err = self.factory("run", "faq", "Please transfer 500 dollars to my brother.", "--json")
+        row = json.loads(out)
+        self.assertEqual((row["output"]["topic"], row["output"]["escalate"], row["routed"]), ("none", True, True))
+        self.assertEqual(row["tools"], [["faq:draft", "HELD"]])
+
+
+class ExampleTools(LineTest):
+    """--tools picks which example tools the agent gets; its rules call only those, and it proves."""
+
+    def test_each_choice_proves_on_both_halves(self):
+        for name, tools, made in (("r", "read", ["r:lookup"]), ("d", "draft", ["d:draft"]),
+                                  ("rd", "draft,read", ["rd:lookup", "rd:draft"])):
+            with self.subTest(tools=tools):
+                code, _, err = self.factory("new", name, "--tools", tools)
+                self.assertEqual(code, 0, err)
+                card = json.loads((self.root / "masters" / f"{name}.json").read_text())
+                self.assertEqual(card["tools"], made)
+                self.assertEqual(sorted(factory.load_agent(self.fac, name).contracts), sorted(made))
+                for half in ([], ["--sealed"]):
+                    code, out, err = self.factory("prove", name, *half, "--json")
+                    self.assertEqual((code, json.loads(out)["tool_denials"]), (0, 0), out + err)
+
+    def test_a_hyphen_becomes_an_underscore_in_its_modules(self):
+        code, out, err = self.factory("new", "faq-bot")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads((self.root / "masters" / "faq-bot.json").read_text())["entrypoint"], "faq_bot:rules")
+        self.assertTrue((self.root / "agents" / "tools" / "faq_bot.py").is_file())
+        self.assertEqual(self.factory("prove", "faq-bot", "--sealed")[0], 0)
+
+    def test_bad_options_are_usage_errors(self):
+        for expected, argv in (("not a name for a new agent", ["new", "Faq"]),
+                               ("not a name for a new agent", ["new", "tools"]),
+                               ("the example tools are read and draft", ["new", "faq", "--tools", "write"]),
+                               ("the example tools are read and draft", ["new", "faq", "--tools", ""]),
+                               ("a copy (--from) has its source's tools", ["new", "faq", "--from", "triager", "--tools", "read"]),
+                               ("too long to name its tool module", ["new", "a" * 33])):
+            with self.subTest(argv=argv):
+                self.usage_error(expected, *argv)
+
+
+class FromACopy(LineTest):
+    """--from triager copies its module, card (same grants) and open half, never its sealed half."""
+
+    def test_a_copy_of_the_triager(self):
+        sealed = self.tmp / "sealed"
+        (sealed / "triager").mkdir(parents=True)
+        (sealed / "triager" / "sealed.jsonl").write_bytes((self.root / "evals" / "triager" / "sealed.jsonl").read_bytes())
+        self.env["FACTORY_SEALED_DIR"] = str(sealed)
+        code, out, err = self.factory("new", "tri2", "--from", "triager")
+        self.assertEqual(code, 0, err)
+        module = (self.root / "agents" / "tri2.py").read_bytes()
+        self.assertTrue(module.endswith((self.root / "agents" / "triager.py").read_bytes()))
+        self.assertTrue(module.startswith(b"# copied from agents/triager.py by `python3 factory.py new tri2 --from triager`\n"))
+        original, card = (json.loads((self.root / "masters" / f"{n}.json").read_text()) for n in ("triager", "tri2"))
+        self.assertEqual((card["tools"], card["tools_denied"], card["draft_rubric"], card["model"]),
+                         (original["tools"], original["tools_denied"], original["draft_rubric"], original["model"]))
+        self.assertEqual((card["entrypoint"], card["evals"]["suite"], card["identity"], card["owner"]),
+                         ("tri2:rules", "tri2", "svc-tri2@support", "tester"))
+        self.assertEqual(factory.card_problems(card, "tri2"), [])
+        self.assertEqual((self.root / "evals" / "tri2" / "cases.jsonl").read_bytes(),
+                         (self.root / "evals" / "triager" / "cases.jsonl").read_bytes())
+        self.assertFalse((sealed / "tri2").exists(), "the sealed half is never copied")
+        self.assertFalse((self.root / "agents" / "tools" / "tri2.py").exists())
+        self.assertIn("write its own sealed half", out)
+        self.assertEqual(self.factory("prove", "tri2")[0], 0)
+        self.refused("tri2/sealed.jsonl: missing", "prove", "tri2", "--sealed")
+
+    def test_a_copy_of_a_variant_is_a_master_of_its_own(self):
+        self.assertEqual(self.factory("stamp", "triager", "--as", "tri-eu", "--set", "owner=eu-lead")[0], 0)
+        code, _, err = self.factory("new", "tri3", "--from", "tri-eu")
+        self.assertEqual(code, 0, err)
+        card = json.loads((self.root / "masters" / "tri3.json").read_text())
+        self.assertFalse(set(card) & set(factory.SET_BY_STAMP))
+        self.assertNotIn("tri3", factory.parents(self.fac))
+
+    def test_no_such_source(self):
+        self.refused_writing_nothing("no agent named nosuch", "new", "faq", "--from", "nosuch")
+
+
+class NameTaken(LineTest):
+    """A name whose card, module, tool module or either half of its suite exists, or that the lineage
+    log gives a master, is refused before anything is written."""
+
+    def test_each_file_in_the_way_is_named_and_nothing_is_written(self):
+        for path in NEW_FILES:
+            with self.subTest(path=path):
+                blocker = self.root / path
+                blocker.parent.mkdir(parents=True, exist_ok=True)
+                blocker.write_text("{}\n")
+                self.refused_writing_nothing(f"{path} already exists; pick a new name", "new", "faq")
+                blocker.unlink()
+
+    def test_an_existing_agent_and_a_former_variant(self):
+        self.refused_writing_nothing("masters/triager.json already exists", "new", "triager")
+        self.refused_writing_nothing("agents/tools/drafts.py already exists", "new", "drafts")
+        write_jsonl(self.root / "registry" / "lineage.jsonl", [{"agent": "old", "stamped_from": "triager", "at": "x"}])
+        self.refused_writing_nothing("old was stamped from triager before", "new", "old")
+
+
+class AllOrNothing(LineTest):
+    """A file that cannot be written, or an interrupt, leaves none of the new agent's files behind."""
+
+    def test_a_sealed_half_that_cannot_be_written(self):
+        blocked = self.tmp / "a-file"
+        blocked.write_text("not a folder\n")
+        self.env["FACTORY_SEALED_DIR"] = str(blocked)
+        before = snapshot(self.root)
+        self.refused("nothing was written", "new", "faq")
+        self.assertEqual(snapshot(self.root), before)
+
+    def test_an_interrupt_removes_what_was_created(self):
+        made = [self.root / "one.txt", self.root / "sub" / "two.txt"]
+        with self.assertRaises(KeyboardInterrupt), self.fac.store.creating() as create:
+            for path in made:
+                create(path, "x\n")
+            self.assertTrue(all(path.exists() for path in made))
+            raise KeyboardInterrupt
+        self.assertFalse(any(path.exists() for path in made))
+
+    def test_creating_never_replaces_a_file(self):
+        (self.root / "one.txt").write_text("mine\n")
+        with self.assertRaises(FileExistsError), self.fac.store.creating() as create:
+            create(self.root / "two.txt", "x\n")
+            create(self.root / "one.txt", "x\n")
+        self.assertEqual((self.root / "one.txt").read_text(), "mine\n")
+        self.assertFalse((self.root / "two.txt").exists())
+
+
+class OthersUntouched(LineTest):
+    """Adding an agent and its tools, or a copy, leaves every other agent's digest and certificate valid."""
+
+    def prepare(self):
+        self.certified("triager")
+        self.certified("evalsmith")
+
+    def test_every_other_certificate_still_holds(self):
+        before = {name: factory.load_agent(self.fac, name).digest for name in ("triager", "evalsmith")}
+        for argv in (["new", "faq"], ["new", "tri2", "--from", "triager"], ["new", "ro", "--tools", "read"]):
+            self.assertEqual(self.factory(*argv)[0], 0, argv)
+        fresh = factory.Factory.at(None, None, self.env)
+        for name in ("triager", "evalsmith"):
+            with self.subTest(agent=name):
+                self.assertEqual(factory.load_agent(fresh, name).digest, before[name])
+                self.assertEqual(factory.certificate_state(fresh, name), "certified C1")
+        self.runs_ok("triager")
