@@ -93,6 +93,16 @@ class ExampleTools(LineTest):
                     code, out, err = self.factory("prove", name, *half, "--json")
                     self.assertEqual((code, json.loads(out)["tool_denials"]), (0, 0), out + err)
 
+    def test_the_sealed_half_goes_where_sealed_halves_live(self):
+        sealed = self.tmp / "sealed"
+        sealed.mkdir()
+        self.env["FACTORY_SEALED_DIR"] = str(sealed)
+        code, out, err = self.factory("new", "faq")
+        self.assertEqual(code, 0, err)
+        self.assertIn(f"  {sealed}/faq/sealed.jsonl ", out)
+        self.assertFalse((self.root / "evals" / "faq" / "sealed.jsonl").exists())
+        self.assertEqual(self.factory("prove", "faq", "--sealed")[0], 0)
+
     def test_a_hyphen_becomes_an_underscore_in_its_modules(self):
         code, out, err = self.factory("new", "faq-bot")
         self.assertEqual(code, 0, err)
