@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import factory
-from tests.support import LineTest, snapshot, write_jsonl
+from tests.support import LineTest, snapshot
 
 NEW_FILES = ("masters/faq.json", "agents/faq.py", "agents/tools/faq.py", "evals/faq/cases.jsonl", "evals/faq/sealed.jsonl")
 
@@ -176,7 +176,8 @@ class NameTaken(LineTest):
     def test_an_existing_agent_and_a_former_variant(self):
         self.refused_writing_nothing("masters/triager.json already exists", "new", "triager")
         self.refused_writing_nothing("agents/tools/drafts.py already exists", "new", "drafts")
-        write_jsonl(self.root / "registry" / "lineage.jsonl", [{"agent": "old", "stamped_from": "triager", "at": "x"}])
+        self.assertEqual(self.factory("stamp", "triager", "--as", "old")[0], 0)
+        (self.root / "masters" / "old.json").unlink()   # the card is gone; its lineage entry is not
         self.refused_writing_nothing("old was stamped from triager before", "new", "old")
 
 
