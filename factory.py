@@ -4289,7 +4289,7 @@ def cmd_certify(fac: Factory, args) -> int:
     MAC does not verify, after the sealed suite changed, above the card's tier_ceiling, after a recall
     with no sealed proof since, at C2 or C3 without production evidence at the tier below (index rows
     whose evidence MAC verifies), or when stdin is not a terminal. Otherwise it shows what you sign and
-    the evidence it rests on and asks `sign it? [y/N]`: y signs, anything else declines. The signer's
+    the evidence it rests on and asks `sign it? [y/N]`: y or yes signs, anything else declines. The signer's
     HMAC key (FACTORY_KEYS_DIR/SIGNER.key, mode 0600) is created on first use; with --ssh-key it signs
     with `ssh-keygen -Y sign` and checks the signature against registry/allowed_signers first.
     """
@@ -4305,7 +4305,7 @@ def cmd_certify(fac: Factory, args) -> int:
     show_certify_prompt(fac, claim, signer)
     sys.stderr.write("sign it? [y/N] ")
     sys.stderr.flush()
-    if typed_answer() != "y":
+    if typed_answer() not in ("y", "yes"):
         raise Refusal("unsigned.")
     if signer.ssh_key is None:
         signing_key(fac, signer.name)   # created on first use, with a line saying where
@@ -4320,20 +4320,143 @@ def cmd_certify(fac: Factory, args) -> int:
 
 
 def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
-    """What the signer sees before `sign it?`: the agent, tier and digest, the sealed proof it rests on
-    (its MAC verified), the attempts, the production evidence the index holds (verified rows counted,
-    the rest named), and the grants."""
-    agent, (path, proof) = claim.agent, claim.proofs[-1]
-    attempts = sum(1 for _, p in claim.proofs if p["digest"] == agent.digest)
-    production = gated_runs(fac, agent)
+    """What the signer sees before `sign it?`: the agent, tier and digest; for a variant, what it changes
+    relative to its master; the sealed proof and the evidence it rests on (its MAC verified), the backend
+    it ran on, with a warning for an offline proof of a card that names a model and for drafts no
+    decision model scored; the sealed attempts since the last certification; the production evidence;
+    the certificate it replaces and any recall since; the grants; and which answers sign."""
+    agent = claim.agent
     how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
-    print(f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})\n  digest {agent.digest}\n"
-          f"  sealed proof {fac.shown(path)}: {score_text(proof, proof['pass_bar'])} (bar {proof['pass_bar']}), "
-          f"draft:{proof['draft_check']}, evidence MAC verified\n  sealed attempts since the card last changed: {attempts}\n"
-          f"  production evidence since the card last changed: {production.runs} verified gated run(s), gate pass rate "
-          f"{production.rate:.2f}{production.not_counted(fac)}\n"
-          f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}",
-          file=sys.stderr)
+    lines = [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
+             *variant_lines(fac, claim), *proof_lines(fac, claim), attempts_line(claim), production_line(fac, claim),
+             *replaced_lines(fac, claim),
+             f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}",
+             "y or yes signs; anything else declines and nothing is signed."]
+    print("\n".join(lines), file=sys.stderr)
+
+
+def proof_lines(fac: Factory, claim: Claim) -> list[str]:
+    """The sealed proof certify rests on, the evidence that it is the record prove wrote, the backend it
+    ran on, and a warning for each way it proves less than the card claims."""
+    agent, (path, proof) = claim.agent, claim.proofs[-1]
+    lines = [f"  sealed proof {fac.shown(path)}: {score_text(proof, proof['pass_bar'])} (bar {proof['pass_bar']}), "
+             f"draft:{proof['draft_check']}",
+             f"  evidence: that record, made {proof['at']}, its evidence MAC verified with the factory evidence key "
+             f"({fac.evidence_key_path}); the sealed half of {proof['suite']} is byte for byte the one it ran",
+             *backend_lines(agent.card, proof["backends"])]
+    if agent.card.get("draft_rubric") and proof["rubric"] == "no key":
+        lines.append("  WARNING: the card has a draft rubric, but no decision model scored the drafts (rubric: no key): "
+                     "you sign on the case results alone")
+    return lines
+
+
+def backend_lines(card: dict, backends: list[str]) -> list[str]:
+    """Which backend the sealed proof ran on beside the models the card names, and a warning when the
+    agent's offline rules answered cases of a card that names a model."""
+    models = [m for m in (card["model"]["primary"], card["model"].get("fallback")) if m and m != "offline"]
+    offline = [b for b in backends if b.startswith("offline")]
+    named = f"the card's model: {' then '.join(models)}" if models else "the card names no model: its rules are the agent"
+    lines = [f"  proved on: {', '.join(backends) or 'no worker'}" + (" (the agent's own rules)" if offline == backends
+                                                                      and backends else "") + f"; {named}"]
+    if models and offline == backends and backends:
+        lines.append(f"  WARNING: this proof ran the agent's offline rules, not {models[0]}: with a model key, production "
+                     f"runs a model this proof never asked")
+    elif models and offline:
+        lines.append(f"  WARNING: part of this proof ran the agent's offline rules ({', '.join(offline)}), not the card's model")
+    return lines
+
+
+def attempts_line(claim: Claim) -> str:
+    """How many sealed proofs were made since the agent was last certified (since its first, if never),
+    whatever the code or card was at each, and how many of them proved this very digest."""
+    try:
+        signed = (claim.cert or {}).get("signed_at")
+    except Refusal:   # a certificate that cannot be read dates nothing; replaced_lines names it
+        signed = None
+    since = signed if isinstance(signed, str) else None
+    counted = [proof for _, proof in claim.proofs if since is None or proof["at"] > since]
+    versions, this = len({proof["digest"] for proof in counted}), sum(p["digest"] == claim.agent.digest for p in counted)
+    when = f"since the last certification ({since})" if since else "ever (never certified)"
+    return f"  sealed attempts {when}: {len(counted)}, across {versions} version(s) of the agent; {this} of this one"
+
+
+def production_line(fac: Factory, claim: Claim) -> str:
+    """The production evidence the index holds for this digest: verified gated runs counted, the rest named."""
+    production = gated_runs(fac, claim.agent)
+    return (f"  production evidence since the card last changed: {production.runs} verified gated run(s), gate pass "
+            f"rate {production.rate:.2f}{production.not_counted(fac)}")
+
+
+def replaced_lines(fac: Factory, claim: Claim) -> list[str]:
+    """The certificate this signature replaces (tier, signer, when, and whether it would run now), then
+    every recall that reached the agent since it was signed (every recall, when there is none)."""
+    where = fac.shown(fac.cert_path(claim.name))
+    try:
+        old = claim.cert
+    except Refusal as why:
+        return [f"  replaces {where}, which cannot be read: {why}"]
+    if old is None:
+        lines, since = ["  replaces no certificate: this is its first"], ""
+    else:
+        since = str(old.get("signed_at", ""))
+        lines = [f"  replaces {where}: {old.get('tier')} signed by {old.get('signer')} at {since}; "
+                 f"now: {certificate_state(fac, claim.name)}"]
+    recalls = [r for r in recalls_of(fac, claim.name) if r["at"] > since]
+    lines += [f"  recalled since: {r['at']} ({r['agent']}, by {r.get('by', 'unknown')}): {r['reason']}" for r in recalls]
+    return lines + ([] if recalls else ["  recalled since: never" if since else "  recalled: never"])
+
+
+def variant_lines(fac: Factory, claim: Claim) -> list[str]:
+    """For a variant (its master fixed by the lineage log), each way its card differs from its master's
+    card as it is now, named for what it does (an added grant, a raised tier ceiling, ...)."""
+    master = parents(fac).get(claim.name)
+    if master is None:
+        return []
+    try:
+        base = load_card(fac, master)
+    except Refusal as why:
+        return [f"  variant of {master}, whose card does not load, so what it changes cannot be shown: {why}"]
+    changes = card_changes(base, claim.agent.card)
+    head = f"  variant of {master}; " + (f"what it changes relative to {master}:" if changes else "the same card but its name")
+    return [head, *(f"    {change}" for change in changes)]
+
+
+def card_changes(master: dict, variant: dict) -> list[str]:
+    """Each difference of a variant's card from its master's, one phrase each: added/removed grant or
+    denial per tool, raised/lowered for a tier ceiling or a number, else changed/added/removed FIELD."""
+    changes = []
+    for key, kind in (("tools", "grant"), ("tools_denied", "denial")):
+        changes += [f"added {kind} {tool}" for tool in variant[key] if tool not in master[key]]
+        changes += [f"removed {kind} {tool}" for tool in master[key] if tool not in variant[key]]
+    old, new, skip = leaves(master), leaves(variant), ("agent", "tools", "tools_denied", *SET_BY_STAMP)
+    for path in {**old, **new}:
+        before, after = old.get(path, MISSING), new.get(path, MISSING)
+        if path.split(".")[0] not in skip and before != after:
+            changes.append(leaf_change(path, before, after))
+    return changes
+
+
+MISSING = object()   # a card field that is absent, as card_changes compares them
+
+
+def leaves(card: dict, prefix: str = "") -> dict:
+    """dotted path -> value of every non-object value in a card (objects are walked into)."""
+    found = {}
+    for key, value in card.items():
+        path = f"{prefix}{key}"
+        found.update(leaves(value, f"{path}.") if isinstance(value, dict) else {path: value})
+    return found
+
+
+def leaf_change(path: str, old, new) -> str:
+    """One card field's change from master to variant, named for its direction where it has one."""
+    if old is MISSING or new is MISSING:
+        return f"{'added' if old is MISSING else 'removed'} {path}: {json.dumps(new if old is MISSING else old)}"
+    if path == "tier_ceiling" and old in TIERS and new in TIERS:
+        return f"{'raised' if TIERS.index(new) > TIERS.index(old) else 'lowered'} tier ceiling {old} -> {new}"
+    if _is_number(old) and _is_number(new):
+        return f"{'raised' if new > old else 'lowered'} {path} {old} -> {new}"
+    return f"changed {path}: {json.dumps(old)} -> {json.dumps(new)}"
 
 
 TICKET_FIELDS = ("id", "input", "source")

@@ -46,7 +46,7 @@ class CertifyAtATerminal(LineTest):
         self.assertFalse((self.root / "registry" / "triager.card.json").exists())
 
     def test_certify_answering_no_signs_nothing(self):
-        for answer in (b"n\n", b"yes please\n", b"\n"):
+        for answer in (b"n\n", b"yes please\n", b"\n", b"ye\n", b"sure\n"):
             with self.subTest(answer=answer):
                 signed = self.certify("triager", answer=answer)
                 self.assertEqual(signed.returncode, 1)
@@ -57,7 +57,7 @@ class CertifyAtATerminal(LineTest):
         signed = self.certify("triager")
         self.assertEqual(signed.returncode, 0, signed.stderr)
         for shown in ("triager at tier C1, signed by alice", "sealed proof records/triager/", "(bar 0.5)",
-                      "sealed attempts since the card last changed: 1", "grants ['issues:label', 'drafts:write']"):
+                      "sealed attempts ever (never certified): 1", "grants ['issues:label', 'drafts:write']"):
             self.assertIn(shown, signed.stderr)
         self.assertIn("certified triager at C1: registry/triager.card.json", signed.stdout)
 

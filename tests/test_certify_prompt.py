@@ -1,0 +1,120 @@
+"""The certify prompt is worth signing: it says which backend the sealed proof ran on and warns when an
+offline proof is signed for a card that names a model, or when drafts were never scored; for a variant,
+what it changes relative to its master; the evidence it rests on; the certificate it replaces and any
+recall since; the sealed attempts since the last certification across code changes; and which answers
+sign."""
+
+from __future__ import annotations
+
+import json
+
+from tests.fake_llm import Answer, FakeServer, anthropic_message
+from tests.fake_sage import FakeSage
+from tests.support import LineTest
+
+OFFLINE_WARNING = "WARNING: this proof ran the agent's offline rules, not claude-sonnet-5-5"
+RUBRIC_WARNING = "WARNING: the card has a draft rubric, but no decision model scored the drafts (rubric: no key): " \
+                 "you sign on the case results alone"
+
+
+class Prompt(LineTest):
+    """A new agent, faq, whose card names claude-sonnet-5-5 and has a draft rubric; no keys."""
+
+    def prepare(self):
+        self.assertEqual(self.factory("new", "faq")[0], 0)
+
+    def signed(self, name: str = "faq", answer: bytes = b"y\n", tier: str = "C1") -> str:
+        """certify NAME at a terminal, asserting it signs; the prompt (stderr)."""
+        done = self.certify(name, tier=tier, answer=answer)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        return done.stderr
+
+    def test_an_offline_proof_of_a_model_card_is_warned_about(self):
+        self.prove_sealed("faq")
+        prompt = self.signed()
+        for line in ("  proved on: offline (the agent's own rules); the card's model: claude-sonnet-5-5 then claude-haiku-5-5",
+                     f"  {OFFLINE_WARNING}: with a model key, production runs a model this proof never asked",
+                     f"  {RUBRIC_WARNING}", "y or yes signs; anything else declines and nothing is signed.\nsign it? [y/N] "):
+            self.assertIn(line, prompt)
+        self.assertIn("  evidence: that record, made ", prompt)
+        self.assertIn(", its evidence MAC verified with the factory evidence key (", prompt)
+        self.assertIn("the sealed half of faq is byte for byte the one it ran", prompt)
+
+    def test_a_card_whose_model_is_its_rules_is_not_warned_about(self):
+        card = json.loads((self.root / "masters" / "faq.json").read_text())
+        card["model"] = {"primary": "offline"}
+        del card["draft_rubric"]
+        (self.root / "masters" / "faq.json").write_text(json.dumps(card))
+        self.prove_sealed("faq")
+        prompt = self.signed()
+        self.assertIn("  proved on: offline (the agent's own rules); the card names no model: its rules are the agent", prompt)
+        self.assertNotIn("WARNING", prompt)
+
+    def test_a_proof_on_the_cards_model_with_scored_drafts_has_no_warning(self):
+        final = json.dumps({"topic": "none", "draft": "A colleague will answer you shortly.", "escalate": True})
+        server = FakeServer(*[Answer(body=anthropic_message(final)) for _ in range(4)]).start()
+        self.addCleanup(server.close)
+        self.set_bar("faq", 0.0)
+        with FakeSage(expectation=3.0) as sage:
+            self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test", SAGE_ENDPOINT=sage.url,
+                            SAGE_API_KEY="sage-key")
+            self.prove_sealed("faq")
+        prompt = self.signed()
+        self.assertIn("  proved on: anthropic; the card's model: claude-sonnet-5-5 then claude-haiku-5-5", prompt)
+        self.assertNotIn("WARNING", prompt)
+
+    def test_yes_signs_too(self):
+        self.prove_sealed("faq")
+        self.signed(answer=b"yes\n")
+        self.assertTrue((self.root / "registry" / "faq.card.json").exists())
+
+    def test_the_certificate_it_replaces_and_the_recall_since(self):
+        self.prove_sealed("faq")
+        first = self.signed()
+        self.assertIn("  replaces no certificate: this is its first\n  recalled: never\n", first)
+        signed_at = self.cert("faq")["signed_at"]
+        self.assertEqual(self.factory("recall", "faq", "--reason", "drafts promised refunds")[0], 0)
+        self.prove_sealed("faq")
+        second = self.signed(tier="C0")
+        self.assertIn(f"  replaces registry/faq.card.json: C1 signed by alice at {signed_at}; now: recalled since "
+                      f"certification: drafts promised refunds.", second)
+        self.assertRegex(second, r"\n  recalled since: \S+ \(faq, by tester\): drafts promised refunds\n")
+
+    def test_sealed_attempts_count_every_proof_since_the_last_certification(self):
+        """After a recall and four sealed proofs with a code tweak between each, the prompt counts four."""
+        self.prove_sealed("faq")
+        self.signed()
+        signed_at = self.cert("faq")["signed_at"]
+        self.assertEqual(self.factory("recall", "faq", "--reason", "wrong hours")[0], 0)
+        module = self.root / "agents" / "faq.py"
+        for tweak in range(4):
+            module.write_text(module.read_text() + f"# tweak {tweak}\n")
+            self.prove_sealed("faq")
+        prompt = self.signed()
+        self.assertIn(f"  sealed attempts since the last certification ({signed_at}): 4, across 4 version(s) of the "
+                      f"agent; 1 of this one\n", prompt)
+
+
+class VariantChanges(LineTest):
+    """A variant's prompt names each way it differs from its master: added grants, removed denials, a raised
+    tier ceiling, a lowered pass bar, and any other field."""
+
+    def test_each_change_is_named_for_what_it_does(self):
+        sets = ['tools=["issues:label","drafts:write","billing:refund"]', "tools_denied=[]", "tier_ceiling=C3",
+                "evals.pass_bar=0", "owner=eu-lead", "max_steps=12"]
+        code, _, err = self.factory("stamp", "triager", "--as", "tri-x", *[f"--set={s}" for s in sets])
+        self.assertEqual(code, 0, err)
+        self.prove_sealed("tri-x")
+        done = self.certify("tri-x")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        changes = done.stderr.split("  variant of triager; what it changes relative to triager:\n")[1].split("\n  sealed proof")[0]
+        self.assertEqual(changes.splitlines(), [
+            "    added grant billing:refund", "    removed denial billing:refund", "    lowered evals.pass_bar 0.7 -> 0",
+            "    raised max_steps 6 -> 12", "    raised tier ceiling C2 -> C3", '    changed owner: "support-lead" -> "eu-lead"'])
+
+    def test_a_master_shows_no_variant_line(self):
+        self.set_bar("triager", 0.0)
+        self.prove_sealed("triager")
+        done = self.certify("triager")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertNotIn("variant of", done.stderr)
