@@ -1,6 +1,7 @@
 """The README's examples work as written: the GitHub Actions workflow parses and has every step a
-sealed proof in CI needs (its restore step is run for real), and the smallest complete agent of the
-module contract proves, certifies and runs with no key.
+sealed proof in CI needs (its restore step is run for real), the smallest complete agent of the
+module contract proves, certifies and runs with no key, and "Your first agent" is followed command by
+command at a terminal in a fresh copy of the repo, each printing what the README shows.
 
 The workflow is YAML, and the standard library has no YAML parser. It is kept in ordinary block
 style (what a reader copies into .github/workflows/) rather than YAML's JSON-compatible flow style,
@@ -13,12 +14,16 @@ import base64
 import gzip
 import json
 import os
+import pty
 import re
+import select
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
+from pathlib import Path
 
 import factory
 import llm
@@ -343,6 +348,88 @@ class ModuleContract(LineTest):
         row = json.loads(out)
         self.assertEqual(row["output"], {"reply": "We are open Monday to Friday, 9:00 to 17:00.", "escalate": False})
         self.assertEqual([tool for tool, _ in row["tools"]], ["drafts:write"])
+
+
+
+def tutorial_steps(text: str) -> list[tuple[list[str], list[str]]]:
+    """(command words, the output lines shown under it) for each `$ ` line of the console blocks of one
+    README section, in order."""
+    steps = []
+    for block in re.findall(r"^```console\n(.*?)^```$", text, flags=re.S | re.M):
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                steps.append((shlex.split(line[2:]), []))
+            else:
+                steps[-1][1].append(line)
+    return steps
+
+
+def shows(expected: list[str], actual: list[str]) -> str | None:
+    """None when the actual terminal lines are the expected ones, abridged: `…` in a line stands for any
+    text, and a line that is only `…` for any number of lines; else the first line that differs."""
+    if not expected:
+        return None if not actual else f"unexpected {actual[0]!r}"
+    if expected[0] == "…":
+        return min((shows(expected[1:], actual[skip:]) for skip in range(len(actual) + 1)),
+                   key=lambda problem: problem is not None)
+    pattern = ".*".join(map(re.escape, expected[0].split("…")))
+    if not actual or not re.fullmatch(pattern, actual[0]):
+        return f"expected {expected[0]!r}, got {actual[0] if actual else 'nothing'!r}"
+    return shows(expected[1:], actual[1:])
+
+
+def on_a_terminal(argv: list[str], cwd: Path, env: dict, prompt: bytes = b"sign it? [y/N] ") -> tuple[int, list[str]]:
+    """Run argv with stdin, stdout and stderr on one pseudo-terminal, as a user sees it: when `prompt`
+    appears, type y. (exit status, the lines the terminal shows, progress overwritten by \\r dropped)."""
+    leader, follower = pty.openpty()
+    child = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, cwd=cwd, env=env)
+    os.close(follower)
+    shown, typed = b"", False
+    try:
+        while True:
+            if not select.select([leader], [], [], 30)[0]:
+                child.kill()   # silent for 30 s: waiting for an answer nobody will type
+                break
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:   # the child closed the terminal (EIO)
+                break
+            if not chunk:
+                break
+            shown += chunk
+            if not typed and shown.endswith(prompt):
+                os.write(leader, b"y\n")
+                typed = True
+    finally:
+        os.close(leader)
+    lines = shown.decode().replace("\r\n", "\n").split("\n")
+    return child.wait(timeout=60), [line.rsplit("\r", 1)[-1] for line in lines if line.rsplit("\r", 1)[-1]]
+
+
+class FirstAgent(unittest.TestCase):
+    """"Your first agent" works as written: each command run in its order, at a terminal, in a fresh copy
+    of the repo with no keys, prints what the README shows (abridged where it says so) and exits 0, or
+    1 where what it shows is a refusal."""
+
+    def test_the_tutorial_command_by_command(self):
+        section = (REPO / "README.md").read_text().split("\n## Your first agent\n")[1].split("\n## ")[0]
+        steps = tutorial_steps(section)
+        self.assertEqual([words[2] for words in (argv for argv, _ in steps)],
+                         ["new", "prove", "prove", "certify", "run", "tower", "recall", "run"])
+        tmp = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        clone = tmp / "agent-factory"
+        clone.mkdir()
+        for name in ("factory.py", "broker.py", "llm.py", "sage.py"):
+            shutil.copy2(REPO / name, clone / name)
+        for folder in ("agents", "masters", "evals"):
+            shutil.copytree(REPO / folder, clone / folder, ignore=shutil.ignore_patterns("__pycache__", "proposed.jsonl"))
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp / "home"), "USER": "alice", "LANG": "C.UTF-8"}
+        for argv, expected in steps:
+            with self.subTest(command=" ".join(argv)):
+                self.assertEqual(argv[:2], ["python3", "factory.py"])
+                code, actual = on_a_terminal([sys.executable, *argv[1:]], clone, env)
+                self.assertIsNone(shows(expected, actual), "\n".join(actual))
+                self.assertEqual(code, 1 if expected[0].startswith("factory ") else 0, "\n".join(actual))
 
 
 if __name__ == "__main__":
