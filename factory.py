@@ -5850,7 +5850,8 @@ progress to stderr."""
 def wrapped(text: str) -> str:
     """Text as --help shows it: each paragraph (split at blank lines) re-wrapped to the terminal."""
     width = min(shutil.get_terminal_size().columns - 2, 100)
-    return "\n\n".join(textwrap.fill(" ".join(part.split()), width) for part in re.split(r"\n\s*\n", text.strip()))
+    return "\n\n".join(textwrap.fill(" ".join(part.split()), width, break_on_hyphens=False)   # never split --ssh-key
+                       for part in re.split(r"\n\s*\n", text.strip()))
 
 
 def station_epilog(func) -> str:

@@ -536,11 +536,14 @@ class Sealed(LineTest):
         self.assertEqual(len(records), 3)
         self.assertEqual(len({json.loads(p.read_text())["at"] for p in records}), 3)
         signed = self.sign()
-        self.assertIn("sealed attempts since the card last changed: 3", signed.stderr)
+        self.assertIn("sealed attempts ever (never certified): 3, across 1 version(s) of the agent; 3 of this one",
+                      signed.stderr)
+        signed_at = self.cert()["signed_at"]
         self.edit_card("triager", max_steps=5)
         self.prove_sealed()
         self.assertEqual(len(list((self.root / "records" / "triager").glob("*.sealed.json"))), 4)
-        self.assertIn("sealed attempts since the card last changed: 1", self.sign().stderr)
+        self.assertIn(f"sealed attempts since the last certification ({signed_at}): 1, across 1 version(s) of the "
+                      f"agent; 1 of this one", self.sign().stderr)
 
 
 # ---------------------------------------------------------------- recall chains
