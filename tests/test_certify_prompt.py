@@ -63,6 +63,20 @@ class Prompt(LineTest):
         self.assertIn("  proved on: anthropic; the card's model: claude-sonnet-5-5 then claude-haiku-5-5", prompt)
         self.assertNotIn("WARNING", prompt)
 
+    def test_a_proof_partly_answered_by_the_rules_is_warned_about(self):
+        final = json.dumps({"topic": "none", "draft": "A colleague will answer you shortly.", "escalate": True})
+        retired = Answer(404, {"type": "error", "error": {"type": "not_found_error", "message": "model retired"}})
+        server = FakeServer(*[Answer(body=anthropic_message(final))] * 2, *[retired] * 4).start()
+        self.addCleanup(server.close)
+        self.set_bar("faq", 0.0)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        self.prove_sealed("faq", "--jobs", "1")
+        prompt = self.signed()
+        self.assertRegex(prompt, r"\n  proved on: anthropic, offline-after-error: [^\n]+; the card's model: ")
+        self.assertRegex(prompt, r"\n  WARNING: part of this proof ran the agent's offline rules \(offline-after-error: "
+                                 r"[^\n]+\), not the card's model\n")
+        self.assertNotIn(OFFLINE_WARNING, prompt)
+
     def test_yes_signs_too(self):
         self.prove_sealed("faq")
         self.signed(answer=b"yes\n")
