@@ -50,26 +50,27 @@ class Prompt(LineTest):
         self.assertIn("  proved on: offline (the agent's own rules); the card names no model: its rules are the agent", prompt)
         self.assertNotIn("WARNING", prompt)
 
-    def test_a_proof_on_the_cards_model_with_scored_drafts_has_no_warning(self):
+    def model_answers(self, answered: int, retired: int = 0) -> None:
+        """Point the card's model at a fake Anthropic server that gives `answered` final answers, then
+        says the model is retired `retired` times; the bar lowered to 0 (the answers are not all right)."""
         final = json.dumps({"topic": "none", "draft": "A colleague will answer you shortly.", "escalate": True})
-        server = FakeServer(*[Answer(body=anthropic_message(final)) for _ in range(4)]).start()
+        gone = Answer(404, {"type": "error", "error": {"type": "not_found_error", "message": "model retired"}})
+        server = FakeServer(*[Answer(body=anthropic_message(final))] * answered, *[gone] * retired).start()
         self.addCleanup(server.close)
         self.set_bar("faq", 0.0)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+
+    def test_a_proof_on_the_cards_model_with_scored_drafts_has_no_warning(self):
+        self.model_answers(4)
         with FakeSage(expectation=3.0) as sage:
-            self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test", SAGE_ENDPOINT=sage.url,
-                            SAGE_API_KEY="sage-key")
+            self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY="sage-key")
             self.prove_sealed("faq")
         prompt = self.signed()
         self.assertIn("  proved on: anthropic; the card's model: claude-sonnet-5-5 then claude-haiku-5-5", prompt)
         self.assertNotIn("WARNING", prompt)
 
     def test_a_proof_partly_answered_by_the_rules_is_warned_about(self):
-        final = json.dumps({"topic": "none", "draft": "A colleague will answer you shortly.", "escalate": True})
-        retired = Answer(404, {"type": "error", "error": {"type": "not_found_error", "message": "model retired"}})
-        server = FakeServer(*[Answer(body=anthropic_message(final))] * 2, *[retired] * 4).start()
-        self.addCleanup(server.close)
-        self.set_bar("faq", 0.0)
-        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        self.model_answers(2, retired=4)   # two cases answered; the primary and fallback of the other two retired
         self.prove_sealed("faq", "--jobs", "1")
         prompt = self.signed()
         self.assertRegex(prompt, r"\n  proved on: anthropic, offline-after-error: [^\n]+; the card's model: ")
