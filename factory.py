@@ -1789,6 +1789,9 @@ NEW_RUBRIC = {
 }
 
 
+CARD_DEFAULTS = {"max_steps": 8, "approval_expiry_hours": 24, "handoff_field": DEFAULT_HANDOFF}   # as the schema says
+
+
 def module_name(name: str) -> str:
     """The Python module name for an agent name: agents/MODULE.py and, for `new`, agents/tools/MODULE.py."""
     return name.replace("-", "_")
@@ -1802,8 +1805,8 @@ def new_card(name: str, tools: list[str], owner: str) -> dict:
             "gate_question": "Does this reply answer the customer's question correctly from what we know, "
                              "and hand anything else to a human?",
             "evals": {"pass_bar": 0.8, "gate": 0.85, "suite": name}, "draft_rubric": NEW_RUBRIC,
-            "cost_envelope_usd": 0.05, "max_steps": 8, "tier_ceiling": "C1", "identity": f"svc-{name}@factory",
-            "owner": owner, "approval_expiry_hours": 24, "handoff_field": DEFAULT_HANDOFF}
+            "cost_envelope_usd": 0.05, "tier_ceiling": "C1", "identity": f"svc-{name}@factory", "owner": owner,
+            **CARD_DEFAULTS}
 
 
 def new_module(name: str, effects: tuple[str, ...]) -> str:
@@ -1825,15 +1828,15 @@ def new_tools(name: str, effects: tuple[str, ...]) -> str:
     """The source of a new agent's tool module, agents/tools/FAMILY.py, with the example tools of `effects`."""
     family = module_name(name)
     fill = {"name": name, "family": family, "module": family}
-    docs, contracts, implementations = (
-        "".join(string.Template(NEW_TOOL_PARTS[effect][part]).substitute(fill) for effect in effects) for part in range(3))
+    parts = [[string.Template(text).substitute(fill) for text in NEW_TOOL_PARTS[effect]] for effect in effects]
+    docs, contracts, implementations = ("".join(texts) for texts in zip(*parts))
     return string.Template(NEW_TOOLS).substitute(
         fill, docs=docs + "\n", contracts=contracts, implementations=implementations.strip("\n"),
         imports=f"\nfrom agents import {family}\n" if "read" in effects else "",
         made=", ".join(f'"{family}:{EXAMPLE_TOOLS[effect]}": {EXAMPLE_TOOLS[effect]}' for effect in effects))
 
 
-def cases_text(name: str, cases: list[tuple[str, dict]], prefix: str) -> str:
+def cases_text(cases: list[tuple[str, dict]], prefix: str) -> str:
     """JSONL of one half of a new suite: {id, input, expect, source} per case."""
     return "".join(json.dumps({"id": f"{prefix}-{n}", "input": text, "expect": expect, "source": "synthetic"}) + "\n"
                    for n, (text, expect) in enumerate(cases, 1))
@@ -1861,8 +1864,8 @@ def new_files(fac: Factory, name: str, effects: tuple[str, ...], owner: str) -> 
     return [NewFile(fac.agents / f"{family}.py", new_module(name, effects), "SYSTEM, OUTPUT_SCHEMA and its offline rules"),
             NewFile(fac.agents / "tools" / f"{family}.py", new_tools(name, effects),
                     "its tools: " + ", ".join(f"{tool} ({effect})" for tool, effect in zip(tools, effects))),
-            NewFile(fac.suite_path(name, False), cases_text(name, open_half, "o"), f"the open half: {len(open_half)} cases"),
-            NewFile(fac.suite_path(name, True), cases_text(name, sealed_half, "s"), f"the sealed half: {len(sealed_half)} cases"),
+            NewFile(fac.suite_path(name, False), cases_text(open_half, "o"), f"the open half: {len(open_half)} cases"),
+            NewFile(fac.suite_path(name, True), cases_text(sealed_half, "s"), f"the sealed half: {len(sealed_half)} cases"),
             NewFile(fac.card_path(name), card_text(new_card(name, tools, owner)), "the card (`schema` explains each field)")]
 
 
@@ -1871,8 +1874,7 @@ def copied_card(source: Agent, name: str, owner: str) -> dict:
     identity, owner and suite (a copy is proved on a sealed half of its own), every defaulted field written."""
     card = {key: value for key, value in source.card.items() if key not in SET_BY_STAMP}
     identity = card["identity"].replace(source.name, name) if source.name in card["identity"] else f"svc-{name}@factory"
-    defaults = {"max_steps": 8, "approval_expiry_hours": 24, "handoff_field": DEFAULT_HANDOFF}
-    return {**defaults, **card, "agent": name, "entrypoint": f"{module_name(name)}:{card['entrypoint'].split(':')[1]}",
+    return {**CARD_DEFAULTS, **card, "agent": name, "entrypoint": f"{module_name(name)}:{card['entrypoint'].split(':')[1]}",
             "evals": {**card["evals"], "suite": name}, "identity": identity, "owner": owner}
 
 

@@ -42,6 +42,9 @@ class NewAgent(LineTest):
         self.assertEqual((card["tools"], card["tools_denied"], card["tier_ceiling"], card["owner"]),
                          (["faq:lookup", "faq:draft"], [], "C1", "tester"))
         self.assertEqual((card["max_steps"], card["approval_expiry_hours"], card["handoff_field"]), (8, 24, "escalate"))
+        documented = factory.fields_in("")
+        self.assertEqual({key: documented[key].default for key in factory.CARD_DEFAULTS},
+                         {key: str(value) for key, value in factory.CARD_DEFAULTS.items()}, "the defaults the schema documents")
 
     def test_its_tools_are_one_read_and_one_draft_in_its_own_module(self):
         agent = factory.load_agent(self.fac, "faq")
