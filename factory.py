@@ -2270,22 +2270,46 @@ def archive_certificate(fac: Factory, name: str) -> None:
 # ---- drift: a certified rate watched in production
 
 DRIFT_WINDOW = 20            # recent gated runs compared against the certified pass rate
+DRIFT_SIGNIFICANCE = (1, 20)  # demoted when a drop this unlikely or less would happen by chance (as a fraction)
+
+
+def lower_tail(certified: tuple[int, int], passes: int, window: int = DRIFT_WINDOW) -> "Fraction":
+    """One-sided Fisher exact test, exactly: the chance (a Fraction) that `window` runs drawn from the
+    certified runs and the window together hold `passes` gate passes or fewer, when both samples share
+    one pass rate. certified is (passes, runs) at signing. A plain binomial test against the certified
+    rate would take that rate as exact: certified at 1.0, one flag in twenty is then impossible, and
+    demotes; here the certified rate is only as sure as the runs it was measured on."""
+    from fractions import Fraction
+    runs, hits = certified[1] + window, certified[0] + passes
+    ways = sum(math.comb(hits, k) * math.comb(runs - hits, window - k) for k in range(passes + 1))
+    return Fraction(ways, math.comb(runs, window))
 
 
 @dataclass
 class Drift:
-    """p-chart watch on a certified agent: the recent gate pass rate against 3 sigma below its certified rate.
+    """The drift watch on a certified agent: its last DRIFT_WINDOW gated runs against the gated runs its
+    certified rate was measured on (`certified`: passes, runs), by a one-sided Fisher exact test at
+    DRIFT_SIGNIFICANCE. It works at the extremes: certified at 20/20 it demotes at 15 passes of 20,
+    not at one flag; certified at 7/40 it demotes at 0 of 20 (a 3-sigma chart could do neither).
 
     Without a certified rate (fewer than 20 gated runs when it was signed) there is no baseline."""
-    certified_rate: float | None
-    recent: list = field(default_factory=list)
+    certified: tuple[int, int] | None
+    recent: deque = field(default_factory=lambda: deque(maxlen=DRIFT_WINDOW))   # True for a pass, oldest first
+
+    @classmethod
+    def of_certificate(cls, cert: dict) -> "Drift":
+        """The watch for a certificate's certified_rate over certified_rate_runs; no baseline without both."""
+        rate, runs = cert.get("certified_rate"), cert.get("certified_rate_runs")
+        if not (_fraction(rate) and type(runs) is int and runs > 0):
+            return cls(None)
+        return cls((round(rate * runs), runs))   # the rate is stored to 4 places: the count it came from
 
     @classmethod
     def of(cls, fac: Factory, name: str, cert: dict) -> "Drift":
         """The watch for NAME's current certificate, fed with its last gated runs since signing
         (read from the end of the index, so a run does not pay for a year of history)."""
-        drift, recent = cls(cert.get("certified_rate")), []
-        if drift.certified_rate is None:
+        drift, recent = cls.of_certificate(cert), []
+        if drift.certified is None:
             return drift
         for row in (fac.store.read_jsonl_backwards(fac.index) if fac.index.exists() else ()):
             if row.get("state") == "started":   # an unfinished run is not a run
@@ -2302,32 +2326,57 @@ class Drift:
     def observe(self, row: dict) -> None:
         """Count one run (only gated runs count), keeping the last DRIFT_WINDOW."""
         if row["gate"] in GATED:
-            self.recent = (self.recent + [row["gate"] == "pass"])[-DRIFT_WINDOW:]
+            self.recent.append(row["gate"] == "pass")
 
     @property
-    def lcl(self) -> float | None:
-        """Lower control limit: p - 3 sqrt(p(1-p)/n) over the window, clipped at 0."""
-        p = self.certified_rate
-        return None if p is None else max(0.0, p - 3 * math.sqrt(p * (1 - p) / DRIFT_WINDOW))
+    def certified_rate(self) -> float | None:
+        """The certified gate pass rate (0..1), or None without a baseline."""
+        return None if self.certified is None else self.certified[0] / self.certified[1]
+
+    @cached_property
+    def limit(self) -> int | None:
+        """The fewest passes in a full window that keep the agent in control (the tail chance of that
+        many or fewer is at least DRIFT_SIGNIFICANCE); None without a baseline."""
+        from fractions import Fraction
+        if self.certified is None:
+            return None
+        return next(k for k in range(DRIFT_WINDOW + 1) if k == DRIFT_WINDOW
+                    or lower_tail(self.certified, k) >= Fraction(*DRIFT_SIGNIFICANCE))
+
+    @property
+    def passes(self) -> int | None:
+        """Gate passes in the recent window, once the window is full."""
+        return sum(self.recent) if len(self.recent) >= DRIFT_WINDOW else None
 
     @property
     def rate(self) -> float | None:
         """The recent gate pass rate, once the window is full."""
-        return sum(self.recent) / len(self.recent) if len(self.recent) >= DRIFT_WINDOW else None
+        return None if self.passes is None else self.passes / DRIFT_WINDOW
 
     @property
     def demoted(self) -> bool:
-        """True when the full recent window falls below the lower control limit."""
-        return self.rate is not None and self.lcl is not None and self.rate < self.lcl
+        """True when the full recent window holds fewer passes than the limit."""
+        return self.passes is not None and self.limit is not None and self.passes < self.limit
+
+    def figures(self) -> dict:
+        """The watch for the tower document: the test, the certified and recent counts and rates, the
+        limit (fewest passes in a full window that stay in control, and as a rate), demoted, the phrase."""
+        certified, limit = self.certified or (None, None), self.limit
+        return {"test": "one-sided Fisher exact", "significance": DRIFT_SIGNIFICANCE[0] / DRIFT_SIGNIFICANCE[1], "window": DRIFT_WINDOW,
+                "certified_passes": certified[0], "certified_runs": certified[1], "certified_rate": self.certified_rate,
+                "recent_runs": len(self.recent), "recent_passes": self.passes, "recent_rate": self.rate,
+                "limit_passes": limit, "limit_rate": None if limit is None else limit / DRIFT_WINDOW,
+                "demoted": self.demoted, "state": self.describe()}
 
     def describe(self) -> str:
-        """One phrase for the tower's drift column."""
-        if self.certified_rate is None:
+        """One phrase for the drift state, the same in the tower's text, JSON and HTML and at `run`."""
+        if self.certified is None:
             return "no baseline"
-        if self.rate is None:
+        if self.passes is None:
             return f"watching ({len(self.recent)}/{DRIFT_WINDOW})"
         state = "DEMOTED to C0" if self.demoted else "in control"
-        return f"{state} (recent {self.rate:.2f}, lcl {self.lcl:.2f}, certified {self.certified_rate:.2f})"
+        return (f"{state} (recent {self.passes}/{DRIFT_WINDOW} passed, needs {self.limit}/{DRIFT_WINDOW}, "
+                f"certified {self.certified[0]}/{self.certified[1]})")
 
 
 # ---- parked calls, and the approvals log that decides them
@@ -5043,7 +5092,7 @@ class Tally:
         self.backends.update(row["backends"])
         if p is not None:
             self.p_bins[min(int(p * 20), 19)] += 1
-        if self.drift.certified_rate is not None and row["at"] > self.signed_at:
+        if self.drift.certified and row["at"] > self.signed_at:
             self.drift.observe(row)
 
     def runs(self, gates=None, verdict: str | None = None, day: str | None = None) -> int:
@@ -5095,7 +5144,8 @@ def tower_document(fac: Factory) -> dict:
                        "unfinished": len(t.unclosed),
                        "gate_bar": gate_bar(fac, name), "p_bins": t.p_bins, "days": t.days,
                        "center_rate": t.drift.certified_rate, "verdicts": t.verdicts,
-                       "drift": {"demoted": t.drift.demoted, "recent_rate": t.drift.rate, "lcl": t.drift.lcl,
+                       "drift": {"demoted": t.drift.demoted, "recent_rate": t.drift.rate,
+                                 "lcl": None if t.drift.limit is None else t.drift.limit / DRIFT_WINDOW,
                                  "state": t.drift.describe()}})
     return {"format": "factory-tower-1", "generated_at": utc_now(), "agents": agents}
 
@@ -5115,8 +5165,7 @@ def new_tally(fac: Factory, name: str) -> Tally:
     """A tally whose drift watch is centred on NAME's certified rate (no baseline when uncertified)."""
     path = fac.cert_path(name)
     cert = fac.store.read_json(path) if path.exists() else {}
-    rate = cert.get("certified_rate")
-    return Tally(Drift(rate if _fraction(rate) else None), signed_at=str(cert.get("signed_at", "")))
+    return Tally(Drift.of_certificate(cert), signed_at=str(cert.get("signed_at", "")))
 
 
 def gate_bar(fac: Factory, name: str) -> float | None:

@@ -603,7 +603,7 @@ class Promotion(Tiered):
         self.gate_p = [0.2]
         self.run_payer("How do I order a new card?", times=20)
         code, out, err = self.factory("run", "payer", "How do I order a new card?")
-        self.assertIn("drift: payer DEMOTED to C0 (recent 0.00, lcl 0.53, certified 0.80)", err)
+        self.assertIn("drift: payer DEMOTED to C0 (recent 0/20 passed, needs 11/20, certified 16/20)", err)
         self.assertEqual(self.index_rows()[-1]["tier"], "C0")
         self.assertIn("drift: DEMOTED to C0", self.factory("tower")[1])
 

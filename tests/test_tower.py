@@ -5,6 +5,7 @@ import copy
 import json
 import math
 import unittest
+from fractions import Fraction
 import xml.etree.ElementTree as ET
 
 import factory
@@ -244,6 +245,60 @@ class TowerHtmlTest(unittest.TestCase):
         before = copy.deepcopy(doc)
         render_tower_html(doc)
         self.assertEqual(doc, before)
+
+
+def watched(certified: tuple[int, int], passes: int) -> factory.Drift:
+    """A drift watch on a certificate measured at certified = (passes, runs), fed a full window of
+    DRIFT_WINDOW gated runs holding `passes` passes (failures first)."""
+    drift = factory.Drift.of_certificate({"certified_rate": round(certified[0] / certified[1], 4),
+                                          "certified_rate_runs": certified[1]})
+    for k in range(factory.DRIFT_WINDOW):
+        drift.observe({"gate": "pass" if k >= factory.DRIFT_WINDOW - passes else "flag"})
+    return drift
+
+
+class DriftAtTheExtremes(unittest.TestCase):
+    """Drift is a one-sided Fisher exact test of the last 20 gated runs against the runs the certified
+    rate was measured on, at 1/20: exact expectations at both extremes and in the middle."""
+
+    def test_certified_at_one_hundred_percent_is_not_demoted_by_one_flag(self):
+        self.assertFalse(watched((20, 20), 19).demoted, "one flag in twenty demoted an agent certified at 20/20")
+        self.assertEqual(watched((20, 20), 19).describe(), "in control (recent 19/20 passed, needs 16/20, certified 20/20)")
+        self.assertFalse(watched((20, 20), 16).demoted)
+        self.assertTrue(watched((20, 20), 15).demoted)
+        # all five flags of the forty runs fall in the window: C(20,5)/C(40,5), just under 1/20
+        self.assertEqual(factory.lower_tail((20, 20), 15), Fraction(math.comb(20, 5), math.comb(40, 5)))
+        self.assertEqual(factory.lower_tail((20, 20), 16), Fraction(math.comb(20, 4), math.comb(40, 4)))
+
+    def test_certified_at_seventeen_and_a_half_percent_can_be_demoted(self):
+        self.assertTrue(watched((7, 40), 0).demoted, "an agent certified at 7/40 could never be demoted")
+        self.assertEqual(watched((7, 40), 0).describe(), "DEMOTED to C0 (recent 0/20 passed, needs 1/20, certified 7/40)")
+        self.assertFalse(watched((7, 40), 1).demoted)
+        # no pass in the window: all seven passes of the sixty runs fell among the forty certified ones
+        self.assertEqual(factory.lower_tail((7, 40), 0), Fraction(math.comb(40, 7), math.comb(60, 7)))
+
+    def test_in_the_middle(self):
+        self.assertEqual(watched((14, 20), 8).limit, 8)
+        self.assertFalse(watched((14, 20), 8).demoted)
+        self.assertTrue(watched((14, 20), 7).demoted)
+        self.assertLess(factory.lower_tail((14, 20), 7), Fraction(*factory.DRIFT_SIGNIFICANCE))
+        self.assertGreaterEqual(factory.lower_tail((14, 20), 8), Fraction(*factory.DRIFT_SIGNIFICANCE))
+
+    def test_the_limit_is_exactly_where_the_test_starts_to_reject(self):
+        for certified in ((20, 20), (16, 20), (14, 20), (7, 40), (1, 20), (0, 20), (100, 100), (1000, 1000)):
+            limit = watched(certified, 0).limit
+            for passes in range(factory.DRIFT_WINDOW + 1):
+                rejects = factory.lower_tail(certified, passes) < Fraction(*factory.DRIFT_SIGNIFICANCE)
+                self.assertEqual(watched(certified, passes).demoted, rejects, (certified, passes))
+                self.assertEqual(passes < limit, rejects, (certified, passes))
+
+    def test_no_baseline_and_a_window_not_yet_full(self):
+        self.assertEqual(factory.Drift.of_certificate({"certified_rate": None}).describe(), "no baseline")
+        self.assertEqual(factory.Drift.of_certificate({"certified_rate": 0.8}).describe(), "no baseline")
+        drift = factory.Drift.of_certificate({"certified_rate": 0.8, "certified_rate_runs": 20})
+        drift.observe({"gate": "flag"})
+        drift.observe({"gate": "unscored"})
+        self.assertEqual((drift.describe(), drift.demoted), ("watching (1/20)", False))
 
 
 class TowerReport(LineTest):
