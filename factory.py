@@ -92,6 +92,7 @@ CLIP_CHARS = 8000              # ~2,000 tokens of a tool result or of the input 
 TRACE_FORMAT = "factory-trace-3"
 RECORD_FORMAT = "factory-proof-2"
 CERT_FORMAT = "factory-certificate-1"
+TOWER_FORMAT = "factory-tower-2"       # printed by tower --json
 SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
 GENESIS = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"   # sha256 of nothing: the `prev` of a log's first entry
 CHAINED_LOGS = ("recalls", "revocations", "lineage", "approvals")   # Factory properties of the hash-chained logs
@@ -4673,28 +4674,34 @@ def print_ticket(ticket_id: str, row: dict) -> None:
           f"gate={row['gate']}\tverdict={row['verdict']}\t-> {where}")
 
 
-@station(arg("--json", action="store_true", help="print the tower document (format factory-tower-1)"),
+@station(arg("--json", action="store_true", help=f"print the tower document (format {TOWER_FORMAT})"),
          arg("--html", metavar="FILE", help="write one self-contained HTML page with charts to FILE"),
          examples=("python3 factory.py tower", "python3 factory.py tower --html tower.html"),
-         exits=("done", "refused: the index is malformed, or FILE cannot be written"),
+         exits=("done: every file the tower reads was read",
+                "partial: a file or line could not be read, or FILE cannot be written"),
          env=ROOT_ENV)
 def cmd_tower(fac: Factory, args) -> int:
-    """Show per agent its runs, gate results, cost and verdicts.
+    """Show per agent its trust, runs, gate results and verdicts.
 
-    Read from traces/index.jsonl alone. Per agent: runs, gate pass %, acted, staged, cost, denials,
-    verdicts, drift, backends and the gate's probabilities. --json prints the same document; --html
-    writes one self-contained page with charts (no scripts, readable offline).
+    Every agent with runs, a card or a certificate. Trust: the certificate's tier, signer and signing
+    time, whether it may run and why not (revoked, recalled, stale: the run station's own checks), and
+    drift. Runs, from traces/index.jsonl: runs and unfinished runs, gate pass % (over scored runs),
+    acted, staged, cost, denials, unscored runs, verdicts, backends and the gate's probabilities by
+    tenths. --json prints the document the text and --html are both drawn from; --html writes one
+    self-contained page with charts (no scripts, readable offline). A file or line that cannot be read
+    is named on its own line and the tower says it is partial.
     """
     doc = tower_document(fac)
     if args.json:
         print(json.dumps(doc, indent=2))
-        return 0
-    if args.html:
+    elif args.html:
         fac.store.write_report(Path(args.html), render_tower_html(doc))
         print(f"wrote {args.html}")
-        return 0
-    print_tower(doc)
-    return 0
+    else:
+        print_tower(doc)
+    for line in doc["problems"] + [line for agent in doc["agents"] for line in agent["problems"]]:
+        print(f"factory tower: {line}", file=sys.stderr)
+    return 1 if doc["partial"] else 0
 
 
 def flagged(row: dict) -> bool:
@@ -4861,16 +4868,11 @@ def cmd_pending(fac: Factory, args) -> int:
     reconcile and close with reject. A parked file or an approvals log that cannot be read is named on
     stderr (exit 1) and every other call is still listed.
     """
-    entries, problems = parked_calls(fac)
-    try:
-        decided = decisions_of(fac)
-    except Refusal as why:
-        problems.append(f"{why}; the state of every parked call is unknown until it is restored")
-        decided = None
-    states = {(e["run_id"], e["call"]): "unknown" if decided is None else call_state(e, decided.get((e["run_id"], e["call"]), {}))
-              for e in entries}
-    shown = sorted((e for e in entries if states[e["run_id"], e["call"]] in ("pending", "unknown")), key=lambda e: e["staged_at"])
-    uncertain = [e for e in entries if states[e["run_id"], e["call"]] == "uncertain-effect"]
+    calls = parked(fac)
+    states, decided = calls.states, calls.decided
+    shown = sorted((e for e in calls.entries if states[e["run_id"], e["call"]] in ("pending", "unknown")),
+                   key=lambda e: e["staged_at"])
+    uncertain = [e for e in calls.entries if states[e["run_id"], e["call"]] == "uncertain-effect"]
     for e in shown:
         state = "" if states[e["run_id"], e["call"]] == "pending" else "\tstate unknown"
         print(f"{e['run_id']} --call {e['call']}\t{e['agent']}\t{e['tool']} {json.dumps(e['args'], ensure_ascii=False)}"
@@ -4882,22 +4884,49 @@ def cmd_pending(fac: Factory, args) -> int:
               f"read back: {effect_read_back(fac, e)}")
     if not shown and not uncertain:
         print("(nothing waits for approval)")
+    problems = [line for _, line in calls.unread]
+    if calls.log_problem:
+        problems.append(f"{calls.log_problem}; the state of every parked call is unknown until it is restored")
     for problem in problems:
         print(f"factory pending: {problem}", file=sys.stderr)
     return 1 if problems else 0
 
 
-def parked_calls(fac: Factory) -> tuple[list[dict], list[str]]:
-    """(every parked call that reads well, one line per parked file that does not): one bad file never
-    hides the others."""
+def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
+    """(every parked call that reads well, (run id from its name, line) per parked file that does not):
+    one bad file never hides the others."""
     entries, problems = [], []
     paths = sorted(fac.pending.glob("*.json")) if fac.pending.is_dir() else []
     for path in (p for p in paths if p.name.count(".") == 2):
         try:
             entries.append(fac.store.read_json(path, PENDING_SHAPE))
         except Refusal as why:
-            problems.append(f"{why}; skipped")
+            problems.append((path.name.split(".")[0], f"{why}; skipped"))
     return entries, problems
+
+
+@dataclass(frozen=True)
+class Parked:
+    """The parked calls as `pending` and `tower` both see them: every one that reads well, its state
+    (pending, expired, executed, rejected, uncertain-effect, or unknown while the approvals log cannot
+    be read), the decisions on each, and what could not be read."""
+    entries: list[dict]
+    states: dict                        # (run id, call) -> state
+    decided: dict | None                # (run id, call) -> {kind: entry}; None when the log cannot be read
+    unread: list[tuple[str, str]]       # (run id from the file's name, line) per parked file that does not read
+    log_problem: str | None             # why the approvals log cannot be read, when it cannot
+
+
+def parked(fac: Factory) -> Parked:
+    """Every parked call and its state from the approvals log, read once (see Parked)."""
+    entries, unread = parked_calls(fac)
+    try:
+        decided, log_problem = decisions_of(fac), None
+    except Refusal as why:
+        decided, log_problem = None, str(why)
+    states = {(e["run_id"], e["call"]): "unknown" if decided is None else call_state(e, decided.get((e["run_id"], e["call"]), {}))
+              for e in entries}
+    return Parked(entries, states, decided, unread, log_problem)
 
 
 BRIEF_CHARS = 2000    # of a ticket shown at the approve prompt; the trace keeps it whole
@@ -5058,114 +5087,282 @@ def cmd_schema(fac: Factory, args) -> int:
 # Owns the tower: one document computed in one streamed pass over the index (the --json shape), and
 # the text table and the self-contained HTML page drawn from that document alone.
 
+P_BINS = 10                  # the gate's p by tenths, in the text and the HTML alike
+PARTIAL_LINE = "partial: what is marked 'problem' could not be read; everything else is counted"
+
+
 @dataclass
 class Tally:
-    """Tower figures for one agent, accumulated row by row in a few counters, so memory does not grow
-    with the number of runs: runs by (gate result, verdict, day), sums, the cost so far and by day, 20
-    gate-p bins, the drift window, and the runs started but not (yet) closed. add() runs a million
-    times: it is kept flat."""
+    """Tower figures for one agent, accumulated row by row in a few small tables (runs per day, gate
+    result, verdict and tenth of the gate's p; cost per day; sums), so memory does not grow with the
+    number of runs and each row costs a handful of operations; `figures` works out the rest once."""
     drift: Drift
     signed_at: str = ""                  # drift counts only runs after the certificate was signed
-    seen: dict = field(default_factory=dict)       # (gate result, verdict, day) -> runs
+    outcomes: dict = field(default_factory=dict)   # (day, gate, verdict, p tenth or None) -> runs
+    spent: dict = field(default_factory=dict)      # day -> USD, None once a run's cost is unknown
     acted: int = 0
     staged: int = 0
     denied: int = 0
-    cost: float | None = 0.0             # USD; None once any run's cost is unknown
-    day_cost: dict = field(default_factory=dict)   # day -> USD or None, in the order days first appear
     backends: set = field(default_factory=set)
-    p_bins: list = field(default_factory=lambda: [0] * 20)
-    unclosed: set = field(default_factory=set)     # run ids started and not (yet) closed: unfinished runs
-    moved: dict = field(default_factory=dict)      # verdict -> runs moved into (+) or out of (-) it by a human's decision
+    unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
+    problems: list = field(default_factory=list)  # one line per index row of this agent that is misshapen
+    watch: dict = field(default_factory=dict)     # run id with a parked call -> its verdict in the index (shared)
+    moved: dict = field(default_factory=dict)     # verdict -> runs a human's decision moved into (+) or out of (-) it
 
     def add(self, row: dict) -> None:
-        """Count one closed index row (one that fits INDEX_SHAPE)."""
-        cost, p, day = row.get("cost_usd"), row.get("p"), row["at"][:10]
+        """Count one index row (one that fits INDEX_SHAPE). Runs a million times: kept flat."""
+        p, day, cost = row.get("p"), row["at"][:10], row.get("cost_usd")
+        tenth = None if p is None else int(p * P_BINS) if 0 <= p <= 1 else 0 if p < 0 else P_BINS
+        key = (day, row["gate"], row["verdict"], tenth)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
         self.unclosed.discard(row["run_id"])
-        key = (row["gate"], row["verdict"], day)
-        self.seen[key] = self.seen.get(key, 0) + 1
         self.acted += row["acted"]
         self.staged += row["staged"]
         self.denied += len(row["denied"])
-        self.cost = None if cost is None or self.cost is None else self.cost + cost
-        so_far = self.day_cost.get(day, 0.0)
-        self.day_cost[day] = None if cost is None or so_far is None else so_far + cost
         self.backends.update(row["backends"])
-        if p is not None:
-            self.p_bins[min(int(p * 20), 19)] += 1
+        spent = self.spent.get(day, 0.0)
+        self.spent[day] = None if cost is None or spent is None else spent + cost
         if self.drift.certified and row["at"] > self.signed_at:
             self.drift.observe(row)
+        if row["run_id"] in self.watch:
+            self.watch[row["run_id"]] = row["verdict"]
 
-    def runs(self, gates=None, verdict: str | None = None, day: str | None = None) -> int:
-        """Runs counted so far, only those whose gate result is in `gates`, of `verdict`, on `day` when given."""
-        return sum(n for (g, v, d), n in self.seen.items()
-                   if (gates is None or g in gates) and (verdict is None or v == verdict) and (day is None or d == day))
-
-    def decide(self, entry: dict) -> None:
-        """Count a human's decision on a parked call (a result or rejected entry of the approvals log): the
-        call no longer waits, an executed one acted, and its run's verdict moves from -> to (`moved`)."""
+    def decide(self, before: str, after: str, acted: bool) -> None:
+        """Count a human's decision on one of the agent's parked calls: it no longer waits, it acted or
+        not, and its run's verdict moved from `before` to `after`."""
         self.staged -= 1
-        self.acted += entry["kind"] == "result" and entry.get("ok") is True
-        before, after = entry.get("verdict_from"), entry.get("verdict_to")
-        if before != after and isinstance(before, str) and isinstance(after, str):
+        self.acted += acted
+        if before != after:
             self.moved[before] = self.moved.get(before, 0) - 1
             self.moved[after] = self.moved.get(after, 0) + 1
 
-    @property
-    def verdicts(self) -> dict:
-        """Runs by verdict, every VERDICTS name in its order (a name that is no verdict is not counted),
-        after the approvals log's decisions moved some from one verdict to another."""
-        return {v.name: self.runs(verdict=v.name) + self.moved.get(v.name, 0) for v in VERDICTS}
+    def figures(self) -> dict:
+        """The agent's run figures for the tower document, every rate worked out here (renderers only format)."""
+        days = {day: [0, 0, 0] for day in sorted(self.spent)}            # runs, scored, passed
+        verdicts = dict.fromkeys((v.name for v in VERDICTS), 0)
+        p_bins, unscored = [0] * P_BINS, 0
+        for (day, gate, verdict, tenth), runs in self.outcomes.items():
+            counts = days[day]
+            counts[0] += runs
+            counts[1] += runs * (gate in GATED)
+            counts[2] += runs * (gate == "pass")
+            unscored += runs * (gate in ("unscored", "failed"))
+            if verdict in verdicts:
+                verdicts[verdict] += runs
+            if tenth is not None:
+                p_bins[min(tenth, P_BINS - 1)] += runs
+        for verdict, runs in self.moved.items():
+            if verdict in verdicts:
+                verdicts[verdict] += runs
+        runs, scored, passed = (sum(counts[k] for counts in days.values()) for k in range(3))
+        cost = 0.0 if None not in self.spent.values() else None
+        return {"runs": runs, "unfinished": len(self.unclosed), "scored": scored, "passed": passed,
+                "pass_rate": rate_of(passed, scored), "unscored": unscored, "acted": self.acted,
+                "staged": self.staged, "denied": self.denied,
+                "cost_usd": None if cost is None else sum(self.spent.values(), cost),
+                "backends": sorted(self.backends),
+                "gate_p": {"bins": P_BINS, "counts": p_bins, "runs": sum(p_bins)},
+                "days": [{"day": day, "runs": n, "scored": s, "passed": k, "pass_rate": rate_of(k, s),
+                          "cost_usd": self.spent[day], "cost_per_run": None if self.spent[day] is None else self.spent[day] / n}
+                         for day, (n, s, k) in days.items()],
+                "verdicts": verdicts, "drift": self.drift.figures()}
 
-    @property
-    def days(self) -> list[dict]:
-        """One entry per day, in the order days first appeared: runs, gate passes and cost."""
-        return [{"day": day, "runs": self.runs(day=day), "passed": self.runs(("pass",), day=day), "cost_usd": cost}
-                for day, cost in self.day_cost.items()]
+
+def rate_of(part: int, whole: int) -> float | None:
+    """part / whole, or None when whole is 0 (a rate over nothing is no rate)."""
+    return part / whole if whole else None
 
 
 def tower_document(fac: Factory) -> dict:
-    """Everything the tower shows, per agent, from one streamed pass over the index (the --json shape)."""
-    tallies: dict[str, Tally] = {}
-    for row in index_entries(fac):
-        if row["agent"] not in tallies:
-            tallies[row["agent"]] = new_tally(fac, row["agent"])
-        if row.get("state") == "started":
-            tallies[row["agent"]].unclosed.add(row["run_id"])
-        else:
-            tallies[row["agent"]].add(row)
-    for entry in closing_decisions(fac):
-        if entry["agent"] in tallies:   # calls a human approved (and that ran) or rejected after their run was indexed
-            tallies[entry["agent"]].decide(entry)
+    """Everything the tower shows (the --json shape, TOWER_FORMAT): per agent with runs, a card or a
+    certificate, its run figures from one streamed pass over the index with the humans' decisions on
+    its parked calls folded in, and its trust. A file or line that cannot be read is one line in
+    `problems` (the agent's, or the tower's when it names none) and the document is `partial`; it
+    never hides the other agents."""
+    problems: list[str] = []
+    calls = parked(fac)
+    watch = dict.fromkeys({e["run_id"] for e in calls.entries} | {run for run, _ in calls.decided or {}})
+    tallies = tally_index(fac, problems, watch)
+    fold_decisions(tallies, calls, watch, problems)
+    waiting = calls_by_agent(fac, calls, tallies)
     agents = []
-    for name, t in sorted(tallies.items()):
-        agents.append({"agent": name, "runs": t.runs(), "passed": t.runs(("pass",)), "scored": t.runs(GATED),
-                       "unscored": t.runs(("unscored", "failed")), "acted": t.acted, "staged": t.staged,
-                       "denied": t.denied, "cost_usd": t.cost, "backends": sorted(t.backends),
-                       "unfinished": len(t.unclosed),
-                       "gate_bar": gate_bar(fac, name), "p_bins": t.p_bins, "days": t.days,
-                       "center_rate": t.drift.certified_rate, "verdicts": t.verdicts,
-                       "drift": {"demoted": t.drift.demoted, "recent_rate": t.drift.rate,
-                                 "lcl": None if t.drift.limit is None else t.drift.limit / DRIFT_WINDOW,
-                                 "state": t.drift.describe()}})
-    return {"format": "factory-tower-1", "generated_at": utc_now(), "agents": agents}
+    for name in sorted(set(tallies) | set(known_agents(fac)) | set(waiting)):
+        tally = tallies.get(name) or new_tally(fac, name)
+        trust, trouble = trust_of(fac, name, tally.drift)
+        trust.update(waiting.get(name, {"pending": 0, "uncertain_effect": 0, "problems": []}))
+        agents.append({"agent": name, "trust": trust, "gate_bar": gate_bar(fac, name), **tally.figures(),
+                       "problems": tally.problems + trouble + trust.pop("problems")})
+    partial = bool(problems) or any(a["problems"] for a in agents)
+    return {"format": TOWER_FORMAT, "generated_at": utc_now(), "partial": partial, "problems": problems, "agents": agents}
 
 
-def closing_decisions(fac: Factory) -> list[dict]:
-    """The result and rejected entries of the approvals log, oldest first; none, with a note saying so,
-    when the log cannot be read (the runs in the index are still counted)."""
+def fold_decisions(tallies: dict[str, Tally], calls: Parked, watch: dict, problems: list[str]) -> None:
+    """Fold the humans' decisions on parked calls into the runs they belong to (only runs the index
+    counted): a result or rejected entry of the approvals log moves its run's verdict as the entry says
+    (from -> to) and the call no longer waits, an executed one acted; a call approved with no result
+    recorded is uncertain-effect, no longer waiting, and moves its run as a result of that outcome would."""
+    if calls.decided is None:
+        problems.append(f"{calls.log_problem}; approvals and rejections are not counted until it is restored")
+        return
+    for decided in calls.decided.values():
+        entry = decided.get("result") or decided.get("rejected")
+        if entry and watch.get(entry["run_id"]) and entry["agent"] in tallies:
+            tallies[entry["agent"]].decide(str(entry.get("verdict_from")), str(entry.get("verdict_to")),
+                                           entry["kind"] == "result" and entry.get("ok") is True)
+    for agent, before, after in uncertain_moves(calls, watch):
+        if agent in tallies:
+            tallies[agent].decide(before, after, False)
+
+
+def uncertain_moves(calls: Parked, watch: dict) -> list[tuple[str, str, str]]:
+    """(agent, verdict before, verdict after) for each uncertain-effect call of a run the index counted:
+    before is the run's verdict after its last decided call (else its index row's), after is what a
+    result with outcome uncertain-effect would make it (verdict_after)."""
+    runs: dict[str, list[dict]] = {}
+    for entry in calls.entries:
+        runs.setdefault(entry["run_id"], []).append(entry)
+    moves = []
+    for run_id, entries in runs.items():
+        states = [calls.states[run_id, e["call"]] for e in entries]
+        for entry, state in zip(entries, states):
+            if state != "uncertain-effect" or not watch.get(run_id):
+                continue
+            closed = [d[k] for e in entries for d in [calls.decided.get((run_id, e["call"]), {})]
+                      for k in ("result", "rejected") if k in d]
+            before = max(closed, key=lambda d: d["at"]).get("verdict_to") if closed else watch[run_id]
+            after = verdict_after(str(before), ["uncertain-effect"], any(s in ("pending", "expired") for s in states))
+            moves.append((entry["agent"], str(before), after))
+    return moves
+
+
+def calls_by_agent(fac: Factory, calls: Parked, tallies: dict[str, Tally]) -> dict[str, dict]:
+    """agent -> {pending, uncertain_effect, problems}: the calls `pending` lists as waiting (pending, or
+    of unknown state while the approvals log cannot be read) and as uncertain-effect, and one line per
+    parked file that does not read, under the agent whose trace holds its run (else the first agent)."""
+    found: dict[str, dict] = {}
+    for entry in calls.entries:
+        state = calls.states[entry["run_id"], entry["call"]]
+        counts = found.setdefault(entry["agent"], {"pending": 0, "uncertain_effect": 0, "problems": []})
+        counts["pending"] += state in ("pending", "unknown")
+        counts["uncertain_effect"] += state == "uncertain-effect"
+    for run_id, line in calls.unread:
+        found.setdefault(run_agent(fac, run_id), {"pending": 0, "uncertain_effect": 0, "problems": []})["problems"].append(line)
+    return found
+
+
+def run_agent(fac: Factory, run_id: str) -> str:
+    """The agent whose trace folder holds RUN_ID's trace; 'unknown agent' when none does."""
     try:
-        chain = fac.store.read_chain(fac.approvals, DECISION_SHAPE)
+        return find_trace(fac, run_id).parent.name
+    except Refusal:
+        return "unknown agent"
+
+
+def tally_index(fac: Factory, problems: list[str], watch: dict) -> dict[str, Tally]:
+    """agent -> Tally, from one streamed pass over traces/index.jsonl. A line that cannot be read is
+    one line in `problems` (in its agent's tally when the line names one) and the rest is still read;
+    a file that cannot be read at all is one line, and counts what was read before it. `watch` (run
+    id -> None) gets each of its runs' verdict as the index has it. Runs once per row of a million-row
+    index: the common case first, kept flat."""
+    tallies: dict[str, Tally] = {}
+    try:
+        for number, row in (fac.store.read_jsonl(fac.index, each=True) if fac.store.exists(fac.index) else ()):
+            if type(row) is dict and type(agent := row.get("agent")) is str:
+                tally = tallies.get(agent) or tallies.setdefault(agent, new_tally(fac, agent, watch))
+                if row.get("state") != "started":
+                    if INDEX_SHAPE.fits(row):
+                        tally.add(row)
+                        continue
+                elif type(row.get("run_id")) is str:   # all an unfinished run is counted by
+                    tally.unclosed.add(row["run_id"])
+                    continue
+            unread(fac, tallies, problems, row, number)
     except Refusal as why:
-        note(fac, f"{why}; approvals and rejections are not counted until it is restored")
-        return []
-    return [entry for _, entry in chain.entries if entry["kind"] in ("result", "rejected")]
+        problems.append(f"{why}; runs after it are not counted")
+    return tallies
 
 
-def new_tally(fac: Factory, name: str) -> Tally:
-    """A tally whose drift watch is centred on NAME's certified rate (no baseline when uncertified)."""
-    path = fac.cert_path(name)
-    cert = fac.store.read_json(path) if path.exists() else {}
-    return Tally(Drift.of_certificate(cert), signed_at=str(cert.get("signed_at", "")))
+def unread(fac: Factory, tallies: dict[str, Tally], problems: list[str], row, number: int) -> None:
+    """Put the line saying why index line `number` is not counted with its agent, or the tower's own
+    problems when it names none (row: the Refusal of a line that did not read, or a misshapen object)."""
+    if type(row) is not dict:
+        problems.append(f"{row}; not counted")
+        return
+    shape = STARTED_SHAPE if row.get("state") == "started" else INDEX_SHAPE
+    line = misshapen_row(shape, row, f"{fac.shown(fac.index)} line {number}")
+    agent = row.get("agent")
+    (tallies[agent].problems if type(agent) is str else problems).append(line)
+
+
+def misshapen_row(shape: Shape, row: dict, where: str) -> str:
+    """The line naming what is wrong with an index row that does not fit its shape."""
+    try:
+        shape.check(row, where)
+    except Refusal as why:
+        return f"{why}; not counted"
+    return f"{where}: not counted"
+
+
+def known_agents(fac: Factory) -> list[str]:
+    """Every agent with a card or a certificate, whether or not it has run."""
+    cards = [path.stem for path in fac.masters.glob("*.json")]
+    certs = [path.name[:-len(".card.json")] for path in fac.registry.glob("*.card.json")]
+    return [name for name in cards + certs if NAME.fullmatch(name)]
+
+
+def new_tally(fac: Factory, name: str, watch: dict | None = None) -> Tally:
+    """A tally whose drift watch is centred on NAME's certified rate (no baseline when uncertified, or
+    when the certificate cannot be read: trust_of reports that), sharing `watch` (see tally_index)."""
+    try:
+        path = fac.cert_path(name)
+        cert = fac.store.read_json(path) if fac.store.exists(path) else {}
+    except Refusal:
+        cert = {}
+    return Tally(Drift.of_certificate(cert), signed_at=str(cert.get("signed_at", "")), watch={} if watch is None else watch)
+
+
+def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
+    """(NAME's trust for the tower document, problems): what the run station's guard chain says of its
+    certificate, each of the guards after the certificate's own asked on its own so that a revoked
+    certificate is also seen to be stale; the drift watch; the calls parked for a human. A certificate
+    that cannot be read is a problem too."""
+    claim = Claim(fac, name, "run")
+    results = check_guards(claim, CERTIFICATE_GUARDS)
+    verified = not results[-1][1]
+    if verified:
+        results += [result for guard in RUN_GUARDS[len(CERTIFICATE_GUARDS):] for result in check_guards(claim, (guard,))]
+    lines = {guard: line for guard, line in results if line}
+    cert = claim.cert if verified else {}
+    trust = {"certificate": "verified" if verified else unverified_kind(claim, lines),
+             "tier": cert.get("tier"), "signer": cert.get("signer"), "signed_at": cert.get("signed_at"),
+             "refusal": next(iter(lines.values()), None), "revoked": lines.get("revocation"),
+             "recalled": lines.get("recall"), "stale": lines.get("digest"), "demoted": drift.demoted}
+    trust["may_run"] = trust["refusal"] is None
+    trust["runs_at"] = ("C0" if drift.demoted else cert["tier"]) if trust["may_run"] else None
+    trust["summary"] = trust_summary(trust)
+    problems = [lines["certificate"]] if trust["certificate"] == "unreadable" else []
+    return trust, problems
+
+
+def unverified_kind(claim: Claim, lines: dict) -> str:
+    """none (no certificate), unreadable (its file cannot be read) or unverified (it does not verify)."""
+    if "certificate" not in lines:
+        return "unverified"
+    try:
+        return "none" if claim.cert is None else "unverified"
+    except Refusal:
+        return "unreadable"
+
+
+def trust_summary(trust: dict) -> str:
+    """One phrase for an agent's trust, the same in the tower's text and HTML."""
+    if trust["certificate"] != "verified":
+        return {"none": "uncertified", "unreadable": "certificate unreadable"}.get(trust["certificate"], "certificate does not verify")
+    signed = f"{trust['tier']} signed by {trust['signer']} at {trust['signed_at']}"
+    if not trust["may_run"]:
+        marks = [mark for mark in ("revoked", "recalled", "stale") if trust[mark]]
+        return f"{signed}; may not run ({', '.join(marks)})"
+    return f"{signed}; runs at C0 (demoted)" if trust["demoted"] else f"{signed}; may run"
 
 
 def gate_bar(fac: Factory, name: str) -> float | None:
@@ -5177,21 +5374,66 @@ def gate_bar(fac: Factory, name: str) -> float | None:
 
 
 def print_tower(doc: dict) -> None:
-    """The terminal table: one row per agent, then its verdicts, drift and gate-p histogram."""
-    print(f"{'agent':<16} {'runs':>6} {'pass':>5} {'acted':>6} {'staged':>6} {'cost':>10} {'denied':>7} {'unscored':>8}  backends")
+    """The terminal table, from the tower document alone: one row per agent, then its trust, verdicts,
+    drift, the gate's p by tenths and each problem on its own line; then the tower's own problems."""
+    print(f"{'agent':<16} {'runs':>7} {'pass':>7} {'acted':>6} {'staged':>6} {'cost':>10} {'denied':>7} "
+          f"{'unscored':>8} {'unfinished':>10}  backends")
     for a in doc["agents"]:
-        cost = "?" if a["cost_usd"] is None else f"${a['cost_usd']:.4f}"
-        scored = a["scored"]
-        rate = f"{100 * a['passed'] // scored:>4}%" if scored else "    -"   # unscored runs are neither pass nor fail
-        print(f"{a['agent']:<16} {a['runs']:>6} {rate} {a['acted']:>6} "
-              f"{a['staged']:>6} {cost:>10} {a['denied']:>7} {a['unscored']:>8}  {', '.join(a['backends'])}")
-        shown = " ".join(f"{k}:{v}" for k, v in a["verdicts"].items() if v)
-        unfinished = f"   unfinished: {a['unfinished']} (started, never closed)" if a.get("unfinished") else ""
-        print(f"{'':<16} verdicts {shown or '-'}   drift: {a['drift']['state']}{unfinished}")
-        tenths = [a["p_bins"][i] + a["p_bins"][i + 1] for i in range(0, 20, 2)]
-        print(f"{'':<16} gate p by tenths 0->1: {' '.join(map(str, tenths))}   (scored {sum(tenths)} of {a['runs']}; bar {a['gate_bar']})")
+        print(f"{a['agent']:<16} {a['runs']:>7} {percent_text(a['pass_rate']):>7} {a['acted']:>6} {a['staged']:>6} "
+              f"{usd_text(a['cost_usd']):>10} {a['denied']:>7} {a['unscored']:>8} {a['unfinished']:>10}  "
+              f"{', '.join(a['backends']) or '-'}")
+        for line in agent_lines(a):
+            print(f"{'':<16} {line}")
     if not doc["agents"]:
-        print("(no runs yet)")
+        print("(no agents yet)")
+    for line in doc["problems"]:
+        print(f"problem: {line}")
+    if doc["partial"]:
+        print(PARTIAL_LINE)
+
+
+def agent_lines(agent: dict) -> list[str]:
+    """The lines under an agent's row: trust (and why it may not run), verdicts, drift, the gate's p,
+    unfinished runs, problems."""
+    trust, gate_p = agent["trust"], agent["gate_p"]
+    lines = [f"trust: {trust['summary']}"] + [f"  {line}" for line in why_lines(trust)] + [calls_line(trust)]
+    shown = " ".join(f"{k}:{v}" for k, v in agent["verdicts"].items() if v)
+    lines += [f"verdicts {shown or '-'}", f"drift: {agent['drift']['state']}",
+              f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
+              f"({gate_p['runs']} of {agent['runs']} runs with a gate p; bar {agent['gate_bar']})"]
+    if agent["unfinished"]:
+        lines.append(f"unfinished: {agent['unfinished']} (started, never closed)")
+    return lines + [f"problem: {line}" for line in agent["problems"]]
+
+
+def calls_line(trust: dict) -> str:
+    """The agent's parked calls as `pending` lists them, in the text's and the HTML's words."""
+    return f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect"
+
+
+def why_lines(trust: dict) -> list[str]:
+    """The run station's refusal lines behind an agent's trust, each once (none for an uncertified agent:
+    its phrase says it all)."""
+    if trust.get("certificate") in ("none", None):
+        return []
+    return [line for line in dict.fromkeys(trust.get(k) for k in ("refusal", "revoked", "recalled", "stale")) if line]
+
+
+def percent_text(rate: float | None) -> str:
+    """A rate in 0..1 as '66.7%', or '-' when there is none (nothing was scored): text and HTML alike."""
+    return "-" if rate is None else f"{100 * rate:.1f}%"
+
+
+def usd_text(amount: float | None) -> str:
+    """USD as '$0.42' or '$0.0035' (enough places to show the first significant digits); '$0' for
+    nothing; '?' when unknown: text and HTML alike."""
+    if amount is None:
+        return "?"
+    if amount == 0:
+        return "$0"
+    decimals = max(2, min(6, 1 - math.floor(math.log10(abs(amount)))))
+    whole, _, frac = f"{amount:,.{decimals}f}".partition(".")
+    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"
 
 
 CHART_KINDS = ("gate-histogram", "pass-rate", "cost", "verdicts")
@@ -5215,8 +5457,10 @@ section { background: #fff; border: 1px solid #ddd; border-radius: 6px;
           padding: 0.8em 1em; margin-bottom: 1.5em; }
 section h2 { margin: 0 0 0.3em 0; }
 .summary { font-size: 1.05em; margin: 0 0 0.8em 0; }
-.demoted { color: #c62828; font-weight: bold; }
-.ok { color: #2e7d32; }
+.demoted, .refused, .problem { color: #c62828; font-weight: bold; }
+.in-control, .may-run { color: #2e7d32; }
+.trust { margin: 0 0 0.3em 0; }
+ul.why { margin: 0 0 0.6em 0; color: #c62828; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
 .charts svg { border: 1px solid #eee; }
 .empty { color: #777; font-style: italic; }
@@ -5250,22 +5494,6 @@ def _count(value):
     """Non-negative int from value (None / junk / negatives -> 0)."""
     num = _num(value)
     return max(0, int(num)) if num is not None else 0
-
-
-def _pct(frac):
-    """Fraction in [0,1] (or None) -> '66.7%' text (or 'n/a')."""
-    return "n/a" if frac is None else f"{100 * frac:.1f}%"
-
-
-def _usd(amount):
-    """USD amount (float or None) -> '$0.42' / '$0.0035' text; None -> '?'."""
-    if amount is None:
-        return "?"
-    if amount == 0:
-        return "$0"
-    decimals = max(2, min(6, 1 - math.floor(math.log10(abs(amount)))))
-    whole, _, frac = f"{amount:,.{decimals}f}".partition(".")
-    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"
 
 
 def _n(px):
@@ -5454,13 +5682,14 @@ def _gate_bar_line(box, bar):
 
 
 def _gate_histogram(agent):
-    """SVG histogram of agent['p_bins'] (20 counts over P(yes) in [0,1])."""
+    """SVG histogram of agent['gate_p']['counts'] (runs per equal bin of P(yes) over [0,1], by tenths)."""
     box = _box()
-    bins = [_count(v) for v in (agent.get("p_bins") or [])]
+    gate_p = agent.get("gate_p") if isinstance(agent.get("gate_p"), dict) else {}
+    bins = [_count(v) for v in (gate_p.get("counts") or [])]
     bar = _num(agent.get("gate_bar"))
     ticks = _nice_ticks(max(bins, default=0), integer=True)
     out = _open_svg("gate-histogram", f"{agent.get('agent', '?')}: gate probability "
-                    "histogram", "Gate probability distribution", box,
+                    "histogram", "Gate probability by tenths", box,
                     "gate probability P(yes)", "runs")
     out += _y_ticks(box, ticks, _fmt_count)
     out += _x_ticks(box, [i / 5 for i in range(6)], lambda v: f"{v:.1f}")
@@ -5472,7 +5701,7 @@ def _gate_histogram(agent):
         out.append(f'<rect x="{_n(x + 0.5)}" y="{_n(y)}" '
                    f'width="{_n(_sx(box, hi) - x - 1)}" height="{_n(box[3] - y)}" '
                    f'fill="{"#2e7d32" if passing else "#78909c"}">'
-                   f'<title>{_esc(f"P(yes) in [{lo:.2f}, {hi:.2f}): {count} runs")}'
+                   f'<title>{_esc(f"P(yes) in [{lo:.1f}, {hi:.1f}): {count} runs")}'
                    f'</title></rect>')
     out += _gate_bar_line(box, bar)
     if sum(bins) == 0:
@@ -5482,97 +5711,71 @@ def _gate_histogram(agent):
 
 # -------------------------------------------------------- 2. pass rate ---
 
-def _day_rates(days):
-    """Per day: (pass rate in [0,1] or None when 0 runs, runs int)."""
+def _level_lines(box, drift):
+    """The certified rate (dashed) and the demotion limit (solid) across the plot, as the document
+    gives them (list of str); [] without a baseline."""
     out = []
-    for day in days:
-        runs, passed = _count(day.get("runs")), _count(day.get("passed"))
-        out.append((min(1.0, passed / runs) if runs else None, runs))
+    for kind, rate, dash in (("certified", _num(drift.get("certified_rate")), ' stroke-dasharray="6 3"'),
+                             ("limit", _num(drift.get("limit_rate")), "")):
+        if rate is not None:
+            y = _n(_sy(box, min(1.0, max(0.0, rate))))
+            out.append(f'<line class="{kind}" data-rate="{rate!r}" x1="{box[0]}" y1="{y}" x2="{box[2]}" '
+                       f'y2="{y}" stroke="{"#7e57c2" if dash else _RED}"{dash}/>')
     return out
 
 
-def _limits(center, runs):
-    """3-sigma p-chart (lcl, ucl) fractions for centre p and n runs, in [0,1]."""
-    sigma = math.sqrt(center * (1 - center) / runs)
-    return max(0.0, center - 3 * sigma), min(1.0, center + 3 * sigma)
-
-
-def _control_lines(box, rates, center):
-    """Centre line + stepped per-day UCL/LCL paths (list of str); [] if no centre."""
-    if center is None:
-        return []
-    n, lcl, ucl = len(rates), [], []
-    for i, (_, runs) in enumerate(rates):
-        left, _, right = _slot(box, n, i)
-        if not runs:
-            lcl.append(None)
-            ucl.append(None)
-            continue
-        low, high = _limits(center, runs)
-        lcl += [(left, _sy(box, low)), (right, _sy(box, low))]
-        ucl += [(left, _sy(box, high)), (right, _sy(box, high))]
-    y = _n(_sy(box, center))
-    style = 'fill="none" stroke="#7e57c2" stroke-width="1.2"'
-    return [f'<line class="center" x1="{box[0]}" y1="{y}" x2="{box[2]}" '
-            f'y2="{y}" stroke="#7e57c2" stroke-dasharray="6 3"/>',
-            f'<path class="lcl" d="{_path(lcl)}" {style}/>',
-            f'<path class="ucl" d="{_path(ucl)}" {style}/>']
-
-
-def _rate_points(box, days, rates, center):
-    """Line + one circle per day with runs; below-LCL points red (list of str)."""
-    n = len(rates)
-    pts = [None if r is None else (_slot(box, n, i)[1], _sy(box, r))
-           for i, (r, _) in enumerate(rates)]
-    out = [f'<path class="rate-line" d="{_path(pts)}" fill="none" '
-           f'stroke="#1565c0" stroke-width="1.5"/>']
-    for i, ((rate, runs), day) in enumerate(zip(rates, days)):
-        if rate is None:
-            left, mid, right = _slot(box, n, i)
-            out.append(_no_runs(box, mid, right - left))
-            continue
-        lcl = _limits(center, runs)[0] if center is not None else None
-        low = lcl is not None and rate < lcl - 1e-12
-        tip = (f"{day.get('day', '?')}: {_count(day.get('passed'))}/{runs} = "
-               f"{_pct(rate)}" + (f", below LCL {_pct(lcl)}" if low else ""))
-        out.append(f'<circle class="{"below-lcl" if low else "point"}" '
-                   f'data-below-lcl="{"true" if low else "false"}" '
-                   f'cx="{_n(pts[i][0])}" cy="{_n(pts[i][1])}" r="{5 if low else 3.5}" '
-                   f'fill="{_RED if low else "#1565c0"}"><title>{_esc(tip)}</title>'
-                   f'</circle>')
+def _rate_points(box, days):
+    """A line through the days' pass rates, a dot per day with scored runs, and a hollow ring at the
+    foot of a day whose runs were never scored (no rate, so no dot) (list of str)."""
+    n, pts = len(days), []
+    for i, day in enumerate(days):
+        rate = _num(day.get("pass_rate"))
+        pts.append(None if rate is None else (_slot(box, n, i)[1], _sy(box, min(1.0, max(0.0, rate)))))
+    out = [f'<path class="rate-line" d="{_path(pts)}" fill="none" stroke="#1565c0" stroke-width="1.5"/>']
+    for i, (point, day) in enumerate(zip(pts, days)):
+        runs, scored, passed = (_count(day.get(k)) for k in ("runs", "scored", "passed"))
+        when = day.get("day", "?")
+        if point is not None:
+            tip = f"{when}: {passed}/{scored} scored runs passed = {percent_text(_num(day.get('pass_rate')))}"
+            out.append(f'<circle class="point" cx="{_n(point[0])}" cy="{_n(point[1])}" r="3.5" fill="#1565c0">'
+                       f'<title>{_esc(tip)}</title></circle>')
+        elif runs:
+            x = _n(_slot(box, n, i)[1])
+            out.append(f'<circle class="unscored" cx="{x}" cy="{box[3] - 6}" r="3.5" fill="none" stroke="#888">'
+                       f'<title>{_esc(f"{when}: {runs} runs, none scored: no pass rate")}</title></circle>')
     return out
 
 
-def _rate_legend(center):
-    """Legend for the pass-rate chart (list of str)."""
+def _rate_legend(drift):
+    """Legend for the pass-rate chart, in the drift line's own words (list of str)."""
     dot = '<circle cx="4" cy="0" r="3.5" fill="#1565c0"/>'
-    if center is None:
-        return _legend([(dot, "daily pass rate"),
-                        ("", "no certified baseline: no control limits")])
+    ring = '<circle cx="4" cy="0" r="3.5" fill="none" stroke="#888"/>'
+    certified, limit = _num(drift.get("certified_rate")), drift.get("limit_passes")
+    if certified is None:
+        return _legend([(dot, "pass rate (scored runs)"), (ring, "none scored"), ("", "no certified baseline")])
     return _legend([
-        (dot, "daily pass rate"),
-        ('<line x1="0" y1="0" x2="9" y2="0" stroke="#7e57c2" '
-         'stroke-dasharray="3 2"/>', f"center {_pct(center)}"),
-        ('<line x1="0" y1="0" x2="9" y2="0" stroke="#7e57c2"/>', "3-sigma limits"),
-        (f'<circle cx="4" cy="0" r="4.5" fill="{_RED}"/>', "below LCL"),
+        (dot, "pass rate (scored runs)"), (ring, "none scored"),
+        ('<line x1="0" y1="0" x2="9" y2="0" stroke="#7e57c2" stroke-dasharray="3 2"/>',
+         f"certified {percent_text(certified)}"),
+        (f'<line x1="0" y1="0" x2="9" y2="0" stroke="{_RED}"/>',
+         f"needs {limit}/{drift.get('window')} (last {drift.get('window')})"),
     ])
 
 
 def _pass_rate(agent):
-    """SVG per-day pass-rate (%) p-chart with 3-sigma limits around center_rate."""
+    """SVG per-day gate pass rate (%) over scored runs, with the certified rate and the drift watch's
+    demotion limit drawn where the document puts them."""
     box = _box()
     days = [d for d in (agent.get("days") or []) if isinstance(d, dict)]
-    rates = _day_rates(days)
-    center = _num(agent.get("center_rate"))
-    center = None if center is None else min(1.0, max(0.0, center))
+    drift = agent.get("drift") if isinstance(agent.get("drift"), dict) else {}
     out = _open_svg("pass-rate", f"{agent.get('agent', '?')}: daily pass rate",
-                    "Daily gate pass rate", box, "day (UTC)", "pass rate (%)")
+                    "Daily gate pass rate (scored runs)", box, "day (UTC)", "pass rate (%)")
     out += _y_ticks(box, [0, 25, 50, 75, 100], lambda v: f"{v:g}")
     out += _day_ticks(box, days)
-    out += _rate_legend(center)
-    out += _control_lines(box, rates, center)
-    out += _rate_points(box, days, rates, center)
-    if all(r is None for r, _ in rates):
+    out += _rate_legend(drift)
+    out += _level_lines(box, drift)
+    out += _rate_points(box, days)
+    if not days:
         out.append(_note(box, "no data yet"))
     return "\n".join(out + ["</svg>"])
 
@@ -5580,11 +5783,10 @@ def _pass_rate(agent):
 # ------------------------------------------------------------- 3. cost ---
 
 def _cost_per_run(day):
-    """(USD per run float | None, known bool) for one day dict."""
-    cost, runs = _num(day.get("cost_usd")), _count(day.get("runs"))
-    if cost is None:
+    """(USD per run float | None, known bool) for one day dict, as the document gives it."""
+    if day.get("cost_usd") is None:
         return None, False
-    return (cost / runs if runs else None), True
+    return _num(day.get("cost_per_run")), True
 
 
 def _unknown_bar(box, x, width, pattern_id, day):
@@ -5604,7 +5806,7 @@ def _cost_bar(box, x, width, value, top, day):
     y = _sy(box, value / top)
     return (f'<rect class="cost-bar" x="{_n(x)}" y="{_n(y)}" width="{_n(width)}" '
             f'height="{_n(box[3] - y)}" fill="#00897b">'
-            f'<title>{_esc(f"{day}: {_usd(value)} per run")}</title></rect>')
+            f'<title>{_esc(f"{day}: {usd_text(value)} per run")}</title></rect>')
 
 
 def _hatch_defs(pattern_id):
@@ -5624,7 +5826,7 @@ def _cost(agent):
     out = _open_svg("cost", f"{agent.get('agent', '?')}: cost per run",
                     "Average cost per run", box, "day (UTC)", "cost per run (USD)")
     out.insert(2, _hatch_defs(pid))
-    out += _y_ticks(box, ticks, _usd) + _day_ticks(box, days)
+    out += _y_ticks(box, ticks, usd_text) + _day_ticks(box, days)
     for i, ((value, known), day) in enumerate(zip(per_run, days)):
         left, _, right = _slot(box, len(days), i)
         width, x = (right - left) * 0.7, left + (right - left) * 0.15
@@ -5658,9 +5860,8 @@ def _verdicts(agent):
     """SVG horizontal bars of verdict counts (runs) in the fixed verdict order."""
     box = _box(_LEFT_WIDE)
     rows = _verdict_rows(agent.get("verdicts"))
-    total = sum(c for _, c, _ in rows)
     top = max((c for _, c, _ in rows), default=0)
-    ticks = _nice_ticks(top * 1.3, integer=True)  # room for "90 (77%)" labels
+    ticks = _nice_ticks(top * 1.2, integer=True)  # room for the count beside the longest bar
     out = _open_svg("verdicts", f"{agent.get('agent', '?')}: verdicts",
                     "Verdicts", box, "runs", "verdict")
     out += _x_ticks(box, ticks, _fmt_count)
@@ -5668,15 +5869,14 @@ def _verdicts(agent):
     for i, (name, count, colour) in enumerate(rows):
         y = box[1] + i * height
         w = _sx(box, count / ticks[-1]) - box[0]
-        share = f" ({100 * count / total:.0f}%)" if total else ""
         out.append(f'<text class="tick" x="{box[0] - 6}" y="{_n(y + height / 2)}" '
                    f'dy="0.35em" text-anchor="end">{_esc(name)}</text>')
         out.append(f'<rect data-verdict="{_esc(name)}" x="{box[0]}" '
                    f'y="{_n(y + height * 0.15)}" width="{_n(w)}" '
                    f'height="{_n(height * 0.7)}" fill="{colour}"/>')
         out.append(f'<text x="{_n(box[0] + w + 4)}" y="{_n(y + height / 2)}" '
-                   f'dy="0.35em">{_esc(f"{count:,}{share}")}</text>')
-    if total == 0:
+                   f'dy="0.35em">{_esc(f"{count:,}")}</text>')
+    if top == 0:
         out.append(_note(box, "no data yet"))
     return "\n".join(out + ["</svg>"])
 
@@ -5696,60 +5896,86 @@ def chart_svg(kind, agent):
     raise ValueError(f"unknown chart kind {kind!r}; expected one of {CHART_KINDS}")
 
 
+def _part(agent, key):
+    """agent[key] when it is a dict, else {} (a hand-made document may lack it)."""
+    value = agent.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _drift_html(agent):
-    """Drift state as an escaped inline-HTML fragment (str)."""
-    drift = agent.get("drift") if isinstance(agent.get("drift"), dict) else {}
-    recent, lcl = _num(drift.get("recent_rate")), _num(drift.get("lcl"))
-    detail = f" (recent {_pct(recent)} vs LCL {_pct(lcl)})"
-    if drift.get("demoted"):
-        return f'<span class="demoted">DEMOTED{_esc(detail)}</span>'
-    if recent is None or lcl is None:
-        return f'<span class="empty">{_esc(drift.get("state") or "no drift data")}</span>'
-    return f'<span class="ok">ok{_esc(detail)}</span>'
+    """The drift phrase of the document, coloured by its state (escaped inline HTML, str)."""
+    drift = _part(agent, "drift")
+    state = drift.get("state") or "no drift data"
+    kind = "demoted" if drift.get("demoted") else "in-control" if str(state).startswith("in control") else "empty"
+    return f'<span class="{kind}">{_esc(state)}</span>'
 
 
-def _headline(agent):
-    """(runs int, passed int, pass-rate text, cost text) for an agent dict."""
-    runs, passed = _count(agent.get("runs")), _count(agent.get("passed"))
-    scored = _count(agent.get("scored", runs))   # pass % is over runs the gate answered
-    rate = _pct(min(1.0, passed / scored)) if scored else "n/a (none scored)"
-    return runs, passed, rate, _usd(_num(agent.get("cost_usd")))
+def _trust_html(agent):
+    """The trust phrase of the document, coloured by whether the agent may run (escaped inline HTML)."""
+    trust = _part(agent, "trust")
+    kind = "may-run" if trust.get("may_run") else "refused" if trust.get("certificate") != "none" else "empty"
+    return f'<span class="{kind}">{_esc(trust.get("summary") or "unknown")}</span>'
+
+
+def _rate_text(agent):
+    """The gate pass rate over scored runs, as the text prints it, saying when none were scored."""
+    rate = _num(agent.get("pass_rate"))
+    return percent_text(rate) if rate is not None else f"{percent_text(None)} (none scored)"
 
 
 def _summary_html(agent):
-    """One-line <p class="summary"> with runs, gate pass %, cost, drift (str)."""
-    runs, passed, rate, cost = _headline(agent)
+    """<p class="summary"> with runs, unfinished runs, gate pass % over scored runs, cost, drift (str)."""
+    runs, scored, passed = (_count(agent.get(k)) for k in ("runs", "scored", "passed"))
     bar = _num(agent.get("gate_bar"))
-    scored = _count(agent.get("scored", runs))
-    text = (f"{runs:,} runs | gate pass {rate} ({passed:,}/{scored:,} scored"
-            + (f", bar {bar:g}" if bar is not None else "") + f") | cost {cost} | ")
+    text = (f"{runs:,} runs ({_count(agent.get('unfinished')):,} unfinished) | gate pass {_rate_text(agent)} "
+            f"({passed:,}/{scored:,} scored" + (f", bar {bar:g}" if bar is not None else "")
+            + f") | cost {usd_text(_num(agent.get('cost_usd')))} | ")
     return f'<p class="summary">{_esc(text)}drift: {_drift_html(agent)}</p>'
 
 
+def _trust_block_html(agent):
+    """<p class="trust"> with the trust phrase, the refusal lines under it, and the agent's problems (str)."""
+    lines = why_lines(_part(agent, "trust"))
+    why = "".join(f"<li>{_esc(line)}</li>" for line in lines)
+    problems = "".join(f'\n<p class="problem">{_esc(f"problem: {line}")}</p>' for line in agent.get("problems") or [])
+    trust = _part(agent, "trust")
+    calls = f'\n<p class="calls">{_esc(calls_line(trust))}</p>'
+    return (f'<p class="trust">trust: {_trust_html(agent)}</p>' + (f'\n<ul class="why">{why}</ul>' if why else "")
+            + calls + problems)
+
+
 def _section_html(agent):
-    """<section data-agent=NAME> with heading, summary and the four charts (str)."""
+    """<section data-agent=NAME> with heading, trust, summary and the four charts (str)."""
     name = agent.get("agent", "?")
     charts = "\n".join(chart_svg(kind, agent) for kind in CHART_KINDS)
-    return (f'<section data-agent="{_esc(name)}">\n<h2>{_esc(name)}</h2>\n'
-            f'{_summary_html(agent)}\n<div class="charts">\n{charts}\n</div>\n'
-            f'</section>')
+    return (f'<section data-agent="{_esc(name)}">\n<h2>{_esc(name)}</h2>\n{_trust_block_html(agent)}\n'
+            f'{_summary_html(agent)}\n<div class="charts">\n{charts}\n</div>\n</section>')
 
 
 def _overview_html(agents):
     """At-a-glance <table> with one row per agent (str)."""
     rows = []
     for agent in agents:
-        runs, _, rate, cost = _headline(agent)
-        rows.append(f"<tr><td>{_esc(agent.get('agent', '?'))}</td><td>{runs:,}</td>"
-                    f"<td>{_esc(rate)}</td><td>{_esc(cost)}</td>"
+        rows.append(f"<tr><td>{_esc(agent.get('agent', '?'))}</td><td>{_trust_html(agent)}</td>"
+                    f"<td>{_count(agent.get('runs')):,}</td><td>{_count(agent.get('unfinished')):,}</td>"
+                    f"<td>{_esc(_rate_text(agent))}</td><td>{_esc(usd_text(_num(agent.get('cost_usd'))))}</td>"
                     f"<td>{_drift_html(agent)}</td></tr>")
-    head = ("<tr><th>agent</th><th>runs</th><th>gate pass</th>"
+    head = ("<tr><th>agent</th><th>trust</th><th>runs</th><th>unfinished</th><th>gate pass</th>"
             "<th>cost (USD)</th><th>drift</th></tr>")
     return f'<table class="overview">\n{head}\n' + "\n".join(rows) + "\n</table>"
 
 
+def _partial_html(doc):
+    """The tower's own problems and, when it is partial, a line saying so (list of str)."""
+    lines = [f'<p class="problem">{_esc(f"problem: {line}")}</p>' for line in doc.get("problems") or []]
+    if doc.get("partial"):
+        lines.append(f'<p class="problem">{_esc(PARTIAL_LINE)}</p>')
+    return lines
+
+
 def render_tower_html(doc):
-    """Tower report doc (dict, see module docs) -> self-contained HTML5/XML str."""
+    """The tower document (dict, TOWER_FORMAT) -> one self-contained HTML5 page that is also XML (str);
+    every figure on it is the document's, formatted."""
     doc = doc if isinstance(doc, dict) else {}
     agents = [a for a in (doc.get("agents") or []) if isinstance(a, dict)]
     body = ([_overview_html(agents)] + [_section_html(a) for a in agents]
@@ -5764,6 +5990,7 @@ def render_tower_html(doc):
         f"<style>{_CSS}</style>\n</head>\n<body>",
         "<h1>Tower report</h1>",
         f'<p class="generated">Generated at {_esc(stamp)}</p>',
+        *_partial_html(doc),
         *body,
         "</body>\n</html>\n",
     ])

@@ -606,6 +606,10 @@ class Promotion(Tiered):
         self.assertIn("drift: payer DEMOTED to C0 (recent 0/20 passed, needs 11/20, certified 16/20)", err)
         self.assertEqual(self.index_rows()[-1]["tier"], "C0")
         self.assertIn("drift: DEMOTED to C0", self.factory("tower")[1])
+        payer = [a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "payer"][0]
+        self.assertEqual((payer["trust"]["demoted"], payer["trust"]["runs_at"], payer["trust"]["may_run"]), (True, "C0", True))
+        self.assertTrue(payer["trust"]["summary"].endswith("; runs at C0 (demoted)"), payer["trust"])
+        self.assertEqual((payer["drift"]["limit_passes"], payer["drift"]["recent_passes"]), (11, 0))
 
 
 class Approval(Tiered):
@@ -633,6 +637,39 @@ class Approval(Tiered):
         """The entries of registry/approvals.jsonl."""
         path = self.root / "registry" / "approvals.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def tower(self) -> dict:
+        """payer's entry in the tower document, the station exiting 0."""
+        code, out, err = self.factory("tower", "--json")
+        self.assertEqual(code, 0, err)
+        return [a for a in json.loads(out)["agents"] if a["agent"] == "payer"][0]
+
+    def agree(self, pending: int, uncertain: int, verdicts: dict) -> None:
+        """`pending` lists `pending` waiting calls and `uncertain` uncertain effects of payer, and the tower
+        counts the same, with the runs' verdicts as given (verdict -> runs)."""
+        out = self.factory("pending")[1]
+        self.assertEqual((out.count("\tpayer\t") - out.count("UNCERTAIN-EFFECT"), out.count("UNCERTAIN-EFFECT")),
+                         (pending, uncertain), out)
+        payer = self.tower()
+        self.assertEqual((payer["trust"]["pending"], payer["trust"]["uncertain_effect"]), (pending, uncertain))
+        self.assertEqual({k: payer["verdicts"][k] for k in verdicts}, verdicts)
+        self.assertEqual(payer["staged"], pending, "a call a human decided no longer waits")
+        self.assertIn(f"approvals: {pending} pending, {uncertain} uncertain-effect", self.factory("tower")[1])
+
+    def test_pending_and_the_tower_agree_before_and_after_an_approval(self):
+        verified = self.tower()["verdicts"]["verified"]
+        self.agree(1, 0, {"waiting-for-approval": 1, "verified": verified})
+        self.assertEqual(self.approve().returncode, 0)
+        self.agree(0, 0, {"waiting-for-approval": 0, "verified": verified + 1})
+        self.assertEqual(self.tower()["acted"], 1)
+
+    def test_pending_and_the_tower_agree_on_an_uncertain_effect_and_its_reconciling(self):
+        verified = self.tower()["verdicts"]["verified"]
+        self.kill_while_approving(self.root / "outbox" / "payer" / "refunds.jsonl", self.effect_started)
+        self.agree(0, 1, {"waiting-for-approval": 0, "uncertain-effect": 1, "verified": verified})
+        code, _, err = self.factory("reject", self.run_id, "--by", "bob", "--reason", "reconciled: no refund went out")
+        self.assertEqual(code, 0, err)
+        self.agree(0, 0, {"waiting-for-approval": 0, "uncertain-effect": 0, "routed-to-human": 1, "verified": verified})
 
     def test_pending_lists_it_and_approve_executes_it_once_in_another_process(self):
         code, out, _ = self.factory("pending")
@@ -781,7 +818,12 @@ class Approval(Tiered):
         self.assertEqual(code, 1, out)
         self.assertIn(f"{second.name.split('.')[0]} --call 1\tpayer", out)
         self.assertEqual(err.strip(), f"factory pending: registry/pending/{first.name}: empty; skipped")
-        self.assertEqual(self.factory("tower")[0], 0)
+        code, out, err = self.factory("tower", "--json")
+        self.assertEqual(code, 1, "a partial tower exits 1")
+        self.assertEqual(err.strip(), f"factory tower: registry/pending/{first.name}: empty; skipped")
+        payer = [a for a in json.loads(out)["agents"] if a["agent"] == "payer"][0]
+        self.assertEqual(payer["problems"], [f"registry/pending/{first.name}: empty; skipped"], "named under its agent")
+        self.assertEqual(payer["trust"]["pending"], 1, "the other call is still seen")
 
     def test_a_broken_approvals_log_blinds_neither_pending_nor_tower(self):
         self.assertEqual(self.approve().returncode, 0)
@@ -793,8 +835,9 @@ class Approval(Tiered):
         self.assertIn("state unknown", out)
         self.assertIn("registry/approvals.jsonl line 2: the hash chain is broken here", err)
         code, out, err = self.factory("tower")
-        self.assertEqual(code, 0, err)
+        self.assertEqual(code, 1, "a partial tower exits 1")
         self.assertIn("payer", out)
+        self.assertIn("partial: ", out)
         self.assertIn("approvals and rejections are not counted until it is restored", err)
         refused = self.approve()
         self.assertIn("registry/approvals.jsonl line 2: the hash chain is broken here", refused.stderr)
@@ -977,7 +1020,7 @@ class Killed(CertifiedTest):
         self.assertEqual([e.get("event") for e in events[1:]], ["model", "tool", "tool_result"])
         self.assertEqual(events[2]["ruling"], "HELD")
         self.assertEqual({p.split("/")[0] for p in self.written_since(before)}, {"traces"}, "the held draft was never written")
-        tower = json.loads(self.factory("tower", "--json")[1])["agents"][0]
+        tower = [a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "triager"][0]
         self.assertEqual((tower["runs"], tower["unfinished"]), (1, 1))
         self.assertIn("unfinished: 1 (started, never closed)", self.factory("tower")[1])
         self.assertEqual(len(list(factory.index_rows(self.fac))), 1, "index readers count closed rows as runs")
