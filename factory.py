@@ -5184,14 +5184,15 @@ def tower_document(fac: Factory) -> dict:
     watch = dict.fromkeys({e["run_id"] for e in calls.entries} | {run for run, _ in calls.decided or {}})
     tallies = tally_index(fac, problems, watch)
     fold_decisions(tallies, calls, watch, problems)
-    waiting = calls_by_agent(fac, calls, tallies)
+    waiting = calls_by_agent(fac, calls, problems)
     agents = []
     for name in sorted(set(tallies) | set(known_agents(fac)) | set(waiting)):
         tally = tallies.get(name) or new_tally(fac, name)
         trust, trouble = trust_of(fac, name, tally.drift)
-        trust.update(waiting.get(name, {"pending": 0, "uncertain_effect": 0, "problems": []}))
+        counts = waiting.get(name) or ParkedCounts()
+        trust.update(pending=counts.pending, uncertain_effect=counts.uncertain_effect)
         agents.append({"agent": name, "trust": trust, "gate_bar": gate_bar(fac, name), **tally.figures(),
-                       "problems": tally.problems + trouble + trust.pop("problems")})
+                       "problems": tally.problems + trouble + counts.problems})
     partial = bool(problems) or any(a["problems"] for a in agents)
     return {"format": TOWER_FORMAT, "generated_at": utc_now(), "partial": partial, "problems": problems, "agents": agents}
 
@@ -5235,27 +5236,35 @@ def uncertain_moves(calls: Parked, watch: dict) -> list[tuple[str, str, str]]:
     return moves
 
 
-def calls_by_agent(fac: Factory, calls: Parked, tallies: dict[str, Tally]) -> dict[str, dict]:
-    """agent -> {pending, uncertain_effect, problems}: the calls `pending` lists as waiting (pending, or
-    of unknown state while the approvals log cannot be read) and as uncertain-effect, and one line per
-    parked file that does not read, under the agent whose trace holds its run (else the first agent)."""
-    found: dict[str, dict] = {}
+@dataclass
+class ParkedCounts:
+    """One agent's parked calls as `pending` lists them, and its parked files that do not read."""
+    pending: int = 0                    # waiting: pending, or of unknown state while the log cannot be read
+    uncertain_effect: int = 0
+    problems: list = field(default_factory=list)
+
+
+def calls_by_agent(fac: Factory, calls: Parked, problems: list[str]) -> dict[str, ParkedCounts]:
+    """agent -> its ParkedCounts; a parked file that does not read is counted under the agent whose
+    trace folder holds its run, or in the tower's own `problems` when no trace names one."""
+    found: dict[str, ParkedCounts] = {}
     for entry in calls.entries:
         state = calls.states[entry["run_id"], entry["call"]]
-        counts = found.setdefault(entry["agent"], {"pending": 0, "uncertain_effect": 0, "problems": []})
-        counts["pending"] += state in ("pending", "unknown")
-        counts["uncertain_effect"] += state == "uncertain-effect"
+        counts = found.setdefault(entry["agent"], ParkedCounts())
+        counts.pending += state in ("pending", "unknown")
+        counts.uncertain_effect += state == "uncertain-effect"
     for run_id, line in calls.unread:
-        found.setdefault(run_agent(fac, run_id), {"pending": 0, "uncertain_effect": 0, "problems": []})["problems"].append(line)
+        agent = run_agent(fac, run_id)
+        (found.setdefault(agent, ParkedCounts()).problems if agent else problems).append(line)
     return found
 
 
-def run_agent(fac: Factory, run_id: str) -> str:
-    """The agent whose trace folder holds RUN_ID's trace; 'unknown agent' when none does."""
+def run_agent(fac: Factory, run_id: str) -> str | None:
+    """The agent whose trace folder holds RUN_ID's trace; None when none does."""
     try:
         return find_trace(fac, run_id).parent.name
     except Refusal:
-        return "unknown agent"
+        return None
 
 
 def tally_index(fac: Factory, problems: list[str], watch: dict) -> dict[str, Tally]:
@@ -5337,11 +5346,15 @@ def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
              "tier": cert.get("tier"), "signer": cert.get("signer"), "signed_at": cert.get("signed_at"),
              "refusal": next(iter(lines.values()), None), "revoked": lines.get("revocation"),
              "recalled": lines.get("recall"), "stale": lines.get("digest"), "demoted": drift.demoted}
+    trust["refused_by"] = [REFUSED_AS.get(guard, guard) for guard in lines]   # in the run station's order
     trust["may_run"] = trust["refusal"] is None
     trust["runs_at"] = ("C0" if drift.demoted else cert["tier"]) if trust["may_run"] else None
     trust["summary"] = trust_summary(trust)
     problems = [lines["certificate"]] if trust["certificate"] == "unreadable" else []
     return trust, problems
+
+
+REFUSED_AS = {"revocation": "revoked", "recall": "recalled", "digest": "stale"}   # a run guard -> its word
 
 
 def unverified_kind(claim: Claim, lines: dict) -> str:
@@ -5360,8 +5373,7 @@ def trust_summary(trust: dict) -> str:
         return {"none": "uncertified", "unreadable": "certificate unreadable"}.get(trust["certificate"], "certificate does not verify")
     signed = f"{trust['tier']} signed by {trust['signer']} at {trust['signed_at']}"
     if not trust["may_run"]:
-        marks = [mark for mark in ("revoked", "recalled", "stale") if trust[mark]]
-        return f"{signed}; may not run ({', '.join(marks)})"
+        return f"{signed}; may not run ({', '.join(trust['refused_by'])})"
     return f"{signed}; runs at C0 (demoted)" if trust["demoted"] else f"{signed}; may run"
 
 

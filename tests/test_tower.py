@@ -43,8 +43,8 @@ def drift(certified=None, recent=None, limit=None, demoted=False, state="no base
 def trust(summary="C1 signed by alice at 2026-11-22T10:00:00.000000Z; may run", **fields):
     """An agent's trust part in the tower document's shape (a verified C1 that may run, unless told)."""
     base = {"certificate": "verified", "tier": "C1", "signer": "alice", "signed_at": "2026-11-22T10:00:00.000000Z",
-            "refusal": None, "revoked": None, "recalled": None, "stale": None, "demoted": False,
-            "may_run": True, "runs_at": "C1", "summary": summary}
+            "refusal": None, "revoked": None, "recalled": None, "stale": None, "refused_by": [], "demoted": False,
+            "may_run": True, "runs_at": "C1", "summary": summary, "pending": 0, "uncertain_effect": 0}
     return {**base, **fields}
 
 
