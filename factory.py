@@ -2868,15 +2868,18 @@ EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (
     ("approval signature", approval_signed), ("approved arguments", approved_these_arguments))
 
 
-def check_guards(claim: Claim, guards: tuple) -> list[tuple[str, str | None]]:
+def check_guards(claim: Claim, guards: tuple, unread: set | None = None) -> list[tuple[str, str | None]]:
     """(guard name, refusal line or None) for each guard in order, up to and including the first that
-    refuses (the ones after it rely on it). A file the guard reads that is malformed refuses too."""
+    refuses (the ones after it rely on it). A file the guard reads that is malformed refuses too, and
+    the guard's name is added to `unread` when given (the tower tells a broken file from a refusal)."""
     results = []
     for name, check in guards:
         try:
             line = check(claim)
         except Refusal as refusal:
             line = str(refusal)
+            if unread is not None:
+                unread.add(name)
         results.append((name, line))
         if line:
             break
@@ -4699,7 +4702,7 @@ def cmd_tower(fac: Factory, args) -> int:
         print(f"wrote {args.html}")
     else:
         print_tower(doc)
-    for line in doc["problems"] + [line for agent in doc["agents"] for line in agent["problems"]]:
+    for line in dict.fromkeys(doc["problems"] + [line for agent in doc["agents"] for line in agent["problems"]]):
         print(f"factory tower: {line}", file=sys.stderr)
     return 1 if doc["partial"] else 0
 
@@ -5335,42 +5338,40 @@ def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
     certificate, each of the guards after the certificate's own asked on its own so that a revoked
     certificate is also seen to be stale; the drift watch; the calls parked for a human. A certificate
     that cannot be read is a problem too."""
-    claim = Claim(fac, name, "run")
-    results = check_guards(claim, CERTIFICATE_GUARDS)
+    claim, unread = Claim(fac, name, "run"), set()
+    results = check_guards(claim, CERTIFICATE_GUARDS, unread)
     verified = not results[-1][1]
     if verified:
-        results += [result for guard in RUN_GUARDS[len(CERTIFICATE_GUARDS):] for result in check_guards(claim, (guard,))]
+        results += [result for guard in RUN_GUARDS[len(CERTIFICATE_GUARDS):] for result in check_guards(claim, (guard,), unread)]
     lines = {guard: line for guard, line in results if line}
     cert = claim.cert if verified else {}
-    trust = {"certificate": "verified" if verified else unverified_kind(claim, lines),
+    trust = {"certificate": "verified" if verified else "unreadable" if unread else unverified_kind(claim, lines),
              "tier": cert.get("tier"), "signer": cert.get("signer"), "signed_at": cert.get("signed_at"),
              "refusal": next(iter(lines.values()), None), "revoked": lines.get("revocation"),
              "recalled": lines.get("recall"), "stale": lines.get("digest"), "demoted": drift.demoted}
-    trust["refused_by"] = [REFUSED_AS.get(guard, guard) for guard in lines]   # in the run station's order
+    trust["refused_by"] = [f"{guard}: unreadable" if guard in unread else REFUSED_AS.get(guard, guard)
+                           for guard in lines]   # in the run station's order
     trust["may_run"] = trust["refusal"] is None
     trust["runs_at"] = ("C0" if drift.demoted else cert["tier"]) if trust["may_run"] else None
     trust["summary"] = trust_summary(trust)
-    problems = [lines["certificate"]] if trust["certificate"] == "unreadable" else []
-    return trust, problems
+    return trust, [lines[guard] for guard in unread]
 
 
 REFUSED_AS = {"revocation": "revoked", "recall": "recalled", "digest": "stale"}   # a run guard -> its word
 
 
 def unverified_kind(claim: Claim, lines: dict) -> str:
-    """none (no certificate), unreadable (its file cannot be read) or unverified (it does not verify)."""
-    if "certificate" not in lines:
-        return "unverified"
-    try:
-        return "none" if claim.cert is None else "unverified"
-    except Refusal:
-        return "unreadable"
+    """none (there is no certificate) or unverified (it does not verify), for a certificate whose
+    guards read every file they needed."""
+    return "none" if "certificate" in lines and claim.cert is None else "unverified"
 
 
 def trust_summary(trust: dict) -> str:
     """One phrase for an agent's trust, the same in the tower's text and HTML."""
+    if trust["certificate"] == "unreadable":
+        return f"not checked ({', '.join(trust['refused_by'])})"
     if trust["certificate"] != "verified":
-        return {"none": "uncertified", "unreadable": "certificate unreadable"}.get(trust["certificate"], "certificate does not verify")
+        return "uncertified" if trust["certificate"] == "none" else "certificate does not verify"
     signed = f"{trust['tier']} signed by {trust['signer']} at {trust['signed_at']}"
     if not trust["may_run"]:
         return f"{signed}; may not run ({', '.join(trust['refused_by'])})"
@@ -5407,12 +5408,12 @@ def print_tower(doc: dict) -> None:
 def agent_lines(agent: dict) -> list[str]:
     """The lines under an agent's row: trust (and why it may not run), verdicts, drift, the gate's p,
     unfinished runs, problems."""
-    trust, gate_p = agent["trust"], agent["gate_p"]
-    lines = [f"trust: {trust['summary']}"] + [f"  {line}" for line in why_lines(trust)] + [calls_line(trust)]
+    trust, gate_p, bar = agent["trust"], agent["gate_p"], agent["gate_bar"]
+    lines = [f"trust: {trust['summary']}"] + [f"  {line}" for line in why_lines(agent)] + [calls_line(trust)]
     shown = " ".join(f"{k}:{v}" for k, v in agent["verdicts"].items() if v)
     lines += [f"verdicts {shown or '-'}", f"drift: {agent['drift']['state']}",
               f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
-              f"({gate_p['runs']} of {agent['runs']} runs with a gate p; bar {agent['gate_bar']})"]
+              f"({gate_p['runs']} of {agent['runs']} runs with a gate p; bar {'?' if bar is None else bar})"]
     if agent["unfinished"]:
         lines.append(f"unfinished: {agent['unfinished']} (started, never closed)")
     return lines + [f"problem: {line}" for line in agent["problems"]]
@@ -5423,12 +5424,15 @@ def calls_line(trust: dict) -> str:
     return f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect"
 
 
-def why_lines(trust: dict) -> list[str]:
-    """The run station's refusal lines behind an agent's trust, each once (none for an uncertified agent:
-    its phrase says it all)."""
+def why_lines(agent: dict) -> list[str]:
+    """The run station's refusal lines behind an agent's trust, each once, but for those its problems
+    show (none for an uncertified agent: its phrase says it all)."""
+    trust = agent.get("trust") if isinstance(agent.get("trust"), dict) else {}
     if trust.get("certificate") in ("none", None):
         return []
-    return [line for line in dict.fromkeys(trust.get(k) for k in ("refusal", "revoked", "recalled", "stale")) if line]
+    shown = set(agent.get("problems") or [])
+    return [line for line in dict.fromkeys(trust.get(k) for k in ("refusal", "revoked", "recalled", "stale"))
+            if line and line not in shown]
 
 
 def percent_text(rate: float | None) -> str:
@@ -5947,7 +5951,7 @@ def _summary_html(agent):
 
 def _trust_block_html(agent):
     """<p class="trust"> with the trust phrase, the refusal lines under it, and the agent's problems (str)."""
-    lines = why_lines(_part(agent, "trust"))
+    lines = why_lines(agent)
     why = "".join(f"<li>{_esc(line)}</li>" for line in lines)
     problems = "".join(f'\n<p class="problem">{_esc(f"problem: {line}")}</p>' for line in agent.get("problems") or [])
     trust = _part(agent, "trust")

@@ -566,6 +566,20 @@ class PartialTower(LineTest):
         evalsmith = next(a for a in doc["agents"] if a["agent"] == "evalsmith")
         self.assertEqual((evalsmith["runs"], len(evalsmith["problems"])), (0, 1))
 
+    def test_a_torn_log_line_is_named_and_the_runs_are_still_counted(self):
+        self.assertEqual(self.factory("recall", "evalsmith", "--reason", "leaked the sealed half")[0], 0)
+        log = self.root / "registry" / "recalls.jsonl"
+        log.write_text(log.read_text() + '{"agent": "tri\n')
+        doc, text = self.partial("registry/recalls.jsonl line 2: not valid json")
+        refused = self.factory("run", "triager", "hello")[2]
+        for agent in doc["agents"]:
+            self.assertEqual(agent["trust"]["certificate"], "unreadable", "a log it cannot read is no verdict on the certificate")
+            self.assertEqual(len(agent["problems"]), 1)
+            self.assertIn(agent["problems"][0], refused, "the line the run station refuses with")
+            self.assertTrue(agent["trust"]["summary"].startswith("not checked ("), agent["trust"]["summary"])
+        self.assertEqual(next(a for a in doc["agents"] if a["agent"] == "triager")["runs"], 2)
+        self.assertEqual(text.count("problem: registry/recalls.jsonl line 2"), 2, "under each agent it blinds")
+
     def test_an_index_that_cannot_be_read_at_all_still_shows_every_agents_trust(self):
         index = self.root / "traces" / "index.jsonl"
         index.write_bytes(b"\xef\xbb\xbf" + index.read_bytes())
