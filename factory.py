@@ -1217,6 +1217,44 @@ def agent_modules(dotted: str, names: list[str]) -> list[str]:
     return [f"{parts[1]}.py"] if len(parts) == 2 else [f"{name}.py" for name in names]
 
 
+# What an agent or tool module may not do, checked in its source before it is executed: each of these loads
+# or runs code by name, path or bytes, so the code that runs would not be the code the digest covers. Python
+# cannot be sandboxed and this list cannot be complete (a signer reviews the code itself); it names the
+# usual roads, so that none of them is taken by accident or passes unseen.
+LOADING_MODULES = ("importlib", "imp", "runpy", "pkgutil", "zipimport", "marshal", "pickle", "code", "codeop",
+                   "builtins", "ctypes")   # an import of any of these: they load code by name, path or bytes
+LOADING_NAMES = ("__import__", "exec", "eval", "compile", "__builtins__")   # a use of any of these names
+LOADING_ATTRIBUTES = ("__import__", "__builtins__", "__loader__", "__code__", "__globals__", "__subclasses__")
+IMPORT_STATE = ("modules", "path", "meta_path", "path_hooks", "path_importer_cache")   # sys.X: what imports find
+CODE_FILE = re.compile(r".*\.py[cow]?")   # a literal path to Python source or bytecode, handed to a call
+
+
+def code_loading(tree) -> list[tuple[int, str]]:
+    """(line, construct as written) of each place a module's syntax tree reaches for code the digest does
+    not cover: an import of LOADING_MODULES, a use of LOADING_NAMES or LOADING_ATTRIBUTES, sys's IMPORT_STATE,
+    a literal path to a Python file handed to a call (open('x.py')). Sorted by line; [] for none."""
+    import ast
+    found, sys_names = [], {"sys"} | {alias.asname or "sys" for node in ast.walk(tree) if isinstance(node, ast.Import)
+                                      for alias in node.names if alias.name == "sys"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {alias.name}") for alias in node.names
+                      if alias.name.split(".")[0] in LOADING_MODULES]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            top, names = node.module.split(".")[0], [alias.name for alias in node.names]
+            if top in LOADING_MODULES or (node.module == "sys" and set(names) & set(IMPORT_STATE)):
+                found.append((node.lineno, f"from {node.module} import {', '.join(names)}"))
+        elif isinstance(node, ast.Name) and node.id in LOADING_NAMES:
+            found.append((node.lineno, node.id))
+        elif isinstance(node, ast.Attribute) and (node.attr in LOADING_ATTRIBUTES or (
+                node.attr in IMPORT_STATE and isinstance(node.value, ast.Name) and node.value.id in sys_names)):
+            found.append((node.lineno, node.attr if node.attr in LOADING_ATTRIBUTES else f"sys.{node.attr}"))
+        elif isinstance(node, ast.Call):
+            found += [(node.lineno, repr(arg.value)) for arg in node.args
+                      if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and CODE_FILE.fullmatch(arg.value)]
+    return sorted(found)
+
+
 class Code:
     """The agent and tool modules of one factory for one station invocation. Each file under agents/ is
     read once through the Store, hashed, and executed from exactly those bytes (compile + exec into a
@@ -1289,6 +1327,11 @@ class Code:
     def execute(self, relative: str) -> types.ModuleType:
         """A fresh module made by executing the compiled source; Refusal naming the file (and line) when it raises."""
         path, imports = str(self.fac.agents / relative), self.imports(relative)
+        reaching = code_loading(self.tree(relative))
+        if reaching:
+            line, construct = reaching[0]
+            raise Refusal(f"agents/{relative} line {line}: {construct} loads code the digest does not cover, so the "
+                          f"line will not run this module; import an agent module as `from agents import NAME`")
         module = types.ModuleType("agents." + relative.removesuffix(".py").replace("/", "."))
         module.__file__ = path
         module.__builtins__ = {**vars(builtins), "__import__": self.importer(relative, imports)}
@@ -1311,6 +1354,7 @@ class Code:
         root that its source names (`imports`); every other import is Python's own."""
         def find(name, globals=None, locals=None, fromlist=(), level=0):
             if level == 0 and name.split(".")[0] != "agents":
+                self.outside_the_root(relative, name.split(".")[0])
                 return builtins.__import__(name, globals, locals, fromlist, level)
             try:
                 paths = agent_modules(name, list(fromlist or ())) if level == 0 else None
@@ -1322,6 +1366,18 @@ class Code:
             loaded = {path[:-3]: self.module(path) for path in paths}
             return loaded[name.split(".")[1]] if "." in name and fromlist else types.SimpleNamespace(**loaded)
         return find
+
+    def outside_the_root(self, relative: str, top: str) -> None:
+        """Refusal when agents/RELATIVE's `import TOP` would load a file inside the factory root or beside
+        factory.py (either may be on Python's path), code its digest does not cover; a module already
+        loaded (the standard library's, the product's own) is what it is."""
+        if top in sys.modules:
+            return
+        spec = importlib.util.find_spec(top)
+        origin = Path(spec.origin).resolve() if spec is not None and spec.has_location and spec.origin else None
+        if origin is not None and any(origin.is_relative_to(base) for base in (self.fac.root, Path(__file__).resolve().parent)):
+            raise Refusal(f"agents/{relative}: import {top} would load {self.fac.shown(origin)}, inside the factory root: "
+                          f"code the digest does not cover; move it to agents/ and import it as `from agents import {top}`")
 
 
 # ---- the agent: card, entrypoint module, tool modules, digest
