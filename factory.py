@@ -1141,12 +1141,18 @@ def card_problems(card: dict, name: str | None = None) -> list[str]:
     return problems
 
 
-def did_you_mean(word: str, candidates: list[str]) -> str:
-    """" (did you mean 'x'?)" for the candidate closest to word, ignoring case, or ""."""
+def closest(word: str, candidates: list[str]) -> str | None:
+    """The candidate closest to word, ignoring case (difflib's close matches), or None."""
     lowered = {candidate.lower(): candidate for candidate in candidates}
     import difflib
     near = difflib.get_close_matches(word.lower(), list(lowered), n=1)
-    return f" (did you mean '{lowered[near[0]]}'?)" if near else ""
+    return lowered[near[0]] if near else None
+
+
+def did_you_mean(word: str, candidates: list[str]) -> str:
+    """" (did you mean 'x'?)" for the candidate closest to word, ignoring case, or ""."""
+    near = closest(word, candidates)
+    return f" (did you mean '{near}'?)" if near else ""
 
 
 def refuse(where: str, problems: list[str]) -> None:
@@ -1468,13 +1474,20 @@ def toolbox_contracts(fac: Factory, relative: str) -> dict:
     return contracts
 
 
-def known_tools(fac: Factory) -> list[str]:
-    """Every tool the modules under agents/tools/ define (asked for only to suggest a near miss)."""
-    found = []
+def known_tools(fac: Factory) -> tuple[list[str], list[str]]:
+    """(every tool name written as a literal key of a tool module's CONTRACTS, the tool families there are
+    modules for), for suggesting a near miss. Read from the file names and the source, never executed:
+    a module no card names must not run because a card misspelled a tool."""
+    import ast
+    names, families = [], []
     for path in sorted((fac.agents / "tools").glob("*.py")):
+        families.append(path.stem)
         with contextlib.suppress(Refusal):
-            found += toolbox_contracts(fac, f"tools/{path.name}")
-    return found
+            for node in fac.code.tree(f"tools/{path.name}").body:
+                target = node.targets[-1] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+                if isinstance(target, ast.Name) and target.id == "CONTRACTS" and isinstance(node.value, ast.Dict):
+                    names += [key.value for key in node.value.keys if isinstance(key, ast.Constant) and isinstance(key.value, str)]
+    return names, families
 
 
 def tool_problems(fac: Factory, card: dict) -> list[str]:
@@ -1491,13 +1504,17 @@ def tool_problems(fac: Factory, card: dict) -> list[str]:
             broken.add(relative)
     missing = [(key, tool) for key, tools in named.items() for tool in tools
                if tool not in contracts and not set(tool_families([tool])) & broken]   # a broken module is named once
-    known = known_tools(fac) if missing else []
+    known = known_tools(fac) if missing else ([], [])
     return problems + [no_contract(key, tool, known) for key, tool in missing]
 
 
-def no_contract(key: str, tool: str, known: list[str]) -> str:
-    """The problem of a tool the card names in `key` that no tool module defines, with a near miss if any."""
-    hint = did_you_mean(tool, known) or " (a tool is named family:verb and defined in agents/tools/FAMILY.py)"
+def no_contract(key: str, tool: str, known: tuple[list[str], list[str]]) -> str:
+    """The problem of a tool the card names in `key` that no tool module defines, with a near miss if any:
+    a tool name (`known`: see known_tools), else a tool module whose file name is close to its family."""
+    names, families = known
+    family = closest(tool.split(":")[0], families)
+    hint = did_you_mean(tool, names) or (f" (did you mean a tool of agents/tools/{family}.py?)" if family else
+                                         " (a tool is named family:verb and defined in agents/tools/FAMILY.py)")
     return f"field '{key}': no contract for {tool!r}{hint}"
 
 

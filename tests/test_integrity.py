@@ -87,5 +87,29 @@ class CodeTheDigestCannotSee(LineTest):
         self.assertIn("helpers.py, inside the factory root", err)
         self.assertNotIn("helpers", sys.modules)
 
+class NearMissesReadNoCode(LineTest):
+    """`did you mean` is computed from the tool modules' file names and their literal CONTRACTS keys, read
+    as text: a module the card does not name is never executed to suggest a near miss."""
+
+    def test_a_planted_tool_module_does_not_run_to_suggest_a_near_miss(self):
+        ran = self.tmp / "zz-ran"
+        (self.root / "agents" / "tools" / "zz.py").write_text(
+            f"from pathlib import Path\nPath({str(ran)!r}).write_text('ran')\n"
+            "CONTRACTS = {'zz:zap': {'name': 'zz:zap'}}\n")
+        self.edit_card("triager", tools_denied=["Billing:Refund"])
+        self.refused("field 'tools_denied': no contract for 'Billing:Refund' (did you mean 'billing:refund'?)",
+                     "digest", "triager")
+        self.assertFalse(ran.exists(), "agents/tools/zz.py ran, and no card names it")
+        self.edit_card("triager", tools_denied=["zzz:zap"])
+        self.refused("no contract for 'zzz:zap' (did you mean 'zz:zap'?)", "digest", "triager")
+        self.assertFalse(ran.exists(), "agents/tools/zz.py ran, and no card names it")
+
+    def test_a_family_with_no_literal_contracts_is_suggested_by_its_file_name(self):
+        (self.root / "agents" / "tools" / "search.py").write_text(
+            "CONTRACTS = {name: {'name': name} for name in ('search:web',)}\n")
+        self.edit_card("triager", tools_denied=["serch:web"])
+        self.refused("no contract for 'serch:web' (did you mean a tool of agents/tools/search.py?)", "digest", "triager")
+
+
 if __name__ == "__main__":
     unittest.main()
