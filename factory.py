@@ -1155,6 +1155,12 @@ def did_you_mean(word: str, candidates: list[str]) -> str:
     return f" (did you mean '{near}'?)" if near else ""
 
 
+def refuse_if(problem: str | None) -> None:
+    """Refusal with the one line `problem`, when there is one."""
+    if problem:
+        raise Refusal(problem)
+
+
 def refuse(where: str, problems: list[str]) -> None:
     """Refusal naming every problem at once: one line for one, else the count and then one line each."""
     if len(problems) == 1:
@@ -1631,45 +1637,96 @@ def changed_components(old: dict, new: dict) -> list[str]:
 LINEAGE_SHAPE = Shape.of({"agent": str, "stamped_from": str})
 
 
-def parents(fac: Factory) -> dict:
-    """variant -> the agent it was stamped from, from the hash-chained lineage log (cards can be edited).
-    A variant's parent is fixed by its FIRST entry: a later entry naming another parent (one appended
-    line would otherwise move a variant out from under a recall) is ignored, with a note saying so."""
+def lineage_entries(fac: Factory) -> dict[str, tuple[str, int]]:
+    """variant -> (the agent it was stamped from, the line of that entry), from the hash-chained lineage log.
+    A variant's parent is fixed by its FIRST entry: a later entry naming another parent (one appended line
+    would otherwise move a variant out from under a recall) is ignored, with a note saying so."""
     found, chain = {}, fac.store.read_chain(fac.lineage, LINEAGE_SHAPE)
     for number, row in chain.entries:
-        first = found.setdefault(row["agent"], row["stamped_from"])
+        first, _ = found.setdefault(row["agent"], (row["stamped_from"], number))
         if first != row["stamped_from"]:
             note(fac, f"{chain.where} line {number} re-parents {row['agent']} to {row['stamped_from']}; ignored: "
                       f"a variant's parent is fixed by its first lineage entry ({first})")
     return found
 
 
-def ancestors(fac: Factory, name: str) -> list[str]:
-    """NAME's master, its master's master, ... (nearest first), from the lineage log."""
-    chain, parent_of = [], parents(fac)
-    while name in parent_of and parent_of[name] not in chain:
-        name = parent_of[name]
-        chain.append(name)
-    return chain
+def parents(fac: Factory) -> dict:
+    """variant -> the agent it was stamped from, by the lineage log's first entry for it (see lineage_entries)."""
+    return {name: parent for name, (parent, _) in lineage_entries(fac).items()}
 
 
-def descendants(fac: Factory, name: str) -> list[str]:
-    """Every variant stamped from NAME, transitively, parents before children."""
-    parent_of, found, queue = parents(fac), [], [name]
+def card_parents(fac: Factory) -> dict:
+    """variant -> the agent its own card says it was stamped from (`stamped_from`), for every card in masters/
+    that can be read: what a recall reaches besides the lineage log (a card that cannot be read cannot run)."""
+    found = {}
+    for path in sorted(fac.masters.glob("*.json")):
+        with contextlib.suppress(Refusal):
+            parent = fac.store.read_json(path).get("stamped_from")
+            if isinstance(parent, str) and NAME.fullmatch(path.stem):
+                found[path.stem] = parent
+    return found
+
+
+def lineage_problem(fac: Factory, name: str, card: dict) -> str | None:
+    """The refusal line when NAME's card and the lineage log disagree about its master, else None. The card's
+    own stamped_from must be the parent of the log's first entry for NAME; a card with neither is a master.
+    A card naming a parent the log has no entry for is a stamp that stopped half-way (or a card written by
+    hand), finished by stamping it again; any other disagreement is an edit a human must undo."""
+    said, first = card.get("stamped_from"), lineage_entries(fac).get(name)
+    where, log = fac.shown(fac.card_path(name)), fac.shown(fac.lineage)
+    if first is None:
+        return None if said is None else (
+            f"{where} says {name} was stamped from {said}, but {log} has no entry for it: a stamp that stopped half-way "
+            f"(or a card written by hand); finish it with: python3 factory.py stamp {said} --as {name}")
+    parent, line = first
+    if said == parent:
+        return None
+    card_says = f"stamped from {said}" if said is not None else "no stamped_from (a master, which is never re-derived)"
+    return (f"{where} and {log} disagree about {name}'s master: the card says {card_says}, the log's first entry for "
+            f"it (line {line}) says {parent}; one of them was edited: restore it from a copy")
+
+
+def ancestors(fac: Factory, name: str, maps: tuple[dict, ...] | None = None) -> list[str]:
+    """NAME's master, its master's master, ... (nearest first), from the lineage log, or from each of the
+    variant -> parent `maps` given (a name may then have a parent in each)."""
+    maps, found, todo = maps or (parents(fac),), [], [name]
+    for current in todo:
+        for parent_of in maps:
+            parent = parent_of.get(current)
+            if parent is not None and parent != name and parent not in found:
+                found.append(parent)
+                todo.append(parent)
+    return found
+
+
+def descendants(fac: Factory, name: str, maps: tuple[dict, ...] | None = None) -> list[str]:
+    """Every variant stamped from NAME, transitively, parents before children, from the lineage log, or
+    from each of the variant -> parent `maps` given."""
+    maps, found, queue = maps or (parents(fac),), [], [name]
     while queue:
         current = queue.pop(0)
-        children = sorted(child for child, parent in parent_of.items() if parent == current and child not in found)
+        children = sorted({child for parent_of in maps for child, parent in parent_of.items()
+                           if parent == current and child != name and child not in found})
         found += children
         queue += children
     return found
 
 
+def recall_reach(fac: Factory) -> tuple[dict, dict]:
+    """The variant -> parent maps a recall follows: the lineage log's and the cards' own stamped_from, so
+    neither an edited card nor a missing lineage entry takes a variant out of its master's recalls."""
+    return parents(fac), card_parents(fac)
+
+
 def restamped(fac: Factory, master: str) -> dict[str, dict]:
     """The variants of MASTER (transitively, parents first) whose card changes when re-derived as their
-    parent's current card plus their own overrides: name -> new card, each validated and loadable."""
+    parent's current card plus their own overrides: name -> new card, each validated and loadable. Every
+    card reached, by the lineage log or by its own stamped_from, must agree with the log (lineage_problem):
+    a master is never re-derived."""
     parent_of, latest, changed = parents(fac), {master: load_agent(fac, master)}, {}
-    for name in descendants(fac, master):
+    for name in descendants(fac, master, recall_reach(fac)):
         old = load_card(fac, name)
+        refuse_if(lineage_problem(fac, name, old))
         parent = latest[parent_of[name]]
         card = derive(parent.card, name, old.get("overrides", {}), parent.digest)
         latest[name] = agent_from_card(fac, card, fac.shown(fac.card_path(name)), card_problems(card))
@@ -2216,7 +2273,7 @@ RECALL_SHAPE = Shape.of({"agent": str, "reason": str, "at": str})
 
 def recalls_of(fac: Factory, name: str) -> list[dict]:
     """Recall entries that reach NAME: its own and its masters', oldest first (hash-chained log)."""
-    reach = {name, *ancestors(fac, name)}
+    reach = {name, *ancestors(fac, name, recall_reach(fac))}
     return [row for _, row in fac.store.read_chain(fac.recalls, RECALL_SHAPE).entries if row["agent"] in reach]
 
 
@@ -2787,6 +2844,12 @@ def unchanged(claim: Claim) -> str | None:
     return f"the ABOM changed since {claim.since} ({', '.join(changed)}). {claim.remedy}"
 
 
+def lineage_agrees(claim: Claim) -> str | None:
+    """The card's own stamped_from and the lineage log's first entry for NAME name the same master (a
+    master: neither does); see lineage_problem."""
+    return lineage_problem(claim.fac, claim.name, claim.card)
+
+
 def within_ceiling(claim: Claim) -> str | None:
     """The tier asked for is at most the card's tier_ceiling."""
     ceiling = claim.card["tier_ceiling"]
@@ -2927,8 +2990,9 @@ def approved_these_arguments(claim: Claim) -> str | None:
 # Each chain is (name, check) in order; a check returns None or the one refusal line.
 CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
                       ("signature", signature_verifies), ("agent", for_this_agent), ("logs", logs_unchanged))
-RUN_GUARDS = CERTIFICATE_GUARDS + (("revocation", not_revoked), ("recall", not_recalled), ("digest", unchanged))
-CERTIFY_GUARDS = (("tier ceiling", within_ceiling), ("sealed proof", has_sealed_proof), ("digest", unchanged),
+RUN_GUARDS = CERTIFICATE_GUARDS + (("revocation", not_revoked), ("recall", not_recalled), ("digest", unchanged),
+                                   ("lineage", lineage_agrees))
+CERTIFY_GUARDS = (("lineage", lineage_agrees), ("tier ceiling", within_ceiling), ("sealed proof", has_sealed_proof), ("digest", unchanged),
                   ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar), ("proof evidence", proof_verifies),
                   ("recall", not_recalled), ("production evidence", production_evidence))
 OPEN_GUARDS = (("open call", call_still_open),)
@@ -4230,25 +4294,50 @@ def cmd_stamp(fac: Factory, args) -> int:
         raise Usage(str(why)) from None
     master = load_agent(fac, args.master)
     path = fac.card_path(check_name(args.new))
-    if path.exists():
-        raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp")
     earlier = parents(fac).get(args.new)   # the lineage log fixes a name's parent for good, even once its card is gone
-    if earlier is not None:
+    if earlier is not None and earlier != args.master:
         raise Refusal(f"{args.new} was stamped from {earlier} before ({fac.shown(fac.lineage)}); "
                       f"a name keeps its first parent: pick a new name")
+    if path.exists():
+        return finish_stamp(fac, args.master, args.new, overrides, earlier)
     card = derive(master.card, args.new, overrides, master.digest)
     agent_from_card(fac, card, f"variant {args.new}", card_problems(card))
+    if earlier is None:   # the lineage entry first: a kill before the card leaves no variant the log does not know
+        fac.store.append_chained(fac.lineage, first_lineage_entry(args.new, args.master))
     try:
         fac.store.write_json(path, card, exclusive=True)
     except FileExistsError:
         raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp") from None
-    entry = {"agent": args.new, "stamped_from": args.master, "at": utc_now()}
-    try:
-        fac.store.append_chained(fac.lineage, lambda chain: entry)
-    except Refusal:
-        fac.store.discard(path)   # a variant the lineage log does not know would escape its master's recalls
-        raise
+    except StoreError as error:
+        raise StoreError(f"{error}; its lineage entry is written: run this stamp again to finish it") from None
     print(f"stamped {args.new} from {args.master}: {fac.shown(path)} overrides {json.dumps(overrides)}")
+    return 0
+
+
+def first_lineage_entry(name: str, master: str):
+    """make(chain) for append_chained: NAME's lineage entry, refused (under the log's lock) when the log
+    already has one for NAME (two stamps of one name at once: one is told)."""
+    def make(chain: Chain) -> dict:
+        if any(row.get("agent") == name for _, row in chain.entries):
+            raise Refusal(f"{name} was stamped a moment ago by another stamp ({chain.where}); pick a new name")
+        return {"agent": name, "stamped_from": master, "at": utc_now()}
+    return make
+
+
+def finish_stamp(fac: Factory, master: str, name: str, overrides: dict, earlier: str | None) -> int:
+    """`stamp MASTER --as NAME` when masters/NAME.json exists: a stamp stopped between its card and its lineage
+    entry (the card says MASTER, the log knows nothing of NAME) is finished by appending that entry, the card
+    kept as written; anything else is a name already taken."""
+    path = fac.card_path(name)
+    card, where = read_card(fac, name)
+    if earlier is not None or card.get("stamped_from") != master:
+        raise Refusal(f"{name} already exists ({where}); pick a new name or restamp")
+    if overrides and overrides != card.get("overrides"):
+        raise Refusal(f"{name} is a stamp from {master} that stopped half-way ({where} is written, its lineage entry "
+                      f"is not); finish it as it was written, with no --set: python3 factory.py stamp {master} --as {name}")
+    fac.store.append_chained(fac.lineage, first_lineage_entry(name, master))
+    print(f"finished the stamp of {name} from {master}: appended its lineage entry to {fac.shown(fac.lineage)} "
+          f"({fac.shown(path)} was written before the stamp stopped)")
     return 0
 
 
@@ -4299,6 +4388,7 @@ def cmd_prove(fac: Factory, args) -> int:
     why each case failed (sealed failures by case id only).
     """
     agent = load_agent(fac, args.agent)
+    refuse_if(lineage_problem(fac, agent.name, agent.card))   # the suite may be a master's: its lineage must hold
     half = "sealed" if args.sealed else "open"
     suite = suite_name(fac, agent, args.sealed)
     path = fac.suite_path(suite, args.sealed)
@@ -4860,7 +4950,7 @@ def cmd_recall(fac: Factory, args) -> int:
     finish and are gated.
     """
     load_card(fac, args.agent)
-    variants = descendants(fac, args.agent)   # read (and checked) before anything is written
+    variants = descendants(fac, args.agent, recall_reach(fac))   # read (and checked) before anything is written
     entry = {"agent": args.agent, "reason": args.reason, "at": utc_now(), "by": fac.env.get("USER", "unknown")}
     fac.store.append_chained(fac.recalls, lambda chain: entry)
     print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import unittest
 
 import factory
-from tests.support import LineTest
+from tests.support import REPO, LineTest
 
 
 class CodeTheDigestCannotSee(LineTest):
@@ -109,6 +111,112 @@ class NearMissesReadNoCode(LineTest):
             "CONTRACTS = {name: {'name': name} for name in ('search:web',)}\n")
         self.edit_card("triager", tools_denied=["serch:web"])
         self.refused("no contract for 'serch:web' (did you mean a tool of agents/tools/search.py?)", "digest", "triager")
+
+
+KILL_AT = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+target, argv = sys.argv[2], sys.argv[3:]
+real = {"write": os.write, "link": os.link, "replace": os.replace}
+def killed_at(name):
+    if str(name).endswith(target):
+        os.kill(os.getpid(), signal.SIGKILL)
+def write(fd, data):
+    killed_at(os.readlink(f"/proc/self/fd/{fd}"))
+    return real["write"](fd, data)
+def link(src, dst, **kw):
+    killed_at(dst)
+    return real["link"](src, dst, **kw)
+def replace(src, dst, **kw):
+    killed_at(dst)
+    return real["replace"](src, dst, **kw)
+os.write, os.link, os.replace = write, link, replace
+import factory
+sys.exit(factory.main(argv))
+"""
+
+
+def chained_line(path, entry: dict) -> str:
+    """entry as the next line of a hash-chained log: anyone can append one (no key is needed)."""
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    return json.dumps({**entry, "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}) + "\n"
+
+
+class Lineage(LineTest):
+    """A card's own stamped_from and the lineage log's first entry for it must agree: a master is never
+    re-derived, a disagreement is refused naming both, and a stamp is never left half-done."""
+
+    def prepare(self):
+        self.set_bar("triager", 0.0)
+        self.prove_sealed("triager")
+        self.sign("triager")
+
+    def forge_lineage(self, agent: str, parent: str) -> None:
+        """Append one well-formed lineage entry, as anyone who may write registry/ can."""
+        log = self.root / "registry" / "lineage.jsonl"
+        with log.open("a") as out:
+            out.write(chained_line(log, {"agent": agent, "stamped_from": parent, "at": factory.utc_now()}))
+
+    def kill_at(self, target: str, *argv: str) -> None:
+        """Run a station in a child process that is SIGKILLed at its first write to a file named TARGET."""
+        child = subprocess.run([sys.executable, "-c", KILL_AT, str(REPO), target, *argv], capture_output=True, text=True,
+                               env={**os.environ, **self.env}, timeout=60)
+        self.assertEqual(child.returncode, -signal.SIGKILL, child.stderr)
+
+    def test_one_forged_line_cannot_make_restamp_overwrite_a_master(self):
+        self.forge_lineage("triager", "evalsmith")
+        err = self.refused_writing_nothing("masters/triager.json", "restamp", "evalsmith")
+        self.assertIn("the log's first entry for it (line 1) says evalsmith", err)
+        self.assertIn("the card says no stamped_from (a master, which is never re-derived)", err)
+
+    def test_a_master_with_a_forged_parent_does_not_run_or_prove(self):
+        self.forge_lineage("triager", "evalsmith")
+        for argv in (("run", "triager", "hi"), ("prove", "triager"), ("certify", "triager", "--tier", "C1", "--by", "alice")):
+            with self.subTest(argv=argv):
+                self.refused_writing_nothing("masters/triager.json and registry/lineage.jsonl disagree", *argv)
+
+    def test_a_card_that_names_another_master_than_the_log_is_refused_naming_both(self):
+        self.assertEqual(self.factory("stamp", "triager", "--as", "v2")[0], 0)
+        self.edit_card("v2", stamped_from="evalsmith")
+        for argv in (("restamp", "triager"), ("restamp", "evalsmith"), ("prove", "v2")):
+            with self.subTest(argv=argv):
+                err = self.refused_writing_nothing("masters/v2.json and registry/lineage.jsonl disagree", *argv)
+                self.assertIn("the card says stamped from evalsmith", err)
+                self.assertIn("(line 1) says triager", err)
+
+    def test_a_stamp_killed_before_its_lineage_entry_leaves_no_variant(self):
+        self.kill_at("lineage.jsonl", "stamp", "triager", "--as", "v2", "--set", "evals.suite=triager")
+        self.assertFalse((self.root / "masters" / "v2.json").exists(), "a variant the lineage log does not know")
+
+    def test_a_stamp_killed_before_its_card_is_finished_by_stamping_again(self):
+        self.kill_at("v2.json", "stamp", "triager", "--as", "v2")
+        self.assertFalse((self.root / "masters" / "v2.json").exists())
+        self.assertIn('"agent":"v2"', (self.root / "registry" / "lineage.jsonl").read_text())
+        code, out, err = self.factory("stamp", "triager", "--as", "v2")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads((self.root / "masters" / "v2.json").read_text())["stamped_from"], "triager")
+        self.assertEqual(self.factory("prove", "v2")[0], 0)
+        self.refused_writing_nothing("v2 was stamped from triager before", "stamp", "evalsmith", "--as", "v2")
+
+    def test_a_card_with_no_lineage_entry_is_a_half_done_stamp(self):
+        # what a stamp killed between its card and its lineage entry left behind before the writes were ordered
+        self.assertEqual(self.factory("stamp", "triager", "--as", "v2")[0], 0)
+        (self.root / "registry" / "lineage.jsonl").unlink()
+        finish = "finish it with: python3 factory.py stamp triager --as v2"
+        for argv in (("prove", "v2", "--sealed"), ("certify", "v2", "--tier", "C1", "--by", "alice"), ("restamp", "triager")):
+            with self.subTest(argv=argv):
+                err = self.refused_writing_nothing("masters/v2.json says v2 was stamped from triager, but "
+                                                   "registry/lineage.jsonl has no entry for it", *argv)
+                self.assertIn(finish, err)
+        code, out, err = self.factory("recall", "triager", "--reason", "bad triage")
+        self.assertEqual(code, 0, err)
+        self.assertIn("['v2']", out, "a recall reaches every card stamped from the agent, lineage or not")
+        self.refused_writing_nothing("finish it as it was written, with no --set", "stamp", "triager", "--as", "v2",
+                                     "--set", "owner=x")
+        code, out, err = self.factory("stamp", "triager", "--as", "v2")
+        self.assertEqual(code, 0, err)
+        self.assertIn("finished the stamp of v2 from triager", out)
+        self.assertEqual(self.factory("prove", "v2")[0], 0)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,12 @@ class Guards(LineTest):
         cert = {k: v for k, v in {**self.cert(), **changes}.items() if k != "signature"}
         (self.root / CERT).write_text(json.dumps({**cert, "signature": "hmac-sha256:" + hmac_of(key, cert)}))
 
+    def forge_a_parent(self) -> None:
+        """Append a lineage entry saying the master triager was stamped from evalsmith (no key is needed)."""
+        lineage = self.root / "registry" / "lineage.jsonl"
+        with lineage.open("a") as out:
+            out.write(chained_line(lineage, {"agent": "triager", "stamped_from": "evalsmith", "at": factory.utc_now()}))
+
     def refused_by(self, chain: tuple, claim: factory.Claim, name: str, *argv: str) -> None:
         """The chain's results end at guard `name` with a refusal, and the station prints that line alone."""
         results = factory.check_guards(claim, chain)
@@ -113,6 +119,7 @@ class Guards(LineTest):
             "revocation": lambda: self.forge(revoked={"reason": "pulled by hand", "at": factory.utc_now()}),
             "recall": lambda: self.factory("recall", "triager", "--reason", "drafts promised refunds"),
             "digest": lambda: self.edit_card("triager", max_steps=7),
+            "lineage": self.forge_a_parent,
         }
         self.assertEqual(sorted(scenarios), sorted(name for name, _ in factory.RUN_GUARDS))
         for name, make in scenarios.items():
@@ -137,6 +144,7 @@ class Guards(LineTest):
             "pass bar": ("C1", under_the_bar),
             "recall": ("C1", lambda: self.factory("recall", "triager", "--reason", "drafts promised refunds")),
             "production evidence": ("C2", lambda: None),
+            "lineage": ("C1", self.forge_a_parent),
         }
         self.assertEqual(sorted(scenarios), sorted(name for name, _ in factory.CERTIFY_GUARDS))
         for name, (tier, make) in scenarios.items():
