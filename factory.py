@@ -856,8 +856,8 @@ class Store:
             raise
 
     def discard(self, path: Path) -> None:
-        """Remove a file this station wrote a moment ago, when the step that belongs with it failed (a
-        stamped card whose lineage entry could not be written): a station does all of it or none."""
+        """Remove a file this station wrote a moment ago, when the step that belongs with it failed (one of the
+        files `new` creates all or none): a station does all of it or none."""
         with self.machine(path, "remove"), self.folder(path) as folder:
             self.check_plain_file(folder, path.name, path)
             with contextlib.suppress(FileNotFoundError):
