@@ -3470,19 +3470,27 @@ VERDICTS = (  # in display order
 )
 
 
-def run_verdict(fac: Factory, status: str, gate: str, within: bool, handed_off: bool, committed: list,
-                settled: "Settled") -> str:
-    """The run's one verdict (a VERDICTS name), from separate evidence: status, the committed effects
-    read back (and the review-queue rows written), the gate, the agent's hand-off, approvals waiting."""
+def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertain: list[str], parked: int) -> str:
+    """The run's one verdict (a VERDICTS name), from separate evidence: status, what is uncertain about its
+    effects (see effect_problems), the gate, the agent's hand-off, acting calls parked for approval."""
     if status in ("crashed", "over-budget", "escalated"):   # the status is the verdict
         return status
-    if settled.lost or any(not o.ok for o in committed) or not all(read_back(fac, o.receipt) for o in committed):
+    if uncertain:
         return "uncertain-effect"
     if gate in ("unscored", "failed"):
         return "unscored"
     if gate != "pass" or not within or handed_off:
         return "routed-to-human"
-    return "waiting-for-approval" if settled.parked else "verified"
+    return "waiting-for-approval" if parked else "verified"
+
+
+def effect_problems(fac: Factory, committed: list, settled: "Settled") -> list[str]:
+    """One line per effect of the run that is uncertain, naming the call, the path and the cause: a committed
+    write that failed or is not where its receipt says, and a review-queue row that could not be written."""
+    problems = [f"{o.tool} write FAILED ({o.error})" for o in committed if not o.ok]
+    problems += [f"{o.tool} wrote no effect that reads back (receipt {json.dumps(o.receipt)})"
+                 for o in committed if o.ok and not read_back(fac, o.receipt)]
+    return problems + settled.lost
 
 
 def read_back(fac: Factory, receipt: dict | None) -> bool:
@@ -3494,9 +3502,10 @@ def read_back(fac: Factory, receipt: dict | None) -> bool:
         return False
 
 
-def routing_reasons(status: str, loop: Loop, gate: dict, handed_off: bool) -> list[str]:
-    """Why this run goes to a human (empty when it does not): run status, gate, the agent's own hand-off."""
-    reasons = []
+def routing_reasons(status: str, loop: Loop, gate: dict, handed_off: bool, uncertain: list[str]) -> list[str]:
+    """Why this run goes to a human (empty when it does not): what is uncertain about its effects, run status,
+    gate, the agent's own hand-off."""
+    reasons = list(uncertain)
     if status != "done":
         reasons.append(f"run {status}: {loop.reason}")
     elif gate["result"] != "pass":
@@ -3783,8 +3792,9 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
     trace.record({"event": "gate", **gate})
     handed_off = agent.hands_off(loop.output)
     settled = settle_held(fac, agent, cert, trace, loop.broker, tier, gate, handed_off)
-    verdict = run_verdict(fac, status, gate["result"], within, handed_off, loop.broker.committed, settled)
-    reasons = routing_reasons(status, loop, gate, handed_off)
+    uncertain = effect_problems(fac, loop.broker.committed, settled)
+    verdict = run_verdict(status, gate["result"], within, handed_off, uncertain, settled.parked)
+    reasons = routing_reasons(status, loop, gate, handed_off, uncertain)
     row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
            "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["result"], "p": gate["p"],
            "gate_line": gate["line"], "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
@@ -3809,7 +3819,7 @@ class Settled:
     acted: int = 0       # acting calls committed, ok
     parked: int = 0      # acting calls parked for a human's approval
     review: int = 0      # drafts put in the human's review queue
-    lost: int = 0        # review-queue rows that could not be written (a human reconciles)
+    lost: list = field(default_factory=list)   # one line per review-queue row that could not be written
     rows: list = field(default_factory=list)   # [tool, decision, problem] per held call, in order: see settled_phrase
 
 
@@ -3835,7 +3845,8 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
                                           "certificate": cert["signature"], "digest": agent.digest})
         elif decision == "review":
             event.update(to_review(fac, agent, trace.run_id, settlement, tags))
-            done.review, done.lost = done.review + ("path" in event), done.lost + ("error" in event)
+            done.review += "path" in event
+            done.lost += [f"{call.tool} could not be put in the review queue ({event['error']})"] if "error" in event else []
         trace.record(event)
         done.rows.append([call.tool, decision, event.get("ruling") or event.get("error")])
     return done
@@ -4721,7 +4732,8 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
                                                    "since such runs wait on nothing"),
          examples=('python3 factory.py run triager "my new card never arrived"',
                    "python3 factory.py run triager --file evals/triager/inbox.jsonl --json"),
-         exits=("every run completed, whether or not a human must see it", "refused, or a run crashed (see its trace)"),
+         exits=("every run completed, whether or not a human must see it",
+                "refused, a run crashed (see its trace), or a run's effect is uncertain (a write failed)"),
          env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR", "PATH", *MODEL_ENV))
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
@@ -4731,7 +4743,9 @@ def cmd_run(fac: Factory, args) -> int:
     The output gate (Sage) is asked about the input, the output and every held call, and each held
     call is settled by the tier, the gate's result and the agent's hand-off. Each run leaves a trace
     (traces/AGENT/RUN_ID.jsonl) and its index rows. A run the gate does not pass, or that the agent
-    hands off, is routed to a human, and the result says why.
+    hands off, is routed to a human, and the result says why. A run whose effect could not be written
+    or read back ends uncertain-effect: it is routed to a human, its output names the path and the
+    cause, and the station exits 1.
     """
     if (args.input is None) == (args.file is None):
         raise Usage("one input: TEXT or --file TICKETS.jsonl, not both and not neither")
@@ -4747,14 +4761,17 @@ def cmd_run(fac: Factory, args) -> int:
             print(json.dumps({"ticket": ticket_id, **row}, ensure_ascii=False))
         else:
             print_run(row) if args.file is None else print_ticket(ticket_id, row)
-    unfinished = run_tickets(fac, agent, cert, tickets, jobs, emit, clients)
-    refused = [row["why"][0] for row in unfinished if row["status"] == "refused"]
-    crashed = len(unfinished) - len(refused)
+    failed = run_tickets(fac, agent, cert, tickets, jobs, emit, clients)
+    refused = [row["why"][0] for row in failed if row["status"] == "refused"]
+    crashed = sum(row["status"] == "crashed" for row in failed)
+    uncertain = sum(row["verdict"] == "uncertain-effect" for row in failed)
     said = ([f"{len(refused)} of {len(tickets)} ticket(s) refused, each on its own line (the first: {refused[0]})"]
-            if refused else []) + ([f"{crashed} run(s) crashed; their traces keep the traceback"] if crashed else [])
+            if refused else []) + ([f"{crashed} run(s) crashed; their traces keep the traceback"] if crashed else []) \
+        + ([f"{uncertain} run(s) ended uncertain-effect: an effect was not written or not read back; a human "
+            f"reconciles it (each run's output says where)"] if uncertain else [])
     if said:
         print(f"factory run: {'; '.join(said)}", file=sys.stderr)
-    return 1 if unfinished else 0
+    return 1 if failed else 0
 
 
 
@@ -4766,17 +4783,18 @@ def waits_on_nothing(fac: Factory, agent: Agent, clients: Clients) -> bool:
 def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit, clients: Clients) -> list[dict]:
     """Run tickets `jobs` at a time with the station's `clients`, emitting results in input order
     (--jobs 1 is exactly sequential); a ticket whose text is a Refusal is not run but emitted as
-    refused in its place. Returns the rows of the runs that crashed and of the tickets refused.
+    refused in its place. Returns the rows of the runs that crashed or ended uncertain-effect, and of the
+    tickets refused.
 
     The drift watch is consulted before each ticket starts and fed as each result is emitted; the
     clients' one circuit breaker rests a backend for every ticket of the batch once it keeps
     answering 429/5xx."""
     drift, progress, inflight = Drift.of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
-    unfinished = []
+    failed = []
     def finish():
         ticket_id, future = inflight.popleft()
         row = future.result()
-        unfinished.extend([row] if row["status"] in ("crashed", "refused") else [])
+        failed.extend([row] if row["status"] in ("crashed", "refused") or row["verdict"] == "uncertain-effect" else [])
         drift.observe(row)
         progress.clear()
         emit(ticket_id, row)
@@ -4796,7 +4814,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
         while inflight:
             finish()
     progress.close()
-    return unfinished
+    return failed
 
 
 def refused_ticket(problem: Refusal) -> Future:

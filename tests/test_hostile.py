@@ -131,7 +131,7 @@ class Links:
         self.link_out("outbox/triager/")
         before = snapshot(self.outside)   # the effects of the prepared run, moved out with the folder
         code, out, err = self.factory("run", "triager", "I was charged twice for my card")
-        self.check((code, out, err), 0, None, before)
+        self.check((code, out, err), 1, "1 run(s) ended uncertain-effect", before)
         self.assertIn("verdict uncertain-effect", out)
         settled = [e for e in self.traces()[-1] if e.get("event") == "settled"]
         self.assertTrue(settled and all("StoreError" in (e.get("error") or e.get("ruling") or "") for e in settled), settled)
@@ -215,7 +215,7 @@ class MachineSaysNo:
         before = snapshot(self.root)
         rows = [(("run", "triager", "hi"), "traces"), (("run", "triager", "--file", str(tickets)), "traces"),
                 (("prove", "triager"), "records"), (("recall", "triager", "--reason", "drafts went wrong"), "registry"),
-                (("stamp", "triager", "--as", "triager-eu"), "masters/triager-eu.json")]
+                (("stamp", "triager", "--as", "triager-eu"), "registry/lineage.jsonl")]   # written before the card
         for argv, where in rows:
             with self.subTest(argv=argv):
                 self.refused_by_the_machine(self.child(*argv), "permission denied", where)

@@ -15,7 +15,8 @@ import sys
 import unittest
 
 import factory
-from tests.support import REPO, LineTest
+from tests.fake_sage import FakeSage
+from tests.support import REPO, CertifiedTest, LineTest
 
 
 class CodeTheDigestCannotSee(LineTest):
@@ -217,6 +218,49 @@ class Lineage(LineTest):
         self.assertEqual(code, 0, err)
         self.assertIn("finished the stamp of v2 from triager", out)
         self.assertEqual(self.factory("prove", "v2")[0], 0)
+
+
+class HonestEffects(CertifiedTest):
+    """A run whose effect could not be written (or read back) ends uncertain-effect: it is routed to a
+    human, its output names the path and the cause, and `run` exits 1, as for a crashed run."""
+
+    def run_with_a_passing_gate(self, *argv: str) -> tuple:
+        with FakeSage(yes_p=0.95) as gate:
+            self.env.update(SAGE_ENDPOINT=gate.url, SAGE_API_KEY="sage-key")
+            return self.factory("run", "triager", *argv)
+
+    def link_the_outbox_out(self) -> None:
+        """outbox/triager is a link to a folder outside the root: the Store refuses to write through it."""
+        (self.tmp / "elsewhere").mkdir()
+        (self.root / "outbox").mkdir(exist_ok=True)
+        os.symlink(self.tmp / "elsewhere", self.root / "outbox" / "triager")
+
+    def test_a_failed_write_is_routed_to_a_human_and_fails_the_run(self):
+        self.link_the_outbox_out()
+        code, out, err = self.run_with_a_passing_gate("How do I change my address?")
+        self.assertEqual(code, 1, out + err)
+        self.assertNotIn("passed: no human needed.", out)
+        self.assertIn("routed to a human: issues:label write FAILED (StoreError: outbox/triager: is a symbolic link", out)
+        self.assertIn("verdict uncertain-effect", out)
+        self.assertEqual(err.splitlines(), ["factory run: 1 run(s) ended uncertain-effect: an effect was not written or "
+                                            "not read back; a human reconciles it (each run's output says where)"])
+        row = self.index_rows()[-1]
+        self.assertEqual((row["verdict"], row["routed"]), ("uncertain-effect", True))
+        self.assertTrue(any("outbox/triager" in why for why in row["why"]), row["why"])
+        code, out, err = self.run_with_a_passing_gate("--json", "How do I change my address?")
+        self.assertEqual(code, 1, err)
+        shown = json.loads(out)
+        self.assertEqual((shown["verdict"], shown["routed"]), ("uncertain-effect", True))
+        self.assertIn("drafts:write write FAILED (StoreError: outbox/triager: is a symbolic link", "; ".join(shown["why"]))
+
+    def test_a_tickets_file_with_an_uncertain_effect_exits_1_and_says_which(self):
+        self.link_the_outbox_out()
+        tickets = self.tmp / "tickets.jsonl"
+        tickets.write_text(json.dumps({"id": "t-1", "input": "How do I change my address?"}) + "\n")
+        code, out, err = self.run_with_a_passing_gate("--file", str(tickets))
+        self.assertEqual(code, 1, err)
+        self.assertIn("verdict=uncertain-effect\t-> human: issues:label write FAILED", out)
+        self.assertIn("1 run(s) ended uncertain-effect", err)
 
 
 if __name__ == "__main__":

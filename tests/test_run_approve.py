@@ -341,7 +341,7 @@ class Verdicts(CertifiedTest):
     def test_uncertain_effect_when_a_write_fails(self):
         (self.root / "outbox").mkdir()
         (self.root / "outbox" / "triager").write_text("not a folder")
-        row = self.run_once(sage_p=0.95)
+        row = self.run_once(sage_p=0.95, exit=1)
         self.assertEqual(row["verdict"], "uncertain-effect")
 
     def test_escalated_over_budget_and_crashed(self):
