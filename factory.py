@@ -813,8 +813,19 @@ class Store:
 
     def open_log(self, path: Path) -> "Store.Log":
         """An append handle on a JSONL file that this process alone writes while it is open (a run's own
-        trace): each line is one whole O_APPEND write and no lock is taken."""
+        trace): each line is one whole O_APPEND write, and the file's exclusive lock is held from the first
+        line until close(), so another process can tell it is still being written (being_written)."""
         return Store.Log(self, path)
+
+    def being_written(self, path: Path) -> bool:
+        """True when a process holds the lock of the readable file at path: an open Log (a run still going,
+        never one killed: the lock goes with its process) or an append under way."""
+        with self.opened(path) as reader:
+            try:
+                fcntl.flock(reader.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+        return False
 
     class Log:
         """See Store.open_log; the file and its folder are made on the first line; close() is idempotent."""
@@ -828,6 +839,7 @@ class Store:
             with self.store.machine(self.path, "write"):
                 if self.handle is None:
                     self.handle = self.store.open_append(self.path)
+                    fcntl.flock(self.handle, fcntl.LOCK_EX)
                 self.store.append_locked(self.handle, line)
 
         def close(self) -> None:
@@ -3548,7 +3560,8 @@ class Trace:
     """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its rows in traces/index.jsonl, written in
     this order: the `started` index row, the header line, one event per line as it happens (a crash
     keeps every step before it; the gate, then the settled effects), the end event, and the `closed`
-    index row. A run killed anywhere in between is visibly unfinished: started, never closed. `read`
+    index row. A run killed anywhere in between is visibly unfinished: started, never closed; a run
+    still going holds its trace's lock until its closed row is written (Store.being_written). `read`
     gives a trace back, refusing a malformed one in this one place."""
 
     def __init__(self, fac: Factory, agent: str, run_id: str):
@@ -3586,9 +3599,9 @@ class Trace:
         """End the run: the end event (END_FIELDS of the row), then the `closed` row in the index (all
         but NOT_INDEXED)."""
         self.record({"event": "end", **{key: row[key] for key in END_FIELDS}})
-        self.release()
         closed = {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}}
         self.fac.store.append_jsonl(self.fac.index, sealed_evidence(self.fac, closed))   # counted as evidence
+        self.release()   # after the closed row: until then the run is still being written (harvest asks)
 
     @staticmethod
     def read(fac: Factory, run_id: str, agent: str | None = None) -> Recorded:
@@ -4900,10 +4913,12 @@ def flagged(row: dict) -> bool:
 def cmd_harvest(fac: Factory, args) -> int:
     """Turn an agent's flagged runs into proposed eval cases.
 
-    A run is flagged when the gate said no or unsure, a tool call was denied, or it did not finish.
-    The certified evalsmith agent turns each flagged run into one proposed case in
-    evals/AGENT/proposed.jsonl; promoting one into the suite is a human edit. A run already
-    harvested is not proposed again.
+    A run is flagged when the gate said no or unsure, a tool call was denied, or it did not finish
+    (also a run killed mid-way: started, never closed, read from its trace header; one still being
+    written is left for a later harvest). The certified evalsmith agent turns each flagged run into one
+    proposed case in evals/AGENT/proposed.jsonl; promoting one into the suite is a human edit. A run
+    already harvested is not proposed again, nor one whose proposal is already written (a harvest
+    killed before it recorded the run): that run is recorded as harvested.
     """
     load_card(fac, args.agent)
     try:
@@ -4911,45 +4926,115 @@ def cmd_harvest(fac: Factory, args) -> int:
     except Refusal as why:
         raise Refusal(f"evalsmith is not certified. the line only hires from the registry. ({why})") from None
     with fac.store.locked(fac.records / args.agent):   # two harvests at once never propose one run twice
-        proposed, reviewed, failed, todo = harvest_flagged(fac, args.agent, smith, smith_cert)
-    review = f"; {reviewed} held back for a human in {fac.shown(fac.root / 'outbox' / smith.name / 'review.jsonl')} " \
-             f"(evalsmith's gate did not pass them)" if reviewed else ""
-    print(f"harvested {len(todo)} flagged run(s) of {args.agent}; proposed {proposed} case(s) into "
-          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them){review}")
-    if failed:
-        print(f"factory harvest: the proposal for {len(failed)} run(s) could not be written (evalsmith run(s) "
-              f"{', '.join(failed)}: see their traces); they stay flagged for the next harvest", file=sys.stderr)
-    return 1 if failed else 0
+        done = harvest_flagged(fac, args.agent, smith, smith_cert)
+    review = f"; {done.reviewed} held back for a human in {fac.shown(fac.root / 'outbox' / smith.name / 'review.jsonl')} " \
+             f"(evalsmith's gate did not pass them)" if done.reviewed else ""
+    found = f"; {done.found} already proposed by a harvest that stopped half-way (now recorded as harvested)" \
+        if done.found else ""
+    running = f"; {done.running} unfinished run(s) still being written, left for a later harvest" if done.running else ""
+    print(f"harvested {done.flagged} flagged run(s) of {args.agent}; proposed {done.proposed} case(s) into "
+          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them){review}{found}{running}")
+    if done.failed:
+        print(f"factory harvest: the proposal for {len(done.failed)} run(s) could not be written (evalsmith run(s) "
+              f"{', '.join(done.failed)}: see their traces); they stay flagged for the next harvest", file=sys.stderr)
+    return 1 if done.failed else 0
 
 
-def harvest_flagged(fac: Factory, name: str, smith: Agent, smith_cert: dict) -> tuple[int, int, list[str], list[dict]]:
-    """Run evalsmith once per flagged run of NAME not harvested yet (the caller holds the harvest lock):
-    (cases proposed, proposals held back for a human's review, evalsmith run ids whose proposal could
-    not be written, the flagged rows). Each proposal's source_run is the flagged run's id (evalsmith's
+@dataclass
+class Harvested:
+    """What one harvest did with an agent's runs."""
+    flagged: int = 0      # flagged runs handed to evalsmith now
+    proposed: int = 0     # cases written to evals/AGENT/proposed.jsonl
+    reviewed: int = 0     # proposals held back in evalsmith's review queue for a human
+    found: int = 0        # runs already proposed by a harvest killed before recording them: recorded now
+    running: int = 0      # unfinished runs whose trace a process is still writing: left for a later harvest
+    failed: list = field(default_factory=list)   # evalsmith run ids whose proposal could not be written
+
+
+def harvest_flagged(fac: Factory, name: str, smith: Agent, smith_cert: dict) -> Harvested:
+    """Run evalsmith once per flagged run of NAME not harvested yet (the caller holds the harvest lock). A
+    run whose proposal is already written (a harvest killed before it recorded the run) is recorded as
+    harvested instead of proposed again. Each proposal's source_run is the flagged run's id (evalsmith's
     run is started on it as its ticket)."""
     log = fac.records / name / "harvested.jsonl"
     done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
-    todo = [row for row in index_rows(fac) if row["agent"] == name and flagged(row) and row["run_id"] not in done]
+    todo, result = harvest_candidates(fac, name, done)
+    written = proposed_before(fac, name, smith.name)
+    found, todo = [row for row in todo if row["run_id"] in written], [row for row in todo if row["run_id"] not in written]
     inputs = [flagged_input(fac, row) for row in todo]  # every trace read before anything is written
-    proposed, reviewed, failed, clients = 0, 0, [], Clients(fac.env)   # one gate client and breaker for the whole harvest
+    for row in found:
+        fac.store.append_jsonl(log, {"run_id": row["run_id"], "by_run": None, "status": "found proposed"})
+    result.found, result.flagged = len(found), len(todo)
+    clients = Clients(fac.env)   # one gate client and breaker for the whole harvest
     for row, given in zip(todo, inputs):
-        result = run_one(fac, smith, smith_cert, given, ticket_id=row["run_id"], clients=clients,
-                         effect_tags={"source_run": row["run_id"]})
-        settled = [(decision, ruling) for tool, decision, ruling in result["settled"] if tool == "evals:propose"]
+        ran = run_one(fac, smith, smith_cert, given, ticket_id=row["run_id"], clients=clients,
+                      effect_tags={"source_run": row["run_id"]})
+        settled = [(decision, ruling) for tool, decision, ruling in ran["settled"] if tool == "evals:propose"]
         made, held_back = settled.count(("commit", "ok")), settled.count(("review", None))
-        proposed, reviewed = proposed + made, reviewed + held_back
+        result.proposed, result.reviewed = result.proposed + made, result.reviewed + held_back
         if made or held_back:   # a run whose proposal was lost stays flagged for the next harvest
-            fac.store.append_jsonl(log, {"run_id": row["run_id"], "by_run": result["run_id"], "status": result["status"]})
+            fac.store.append_jsonl(log, {"run_id": row["run_id"], "by_run": ran["run_id"], "status": ran["status"]})
         elif any(decision in ("commit", "review") for decision, _ in settled):
-            failed.append(result["run_id"])   # it was to be written, and could not be
-    return proposed, reviewed, failed, todo
+            result.failed.append(ran["run_id"])   # it was to be written, and could not be
+    return result
+
+
+def harvest_candidates(fac: Factory, name: str, done: set) -> tuple[list[dict], Harvested]:
+    """(NAME's runs to harvest, in index order, none of them in `done`; a Harvested counting the unfinished
+    runs left for later). A run to harvest is a flagged closed run, or an unfinished one (started, never
+    closed) whose trace no process is writing any more: killed mid-way (one still being written is
+    counted and left; one killed before its trace began has no input to propose from, and is left too)."""
+    entries = [row for row in index_entries(fac) if row["agent"] == name and row["run_id"] not in done]
+    closed, todo, result = {row["run_id"] for row in entries if row.get("state") != "started"}, [], Harvested()
+    for row in entries:
+        if row.get("state") != "started":
+            todo += [row] if flagged(row) else []
+        elif row["run_id"] not in closed and trace_header(fac, name, row["run_id"]) is not None:
+            if fac.store.being_written(fac.trace_path(name, row["run_id"])):
+                result.running += 1
+            else:
+                todo.append({**row, "status": "unfinished", "gate": "not-run", "p": None, "denied": [],
+                             "why": ["did not finish: started, never closed (killed mid-way)"]})
+    return todo, result
+
+
+def proposed_before(fac: Factory, name: str, smith: str) -> set[str]:
+    """The run ids of NAME whose proposal is already written: named by a row of evals/NAME/proposed.jsonl
+    (its source_run, or its case id harvest-RUN), or by a case for NAME held in evalsmith's review queue."""
+    found, proposals, review = set(), fac.evals / name / "proposed.jsonl", fac.root / "outbox" / smith / "review.jsonl"
+    for _, row in fac.store.read_jsonl(proposals) if fac.store.exists(proposals) else ():
+        found |= {row.get("source_run"), *harvest_run_of(row.get("id"))}
+    for _, row in fac.store.read_jsonl(review) if fac.store.exists(review) else ():
+        args = row.get("args") if isinstance(row.get("args"), dict) else {}
+        if row.get("tool") == "evals:propose" and args.get("agent") == name and isinstance(args.get("case"), dict):
+            found.update(harvest_run_of(args["case"].get("id")))
+    return found - {None}
+
+
+def trace_header(fac: Factory, agent: str, run_id: str) -> dict | None:
+    """The first line of a run's trace (its header), read alone; None when there is no trace or it is still
+    empty (a run killed, or caught, before its header was written)."""
+    path = fac.trace_path(agent, run_id)
+    if not fac.store.exists(path):
+        return None
+    return next((row for _, row in fac.store.read_jsonl(path)), None)
+
+
+def harvest_run_of(case_id) -> list[str]:
+    """[RUN] for a harvested case's id `harvest-RUN`, else []."""
+    return [case_id.removeprefix("harvest-")] if isinstance(case_id, str) and case_id.startswith("harvest-") else []
 
 
 def flagged_input(fac: Factory, row: dict) -> dict:
-    """What evalsmith sees of one flagged run: its input (from the trace header), output, gate and denials."""
-    recorded = Trace.read(fac, row["run_id"], row["agent"])
-    return {"run_id": row["run_id"], "agent": row["agent"], "input": recorded.header.get("input"),
-            "output": recorded.end.get("output") if recorded.end else None,
+    """What evalsmith sees of one flagged run: its input (from the trace header), output (none for an
+    unfinished run, whose header is all that is read: a killed run may have left its last line torn),
+    gate and denials."""
+    if row.get("state") == "started":
+        header, output = trace_header(fac, row["agent"], row["run_id"]), None
+    else:
+        recorded = Trace.read(fac, row["run_id"], row["agent"])
+        header, output = recorded.header, recorded.end.get("output") if recorded.end else None
+    return {"run_id": row["run_id"], "agent": row["agent"], "input": header.get("input"), "output": output,
             "gate": {"verdict": row.get("gate"), "p": row.get("p")},
             "denials": row.get("denied", []), "why": "; ".join(row.get("why", []))}
 

@@ -465,7 +465,7 @@ class Harvests(LineTest):
         sage = FakeSage(yes_p=0.95).start()   # evalsmith's gate passes: its proposals are committed
         self.addCleanup(sage.close)
         self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY=SAGE_KEY)
-        outside = self.tmp / "outside.jsonl"
+        outside = self.root / "stray.jsonl"   # inside the root, so harvest may read through it (never write)
         outside.write_text("")
         os.symlink(outside, self.root / "evals" / "triager" / "proposed.jsonl")
         code, out, err = self.factory("harvest", "triager")

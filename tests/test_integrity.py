@@ -7,6 +7,7 @@ Each test names the attack it repeats; every one of them passed on the code befo
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import unittest
 
 import factory
 from tests.fake_sage import FakeSage
-from tests.support import REPO, CertifiedTest, LineTest
+from tests.support import INJECTION, REPO, CertifiedTest, LineTest
 
 
 class CodeTheDigestCannotSee(LineTest):
@@ -158,12 +159,6 @@ class Lineage(LineTest):
         with log.open("a") as out:
             out.write(chained_line(log, {"agent": agent, "stamped_from": parent, "at": factory.utc_now()}))
 
-    def kill_at(self, target: str, *argv: str) -> None:
-        """Run a station in a child process that is SIGKILLed at its first write to a file named TARGET."""
-        child = subprocess.run([sys.executable, "-c", KILL_AT, str(REPO), target, *argv], capture_output=True, text=True,
-                               env={**os.environ, **self.env}, timeout=60)
-        self.assertEqual(child.returncode, -signal.SIGKILL, child.stderr)
-
     def test_one_forged_line_cannot_make_restamp_overwrite_a_master(self):
         self.forge_lineage("triager", "evalsmith")
         err = self.refused_writing_nothing("masters/triager.json", "restamp", "evalsmith")
@@ -186,11 +181,11 @@ class Lineage(LineTest):
                 self.assertIn("(line 1) says triager", err)
 
     def test_a_stamp_killed_before_its_lineage_entry_leaves_no_variant(self):
-        self.kill_at("lineage.jsonl", "stamp", "triager", "--as", "v2", "--set", "evals.suite=triager")
+        kill_at(self, "lineage.jsonl", "stamp", "triager", "--as", "v2", "--set", "evals.suite=triager")
         self.assertFalse((self.root / "masters" / "v2.json").exists(), "a variant the lineage log does not know")
 
     def test_a_stamp_killed_before_its_card_is_finished_by_stamping_again(self):
-        self.kill_at("v2.json", "stamp", "triager", "--as", "v2")
+        kill_at(self, "v2.json", "stamp", "triager", "--as", "v2")
         self.assertFalse((self.root / "masters" / "v2.json").exists())
         self.assertIn('"agent":"v2"', (self.root / "registry" / "lineage.jsonl").read_text())
         code, out, err = self.factory("stamp", "triager", "--as", "v2")
@@ -261,6 +256,73 @@ class HonestEffects(CertifiedTest):
         self.assertEqual(code, 1, err)
         self.assertIn("verdict=uncertain-effect\t-> human: issues:label write FAILED", out)
         self.assertIn("1 run(s) ended uncertain-effect", err)
+
+
+def kill_at(test: LineTest, target: str, *argv: str) -> None:
+    """Run a station in a child process that is SIGKILLed at its first write to a file named TARGET."""
+    child = subprocess.run([sys.executable, "-c", KILL_AT, str(REPO), target, *argv], capture_output=True, text=True,
+                           env={**os.environ, **test.env}, timeout=120)
+    test.assertEqual(child.returncode, -signal.SIGKILL, child.stderr)
+
+
+class HalfDoneHarvests(LineTest):
+    """A harvest killed between a proposal and its harvested.jsonl line does not propose that run again;
+    a run killed mid-way (started, never closed) is harvested too, once, from its trace header, and a run
+    still going is left for a later harvest."""
+
+    def prepare(self):
+        for name in ("triager", "evalsmith"):
+            self.set_bar(name, 0.0)
+            self.prove_sealed(name)
+            self.sign(name)
+
+    def setUp(self):
+        super().setUp()
+        sage = FakeSage(yes_p=0.95).start()   # evalsmith's gate passes: its proposals are committed
+        self.addCleanup(sage.close)
+        self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY="sage-key")
+
+    def proposed(self) -> list[dict]:
+        path = self.root / "evals" / "triager" / "proposed.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def test_a_harvest_killed_after_its_proposal_does_not_propose_the_run_again(self):
+        self.runs_ok("triager", INJECTION)   # flagged: a tool was denied
+        kill_at(self, "harvested.jsonl", "harvest", "triager")
+        self.assertEqual(len(self.proposed()), 1)
+        code, out, err = self.factory("harvest", "triager")
+        self.assertEqual(code, 0, err)
+        self.assertIn("proposed 0 case(s)", out)
+        self.assertIn("1 already proposed by a harvest that stopped half-way (now recorded as harvested)", out)
+        self.assertEqual(len(self.proposed()), 1, "the run was proposed twice")
+        self.assertIn("harvested 0 flagged run(s)", self.factory("harvest", "triager")[1])
+
+    def test_a_run_killed_mid_way_is_harvested_once_from_its_trace_header(self):
+        text = "I was charged twice for my card, please look"
+        del self.env["SAGE_API_KEY"]          # the run's drafts go to the review queue: killed there
+        kill_at(self, "review.jsonl", "run", "triager", text)
+        self.env["SAGE_API_KEY"] = "sage-key"
+        started = [row for row in self.index_lines() if row.get("state") == "started"]
+        self.assertEqual((len(started), self.index_rows()), (1, []), "the run is unfinished")
+        code, out, err = self.factory("harvest", "triager")
+        self.assertEqual(code, 0, err)
+        self.assertIn("harvested 1 flagged run(s) of triager; proposed 1 case(s)", out)
+        self.assertEqual([(case["input"], case["source_run"]) for case in self.proposed()], [(text, started[0]["run_id"])])
+        self.assertIn("harvested 0 flagged run(s)", self.factory("harvest", "triager")[1])
+        self.assertEqual(len(self.proposed()), 1)
+
+    def test_a_run_still_going_is_left_for_a_later_harvest(self):
+        del self.env["SAGE_API_KEY"]
+        kill_at(self, "review.jsonl", "run", "triager", "I was charged twice for my card, please look")
+        self.env["SAGE_API_KEY"] = "sage-key"
+        run_id = [row for row in self.index_lines() if row.get("state") == "started"][0]["run_id"]
+        with (self.root / "traces" / "triager" / f"{run_id}.jsonl").open("a") as trace:
+            fcntl.flock(trace, fcntl.LOCK_EX)   # as the run's own process holds it while the run goes on
+            code, out, err = self.factory("harvest", "triager")
+        self.assertEqual(code, 0, err)
+        self.assertIn("harvested 0 flagged run(s)", out)
+        self.assertIn("1 unfinished run(s) still being written, left for a later harvest", out)
+        self.assertIn("proposed 1 case(s)", self.factory("harvest", "triager")[1])
 
 
 if __name__ == "__main__":
