@@ -637,7 +637,9 @@ class Store:
             real = os.path.realpath(os.path.join(self.fac.root, relative))
             if not real.startswith(f"{self.fac.root}{os.sep}"):
                 return None
-            with open(real, "rb") as lines:
+            with os.fdopen(os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as lines:
+                if not stat.S_ISREG(os.fstat(lines.fileno()).st_mode):   # a FIFO put there since: never waited on
+                    return None
                 lines.seek(offset)
                 value = json.loads(lines.readline())
         except (TypeError, OSError, ValueError):
@@ -701,14 +703,24 @@ class Store:
 
     def check_plain_file(self, folder: int, name: str, where: Path) -> int | None:
         """The permission bits of the regular file `name` in folder, None when there is none; StoreError
-        when a link, FIFO, folder or device is there (nothing is ever written through one)."""
+        when a link, FIFO, folder or device is there, or a file with another hard link (see one_name):
+        nothing is ever written through one."""
         try:
             found = os.stat(name, dir_fd=folder, follow_symlinks=False)
         except FileNotFoundError:
             return None
         if not stat.S_ISREG(found.st_mode):
             raise self.not_plain(folder, name, where, "file")
+        self.one_name(found, where)
         return found.st_mode & 0o777
+
+    def one_name(self, found: os.stat_result, where: Path) -> None:
+        """StoreError when the file has more than one hard link: another name for the same bytes, perhaps
+        outside the root, that a write here would change (or, replaced, silently part from)."""
+        if found.st_nlink > 1:
+            raise StoreError(f"{self.fac.shown(where)}: has {found.st_nlink} hard links (other names for the same "
+                             f"file, perhaps outside the root); the factory never writes through one: copy it to a "
+                             f"file of its own (cp, then mv over it)")
 
     # ---- writes
 
@@ -788,9 +800,14 @@ class Store:
             self.check_plain_file(folder, path.name, path)
             handle = os.open(path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                              | os.O_CLOEXEC, 0o644, dir_fd=folder)
-            if not stat.S_ISREG(os.fstat(handle).st_mode):
+            try:
+                opened = os.fstat(handle)   # what was opened, whatever was there a moment before
+                if not stat.S_ISREG(opened.st_mode):
+                    raise self.not_plain(folder, path.name, path, "file")
+                self.one_name(opened, path)
+            except StoreError:
                 os.close(handle)
-                raise self.not_plain(folder, path.name, path, "file")
+                raise
         return handle
 
     @staticmethod
@@ -923,7 +940,12 @@ class Store:
         """The text of a key file, stripped; Refusal naming the file when it cannot be read as text, or
         when it or its folder is open to other users (see check_private)."""
         try:
-            text = path.read_bytes().decode("ascii").strip()
+            handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # a FIFO is never waited on
+            with os.fdopen(handle, "rb") as reader:
+                if not stat.S_ISREG(os.fstat(reader.fileno()).st_mode):
+                    raise Refusal(f"{path}: not a regular file; a key is one, so remove it and restore the key "
+                                  f"(or certify with a new key)")
+                text = reader.read(1 << 12).decode("ascii").strip()
         except (OSError, UnicodeDecodeError) as error:
             raise Refusal(f"{path}: not a readable signing key ({type(error).__name__}); restore it or certify with a new key") from None
         self.check_private(path)

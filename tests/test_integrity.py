@@ -17,7 +17,7 @@ import unittest
 
 import factory
 from tests.fake_sage import FakeSage
-from tests.support import INJECTION, REPO, CertifiedTest, LineTest
+from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest
 
 
 class CodeTheDigestCannotSee(LineTest):
@@ -323,6 +323,53 @@ class HalfDoneHarvests(LineTest):
         self.assertIn("harvested 0 flagged run(s)", out)
         self.assertIn("1 unfinished run(s) still being written, left for a later harvest", out)
         self.assertIn("proposed 1 case(s)", self.factory("harvest", "triager")[1])
+
+
+class FilesTheStoreWillNotTouch(CertifiedTest):
+    """A FIFO where the Store reads (a key file) is refused at once, never waited on; a file with another
+    hard link is never appended to or rewritten (the other name may be outside the root)."""
+
+    def station(self, *argv: str) -> subprocess.CompletedProcess:
+        """A station in a child process, bounded: a station that blocks on a FIFO fails the test, never hangs it."""
+        return subprocess.run([*CLI, *argv], capture_output=True, text=True, env={**os.environ, **self.env},
+                              cwd=str(REPO), timeout=30)
+
+    def test_a_fifo_at_a_key_path_is_refused_not_waited_on(self):
+        for key, argv in (("_evidence.key", ("prove", "triager")), ("alice.key", ("run", "triager", "hi"))):
+            with self.subTest(key=key):
+                self.setUp()
+                keys = self.tmp / "keys"
+                (keys / key).unlink()
+                os.mkfifo(keys / key, 0o600)
+                try:
+                    done = self.station(*argv)
+                except subprocess.TimeoutExpired:
+                    self.fail(f"{argv[0]} waited on the FIFO at {key}")
+                self.assertEqual(done.returncode, 1, done.stdout[-300:] + done.stderr)
+                self.assertEqual(len(done.stderr.splitlines()), 1, done.stderr)
+                self.assertIn(f"{keys / key}: not a regular file", done.stderr)
+
+    def test_a_hard_link_is_never_written_through(self):
+        rows = [("traces/index.jsonl", ("run", "triager", "hi")),
+                ("registry/recalls.jsonl", ("recall", "triager", "--reason", "bad triage")),
+                ("masters/v2.json", ("restamp", "triager"))]
+        for relative, argv in rows:
+            with self.subTest(path=relative):
+                self.setUp()
+                target, outside = self.root / relative, self.tmp / "outside"
+                if relative == "masters/v2.json":   # restamp rewrites v2's card when its master changed
+                    self.assertEqual(self.factory("stamp", "triager", "--as", "v2")[0], 0)
+                    self.edit_card("triager", owner="a new lead")
+                    target.rename(outside)
+                else:
+                    outside.write_bytes(target.read_bytes() if target.exists() else b"")
+                    target.unlink(missing_ok=True)
+                before = outside.read_bytes()
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(outside, target)
+                err = self.refused(f"{target.relative_to(self.root)}: has 2 hard links", *argv)
+                self.assertIn("never writes through one", err)
+                self.assertEqual(outside.read_bytes(), before, "written through the hard link")
 
 
 if __name__ == "__main__":
