@@ -1752,13 +1752,17 @@ def recall_reach(fac: Factory) -> tuple[dict, dict]:
     return parents(fac), card_parents(fac)
 
 
-def restamped(fac: Factory, master: str) -> dict[str, dict]:
-    """The variants of MASTER (transitively, parents first) whose card changes when re-derived as their
-    parent's current card plus their own overrides: name -> new card, each validated and loadable. Every
-    card reached, by the lineage log or by its own stamped_from, must agree with the log (lineage_problem):
-    a master is never re-derived."""
-    parent_of, latest, changed = parents(fac), {master: load_agent(fac, master)}, {}
+def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
+    """(the variants of MASTER, transitively, parents first, whose card changes when re-derived as their
+    parent's current card plus their own overrides: name -> new card, each validated and loadable; the
+    variants skipped: those the lineage log knows that have no card, and their own variants). Every card
+    reached, by the lineage log or by its own stamped_from, must agree with the log (lineage_problem): a
+    master is never re-derived."""
+    parent_of, latest, changed, skipped = parents(fac), {master: load_agent(fac, master)}, {}, []
     for name in descendants(fac, master, recall_reach(fac)):
+        if parent_of.get(name) in skipped or not fac.store.exists(fac.card_path(name)):
+            skipped.append(name)   # a retired variant, or a stamp stopped before its card: nothing to re-derive
+            continue
         old = load_card(fac, name)
         refuse_if(lineage_problem(fac, name, old))
         parent = latest[parent_of[name]]
@@ -1766,7 +1770,7 @@ def restamped(fac: Factory, master: str) -> dict[str, dict]:
         latest[name] = agent_from_card(fac, card, fac.shown(fac.card_path(name)), card_problems(card))
         if card != old:
             changed[name] = card
-    return changed
+    return changed, skipped
 
 
 def suite_name(fac: Factory, agent: Agent, sealed: bool) -> str:
@@ -4398,13 +4402,16 @@ def cmd_restamp(fac: Factory, args) -> int:
     whose card changes has its certificate revoked (kept on disk, marked revoked with the reason):
     re-prove and re-certify it before it runs again.
     """
-    changed = restamped(fac, args.master)
+    changed, skipped = restamped(fac, args.master)
     # revoke before the cards change: a kill in between leaves them revoked, never runnable on an old signature
     revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]
     for name, card in changed.items():
         fac.store.write_json(fac.card_path(name), card)
     print(f"restamped {len(changed)} variant(s) from {args.master}: {list(changed)}")
     print(f"revoked {len(revoked)} certificate(s): {revoked}")
+    if skipped:
+        print(f"skipped {len(skipped)} variant(s) the lineage log knows but that have no card (retired, or a stamp "
+              f"that stopped before its card: stamping it again finishes it), with their own variants: {skipped}")
     if changed:
         print("re-prove and re-certify before these run again.")
     return 0
@@ -4768,7 +4775,7 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
          examples=('python3 factory.py run triager "my new card never arrived"',
                    "python3 factory.py run triager --file evals/triager/inbox.jsonl --json"),
          exits=("every run completed, whether or not a human must see it",
-                "refused, a run crashed (see its trace), or a run's effect is uncertain (a write failed)"),
+                "refused, a run crashed, or a run's effect is uncertain (a write failed)"),
          env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR", "PATH", *MODEL_ENV))
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
