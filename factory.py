@@ -1280,25 +1280,26 @@ def code_loading(tree) -> list[tuple[int, str]]:
     not cover: an import of LOADING_MODULES, a use of LOADING_NAMES or LOADING_ATTRIBUTES, sys's IMPORT_STATE,
     a literal path to a Python file handed to a call (open('x.py')). Sorted by line; [] for none."""
     import ast
-    found, sys_names = [], {"sys"} | {alias.asname or "sys" for node in ast.walk(tree) if isinstance(node, ast.Import)
-                                      for alias in node.names if alias.name == "sys"}
-    for node in ast.walk(tree):
+    found, state, sys_names = [], [], {"sys"}   # state: (line, attribute, the name it is read from)
+    for node in ast.walk(tree):   # one pass: a module is scanned each time it is loaded
         if isinstance(node, ast.Import):
+            sys_names |= {alias.asname for alias in node.names if alias.name == "sys" and alias.asname}
             found += [(node.lineno, f"import {alias.name}") for alias in node.names
                       if alias.name.split(".")[0] in LOADING_MODULES]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            top, names = node.module.split(".")[0], [alias.name for alias in node.names]
-            if top in LOADING_MODULES or (node.module == "sys" and set(names) & set(IMPORT_STATE)):
+            names = [alias.name for alias in node.names]
+            if node.module.split(".")[0] in LOADING_MODULES or (node.module == "sys" and set(names) & set(IMPORT_STATE)):
                 found.append((node.lineno, f"from {node.module} import {', '.join(names)}"))
         elif isinstance(node, ast.Name) and node.id in LOADING_NAMES:
             found.append((node.lineno, node.id))
-        elif isinstance(node, ast.Attribute) and (node.attr in LOADING_ATTRIBUTES or (
-                node.attr in IMPORT_STATE and isinstance(node.value, ast.Name) and node.value.id in sys_names)):
-            found.append((node.lineno, node.attr if node.attr in LOADING_ATTRIBUTES else f"sys.{node.attr}"))
+        elif isinstance(node, ast.Attribute) and node.attr in LOADING_ATTRIBUTES:
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Attribute) and node.attr in IMPORT_STATE and isinstance(node.value, ast.Name):
+            state.append((node.lineno, node.attr, node.value.id))
         elif isinstance(node, ast.Call):
             found += [(node.lineno, repr(arg.value)) for arg in node.args
                       if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and CODE_FILE.fullmatch(arg.value)]
-    return sorted(found)
+    return sorted(found + [(line, f"sys.{attr}") for line, attr, name in state if name in sys_names])
 
 
 class Code:
