@@ -5632,19 +5632,20 @@ def new_tally(fac: Factory, name: str, watch: dict | None = None) -> Tally:
 def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
     """(NAME's trust for the tower document, problems): what the run station's guard chain says of its
     certificate, each of the guards after the certificate's own asked on its own so that a revoked
-    certificate is also seen to be stale; the drift watch; the calls parked for a human. A certificate
-    that cannot be read is a problem too."""
+    certificate is also seen to be stale; and the drift watch. A file a check could not read is a
+    problem, and says nothing of revocation, recall or staleness."""
     claim, unread = Claim(fac, name, "run"), set()
     results = check_guards(claim, CERTIFICATE_GUARDS, unread)
     verified = not results[-1][1]
     if verified:
         results += [result for guard in RUN_GUARDS[len(CERTIFICATE_GUARDS):] for result in check_guards(claim, (guard,), unread)]
     lines = {guard: line for guard, line in results if line}
+    said = {guard: line for guard, line in lines.items() if guard not in unread}   # what a guard found
     cert = claim.cert if verified else {}
     trust = {"certificate": "verified" if verified else "unreadable" if unread else unverified_kind(claim, lines),
              "tier": cert.get("tier"), "signer": cert.get("signer"), "signed_at": cert.get("signed_at"),
-             "refusal": next(iter(lines.values()), None), "revoked": lines.get("revocation"),
-             "recalled": lines.get("recall"), "stale": lines.get("digest"), "demoted": drift.demoted}
+             "refusal": next(iter(lines.values()), None), "revoked": said.get("revocation"),
+             "recalled": said.get("recall"), "stale": said.get("digest"), "demoted": drift.demoted}
     trust["refused_by"] = [f"{guard}: unreadable" if guard in unread else REFUSED_AS.get(guard, guard)
                            for guard in lines]   # in the run station's order
     trust["may_run"] = trust["refusal"] is None

@@ -580,6 +580,15 @@ class PartialTower(LineTest):
         self.assertEqual(next(a for a in doc["agents"] if a["agent"] == "triager")["runs"], 2)
         self.assertEqual(text.count("problem: registry/recalls.jsonl line 2"), 2, "under each agent it blinds")
 
+    def test_a_card_that_cannot_be_read_is_a_problem_not_a_stale_agent(self):
+        (self.root / "masters" / "evalsmith.json").write_text('{"name": ')
+        doc, text = self.partial("masters/evalsmith.json: not valid json")
+        trust = next(a for a in doc["agents"] if a["agent"] == "evalsmith")["trust"]
+        self.assertEqual((trust["certificate"], trust["stale"], trust["may_run"], trust["refused_by"]),
+                         ("verified", None, False, ["digest: unreadable"]))
+        self.assertIn("bar ?)", text.split("\ntriager ", 1)[0], "the gate bar of a card that cannot be read is unknown")
+        self.triager_counted(doc)
+
     def test_an_index_that_cannot_be_read_at_all_still_shows_every_agents_trust(self):
         index = self.root / "traces" / "index.jsonl"
         index.write_bytes(b"\xef\xbb\xbf" + index.read_bytes())
