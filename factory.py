@@ -6226,14 +6226,14 @@ def _drift_html(agent):
 def _trust_html(agent):
     """The trust phrase of the document, coloured by whether the agent may run (escaped inline HTML)."""
     trust = _part(agent, "trust")
-    kind = "may-run" if trust.get("may_run") else "refused" if trust.get("certificate") != "none" else "empty"
+    kind = ("demoted" if trust.get("demoted") else "may-run") if trust.get("may_run") else \
+        "refused" if trust.get("certificate") != "none" else "empty"
     return f'<span class="{kind}">{_esc(trust.get("summary") or "unknown")}</span>'
 
 
 def _rate_text(agent):
-    """The gate pass rate over scored runs, as the text prints it, saying when none were scored."""
-    rate = _num(agent.get("pass_rate"))
-    return percent_text(rate) if rate is not None else f"{percent_text(None)} (none scored)"
+    """The gate pass rate over scored runs, as the text prints it ('-' when none were scored)."""
+    return percent_text(_num(agent.get("pass_rate")))
 
 
 def _summary_html(agent):
