@@ -151,6 +151,9 @@ class TowerHtmlTest(unittest.TestCase):
         second = "".join(root.findall(".//section")[1].find("p[@class='summary']").itertext())
         self.assertIn("DEMOTED to C0 (recent 5/20 passed, needs 13/20, certified 18/20)", second)
         self.assertIn("$1.37", second)
+        trust = root.findall(".//section")[1].find("p[@class='trust']/span")
+        self.assertEqual((trust.get("class"), trust.text),
+                         ("demoted", "C1 signed by alice at 2026-11-22T10:00:00.000000Z; runs at C0 (demoted)"))
 
     def test_no_script_no_http(self):
         out, root = self.render(sample_doc())
