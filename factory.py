@@ -2924,6 +2924,8 @@ def clears_the_bar(claim: Claim) -> str | None:
     if verdict == "RUBRIC UNSCORED":
         return (f"the sealed proof could not score the draft rubric ({proof['draft_check']}); a rubric that could "
                 f"not be scored is not passed. check the decision model (doctor) and re-prove.")
+    if verdict == "MODEL UNANSWERED":
+        return f"the sealed proof's verdict is MODEL UNANSWERED ({unanswered_text(proof)}). check the model key (doctor) and re-prove."
     return None
 
 
@@ -4044,7 +4046,20 @@ def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], 
 
 # ---- the proof's verdict: exit status, summary line, --json and --junit all read it from here
 
-PROOF_VERDICTS = ("PASS", "UNDER BAR", "RUBRIC UNSCORED")
+PROOF_VERDICTS = ("PASS", "UNDER BAR", "RUBRIC UNSCORED", "MODEL UNANSWERED")
+
+
+def card_models(card: dict) -> list[str]:
+    """The model ids the card names, primary first (`offline` included when the card names it)."""
+    return [m for m in (card["model"]["primary"], card["model"].get("fallback")) if m]
+
+
+def answered_by_card_models(card: dict, backends: list[str]) -> bool:
+    """True when every worker reply of one case came from a model the card names: no backend of the
+    agent's offline rules (offline, offline-after-error: ..., offline-over-envelope), unless the card
+    itself names `offline` and the rules answered from the start. A case with no reply at all was not."""
+    rules_named = "offline" in card_models(card)
+    return bool(backends) and all(not b.startswith("offline") or (b == "offline" and rules_named) for b in backends)
 
 
 def clears_bar(passing: int, cases: int, bar) -> bool:
@@ -4055,9 +4070,12 @@ def clears_bar(passing: int, cases: int, bar) -> bool:
 
 
 def proof_verdict(proof: dict) -> str:
-    """One of PROOF_VERDICTS from a proof's passing_cases, cases, pass_bar and rubric: UNDER BAR when
-    the exact score is under the bar, else RUBRIC UNSCORED when the card's draft rubric could not be
-    scored, else PASS."""
+    """One of PROOF_VERDICTS from a proof's passing_cases, cases, pass_bar, rubric and, for a proof made
+    with --require-model, model_answered: MODEL UNANSWERED when the card's models did not answer every
+    case (its score would measure the offline rules, not the model), else UNDER BAR when the exact score
+    is under the bar, else RUBRIC UNSCORED when the card's draft rubric could not be scored, else PASS."""
+    if proof.get("model_required") and proof.get("model_answered") != proof["cases"]:
+        return "MODEL UNANSWERED"
     if not clears_bar(proof["passing_cases"], proof["cases"], proof["pass_bar"]):
         return "UNDER BAR"
     return "RUBRIC UNSCORED" if proof["rubric"] == "failed" else "PASS"
@@ -4094,9 +4112,11 @@ def share(results: list[dict], bar) -> dict:
     return {"score": float(score), "passing_cases": passing, "cases": len(results)}
 
 
-def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results: list, rubric: str, draft: str) -> dict:
+def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results: list, rubric: str, draft: str,
+                 require_model: bool = False) -> dict:
     """The record of one proof (format factory-proof-2) with its verdict; a sealed record names failing
-    case ids only, an open one says why each case failed."""
+    case ids only, an open one says why each case failed. `require_model` (prove --require-model) makes
+    a case the card's models did not answer fail the proof (model_answered counts the ones they did)."""
     bar = agent.card["evals"]["pass_bar"]
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
     failures = [r["id"] if half == "sealed" else
@@ -4108,7 +4128,9 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
              "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
              "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
              "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
-             "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures}
+             "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures,
+             "model_required": require_model,
+             "model_answered": sum(answered_by_card_models(agent.card, r["backends"]) for r in results)}
     verdict = proof_verdict(proof)
     return {"format": RECORD_FORMAT, "verdict": verdict, "passed": verdict == "PASS", **proof}
 
@@ -4423,11 +4445,14 @@ def cmd_restamp(fac: Factory, args) -> int:
              help="prove the sealed half, the proof certify needs (sealed cases are named by id only)"),
          arg("--json", action="store_true", help=f"print the proof record (format {RECORD_FORMAT}), not the summary"),
          arg("--junit", metavar="FILE", help="also write JUnit XML to FILE: one testcase per case"),
+         arg("--require-model", action="store_true",
+             help="fail the proof (verdict MODEL UNANSWERED) unless the card's models answered every case: a "
+                  "missing or bogus key, or a model that is down, would otherwise prove the agent's offline rules"),
          jobs_argument("cases"),
          examples=("python3 factory.py prove triager",
-                   "python3 factory.py prove triager --sealed --junit prove.xml"),
+                   "python3 factory.py prove triager --sealed --require-model --junit prove.xml"),
          exits=("verdict PASS: at or above the pass bar, and the draft rubric scored",
-                "verdict UNDER BAR or RUBRIC UNSCORED, or refused"),
+                "verdict UNDER BAR, RUBRIC UNSCORED or MODEL UNANSWERED, or refused"),
          env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *MODEL_ENV))
 def cmd_prove(fac: Factory, args) -> int:
     """Prove an agent on its open or sealed suite.
@@ -4438,8 +4463,8 @@ def cmd_prove(fac: Factory, args) -> int:
     agent's own and its masters' (nearest first) that has that half. The worker is the card's model
     when its key is set, else the agent's own offline rules (the summary's backends say which);
     drafts are scored by Sage against the card's draft rubric. Prints the verdict (PASS, UNDER BAR,
-    RUBRIC UNSCORED), the exact score against the bar, real tickets and synthetic ones apart, and
-    why each case failed (sealed failures by case id only).
+    RUBRIC UNSCORED, or with --require-model MODEL UNANSWERED), the exact score against the bar, real
+    tickets and synthetic ones apart, and why each case failed (sealed failures by case id only).
     """
     agent = load_agent(fac, args.agent)
     refuse_if(lineage_problem(fac, agent.name, agent.card))   # the suite may be a master's: its lineage must hold
@@ -4451,7 +4476,8 @@ def cmd_prove(fac: Factory, args) -> int:
         fac.store.check_report(Path(args.junit))
     started = time.monotonic()
     results, rubric, draft = prove_all(fac, agent, cases, args.jobs)
-    proof = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, rubric, draft)
+    proof = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, rubric, draft,
+                         args.require_model)
     fac.store.write_json(fac.record_path(agent.name, half), sealed_evidence(fac, proof))   # certify checks the MAC
     if args.junit:
         fac.store.write_report(Path(args.junit), junit_xml(proof, results, time.monotonic() - started))
@@ -4466,8 +4492,18 @@ def print_proof(proof: dict) -> None:
           f"(bar {proof['pass_bar']}) {proof['verdict']}   denials:{proof['tool_denials']}   draft:{proof['draft_check']}")
     real, synthetic = proof["real"], proof["synthetic"]
     print(f"  real tickets {score_text(real)}   synthetic {score_text(synthetic)}   backends: {', '.join(proof['backends'])}")
+    if proof["verdict"] == "MODEL UNANSWERED":
+        print(f"  {unanswered_text(proof)}")
     for failure in proof["failures"]:
         print(f"  failed {failure}" if isinstance(failure, str) else f"  failed {failure['id']}: {failure['why']}")
+
+
+def unanswered_text(proof: dict) -> str:
+    """Why a proof made with --require-model is MODEL UNANSWERED: how many cases the card's models did
+    not answer, and the backends that did."""
+    missing = proof["cases"] - proof["model_answered"]
+    return (f"--require-model: {missing} of {proof['cases']} case(s) not answered by the card's models "
+            f"(backends: {', '.join(proof['backends']) or 'none'})")
 
 
 def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
@@ -4483,7 +4519,7 @@ def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
                                    time=f"{seconds:.3f}", timestamp=proof["at"])
     properties = ElementTree.SubElement(suite, "properties")
     for key in JUNIT_PROPERTIES:
-        value = proof[key]
+        value = ", ".join(proof[key]) if key == "backends" else proof[key]
         ElementTree.SubElement(properties, "property", name=key,
                                value=json.dumps(value) if isinstance(value, bool) else str(value))
     for result in results:
@@ -4494,7 +4530,9 @@ def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
     bar = ElementTree.SubElement(suite, "testcase", classname=f"factory.{name}", name="pass bar", time="0.000")
     if not proof["passed"]:
         verdict, score = proof["verdict"], score_text(proof, proof["pass_bar"])
-        junit_failure(bar, verdict.lower().replace(" ", "-"), f"{verdict}: {score} (bar {proof['pass_bar']}), draft:{proof['draft_check']}")
+        why = f"; {unanswered_text(proof)}" if verdict == "MODEL UNANSWERED" else ""
+        junit_failure(bar, verdict.lower().replace(" ", "-"),
+                      f"{verdict}: {score} (bar {proof['pass_bar']}), draft:{proof['draft_check']}{why}")
     ElementTree.indent(suites)
     return xml_safe(ElementTree.tostring(suites, encoding="unicode", xml_declaration=True)) + "\n"
 
@@ -4511,7 +4549,7 @@ def xml_safe(text: str) -> str:
 
 
 JUNIT_PROPERTIES = ("verdict", "passed", "score", "passing_cases", "cases", "pass_bar", "rubric", "draft_check",
-                    "suite", "half", "digest")
+                    "backends", "model_required", "model_answered", "suite", "half", "digest")
 
 
 def junit_failure(case, kind: str, message: str) -> None:
@@ -4625,7 +4663,7 @@ def proof_lines(fac: Factory, claim: Claim) -> list[str]:
 def backend_lines(card: dict, backends: list[str]) -> list[str]:
     """Which backend the sealed proof ran on beside the models the card names, and a warning when the
     agent's offline rules answered cases of a card that names a model."""
-    models = [m for m in (card["model"]["primary"], card["model"].get("fallback")) if m and m != "offline"]
+    models = [m for m in card_models(card) if m != "offline"]
     offline = [b for b in backends if b.startswith("offline")]
     named = f"the card's model: {' then '.join(models)}" if models else "the card names no model: its rules are the agent"
     lines = [f"  proved on: {', '.join(backends) or 'no worker'}" + (" (the agent's own rules)" if offline == backends

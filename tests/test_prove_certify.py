@@ -7,14 +7,14 @@ import json
 from xml.etree import ElementTree
 
 import factory
-from tests.fake_llm import Answer, FakeServer, anthropic_message
+from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
 from tests.fake_sage import Fail, FakeSage
 from tests.support import LineTest, junit_problems, write_jsonl
 
 RECORD_KEYS = {"format", "agent", "half", "at", "verdict", "passed", "score", "passing_cases", "cases", "pass_bar",
                "rubric", "real", "synthetic",
                "tool_denials", "drafts_scored", "draft_mean", "draft_check", "backends", "digest", "components",
-               "suite", "suite_digest", "failures"}
+               "suite", "suite_digest", "failures", "model_required", "model_answered"}
 RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line",
             "backends", "cost_usd", "steps", "denied", "acted", "staged", "routed", "why", "output", "tools"}
 
@@ -163,9 +163,8 @@ def banking_suite(root, passing: int, cases: int, half: str = "open", suite: str
     write_jsonl(root / suite / ("cases.jsonl" if half == "open" else "sealed.jsonl"), rows)
 
 
-class ProofVerdicts(LineTest):
-    """Exit status, summary line, --json and --junit give one verdict on every edge: at exactly the
-    bar, a hair under it, with no cases, and with drafts that could not be scored."""
+class VerdictOutputs(LineTest):
+    """What the verdict tests share: a proof's four outputs, and the check that they agree."""
 
     def outputs(self, *extra: str) -> tuple[int, str, dict, ElementTree.Element]:
         """prove the triager twice (--json --junit, then the summary); (exit status, summary line,
@@ -193,6 +192,11 @@ class ProofVerdicts(LineTest):
         for key in ("score", "pass_bar", "passing_cases", "cases"):
             self.assertEqual(properties[key], str(record[key]))
         return record
+
+
+class ProofVerdicts(VerdictOutputs):
+    """Exit status, summary line, --json and --junit give one verdict on every edge: at exactly the
+    bar, a hair under it, with no cases, and with drafts that could not be scored."""
 
     def test_the_bar_compares_exact_fractions(self):
         for passing, cases, bar, verdict in ((2, 3, 0.66667, "UNDER BAR"), (2, 3, 0.6666, "PASS"),
@@ -270,6 +274,54 @@ class ProofVerdicts(LineTest):
         self.assertEqual(failure.get("message"), "UNDER BAR: 3/4 = 0.75 (bar 0.8), draft:unscored (no key)")
         self.assertTrue(all(float(c.get("time")) >= 0 for c in suite.iter("testcase")))
         self.assertGreaterEqual(float(suite.get("time")), max(float(c.get("time")) for c in suite.iter("testcase")))
+
+
+class RequireModel(VerdictOutputs):
+    """prove --require-model: a proof the card's models did not answer in full fails with its own verdict,
+    the same in the exit status, the summary, --json and --junit (whose properties name the backends)."""
+
+    def model_server(self, *answers: Answer) -> None:
+        """The card's model behind a fake Anthropic server giving `answers` in turn; three banking cases,
+        bar 0.5 (the rules label all three right)."""
+        server = FakeServer(*answers).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-bogus-key")
+        banking_suite(self.root / "evals", 3, 3)
+        self.set_bar("triager", 0.5)
+
+    def test_a_bogus_key_proves_the_rules_and_fails_with_the_option(self):
+        self.model_server(*[Answer(401, anthropic_error("authentication_error", "invalid x-api-key"))] * 30)
+        plain = self.assert_agree("PASS")   # what CI saw: PASS on the offline rules, exit 0
+        self.assertTrue(plain["backends"][0].startswith("offline-after-error: "), plain["backends"])
+        self.assertEqual((plain["model_required"], plain["model_answered"]), (False, 0))
+        record = self.assert_agree("MODEL UNANSWERED", "--require-model")
+        self.assertEqual((record["model_required"], record["model_answered"], record["passing_cases"]), (True, 0, 3))
+        _, out, _ = self.factory("prove", "triager", "--require-model")
+        self.assertIn("\n  --require-model: 3 of 3 case(s) not answered by the card's models (backends: offline-after-error: ", out)
+        _, _, _, junit = self.outputs("--require-model")
+        properties = {p.get("name"): p.get("value") for p in junit.iter("property")}
+        self.assertTrue(properties["backends"].startswith("offline-after-error: "), properties)
+        self.assertEqual((properties["model_required"], properties["model_answered"]), ("true", "0"))
+        [bar] = [c for c in junit.iter("testcase") if c.get("name") == "pass bar"]
+        self.assertEqual(bar.find("failure").get("type"), "model-unanswered")
+
+    def test_answers_from_the_cards_model_pass(self):
+        final = json.dumps({"label": "account", "escalate": False, "draft": "You can order a new card in the app."})
+        self.model_server(*[Answer(body=anthropic_message(final))] * 12)
+        record = self.assert_agree("PASS", "--require-model")
+        self.assertEqual((record["backends"], record["model_answered"]), (["anthropic"], 3))
+
+    def test_a_card_whose_model_is_its_rules_is_answered_by_them(self):
+        banking_suite(self.root / "evals", 3, 3)
+        self.edit_card("triager", model={"primary": "offline"}, evals={"pass_bar": 0.5, "gate": 0.85})
+        self.assertEqual(self.assert_agree("PASS", "--require-model")["model_answered"], 3)
+
+    def test_certify_refuses_a_sealed_proof_the_model_did_not_answer(self):
+        self.model_server(*[Answer(401, anthropic_error("authentication_error", "invalid x-api-key"))] * 30)
+        banking_suite(self.root / "evals", 3, 3, "sealed")
+        self.assertEqual(self.factory("prove", "triager", "--sealed", "--require-model")[0], 1)
+        self.refused("the sealed proof's verdict is MODEL UNANSWERED (--require-model: 3 of 3 case(s) not answered",
+                     "certify", "triager", "--tier", "C1", "--by", "alice")
 
 
 class SealedVerdicts(LineTest):

@@ -212,8 +212,8 @@ def workflow_problems(doc) -> list[str]:
         problems.append("the sealed half is restored after the proof")
     step = steps[prove[0]]
     args = factory.parse(factory.build_parser(), prove_argv(step["run"]))
-    if not (args.sealed and args.junit):
-        problems.append("the proof is not `prove AGENT --sealed --junit FILE`")
+    if not (args.sealed and args.require_model and args.junit):
+        problems.append("the proof is not `prove AGENT --sealed --require-model --junit FILE`")
     for key in model_keys(args.agent) + ["SAGE_API_KEY"]:
         if step.get("env", {}).get(key) != f"${{{{ secrets.{key} }}}}":
             problems.append(f"the prove step does not pass {key} from secrets")
@@ -294,7 +294,30 @@ class Workflow(unittest.TestCase):
     def test_the_old_workflow_is_caught(self):
         self.assertEqual(workflow_problems(parse_yaml(OLD_WORKFLOW)), [
             "no `on:` trigger", "no step restores the sealed half from a secret into FACTORY_SEALED_DIR",
+            "the proof is not `prove AGENT --sealed --require-model --junit FILE`",
             "the prove step does not pass ANTHROPIC_API_KEY from secrets"])
+
+    def test_the_prove_step_stops_before_proving_without_a_key(self):
+        """Run the prove step's script with bash, `python3` a stand-in that only notes it ran: an empty
+        model key, or an empty SAGE_API_KEY for a card with a draft rubric (the triager's), stops the job
+        with an ::error:: line before anything is proved; with both keys it goes on to prove."""
+        if shutil.which("bash") is None:
+            self.skipTest("bash is not on this machine: the script cannot be run here")
+        step = next(s for s in self.doc["jobs"]["prove"]["steps"] if "factory.py prove" in s.get("run", ""))
+        self.assertIn("draft_rubric", json.loads((REPO / "masters" / "triager.json").read_text()))
+        bin_dir = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        stand_in = bin_dir / "python3"
+        stand_in.write_text(f'#!/bin/sh\necho "$@" > {bin_dir}/proved\n')
+        stand_in.chmod(0o755)
+        keys = {"ANTHROPIC_API_KEY": "sk-test", "SAGE_API_KEY": "sage-test"}
+        for empty in ("ANTHROPIC_API_KEY", "SAGE_API_KEY", None):
+            with self.subTest(empty=empty):
+                (bin_dir / "proved").unlink(missing_ok=True)
+                env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", **keys, **({empty: ""} if empty else {})}
+                done = subprocess.run(["bash", "-e", "-c", step["run"]], env=env, capture_output=True, text=True)
+                self.assertEqual(done.returncode, 1 if empty else 0, done.stdout + done.stderr)
+                self.assertEqual("::error::" in done.stdout, bool(empty), done.stdout)
+                self.assertEqual((bin_dir / "proved").exists(), not empty)
 
     def test_the_restore_step_restores_the_sealed_half(self):
         """Run the restore step's script with bash as a runner would: the secret made as the README
