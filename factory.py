@@ -1499,20 +1499,44 @@ def tool_families(tools) -> list[str]:
 
 
 def toolbox_contracts(fac: Factory, relative: str) -> dict:
-    """The CONTRACTS of the tool module agents/RELATIVE (executed), each checked; Refusal naming the module."""
+    """The CONTRACTS of the tool module agents/RELATIVE (executed), each checked; Refusal naming the module
+    and every problem with them, one per line."""
+    contracts, problems = toolbox_problems(fac, relative)
+    if problems:
+        raise Refusal("\n".join(problems))
+    return contracts
+
+
+def toolbox_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
+    """(the CONTRACTS of the tool module agents/RELATIVE, every problem with the module and them, one line
+    each naming the module); Refusal when the module cannot be loaded at all."""
     module, family, where = fac.code.module(relative), Path(relative).stem, f"agents/{relative}"
     contracts = getattr(module, "CONTRACTS", None)
     if not isinstance(contracts, dict) or not callable(getattr(module, "make_tools", None)):
-        raise Refusal(f"{where}: a tool module defines CONTRACTS (tool name -> contract) and "
-                      f"make_tools(root, agent, run_id, write)")
-    for name, contract in contracts.items():
-        if not (isinstance(name, str) and TOOL.fullmatch(name) and name.startswith(f"{family}:")):
-            raise Refusal(f"{where}: contract {name!r} is not named {family}:VERB (a tool lives in its family's module)")
-        if not (isinstance(contract, dict) and contract.get("name") == name and contract.get("effect") in EFFECTS
-                and isinstance(contract.get("description"), str) and isinstance(contract.get("params"), dict)):
-            raise Refusal(f"{where}: contract {name} needs its name, an effect in {EFFECTS}, a description "
-                          f"and a params schema")
-    return contracts
+        return {}, [f"{where}: a tool module defines CONTRACTS (tool name -> contract) and "
+                    f"make_tools(root, agent, run_id, write)"]
+    return contracts, [f"{where}: {problem}" for name, contract in contracts.items()
+                       for problem in contract_problems(family, name, contract)]
+
+
+def contract_problems(family: str, name, contract) -> list[str]:
+    """Each way one entry of a tool module's CONTRACTS breaks the contract's shape (its key a tool of this
+    family; name, effect, description, params), one line each; [] when it has none."""
+    if not (isinstance(name, str) and TOOL.fullmatch(name) and name.startswith(f"{family}:")):
+        return [f"contract {name!r} is not named {family}:VERB (a tool lives in its family's module)"]
+    if not isinstance(contract, dict):
+        return [f"contract {name} is {type(contract).__name__}, not an object {{name, effect, description, params, "
+                f"failure_modes}}"]
+    problems = [] if contract.get("name") == name else [
+        f"contract {name}: its name is {contract.get('name')!r}, which differs from its key {name!r}"]
+    if contract.get("effect") not in EFFECTS:
+        problems.append(f"contract {name}: effect {contract.get('effect')!r} is not one of {', '.join(EFFECTS)}")
+    if not isinstance(contract.get("description"), str):
+        problems.append(f"contract {name}: missing description (a string: what the tool does, as the model is told)")
+    if not isinstance(contract.get("params"), dict):
+        problems.append(f"contract {name}: params is not a schema (a JSON-schema object for the arguments, e.g. "
+                        f'{{"type": "object", "properties": {{...}}}})')
+    return problems
 
 
 def known_tools(fac: Factory) -> tuple[list[str], list[str]]:
@@ -1538,15 +1562,68 @@ def tool_problems(fac: Factory, card: dict) -> list[str]:
     named = {key: card[key] for key in ("tools", "tools_denied") if _tool_list(card.get(key))}
     problems, contracts, broken = [], {}, set()
     for relative in tool_families(tool for tools in named.values() for tool in tools):
-        try:
-            contracts.update(toolbox_contracts(fac, relative) if (fac.agents / relative).is_file() else {})
-        except Refusal as refusal:
-            problems.append(str(refusal))
-            broken.add(relative)
+        found, wrong = family_problems(fac, card, relative)
+        contracts.update(found)
+        problems += wrong
+        broken |= {relative} if wrong else set()
     missing = [(key, tool) for key, tools in named.items() for tool in tools
                if tool not in contracts and not set(tool_families([tool])) & broken]   # a broken module is named once
     known = known_tools(fac) if missing else ([], [])
     return problems + [no_contract(key, tool, known) for key, tool in missing]
+
+
+def family_problems(fac: Factory, card: dict, relative: str) -> tuple[dict, list[str]]:
+    """(the contracts of the tool module agents/RELATIVE, its problems): the module cannot be loaded, a
+    contract is malformed, or make_tools does not make the tools the card grants; no contracts when it
+    has a problem. A module that does not exist has neither: each tool named from it has no contract."""
+    if not (fac.agents / relative).is_file():
+        return {}, []
+    try:
+        contracts, problems = toolbox_problems(fac, relative)
+    except Refusal as refusal:
+        return {}, [str(refusal)]
+    problems = problems or made_tools_problems(fac, card, relative, contracts)
+    return ({} if problems else contracts), problems
+
+
+def refuse_to_write(path: Path, row: dict) -> dict:
+    """The `write` make_tools is handed when the tools are only being made, never called: it refuses."""
+    raise RuntimeError("make_tools wrote an effect while the tools were only being made")
+
+
+def made_tools_problems(fac: Factory, card: dict, relative: str, contracts: dict) -> list[str]:
+    """The problem, in one line, when make_tools of agents/RELATIVE does not return a callable for exactly
+    each tool the card grants that the module defines: the granted names it misses, and the names it
+    returns that no contract there defines (a typo). The tools are made, never called: prove records
+    every call, so a tool's own code first runs in production."""
+    where = f"agents/{relative}"
+    try:
+        made = fac.code.module(relative).make_tools(fac.root, card.get("agent"), new_run_id(), refuse_to_write)
+    except Exception as error:   # noqa: BLE001 - the tool module's own code: what it raises is named in one line
+        return [f"{where}: make_tools(root, agent, run_id, write) raised {type(error).__name__}: {error}"
+                f"{agent_code_at(fac, error)}"]
+    if not isinstance(made, dict):
+        return [f"{where}: make_tools returned {type(made).__name__}, not a dict of tool name -> callable(args)"]
+    granted = card["tools"] if _tool_list(card.get("tools")) else []
+    missing = sorted(tool for tool in granted if tool in contracts and not callable(made.get(tool)))
+    extra = sorted(map(repr, set(made) - set(contracts)))
+    if not missing and not extra:
+        return []
+    said = ([f"no callable for {', '.join(missing)}, which the card grants"] if missing else []) + \
+           ([f"{', '.join(extra)}, which no contract in it defines"] if extra else [])
+    return [f"{where}: make_tools must return a callable for each granted tool its CONTRACTS define; it returns "
+            + "; and ".join(said)]
+
+
+def agent_code_at(fac: Factory, error: BaseException) -> str:
+    """' (agents/FILE line N)' for the innermost frame of error's traceback in a file under agents/ (the
+    agent's or a tool module's own code), or '' when none of it ran there."""
+    import traceback
+    folder = str(fac.agents) + os.sep
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename.startswith(folder)]
+    if not frames:
+        return ""
+    return f" ({fac.shown(Path(frames[-1].filename))} line {frames[-1].lineno})"
 
 
 def no_contract(key: str, tool: str, known: tuple[list[str], list[str]]) -> str:

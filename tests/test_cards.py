@@ -163,7 +163,63 @@ class Cards(LineTest):
     def test_a_contract_with_an_odd_effect_is_refused(self):
         path = self.root / "agents" / "tools" / "drafts.py"
         path.write_text(path.read_text().replace('"name": "drafts:write", "effect": "draft"', '"name": "drafts:write", "effect": "send"'))
-        self.refused("agents/tools/drafts.py: contract drafts:write needs its name, an effect in", "digest", "triager")
+        self.refused("masters/triager.json: agents/tools/drafts.py: contract drafts:write: effect 'send' is not one of "
+                     "read, draft, act", "digest", "triager")
+
+    def test_each_part_of_a_contract_that_is_wrong_is_named_on_its_own_line(self):
+        (self.root / "agents" / "tools" / "faq.py").write_text(FAQ_TOOLS.replace(
+            '{"name": "faq:lookup", "effect": "read", "description": "Look up an FAQ answer.",\n'
+            '                            "params": {"type": "object", "properties": {"q": {"type": "string"}}}',
+            '{"name": "faq:lokup", "effect": "lookup", "params": "q"'))
+        self.faq_card()
+        code, _, err = self.factory("digest", "faq")
+        self.assertEqual(code, 1, err)
+        self.assertEqual(err.splitlines(), [
+            "factory digest: masters/faq.json: 4 problems",
+            "  agents/tools/faq.py: contract faq:lookup: its name is 'faq:lokup', which differs from its key 'faq:lookup'",
+            "  agents/tools/faq.py: contract faq:lookup: effect 'lookup' is not one of read, draft, act",
+            "  agents/tools/faq.py: contract faq:lookup: missing description (a string: what the tool does, as the "
+            "model is told)",
+            '  agents/tools/faq.py: contract faq:lookup: params is not a schema (a JSON-schema object for the '
+            'arguments, e.g. {"type": "object", "properties": {...}})'])
+
+    def faq_card(self) -> None:
+        """masters/faq.json: the triager's card granting faq:lookup (agents/tools/faq.py) and drafts:write."""
+        card = json.loads((self.root / "masters" / "triager.json").read_text())
+        card.update(agent="faq", tools=["faq:lookup", "drafts:write"], tools_denied=[])
+        (self.root / "masters" / "faq.json").write_text(json.dumps(card))
+
+    def test_make_tools_must_make_exactly_the_granted_tools(self):
+        """Proofs never call a tool's code, so a make_tools returning the wrong key would be certified:
+        it is checked when the agent loads, by making the tools and calling none of them."""
+        self.faq_card()
+        path = self.root / "agents" / "tools" / "faq.py"
+        table = [('{"faq:lookup": lambda args: "see the FAQ"}', None),
+                 ('{"faq:lokup": lambda args: "see the FAQ"}',
+                  "masters/faq.json: agents/tools/faq.py: make_tools must return a callable for each granted tool its "
+                  "CONTRACTS define; "
+                  "it returns no callable for faq:lookup, which the card grants; and 'faq:lokup', which no contract in "
+                  "it defines"),
+                 ('{"faq:lookup": "see the FAQ"}', "it returns no callable for faq:lookup, which the card grants"),
+                 ('{"faq:lookup": len, "faq:extra": len}', "it returns 'faq:extra', which no contract in it defines"),
+                 ('["faq:lookup"]', "agents/tools/faq.py: make_tools returned list, not a dict of tool name -> callable"),
+                 ('write(root / "x.jsonl", {})', "agents/tools/faq.py: make_tools(root, agent, run_id, write) raised "
+                                                 "RuntimeError: make_tools wrote an effect while the tools were only "
+                                                 "being made (agents/tools/faq.py line 8)")]
+        for made, message in table:
+            with self.subTest(made=made):
+                path.write_text(FAQ_TOOLS.replace('{"faq:lookup": lambda args: "see the FAQ"}', made))
+                if message is None:
+                    self.assertEqual(self.factory("digest", "faq")[0], 0)
+                else:
+                    self.refused(message, "digest", "faq")
+                    self.refused(message, "prove", "faq")
+
+    def test_no_tool_is_called_while_its_tools_are_made(self):
+        self.faq_card()
+        (self.root / "agents" / "tools" / "faq.py").write_text(FAQ_TOOLS.replace(
+            'lambda args: "see the FAQ"', 'lambda args: 1 / 0'))
+        self.assertEqual(self.factory("digest", "faq")[0], 0)
 
     def test_contract_change_changes_the_digest(self):
         first = self.factory("digest", "triager")[1]
