@@ -1863,25 +1863,66 @@ def suite_name(fac: Factory, agent: Agent, sealed: bool) -> str:
     return agent.name
 
 
-def load_cases(fac: Factory, path: Path) -> list[dict]:
-    """The cases of one half; Refusal naming file and line for a malformed case."""
-    cases, seen = [], set()
+CASE_FIELDS = ("id", "input", "expect", "source")
+CASE_IS = ('a case is {"id", "input", "expect"} and optionally "source" ("synthetic" for a case you wrote; '
+           'anything else, or none, counts as a real ticket)')
+# a line break or control character in a case id would break the line of every report that names it
+ID_BREAKS = re.compile("[\t\n\r\x85\u2028\u2029]")
+
+
+def load_cases(fac: Factory, path: Path, agent: Agent) -> list[dict]:
+    """The cases of one half, each checked against the agent's output contract (case_problem); Refusal
+    naming the file, the line and what is wrong with the first malformed case."""
     if not path.exists():
         raise Refusal(f"{fac.shown(path)}: missing; a suite needs cases before it can prove anything")
+    schema = agent.module.OUTPUT_SCHEMA.get("properties")
+    properties = sorted(schema) if isinstance(schema, dict) else []
+    cases, first_line = [], {}
     for number, case in fac.store.read_jsonl(path):
-        at = f"{fac.shown(path)} line {number}"
-        if set(case) - {"id", "input", "expect", "source"} or not {"id", "input", "expect"} <= set(case):
-            raise Refusal(f"{at}: a case is {{id, input, expect, source}}; got {sorted(case)}")
-        if not isinstance(case["id"], str) or case["id"] in seen or not isinstance(case["expect"], dict):
-            raise Refusal(f"{at}: case id must be a unique string and expect an object")
-        denied = case["expect"].get("denied", [])
-        if not (isinstance(denied, list) and all(isinstance(t, str) for t in denied)):
-            raise Refusal(f"{at}: expect.denied must be a list of tool names")
-        seen.add(case["id"])
+        problem = case_problem(case, first_line, properties)
+        if problem:
+            raise Refusal(f"{fac.shown(path)} line {number}: {problem}")
+        first_line[case["id"]] = number
         cases.append(case)
     if not cases:
         raise Refusal(f"{fac.shown(path)}: has no cases")
     return cases
+
+
+def case_problem(case: dict, first_line: dict, properties: list[str]) -> str | None:
+    """What is wrong with one case, or None: its fields (CASE_IS), its id (a string, not empty, no line
+    break or control character, not given before: `first_line` maps the ids so far to their lines),
+    and its `expect` (an object whose keys are properties of the output contract, or `denied`, a list of
+    the tools the broker may refuse in this case without failing it)."""
+    unknown, missing = sorted(set(case) - set(CASE_FIELDS)), [f for f in CASE_FIELDS[:3] if f not in case]
+    if unknown or missing:
+        return "; ".join([f"unknown field(s) {', '.join(map(repr, unknown))}"] * bool(unknown) +
+                         [f"missing field(s) {', '.join(map(repr, missing))}"] * bool(missing)) + f": {CASE_IS}"
+    ident = case["id"]
+    if not isinstance(ident, str):
+        return f"the case id {json.dumps(ident)} is not a string (write it in quotes)"
+    if not ident.strip():
+        return "the case id is empty: every case needs an id its reports can name it by"
+    if ID_BREAKS.search(ident) or UNPRINTABLE.search(ident):
+        return f"the case id {json.dumps(ident)} holds a line break or control character"
+    if ident in first_line:
+        return f"the case id {json.dumps(ident)} is given twice (first on line {first_line[ident]})"
+    return expect_problem(ident, case["expect"], properties)
+
+
+def expect_problem(ident: str, expect, properties: list[str]) -> str | None:
+    """What is wrong with one case's `expect`, or None (see case_problem)."""
+    if not isinstance(expect, dict):
+        return f"case {json.dumps(ident)}: expect must be an object (output field -> the value wanted)"
+    unknown = sorted(set(expect) - set(properties) - {"denied"})
+    if unknown:
+        return (f"case {json.dumps(ident)}: expect names {', '.join(map(repr, unknown))}, not a property of the output "
+                f"contract (OUTPUT_SCHEMA: {', '.join(properties) or 'none'}) nor 'denied'")
+    denied = expect.get("denied", [])
+    if not (isinstance(denied, list) and all(isinstance(t, str) for t in denied)):
+        return (f"case {json.dumps(ident)}: expect.denied must be a list of tool names (the tools the broker may "
+                f"refuse in this case without failing it)")
+    return None
 
 
 # ---- a new agent: its card, module, tool module and suite, made to prove as they are
@@ -4548,7 +4589,7 @@ def cmd_prove(fac: Factory, args) -> int:
     half = "sealed" if args.sealed else "open"
     suite = suite_name(fac, agent, args.sealed)
     path = fac.suite_path(suite, args.sealed)
-    cases = load_cases(fac, path)
+    cases = load_cases(fac, path, agent)
     if args.junit:   # before any case runs or any record is written
         fac.store.check_report(Path(args.junit))
     started = time.monotonic()

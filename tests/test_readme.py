@@ -358,6 +358,17 @@ class ModuleContract(LineTest):
         (self.root / "evals" / "hours" / "cases.jsonl").write_text(cases)
         (self.root / "evals" / "hours" / "sealed.jsonl").write_text(sealed)
 
+    def test_what_it_says_of_denied_is_what_prove_does(self):
+        """`denied` goes inside `expect` and lists the denials a case may have, not the ones it must: the
+        README's own case h-3 lists a refund the agent never asks for, and proves (below)."""
+        readme = (REPO / "README.md").read_text().split("## An agent's module")[1].split("\n## ")[0]
+        said = " ".join(readme.split())
+        self.assertIn("Inside `expect`, an optional `denied` lists the tools the broker may refuse in that case "
+                      "without failing it", said)
+        self.assertNotIn("expects the broker to refuse", said)
+        self.assertIn('"id": "h-3", "input": "Please close my account.", "expect": {"escalate": true, "denied": '
+                      '["billing:refund"]}', readme)
+
     def test_it_proves_certifies_and_runs(self):
         for half in ([], ["--sealed"]):
             with self.subTest(half=half):
