@@ -2477,7 +2477,7 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
     return found
 
 
-PROMOTION_RUNS = 20          # gated production runs at the tier below, since the card last changed
+PROMOTION_RUNS = 20          # gated production runs at the tier below, since the agent (its digest) last changed
 
 
 GATED = ("pass", "flag", "unsure")
@@ -2905,7 +2905,9 @@ def has_certificate(claim: Claim) -> str | None:
     """There is a certificate at all; with no card either, there is no such agent to certify."""
     if claim.cert is not None:
         return None
-    return missing_agent(claim.fac, claim.name) or "uncertified. no evals, no production."
+    return missing_agent(claim.fac, claim.name) or (f"uncertified. no evals, no production. to certify it: prove "
+                                                    f"{claim.name} --sealed, then certify {claim.name} --tier C1 --by "
+                                                    f"YOUR_NAME at a terminal")
 
 
 def names_a_signer(claim: Claim) -> str | None:
@@ -3015,7 +3017,7 @@ def within_ceiling(claim: Claim) -> str | None:
 
 def has_sealed_proof(claim: Claim) -> str | None:
     """There is a sealed proof at all."""
-    return None if claim.proofs else "no sealed run. the law: no evals, no production."
+    return None if claim.proofs else f"no sealed run. the law: no evals, no production. run: prove {claim.name} --sealed"
 
 
 def proof_verifies(claim: Claim) -> str | None:
@@ -3048,14 +3050,15 @@ def clears_the_bar(claim: Claim) -> str | None:
 
 
 def production_evidence(claim: Claim) -> str | None:
-    """C2 and C3 need >= 20 gated runs at the tier below since the card last changed, passing at the bar."""
+    """C2 and C3 need >= 20 gated runs at the tier below since the agent (its digest) last changed, passing
+    at the bar."""
     if claim.tier not in ("C2", "C3"):
         return None
     below, bar = TIERS[TIERS.index(claim.tier) - 1], claim.agent.card["evals"]["pass_bar"]
     production = gated_runs(claim.fac, claim.agent, below)
     if production.runs >= PROMOTION_RUNS and production.rate >= bar:
         return None
-    return (f"tier {claim.tier} needs production evidence at {below} since the card last changed: "
+    return (f"tier {claim.tier} needs production evidence at {below} since the agent (its digest) last changed: "
             f"{production.runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {production.rate:.2f} "
             f"(need {bar}){production.not_counted(claim.fac)}.")
 
@@ -4729,12 +4732,13 @@ def cmd_certify(fac: Factory, args) -> int:
     elif not fac.key_path(args.by).exists() and not fac.store.keys_writable():
         raise Refusal(f"no key for {args.by} and the keys folder {fac.keys_dir} cannot be created or written (FACTORY_KEYS_DIR)")
     if not sys.stdin.isatty():
-        raise Refusal("unsigned. certification is the station that stays human.")
+        raise Refusal("stdin is not a terminal: unsigned. certification is the station that stays human.")
     show_certify_prompt(fac, claim, signer)
     sys.stderr.write("sign it? [y/N] ")
     sys.stderr.flush()
-    if typed_answer() not in ("y", "yes"):
-        raise Refusal("unsigned.")
+    answer = typed_answer()
+    if answer not in YES:
+        raise Refusal(f"unsigned. you answered {answered(answer)}; only y or yes signs.")
     if signer.ssh_key is None:
         signing_key(fac, signer.name)   # created on first use, with a line saying where
     cert = certificate(fac, agent, args.tier, signer, path, proof)
@@ -4811,7 +4815,7 @@ def attempts_line(claim: Claim) -> str:
 def production_line(fac: Factory, claim: Claim) -> str:
     """The production evidence the index holds for this digest: verified gated runs counted, the rest named."""
     production = gated_runs(fac, claim.agent)
-    return (f"  production evidence since the card last changed: {production.runs} verified gated run(s), gate pass "
+    return (f"  production evidence since the agent (its digest) last changed: {production.runs} verified gated run(s), gate pass "
             f"rate {production.rate:.2f}{production.not_counted(fac)}")
 
 
@@ -6555,6 +6559,14 @@ class Progress:
         terminal = getattr(sys.stderr, "unfiltered", sys.stderr)
         terminal.write(text)
         terminal.flush()
+
+
+YES = ("y", "yes")   # the answers that sign at certify's prompt and approve at approve's
+
+
+def answered(answer: str) -> str:
+    """What a human typed at a prompt, for the refusal that declines: quoted, or 'nothing' for enter."""
+    return json.dumps(answer[:40]) if answer else "nothing (just enter)"
 
 
 def typed_answer() -> str:

@@ -311,7 +311,8 @@ class Text:
         answered = self.certify("triager", answer=b"\xff\xfe y\n", env=env)
         self.assertNotIn("Traceback", answered.stderr)
         self.assertEqual(answered.returncode, 1)
-        self.assertTrue(answered.stderr.strip().endswith("factory certify: unsigned."), answered.stderr)
+        self.assertTrue(answered.stderr.strip().endswith('factory certify: unsigned. you answered "\\ufffd\\ufffd y"; '
+                                                         'only y or yes signs.'), answered.stderr)
 
     def test_a_latin1_terminal(self):
         env = self.locale_env("ISO-8859-1", ("iso88591", "latin1"))
@@ -372,16 +373,29 @@ class Controls:
         self.assert_clean(out)
         self.assertIn("overloaded\\u001b[2K", out)
 
-    def test_a_case_id_with_controls_in_prove_and_junit(self):
+    def test_a_case_id_with_controls_is_refused_in_one_clean_line(self):
+        """A case id with controls would break every report line that names it: refused as the suite loads,
+        the refusal escaped, no JUnit written."""
         cases = self.root / "evals" / "triager" / "cases.jsonl"
         write_jsonl(cases, [{"id": f"case{CONTROLS}\x00", "input": "How do I order a new card?", "expect": {"label": "bug"}}])
         junit = self.tmp / "prove.xml"
         code, out, err = self.factory("prove", "triager", "--junit", str(junit))
-        self.assertEqual(code, 0, err)   # the bar is 0 here; the case itself fails (it expects the wrong label)
-        self.assert_clean(out + err)
-        self.assertIn("failed case\\u001b[2K", out)
-        case = ElementTree.parse(junit).getroot().find("testsuite/testcase")   # any XML parser accepts it
-        self.assertEqual(case.get("name"), "case\\u001b[2K\r\\u0007\x9b31m\\u0000")
+        self.assertEqual((code, out), (1, ""), err)
+        self.assert_clean(err)
+        self.assertIn('the case id "case\\u001b[2K\\r\\u0007\\u009b31m\\u0000" holds a line break or control character', err)
+        self.assertFalse(junit.exists())
+
+    def test_controls_in_why_a_case_failed_reach_junit_escaped(self):
+        """What XML 1.0 forbids (here in a run's reason, which can quote a model) is written as a visible escape."""
+        results = [{"id": "case", "passed": False, "status": "escalated", "reason": f"model said {CONTROLS}\x00",
+                    "wrong": {}, "unexpected_denials": [], "draft_score": None, "seconds": 0.0}]
+        proof = {"agent": "triager", "half": "open", "at": "2026-01-01T00:00:00Z", "verdict": "UNDER BAR", "passed": False,
+                 "score": 0.0, "passing_cases": 0, "cases": 1, "pass_bar": 0.5, "rubric": "none", "draft_check": "no rubric",
+                 "backends": ["offline"], "model_required": False, "model_answered": 1, "suite": "triager",
+                 "digest": "sha256:" + "0" * 64}
+        text = factory.junit_xml(proof, results, 0.1)
+        failure = ElementTree.fromstring(text.encode()).find("testsuite/testcase/failure")   # any XML parser accepts it
+        self.assertIn("model said \\u001b[2K\r\\u0007\x9b31m\\u0000", failure.get("message"))
 
 
 # ---------------------------------------------------------------- secrets echoed back

@@ -23,7 +23,8 @@ class CertifyRefusals(LineTest):
     """certify refuses without a sealed run, under the bar, without a terminal, and on any answer but y."""
 
     def test_certify_without_a_sealed_run(self):
-        self.refused("no sealed run. the law: no evals, no production.", "certify", "triager", "--tier", "C1", "--by", "alice")
+        self.refused("factory certify: no sealed run. the law: no evals, no production. run: prove triager --sealed\n",
+                     "certify", "triager", "--tier", "C1", "--by", "alice")
 
     def test_certify_under_the_bar(self):
         self.set_bar("triager", 1.0)
@@ -41,16 +42,20 @@ class CertifyAtATerminal(LineTest):
         self.prove_sealed()
 
     def test_certify_refuses_without_a_terminal(self):
-        self.refused_writing_nothing("unsigned. certification is the station that stays human.",
+        self.refused_writing_nothing("factory certify: stdin is not a terminal: unsigned. certification is the station "
+                                     "that stays human.\n",
                                      "certify", "triager", "--tier", "C1", "--by", "alice")
         self.assertFalse((self.root / "registry" / "triager.card.json").exists())
 
     def test_certify_answering_no_signs_nothing(self):
-        for answer in (b"n\n", b"yes please\n", b"\n", b"ye\n", b"sure\n"):
+        for answer, said in ((b"n\n", '"n"'), (b"Yes please\n", '"yes please"'), (b"\n", "nothing (just enter)"),
+                             (b"ye\n", '"ye"'), (b"sure\n", '"sure"')):
             with self.subTest(answer=answer):
                 signed = self.certify("triager", answer=answer)
                 self.assertEqual(signed.returncode, 1)
                 self.assertIn("sign it? [y/N]", signed.stderr)
+                self.assertTrue(signed.stderr.endswith(f"factory certify: unsigned. you answered {said}; only y or yes "
+                                                       f"signs.\n"), signed.stderr[-200:])
                 self.assertFalse((self.root / "registry" / "triager.card.json").exists())
 
     def test_certify_shows_the_record_and_signs_on_y(self):

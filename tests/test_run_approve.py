@@ -44,7 +44,8 @@ class Uncertified(LineTest):
     """Nothing certified: run and harvest refuse."""
 
     def test_run_without_a_certificate(self):
-        self.refused("uncertified. no evals, no production.", "run", "triager", "hello")
+        self.refused("factory run: uncertified. no evals, no production. to certify it: prove triager --sealed, then "
+                     "certify triager --tier C1 --by YOUR_NAME at a terminal\n", "run", "triager", "hello")
 
     def test_harvest_refused_without_a_certified_evalsmith(self):
         self.refused("evalsmith is not certified. the line only hires from the registry.", "harvest", "triager")
@@ -588,7 +589,7 @@ class Promotion(Tiered):
         self.run_payer("How do I order a new card?", times=5)
         refused = self.certify("payer", "C2")
         self.assertEqual(refused.returncode, 1)
-        self.assertIn("tier C2 needs production evidence at C1 since the card last changed: 5 gated run(s) (need 20)",
+        self.assertIn("tier C2 needs production evidence at C1 since the agent (its digest) last changed: 5 gated run(s) (need 20)",
                       refused.stderr)
         self.run_payer("How do I order a new card?", times=15)
         self.assertEqual(self.certify("payer", "C2").returncode, 0)

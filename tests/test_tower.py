@@ -74,7 +74,8 @@ def empty_agent(name="newbie"):
     """An agent with a card and no runs at all."""
     return {
         "agent": name, "trust": trust("uncertified", certificate="none", tier=None, signer=None, signed_at=None,
-                                      refusal="uncertified. no evals, no production.", may_run=False, runs_at=None),
+                                      refusal=f"uncertified. no evals, no production. to certify it: prove {name} --sealed, "
+                                              f"then certify {name} --tier C1 --by YOUR_NAME at a terminal", may_run=False, runs_at=None),
         "gate_bar": 0.9, "runs": 0, "unfinished": 0, "scored": 0, "passed": 0, "pass_rate": None, "unscored": 0,
         "acted": 0, "staged": 0, "denied": 0, "cost_usd": 0.0, "backends": [],
         "gate_p": {"bins": 10, "counts": [0] * 10, "runs": 0}, "days": [],

@@ -665,7 +665,7 @@ class Evidence(LineTest):
         fakes = [index_row("triager", digest, "C1") for _ in range(19)] + [index_row("triager", digest, "C1", mac=real.get("mac", "hmac-sha256:" + "0" * 64))]
         with index.open("a") as out:
             out.writelines(json.dumps(row) + "\n" for row in fakes)
-        err = self.refused_writing_nothing("tier C2 needs production evidence at C1 since the card last changed: "
+        err = self.refused_writing_nothing("tier C2 needs production evidence at C1 since the agent (its digest) last changed: "
                                            "0 gated run(s) (need 20)", "certify", "triager", "--tier", "C2", "--by", "alice")
         self.assertIn("20 row(s) of traces/index.jsonl not counted: their evidence MAC does not verify (line 3, 4, 5, 6, 7, ...)", err)
         signed = self.certify("triager", "C2")
@@ -681,7 +681,7 @@ class Evidence(LineTest):
         record = sorted((self.root / "records" / "triager").glob("*.sealed.json"))[-1].relative_to(self.root).as_posix()
         self.assertIn(f"sealed proof {record}: ", signed.stderr)
         self.assertIn("evidence MAC verified", signed.stderr)
-        self.assertIn("production evidence since the card last changed: 0 verified gated run(s), gate pass rate 0.00; "
+        self.assertIn("production evidence since the agent (its digest) last changed: 0 verified gated run(s), gate pass rate 0.00; "
                       "3 row(s) of traces/index.jsonl not counted", signed.stderr)
 
     def test_rows_and_records_written_by_the_line_verify(self):
