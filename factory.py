@@ -1601,7 +1601,7 @@ def made_tools_problems(fac: Factory, card: dict, relative: str, contracts: dict
         made = fac.code.module(relative).make_tools(fac.root, card.get("agent"), new_run_id(), refuse_to_write)
     except Exception as error:   # noqa: BLE001 - the tool module's own code: what it raises is named in one line
         return [f"{where}: make_tools(root, agent, run_id, write) raised {type(error).__name__}: {error}"
-                f"{agent_code_at(fac, error)}"]
+                f"{agent_code_at(fac.agents, error)}"]
     if not isinstance(made, dict):
         return [f"{where}: make_tools returned {type(made).__name__}, not a dict of tool name -> callable(args)"]
     granted = card["tools"] if _tool_list(card.get("tools")) else []
@@ -1615,15 +1615,16 @@ def made_tools_problems(fac: Factory, card: dict, relative: str, contracts: dict
             + "; and ".join(said)]
 
 
-def agent_code_at(fac: Factory, error: BaseException) -> str:
-    """' (agents/FILE line N)' for the innermost frame of error's traceback in a file under agents/ (the
-    agent's or a tool module's own code), or '' when none of it ran there."""
+def agent_code_at(agents: Path, error: BaseException) -> str:
+    """' (agents/FILE line N)' for the innermost frame of error's traceback in a file under the folder
+    `agents` (the agent's or a tool module's own code: where it went wrong, not where the line called
+    it), or '' when none of it ran there."""
     import traceback
-    folder = str(fac.agents) + os.sep
+    folder = str(agents) + os.sep
     frames = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename.startswith(folder)]
     if not frames:
         return ""
-    return f" ({fac.shown(Path(frames[-1].filename))} line {frames[-1].lineno})"
+    return f" (agents/{Path(frames[-1].filename).relative_to(agents).as_posix()} line {frames[-1].lineno})"
 
 
 def no_contract(key: str, tool: str, known: tuple[list[str], list[str]]) -> str:
@@ -3396,13 +3397,15 @@ class Loop:
 
 def run_loop(loop: Loop) -> str:
     """Run the loop; its status, or `crashed` (traceback kept in the trace) when the agent's code or model
-    raised. A StoreError (the trace could not be written) is the machine's, not the agent's: it goes up."""
+    raised, the reason naming the file and line of the agent's code where it did (agent_code_at). A
+    StoreError (the trace could not be written) is the machine's, not the agent's: it goes up."""
     try:
         return loop.run()
     except StoreError:
         raise
     except Exception as error:  # the agent's code or its model failed: this run crashed, the batch goes on
-        loop.reason = f"{type(error).__name__}: {error}"
+        entry = getattr(loop.agent.module, "__file__", None)   # agents/NAME.py: its folder holds all the agent's code
+        loop.reason = f"{type(error).__name__}: {error}" + (agent_code_at(Path(entry).parent, error) if entry else "")
         import traceback
         loop.record({"event": "crash", "traceback": traceback.format_exc()})
         return "crashed"

@@ -359,11 +359,22 @@ class Verdicts(CertifiedTest):
         self.assertEqual(self.run_once()["verdict"], "over-budget")
         del self.env["ANTHROPIC_API_KEY"]
         path = self.root / "agents" / "triager.py"
-        path.write_text(path.read_text() + "\n\ndef rules(ticket):\n    raise RuntimeError('rules broke')\n")
+        path.write_text(path.read_text() + "\n\ndef rules(ticket):\n    return broke(ticket)\n\n\n"
+                                           "def broke(ticket):\n    raise RuntimeError('rules broke')\n")
+        line = path.read_text().splitlines().index("    raise RuntimeError('rules broke')") + 1
         self.certified()
         row = self.run_once(exit=1)
         self.assertEqual((row["verdict"], row["status"]), ("crashed", "crashed"))
-        self.assertIn("RuntimeError: rules broke", row["reason"])
+        reason = f"RuntimeError: rules broke (agents/triager.py line {line})"   # the innermost frame in the agent's code
+        self.assertEqual(row["reason"], reason)
+        code, out, _ = self.factory("run", "triager", "How do I order a new card?")
+        self.assertEqual(code, 1)
+        self.assertIn(f"(no output: {reason})", out)
+        code, out, _ = self.factory("run", "triager", "How do I order a new card?", "--json")
+        self.assertEqual((code, json.loads(out)["reason"]), (1, reason))
+        crash = [e for e in self.traces()[-1] if e.get("event") == "crash"]
+        self.assertIn(f'agents/triager.py", line {line}, in broke', crash[0]["traceback"])
+        self.assertIn("llm.py", crash[0]["traceback"], "the trace keeps the full traceback")
 
 
 class RecallAndHarvest(LineTest):
