@@ -1686,9 +1686,13 @@ def entry_module(card: dict) -> str:
 
 
 def missing_agent(fac: Factory, name: str) -> str | None:
-    """The refusal line when NAME has no card (masters/NAME.json), else None."""
+    """The refusal line when NAME has no card (masters/NAME.json), with the nearest card's name when one
+    is close and how to make a new agent; else None."""
     path = fac.card_path(name)
-    return None if fac.store.exists(path) else f"no agent named {one_line(name)} (no {fac.shown(path)}); stamp it from a master first"
+    if fac.store.exists(path):
+        return None
+    near = did_you_mean(name, [card.stem for card in fac.masters.glob("*.json")])
+    return f"no agent named {one_line(name)} (no {fac.shown(path)}){near}; a new agent is made with: new {one_line(name)}"
 
 
 def read_card(fac: Factory, name: str) -> tuple[dict, str]:
@@ -4437,7 +4441,7 @@ def cmd_new(fac: Factory, args) -> int:
     if args.source is None and not TOOL.fullmatch(f"{family}:draft"):
         raise Usage(f"{args.name!r} is too long to name its tool module agents/tools/{family}.py (at most 32)")
     owner = fac.env.get("USER") or "unassigned"
-    files = (copied_files(fac, load_agent(fac, args.source), args.name, owner) if args.source
+    files = (copied_files(fac, source_agent(fac, args.source, args.name), args.name, owner) if args.source
              else new_files(fac, args.name, args.tools or tuple(EXAMPLE_TOOLS), owner))
     taken = name_taken(fac, args.name, files)
     if taken:
@@ -4448,9 +4452,20 @@ def cmd_new(fac: Factory, args) -> int:
     for made in files:
         print(f"  {fac.shown(made.path):<{width}}{made.what}")
     sealed = "" if args.source is None else f"; write its own sealed half, {fac.shown(fac.suite_path(args.name, True))}"
-    print(f"next: python3 factory.py prove {args.name}{sealed}; then prove {args.name} --sealed, certify it and run it "
-          f"(the README's \"Your first agent\")")
+    import shlex
+    root = f" --root {shlex.quote(args.root)}" if getattr(args, "root", None) else ""   # the same factory next time
+    print(f"next: python3 factory.py prove {args.name}{root}{sealed}; then prove {args.name} --sealed, certify it and run "
+          f"it (the README's \"Your first agent\")")
     return 0
+
+
+def source_agent(fac: Factory, source: str, name: str) -> Agent:
+    """The agent `new NAME --from SOURCE` copies; Refusal saying so when there is no such agent."""
+    if not fac.store.exists(fac.card_path(source)):
+        near = did_you_mean(source, [card.stem for card in fac.masters.glob("*.json")])
+        raise Refusal(f"no agent named {source} to copy (no {fac.shown(fac.card_path(source))}){near}; --from names an "
+                      f"agent that has a card, or leave it out to make {name} from nothing")
+    return load_agent(fac, source)
 
 
 def write_new_agent(fac: Factory, name: str, files: list[NewFile]) -> None:
@@ -4899,7 +4914,8 @@ TICKET_FIELDS = ("id", "input", "source")
 
 def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str | Refusal]]:
     """(id, input) for each line of a tickets file `{"id", "input"}`, or (its id or `line N`, the Refusal
-    naming what is wrong with that line): one bad ticket is refused alone and the others still run.
+    naming what is wrong with that line): one bad ticket is refused alone and the others still run; a
+    blank line is skipped, as in every JSONL file.
     Refusal for the file as a whole: missing, a sealed half, a byte-order mark, no tickets at all."""
     if path.resolve().name == "sealed.jsonl" or path.resolve().is_relative_to(fac.sealed_dir) and fac.sealed_dir != fac.evals:
         raise Refusal(f"{fac.shown(path)}: is a sealed half; sealed cases are never run as tickets")
@@ -4932,7 +4948,8 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
 
 @station(arg("agent", metavar="AGENT", help="the certified agent to run"),
          arg("input", nargs="?", metavar="TEXT", help="the input, one ticket's text (quote it); or --file"),
-         arg("--file", metavar="TICKETS.jsonl", help='run each line {"id": ..., "input": ...} of a tickets file'),
+         arg("--file", metavar="TICKETS.jsonl",
+             help='run each line {"id": ..., "input": ...} of a tickets file (blank lines are skipped)'),
          arg("--json", action="store_true", help="one JSON object per run: the index row, ticket, output, tools, gate line"),
          jobs_argument("tickets", default=None, note="; 1 when the agent's models and the gate are all offline, "
                                                    "since such runs wait on nothing"),
@@ -5476,7 +5493,17 @@ def cmd_reject(fac: Factory, args) -> int:
     return 0
 
 
-@station(arg("run_id", metavar="RUN_ID", help="the run to replay, as run printed it (trace AGENT/RUN_ID)"),
+def run_reference(text: str) -> tuple[str | None, str]:
+    """An argparse type: (agent or None, run id) from RUN_ID or AGENT/RUN_ID, as run prints a run's trace."""
+    agent, _, run_id = text.rpartition("/")
+    if not RUN_ID.fullmatch(run_id) or (agent and not NAME.fullmatch(agent)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a run id, RUN_ID or AGENT/RUN_ID "
+                                         f"(e.g. triager/20261130T041500123456Z-1a2b3c)")
+    return agent or None, run_id
+
+
+@station(arg("run", type=run_reference, metavar="RUN_ID",
+             help="the run to replay: its id, or AGENT/RUN_ID as run printed it (trace AGENT/RUN_ID)"),
          arg("--live", action="store_true", help="ask the model again instead of feeding its recorded replies"),
          examples=("python3 factory.py replay 20261130T041500123456Z-1a2b3c",
                    "python3 factory.py replay 20261130T041500123456Z-1a2b3c --live"),
@@ -5489,7 +5516,10 @@ def cmd_replay(fac: Factory, args) -> int:
     with recorder tools (nothing is written), and prints what differs: tool calls and their rulings,
     the status, the output.
     """
-    recorded = Trace.read(fac, args.run_id)
+    agent_name, run_id = args.run
+    recorded = Trace.read(fac, run_id)
+    if agent_name and recorded.path.parent.name != agent_name:
+        raise Refusal(f"run {run_id} is not {agent_name}'s: its trace is {fac.shown(recorded.path)}")
     if recorded.end is None:
         raise Refusal(f"{fac.shown(recorded.path)}: not a finished {TRACE_FORMAT} trace")
     header, agent = recorded.header, load_agent(fac, recorded.header["agent"])
@@ -5502,7 +5532,7 @@ def cmd_replay(fac: Factory, args) -> int:
     status = run_loop(loop)
     differences = replay_differences(recorded.events, now, recorded.end, loop, status)
     mode = "live" if args.live else "recorded replies"
-    print(f"replay {args.run_id} ({agent.name}, {mode}): " + (f"{len(differences)} difference(s)" if differences else "no differences"))
+    print(f"replay {run_id} ({agent.name}, {mode}): " + (f"{len(differences)} difference(s)" if differences else "no differences"))
     for line in differences:
         print(f"  {line}")
     return 1 if differences else 0

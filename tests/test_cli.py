@@ -207,7 +207,10 @@ class Usage(LineTest):
         for argv in (("run", "nosuch", "hello"), ("run", "nosuch", "--file", "t.jsonl"), ("harvest", "nosuch"),
                      ("prove", "nosuch"), ("certify", "nosuch", "--tier", "C1", "--by", "bob")):
             with self.subTest(argv=argv):
-                self.refused_writing_nothing("no agent named nosuch (no masters/nosuch.json)", *argv)
+                self.refused_writing_nothing("no agent named nosuch (no masters/nosuch.json); a new agent is made "
+                                             "with: new nosuch\n", *argv)
+        self.refused("no agent named trager (no masters/trager.json) (did you mean 'triager'?); a new agent is made "
+                     "with: new trager", "prove", "trager")
 
 
 class Progress(LineTest):

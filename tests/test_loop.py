@@ -413,6 +413,18 @@ class Replay(CertifiedTest):
         self.assertEqual(len(server.requests), 4)
         self.assertEqual(len(self.traces()), 1, "a replay writes no trace")
 
+    def test_replay_takes_the_run_as_run_printed_it(self):
+        self.serve(Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT])), Answer(body=anthropic_message(FINAL)))
+        code, out, err = self.factory("run", "triager", "I was charged twice for my card")
+        self.assertEqual(code, 0, err)
+        printed = re.search(r"trace (triager/\S+)$", out.strip()).group(1)
+        code, out, err = self.factory("replay", printed)
+        self.assertEqual((code, out.split(": ", 1)[1].strip()), (0, "no differences"), err)
+        self.refused(f"run {printed.split('/')[1]} is not evalsmith's: its trace is traces/{printed}.jsonl",
+                     "replay", printed.replace("triager/", "evalsmith/"))
+        self.usage_error("is not a run id, RUN_ID or AGENT/RUN_ID", "replay", "triager/latest")
+        self.usage_error("is not a run id", "replay", "../" + printed)
+
     def test_replay_matches_and_then_differs_after_a_contract_change(self):
         self.serve(Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT])), Answer(body=anthropic_message(FINAL)))
         run_id = self.run_once()
@@ -470,7 +482,7 @@ class Replay(CertifiedTest):
         self.refused(f"traces/triager/{run_id}.jsonl: not a finished {factory.TRACE_FORMAT} trace", "replay", run_id)
         path.write_text("\n".join([lines[0].replace(factory.TRACE_FORMAT, "factory-trace-0")] + lines[1:]) + "\n")
         self.refused("(no header line)", "replay", run_id)
-        self.refused("is not a run id", "replay", "../x")
+        self.usage_error("is not a run id", "replay", "../x")
         self.refused("no trace for run", "replay", "20990101T000000000000Z-abcdef")
 
 

@@ -5,6 +5,7 @@ or none, and no other agent's certificate is touched."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import factory
 from tests.support import LineTest, snapshot
@@ -160,7 +161,19 @@ class FromACopy(LineTest):
         self.assertNotIn("tri3", factory.parents(self.fac))
 
     def test_no_such_source(self):
-        self.refused_writing_nothing("no agent named nosuch", "new", "faq", "--from", "nosuch")
+        self.refused_writing_nothing("factory new: no agent named nosuch to copy (no masters/nosuch.json); --from names "
+                                     "an agent that has a card, or leave it out to make faq from nothing\n",
+                                     "new", "faq", "--from", "nosuch")
+        self.refused_writing_nothing("no agent named trager to copy (no masters/trager.json) (did you mean 'triager'?)",
+                                     "new", "faq", "--from", "trager")
+
+    def test_the_next_step_names_the_root_it_was_given(self):
+        other = self.tmp / "other root"
+        shutil.copytree(self.root, other, ignore=shutil.ignore_patterns("faq*"))
+        code, out, err = self.factory("new", "faq3", "--root", str(other))
+        self.assertEqual(code, 0, err)
+        self.assertIn(f"next: python3 factory.py prove faq3 --root '{other}'; then prove faq3 --sealed", out)
+        self.assertTrue((other / "masters" / "faq3.json").exists())
 
 
 class NameTaken(LineTest):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import factory
 import llm
-from tests.support import REPO, LineTest
+from tests.support import REPO, CertifiedTest, LineTest
 
 INTEGER = re.compile(r"[-+]?[0-9]+")
 FLOAT = re.compile(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
@@ -383,6 +383,23 @@ class ModuleContract(LineTest):
         self.assertEqual(row["output"], {"reply": "We are open Monday to Friday, 9:00 to 17:00.", "escalate": False})
         self.assertEqual([tool for tool, _ in row["tools"]], ["drafts:write"])
 
+
+
+class Claims(CertifiedTest):
+    """What the README says the line does, each claim checked against what it does."""
+
+    def readme(self) -> str:
+        """The README as one line of words (its line breaks fall anywhere)."""
+        return " ".join((REPO / "README.md").read_text().split())
+
+    def test_a_blank_line_in_a_tickets_file_is_skipped(self):
+        self.assertIn("in a tickets file, a blank line is skipped", self.readme())
+        tickets = self.tmp / "tickets.jsonl"
+        tickets.write_text('\n{"id": "a", "input": "How do I order a new card?"}\n\n   \n'
+                           '{"id": "b", "input": "I was charged twice"}\n\n')
+        code, out, err = self.factory("run", "triager", "--file", str(tickets))
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual([line.split("\t")[0] for line in out.splitlines() if "\t" in line], ["a", "b"])
 
 
 def tutorial_steps(text: str) -> list[tuple[list[str], list[str]]]:
