@@ -4390,7 +4390,39 @@ def reason_text(text: str) -> str:
     return line
 
 
-STAGED_CALL = (arg("run_id", metavar="RUN_ID", help="the run that staged the call, as pending lists it"),   # approve, reject
+# Names on the command line: a malformed one can never work, whatever the factory holds, so it is a usage
+# error (exit 2) in every station, as in `new`; a well-formed name the factory does not know is a refusal (1).
+
+def agent_name(text: str) -> str:
+    """An argparse type: an agent's name (NAME, whole), checked before any path is built from it."""
+    try:
+        return check_name(text)
+    except Refusal as why:
+        raise argparse.ArgumentTypeError(str(why)) from None
+
+
+def signer_name(text: str) -> str:
+    """An argparse type: a signer's name (SIGNER, whole), which names their key file."""
+    if not SIGNER.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid signer name (a letter, then letters, digits . _ -)")
+    return text
+
+
+def run_id_text(text: str) -> str:
+    """An argparse type: a run id as run and pending print it."""
+    if not RUN_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
+    return text
+
+
+def folder_text(text: str) -> str:
+    """An argparse type: a folder (--root, --sealed-dir); empty is refused rather than read as "not given"."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty (an unset variable?); name the folder, or leave the option out")
+    return text
+
+
+STAGED_CALL = (arg("run_id", type=run_id_text, metavar="RUN_ID", help="the run that staged the call, as pending lists it"),   # approve, reject
                arg("--call", type=at_least_one, default=1, metavar="N", help="which staged call of that run (default 1)"))
 
 
@@ -4413,7 +4445,7 @@ def example_tools(text: str) -> tuple[str, ...]:
 
 @station(arg("name", type=new_agent_name, metavar="NAME",
              help="the new agent's name: a lowercase letter, then a-z 0-9 _ - (a - becomes _ in its module names)"),
-         arg("--from", dest="source", metavar="AGENT",
+         arg("--from", dest="source", type=agent_name, metavar="AGENT",
              help="start from a copy of AGENT: its module, its card with the same grants, and its open half "
                   "(never its sealed half: write the copy's own)"),
          arg("--tools", type=example_tools, metavar="read,draft",
@@ -4484,8 +4516,8 @@ def write_new_agent(fac: Factory, name: str, files: list[NewFile]) -> None:
         raise Refusal(f"{name} does not load, so nothing was written: {why}") from None
 
 
-@station(arg("master", metavar="MASTER", help="the agent to derive from (masters/MASTER.json)"),
-         arg("--as", dest="new", metavar="NEW", required=True,
+@station(arg("master", type=agent_name, metavar="MASTER", help="the agent to derive from (masters/MASTER.json)"),
+         arg("--as", dest="new", type=agent_name, metavar="NEW", required=True,
              help="the variant's name: a lowercase letter, then lowercase letters, digits, - or _"),
          arg("--set", action="append", metavar="PATH=JSON",
              help="override one card field (repeatable): a dotted PATH and a JSON value; a bare word is a string"),
@@ -4553,7 +4585,7 @@ def finish_stamp(fac: Factory, master: str, name: str, overrides: dict, earlier:
     return 0
 
 
-@station(arg("master", metavar="MASTER", help="the master whose variants to re-derive"),
+@station(arg("master", type=agent_name, metavar="MASTER", help="the master whose variants to re-derive"),
          examples=("python3 factory.py restamp triager",),
          exits=("done, also when no variant changed", "refused: no such master, or a variant's card is invalid"),
          env=ROOT_ENV)
@@ -4579,7 +4611,7 @@ def cmd_restamp(fac: Factory, args) -> int:
     return 0
 
 
-@station(arg("agent", metavar="AGENT", help="the agent to prove (masters/AGENT.json)"),
+@station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to prove (masters/AGENT.json)"),
          arg("--sealed", action="store_true",
              help="prove the sealed half, the proof certify needs (sealed cases are named by id only)"),
          arg("--json", action="store_true", help=f"print the proof record (format {RECORD_FORMAT}), not the summary"),
@@ -4722,10 +4754,10 @@ def failure_message(half: str, result: dict) -> str:
     return "; ".join(parts) or "failed"
 
 
-@station(arg("agent", metavar="AGENT", help="the agent to sign for (its latest sealed proof must clear the bar)"),
+@station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to sign for (its latest sealed proof must clear the bar)"),
          arg("--tier", choices=TIERS, required=True,
              help="C0 observe, C1 draft, C2 act with approval, C3 act alone; at most the card's tier_ceiling"),
-         arg("--by", required=True, metavar="SIGNER", help="who signs; their HMAC key is created on first use"),
+         arg("--by", type=signer_name, required=True, metavar="SIGNER", help="who signs; their HMAC key is created on first use"),
          SSH_KEY,
          examples=("python3 factory.py certify triager --tier C1 --by alice",
                    "python3 factory.py certify triager --tier C1 --by alice --ssh-key KEY"),
@@ -4946,7 +4978,7 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
     return None
 
 
-@station(arg("agent", metavar="AGENT", help="the certified agent to run"),
+@station(arg("agent", type=agent_name, metavar="AGENT", help="the certified agent to run"),
          arg("input", nargs="?", metavar="TEXT", help="the input, one ticket's text (quote it); or --file"),
          arg("--file", metavar="TICKETS.jsonl",
              help='run each line {"id": ..., "input": ...} of a tickets file (blank lines are skipped)'),
@@ -5116,7 +5148,7 @@ def flagged(row: dict) -> bool:
     return row.get("gate") in ("flag", "unsure") or bool(row.get("denied")) or row.get("status") != "done"
 
 
-@station(arg("agent", metavar="AGENT", help="the agent whose flagged runs to harvest"),
+@station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose flagged runs to harvest"),
          examples=("python3 factory.py harvest triager",),
          exits=("done, also when nothing was flagged", "refused: no such agent, or evalsmith is not certified"),
          env=(*ROOT_ENV, "FACTORY_KEYS_DIR", *MODEL_ENV))
@@ -5249,7 +5281,7 @@ def flagged_input(fac: Factory, row: dict) -> dict:
             "denials": row.get("denied", []), "why": "; ".join(row.get("why", []))}
 
 
-@station(arg("agent", metavar="AGENT", help="the agent to recall, with every variant stamped from it"),
+@station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to recall, with every variant stamped from it"),
          arg("--reason", type=reason_text, required=True, metavar="TEXT",
              help="why: kept in the recall log and shown in every refusal it causes"),
          examples=('python3 factory.py recall triager --reason "drafts promised refunds"',),
@@ -5430,10 +5462,10 @@ def approval_brief(fac: Factory, entry: dict) -> str:
         f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"])
 
 
-@station(*STAGED_CALL, arg("--by", required=True, metavar="NAME", help="who approves: their signing key must be here"),
+@station(*STAGED_CALL, arg("--by", type=signer_name, required=True, metavar="NAME", help="who approves: their signing key must be here"),
          SSH_KEY,
-         examples=("python3 factory.py pending", "python3 factory.py approve RUN_ID --call 2 --by alice",
-                   "python3 factory.py approve RUN_ID --by alice --ssh-key ~/.ssh/id_ed25519"),
+         examples=("python3 factory.py pending", "python3 factory.py approve 20261130T041500123456Z-1a2b3c --by alice",
+                   "python3 factory.py approve 20261130T041500123456Z-1a2b3c --call 2 --by al"),
          exits=("approved and executed", "refused, declined at the prompt, or the executed call failed"),
          env=(*ROOT_ENV, "FACTORY_KEYS_DIR", "PATH"))
 def cmd_approve(fac: Factory, args) -> int:
@@ -5468,10 +5500,10 @@ def cmd_approve(fac: Factory, args) -> int:
     return 0 if result["ok"] else 1
 
 
-@station(*STAGED_CALL, arg("--by", required=True, metavar="NAME", help="who rejects: their signing key must be here"),
+@station(*STAGED_CALL, arg("--by", type=signer_name, required=True, metavar="NAME", help="who rejects: their signing key must be here"),
          arg("--reason", type=reason_text, required=True, metavar="TEXT", help="why: kept with the decision"),
          SSH_KEY,
-         examples=('python3 factory.py reject RUN_ID --call 2 --by alice --reason "asked twice"',),
+         examples=('python3 factory.py reject 20261130T041500123456Z-1a2b3c --by al --reason dup',),
          exits=("rejected", "refused: no such call, it is not open, or NAME has no key here"),
          env=(*ROOT_ENV, "FACTORY_KEYS_DIR", "PATH"))
 def cmd_reject(fac: Factory, args) -> int:
@@ -5538,7 +5570,7 @@ def cmd_replay(fac: Factory, args) -> int:
     return 1 if differences else 0
 
 
-@station(arg("agent", metavar="AGENT", help="the agent whose digest to print"),
+@station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose digest to print"),
          arg("--explain", action="store_true", help="print each component's digest, marking what changed since certification"),
          examples=("python3 factory.py digest triager", "python3 factory.py digest triager --explain"),
          exits=("done", "refused: no such agent, or its card or code does not load"),
@@ -6661,9 +6693,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse tree: one subparser per station, with the arguments beside it, its docstring as
     its description and its examples, exit statuses and environment after them."""
     common = argparse.ArgumentParser(add_help=False)  # accepted before or after the station name
-    common.add_argument("--root", default=argparse.SUPPRESS, metavar="DIR",
+    common.add_argument("--root", type=folder_text, default=argparse.SUPPRESS, metavar="DIR",
                         help="the factory root (default: $FACTORY_ROOT, else the folder of factory.py)")
-    common.add_argument("--sealed-dir", default=argparse.SUPPRESS, metavar="DIR",
+    common.add_argument("--sealed-dir", type=folder_text, default=argparse.SUPPRESS, metavar="DIR",
                         help="where SUITE/sealed.jsonl live (default: $FACTORY_SEALED_DIR, else evals/)")
     raw = argparse.RawDescriptionHelpFormatter   # descriptions come wrapped, epilogs laid out by hand
     parser = Parser(prog="factory.py", description=wrapped(__doc__.split("\n\n")[0]), epilog=START_HERE,

@@ -197,6 +197,34 @@ class Usage(LineTest):
             with self.subTest(argv=argv):
                 self.usage_error(expected, *argv)
 
+    def test_a_malformed_name_is_a_usage_error_and_an_unknown_one_a_refusal(self):
+        """Everywhere a name is given on the command line, as `new` always did: malformed, it can never
+        work (exit 2); well formed but unknown to this factory, it is refused (exit 1)."""
+        run_id = "20261130T041500123456Z-1a2b3c"
+        rows = (  # malformed argv, what the line says, the same with a well-formed name nobody has, its refusal
+            (("prove", "No Such"), "argument AGENT: 'No Such' is not a valid agent name", ("prove", "nosuch"), "no agent named"),
+            (("digest", "../triager"), "argument AGENT: '../triager'", ("digest", "nosuch"), "no agent named"),
+            (("recall", "X", "--reason", "r"), "argument AGENT: 'X'", ("recall", "nosuch", "--reason", "r"), "no agent named"),
+            (("harvest", "a/b"), "argument AGENT: 'a/b'", ("harvest", "nosuch"), "no agent named"),
+            (("restamp", "T"), "argument MASTER: 'T'", ("restamp", "nosuch"), "no agent named"),
+            (("stamp", "T", "--as", "copy"), "argument MASTER: 'T'", ("stamp", "nosuch", "--as", "copy"), "no agent named"),
+            (("stamp", "triager", "--as", "Copy"), "argument --as: 'Copy'", ("stamp", "triager", "--as", "evalsmith"),
+             "evalsmith already exists"),
+            (("new", "faq", "--from", "Tri"), "argument --from: 'Tri'", ("new", "faq", "--from", "nosuch"), "no agent named"),
+            (("certify", "triager", "--tier", "C1", "--by", "al ice"), "argument --by: 'al ice' is not a valid signer name",
+             ("certify", "nosuch", "--tier", "C1", "--by", "alice"), "no agent named"),
+            (("approve", run_id, "--by", "1bob"), "argument --by: '1bob' is not a valid signer name",
+             ("approve", run_id, "--by", "alice"), "no staged call 1 for run"),
+            (("approve", "today", "--by", "alice"), "argument RUN_ID: 'today' is not a run id",
+             ("reject", run_id, "--by", "alice", "--reason", "r"), "no staged call 1 for run"),
+            (("tower", "--root", ""), "argument --root: is empty (an unset variable?)", ("tower", "--root", "/nonexistent"),
+             "is not a folder"),
+        )
+        for malformed, says, unknown, refused in rows:
+            with self.subTest(argv=malformed):
+                self.usage_error(says, *malformed)
+                self.refused(refused, *unknown)
+
     def test_no_arguments_show_the_help_on_stderr(self):
         code, out, err = self.factory()
         self.assertEqual((code, out), (2, ""))

@@ -540,9 +540,9 @@ class Small:
             return [{**e, "text": 5} if e.get("event") == "model" else e for e in events]
         run_id = lambda: trace().stem  # noqa: E731
         rows = [
-            ("--root empty", lambda: None, ("tower", "--root", ""), 1, "--root is empty"),
-            ("--sealed-dir empty", lambda: None, ("prove", "triager", "--sealed-dir", " "), 1, "--sealed-dir is empty"),
-            ("a name with a line break", lambda: None, ("run", "triager\n", "hi"), 1, "triager\\n"),
+            ("--root empty", lambda: None, ("tower", "--root", ""), 2, "--root: is empty"),
+            ("--sealed-dir empty", lambda: None, ("prove", "triager", "--sealed-dir", " "), 2, "--sealed-dir: is empty"),
+            ("a name with a line break", lambda: None, ("run", "triager\n", "hi"), 2, "triager\\n"),
             ("run nosuch", lambda: None, ("run", "nosuch", "hello"), 1, "no agent named nosuch"),
             ("a ticket without input", lambda: write_jsonl(Path(tickets), [{"id": "a"}]),
              ("run", "triager", "--file", tickets), 1, "1 of 1 ticket(s) refused"),

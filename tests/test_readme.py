@@ -392,6 +392,13 @@ class Claims(CertifiedTest):
         """The README as one line of words (its line breaks fall anywhere)."""
         return " ".join((REPO / "README.md").read_text().split())
 
+    def test_a_malformed_name_is_a_usage_error_an_unknown_one_a_refusal(self):
+        readme = self.readme()
+        self.assertIn("a malformed name — an agent, `--as`, `--from`, `--by`, a run id — or an empty `--root \"\"`", readme)
+        self.assertIn("A name that is well formed but that the factory does not know (`prove nosuch`", readme)
+        self.assertEqual(self.factory("prove", "No-Such")[0], 2)
+        self.assertEqual(self.factory("prove", "nosuch")[0], 1)
+
     def test_a_blank_line_in_a_tickets_file_is_skipped(self):
         self.assertIn("in a tickets file, a blank line is skipped", self.readme())
         tickets = self.tmp / "tickets.jsonl"
