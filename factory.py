@@ -4472,7 +4472,7 @@ def cmd_new(fac: Factory, args) -> int:
         raise Usage("--tools makes example tools for a new agent; a copy (--from) has its source's tools")
     if args.source is None and not TOOL.fullmatch(f"{family}:draft"):
         raise Usage(f"{args.name!r} is too long to name its tool module agents/tools/{family}.py (at most 32)")
-    owner = fac.env.get("USER") or "unassigned"
+    owner = fac.env.get("USER") or login_name()
     files = (copied_files(fac, source_agent(fac, args.source, args.name), args.name, owner) if args.source
              else new_files(fac, args.name, args.tools or tuple(EXAMPLE_TOOLS), owner))
     taken = name_taken(fac, args.name, files)
@@ -4615,7 +4615,7 @@ def cmd_restamp(fac: Factory, args) -> int:
          arg("--sealed", action="store_true",
              help="prove the sealed half, the proof certify needs (sealed cases are named by id only)"),
          arg("--json", action="store_true", help=f"print the proof record (format {RECORD_FORMAT}), not the summary"),
-         arg("--junit", metavar="FILE", help="also write JUnit XML to FILE: one testcase per case"),
+         arg("--junit", metavar="FILE", help="also write JUnit XML to FILE (a file, not a folder): one testcase per case"),
          arg("--require-model", action="store_true",
              help="fail the proof (verdict MODEL UNANSWERED) unless the card's models answered every case: a "
                   "missing or bogus key, or a model that is down, would otherwise prove the agent's offline rules"),
@@ -4644,6 +4644,9 @@ def cmd_prove(fac: Factory, args) -> int:
     path = fac.suite_path(suite, args.sealed)
     cases = load_cases(fac, path, agent)
     if args.junit:   # before any case runs or any record is written
+        if os.path.isdir(args.junit) and not os.path.islink(args.junit):
+            raise Refusal(f"--junit {args.junit}: is a folder; --junit names the report's file, e.g. "
+                          f"{Path(args.junit) / 'prove.xml'}")
         fac.store.check_report(Path(args.junit))
     started = time.monotonic()
     results, rubric, draft = prove_all(fac, agent, cases, args.jobs)
@@ -4661,12 +4664,17 @@ def print_proof(proof: dict) -> None:
     why it failed for the open half, its id only for the sealed one."""
     print(f"{proof['agent']} [{proof['half']} half of {proof['suite']}] {score_text(proof, proof['pass_bar'])} "
           f"(bar {proof['pass_bar']}) {proof['verdict']}   denials:{proof['tool_denials']}   draft:{proof['draft_check']}")
-    real, synthetic = proof["real"], proof["synthetic"]
-    print(f"  real tickets {score_text(real)}   synthetic {score_text(synthetic)}   backends: {', '.join(proof['backends'])}")
+    print(f"  {part_text('real tickets', proof['real'])}   {part_text('synthetic', proof['synthetic'])}   "
+          f"backends: {', '.join(proof['backends'])}")
     if proof["verdict"] == "MODEL UNANSWERED":
         print(f"  {unanswered_text(proof)}")
     for failure in proof["failures"]:
         print(f"  failed {failure}" if isinstance(failure, str) else f"  failed {failure['id']}: {failure['why']}")
+
+
+def part_text(label: str, part: dict) -> str:
+    """'real tickets 3/4 = 0.75' for one part of a proof, or 'real tickets: none' when it had no such case."""
+    return f"{label} {score_text(part)}" if part["cases"] else f"{label}: none"
 
 
 def unanswered_text(proof: dict) -> str:
@@ -4981,7 +4989,10 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the certified agent to run"),
          arg("input", nargs="?", metavar="TEXT", help="the input, one ticket's text (quote it); or --file"),
          arg("--file", metavar="TICKETS.jsonl",
-             help='run each line {"id": ..., "input": ...} of a tickets file (blank lines are skipped)'),
+             help='run each line {"id": ..., "input": ...} of a tickets file (blank lines are skipped); prints one '
+                  "line per ticket, tab-separated: the ticket id, HANDOFF=true|false (the agent's hand-off field), "
+                  "gate=RESULT, verdict=VERDICT, and -> where it went (passed; human: why; not run: why); on a "
+                  "terminal a header line names them"),
          arg("--json", action="store_true", help="one JSON object per run: the index row, ticket, output, tools, gate line"),
          jobs_argument("tickets", default=None, note="; 1 when the agent's models and the gate are all offline, "
                                                    "since such runs wait on nothing"),
@@ -5015,7 +5026,9 @@ def cmd_run(fac: Factory, args) -> int:
         if args.json:
             print(json.dumps({"ticket": ticket_id, **row}, ensure_ascii=False))
         else:
-            print_run(row) if args.file is None else print_ticket(ticket_id, row)
+            print_run(row) if args.file is None else print_ticket(ticket_id, row, agent.handoff_field)
+    if args.file is not None and not args.json and sys.stdout.isatty():   # a pipe gets the lines alone
+        print(TICKET_COLUMNS.replace("HANDOFF", agent.handoff_field))
     failed = run_tickets(fac, agent, cert, tickets, jobs, emit, clients)
     refused = [row["why"][0] for row in failed if row["status"] == "refused"]
     crashed = sum(row["status"] == "crashed" for row in failed)
@@ -5104,13 +5117,18 @@ def settled_phrase(decision: str, outcome: str | None) -> str:
             "would-have": "not written (recorded what it would have done)"}[decision]
 
 
-def print_ticket(ticket_id: str, row: dict) -> None:
-    """One line per ticket for --file runs (a refused ticket's line says why it did not run)."""
+TICKET_COLUMNS = "ticket\tHANDOFF=\tgate=\tverdict=\t-> where it went"   # run --file's lines, as --help and the header name them
+
+
+def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
+    """One line per ticket for --file runs, tab-separated (TICKET_COLUMNS): the ticket id, the agent's
+    hand-off field and its value (`-` without an output), the gate's result, the verdict, and where the
+    run went (passed; human: why; not run: why, for a ticket that was refused)."""
     out = row["output"] or {}
     where = "human: " + "; ".join(row["why"]) if row["routed"] else "passed"
     where = f"not run: {row['why'][0]}" if row["status"] == "refused" else where
-    print(f"{ticket_id}\t{out.get('label', '-')}\tescalate={str(out.get('escalate', '-')).lower()}\t"
-          f"gate={row['gate']}\tverdict={row['verdict']}\t-> {where}")
+    value = json.dumps(out[handoff]) if handoff in out else "-"
+    print(f"{ticket_id}\t{handoff}={value}\tgate={row['gate']}\tverdict={row['verdict']}\t-> {where}")
 
 
 @station(arg("--json", action="store_true", help=f"print the tower document (format {TOWER_FORMAT})"),
@@ -5473,7 +5491,7 @@ def cmd_approve(fac: Factory, args) -> int:
 
     Shows what a human needs to decide (the ticket, the agent's output, the gate's result and p, and
     the exact call with its digest, when it was staged and when it expires) and asks `approve? [y/N]`:
-    y executes exactly that call, once. The approval is signed with the approver's own key (NAME's
+    y or yes executes exactly that call, once; anything else declines. The approval is signed with the approver's own key (NAME's
     HMAC key in FACTORY_KEYS_DIR, never created here, or --ssh-key) and kept, with the result and the
     run's verdict before and after, in registry/approvals.jsonl. Refused when NAME has no key here,
     stdin is not a terminal, the call was already executed, rejected or approved (an uncertain effect
@@ -5489,8 +5507,9 @@ def cmd_approve(fac: Factory, args) -> int:
     print(approval_brief(fac, entry), file=sys.stderr)
     sys.stderr.write("approve? [y/N] ")
     sys.stderr.flush()
-    if typed_answer() != "y":
-        raise Refusal("not approved; the call stays staged.")
+    answer = typed_answer()
+    if answer not in YES:
+        raise Refusal(f"not approved; the call stays staged. you answered {answered(answer)}; only y or yes approves.")
     body = {"kind": "intent", **{key: entry[key] for key in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},
             "by": signer.name, "at": utc_now()}
     result = execute_staged_call(fac, entry["run_id"], entry["call"], Decision(signer.signed(fac, body, DECISION_UNSIGNED), signer))
@@ -6634,6 +6653,16 @@ def answered(answer: str) -> str:
     return json.dumps(answer[:40]) if answer else "nothing (just enter)"
 
 
+def login_name() -> str:
+    """Who is at this machine when USER is unset (getpass: LOGNAME, then the password database), or
+    'unassigned' when nobody can be named."""
+    import getpass
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError, ImportError):   # no such variable and no password entry (a bare container)
+        return "unassigned"
+
+
 def typed_answer() -> str:
     """The line a human typed at a prompt, stripped and lowercased; bytes that are not text in the
     terminal's encoding are read as U+FFFD (never an answer of `y`), never an error."""
@@ -6653,7 +6682,12 @@ class Parser(argparse.ArgumentParser):
     station = ""
 
     def error(self, message: str):
-        """Raise Usage(message) for this parser's station."""
+        """Raise Usage(message) for this parser's station; a mistyped station gets the nearest one's name."""
+        typed = re.search(r"argument STATION: invalid choice: '([^']*)'", message)
+        if typed and not self.station:
+            names = [func.__name__.removeprefix("cmd_") for func in stations()]
+            message = (f"argument STATION: invalid choice: {typed.group(1)!r}{did_you_mean(typed.group(1), names)} "
+                       f"(choose from {', '.join(names)})")
         raise Usage(message, self.station)
 
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import unittest
+from pathlib import Path
 
 from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, snapshot
 
@@ -254,9 +255,10 @@ class CodeThatRuns(CertifiedTest):
                                    invalidation_mode=mode)
                 if mode is py_compile.PycInvalidationMode.TIMESTAMP:   # claim the source's own mtime and size
                     stat = drafts.stat()
-                    pyc = bytearray(open(importlib.util.cache_from_source(str(drafts)), "rb").read())
+                    cached = Path(importlib.util.cache_from_source(str(drafts)))
+                    pyc = bytearray(cached.read_bytes())
                     pyc[8:16] = int(stat.st_mtime).to_bytes(4, "little") + (stat.st_size & 0xFFFFFFFF).to_bytes(4, "little")
-                    open(importlib.util.cache_from_source(str(drafts)), "wb").write(pyc)
+                    cached.write_bytes(pyc)
                 self.runs_ok()
                 self.assertEqual(self.refunds(), [], "the planted bytecode ran instead of the hashed source")
 

@@ -177,6 +177,8 @@ class Usage(LineTest):
     def test_usage_errors_exit_2_on_one_line(self):
         rows = (  # argv, what the line says
             (("nosuch",), "invalid choice: 'nosuch'"),
+            (("prov", "triager"), "invalid choice: 'prov' (did you mean 'prove'?) (choose from new, stamp, "),
+            (("Tower",), "invalid choice: 'Tower' (did you mean 'tower'?)"),
             (("prove",), "the following arguments are required: AGENT"),
             (("run",), "the following arguments are required: AGENT"),
             (("run", "triager"), "one input: TEXT or --file TICKETS.jsonl"),

@@ -4,6 +4,7 @@ or none, and no other agent's certificate is touched."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import shutil
 
@@ -46,6 +47,12 @@ class NewAgent(LineTest):
         documented = factory.fields_in("")
         self.assertEqual({key: documented[key].default for key in factory.CARD_DEFAULTS},
                          {key: str(value) for key, value in factory.CARD_DEFAULTS.items()}, "the defaults the schema documents")
+
+    def test_with_user_unset_the_owner_is_the_login_name(self):
+        del self.env["USER"]
+        code, _, err = self.factory("new", "faq4")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.card("faq4")["owner"], getpass.getuser())
 
     def test_its_tools_are_one_read_and_one_draft_in_its_own_module(self):
         agent = factory.load_agent(self.fac, "faq")

@@ -266,6 +266,20 @@ class ProofVerdicts(VerdictOutputs):
         (self.root / "masters" / "triager.json").write_text(json.dumps(card))
         self.assertEqual(self.assert_agree("PASS")["rubric"], "none")
 
+    def test_a_part_with_no_cases_says_none(self):
+        banking_suite(self.root / "evals", 2, 2)   # synthetic cases only
+        self.set_bar("triager", 0.5)
+        self.assertIn("\n  real tickets: none   synthetic 2/2 = 1.00   backends: offline\n", self.factory("prove", "triager")[1])
+        rows = [{"id": "r", "input": "How do I order a new card?", "expect": {"label": "account"}, "source": "cfpb:1"}]
+        write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", rows)
+        self.assertIn("\n  real tickets 1/1 = 1.00   synthetic: none   backends: offline\n", self.factory("prove", "triager")[1])
+
+    def test_a_junit_path_that_is_a_folder_is_refused_saying_so(self):
+        folder = self.tmp / "reports"
+        folder.mkdir()
+        self.refused_writing_nothing(f"factory prove: --junit {folder}: is a folder; --junit names the report's file, "
+                                     f"e.g. {folder}/prove.xml\n", "prove", "triager", "--junit", str(folder))
+
     def test_junit_carries_the_verdict_where_ci_reads_it(self):
         banking_suite(self.root / "evals", 3, 4)
         self.set_bar("triager", 0.8)

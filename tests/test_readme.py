@@ -319,6 +319,21 @@ class Workflow(unittest.TestCase):
                 self.assertEqual("::error::" in done.stdout, bool(empty), done.stdout)
                 self.assertEqual((bin_dir / "proved").exists(), not empty)
 
+    def test_the_secret_is_made_as_the_readme_says_on_linux_and_macos(self):
+        """The command the README gives for the SEALED_TRIAGER secret uses no GNU-only flag (macOS's base64
+        has no -w), and what it makes restores the sealed half byte for byte."""
+        said = re.findall(r"gzip -c sealed\.jsonl \| base64[^`\n]*", (REPO / "README.md").read_text())
+        self.assertEqual(len(set(said)), 1, said)
+        command = said[0].strip()
+        self.assertNotIn(" -w", command, "GNU base64's -w is not on macOS")
+        if shutil.which("bash") is None or shutil.which("base64") is None:
+            self.skipTest("bash or base64 is not on this machine: the command cannot be run here")
+        folder = self.enterContext(tempfile.TemporaryDirectory())
+        shutil.copy(REPO / "evals" / "triager" / "sealed.jsonl", folder)
+        made = subprocess.run(["bash", "-c", command], cwd=folder, capture_output=True, check=True).stdout
+        self.assertNotIn(b"\n", made, "a secret is one line")
+        self.assertEqual(gzip.decompress(base64.b64decode(made)), (REPO / "evals" / "triager" / "sealed.jsonl").read_bytes())
+
     def test_the_restore_step_restores_the_sealed_half(self):
         """Run the restore step's script with bash as a runner would: the secret made as the README
         says becomes DIR/triager/sealed.jsonl byte for byte, and FACTORY_SEALED_DIR reaches later
@@ -398,6 +413,14 @@ class Claims(CertifiedTest):
         self.assertIn("A name that is well formed but that the factory does not know (`prove nosuch`", readme)
         self.assertEqual(self.factory("prove", "No-Such")[0], 2)
         self.assertEqual(self.factory("prove", "nosuch")[0], 1)
+
+    def test_sealed_halves_are_kept_out_of_git(self):
+        """.gitignore lists evals/*/sealed.jsonl (so a sealed half `new` writes is not committed by accident),
+        and the README says the shipped halves stay tracked."""
+        ignored = (REPO / ".gitignore").read_text().splitlines()
+        self.assertIn("evals/*/sealed.jsonl", ignored)
+        self.assertIn("`.gitignore` lists `evals/*/sealed.jsonl`", self.readme())
+        self.assertIn("halves were committed before and stay tracked", self.readme())
 
     def test_a_blank_line_in_a_tickets_file_is_skipped(self):
         self.assertIn("in a tickets file, a blank line is skipped", self.readme())

@@ -9,6 +9,8 @@ import hashlib
 import hmac
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
 import time
@@ -310,6 +312,35 @@ class DeclaredHandoff(LineTest):
         self.assertEqual(self.outbox("faq", "drafts"), [])
         self.assertEqual([(r["args"]["text"], r["why"]) for r in self.outbox("faq", "review")],
                          [("We will refund you today.", "the agent handed off to a human")])
+
+    def test_run_file_shows_the_agents_hand_off_field_and_names_its_columns(self):
+        tickets = self.tmp / "tickets.jsonl"
+        write_jsonl(tickets, [{"id": "t1", "input": "When are you open?"},
+                              {"id": "t2", "input": "I want a refund for the last charge."}])
+        code, out, err = self.factory("run", "faq", "--file", str(tickets))
+        self.assertEqual(code, 0, err)
+        self.assertEqual([line.split("\t")[:4] for line in out.splitlines()],   # a pipe gets the lines alone
+                         [["t1", "handoff=false", "gate=unscored", "verdict=unscored"],
+                          ["t2", "handoff=true", "gate=unscored", "verdict=unscored"]])
+        leader, follower = pty.openpty()   # at a terminal, a header line names the columns first
+        env = {**{k: v for k, v in os.environ.items() if k != "FACTORY_SEALED_DIR"}, **self.env}
+        done = subprocess.run([*CLI, "run", "faq", "--file", str(tickets)], stdout=follower, stderr=subprocess.PIPE,
+                              env=env, cwd=str(REPO), timeout=60)
+        os.close(follower)
+        shown = b""
+        while select.select([leader], [], [], 5)[0]:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:   # the child closed the terminal (EIO)
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        lines = shown.decode().replace("\r\n", "\n").splitlines()
+        self.assertEqual(lines[0], "ticket\thandoff=\tgate=\tverdict=\t-> where it went")
+        self.assertEqual([line.split("\t")[0] for line in lines[1:]], ["t1", "t2"])
 
     def test_handoff_false_goes_out_after_a_passing_gate(self):
         row, out = self.run_faq("When are you open?")
@@ -711,6 +742,16 @@ class Approval(Tiered):
         self.assertIn("(nothing waits for approval)", self.factory("pending")[1])
         payer = [a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "payer"][0]
         self.assertEqual((payer["acted"], payer["staged"]), (1, 0), "the tower counts the approved call as acted")
+
+    def test_yes_approves_as_it_signs_at_certify_and_anything_else_declines(self):
+        declined = self.approve(b"nope\n")
+        self.assertEqual(declined.returncode, 1)
+        self.assertTrue(declined.stderr.endswith('factory approve: not approved; the call stays staged. you answered '
+                                                 '"nope"; only y or yes approves.\n'), declined.stderr[-200:])
+        self.assertEqual(self.effects("refunds"), [])
+        approved = self.approve(b"yes\n")
+        self.assertEqual(approved.returncode, 0, approved.stderr)
+        self.assertEqual(len(self.effects("refunds")), 1)
 
     def test_replay_after_the_approval_reports_no_difference(self):
         self.assertEqual(self.approve().returncode, 0)
