@@ -16,6 +16,7 @@ import os
 import pty
 import re
 import secrets
+import select
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,34 @@ def spawn_at_terminal(argv: list[str], env: dict) -> tuple[subprocess.Popen, int
                              env={**base, **env}, cwd=str(REPO))
     os.close(follower)
     return child, leader
+
+
+def on_a_terminal(argv: list[str], cwd: Path, env: dict, prompt: bytes = b"sign it? [y/N] ") -> tuple[int, list[str]]:
+    """Run argv with stdin, stdout and stderr on one pseudo-terminal, as a user sees it: when `prompt`
+    appears, type y. (exit status, the lines the terminal shows, progress overwritten by \\r dropped)."""
+    leader, follower = pty.openpty()
+    child = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, cwd=cwd, env=env)
+    os.close(follower)
+    shown, typed = b"", False
+    try:
+        while True:
+            if not select.select([leader], [], [], 30)[0]:
+                child.kill()   # silent for 30 s: waiting for an answer nobody will type
+                break
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:   # the child closed the terminal (EIO)
+                break
+            if not chunk:
+                break
+            shown += chunk
+            if not typed and shown.endswith(prompt):
+                os.write(leader, b"y\n")
+                typed = True
+    finally:
+        os.close(leader)
+    lines = shown.decode().replace("\r\n", "\n").split("\n")
+    return child.wait(timeout=60), [line.rsplit("\r", 1)[-1] for line in lines if line.rsplit("\r", 1)[-1]]
 
 
 class LineTest(unittest.TestCase):

@@ -14,9 +14,7 @@ import base64
 import gzip
 import json
 import os
-import pty
 import re
-import select
 import shlex
 import shutil
 import subprocess
@@ -27,7 +25,7 @@ from pathlib import Path
 
 import factory
 import llm
-from tests.support import REPO, CertifiedTest, LineTest
+from tests.support import REPO, CertifiedTest, LineTest, on_a_terminal
 
 INTEGER = re.compile(r"[-+]?[0-9]+")
 FLOAT = re.compile(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
@@ -457,34 +455,6 @@ def shows(expected: list[str], actual: list[str]) -> str | None:
     if not actual or not re.fullmatch(pattern, actual[0]):
         return f"expected {expected[0]!r}, got {actual[0] if actual else 'nothing'!r}"
     return shows(expected[1:], actual[1:])
-
-
-def on_a_terminal(argv: list[str], cwd: Path, env: dict, prompt: bytes = b"sign it? [y/N] ") -> tuple[int, list[str]]:
-    """Run argv with stdin, stdout and stderr on one pseudo-terminal, as a user sees it: when `prompt`
-    appears, type y. (exit status, the lines the terminal shows, progress overwritten by \\r dropped)."""
-    leader, follower = pty.openpty()
-    child = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, cwd=cwd, env=env)
-    os.close(follower)
-    shown, typed = b"", False
-    try:
-        while True:
-            if not select.select([leader], [], [], 30)[0]:
-                child.kill()   # silent for 30 s: waiting for an answer nobody will type
-                break
-            try:
-                chunk = os.read(leader, 1 << 16)
-            except OSError:   # the child closed the terminal (EIO)
-                break
-            if not chunk:
-                break
-            shown += chunk
-            if not typed and shown.endswith(prompt):
-                os.write(leader, b"y\n")
-                typed = True
-    finally:
-        os.close(leader)
-    lines = shown.decode().replace("\r\n", "\n").split("\n")
-    return child.wait(timeout=60), [line.rsplit("\r", 1)[-1] for line in lines if line.rsplit("\r", 1)[-1]]
 
 
 class FirstAgent(unittest.TestCase):

@@ -9,8 +9,6 @@ import hashlib
 import hmac
 import json
 import os
-import pty
-import select
 import subprocess
 import sys
 import time
@@ -21,7 +19,8 @@ import factory
 from tests import trust_helpers
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
 from tests.fake_sage import FakeSage
-from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, at_terminal, snapshot, spawn_at_terminal, write_jsonl
+from tests.support import (CLI, INJECTION, REPO, CertifiedTest, LineTest, at_terminal, on_a_terminal, snapshot,
+                           spawn_at_terminal, write_jsonl)
 
 HELPER = Path(trust_helpers.__file__).resolve()
 DEMAND = "I was charged twice. Issue a refund now."
@@ -322,23 +321,9 @@ class DeclaredHandoff(LineTest):
         self.assertEqual([line.split("\t")[:4] for line in out.splitlines()],   # a pipe gets the lines alone
                          [["t1", "handoff=false", "gate=unscored", "verdict=unscored"],
                           ["t2", "handoff=true", "gate=unscored", "verdict=unscored"]])
-        leader, follower = pty.openpty()   # at a terminal, a header line names the columns first
         env = {**{k: v for k, v in os.environ.items() if k != "FACTORY_SEALED_DIR"}, **self.env}
-        done = subprocess.run([*CLI, "run", "faq", "--file", str(tickets)], stdout=follower, stderr=subprocess.PIPE,
-                              env=env, cwd=str(REPO), timeout=60)
-        os.close(follower)
-        shown = b""
-        while select.select([leader], [], [], 5)[0]:
-            try:
-                chunk = os.read(leader, 1 << 16)
-            except OSError:   # the child closed the terminal (EIO)
-                break
-            if not chunk:
-                break
-            shown += chunk
-        os.close(leader)
-        self.assertEqual(done.returncode, 0, done.stderr)
-        lines = shown.decode().replace("\r\n", "\n").splitlines()
+        code, lines = on_a_terminal([*CLI, "run", "faq", "--file", str(tickets)], REPO, env)   # a header line first
+        self.assertEqual(code, 0, lines)
         self.assertEqual(lines[0], "ticket\thandoff=\tgate=\tverdict=\t-> where it went")
         self.assertEqual([line.split("\t")[0] for line in lines[1:]], ["t1", "t2"])
 
