@@ -2491,11 +2491,13 @@ GATED = ("pass", "flag", "unsure")
 @dataclass(frozen=True)
 class Production:
     """The production evidence in the index for one agent's digest: gated runs whose row's MAC verifies
-    under the evidence key, their gate passes, and the lines of rows that would have counted but whose
-    MAC does not verify (forged, edited, or written without the key): those are not counted."""
+    under the evidence key, each run id counted once, and their gate passes; the lines of rows that would
+    have counted but whose MAC does not verify (forged, edited, or written without the key), and of rows
+    that repeat a run already counted (a genuine row copied): neither is counted."""
     runs: int
     passes: int
     unverified: tuple = ()        # line numbers in traces/index.jsonl
+    repeated: tuple = ()          # line numbers in traces/index.jsonl
 
     @property
     def rate(self) -> float:
@@ -2503,27 +2505,33 @@ class Production:
         return self.passes / self.runs if self.runs else 0.0
 
     def not_counted(self, fac: Factory) -> str:
-        """'; N row(s) of traces/index.jsonl not counted (...)', or '' when every row verified."""
-        if not self.unverified:
-            return ""
-        lines = ", ".join(map(str, self.unverified[:5])) + (", ..." if len(self.unverified) > 5 else "")
-        return (f"; {len(self.unverified)} row(s) of {fac.shown(fac.index)} not counted: their evidence MAC does "
-                f"not verify (line {lines})")
+        """'; N row(s) of traces/index.jsonl not counted (...)' for each kind of row left out, or ''."""
+        said = ""
+        for lines, why in ((self.unverified, "their evidence MAC does not verify"),
+                           (self.repeated, "they repeat a run already counted")):
+            if lines:
+                shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+                said += f"; {len(lines)} row(s) of {fac.shown(fac.index)} not counted: {why} (line {shown})"
+        return said
 
 
 def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> Production:
     """The closed, gated runs of this agent with its current digest (at `tier` when given) that the
-    index holds, each row's MAC checked under the evidence key."""
-    key, runs, passes, unverified = evidence_key(fac, create=False), 0, 0, []
+    index holds, each row's MAC checked under the evidence key and each run id counted once (a copy of
+    a genuine row verifies as well as the row itself)."""
+    key, passes, counted, unverified, repeated = evidence_key(fac, create=False), 0, set(), [], []
     for number, row in index_lines(fac):
         if row.get("state") == "started" or row["agent"] != agent.name or row.get("digest") != agent.digest \
                 or row["gate"] not in GATED or (tier is not None and row.get("tier") != tier):
             continue
         if key is None or not mac_verifies(key, row):
             unverified.append(number)
-            continue
-        runs, passes = runs + 1, passes + (row["gate"] == "pass")
-    return Production(runs, passes, tuple(unverified))
+        elif row["run_id"] in counted:
+            repeated.append(number)
+        else:
+            counted.add(row["run_id"])
+            passes += row["gate"] == "pass"
+    return Production(len(counted), passes, tuple(unverified), tuple(repeated))
 
 
 # ---- signing a certificate

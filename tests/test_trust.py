@@ -23,6 +23,7 @@ import unittest
 from pathlib import Path
 
 import factory
+from tests.fake_sage import FakeSage
 from tests.support import INJECTION, CertifiedTest, LineTest, junit_problems, snapshot, spawn_at_terminal
 
 CERT = "registry/triager.card.json"
@@ -671,6 +672,20 @@ class Evidence(LineTest):
         signed = self.certify("triager", "C2")
         self.assertEqual(signed.returncode, 1, "twenty forged rows earned C2")
         self.assertEqual(self.cert()["tier"], "C1")
+
+    def test_one_genuine_row_copied_nineteen_times_counts_once(self):
+        with FakeSage(yes_p=0.95) as gate:
+            self.env.update(SAGE_ENDPOINT=gate.url, SAGE_API_KEY="sage-key")
+            self.runs_ok()                               # one genuine gated run, its row sealed
+        index = self.root / "traces" / "index.jsonl"
+        genuine = index.read_text().splitlines()[-1]
+        self.assertEqual(json.loads(genuine)["gate"], "pass")
+        with index.open("a") as out:
+            out.writelines(genuine + "\n" for _ in range(19))
+        err = self.refused_writing_nothing("tier C2 needs production evidence at C1 since the card last changed: "
+                                           "1 gated run(s) (need 20)", "certify", "triager", "--tier", "C2", "--by", "alice")
+        self.assertIn("19 row(s) of traces/index.jsonl not counted: they repeat a run already counted (line 3, 4, 5, 6, 7, ...)", err)
+        self.assertEqual(self.certify("triager", "C2").returncode, 1, "one run copied 19 times earned C2")
 
     def test_the_prompt_shows_the_evidence_it_used(self):
         digest = self.cert()["digest"]
