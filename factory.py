@@ -531,14 +531,16 @@ class Store:
             raise Refusal(f"{where}: holds {bad}, half of a utf-16 pair, which is not text; remove it")
 
     def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True,
-                   each: bool = False) -> Iterator[tuple[int, dict]]:
+                   each: bool = False, start: tuple[int, int] = (0, 0)) -> Iterator[tuple[int, dict]]:
         """(line number, object) for each non-blank line, streamed, each of `shape` when given;
         Refusal naming file and line (a torn, oversized, non-object, misshapen or non-text line). With
         `each`, a bad line is yielded as its Refusal instead and the lines after it are still read (a
-        byte-order mark that starts the file still refuses it whole)."""
+        byte-order mark that starts the file still refuses it whole). `start` is (byte offset, lines
+        before it): reading begins there, a line boundary (see starts_line)."""
         where, scan = self.fac.shown(path), self.decoder.scan_once
         with self.opened(path, confined) as lines, self.machine(path, "read"):
-            for number, raw in enumerate(iter(lambda: lines.readline(MAX_LINE_BYTES + 1), b""), 1):
+            lines.seek(start[0])
+            for number, raw in enumerate(iter(lambda: lines.readline(MAX_LINE_BYTES + 1), b""), start[1] + 1):
                 try:  # the common case fast: one object filling the line (a BOM, NaN, a key given twice or
                     text = raw.decode("utf-8")       # anything else fails here and is named on the slow path)
                     value, end = scan(text, 0)
@@ -574,6 +576,30 @@ class Store:
                 raise
             return problem
         return value
+
+    def length(self, path: Path) -> tuple[int, int]:
+        """(bytes, lines) of a JSONL file up to and including its last newline (a torn last line is not
+        yet a line); (0, 0) when there is no file."""
+        if not self.exists(path):
+            return 0, 0
+        size, count, done = 0, 0, 0
+        with self.opened(path) as reader, self.machine(path, "read"):
+            for block in iter(lambda: reader.read(1 << 20), b""):
+                if b"\n" in block:
+                    size, count = done + block.rindex(b"\n") + 1, count + block.count(b"\n")
+                done += len(block)
+        return size, count
+
+    def starts_line(self, path: Path, offset: int) -> bool:
+        """True when a file holds at least `offset` bytes and a line starts there (the byte before it is a
+        newline): what a reader that resumes at a recorded length relies on."""
+        if offset == 0:
+            return True
+        if not self.exists(path):
+            return False
+        with self.opened(path) as reader, self.machine(path, "read"):
+            reader.seek(offset - 1)
+            return reader.read(1) == b"\n"
 
     def read_jsonl_backwards(self, path: Path, shape: Shape | None = None, block: int = 1 << 16) -> Iterator[dict]:
         """The objects of a JSONL file newest (last) first, read in blocks from the end, each of
@@ -2548,6 +2574,7 @@ def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Pat
     cert["certified_rate"] = round(production.rate, 4) if production.runs >= PROMOTION_RUNS else None
     cert["certified_rate_runs"] = production.runs
     cert["chains"] = chain_heads(fac)
+    cert["index"] = dict(zip(("bytes", "lines"), fac.store.length(fac.index)))   # drift reads only what follows
     return signer.signed(fac, cert, UNSIGNED_FIELDS)
 
 
@@ -2569,6 +2596,40 @@ def archive_certificate(fac: Factory, name: str) -> None:
 
 
 # ---- drift: a certified rate watched in production
+
+@dataclass
+class DriftFeed:
+    """Which closed index rows feed the drift watch of one certificate: gated rows of the agent and the
+    digest it certifies, closed after it was signed, whose evidence MAC verifies, each run id once (the
+    first such row: a copy of a genuine row moves nothing). `start` is where the index ended when the
+    certificate was signed (bytes, lines; (0, 0) for a certificate that did not record it): no row
+    before it is read. Anyone can append a row to the index; none of theirs passes this."""
+    key: bytes | None
+    agent: str
+    digest: str
+    signed_at: str
+    start: tuple = (0, 0)
+    seen: set = field(default_factory=set)
+
+    @classmethod
+    def of(cls, fac: Factory, cert: dict) -> "DriftFeed":
+        """The feed of a certificate (its agent, digest, signing time and index length)."""
+        index = cert.get("index") if isinstance(cert.get("index"), dict) else {}
+        start = (index.get("bytes"), index.get("lines"))
+        start = start if all(type(n) is int and n >= 0 for n in start) else (0, 0)
+        return cls(evidence_key(fac, create=False), str(cert.get("agent")), str(cert.get("digest")),
+                   str(cert.get("signed_at", "")), start)
+
+    def admits(self, row: dict) -> bool:
+        """True when this closed row (of INDEX_SHAPE) is one the watch counts; each run id is admitted once."""
+        if row["agent"] != self.agent or row["gate"] not in GATED or row.get("digest") != self.digest \
+                or row["at"] <= self.signed_at or row["run_id"] in self.seen:
+            return False
+        if self.key is None or not mac_verifies(self.key, row):
+            return False
+        self.seen.add(row["run_id"])
+        return True
+
 
 DRIFT_WINDOW = 20            # recent gated runs compared against the certified pass rate
 DRIFT_SIGNIFICANCE = (1, 20)  # demoted when a drop this unlikely or less would happen by chance (as a fraction)
@@ -2607,21 +2668,19 @@ class Drift:
 
     @classmethod
     def of(cls, fac: Factory, name: str, cert: dict) -> "Drift":
-        """The watch for NAME's current certificate, fed with its last gated runs since signing
-        (read from the end of the index, so a run does not pay for a year of history)."""
-        drift, recent = cls.of_certificate(cert), []
+        """The watch for NAME's current certificate, fed with the rows DriftFeed admits, read from where
+        the index ended when it was signed (a run pays for the rows since, not for all of history).
+        Refusal when the index no longer holds what it held then: rows were removed or rewritten."""
+        drift = cls.of_certificate(cert)
         if drift.certified is None:
             return drift
-        for row in (fac.store.read_jsonl_backwards(fac.index) if fac.index.exists() else ()):
-            if row.get("state") == "started":   # an unfinished run is not a run
-                continue
-            INDEX_SHAPE.check(row, fac.shown(fac.index))
-            if row["at"] <= cert["signed_at"] or len(recent) == DRIFT_WINDOW:
-                break
-            if row["agent"] == name and row["gate"] in GATED:
-                recent.append(row)
-        for row in reversed(recent):
-            drift.observe(row)
+        feed = DriftFeed.of(fac, cert)
+        if not fac.store.starts_line(fac.index, feed.start[0]):
+            raise Refusal(f"{fac.shown(fac.index)}: holds less than it did when {fac.shown(fac.cert_path(name))} was "
+                          f"signed ({feed.start[0]} bytes), or was rewritten: rows were removed; restore it from a copy")
+        for _, row in index_lines(fac, feed.start):
+            if row.get("state") != "started" and feed.admits(row):   # an unfinished run is not a run
+                drift.observe(row)
         return drift
 
     def observe(self, row: dict) -> None:
@@ -3862,14 +3921,15 @@ def find_trace(fac: Factory, run_id: str) -> Path:
     return found[0]
 
 
-def index_lines(fac: Factory) -> Iterator[tuple[int, dict]]:
+def index_lines(fac: Factory, start: tuple[int, int] = (0, 0)) -> Iterator[tuple[int, dict]]:
     """(line number, row) for every row of traces/index.jsonl, streamed, each checked against the shape
     of its state: a `started` row (STARTED_SHAPE) or a closed one (INDEX_SHAPE; a row with no state was
-    written before runs were opened first, and is a closed row); nothing when there is no index yet."""
+    written before runs were opened first, and is a closed row); nothing when there is no index yet.
+    From `start` (byte offset, lines before it) when given: the rows after a recorded length."""
     if not fac.index.exists():
         return
     where = fac.shown(fac.index)
-    for number, row in fac.store.read_jsonl(fac.index):
+    for number, row in fac.store.read_jsonl(fac.index, start=start):
         shape = STARTED_SHAPE if row.get("state") == "started" else INDEX_SHAPE
         if not shape.fits(row):
             shape.check(row, f"{where} line {number}")
@@ -5649,6 +5709,7 @@ class Tally:
     number of runs and each row costs a handful of operations; `figures` works out the rest once."""
     drift: Drift
     signed_at: str = ""                  # drift counts only runs after the certificate was signed
+    feed: DriftFeed | None = None        # which rows the drift watch counts (None: no baseline)
     outcomes: dict = field(default_factory=dict)   # (day, gate, verdict, p tenth or None) -> runs
     spent: dict = field(default_factory=dict)      # day -> USD, None once a run's cost is unknown
     acted: int = 0
@@ -5673,7 +5734,7 @@ class Tally:
         self.backends.update(row["backends"])
         spent = self.spent.get(day, 0.0)
         self.spent[day] = None if cost is None or spent is None else spent + cost
-        if self.drift.certified and row["at"] > self.signed_at:
+        if self.feed is not None and self.feed.admits(row):
             self.drift.observe(row)
         if row["run_id"] in self.watch:
             self.watch[row["run_id"]] = row["verdict"]
@@ -5878,7 +5939,9 @@ def new_tally(fac: Factory, name: str, watch: dict | None = None) -> Tally:
         cert = fac.store.read_json(path) if fac.store.exists(path) else {}
     except Refusal:
         cert = {}
-    return Tally(Drift.of_certificate(cert), signed_at=str(cert.get("signed_at", "")), watch={} if watch is None else watch)
+    drift = Drift.of_certificate(cert)
+    feed = DriftFeed.of(fac, cert) if drift.certified is not None else None
+    return Tally(drift, signed_at=str(cert.get("signed_at", "")), feed=feed, watch={} if watch is None else watch)
 
 
 def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:

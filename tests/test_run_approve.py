@@ -640,6 +640,46 @@ class Promotion(Tiered):
         self.assertEqual((payer["drift"]["limit_passes"], payer["drift"]["recent_passes"]), (11, 0))
 
 
+    def test_only_sealed_rows_of_this_certificate_feed_drift(self):
+        """Drift reads the rows closed after the certificate was signed, of its agent and digest, whose
+        evidence MAC verifies, each run once: no row anyone can append lifts a demotion."""
+        self.certified("payer", "C1", lower_bar=False)
+        self.gate_p = [0.95, 0.2, 0.95, 0.95, 0.95] * 4 + [0.95]
+        self.run_payer("How do I order a new card?", times=20)
+        before = [line for line in self.index_lines() if line.get("state") != "started"]
+        self.assertEqual(self.certify("payer", "C1").returncode, 0)
+        self.gate_p = [0.2]
+        self.run_payer("How do I order a new card?", times=20)
+        digest, index = self.cert("payer")["digest"], self.root / "traces" / "index.jsonl"
+        forged = {"agent": "x", "run_id": "x", "at": "2000-01-01", "status": "done", "verdict": "verified",
+                  "gate": "pass", "backends": [], "denied": [], "acted": 0, "staged": 0, "why": []}
+        appended = {
+            "an unsealed row dated before the certificate": [forged],
+            "genuine rows from before the certificate, copied": [r for r in before if r["gate"] == "pass"],
+            "unsealed passing rows of payer, dated later": [{**r, "run_id": factory.new_run_id(), "at": "2099-01-01T00:00:00Z",
+                                                              "mac": "hmac-sha256:" + "0" * 64} for r in before[:20]],
+        }
+        for label, rows in appended.items():
+            with self.subTest(label):
+                with index.open("a") as out:
+                    out.writelines(json.dumps(row) + "\n" for row in rows)
+                self.assertIn("drift: DEMOTED to C0", self.factory("tower")[1])
+                code, out, err = self.factory("run", "payer", "How do I order a new card?")
+                self.assertEqual(code, 0, err)
+                self.assertIn("drift: payer DEMOTED to C0", err)
+                self.assertEqual(self.index_rows()[-1]["tier"], "C0")
+
+    def test_drift_refuses_an_index_cut_below_the_certificate(self):
+        self.certified("payer", "C1", lower_bar=False)
+        self.run_payer("How do I order a new card?", times=20)
+        self.assertEqual(self.certify("payer", "C1").returncode, 0)
+        self.assertIsNotNone(self.cert("payer")["certified_rate"])
+        index = self.root / "traces" / "index.jsonl"
+        index.write_bytes(index.read_bytes()[:-200])
+        self.refused_writing_nothing("traces/index.jsonl: holds less than it did when registry/payer.card.json was signed",
+                                     "run", "payer", "How do I order a new card?")
+
+
 class Approval(Tiered):
     """The C2 pause: durable, exact, once, bound to the staged call and signed by a person who has a key."""
 

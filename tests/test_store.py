@@ -148,6 +148,24 @@ class Appends(CertifiedTest):
                 self.assertEqual([row for row in backwards if row["state"] == "closed"], forwards[::-1])
 
 
+    def test_a_recorded_length_resumes_reading_at_that_line(self):
+        index = self.root / "traces" / "index.jsonl"
+        self.assertEqual(self.fac.store.length(index), (0, 0))
+        self.runs_ok()
+        size, lines = self.fac.store.length(index)
+        self.assertEqual((size, lines), (len(index.read_bytes()), 2))
+        self.runs_ok(text="hello")
+        with index.open("ab") as out:
+            out.write(b'{"torn')                                             # not yet a line
+        self.assertEqual(self.fac.store.length(index), (len(index.read_bytes()) - 6, 4))
+        index.write_bytes(index.read_bytes()[:-6])
+        resumed = list(factory.index_lines(self.fac, (size, lines)))
+        self.assertEqual([(number, row.get("state")) for number, row in resumed], [(3, "started"), (4, "closed")])
+        self.assertTrue(self.fac.store.starts_line(index, size))
+        self.assertFalse(self.fac.store.starts_line(index, size - 1))
+        index.write_bytes(index.read_bytes()[:size - 10])
+        self.assertFalse(self.fac.store.starts_line(index, size), "a cut file no longer holds the length")
+
 class AtomicWrites(LineTest):
     """A SIGKILL while write_json is writing leaves the file old or new, never partial."""
 
