@@ -393,7 +393,9 @@ class Factory:
     revocations = cached_property(lambda self: self.registry / "revocations.jsonl")
     pending = cached_property(lambda self: self.registry / "pending")
     approvals = cached_property(lambda self: self.registry / "approvals.jsonl")
-    allowed_signers = cached_property(lambda self: self.registry / "allowed_signers")
+    # the trust root of ssh signatures lives where someone who writes the registry cannot write
+    allowed_signers = cached_property(lambda self: Path(self.env.get("FACTORY_ALLOWED_SIGNERS")
+                                                        or self.keys_dir / "allowed_signers").absolute())
     evidence_key_path = cached_property(lambda self: self.keys_dir / "_evidence.key")   # no signer's name starts with _
 
     def card_path(self, name: str) -> Path:
@@ -2271,7 +2273,7 @@ def hmac_hex(key: bytes, data: bytes) -> str:
 class Signer:
     """A person who signs (a certificate, or a decision on a parked call): their name, and how they sign,
     with their HMAC key in the keys folder or, when `ssh_key` is given, with that OpenSSH key through
-    `ssh-keygen -Y sign` (verified against registry/allowed_signers; see `man ssh-keygen`)."""
+    `ssh-keygen -Y sign` (verified against the trusted allowed-signers file; see `man ssh-keygen`)."""
     name: str
     ssh_key: Path | None = None
 
@@ -2283,6 +2285,9 @@ class Signer:
             fac.store.ssh_program()
             if not self.ssh_key.is_file():
                 raise Refusal(f"--ssh-key {self.ssh_key}: no such key file")
+            problem = trusted_signers_problem(fac)
+            if problem:
+                raise Refusal(f"{station} with --ssh-key: {problem}")
             return
         path = fac.key_path(self.name)
         if not path.exists():
@@ -2319,8 +2324,8 @@ def last_line(raw: bytes) -> str:
 
 def signature_problem(fac: Factory, signer: str, obj: dict, unsigned: tuple = UNSIGNED_FIELDS) -> str | None:
     """None when obj's `signature` verifies as signer's, else why not, in words: with signer's HMAC key
-    on this machine, or with `ssh-keygen -Y verify` against registry/allowed_signers. A signature that
-    is neither well-formed hex nor ssh armour does not verify (never an exception)."""
+    on this machine, or with `ssh-keygen -Y verify` against the trusted allowed-signers file. A signature
+    that is neither well-formed hex nor ssh armour does not verify (never an exception)."""
     signature, data = obj.get("signature"), signed_part(obj, unsigned)
     if isinstance(signature, str) and HMAC_SIGNATURE.fullmatch(signature):
         key = fac.key_path(signer)
@@ -2333,12 +2338,47 @@ def signature_problem(fac: Factory, signer: str, obj: dict, unsigned: tuple = UN
     return "does not verify (its signature is neither hmac-sha256 hex nor an ssh signature)"
 
 
+def trusted_signers_problem(fac: Factory) -> str | None:
+    """None when the allowed-signers file (KEYS_DIR/allowed_signers, or $FACTORY_ALLOWED_SIGNERS) can be
+    trusted: it is there, outside the factory root, and no other user may write it; else why not. It is
+    the trust root of ssh signatures: whoever edits it may add a signer, so registry/allowed_signers,
+    which anyone who writes the registry controls, is never read."""
+    path = fac.allowed_signers
+    if any(place.is_relative_to(fac.root) for place in (path, Path(os.path.realpath(path)))):
+        return (f"the allowed signers file {path} is inside the factory root, where anyone who writes the registry "
+                f"could add a signer; keep it in the keys folder (or set FACTORY_ALLOWED_SIGNERS outside the root)")
+    if not path.is_file():
+        legacy = (f" ({fac.shown(fac.registry / 'allowed_signers')} is not read: anyone who writes the registry could "
+                  f"add a signer; copy the lines you trust to {path})") if (fac.registry / "allowed_signers").exists() else ""
+        return f"there is no {path} to check it against{legacy}"
+    if path.stat().st_mode & 0o022:
+        return f"other users may write {path}; fix it with: chmod go-w {path}"
+    return None
+
+
+def listed_signers(fac: Factory) -> set[str]:
+    """The principals the trusted allowed-signers file names exactly (its first field, comma-separated;
+    see `man ssh-keygen`, ALLOWED SIGNERS). A pattern such as `*` or `al*` names no one here: a signer is
+    trusted only by name."""
+    text = fac.store.read_bytes(fac.allowed_signers, confined=False).decode("utf-8", "replace")
+    names: set[str] = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and not fields[0].startswith("#"):
+            names.update(fields[0].strip('"').split(","))
+    return names
+
+
 def ssh_verifies(fac: Factory, signer: str, data: bytes, signature: str) -> bool:
     """True when `ssh-keygen -Y verify` accepts signature over data as signer's (the principal) under
-    the agent-factory namespace, by a key listed for signer in registry/allowed_signers (the format git
-    uses for signed commits: `PRINCIPAL KEYTYPE BASE64`; see `man ssh-keygen`, ALLOWED SIGNERS).
-    Refusal when there is no allowed-signers file or no ssh-keygen."""
-    fac.store.check_readable(fac.allowed_signers)
+    the agent-factory namespace, by a key listed for signer, by name, in the trusted allowed-signers file
+    (the format git uses for signed commits: `PRINCIPAL KEYTYPE BASE64`; see `man ssh-keygen`, ALLOWED
+    SIGNERS). Refusal when that file cannot be trusted (trusted_signers_problem) or there is no ssh-keygen."""
+    problem = trusted_signers_problem(fac)
+    if problem:
+        raise Refusal(problem)
+    if signer not in listed_signers(fac):
+        return False
     checked = fac.store.ssh_keygen(["-Y", "verify", "-f", str(fac.allowed_signers), "-I", signer,
                                     "-n", SSH_NAMESPACE, "-s", "{signature}"], data, signature)
     return checked.returncode == 0
@@ -2994,12 +3034,12 @@ def names_a_signer(claim: Claim) -> str | None:
 
 def signer_key_here(claim: Claim) -> str | None:
     """What checks the signature is on this machine: the signer's HMAC key, or for an ssh signature
-    ssh-keygen and registry/allowed_signers (else it cannot be checked here)."""
+    ssh-keygen and a trusted allowed-signers file (else it cannot be checked here)."""
     signer = claim.cert["signer"]
     if SSH_SIGNATURE.fullmatch(claim.cert["signature"]):
-        if not claim.fac.allowed_signers.exists():
-            return (f"{claim.where}: signed with {signer}'s ssh key, but there is no {claim.fac.shown(claim.fac.allowed_signers)} "
-                    f"to check it against; it cannot be verified here.")
+        problem = trusted_signers_problem(claim.fac)
+        if problem:
+            return f"{claim.where}: signed with {signer}'s ssh key, but {problem}; it cannot be verified here."
         try:
             claim.fac.store.ssh_program()
         except Refusal as missing:
@@ -3205,7 +3245,7 @@ def approved(claim: Claim) -> str | None:
 
 
 def approval_signed(claim: Claim) -> str | None:
-    """The approval is signed by the approver it names: their HMAC key here, or their ssh key in allowed_signers."""
+    """The approval is signed by the approver it names: their HMAC key here, or their ssh key in the trusted allowed signers."""
     by = claim.approval.entry.get("by")
     if not (isinstance(by, str) and SIGNER.fullmatch(by)) or claim.approval.entry.get("kind") != "intent":
         return f"the approval of {claim.call} names no approver; the executor refuses."
@@ -4396,6 +4436,7 @@ ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
     "FACTORY_ROOT": "the factory root when --root is not given",
     "FACTORY_SEALED_DIR": "where sealed halves live: DIR/SUITE/sealed.jsonl",
     "FACTORY_KEYS_DIR": "signers' and evidence keys (~/.config/agent-factory/keys)",
+    "FACTORY_ALLOWED_SIGNERS": "trusted ssh signers (KEYS_DIR/allowed_signers)",
     "ANTHROPIC_API_KEY": "claude-* models; with no model key, the agent's own rules",
     "ANTHROPIC_BASE_URL": "another server speaking the Anthropic Messages API",
     "OPENAI_API_KEY": "OpenAI-compatible chat completions",
@@ -4421,10 +4462,12 @@ WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPEN
               "MOONSHOT_BASE_URL", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL", "SAGEROUTE_URL", "SAGEROUTE_TOKEN")
 GATE_ENV = ("SAGE_API_KEY", "SAGE_ENDPOINT", "SAGE_PROTOCOL", "SAGE_MODEL", "SAGE_REASONING")
 ROOT_ENV = ("FACTORY_ROOT",)
+ENV_COLUMN = 19   # a longer variable name goes on its own line in --help, so every line fits 80 columns
+KEYS_ENV = ("FACTORY_KEYS_DIR", "FACTORY_ALLOWED_SIGNERS")   # stations that sign or check a signature
 MODEL_ENV = (*WORKER_ENV, *GATE_ENV, *PROXY_ENV)   # stations that ask a worker model and Sage
 SSH_KEY = arg("--ssh-key", metavar="KEY", type=Path,
               help="sign with this OpenSSH key (ssh-keygen -Y sign) instead of the signer's HMAC key; "
-                   "verified against registry/allowed_signers")
+                   "verified against the trusted allowed signers (FACTORY_ALLOWED_SIGNERS)")
 
 
 def signer_of(fac: Factory, args) -> Signer:
@@ -4838,7 +4881,7 @@ def failure_message(half: str, result: dict) -> str:
          examples=("python3 factory.py certify triager --tier C1 --by alice",
                    "python3 factory.py certify triager --tier C1 --by alice --ssh-key KEY"),
          exits=("signed", "refused, or declined at the prompt: nothing was signed"),
-         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR", "PATH"))
+         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *KEYS_ENV, "PATH"))
 def cmd_certify(fac: Factory, args) -> int:
     """Sign an agent's certificate, as a human at a terminal.
 
@@ -4848,7 +4891,8 @@ def cmd_certify(fac: Factory, args) -> int:
     whose evidence MAC verifies), or when stdin is not a terminal. Otherwise it shows what you sign and
     the evidence it rests on and asks `sign it? [y/N]`: y or yes signs, anything else declines. The signer's
     HMAC key (FACTORY_KEYS_DIR/SIGNER.key, mode 0600) is created on first use; with --ssh-key it signs
-    with `ssh-keygen -Y sign` and checks the signature against registry/allowed_signers first.
+    with `ssh-keygen -Y sign` and checks the signature against the trusted allowed-signers file
+    (FACTORY_KEYS_DIR/allowed_signers, or FACTORY_ALLOWED_SIGNERS) first.
     """
     signer = signer_of(fac, args)
     claim = enforce(Claim(fac, args.agent, "certify", tier=args.tier), CERTIFY_GUARDS)
@@ -5068,7 +5112,7 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
                    "python3 factory.py run triager --file evals/triager/inbox.jsonl --json"),
          exits=("every run completed, whether or not a human must see it",
                 "refused, a run crashed, or a run's effect is uncertain (a write failed)"),
-         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", "FACTORY_KEYS_DIR", "PATH", *MODEL_ENV))
+         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *KEYS_ENV, "PATH", *MODEL_ENV))
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
 
@@ -5237,7 +5281,7 @@ def flagged(row: dict) -> bool:
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose flagged runs to harvest"),
          examples=("python3 factory.py harvest triager",),
          exits=("done, also when nothing was flagged", "refused: no such agent, or evalsmith is not certified"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", *MODEL_ENV))
+         env=(*ROOT_ENV, *KEYS_ENV, *MODEL_ENV))
 def cmd_harvest(fac: Factory, args) -> int:
     """Turn an agent's flagged runs into proposed eval cases.
 
@@ -5426,7 +5470,7 @@ def gate_report(fac: Factory) -> list[str]:
 
 @station(examples=("python3 factory.py doctor",),
          exits=("done, whatever it found", "refused: the root is not a folder"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", *MODEL_ENV))
+         env=(*ROOT_ENV, *KEYS_ENV, *MODEL_ENV))
 def cmd_doctor(fac: Factory, args) -> int:
     """Say which models and gate each agent would use, and why.
 
@@ -5553,7 +5597,7 @@ def approval_brief(fac: Factory, entry: dict) -> str:
          examples=("python3 factory.py pending", "python3 factory.py approve 20261130T041500123456Z-1a2b3c --by alice",
                    "python3 factory.py approve 20261130T041500123456Z-1a2b3c --call 2 --by al"),
          exits=("approved and executed", "refused, declined at the prompt, or the executed call failed"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", "PATH"))
+         env=(*ROOT_ENV, *KEYS_ENV, "PATH"))
 def cmd_approve(fac: Factory, args) -> int:
     """Approve one staged call at a terminal and execute it.
 
@@ -5592,7 +5636,7 @@ def cmd_approve(fac: Factory, args) -> int:
          SSH_KEY,
          examples=('python3 factory.py reject 20261130T041500123456Z-1a2b3c --by al --reason dup',),
          exits=("rejected", "refused: no such call, it is not open, or NAME has no key here"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", "PATH"))
+         env=(*ROOT_ENV, *KEYS_ENV, "PATH"))
 def cmd_reject(fac: Factory, args) -> int:
     """Close one staged call without executing it.
 
@@ -6787,11 +6831,12 @@ def station_epilog(func) -> str:
     """What a station's --help shows after its arguments: examples, exit statuses, environment."""
     about = func.station_help
     done, failed = about["exits"]
-    width = max(len(name) for name in about["env"]) + 2
+    width = min(max(len(name) for name in about["env"]), ENV_COLUMN) + 2
     return "\n".join(["examples:", *(f"  {line}" for line in about["examples"]), "",
                       "exit status:", f"  0    {done}", f"  1    {failed}", "  2    usage error (one line on stderr)",
                       "  130  interrupted", "",
-                      "environment:", *(f"  {name:<{width}}{ENVIRONMENT[name]}" for name in about["env"])])
+                      "environment:", *(f"  {name:<{width}}{ENVIRONMENT[name]}" if len(name) <= ENV_COLUMN
+                                        else f"  {name}\n  {'':<{width}}{ENVIRONMENT[name]}" for name in about["env"])])
 
 
 def build_parser() -> argparse.ArgumentParser:

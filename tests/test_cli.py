@@ -118,8 +118,8 @@ class Help(unittest.TestCase):
                 self.assertEqual([line.split()[0] for line in statuses.splitlines()], ["0", "1", "2", "130"])
                 environment = text.split("\nenvironment:\n")[1].splitlines()
                 self.assertEqual(environment[0].split()[0], "FACTORY_ROOT")
-                for line in environment:
-                    self.assertIn(line.split()[0], factory.ENVIRONMENT)
+                for line in (line for line in environment if not line.startswith("   ")):   # not a long name's
+                    self.assertIn(line.split()[0], factory.ENVIRONMENT)                       # description, below it
 
     def test_the_environment_documented_is_the_environment_read(self):
         """Every variable the product reads is documented (in ENVIRONMENT, shown by --help, and in the

@@ -846,12 +846,12 @@ def ssh_key(folder: Path, name: str) -> tuple[Path, str]:
 @unittest.skipUnless(shutil.which("ssh-keygen"), "ssh-keygen (OpenSSH) is not installed")
 class SshCertificates(LineTest):
     """certify --ssh-key signs with `ssh-keygen -Y sign`; every verifier checks with `ssh-keygen -Y verify`
-    against registry/allowed_signers. Prepared once: alice's ssh key allowed, triager certified with it."""
+    against the keys folder's allowed_signers. Prepared once: alice's ssh key allowed, triager certified with it."""
 
     def prepare(self):
         key, public = ssh_key(self.tmp / "ssh", "alice")
-        (self.root / "registry").mkdir(exist_ok=True)
-        (self.root / "registry" / "allowed_signers").write_text(f"alice {public}\n")
+        (self.tmp / "keys").mkdir(mode=0o700, exist_ok=True)
+        (self.tmp / "keys" / "allowed_signers").write_text(f"alice {public}\n")
         self.set_bar("triager", 0.0)
         self.prove_sealed()
         self.sign("triager", "C1", "alice", "--ssh-key", str(key))
@@ -864,11 +864,12 @@ class SshCertificates(LineTest):
     def test_an_edited_ssh_certificate_does_not_verify(self):
         path = self.root / CERT
         path.write_text(path.read_text().replace('"tier": "C1"', '"tier": "C2"'))
-        self.refused_writing_nothing("does not verify with alice's ssh key in registry/allowed_signers", "run", "triager", "hi")
+        self.refused_writing_nothing(f"does not verify with alice's ssh key in {self.tmp / 'keys' / 'allowed_signers'}",
+                                     "run", "triager", "hi")
 
     def test_a_signer_not_in_allowed_signers_does_not_verify(self):
         _, bobs = ssh_key(self.tmp / "ssh", "bob")
-        allowed = self.root / "registry" / "allowed_signers"
+        allowed = self.tmp / "keys" / "allowed_signers"
         alices = allowed.read_text()
         allowed.write_text(f"bob {bobs}\n")                                   # alice is no longer an allowed signer
         self.refused_writing_nothing("does not verify with alice's ssh key", "run", "triager", "hi")
@@ -882,12 +883,16 @@ class SshCertificates(LineTest):
         before = self.cert()
         signed = self.at_terminal("certify", "triager", "--tier", "C1", "--by", "alice", "--ssh-key", str(mallory))
         self.assertEqual(signed.returncode, 1, signed.stderr)
-        self.assertIn("unsigned: the ssh signature does not verify with alice's ssh key in registry/allowed_signers", signed.stderr)
+        self.assertIn(f"unsigned: the ssh signature does not verify with alice's ssh key in {self.tmp / 'keys' / 'allowed_signers'}",
+                      signed.stderr)
         self.assertEqual(self.cert(), before)
 
     def test_without_allowed_signers_it_cannot_be_verified_here(self):
-        (self.root / "registry" / "allowed_signers").unlink()
-        self.refused_writing_nothing("signed with alice's ssh key, but there is no registry/allowed_signers", "run", "triager", "hi")
+        (self.tmp / "keys" / "allowed_signers").unlink()
+        self.refused_writing_nothing(f"signed with alice's ssh key, but there is no {self.tmp / 'keys' / 'allowed_signers'} "
+                                     "to check it against; it cannot be verified here", "run", "triager", "hi")
+        self.refused_writing_nothing("certify with --ssh-key: there is no", "certify", "triager", "--tier", "C1", "--by", "alice",
+                                     "--ssh-key", str(self.tmp / "ssh" / "alice"))
 
     def test_without_ssh_keygen_one_line_says_so_and_hmac_keeps_working(self):
         self.assertEqual(self.factory("stamp", "triager", "--as", "copy")[0], 0)
@@ -904,6 +909,55 @@ class SshCertificates(LineTest):
         signed = signer.signed(self.fac, body, factory.DECISION_UNSIGNED)
         self.assertIsNone(factory.signature_problem(self.fac, "alice", {**signed, "prev": "x"}, factory.DECISION_UNSIGNED))
         self.assertIsNotNone(factory.signature_problem(self.fac, "alice", {**signed, "call": 2}, factory.DECISION_UNSIGNED))
+
+
+@unittest.skipUnless(shutil.which("ssh-keygen"), "ssh-keygen (OpenSSH) is not installed")
+class SshForgery(CertifiedTest):
+    """Someone who may write the registry but not the keys folder makes their own ssh key, names it
+    alice's, and re-signs alice's hmac certificate at C2 with it: the trusted allowed-signers file is the
+    keys folder's (or FACTORY_ALLOWED_SIGNERS outside the root), and it names each signer exactly."""
+
+    def forge_with_ssh(self, tier: str = "C2") -> Path:
+        """mallory's key, listed as alice's in registry/allowed_signers; the certificate re-signed with it."""
+        key, public = ssh_key(self.tmp / "mallory-ssh", "mallory")
+        (self.root / "registry" / "allowed_signers").write_text(f"alice {public}\n")
+        cert = {k: v for k, v in {**self.cert(), "tier": tier}.items() if k != "signature"}
+        signed = subprocess.run(["ssh-keygen", "-Y", "sign", "-f", str(key), "-n", "agent-factory"],
+                                input=factory.canonical(cert), capture_output=True, check=True)
+        (self.root / CERT).write_text(json.dumps({**cert, "signature": signed.stdout.decode()}, indent=2))
+        return self.tmp / "mallory-ssh" / "mallory.pub"
+
+    def test_a_signer_added_in_the_registry_is_not_trusted(self):
+        self.forge_with_ssh()
+        err = self.refused_writing_nothing("signed with alice's ssh key, but there is no", "run", "triager", "hi")
+        self.assertIn(f"{self.tmp / 'keys' / 'allowed_signers'} to check it against", err)
+        self.assertIn("registry/allowed_signers is not read: anyone who writes the registry could add a signer", err)
+
+    def test_allowed_signers_inside_the_root_is_refused(self):
+        self.forge_with_ssh()
+        self.env["FACTORY_ALLOWED_SIGNERS"] = str(self.root / "registry" / "allowed_signers")
+        self.refused_writing_nothing("registry/allowed_signers is inside the factory root, where anyone who writes the "
+                                     "registry could add a signer", "run", "triager", "hi")
+
+    def test_a_signer_is_named_exactly_never_by_a_pattern(self):
+        mallory = self.forge_with_ssh()
+        public = " ".join(mallory.read_text().split()[:2])
+        trusted = self.tmp / "keys" / "allowed_signers"
+        for principals in ("*", "al*", "bob,a?ice", "*,!bob"):
+            with self.subTest(principals):
+                trusted.write_text(f"{principals} {public}\n")
+                self.refused_writing_nothing("does not verify with alice's ssh key", "run", "triager", "hi")
+        trusted.write_text(f"bob,alice {public}\n")      # the keys folder's owner lists it by name: trusted
+        self.runs_ok()
+
+    def test_allowed_signers_others_may_write_is_refused(self):
+        self.forge_with_ssh()
+        trusted = self.tmp / "trusted-signers"
+        trusted.write_text("bob ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GTWj\n")
+        trusted.chmod(0o666)
+        self.env["FACTORY_ALLOWED_SIGNERS"] = str(trusted)
+        self.refused_writing_nothing(f"other users may write {trusted}; fix it with: chmod go-w {trusted}",
+                                     "run", "triager", "hi")
 
 
 # ---------------------------------------------------------------- the README's main job, with no keys at all
