@@ -2785,7 +2785,8 @@ PENDING_FORMAT = "factory-pending-1"
 
 
 PENDING_SHAPE = Shape.of({"format": str, "run_id": str, "call": int, "agent": str, "tool": str, "args": dict,
-                          "args_digest": str, "certificate": str, "digest": str, "staged_at": str, "expires_at": str})
+                          "args_digest": str, "certificate": str, "digest": str, "staged_at": str, "expires_at": str},
+                         optional={"gate": dict, "mac": str})
 
 
 # registry/approvals.jsonl, hash-chained: one entry per decision, each signed by the person who made it.
@@ -2807,13 +2808,18 @@ class Decision:
 
 
 def load_pending(fac: Factory, run_id: str, call: int) -> dict:
-    """The stored staged call RUN_ID/CALL, shape-checked; Refusal when the id is odd or nothing waits there."""
+    """The stored staged call RUN_ID/CALL, shape-checked; Refusal when the id is odd, nothing waits there,
+    or the file holds another run's or call's entry (copied under this name)."""
     if not RUN_ID.fullmatch(run_id or "") or call < 1:
         raise Refusal(f"{run_id!r} --call {call} does not name a staged call (see `pending`)")
     path = fac.pending_path(run_id, call)
     if not path.exists():
         raise Refusal(f"no staged call {call} for run {run_id} (see `pending`)")
-    return fac.store.read_json(path, PENDING_SHAPE)
+    entry = fac.store.read_json(path, PENDING_SHAPE)
+    if (entry["run_id"], entry["call"]) != (run_id, call):
+        raise Refusal(f"{fac.shown(path)}: holds call {entry['call']} of run {entry['run_id']}, not this file's "
+                      f"(copied?); not executed.")
+    return entry
 
 
 def decisions_of(fac: Factory) -> dict:
@@ -3175,6 +3181,31 @@ def production_evidence(claim: Claim) -> str | None:
             f"(need {bar}){production.not_counted(claim.fac)}.")
 
 
+def parked_call_sealed(claim: Claim) -> str | None:
+    """The parked file is the one the run wrote: its evidence MAC verifies over every field (run id, call,
+    tool, arguments, certificate, digest, when it was staged and when it expires, the gate's result)."""
+    problem = evidence_problem(claim.fac, claim.entry)
+    if problem is None:
+        return None
+    shown = claim.fac.shown(claim.fac.pending_path(claim.entry["run_id"], claim.entry["call"]))
+    return f"{shown}: the parked call {problem}; {claim.remedy}"
+
+
+def staged_by_its_run(claim: Claim) -> str | None:
+    """The run the call names closed in the index with a row whose evidence MAC verifies, of the same
+    agent, that parked at least this many calls: a trace and a parked file copied under a new run id have
+    no such row. The index is read from its end (the staging run is usually recent)."""
+    fac, entry = claim.fac, claim.entry
+    key = evidence_key(fac, create=False)
+    rows = fac.store.read_jsonl_backwards(fac.index) if fac.index.exists() else ()
+    for row in (row for row in rows if row.get("run_id") == entry["run_id"] and row.get("state") != "started"):
+        if row.get("agent") == entry["agent"] and type(row.get("staged")) is int and row["staged"] >= entry["call"] \
+                and key is not None and mac_verifies(key, row):
+            return None
+    return (f"run {entry['run_id']} has no closed row in {fac.shown(fac.index)} that verifies and parked call "
+            f"{entry['call']}: no run of this line staged {claim.call}; {claim.remedy}")
+
+
 def call_still_open(claim: Claim) -> str | None:
     """The staged call was not executed, rejected or approved already (an approval without a result
     is an uncertain effect, never executed twice), and has not expired."""
@@ -3222,9 +3253,12 @@ def arguments_unchanged(claim: Claim) -> str | None:
 
 
 def staged_in_the_trace(claim: Claim) -> str | None:
-    """The run's trace holds the `settled` event that parked this call, sealed by the evidence MAC, naming
-    the same tool, arguments digest, certificate and digest as the parked file (which alone proves nothing)."""
+    """The run's trace is that run's (its header names the run) and holds the `settled` event that parked
+    this call, sealed by the evidence MAC, naming the same run, tool, arguments digest, certificate and
+    digest as the parked file."""
     where, number = claim.fac.shown(claim.recorded.path), claim.entry["call"]
+    if claim.recorded.header.get("run_id") != claim.entry["run_id"]:
+        return f"{where}: is the trace of run {claim.recorded.header.get('run_id')}, not {claim.entry['run_id']}; {claim.remedy}"
     events = [e for e in claim.recorded.events
               if e.get("event") == "settled" and e.get("decision") == "park" and e.get("call") == number]
     if not events:
@@ -3232,7 +3266,7 @@ def staged_in_the_trace(claim: Claim) -> str | None:
     problem = evidence_problem(claim.fac, events[0])
     if problem:
         return f"{where}: the event that parked call {number} {problem}; {claim.remedy}"
-    differs = [key for key in ("tool", "args_digest", "certificate", "digest") if events[0].get(key) != claim.entry[key]]
+    differs = [key for key in ("run_id", "tool", "args_digest", "certificate", "digest") if events[0].get(key) != claim.entry[key]]
     if differs:
         return (f"the parked {claim.call} is not what the run staged ({', '.join(differs)} differ from {where}): "
                 f"changed after staging; {claim.remedy}")
@@ -3269,12 +3303,12 @@ RUN_GUARDS = CERTIFICATE_GUARDS + (("revocation", not_revoked), ("recall", not_r
 CERTIFY_GUARDS = (("lineage", lineage_agrees), ("tier ceiling", within_ceiling), ("sealed proof", has_sealed_proof), ("digest", unchanged),
                   ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar), ("proof evidence", proof_verifies),
                   ("recall", not_recalled), ("production evidence", production_evidence))
-OPEN_GUARDS = (("open call", call_still_open),)
+OPEN_GUARDS = (("parked call", parked_call_sealed), ("open call", call_still_open))
 REJECT_GUARDS = (("open call", call_not_closed),)
 APPROVE_GUARDS = OPEN_GUARDS + CERTIFICATE_GUARDS + (
     ("revocation", not_revoked), ("recall", not_recalled), ("acting certificate", acting_certificate),
     ("same certificate", same_certificate), ("digest", unchanged), ("arguments", arguments_unchanged),
-    ("staged event", staged_in_the_trace))
+    ("staged event", staged_in_the_trace), ("staging run", staged_by_its_run))
 EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (
     ("approval signature", approval_signed), ("approved arguments", approved_these_arguments))
 
@@ -4119,7 +4153,7 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
         elif decision == "park":   # sealed: the executor compares the parked file with this event
             done.parked += 1
             stored = park(fac, agent, cert, trace.run_id, done.parked, call, {"result": gate["result"], "p": gate["p"]})
-            event = sealed_evidence(fac, {**event, "call": done.parked, "path": fac.shown(stored),
+            event = sealed_evidence(fac, {**event, "call": done.parked, "path": fac.shown(stored), "run_id": trace.run_id,
                                           "certificate": cert["signature"], "digest": agent.digest})
         elif decision == "review":
             event.update(to_review(fac, agent, trace.run_id, settlement, tags))
@@ -4145,8 +4179,9 @@ def to_review(fac: Factory, agent: Agent, run_id: str, settlement, tags: dict) -
 
 
 def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome, gate: dict) -> Path:
-    """Store one held acting call for approval: exact arguments, their digest, certificate, expiry, and
-    the gate's result and p; its path."""
+    """Store one held acting call for approval: its run and number, exact arguments, their digest,
+    certificate, when it was staged and expires, and the gate's result and p, sealed whole with the
+    evidence MAC (a copy under another run id, or a moved expiry, no longer verifies); its path."""
     staged = datetime.now(timezone.utc)
     hours = agent.card.get("approval_expiry_hours", 24)
     entry = {"format": PENDING_FORMAT, "run_id": run_id, "call": call, "agent": agent.name,
@@ -4154,7 +4189,7 @@ def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome
              "certificate": cert["signature"], "digest": agent.digest, "staged_at": iso(staged),
              "expires_at": iso(staged + timedelta(hours=hours)), "gate": gate}
     path = fac.pending_path(run_id, call)
-    fac.store.write_json(path, entry)
+    fac.store.write_json(path, sealed_evidence(fac, entry))   # every field, the run id and times included
     return path
 
 

@@ -815,12 +815,18 @@ class Approval(Tiered):
         path.write_text(json.dumps(stored))
         refused = self.approve()
         self.assertEqual(refused.returncode, 1)
-        self.assertIn("no longer match their digest", refused.stderr)
+        self.assertIn("the parked call does not verify with the factory evidence key: it was changed after it was written",
+                      refused.stderr)
+        self.assertEqual(self.effects("refunds"), [])
+        self.reseal(path)                                                     # past the seal, the digest still tells
+        self.assertIn("no longer match their digest", self.approve().stderr)
         self.assertEqual(self.effects("refunds"), [])
 
     def test_rewritten_arguments_with_their_digest_do_not_execute(self):
         args = {"reason": "duplicate charge", "amount_usd": 5000}
         self.edit_stored_call(args=args, args_digest=factory.args_digest(args))
+        self.assertIn("the parked call does not verify with the factory evidence key", self.approve().stderr)
+        self.reseal(self.pending()[0])                                        # past the seal, the run's sealed event tells
         refused = self.approve()
         self.assertEqual(refused.returncode, 1, refused.stdout)
         self.assertIn("is not what the run staged (args_digest differ", refused.stderr)
@@ -828,7 +834,7 @@ class Approval(Tiered):
 
     def test_a_c1_signature_copied_into_a_parked_call_does_not_execute(self):
         self.assertEqual(self.certify("payer", "C1").returncode, 0)           # payer demoted to C1
-        self.edit_stored_call(certificate=self.cert("payer")["signature"])    # ... and its signature copied in
+        self.reseal(self.pending()[0], certificate=self.cert("payer")["signature"])   # ... its signature copied in
         refused = self.approve()
         self.assertEqual(refused.returncode, 1, refused.stdout)
         self.assertIn("is at C1: a parked call runs only under a certificate at C2 or above", refused.stderr)
@@ -861,10 +867,8 @@ class Approval(Tiered):
 
     def test_expired(self):
         path = self.pending()[0]
-        stored = json.loads(path.read_text())
-        self.assertGreater(stored["expires_at"], factory.utc_now())
-        stored["expires_at"] = "2000-01-01T00:00:00.000000Z"
-        path.write_text(json.dumps(stored))
+        self.assertGreater(json.loads(path.read_text())["expires_at"], factory.utc_now())
+        self.reseal(path, expires_at="2000-01-01T00:00:00.000000Z")           # as if staged long ago
         refused = self.approve()
         self.assertIn("expired at 2000-01-01", refused.stderr)
 
@@ -919,6 +923,65 @@ class Approval(Tiered):
         self.assertIn("approvals and rejections are not counted until it is restored", err)
         refused = self.approve()
         self.assertIn("registry/approvals.jsonl line 2: the hash chain is broken here", refused.stderr)
+
+    # ---- a parked call is bound to the run that staged it
+
+    def reseal(self, path: Path, **changes) -> None:
+        """Rewrite a parked file with changes and a MAC under this factory's evidence key: what only the
+        line itself could write (to reach the guards behind the seal)."""
+        key = (self.tmp / "keys" / "_evidence.key").read_text().strip().encode()
+        entry = {k: v for k, v in {**json.loads(path.read_text()), **changes}.items() if k != "mac"}
+        path.write_text(json.dumps({**entry, "mac": "hmac-sha256:" + hmac.new(key, factory.canonical(entry),
+                                                                              hashlib.sha256).hexdigest()}))
+
+    def copy_run(self, new_id: str, replace_id: bool = True) -> None:
+        """What someone who may write traces/ and registry/ (no keys) does to pay again: the run's trace
+        and its parked call copied under a new run id (the parked call's run id replaced, or left as it was)."""
+        traces, pending = self.root / "traces" / "payer", self.root / "registry" / "pending"
+        (traces / f"{new_id}.jsonl").write_text((traces / f"{self.run_id}.jsonl").read_text())
+        parked = (pending / f"{self.run_id}.1.json").read_text()
+        (pending / f"{new_id}.1.json").write_text(parked.replace(self.run_id, new_id) if replace_id else parked)
+
+    def test_a_copied_run_does_not_pay_again(self):
+        self.assertEqual(self.approve().returncode, 0)
+        copies = {"run id replaced": (True, "registry/pending/20261201T235959000000Z-abcdef.1.json: the parked call "
+                                            "does not verify with the factory evidence key"),
+                  "parked file copied as it was": (False, "holds call 1 of run")}
+        for label, (replace_id, refusal) in copies.items():
+            with self.subTest(label):
+                self.copy_run("20261201T235959000000Z-abcdef", replace_id)
+                refused = self.approve(run_id="20261201T235959000000Z-abcdef")
+                self.assertEqual(refused.returncode, 1, refused.stdout)
+                self.assertIn(refusal, refused.stderr)
+                self.assertNotIn("approve? [y/N]", refused.stderr)
+                self.assertEqual(len(self.effects("refunds")), 1, "the refund went out twice")
+
+    def unclose_the_run(self) -> None:
+        """The staging run's closed row taken out of the index: as if it was killed after parking the call."""
+        index = self.root / "traces" / "index.jsonl"
+        lines = index.read_text().splitlines(keepends=True)
+        index.write_text("".join(line for line in lines if not (self.run_id in line and '"closed"' in line)))
+
+    def test_a_call_whose_run_never_closed_is_not_executed(self):
+        self.unclose_the_run()
+        refused = self.approve()
+        self.assertEqual(refused.returncode, 1, refused.stdout)
+        self.assertIn(f"run {self.run_id} has no closed row in traces/index.jsonl that verifies and parked call 1", refused.stderr)
+        self.assertEqual(self.effects("refunds"), [])
+
+    def test_staging_time_and_expiry_cannot_be_moved(self):
+        later = (factory.iso(factory.datetime.now(factory.timezone.utc) + factory.timedelta(hours=1)), "2099-01-01T00:00:00.000000Z")
+        for field, value in (("staged_at", later[0]), ("expires_at", later[1])):
+            with self.subTest(field):
+                self.setUp()
+                self.factory("recall", "payer", "--reason", "refunds are wrong")
+                self.assertIn("recalled since this call was staged", self.approve().stderr)
+                self.edit_stored_call(**{field: value})
+                refused = self.approve()
+                self.assertEqual(refused.returncode, 1, refused.stdout)
+                self.assertIn("the parked call does not verify with the factory evidence key: it was changed after it "
+                              "was written; not executed.", refused.stderr)
+                self.assertEqual(self.effects("refunds"), [])
 
     # ---- a kill between the intent and the result
 
@@ -999,13 +1062,13 @@ class Approval(Tiered):
         """Approval guard name -> what makes exactly that guard refuse."""
         cert = lambda: self.root / "registry" / "payer.card.json"  # noqa: E731
         demoted = lambda: (self.assertEqual(self.certify("payer", "C1").returncode, 0),  # noqa: E731
-                           self.edit_stored_call(certificate=self.cert("payer")["signature"]))
+                           self.reseal(self.pending()[0], certificate=self.cert("payer")["signature"]))
         rewritten = {"reason": "more", "amount_usd": 5000}
         return {
             "open call": lambda: self.factory("reject", self.run_id, "--by", "bob", "--reason", "duplicate"),
             "certificate": lambda: cert().unlink(),
             "signer": lambda: cert().write_text(json.dumps({**self.cert("payer"), "signer": "../alice"})),
-            "signer key": lambda: (self.tmp / "keys").rename(self.tmp / "keys-elsewhere"),
+            "signer key": lambda: (self.tmp / "keys" / "alice.key").rename(self.tmp / "alice.key"),
             "signature": lambda: cert().write_text(json.dumps({**self.cert("payer"), "tier": "C3"})),
             "agent": lambda: self.forge(agent="triager"),
             "logs": lambda: (self.root / "registry" / "lineage.jsonl").write_text(""),
@@ -1014,8 +1077,10 @@ class Approval(Tiered):
             "acting certificate": demoted,
             "same certificate": lambda: self.forge(signed_at=factory.utc_now()),
             "digest": lambda: self.edit_card("payer", owner="someone-else"),
-            "arguments": lambda: self.edit_stored_call(args=rewritten),
-            "staged event": lambda: self.edit_stored_call(args=rewritten, args_digest=factory.args_digest(rewritten)),
+            "parked call": lambda: self.edit_stored_call(expires_at="2099-01-01T00:00:00.000000Z"),
+            "arguments": lambda: self.reseal(self.pending()[0], args=rewritten),
+            "staged event": lambda: self.reseal(self.pending()[0], args=rewritten, args_digest=factory.args_digest(rewritten)),
+            "staging run": self.unclose_the_run,
         }
 
     def last_guard(self, chain: tuple, approval: factory.Decision | None = None) -> tuple[str, str | None]:
