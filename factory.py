@@ -95,6 +95,7 @@ CERT_FORMAT = "factory-certificate-1"
 TOWER_FORMAT = "factory-tower-2"       # printed by tower --json
 SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
 GENESIS = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"   # sha256 of nothing: the `prev` of a log's first entry
+ANCHOR_FORMAT = "factory-anchor-1"
 CHAINED_LOGS = ("recalls", "revocations", "lineage", "approvals")   # Factory properties of the hash-chained logs
 DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage calls are network waits
 
@@ -397,6 +398,8 @@ class Factory:
     allowed_signers = cached_property(lambda self: Path(self.env.get("FACTORY_ALLOWED_SIGNERS")
                                                         or self.keys_dir / "allowed_signers").absolute())
     evidence_key_path = cached_property(lambda self: self.keys_dir / "_evidence.key")   # no signer's name starts with _
+    # this machine's anchor for this root: a root is known by its path, which the registry's writers cannot move
+    anchor_path = cached_property(lambda self: self.keys_dir / f"_anchor-{sha256(str(self.root).encode())[7:23]}.json")
 
     def card_path(self, name: str) -> Path:
         """masters/NAME.json (name checked first)."""
@@ -1032,6 +1035,33 @@ class Store:
             raise Refusal("ssh-keygen is not installed here (OpenSSH); ssh signatures cannot be made or checked "
                           "on this machine (hmac signatures still work)")
         return program
+
+    def read_private(self, path: Path) -> dict:
+        """The JSON object in a file of the keys folder, checked like a key (no other user may read or
+        write it or its folder); {} when there is none."""
+        if not self.exists(path):
+            return {}
+        self.check_private(path)
+        where = str(path)
+        return as_object(parse_json(decode(self.read_bytes(path, confined=False), where), where), where)
+
+    def write_private(self, path: Path, obj: dict) -> None:
+        """Write a JSON object to a file of the keys folder atomically (temporary file, fsync, rename), mode 0600."""
+        data = utf8(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+        with self.report_folder(path) as folder, self.machine(path, "write"):
+            self.write_atomic(folder, path, data, False, 0o600)
+
+    @contextlib.contextmanager
+    def keys_locked(self) -> Iterator[None]:
+        """Hold an exclusive fcntl lock on the keys folder for the block: what one process reads, merges
+        and writes back there, no other process writes in between."""
+        with self.machine(self.fac.keys_dir, "lock"):
+            handle = os.open(self.fac.keys_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(handle)
 
     def keys_writable(self) -> bool:
         """True when the keys folder exists (or can be made, mode 0700) and this process may write in it."""
@@ -2446,17 +2476,101 @@ def heads_problem(chains: dict[str, Chain], heads, where: str) -> str | None:
     if not isinstance(heads, dict) or set(heads) != set(CHAINED_LOGS):
         return f"{where}: records no log heads (signed before the logs were hash-chained)"
     for name in CHAINED_LOGS:
-        chain, head = chains[name], heads[name]
-        count = head.get("count") if isinstance(head, dict) else None
-        if not isinstance(count, int) or count < 0:
-            return f"{where}: its head of {chain.where} is malformed"
-        if len(chain.hashes) < count:
-            return (f"{chain.where}: has {len(chain.hashes)} entries but had {count} when {where} was signed: "
-                    f"entries were removed since; restore the log from a copy")
-        if count and chain.hashes[count - 1] != head.get("hash"):
-            return (f"{chain.where}: entry {count} is not the one {where} was signed over: the log was rewritten "
-                    f"since; restore it from a copy")
+        if not isinstance(heads[name], dict):
+            return f"{where}: its head of {chains[name].where} is malformed"
+        problem = head_problem(chains[name], heads[name], f"{where} was signed")
+        if problem:
+            return problem
     return None
+
+
+def head_problem(chain: Chain, head: dict, when: str) -> str | None:
+    """None when the log still begins with the `count` entries it held `when` (ending in `hash`); else one
+    line naming the log: entries removed, or the entry at the head rewritten."""
+    count = head.get("count")
+    if not isinstance(count, int) or count < 0:
+        return f"{chain.where}: its head recorded when {when} is malformed"
+    if len(chain.hashes) < count:
+        return (f"{chain.where}: has {len(chain.hashes)} entries but had {count} when {when}: entries were removed "
+                f"since; restore the log from a copy")
+    if count and chain.hashes[count - 1] != head.get("hash"):
+        return (f"{chain.where}: entry {count} is not the one it held when {when}: the log was rewritten since; "
+                f"restore it from a copy")
+    return None
+
+
+# ---- this machine's anchor: the newest state of the registry it has written or seen
+# A registry put back to an older, self-consistent state (an approvals log emptied, a revocation cut with
+# the certificate it anchored, a superseded certificate copied back) passes every check the registry can
+# make of itself. So the keys folder, which the registry's writers cannot write, keeps per factory root the
+# newest head of each hash-chained log and the newest certificate of each agent this machine has written
+# or verified; every station that appends to a log or writes a certificate raises it, and every verifier
+# refuses a registry older than it.
+
+def read_anchor(fac: Factory) -> dict:
+    """This machine's anchor for this root: {"logs": {name: {"count", "hash"}}, "certificates": {agent:
+    {"signature", "signed_at"}}}; empty parts when it has none yet."""
+    anchor = fac.store.read_private(fac.anchor_path)
+    return {part: anchor.get(part) if isinstance(anchor.get(part), dict) else {} for part in ("logs", "certificates")}
+
+
+def anchor_problem(fac: Factory, chains: dict[str, Chain]) -> str | None:
+    """None when each log in `chains` still holds every entry this machine last wrote or saw in it; else
+    one line naming the log (see head_problem)."""
+    logs = read_anchor(fac)["logs"]
+    for name, chain in chains.items():
+        head = logs.get(name)
+        problem = head_problem(chain, head, f"this machine last saw it ({fac.anchor_path})") if isinstance(head, dict) else None
+        if problem:
+            return problem
+    return None
+
+
+def newer(old, new: dict, key: str) -> bool:
+    """True when `new` should replace the anchored `old`: there is none, or new's `key` is greater."""
+    return not isinstance(old, dict) or not isinstance(old.get(key), type(new[key])) or new[key] > old[key]
+
+
+def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | None = None) -> None:
+    """Record in this machine's anchor the log heads (name -> {"count", "hash"}) and certificates (agent ->
+    the certificate) written or seen now, each only where it is newer than what the anchor holds (more
+    entries, a later signed_at): the anchor never moves back. Nothing is written when nothing is newer;
+    when the keys folder cannot be written, a note says this machine keeps no anchor."""
+    logs = {name: dict(head) for name, head in (logs or {}).items()}
+    certificates = {name: {"signature": cert["signature"], "signed_at": cert["signed_at"]}
+                    for name, cert in (certificates or {}).items()}
+    def merged(anchor: dict) -> dict | None:
+        fresh = {"logs": {n: h for n, h in logs.items() if newer(anchor["logs"].get(n), h, "count")},
+                 "certificates": {n: c for n, c in certificates.items() if newer(anchor["certificates"].get(n), c, "signed_at")}}
+        return {part: {**anchor[part], **fresh[part]} for part in fresh} if any(fresh.values()) else None
+    if merged(read_anchor(fac)) is None:
+        return
+    if not fac.store.keys_writable():
+        note(fac, f"the keys folder {fac.keys_dir} cannot be written: this machine's anchor of the registry is not "
+                  f"kept up to date, so a registry put back to an older state may go unnoticed here")
+        return
+    with fac.store.keys_locked():
+        anchor = read_anchor(fac)
+        update = merged(anchor)
+        if update is not None:
+            fac.store.write_private(fac.anchor_path, {"format": ANCHOR_FORMAT, "root": str(fac.root), **update})
+
+
+def append_to_log(fac: Factory, name: str, make) -> dict:
+    """Append make(chain) to the hash-chained log NAME (one of CHAINED_LOGS) under its lock, refused when
+    the log is older than this machine's anchor (an entry after a rollback would hide it), then raise the
+    anchor to the new head. Returns the entry written."""
+    path, head = getattr(fac, name), {}
+    def checked(chain: Chain) -> dict:
+        problem = anchor_problem(fac, {name: chain})
+        if problem:
+            raise Refusal(problem)
+        head["count"] = len(chain.hashes) + 1
+        return make(chain)
+    entry = fac.store.append_chained(path, checked)
+    head["hash"] = sha256(fac.store.line(entry).rstrip(b"\n"))
+    raise_anchor(fac, logs={name: head})
+    return entry
 
 
 # ---- revocations
@@ -2478,7 +2592,7 @@ def revoke(fac: Factory, name: str, reason: str) -> bool:
     if cert.get("revoked"):
         return False
     entry = {"agent": name, "reason": reason, "at": utc_now(), "signature": cert.get("signature")}
-    fac.store.append_chained(fac.revocations, lambda chain: entry)
+    append_to_log(fac, "revocations", lambda chain: entry)
     fac.store.write_json(path, {**cert, "revoked": {"reason": reason, "at": entry["at"]}})
     return True
 
@@ -2618,21 +2732,25 @@ def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Pat
     return signer.signed(fac, cert, UNSIGNED_FIELDS)
 
 
-def archive_certificate(fac: Factory, name: str) -> None:
-    """Keep the previous certificate (if any) under registry/history/NAME/ before it is replaced, and
-    revoke it in the log: a superseded certificate copied back must not run again (e.g. a demotion)."""
+def replace_certificate(fac: Factory, name: str, cert: dict) -> None:
+    """Put a newly signed certificate in place of NAME's current one, in an order a kill cannot break:
+    the old one is kept under registry/history/NAME/ (still valid where it is); the new one replaces it
+    (the one step that switches: a kill before it leaves the old certificate valid, after it the new one
+    in place); this machine's anchor records the new one, so the old one copied back is refused; then
+    the old one is revoked in the log ("superseded", true by then), the anchor raised to that entry too."""
     current = fac.cert_path(name)
-    if not current.exists():
-        return
-    old = fac.store.read_bytes(current)
-    fac.store.write_text(fac.history_path(name), old)
+    old = fac.store.read_bytes(current) if current.exists() else None
+    if old is not None:
+        fac.store.write_text(fac.history_path(name), old)
+    fac.store.write_json(current, cert)
+    raise_anchor(fac, logs=cert["chains"], certificates={name: cert})
     try:
-        signature = json.loads(old).get("signature")
+        signature = json.loads(old).get("signature") if old is not None else None
     except (ValueError, AttributeError):
         signature = None
     if isinstance(signature, str):
         entry = {"agent": name, "reason": "superseded by a newer certificate", "at": utc_now(), "signature": signature}
-        fac.store.append_chained(fac.revocations, lambda chain: entry)
+        append_to_log(fac, "revocations", lambda chain: entry)
 
 
 # ---- drift: a certified rate watched in production
@@ -2955,6 +3073,11 @@ class Claim:
         return self.fac.store.read_json(path) if path.exists() else None
 
     @cached_property
+    def chains(self) -> dict[str, Chain]:
+        """Every hash-chained log as it is now, read and verified once."""
+        return chained_logs(self.fac)
+
+    @cached_property
     def card(self) -> dict:
         """NAME's card as it is on disk now, validated."""
         return load_card(self.fac, self.name)
@@ -3068,12 +3191,37 @@ def signature_verifies(claim: Claim) -> str | None:
 def logs_unchanged(claim: Claim) -> str | None:
     """Every hash-chained log still begins with the entries it held when this certificate was signed,
     and when every other certificate in the registry that verifies here was: the newest signature of
-    any agent anchors every entry made before it (a recall of a master, say, and its variants)."""
-    chains = chained_logs(claim.fac)
+    any agent anchors every entry made before it (a recall of a master, say, and its variants); and
+    with every entry this machine has written or seen in it (its anchor, raised to what is seen now)."""
+    chains = claim.chains
     problem = heads_problem(chains, claim.cert.get("chains"), claim.where)
     for where, heads in ([] if problem else anchors(claim.fac, claim.name)):
         problem = problem or heads_problem(chains, heads, where)
+    problem = problem or anchor_problem(claim.fac, chains)
+    if problem:
+        return f"{problem}. {claim.remedy}"
+    raise_anchor(claim.fac, logs={name: chain.head for name, chain in chains.items()})
+    return None
+
+
+def logs_as_anchored(claim: Claim) -> str | None:
+    """Every hash-chained log still holds every entry this machine has written or seen in it: nothing is
+    signed over a registry put back to an older state."""
+    problem = anchor_problem(claim.fac, claim.chains)
     return f"{problem}. {claim.remedy}" if problem else None
+
+
+def newest_certificate(claim: Claim) -> str | None:
+    """The certificate is not older than the newest one of this agent this machine has written or verified
+    (a superseded certificate copied back, its revocation cut or not); a newer one is recorded as seen."""
+    cert, seen = claim.cert, read_anchor(claim.fac)["certificates"].get(claim.name)
+    if isinstance(seen, dict) and seen.get("signature") != cert["signature"] \
+            and not (isinstance(cert.get("signed_at"), str) and cert["signed_at"] > str(seen.get("signed_at"))):
+        return (f"{claim.where}: superseded: this machine has seen {claim.name}'s certificate signed at {seen.get('signed_at')} "
+                f"({claim.fac.anchor_path}), and this one was signed before it; an older certificate was put back. {claim.remedy}")
+    if isinstance(cert.get("signed_at"), str):
+        raise_anchor(claim.fac, certificates={claim.name: cert})
+    return None
 
 
 def anchors(fac: Factory, but: str) -> Iterator[tuple[str, dict]]:
@@ -3223,6 +3371,17 @@ def call_still_open(claim: Claim) -> str | None:
     return None
 
 
+def not_carried_out(claim: Claim) -> str | None:
+    """The run's trace does not record this call as begun or done (an `effect_started` or `approved_call`
+    event for it), whatever the approvals log says: a log emptied or lost never lets a call run twice."""
+    done = [event.get("event") for event in claim.recorded.later
+            if event.get("event") in ("effect_started", "approved_call") and event.get("call") == claim.entry["call"]]
+    if not done:
+        return None
+    return (f"{claim.fac.shown(claim.recorded.path)} records {claim.call} as carried out already ({done[0]}), whatever "
+            f"{claim.fac.shown(claim.fac.approvals)} says; it will not be executed again (see `pending`).")
+
+
 def call_not_closed(claim: Claim) -> str | None:
     """The staged call may still be rejected: it is open, or its effect is uncertain (a human closes it
     after reconciling); not when it was executed, rejected or expired."""
@@ -3297,10 +3456,12 @@ def approved_these_arguments(claim: Claim) -> str | None:
 
 # Each chain is (name, check) in order; a check returns None or the one refusal line.
 CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
-                      ("signature", signature_verifies), ("agent", for_this_agent), ("logs", logs_unchanged))
+                      ("signature", signature_verifies), ("agent", for_this_agent), ("logs", logs_unchanged),
+                      ("newest certificate", newest_certificate))
 RUN_GUARDS = CERTIFICATE_GUARDS + (("revocation", not_revoked), ("recall", not_recalled), ("digest", unchanged),
                                    ("lineage", lineage_agrees))
-CERTIFY_GUARDS = (("lineage", lineage_agrees), ("tier ceiling", within_ceiling), ("sealed proof", has_sealed_proof), ("digest", unchanged),
+CERTIFY_GUARDS = (("logs", logs_as_anchored), ("lineage", lineage_agrees), ("tier ceiling", within_ceiling),
+                  ("sealed proof", has_sealed_proof), ("digest", unchanged),
                   ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar), ("proof evidence", proof_verifies),
                   ("recall", not_recalled), ("production evidence", production_evidence))
 OPEN_GUARDS = (("parked call", parked_call_sealed), ("open call", call_still_open))
@@ -3308,7 +3469,7 @@ REJECT_GUARDS = (("open call", call_not_closed),)
 APPROVE_GUARDS = OPEN_GUARDS + CERTIFICATE_GUARDS + (
     ("revocation", not_revoked), ("recall", not_recalled), ("acting certificate", acting_certificate),
     ("same certificate", same_certificate), ("digest", unchanged), ("arguments", arguments_unchanged),
-    ("staged event", staged_in_the_trace), ("staging run", staged_by_its_run))
+    ("staged event", staged_in_the_trace), ("staging run", staged_by_its_run), ("carried out", not_carried_out))
 EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (
     ("approval signature", approval_signed), ("approved arguments", approved_these_arguments))
 
@@ -3847,11 +4008,13 @@ CALL_SHAPE = Shape.of({"id": str, "name": str, "args": dict})
 @dataclass(frozen=True)
 class Recorded:
     """A trace as read back: its header, its events up to and including the end, and the end (None
-    when the run never finished). Events appended after the end (an approved call) are left out."""
+    when the run never finished). Events appended after the end (what happened to a parked call once a
+    human approved it) are kept apart, in `later`, as they were written."""
     path: Path
     header: dict
     events: list
     end: dict | None
+    later: list = field(default_factory=list)
 
 
 class Trace:
@@ -3907,7 +4070,7 @@ class Trace:
         for an odd run id, a missing trace, a header that is not ours, or an event replay relies on
         that is malformed."""
         path = fac.trace_path(agent, run_id) if agent else find_trace(fac, run_id)
-        where, events, end, upgrade = fac.shown(path), [], None, None
+        where, events, end, upgrade, later = fac.shown(path), [], None, None, []
         for number, event in fac.store.read_jsonl(path):   # every line is read: a torn one is refused
             if number == 1:
                 upgrade = trace_upgrade(event, where)
@@ -3916,9 +4079,11 @@ class Trace:
                 check_event(event, f"{where} line {number}")
                 events.append(event)
                 end = event if event.get("event") == "end" else None
+            else:
+                later.append(event)
         if not events:
             raise Refusal(f"{where}: empty")
-        return Recorded(path, events[0], events, end)
+        return Recorded(path, events[0], events, end, later)
 
 
 def from_trace_1(event: dict) -> dict:
@@ -4206,7 +4371,7 @@ def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision
     intent and result leaves the call `uncertain-effect`. Returns the result entry."""
     claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call), approval), EXECUTE_GUARDS)
     entry, agent = claim.entry, claim.agent
-    fac.store.append_chained(fac.approvals, first_decision(run_id, call, approval.entry))
+    append_to_log(fac, "approvals", first_decision(run_id, call, approval.entry))
     trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
     broker = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
     held = broker.carry_out(entry["tool"], entry["args"])
@@ -4217,7 +4382,7 @@ def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision
                "read_back": read_back(fac, done.receipt)}
     body = {"kind": "result", "run_id": run_id, "call": call, "agent": agent.name, "by": approval.signer.name,
             "at": utc_now(), **outcome}
-    result = fac.store.append_chained(fac.approvals, closing(claim, approval.signer, body, outcome_of(body),
+    result = append_to_log(fac, "approvals", closing(claim, approval.signer, body, outcome_of(body),
                                                              ("result", "rejected")))
     trace.record({"event": "approved_call", "call": call, "at": result["at"], "by": result["by"], **outcome})
     return result
@@ -4693,7 +4858,7 @@ def cmd_stamp(fac: Factory, args) -> int:
     card = derive(master.card, args.new, overrides, master.digest)
     agent_from_card(fac, card, f"variant {args.new}", card_problems(card))
     if earlier is None:   # the lineage entry first: a kill before the card leaves no variant the log does not know
-        fac.store.append_chained(fac.lineage, first_lineage_entry(args.new, args.master))
+        append_to_log(fac, "lineage", first_lineage_entry(args.new, args.master))
     try:
         fac.store.write_json(path, card, exclusive=True)
     except FileExistsError:
@@ -4705,7 +4870,7 @@ def cmd_stamp(fac: Factory, args) -> int:
 
 
 def first_lineage_entry(name: str, master: str):
-    """make(chain) for append_chained: NAME's lineage entry, refused (under the log's lock) when the log
+    """make(chain) for append_to_log: NAME's lineage entry, refused (under the log's lock) when the log
     already has one for NAME (two stamps of one name at once: one is told)."""
     def make(chain: Chain) -> dict:
         if any(row.get("agent") == name for _, row in chain.entries):
@@ -4725,7 +4890,7 @@ def finish_stamp(fac: Factory, master: str, name: str, overrides: dict, earlier:
     if overrides and overrides != card.get("overrides"):
         raise Refusal(f"{name} is a stamp from {master} that stopped half-way ({where} is written, its lineage entry "
                       f"is not); finish it as it was written, with no --set: python3 factory.py stamp {master} --as {name}")
-    fac.store.append_chained(fac.lineage, first_lineage_entry(name, master))
+    append_to_log(fac, "lineage", first_lineage_entry(name, master))
     print(f"finished the stamp of {name} from {master}: appended its lineage entry to {fac.shown(fac.lineage)} "
           f"({fac.shown(path)} was written before the stamp stopped)")
     return 0
@@ -4950,8 +5115,7 @@ def cmd_certify(fac: Factory, args) -> int:
     problem = signature_problem(fac, signer.name, cert) if signer.ssh_key else None
     if problem:
         raise Refusal(f"unsigned: the ssh signature {problem}; add `{signer.name} <your public key line>` to it")
-    archive_certificate(fac, agent.name)
-    fac.store.write_json(fac.cert_path(agent.name), cert)
+    replace_certificate(fac, agent.name, cert)
     print(f"certified {agent.name} at {args.tier}: {fac.shown(fac.cert_path(agent.name))}")
     return 0
 
@@ -5462,7 +5626,7 @@ def cmd_recall(fac: Factory, args) -> int:
     load_card(fac, args.agent)
     variants = descendants(fac, args.agent, recall_reach(fac))   # read (and checked) before anything is written
     entry = {"agent": args.agent, "reason": args.reason, "at": utc_now(), "by": fac.env.get("USER", "unknown")}
-    fac.store.append_chained(fac.recalls, lambda chain: entry)
+    append_to_log(fac, "recalls", lambda chain: entry)
     print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")
     print("every new run of these is refused until a fresh sealed proof and a new signature; runs already underway finish and are gated.")
     return 0
@@ -5685,7 +5849,7 @@ def cmd_reject(fac: Factory, args) -> int:
     signer.ready(fac, "reject")
     body = {"kind": "rejected", "run_id": entry["run_id"], "call": entry["call"], "agent": entry["agent"],
             "by": signer.name, "at": utc_now(), "reason": args.reason}
-    done = fac.store.append_chained(fac.approvals, closing(claim, signer, body, "routed-to-human", ("result", "rejected")))
+    done = append_to_log(fac, "approvals", closing(claim, signer, body, "routed-to-human", ("result", "rejected")))
     print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']}); "
           f"run verdict {done['verdict_from']} -> {done['verdict_to']}")
     return 0

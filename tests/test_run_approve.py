@@ -983,6 +983,21 @@ class Approval(Tiered):
                               "was written; not executed.", refused.stderr)
                 self.assertEqual(self.effects("refunds"), [])
 
+    def test_an_emptied_approvals_log_does_not_pay_twice(self):
+        self.assertEqual(self.approve().returncode, 0)
+        (self.root / "registry" / "approvals.jsonl").write_text("")
+        refused = self.approve()
+        self.assertEqual(refused.returncode, 1, refused.stdout)
+        self.assertIn("registry/approvals.jsonl: has 0 entries but had 2 when this machine last saw it", refused.stderr)
+        self.assertEqual(len(self.effects("refunds")), 1)
+        for anchor in (self.tmp / "keys").glob("_anchor-*.json"):           # a machine that never saw the approval
+            anchor.unlink()
+        refused = self.approve()
+        self.assertEqual(refused.returncode, 1, refused.stdout)
+        self.assertIn(f"traces/payer/{self.run_id}.jsonl records billing:refund from run {self.run_id} (call 1) as carried "
+                      f"out already (effect_started), whatever registry/approvals.jsonl says", refused.stderr)
+        self.assertEqual(len(self.effects("refunds")), 1, "the refund went out twice")
+
     # ---- a kill between the intent and the result
 
     def kill_while_approving(self, hold: Path, wait_for) -> None:
@@ -1064,8 +1079,18 @@ class Approval(Tiered):
         demoted = lambda: (self.assertEqual(self.certify("payer", "C1").returncode, 0),  # noqa: E731
                            self.reseal(self.pending()[0], certificate=self.cert("payer")["signature"]))
         rewritten = {"reason": "more", "amount_usd": 5000}
+        def put_back():
+            original = cert().read_bytes()
+            self.assertEqual(self.certify("payer", "C2").returncode, 0)
+            cert().write_bytes(original)
+        def begun():   # what an earlier approval's executor wrote in the run's trace, as it began the effect
+            with (self.root / "traces" / "payer" / f"{self.run_id}.jsonl").open("a") as trace:
+                trace.write(json.dumps({"event": "effect_started", "call": 1, "path": "outbox/payer/refunds.jsonl",
+                                        "effect_id": "e-earlier"}) + "\n")
         return {
             "open call": lambda: self.factory("reject", self.run_id, "--by", "bob", "--reason", "duplicate"),
+            "carried out": begun,
+            "newest certificate": put_back,
             "certificate": lambda: cert().unlink(),
             "signer": lambda: cert().write_text(json.dumps({**self.cert("payer"), "signer": "../alice"})),
             "signer key": lambda: (self.tmp / "keys" / "alice.key").rename(self.tmp / "alice.key"),

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import os
+import pty
 import random
 import re
 import select
@@ -18,15 +19,18 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 import unittest
 from pathlib import Path
 
 import factory
+from tests import trust_helpers
 from tests.fake_sage import FakeSage
-from tests.support import INJECTION, CertifiedTest, LineTest, junit_problems, snapshot, spawn_at_terminal
+from tests.support import INJECTION, REPO, CertifiedTest, LineTest, junit_problems, snapshot, spawn_at_terminal
 
 CERT = "registry/triager.card.json"
+HELPER = Path(trust_helpers.__file__).resolve()
 TICKETS = ["My card was charged twice for the same coffee, please look into it.",
            "How do I change the phone number on my profile?",
            "The app crashes every time I open the statements tab."]
@@ -109,6 +113,17 @@ class Guards(LineTest):
         err = self.refused(results[-1][1], *argv)
         self.assertEqual(err.strip(), f"factory {argv[0]}: {results[-1][1]}")
 
+    def put_back_after_signing_again(self) -> None:
+        """triager signed again here, then its certificate from before copied back."""
+        original = (self.root / CERT).read_bytes()
+        self.sign("triager", "C1")
+        (self.root / CERT).write_bytes(original)
+
+    def cut_a_recall(self) -> None:
+        """A recall made here (so this machine's anchor holds it), then the recall log emptied."""
+        self.factory("recall", "triager", "--reason", "drafts promised refunds")
+        (self.root / "registry" / "recalls.jsonl").write_text("")
+
     def test_each_run_guard_refuses(self):
         scenarios = {
             "certificate": lambda: (self.root / CERT).unlink(),
@@ -117,6 +132,7 @@ class Guards(LineTest):
             "signature": lambda: (self.root / CERT).write_text(json.dumps({**self.cert(), "tier": "C3"})),
             "agent": lambda: self.forge(agent="evalsmith"),
             "logs": lambda: (self.root / "registry" / "lineage.jsonl").write_text(""),
+            "newest certificate": self.put_back_after_signing_again,
             "revocation": lambda: self.forge(revoked={"reason": "pulled by hand", "at": factory.utc_now()}),
             "recall": lambda: self.factory("recall", "triager", "--reason", "drafts promised refunds"),
             "digest": lambda: self.edit_card("triager", max_steps=7),
@@ -137,6 +153,7 @@ class Guards(LineTest):
             self.set_bar("triager", 1.0)
             self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 1)
         scenarios = {  # guard -> (the tier asked for, what makes that guard refuse)
+            "logs": ("C1", self.cut_a_recall),
             "tier ceiling": ("C3", lambda: None),
             "sealed proof": ("C1", lambda: shutil.rmtree(self.root / "records")),
             "proof evidence": ("C1", lambda: edit_latest_sealed_record(self.root, score=1.0)),
@@ -271,6 +288,19 @@ class Tampering(LineTest):
         self.assertEqual(self.cert()["tier"], "C0")
         self.path.write_bytes(self.original)
         self.refused_writing_nothing(("superseded", "revoked", "does not verify"), "run", "triager", "hi")
+
+    def test_a_superseded_certificate_put_back_with_its_revocation_cut_is_refused(self):
+        self.sign("triager", tier="C0")                                   # demoted: the C1 certificate is revoked
+        self.path.write_bytes(self.original)                              # ... copied back
+        revocations = self.root / "registry" / "revocations.jsonl"
+        kept = revocations.read_text().splitlines(keepends=True)
+        revocations.write_text("".join(kept[:-1]))                       # ... and its revocation cut
+        err = self.refused_writing_nothing(f"registry/revocations.jsonl: has {len(kept) - 1} entries but had {len(kept)} "
+                                           f"when this machine last saw it", "run", "triager", "hi")
+        self.assertIn("entries were removed since; restore the log from a copy", err)
+        revocations.write_text("".join(kept))
+        self.refused_writing_nothing("registry/triager.card.json: superseded: this machine has seen triager's certificate "
+                                     "signed at", "run", "triager", "hi")
 
 
 # ---------------------------------------------------------------- signing keys
@@ -743,6 +773,37 @@ class Chains(GrandVariant):
         self.assertIn("restore the log from a copy", err)
         self.refused("registry/recalls.jsonl: has 0 entries but had 1", "run", "evalsmith", "hi")
 
+    def test_a_recall_cut_with_the_certificate_that_anchored_it_is_still_refused(self):
+        self.factory("recall", "triager", "--reason", "drafts promised refunds")
+        self.certified("evalsmith")                      # signed over the recall
+        self.log("recalls").write_text("")
+        (self.root / "registry" / "evalsmith.card.json").unlink()
+        err = self.refused_writing_nothing("registry/recalls.jsonl: has 0 entries but had 1 when this machine last saw it",
+                                           "run", "b", "hi")
+        self.assertIn(f"({self.tmp / 'keys'}/_anchor-", err)
+        self.refused_writing_nothing("registry/recalls.jsonl: has 0 entries but had 1", "recall", "a", "--reason", "again")
+        self.refused_writing_nothing("registry/recalls.jsonl: has 0 entries but had 1", "certify", "b", "--tier", "C1",
+                                     "--by", "alice")
+
+    def test_the_anchor_is_kept_in_the_keys_folder_and_never_moves_back(self):
+        self.factory("recall", "a", "--reason", "one")
+        anchors = [self.fac.anchor_path]
+        self.assertEqual(anchors[0].parent, self.tmp / "keys")
+        anchor = json.loads(anchors[0].read_text())
+        self.assertEqual((anchor["format"], anchor["root"]), ("factory-anchor-1", str(self.root)))
+        self.assertEqual(anchor["logs"]["recalls"], {"count": 1, "hash": factory.sha256(self.log("recalls").read_bytes().rstrip(b"\n"))})
+        self.assertEqual(stat.S_IMODE(anchors[0].stat().st_mode), 0o600)
+        factory.raise_anchor(self.fac, logs={"recalls": {"count": 0, "hash": factory.GENESIS}})
+        self.assertEqual(json.loads(anchors[0].read_text())["logs"]["recalls"]["count"], 1, "the anchor moved back")
+
+    def test_a_keys_folder_that_cannot_be_written_says_the_registry_is_not_anchored(self):
+        (self.tmp / "not-a-folder").write_text("")
+        self.env["FACTORY_KEYS_DIR"] = str(self.tmp / "not-a-folder" / "keys")
+        code, out, err = self.factory("recall", "a", "--reason", "one")
+        self.assertEqual(code, 0, err)
+        self.assertIn("cannot be written: this machine's anchor of the registry is not kept up to date, so a registry put "
+                      "back to an older state may go unnoticed here", err)
+
     def test_an_edited_entry_breaks_the_chain_for_every_reader(self):
         self.factory("recall", "a", "--reason", "a bad override")
         self.factory("recall", "triager", "--reason", "drafts promised refunds")
@@ -1031,6 +1092,42 @@ class KilledCertify(LineTest):
         self.sign()
         self.runs_ok()
 
+
+class KilledRecertify(LineTest):
+    """A certify that replaces a certificate, killed at each of its writes in turn (the copy kept in
+    history, the new certificate, the anchor, the revocation of the old one), leaves the agent runnable
+    under the old certificate or the new one, never refused for a certificate that does not exist."""
+
+    def prepare(self):
+        self.certified("triager")      # at C1; each kill is of a certify to C0
+
+    def killed_certify(self, n: int) -> int:
+        """certify triager at C0 at a pseudo-terminal, answering y, SIGKILLed before its Nth change to a
+        file; the child's exit status (negative: killed)."""
+        leader, follower = pty.openpty()
+        child = subprocess.Popen([sys.executable, str(HELPER), "killed-at", str(n), "certify", "triager", "--tier", "C0",
+                                  "--by", "alice"], stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env={**os.environ, **self.env}, cwd=str(REPO))
+        os.close(follower)
+        try:
+            os.write(leader, b"y\n")
+            child.communicate(timeout=60)
+        finally:
+            os.close(leader)
+        return child.returncode
+
+    def test_a_kill_at_any_write_leaves_the_old_certificate_or_the_new_one(self):
+        tiers = []
+        for n in range(1, 16):
+            self.setUp()
+            finished = self.killed_certify(n) == 0
+            code, out, err = self.factory("run", "triager", "hi")
+            self.assertEqual(code, 0, f"certify killed at its change {n}: {err}")
+            tiers.append(self.index_rows()[-1]["tier"])
+            if finished:
+                break
+        self.assertEqual((tiers[0], tiers[-1]), ("C1", "C0"), tiers)
+        self.assertGreaterEqual(len(tiers), 4, "certify changes the history, the certificate, the anchor and the log")
 
 if __name__ == "__main__":
     unittest.main()

@@ -7,6 +7,12 @@
     python3 tests/trust_helpers.py write-loop PATH MEGABYTES
         write object A, print "ready", then loop the Store's write_json(PATH, B), (PATH, A), ...
         forever, until the parent kills it. A and B come from big_object(0|1, MEGABYTES).
+
+    python3 tests/trust_helpers.py killed-at N STATION ARGS...
+        run factory.main([STATION, ARGS...]) in-process and SIGKILL itself as it makes its Nth lasting
+        change to a file (a write to a regular file, a rename, a link), before the change is made: a
+        kill at every point a station's writes can be stopped, one N at a time. Exits 0 with the
+        station's own status when it makes fewer than N changes.
 """
 
 from __future__ import annotations
@@ -70,6 +76,24 @@ def write_loop(path: str, megabytes: float) -> int:
         which ^= 1
 
 
+def killed_at(n: int, argv: list[str]) -> int:
+    """factory.main(argv), killed (SIGKILL, no cleanup) just before its Nth lasting change to a file."""
+    import signal
+    import stat
+    import factory
+    made = [0]
+    def change(real):
+        def counted(*args, **kwargs):
+            if real is not os.write or stat.S_ISREG(os.fstat(args[0]).st_mode):
+                made[0] += 1
+                if made[0] == n:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return real(*args, **kwargs)
+        return counted
+    os.write, os.replace, os.link = change(os.write), change(os.replace), change(os.link)
+    return factory.main(argv)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     command, rest = sys.argv[1], sys.argv[2:]
@@ -77,4 +101,6 @@ if __name__ == "__main__":
         sys.exit(runs(rest[0], rest[1], rest[2], int(rest[3]), rest[4]))
     if command == "write-loop":
         sys.exit(write_loop(rest[0], float(rest[1])))
+    if command == "killed-at":
+        sys.exit(killed_at(int(rest[0]), rest[1:]))
     sys.exit(f"unknown command {command}")
