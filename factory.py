@@ -2942,11 +2942,32 @@ def load_pending(fac: Factory, run_id: str, call: int) -> dict:
 
 def decisions_of(fac: Factory) -> dict:
     """(run id, call) -> {kind: entry}: the first intent, result and rejected entry of each call in the
-    approvals log (read and verified now)."""
+    approvals log (read and verified now). Every entry counts, signed or not: anyone can append one, so it
+    may block a call (never execute one: the executor checks the approver's signature itself)."""
+    return decisions_in(fac.store.read_chain(fac.approvals, DECISION_SHAPE).entries)
+
+
+def decisions_in(entries) -> dict:
+    """(run id, call) -> {kind: the first entry of that kind}, from (line number, entry) pairs."""
     found: dict = {}
-    for _, entry in fac.store.read_chain(fac.approvals, DECISION_SHAPE).entries:
+    for _, entry in entries:
         found.setdefault((entry["run_id"], entry["call"]), {}).setdefault(entry["kind"], entry)
     return found
+
+
+def signed_decisions(fac: Factory) -> tuple[dict, list[str]]:
+    """(the decisions of decisions_of whose signature verifies as their signer's, one line per entry that
+    does not: named by line, not counted). What reports a human's decision as made (the tower) reads:
+    a well-formed entry anyone appended proves no decision."""
+    chain, verified, lines = fac.store.read_chain(fac.approvals, DECISION_SHAPE), [], []
+    for number, entry in chain.entries:
+        by = entry["by"]
+        problem = signature_problem(fac, by, entry, DECISION_UNSIGNED) if SIGNER.fullmatch(by) else "names no signer"
+        if problem is None:
+            verified.append((number, entry))
+        else:
+            lines.append(f"{chain.where} line {number}: the {one_line(entry['kind'])} entry by {one_line(by)} {problem}; not counted")
+    return decisions_in(verified), lines
 
 
 def call_state(entry: dict, decided: dict) -> str:
@@ -5755,18 +5776,20 @@ class Parked:
     decided: dict | None                # (run id, call) -> {kind: entry}; None when the log cannot be read
     unread: list[tuple[str, str]]       # (run id from the file's name, line) per parked file that does not read
     log_problem: str | None             # why the approvals log cannot be read, when it cannot
+    signed: dict | None = None          # `decided`, only the entries whose signature verifies (what the tower folds)
+    unsigned: list = field(default_factory=list)   # one line per entry whose signature does not verify
 
 
 def parked(fac: Factory) -> Parked:
     """Every parked call and its state from the approvals log, read once (see Parked)."""
     entries, unread = parked_calls(fac)
     try:
-        decided, log_problem = decisions_of(fac), None
+        (decided, log_problem), (signed, unsigned) = (decisions_of(fac), None), signed_decisions(fac)
     except Refusal as why:
-        decided, log_problem = None, str(why)
+        decided, log_problem, signed, unsigned = None, str(why), None, []
     states = {(e["run_id"], e["call"]): "unknown" if decided is None else call_state(e, decided.get((e["run_id"], e["call"]), {}))
               for e in entries}
-    return Parked(entries, states, decided, unread, log_problem)
+    return Parked(entries, states, decided, unread, log_problem, signed, unsigned)
 
 
 BRIEF_CHARS = 2000    # of a ticket shown at the approve prompt; the trace keeps it whole
@@ -6056,11 +6079,13 @@ def fold_decisions(tallies: dict[str, Tally], calls: Parked, watch: dict, proble
     """Fold the humans' decisions on parked calls into the runs they belong to (only runs the index
     counted): a result or rejected entry of the approvals log moves its run's verdict as the entry says
     (from -> to) and the call no longer waits, an executed one acted; a call approved with no result
-    recorded is uncertain-effect, no longer waiting, and moves its run as a result of that outcome would."""
+    recorded is uncertain-effect, no longer waiting, and moves its run as a result of that outcome would.
+    Only decisions whose signature verifies are folded; each other one is a problem line."""
     if calls.decided is None:
         problems.append(f"{calls.log_problem}; approvals and rejections are not counted until it is restored")
         return
-    for decided in calls.decided.values():
+    problems.extend(calls.unsigned)
+    for decided in calls.signed.values():
         entry = decided.get("result") or decided.get("rejected")
         if entry and watch.get(entry["run_id"]) and entry["agent"] in tallies:
             tallies[entry["agent"]].decide(str(entry.get("verdict_from")), str(entry.get("verdict_to")),
@@ -6079,11 +6104,11 @@ def uncertain_moves(calls: Parked, watch: dict) -> list[tuple[str, str, str]]:
         runs.setdefault(entry["run_id"], []).append(entry)
     moves = []
     for run_id, entries in runs.items():
-        states = [calls.states[run_id, e["call"]] for e in entries]
+        states = [call_state(e, calls.signed.get((run_id, e["call"]), {})) for e in entries]
         for entry, state in zip(entries, states):
             if state != "uncertain-effect" or not watch.get(run_id):
                 continue
-            closed = [d[k] for e in entries for d in [calls.decided.get((run_id, e["call"]), {})]
+            closed = [d[k] for e in entries for d in [calls.signed.get((run_id, e["call"]), {})]
                       for k in ("result", "rejected") if k in d]
             before = max(closed, key=lambda d: d["at"]).get("verdict_to") if closed else watch[run_id]
             after = verdict_after(str(before), ["uncertain-effect"], any(s in ("pending", "expired") for s in states))

@@ -733,6 +733,23 @@ class Approval(Tiered):
         self.assertEqual(code, 0, err)
         self.agree(0, 0, {"waiting-for-approval": 0, "uncertain-effect": 0, "routed-to-human": 1, "verified": verified})
 
+    def test_the_tower_folds_only_decisions_whose_signature_verifies(self):
+        verified = self.tower()["verdicts"]["verified"]
+        log = self.root / "registry" / "approvals.jsonl"
+        forged = {"kind": "result", "run_id": self.run_id, "call": 1, "agent": "payer", "by": "bob", "at": factory.utc_now(),
+                  "ok": True, "read_back": True, "verdict_from": "waiting-for-approval", "verdict_to": "verified",
+                  "signature": "hmac-sha256:" + "0" * 64}
+        log.write_text(json.dumps({**forged, "prev": factory.GENESIS}) + "\n")   # well-formed, chained, not bob's
+        code, out, err = self.factory("tower", "--json")
+        self.assertEqual(code, 1, "a decision that does not verify makes the tower partial")
+        doc = json.loads(out)
+        payer = [a for a in doc["agents"] if a["agent"] == "payer"][0]
+        self.assertEqual((payer["acted"], payer["verdicts"]["waiting-for-approval"], payer["verdicts"]["verified"]),
+                         (0, 1, verified), "the tower counted a forged approval")
+        self.assertIn("registry/approvals.jsonl line 1: the result entry by bob does not verify with bob's key; not counted",
+                      doc["problems"])
+        self.assertEqual(len(self.effects("refunds")), 0)
+
     def test_pending_lists_it_and_approve_executes_it_once_in_another_process(self):
         code, out, _ = self.factory("pending")
         self.assertIn(f"{self.run_id} --call 1\tpayer\tbilling:refund", out)
