@@ -2962,7 +2962,10 @@ def signed_decisions(fac: Factory) -> tuple[dict, list[str]]:
     chain, verified, lines = fac.store.read_chain(fac.approvals, DECISION_SHAPE), [], []
     for number, entry in chain.entries:
         by = entry["by"]
-        problem = signature_problem(fac, by, entry, DECISION_UNSIGNED) if SIGNER.fullmatch(by) else "names no signer"
+        try:
+            problem = signature_problem(fac, by, entry, DECISION_UNSIGNED) if SIGNER.fullmatch(by) else "names no signer"
+        except Refusal as why:   # a key file open to others, no ssh-keygen, ...: this entry is not checked
+            problem = f"cannot be checked ({why})"
         if problem is None:
             verified.append((number, entry))
         else:
@@ -4856,7 +4859,7 @@ def write_new_agent(fac: Factory, name: str, files: list[NewFile]) -> None:
          examples=("python3 factory.py stamp triager --as triager-eu --set owner=eu-lead",
                    "python3 factory.py stamp triager --as strict --set evals.pass_bar=0.95"),
          exits=("the variant was written", "refused: no such master, the name is taken, or the card is invalid"),
-         env=ROOT_ENV)
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR"))
 def cmd_stamp(fac: Factory, args) -> int:
     """Derive a variant from a master, with overrides.
 
@@ -4920,7 +4923,7 @@ def finish_stamp(fac: Factory, master: str, name: str, overrides: dict, earlier:
 @station(arg("master", type=agent_name, metavar="MASTER", help="the master whose variants to re-derive"),
          examples=("python3 factory.py restamp triager",),
          exits=("done, also when no variant changed", "refused: no such master, or a variant's card is invalid"),
-         env=ROOT_ENV)
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR"))
 def cmd_restamp(fac: Factory, args) -> int:
     """Carry a master's fix to every variant stamped from it.
 
@@ -5468,7 +5471,7 @@ def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
          examples=("python3 factory.py tower", "python3 factory.py tower --html tower.html"),
          exits=("done: every file the tower reads was read",
                 "partial: a file or line could not be read, or FILE cannot be written"),
-         env=ROOT_ENV)
+         env=(*ROOT_ENV, *KEYS_ENV))
 def cmd_tower(fac: Factory, args) -> int:
     """Show per agent its trust, runs, gate results and verdicts.
 
@@ -5636,7 +5639,7 @@ def flagged_input(fac: Factory, row: dict) -> dict:
              help="why: kept in the recall log and shown in every refusal it causes"),
          examples=('python3 factory.py recall triager --reason "drafts promised refunds"',),
          exits=("recalled", "refused: no such agent"),
-         env=(*ROOT_ENV, "USER"))
+         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", "USER"))
 def cmd_recall(fac: Factory, args) -> int:
     """Recall an agent and every variant stamped from it.
 
@@ -5776,15 +5779,17 @@ class Parked:
     decided: dict | None                # (run id, call) -> {kind: entry}; None when the log cannot be read
     unread: list[tuple[str, str]]       # (run id from the file's name, line) per parked file that does not read
     log_problem: str | None             # why the approvals log cannot be read, when it cannot
-    signed: dict | None = None          # `decided`, only the entries whose signature verifies (what the tower folds)
+    signed: dict | None = None          # `decided`, only the entries whose signature verifies (asked for by the tower)
     unsigned: list = field(default_factory=list)   # one line per entry whose signature does not verify
 
 
-def parked(fac: Factory) -> Parked:
-    """Every parked call and its state from the approvals log, read once (see Parked)."""
+def parked(fac: Factory, signed: bool = False) -> Parked:
+    """Every parked call and its state from the approvals log, read once (see Parked); with `signed`,
+    also the decisions whose signature verifies (what the tower folds)."""
     entries, unread = parked_calls(fac)
     try:
-        (decided, log_problem), (signed, unsigned) = (decisions_of(fac), None), signed_decisions(fac)
+        decided, log_problem = decisions_of(fac), None
+        signed, unsigned = signed_decisions(fac) if signed else (None, [])
     except Refusal as why:
         decided, log_problem, signed, unsigned = None, str(why), None, []
     states = {(e["run_id"], e["call"]): "unknown" if decided is None else call_state(e, decided.get((e["run_id"], e["call"]), {}))
@@ -6058,7 +6063,7 @@ def tower_document(fac: Factory) -> dict:
     `problems` (the agent's, or the tower's when it names none) and the document is `partial`; it
     never hides the other agents."""
     problems: list[str] = []
-    calls = parked(fac)
+    calls = parked(fac, signed=True)
     watch = dict.fromkeys({e["run_id"] for e in calls.entries} | {run for run, _ in calls.decided or {}})
     tallies = tally_index(fac, problems, watch)
     fold_decisions(tallies, calls, watch, problems)
