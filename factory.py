@@ -2379,7 +2379,7 @@ def trusted_signers_problem(fac: Factory) -> str | None:
                 f"could add a signer; keep it in the keys folder (or set FACTORY_ALLOWED_SIGNERS outside the root)")
     if not path.is_file():
         legacy = (f" ({fac.shown(fac.registry / 'allowed_signers')} is not read: anyone who writes the registry could "
-                  f"add a signer; copy the lines you trust to {path})") if (fac.registry / "allowed_signers").exists() else ""
+                  f"add a signer; list the signers you trust in {path})") if (fac.registry / "allowed_signers").exists() else ""
         return f"there is no {path} to check it against{legacy}"
     if path.stat().st_mode & 0o022:
         return f"other users may write {path}; fix it with: chmod go-w {path}"
@@ -2943,8 +2943,13 @@ def load_pending(fac: Factory, run_id: str, call: int) -> dict:
 def decisions_of(fac: Factory) -> dict:
     """(run id, call) -> {kind: entry}: the first intent, result and rejected entry of each call in the
     approvals log (read and verified now). Every entry counts, signed or not: anyone can append one, so it
-    may block a call (never execute one: the executor checks the approver's signature itself)."""
-    return decisions_in(fac.store.read_chain(fac.approvals, DECISION_SHAPE).entries)
+    may block a call (never execute one: the executor checks the approver's signature itself). Refusal
+    when the log holds less than this machine has written or seen in it (emptied, it would reopen calls)."""
+    chain = fac.store.read_chain(fac.approvals, DECISION_SHAPE)
+    problem = anchor_problem(fac, {"approvals": chain})
+    if problem:
+        raise Refusal(problem)
+    return decisions_in(chain.entries)
 
 
 def decisions_in(entries) -> dict:

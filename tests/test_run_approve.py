@@ -1001,6 +1001,10 @@ class Approval(Tiered):
         self.assertEqual(refused.returncode, 1, refused.stdout)
         self.assertIn("registry/approvals.jsonl: has 0 entries but had 2 when this machine last saw it", refused.stderr)
         self.assertEqual(len(self.effects("refunds")), 1)
+        code, out, err = self.factory("pending")                             # not listed as waiting again
+        self.assertEqual(code, 1, out)
+        self.assertIn("state unknown", out)
+        self.assertIn("registry/approvals.jsonl: has 0 entries but had 2 when this machine last saw it", err)
         for anchor in (self.tmp / "keys").glob("_anchor-*.json"):           # a machine that never saw the approval
             anchor.unlink()
         refused = self.approve()
