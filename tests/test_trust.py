@@ -712,8 +712,8 @@ class Evidence(LineTest):
         self.assertEqual(json.loads(genuine)["gate"], "pass")
         with index.open("a") as out:
             out.writelines(genuine + "\n" for _ in range(19))
-        err = self.refused_writing_nothing("tier C2 needs production evidence at C1 since the card last changed: "
-                                           "1 gated run(s) (need 20)", "certify", "triager", "--tier", "C2", "--by", "alice")
+        err = self.refused_writing_nothing("tier C2 needs production evidence at C1 since the agent (its digest) last "
+                                           "changed: 1 gated run(s) (need 20)", "certify", "triager", "--tier", "C2", "--by", "alice")
         self.assertIn("19 row(s) of traces/index.jsonl not counted: they repeat a run already counted (line 3, 4, 5, 6, 7, ...)", err)
         self.assertEqual(self.certify("triager", "C2").returncode, 1, "one run copied 19 times earned C2")
 
