@@ -5976,6 +5976,8 @@ def cmd_schema(fac: Factory, args) -> int:
 
 P_BINS = 10                  # the gate's p by tenths, in the text and the HTML alike
 PARTIAL_LINE = "partial: what is marked 'problem' could not be read; everything else is counted"
+MAX_FIGURE = 2 ** 53 - 1   # no count or cost of one run comes near it; every JSON reader holds integers up to it exactly (RFC 8259 section 6)
+FIGURE_RANGES = (("acted", MAX_FIGURE), ("staged", MAX_FIGURE), ("cost_usd", MAX_FIGURE), ("p", 1))   # field, highest; lowest 0
 
 
 @dataclass
@@ -5997,23 +5999,31 @@ class Tally:
     watch: dict = field(default_factory=dict)     # run id with a parked call -> its verdict in the index (shared)
     moved: dict = field(default_factory=dict)     # verdict -> runs a human's decision moved into (+) or out of (-) it
 
-    def add(self, row: dict) -> None:
-        """Count one index row (one that fits INDEX_SHAPE). Runs a million times: kept flat."""
-        p, day, cost = row.get("p"), row["at"][:10], row.get("cost_usd")
-        tenth = None if p is None else int(p * P_BINS) if 0 <= p <= 1 else 0 if p < 0 else P_BINS
-        key = (day, row["gate"], row["verdict"], tenth)
+    def add(self, row: dict) -> bool:
+        """Count one index row (one that fits INDEX_SHAPE); False, counting nothing, when its figures are
+        ones no run can have (figure_problem says which; a comparison with NaN is false, so no infinite
+        or NaN figure is counted). Runs a million times: kept flat."""
+        p, cost, acted, staged, backends = row.get("p"), row.get("cost_usd"), row["acted"], row["staged"], row["backends"]
+        if not (0 <= acted | staged <= MAX_FIGURE and (cost is None or 0 <= cost <= MAX_FIGURE) and (p is None or 0 <= p <= 1)):
+            return False
+        for name in backends:
+            if type(name) is not str:
+                return False
+        day = row["at"][:10]
+        key = (day, row["gate"], row["verdict"], None if p is None else int(p * P_BINS))
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
         self.unclosed.discard(row["run_id"])
-        self.acted += row["acted"]
-        self.staged += row["staged"]
+        self.acted += acted
+        self.staged += staged
         self.denied += len(row["denied"])
-        self.backends.update(row["backends"])
+        self.backends.update(backends)
         spent = self.spent.get(day, 0.0)
         self.spent[day] = None if cost is None or spent is None else spent + cost
         if self.feed is not None and self.feed.admits(row):
             self.drift.observe(row)
         if row["run_id"] in self.watch:
             self.watch[row["run_id"]] = row["verdict"]
+        return True
 
     def decide(self, before: str, after: str, acted: bool) -> None:
         """Count a human's decision on one of the agent's parked calls: it no longer waits, it acted or
@@ -6169,8 +6179,7 @@ def tally_index(fac: Factory, problems: list[str], watch: dict) -> dict[str, Tal
             if type(row) is dict and type(agent := row.get("agent")) is str:
                 tally = tallies.get(agent) or tallies.setdefault(agent, new_tally(fac, agent, watch))
                 if row.get("state") != "started":
-                    if INDEX_SHAPE.fits(row):
-                        tally.add(row)
+                    if INDEX_SHAPE.fits(row) and tally.add(row):
                         continue
                 elif type(row.get("run_id")) is str:   # all an unfinished run is counted by
                     tally.unclosed.add(row["run_id"])
@@ -6194,12 +6203,29 @@ def unread(fac: Factory, tallies: dict[str, Tally], problems: list[str], row, nu
 
 
 def misshapen_row(shape: Shape, row: dict, where: str) -> str:
-    """The line naming what is wrong with an index row that does not fit its shape."""
+    """The line naming what is wrong with an index row that does not fit its shape, or (a closed row)
+    whose figures no run can have."""
     try:
         shape.check(row, where)
     except Refusal as why:
         return f"{why}; not counted"
-    return f"{where}: not counted"
+    problem = figure_problem(row) if shape is INDEX_SHAPE else None
+    return f"{where}: {problem}; not counted" if problem else f"{where}: not counted"
+
+
+def figure_problem(row: dict) -> str | None:
+    """What is wrong with the figures of a closed index row (of INDEX_SHAPE), naming the field: acted,
+    staged and cost_usd (USD; null when unknown) in 0..MAX_FIGURE, the gate's p in 0..1 or null, every
+    backend a name; None when the tower can count the row. A sum of figures in range stays finite, so
+    the tower's text, --json and HTML always have one number to show."""
+    for name, highest in FIGURE_RANGES:
+        value = row.get(name)
+        if value is not None and not 0 <= value <= highest:
+            if not -math.inf < value < math.inf:
+                return f"field '{name}' is not a finite number"
+            text = str(value)
+            return f"field '{name}' is {text if len(text) <= 24 else f'a number of {len(text)} digits'}, outside 0..{highest}"
+    return None if all(type(name) is str for name in row["backends"]) else "field 'backends' holds a name that is not text"
 
 
 def known_agents(fac: Factory) -> list[str]:
@@ -6303,10 +6329,16 @@ def agent_lines(agent: dict) -> list[str]:
     shown = " ".join(f"{k}:{v}" for k, v in agent["verdicts"].items() if v)
     lines += [f"verdicts {shown or '-'}", f"drift: {agent['drift']['state']}",
               f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
-              f"({gate_p['runs']} of {agent['runs']} runs with a gate p; bar {'?' if bar is None else bar})"]
+              f"({with_p_text(gate_p['runs'], agent['runs'])}; bar {'?' if bar is None else bar})"]
     if agent["unfinished"]:
         lines.append(f"unfinished: {agent['unfinished']} (started, never closed)")
     return lines + [f"problem: {line}" for line in agent["problems"]]
+
+
+def with_p_text(with_p: int, runs: int) -> str:
+    """How many of an agent's runs the gate's p histogram holds, in the text's and the HTML's words (a
+    gated run whose row has no p is a run, and not in the histogram)."""
+    return f"{with_p} of {runs} runs with a gate p"
 
 
 def calls_line(trust: dict) -> str:
@@ -6610,6 +6642,7 @@ def _gate_histogram(agent):
                    f'<title>{_esc(f"P(yes) in [{lo:.1f}, {hi:.1f}): {count} runs")}'
                    f'</title></rect>')
     out += _gate_bar_line(box, bar)
+    out += _legend([("", with_p_text(_count(gate_p.get("runs")), _count(agent.get("runs"))))])
     if sum(bins) == 0:
         out.append(_note(box, "no data yet"))
     return "\n".join(out + ["</svg>"])

@@ -14,6 +14,7 @@ import sys
 import time
 import unittest
 from pathlib import Path
+from xml.etree import ElementTree
 
 import factory
 from tests import trust_helpers
@@ -716,7 +717,15 @@ class Approval(Tiered):
         self.assertEqual((payer["trust"]["pending"], payer["trust"]["uncertain_effect"]), (pending, uncertain))
         self.assertEqual({k: payer["verdicts"][k] for k in verdicts}, verdicts)
         self.assertEqual(payer["staged"], pending, "a call a human decided no longer waits")
-        self.assertIn(f"approvals: {pending} pending, {uncertain} uncertain-effect", self.factory("tower")[1])
+        code, text, err = self.factory("tower")
+        self.assertEqual(code, 0, err)
+        self.assertIn(f"approvals: {pending} pending, {uncertain} uncertain-effect", text)
+        self.assertEqual(self.factory("tower", "--html", str(self.tmp / "tower.html"))[0], 0)
+        section = ElementTree.parse(self.tmp / "tower.html").find(".//section[@data-agent='payer']")
+        self.assertEqual(section.find("p[@class='calls']").text, f"approvals: {pending} pending, {uncertain} uncertain-effect")
+        chart = list(section.find(".//svg[@data-chart='verdicts']"))
+        shown = {e.text: chart[i + 2].text for i, e in enumerate(chart) if e.get("class") == "tick" and e.text in verdicts}
+        self.assertEqual(shown, {k: str(v) for k, v in verdicts.items()}, "the page counts the verdicts the document does")
 
     def test_pending_and_the_tower_agree_before_and_after_an_approval(self):
         verified = self.tower()["verdicts"]["verified"]

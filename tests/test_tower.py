@@ -570,6 +570,46 @@ class PartialTower(LineTest):
         evalsmith = next(a for a in doc["agents"] if a["agent"] == "evalsmith")
         self.assertEqual((evalsmith["runs"], len(evalsmith["problems"])), (0, 1))
 
+    def test_figures_no_run_can_have_are_named_and_not_counted_in_every_view(self):
+        run = {key: value for key, value in self.index_rows()[-1].items() if key not in ("p", "mac")}
+        odd = {"r-inf": {"cost_usd": 1e999}, "r-huge": {"cost_usd": 1e300}, "r-owed": {"cost_usd": -0.5},
+               "r-minus": {"acted": -1}, "r-many": {"staged": 10 ** 400}, "r-p": {"p": 7},
+               "r-backend": {"backends": [{"name": "offline"}]}}
+        with open(self.root / "traces" / "index.jsonl", "a") as index:
+            for run_id, fields in odd.items():   # 1e999 is a number token json reads as inf
+                index.write(json.dumps({**run, "run_id": run_id, **fields}).replace("Infinity", "1e999") + "\n")
+            index.write(json.dumps({**run, "run_id": "r-no-p", "gate": "pass", "verdict": "verified"}) + "\n")
+        code, out, err = self.factory("tower", "--json")
+        self.assertEqual(code, 1, err)
+        doc = json.loads(out, parse_constant=lambda name: self.fail(f"--json printed {name}, which is not JSON"))
+        self.assertNotIn("Traceback", err)
+        named = [line for line in err.splitlines() if "; not counted" in line]
+        self.assertEqual(len(named), len(odd), err)
+        for number, field in zip(range(5, 12), ("cost_usd", "cost_usd", "cost_usd", "acted", "staged", "p", "backends")):
+            self.assertTrue(any(line.startswith(f"factory tower: traces/index.jsonl line {number}: field '{field}'")
+                                for line in named), (number, field, err))
+        triager = next(a for a in doc["agents"] if a["agent"] == "triager")
+        self.assertEqual((triager["runs"], triager["scored"], triager["acted"], triager["staged"]), (3, 1, 0, 0),
+                         "the p-less gated run is counted; no odd row is")
+        self.assertEqual(triager["gate_p"]["runs"], 0)
+        self.assertEqual(triager["cost_usd"], sum(row.get("cost_usd") or 0 for row in self.index_rows()[:2]))
+        self.assertEqual(len(triager["problems"]), len(odd))
+        self.assertTrue(doc["partial"])
+        code, text, err = self.factory("tower")
+        self.assertEqual(code, 1, err)
+        self.assertNotIn("Traceback", err)
+        row = next(line for line in text.splitlines() if line.startswith("triager "))
+        self.assertIn(f" {factory.usd_text(triager['cost_usd'])} ", row)
+        self.assertIn("(0 of 3 runs with a gate p; bar 0.85)", text)
+        self.assertNotRegex(text.lower(), r"\b(inf|nan)\b")
+        code, _, err = self.factory("tower", "--html", str(self.tmp / "t.html"))
+        self.assertEqual(code, 1, err)
+        page = ET.fromstring((self.tmp / "t.html").read_text())
+        section = page.find(".//section[@data-agent='triager']")
+        self.assertIn(f"cost {factory.usd_text(triager['cost_usd'])} ", "".join(section.find("p[@class='summary']").itertext()))
+        self.assertIn("0 of 3 runs with a gate p", " ".join(section.find(".//svg[@data-chart='gate-histogram']").itertext()))
+        self.assertEqual(len(section.findall("p[@class='problem']")), len(odd))
+
     def test_a_torn_log_line_is_named_and_the_runs_are_still_counted(self):
         self.assertEqual(self.factory("recall", "evalsmith", "--reason", "leaked the sealed half")[0], 0)
         log = self.root / "registry" / "recalls.jsonl"
