@@ -2244,15 +2244,39 @@ def copied_files(fac: Factory, source: Agent, name: str, owner: str) -> list[New
                             f"the card, {source.name}'s with the same grants")]
 
 
+def files_to_write(fac: Factory, name: str, files: list[NewFile]) -> list[NewFile]:
+    """The files of `new NAME` still to write: those not there yet. A file already holding exactly what
+    `new` writes there, with no card yet, is what a `new NAME` stopped part-way (killed) left, so this
+    one keeps it and finishes the agent; Refusal when NAME is taken (see name_taken)."""
+    taken = name_taken(fac, name, files)
+    if taken:
+        raise Refusal(taken)
+    return [made for made in files if not fac.store.exists(made.path)]
+
+
 def name_taken(fac: Factory, name: str, files: list[NewFile]) -> str | None:
-    """Why NAME cannot be a new agent: a file it needs exists (its card, module, tool module or either half
-    of its suite), or the lineage log already gives it a master; None when it is free."""
+    """Why NAME cannot be a new agent: the lineage log already gives it a master, its card exists (the card
+    is written last: the agent is whole), or a file it needs (its module, tool module or either half of its
+    suite) exists holding anything but what `new` writes there (a user's edit is never overwritten);
+    None when it is free, or only a `new` stopped part-way has written there."""
     earlier = parents(fac).get(name)
     if earlier is not None:
         return f"{name} was stamped from {earlier} before ({fac.shown(fac.lineage)}); pick a new name"
-    paths = [fac.card_path(name), *(f.path for f in files), fac.suite_path(name, False), fac.suite_path(name, True)]
-    taken = next((path for path in paths if fac.store.exists(path)), None)
-    return f"{fac.shown(taken)} already exists; pick a new name (nothing was written)" if taken else None
+    if fac.store.exists(fac.card_path(name)):
+        return f"{fac.shown(fac.card_path(name))} already exists; pick a new name (nothing was written)"
+    wanted = {made.path: fac.store.encoded(made.data) for made in files}
+    for path in [*wanted, fac.suite_path(name, False), fac.suite_path(name, True)]:
+        if fac.store.exists(path) and (path not in wanted or not holds(fac, path, wanted[path])):
+            return (f"{fac.shown(path)} already exists and is not what this `new {name}` writes there; pick a new "
+                    f"name, or move it away (nothing was written)")
+    return None
+
+
+def holds(fac: Factory, path: Path, data: bytes) -> bool:
+    """True when the file at path holds exactly `data` (its size is compared first)."""
+    with fac.store.machine(path, "read"):
+        size = path.stat().st_size
+    return size == len(data) and fac.store.read_bytes(path) == data
 
 
 # ================================================================ 3. Trust
@@ -3326,7 +3350,8 @@ def sealed_suite_unchanged(claim: Claim) -> str | None:
     sealed = claim.fac.suite_path(claim.proof["suite"], True)
     if sha256(claim.fac.store.read_bytes(sealed, limit=1 << 40)) == claim.proof["suite_digest"]:
         return None
-    return f"the sealed suite changed since {claim.since} ({claim.fac.shown(sealed)}). {claim.remedy}"
+    return (f"the sealed suite changed since {claim.since} ({claim.fac.shown(sealed)}): prove {claim.name} --sealed "
+            f"again before certifying.")
 
 
 def clears_the_bar(claim: Claim) -> str | None:
@@ -4803,9 +4828,11 @@ def cmd_new(fac: Factory, args) -> int:
     on two topics and hands anything else to a human); its tool module, agents/tools/NAME.py, with an
     example read tool NAME:lookup and draft tool NAME:draft; and its suite, an open half
     evals/NAME/cases.jsonl and a sealed half SEALED_DIR/NAME/sealed.jsonl, whose cases pass. With
-    --from AGENT it copies AGENT's module, card and open half instead. A name whose card, module, tool
-    module or suite exists is refused before anything is written; the files are written all or none.
-    No other agent's digest changes. Then: prove NAME, prove NAME --sealed, certify NAME, run NAME.
+    --from AGENT it copies AGENT's module, card and open half instead. A name whose card exists is
+    refused before anything is written, and so is one whose module, tool module or suite exists holding
+    anything but what `new` writes there; the files are written all or none, the card last. A `new`
+    stopped part-way (no card yet) is finished by running it again. No other agent's digest changes.
+    Then: prove NAME, prove NAME --sealed, certify NAME, run NAME.
     """
     family = module_name(args.name)
     if args.source is not None and args.tools is not None:
@@ -4815,11 +4842,11 @@ def cmd_new(fac: Factory, args) -> int:
     owner = fac.env.get("USER") or login_name()
     files = (copied_files(fac, source_agent(fac, args.source, args.name), args.name, owner) if args.source
              else new_files(fac, args.name, args.tools or tuple(EXAMPLE_TOOLS), owner))
-    taken = name_taken(fac, args.name, files)
-    if taken:
-        raise Refusal(taken)
-    write_new_agent(fac, args.name, files)
-    print(f"created {args.name}" + (f", a copy of {args.source}:" if args.source else ":"))
+    missing = files_to_write(fac, args.name, files)
+    write_new_agent(fac, args.name, missing)
+    kept = len(files) - len(missing)
+    print(f"created {args.name}" + (f", a copy of {args.source}" if args.source else "")
+          + (f", finishing a `new {args.name}` that stopped part-way ({kept} of its files were already written):" if kept else ":"))
     width = max(len(fac.shown(f.path)) for f in files) + 2
     for made in files:
         print(f"  {fac.shown(made.path):<{width}}{made.what}")
@@ -5154,7 +5181,8 @@ def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
     relative to its master; the sealed proof and the evidence it rests on (its MAC verified), the backend
     it ran on, with a warning for an offline proof of a card that names a model and for drafts no
     decision model scored; the sealed attempts since the last certification; the production evidence;
-    the certificate it replaces and any recall since; the grants; and which answers sign."""
+    the certificate it replaces (and both sealed suites' digests when they differ) and any recall since;
+    the grants; and which answers sign."""
     agent = claim.agent
     how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
     lines = [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
@@ -5230,10 +5258,21 @@ def replaced_lines(fac: Factory, claim: Claim) -> list[str]:
     else:
         since = str(old.get("signed_at", ""))
         lines = [f"  replaces {where}: {old.get('tier')} signed by {old.get('signer')} at {since}; "
-                 f"now: {certificate_state(fac, claim.name)}"]
+                 f"now: {certificate_state(fac, claim.name)}", *suite_moved(old, claim.proof)]
     recalls = [r for r in recalls_of(fac, claim.name) if r["at"] > since]
     lines += [f"  recalled since: {r['at']} ({r['agent']}, by {r.get('by', 'unknown')}): {r['reason']}" for r in recalls]
     return lines + ([] if recalls else ["  recalled since: never" if since else "  recalled: never"])
+
+
+def suite_moved(old: dict, proof: dict) -> list[str]:
+    """One line when the certificate being replaced was proved on another sealed suite than this proof
+    (their suite digests differ: the bar moved), naming both digests; none when they agree or the old
+    certificate records none."""
+    before = old.get("suite_digest")
+    if not isinstance(before, str) or before == proof["suite_digest"]:
+        return []
+    return [f"  the sealed suite changed since that certificate: it was proved on {before}, this proof ran "
+            f"{proof['suite_digest']} (the sealed half of {proof['suite']})"]
 
 
 def variant_lines(fac: Factory, claim: Claim) -> list[str]:

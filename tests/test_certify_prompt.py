@@ -95,6 +95,23 @@ class Prompt(LineTest):
                       f"certification: drafts promised refunds.", second)
         self.assertRegex(second, r"\n  recalled since: \S+ \(faq, by tester\): drafts promised refunds\n")
 
+    def test_a_sealed_suite_that_moved_since_the_certificate_is_shown_with_both_digests(self):
+        sealed = self.root / "evals" / "faq" / "sealed.jsonl"
+        self.prove_sealed("faq")
+        self.assertNotIn("sealed suite changed", self.signed())
+        before = self.cert("faq")["suite_digest"]
+        first = json.loads(sealed.read_text().splitlines()[0])
+        sealed.write_text(sealed.read_text() + json.dumps({**first, "id": "s-added"}) + "\n")
+        self.refused("the sealed suite changed since the sealed run (evals/faq/sealed.jsonl): prove faq --sealed again",
+                     "certify", "faq", "--tier", "C1", "--by", "alice")
+        self.prove_sealed("faq")
+        after = json.loads(sorted((self.root / "records" / "faq").glob("*.sealed.json"))[-1].read_text())["suite_digest"]
+        self.assertNotEqual(before, after)
+        prompt = self.signed()
+        self.assertIn(f"\n  the sealed suite changed since that certificate: it was proved on {before}, this proof ran "
+                      f"{after} (the sealed half of faq)\n", prompt)
+        self.assertEqual(self.cert("faq")["suite_digest"], after)
+
     def test_sealed_attempts_count_every_proof_since_the_last_certification(self):
         """After a recall and four sealed proofs with a code tweak between each, the prompt counts four."""
         self.prove_sealed("faq")

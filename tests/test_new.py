@@ -10,6 +10,7 @@ import shutil
 
 import factory
 from tests.support import LineTest, snapshot
+from tests.test_integrity import kill_at
 
 NEW_FILES = ("masters/faq.json", "agents/faq.py", "agents/tools/faq.py", "evals/faq/cases.jsonl", "evals/faq/sealed.jsonl")
 
@@ -193,7 +194,8 @@ class NameTaken(LineTest):
                 blocker = self.root / path
                 blocker.parent.mkdir(parents=True, exist_ok=True)
                 blocker.write_text("{}\n")
-                self.refused_writing_nothing(f"{path} already exists; pick a new name", "new", "faq")
+                said = "; pick a new name" if path.startswith("masters/") else " and is not what this `new faq` writes there"
+                self.refused_writing_nothing(f"{path} already exists{said}", "new", "faq")
                 blocker.unlink()
 
     def test_an_existing_agent_and_a_former_variant(self):
@@ -202,6 +204,40 @@ class NameTaken(LineTest):
         self.assertEqual(self.factory("stamp", "triager", "--as", "old")[0], 0)
         (self.root / "masters" / "old.json").unlink()   # the card is gone; its lineage entry is not
         self.refused_writing_nothing("old was stamped from triager before", "new", "old")
+
+
+class KilledNew(LineTest):
+    """`new` killed part-way (SIGKILL at a write: nothing of its own cleans up) leaves files and no card;
+    the same command finishes the agent, and never overwrites a file holding anything else."""
+
+    def test_killed_before_its_suite_or_its_card_it_is_finished_by_running_it_again(self):
+        for target in ("cases.jsonl", "faq.json"):
+            with self.subTest(killed_at=target):
+                kill_at(self, target, "new", "faq")
+                self.assertTrue((self.root / "agents" / "faq.py").is_file())
+                self.assertFalse((self.root / "masters" / "faq.json").exists())
+                code, out, err = self.factory("new", "faq")
+                self.assertEqual(code, 0, err)
+                self.assertIn("created faq, finishing a `new faq` that stopped part-way (", out)
+                for path in NEW_FILES:
+                    self.assertIn(path, out)
+                    self.assertTrue((self.root / path).is_file(), path)
+                self.assertEqual(self.factory("prove", "faq")[0], 0)
+                self.refused("masters/faq.json already exists; pick a new name", "new", "faq")
+                for path in NEW_FILES:
+                    (self.root / path).unlink()
+
+    def test_a_file_that_is_not_what_new_writes_is_named_and_kept(self):
+        kill_at(self, "cases.jsonl", "new", "faq")
+        module = self.root / "agents" / "faq.py"
+        module.write_text(module.read_text() + "# my own edit\n")
+        self.refused_writing_nothing("agents/faq.py already exists and is not what this `new faq` writes there; "
+                                     "pick a new name, or move it away (nothing was written)", "new", "faq")
+        self.assertTrue(module.read_text().endswith("# my own edit\n"))
+        module.write_text(module.read_text().removesuffix("# my own edit\n"))
+        self.refused_writing_nothing("agents/faq.py already exists and is not what this `new faq` writes there",
+                                     "new", "faq", "--tools", "read")   # another kind of agent: another module
+        self.assertEqual(self.factory("new", "faq")[0], 0)
 
 
 class AllOrNothing(LineTest):
