@@ -468,6 +468,7 @@ class Store:
         self.encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))   # one JSONL line
         self.hidden = secret_values(fac.env)
         self.noted: set[str] = set()      # notes printed by this station
+        self.evidence: bytes | None = None   # the evidence key, once this station has read it (evidence_key)
 
     @contextlib.contextmanager
     def machine(self, path: Path, doing: str) -> Iterator[None]:
@@ -684,10 +685,9 @@ class Store:
         `new` writes a sealed half, which may live outside the root); StoreError unless path names a
         file lexically inside one of them."""
         for base in (self.fac.root, self.fac.sealed_dir):
-            with contextlib.suppress(ValueError):
-                parts = path.relative_to(base).parts
-                if parts and ".." not in parts:
-                    return base, parts
+            inside = len(base.parts)   # parts compared as Path.relative_to does, without building a new Path
+            if path.parts[:inside] == base.parts and len(path.parts) > inside and ".." not in path.parts[inside:]:
+                return base, path.parts[inside:]
         raise StoreError(f"{path}: not inside the factory root {self.fac.root}; refusing to write it")
 
     @contextlib.contextmanager
@@ -698,14 +698,15 @@ class Store:
         handle = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for depth, part in enumerate(parts[:-1], 1):
-                handle = self.step_into(handle, part, base.joinpath(*parts[:depth]))
+                handle = self.step_into(handle, part, base, parts[:depth])
             yield handle
         finally:
             os.close(handle)
 
-    def step_into(self, parent: int, part: str, where: Path) -> int:
+    def step_into(self, parent: int, part: str, base: Path, walked: tuple[str, ...]) -> int:
         """A descriptor of the folder `part` inside `parent` (made when missing; `parent` is closed);
-        StoreError naming the folder when it is a link or not a folder at all."""
+        StoreError naming the folder (base joined with the parts `walked` so far, `part` the last) when it
+        is a link or not a folder at all."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             try:
@@ -717,7 +718,7 @@ class Store:
         except OSError as error:
             if error.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
-            raise self.not_plain(parent, part, where, "folder") from None
+            raise self.not_plain(parent, part, base.joinpath(*walked), "folder") from None
         os.close(parent)
         return child
 
@@ -1372,6 +1373,7 @@ class Code:
         self.fac = fac
         self.sources: dict[str, bytes] = {}
         self.trees: dict[str, ast.Module] = {}
+        self.imported: dict[str, list[str]] = {}   # agents/RELATIVE -> the agent modules it imports
         self.modules: dict[str, types.ModuleType] = {}
         self.lock = threading.RLock()   # re-entered on one thread by a module importing another
 
@@ -1399,7 +1401,15 @@ class Code:
             return self.trees[relative]
 
     def imports(self, relative: str) -> list[str]:
-        """The agent modules agents/RELATIVE names in its import statements, as sorted paths under agents/."""
+        """The agent modules agents/RELATIVE names in its import statements, as sorted paths under agents/;
+        scanned once (a digest and a load each ask, and the walk of a large module's tree is not free)."""
+        with self.lock:
+            if relative not in self.imported:
+                self.imported[relative] = self.scan_imports(relative)
+            return self.imported[relative]
+
+    def scan_imports(self, relative: str) -> list[str]:
+        """imports, read from the syntax tree; Refusal for an import of an agent module that is not there."""
         import ast
         found, tree = set(), self.tree(relative)
         try:
@@ -2443,13 +2453,17 @@ def ssh_verifies(fac: Factory, signer: str, data: bytes, signature: str) -> bool
 def evidence_key(fac: Factory, create: bool) -> bytes | None:
     """The factory evidence key (KEYS_DIR/_evidence.key, 64 hex like a signing key, kept and checked
     the same way), created on first use when `create` and the keys folder can be written; None when
-    this machine has none."""
+    this machine has none. Read and checked once per station (Store.evidence): a batch seals two
+    index rows per run with it."""
+    if fac.store.evidence is not None:
+        return fac.store.evidence
     path = fac.evidence_key_path
     if create and not path.exists() and fac.store.keys_writable() \
             and fac.store.create_key(path, os.urandom(32).hex() + "\n"):
         print(f"created the factory evidence key at {path} (mode 0600; it seals proof records and index rows; "
               f"keep it out of the repo)", file=sys.stderr)
-    return read_key(fac, path) if path.exists() else None
+    fac.store.evidence = read_key(fac, path) if path.exists() else None
+    return fac.store.evidence
 
 
 def mac_verifies(key: bytes, obj: dict) -> bool:
@@ -4359,13 +4373,13 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
     """Carry out broker.settle's decision on each held call, in call order, each recorded as a `settled`
     event: commit it (the committed row names the run, the gate result and p), park it for approval,
     put a draft in the human's review queue, or record what the run would have done."""
-    done, tags = Settled(), {"gate": gate["result"], "p": gate["p"]}
-    committing = agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags})
+    done, tags, committing = Settled(), {"gate": gate["result"], "p": gate["p"]}, None
     for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"]):
         call, decision = settlement.call, settlement.decision
         event = {"event": "settled", "seq": call.seq, "tool": call.tool, "args_digest": args_digest(call.args),
                  "decision": decision, "why": settlement.why}
-        if decision == "commit":
+        if decision == "commit":   # the tools that write committed effects, made for the first one
+            committing = committing or agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags})
             committed = broker.commit(call, committing)
             done.acted += committed.ok and committed.effect == "act"
             event["ruling"] = committed.ruling
@@ -7145,9 +7159,11 @@ def station_epilog(func) -> str:
                                         else f"  {name}\n  {'':<{width}}{ENVIRONMENT[name]}" for name in about["env"])])
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(built: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
     """The argparse tree: one subparser per station, with the arguments beside it, its docstring as
-    its description and its examples, exit statuses and environment after them."""
+    its description and its examples, exit statuses and environment after them. Only the stations
+    named in `built` (None: every one) are built whole; any other is its name and one-line summary,
+    all the top-level help shows of it (see chosen_station)."""
     common = argparse.ArgumentParser(add_help=False)  # accepted before or after the station name
     common.add_argument("--root", type=folder_text, default=argparse.SUPPRESS, metavar="DIR",
                         help="the factory root (default: $FACTORY_ROOT, else the folder of factory.py)")
@@ -7161,6 +7177,9 @@ def build_parser() -> argparse.ArgumentParser:
     for func in stations():
         name = func.__name__.removeprefix("cmd_")
         summary = func.__doc__.splitlines()[0].replace("%", "%%")  # argparse %-formats help, not descriptions
+        if built is not None and name not in built:
+            subparsers.add_parser(name, help=summary, add_help=False)   # takes anything: never parsed for real
+            continue
         sub = subparsers.add_parser(name, help=summary, description=wrapped(func.__doc__),
                                     epilog=station_epilog(func), parents=[common], formatter_class=raw)
         sub.station = name
@@ -7174,6 +7193,12 @@ def version_line() -> str:
     """What --version prints: this version, the Python running it, and the record formats it writes."""
     python = ".".join(map(str, sys.version_info[:3]))
     return f"factory.py {VERSION} (Python {python}; writes {TRACE_FORMAT}, {RECORD_FORMAT}, {CERT_FORMAT})"
+
+
+def chosen_station(argv: list[str]) -> str:
+    """The station argv names, read by the top-level parser with no station built (a --root value is never
+    taken for one); Usage for none or a mistyped one. The top-level --help and --version print and exit here."""
+    return build_parser(built=()).parse_known_args(argv)[0].command
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -7200,14 +7225,14 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
 
 
 def run_station(argv: list[str] | None, env: Mapping[str, str]) -> int:
-    """main, inside the safe streams."""
-    parser, argv = build_parser(), sys.argv[1:] if argv is None else argv
+    """main, inside the safe streams. Only the station argv names has its parser built."""
+    argv = sys.argv[1:] if argv is None else argv
     if not argv:
-        parser.print_help(sys.stderr)
+        build_parser(built=()).print_help(sys.stderr)
         return 2
     station = ""
     try:
-        args = parse(parser, argv)
+        args = parse(build_parser(built=(chosen_station(argv),)), argv)
         station = args.command
         bad = not_text(args)
         if bad:

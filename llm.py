@@ -999,9 +999,14 @@ class Worker:
         self._chain = _model_chain(model, self._env)
         self._offline = Offline(rules, task_input) if rules is not None else None
         self._timeout, self._sleep, self._max_tokens = timeout, sleep, max_tokens
-        self._rng = random.Random()
         self._dead: dict[str, LLMError] = {}   # model id -> why this Worker stopped asking it
         self._rules_reason = ""                # set by use_rules: no model is asked again
+
+    @cached_property
+    def _rng(self) -> random.Random:
+        """The jitter of retry waits, seeded when the first retry waits: seeding reads 2.5 KB from the
+        system's random source, which a batch of offline runs (one Worker each) need not pay per ticket."""
+        return random.Random()
 
     @cached_property
     def _opener(self) -> urllib.request.OpenerDirector:
