@@ -4103,7 +4103,7 @@ class Trace:
     def start(cls, fac: Factory, header: dict) -> "Trace":
         """A new trace for header's agent and run id: first the run's `started` row in the index, then
         the trace's first line, the header with the format tag. The run is its trace's only writer, so
-        its events go through one open handle with no lock (Store.open_log)."""
+        its events go through one open handle, locked once, at its first line (Store.open_log)."""
         trace = cls(fac, header["agent"], header["run_id"])
         fac.store.append_jsonl(fac.index, {"state": "started", **{key: header[key] for key in STARTED_FIELDS}})
         trace.log = fac.store.open_log(trace.path)
@@ -4372,43 +4372,47 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
                 handed_off: bool) -> Settled:
     """Carry out broker.settle's decision on each held call, in call order, each recorded as a `settled`
     event: commit it (the committed row names the run, the gate result and p), park it for approval,
-    put a draft in the human's review queue, or record what the run would have done."""
+    put a draft in the human's review queue, or record what the run would have done. The run's drafts
+    go to the queue through one handle, locked from its first row until every call is settled."""
     done, tags, committing = Settled(), {"gate": gate["result"], "p": gate["p"]}, None
-    for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"]):
-        call, decision = settlement.call, settlement.decision
-        event = {"event": "settled", "seq": call.seq, "tool": call.tool, "args_digest": args_digest(call.args),
-                 "decision": decision, "why": settlement.why}
-        if decision == "commit":   # the tools that write committed effects, made for the first one
-            committing = committing or agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags})
-            committed = broker.commit(call, committing)
-            done.acted += committed.ok and committed.effect == "act"
-            event["ruling"] = committed.ruling
-        elif decision == "park":   # sealed: the executor compares the parked file with this event
-            done.parked += 1
-            stored = park(fac, agent, cert, trace.run_id, done.parked, call, {"result": gate["result"], "p": gate["p"]})
-            event = sealed_evidence(fac, {**event, "call": done.parked, "path": fac.shown(stored), "run_id": trace.run_id,
-                                          "certificate": cert["signature"], "digest": agent.digest})
-        elif decision == "review":
-            event.update(to_review(fac, agent, trace.run_id, settlement, tags))
-            done.review += "path" in event
-            done.lost += [f"{call.tool} could not be put in the review queue ({event['error']})"] if "error" in event else []
-        trace.record(event)
-        done.rows.append([call.tool, decision, event.get("ruling") or event.get("error")])
+    queue = fac.store.open_log(fac.root / "outbox" / agent.name / "review.jsonl")
+    try:
+        for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"]):
+            call, decision = settlement.call, settlement.decision
+            event = {"event": "settled", "seq": call.seq, "tool": call.tool, "args_digest": args_digest(call.args),
+                     "decision": decision, "why": settlement.why}
+            if decision == "commit":   # the tools that write committed effects, made for the first one
+                committing = committing or agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags})
+                committed = broker.commit(call, committing)
+                done.acted += committed.ok and committed.effect == "act"
+                event["ruling"] = committed.ruling
+            elif decision == "park":   # sealed: the executor compares the parked file with this event
+                done.parked += 1
+                stored = park(fac, agent, cert, trace.run_id, done.parked, call, {"result": gate["result"], "p": gate["p"]})
+                event = sealed_evidence(fac, {**event, "call": done.parked, "path": fac.shown(stored), "run_id": trace.run_id,
+                                              "certificate": cert["signature"], "digest": agent.digest})
+            elif decision == "review":
+                event.update(to_review(fac, queue, trace.run_id, settlement, tags))
+                done.review += "path" in event
+                done.lost += [f"{call.tool} could not be put in the review queue ({event['error']})"] if "error" in event else []
+            trace.record(event)
+            done.rows.append([call.tool, decision, event.get("ruling") or event.get("error")])
+    finally:
+        queue.close()
     return done
 
 
-def to_review(fac: Factory, agent: Agent, run_id: str, settlement, tags: dict) -> dict:
-    """Append one held draft to the human's review queue (outbox/AGENT/review.jsonl), marked routed to a
-    human with the reason: {"path"} where it went, or {"error"} when it could not be written."""
-    path = fac.root / "outbox" / agent.name / "review.jsonl"
+def to_review(fac: Factory, queue: Store.Log, run_id: str, settlement, tags: dict) -> dict:
+    """Append one held draft to the human's review queue (`queue`, outbox/AGENT/review.jsonl), marked routed
+    to a human with the reason: {"path"} where it went, or {"error"} when it could not be written."""
     call = settlement.call
     row = {"run_id": run_id, "seq": call.seq, "tool": call.tool, "args": call.args, "routed": "human",
            "why": settlement.why, **tags, "at": utc_now()}
     try:
-        fac.store.append_jsonl(path, row)
+        queue.append(row)
     except OSError as error:
         return {"error": f"{type(error).__name__}: {error.strerror or error}"}
-    return {"path": fac.shown(path)}
+    return {"path": fac.shown(queue.path)}
 
 
 def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome, gate: dict) -> Path:
