@@ -59,6 +59,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
+from functools import cached_property
 from types import MappingProxyType
 
 LABELS = ("billing", "account", "bug", "question", "other")
@@ -395,8 +396,14 @@ class _Context:
     ahead to word starts."""
 
     def __init__(self, anchors: tuple[str, ...], pattern: str):
-        self.anchors, self.regex = anchors, re.compile(pattern)
+        self.anchors, self.pattern = anchors, pattern
         self.needles = tuple(f" {a} " for a in anchors)
+
+    @cached_property
+    def regex(self) -> re.Pattern:
+        """The pattern compiled at its first use: a station that loads the agent without reading a ticket
+        (the tower, certify) never compiles it, and one ticket only the rules its words reach."""
+        return re.compile(self.pattern)
 
     def _scope(self, text) -> str:
         """The sentences of the text that hold an anchor word, in order ("" when none does)."""
