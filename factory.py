@@ -1334,13 +1334,14 @@ IMPORT_STATE = ("modules", "path", "meta_path", "path_hooks", "path_importer_cac
 CODE_FILE = re.compile(r".*\.py[cow]?")   # a literal path to Python source or bytecode, handed to a call
 
 
-def code_loading(tree) -> list[tuple[int, str]]:
-    """(line, construct as written) of each place a module's syntax tree reaches for code the digest does
-    not cover: an import of LOADING_MODULES, a use of LOADING_NAMES or LOADING_ATTRIBUTES, sys's IMPORT_STATE,
-    a literal path to a Python file handed to a call (open('x.py')). Sorted by line; [] for none."""
+def code_loading(nodes) -> list[tuple[int, str]]:
+    """(line, construct as written) of each place a module's syntax tree (`nodes`: every node of it, see
+    Code.nodes) reaches for code the digest does not cover: an import of LOADING_MODULES, a use of
+    LOADING_NAMES or LOADING_ATTRIBUTES, sys's IMPORT_STATE, a literal path to a Python file handed to a
+    call (open('x.py')). Sorted by line; [] for none."""
     import ast
     found, state, sys_names = [], [], {"sys"}   # state: (line, attribute, the name it is read from)
-    for node in ast.walk(tree):   # one pass: a module is scanned each time it is loaded
+    for node in nodes:   # one pass: a module is scanned each time it is loaded
         if isinstance(node, ast.Import):
             sys_names |= {alias.asname for alias in node.names if alias.name == "sys" and alias.asname}
             found += [(node.lineno, f"import {alias.name}") for alias in node.names
@@ -1373,6 +1374,7 @@ class Code:
         self.fac = fac
         self.sources: dict[str, bytes] = {}
         self.trees: dict[str, ast.Module] = {}
+        self.walked: dict[str, tuple] = {}         # agents/RELATIVE -> every node of its tree
         self.imported: dict[str, list[str]] = {}   # agents/RELATIVE -> the agent modules it imports
         self.modules: dict[str, types.ModuleType] = {}
         self.lock = threading.RLock()   # re-entered on one thread by a module importing another
@@ -1400,6 +1402,14 @@ class Code:
                     raise Refusal(f"agents/{relative}: not valid python ({getattr(error, 'msg', error)}{line})") from None
             return self.trees[relative]
 
+    def nodes(self, relative: str) -> tuple:
+        """Every node of the parsed source (ast.walk), listed once: both scans of a module read them."""
+        with self.lock:
+            if relative not in self.walked:
+                import ast
+                self.walked[relative] = tuple(ast.walk(self.tree(relative)))
+            return self.walked[relative]
+
     def imports(self, relative: str) -> list[str]:
         """The agent modules agents/RELATIVE names in its import statements, as sorted paths under agents/;
         scanned once (a digest and a load each ask, and the walk of a large module's tree is not free)."""
@@ -1411,9 +1421,9 @@ class Code:
     def scan_imports(self, relative: str) -> list[str]:
         """imports, read from the syntax tree; Refusal for an import of an agent module that is not there."""
         import ast
-        found, tree = set(), self.tree(relative)
+        found = set()
         try:
-            for node in ast.walk(tree):
+            for node in self.nodes(relative):
                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     found.update(agent_modules(node.module, [alias.name for alias in node.names]))
                 elif isinstance(node, ast.Import):
@@ -1442,7 +1452,7 @@ class Code:
     def execute(self, relative: str) -> types.ModuleType:
         """A fresh module made by executing the compiled source; Refusal naming the file (and line) when it raises."""
         path, imports = str(self.fac.agents / relative), self.imports(relative)
-        reaching = code_loading(self.tree(relative))
+        reaching = code_loading(self.nodes(relative))
         if reaching:
             line, construct = reaching[0]
             raise Refusal(f"agents/{relative} line {line}: {construct} loads code the digest does not cover, so the "
