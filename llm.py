@@ -50,18 +50,14 @@ https://docs.ollama.com/api/openai-compatibility, https://platform.claude.com/do
 """
 from __future__ import annotations
 
-import email.utils
 import hashlib
-import http.client
 import json
 import math
 import random
 import re
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
@@ -704,24 +700,27 @@ def _finite_float(text: str) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# HTTP: one POST, errors mapped to the family above.
-
-
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """Builds no redirected request, so a 3xx surfaces as an HTTPError."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
+# HTTP: one POST, errors mapped to the family above. urllib.request, urllib.error, http.client and
+# email.utils are imported by the functions that use them: a station that asks no model (the offline
+# rules, the tower) never loads the HTTP stack (about 25 ms of a cold start).
 
 
 def build_opener(env: Mapping[str, str]) -> urllib.request.OpenerDirector:
     """An opener that never follows redirects and takes HTTP(S) proxies only from env."""
+    import urllib.request
+
+    class RefuseRedirects(urllib.request.HTTPRedirectHandler):
+        """Builds no redirected request, so a 3xx surfaces as an HTTPError."""
+
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            return None
+
     proxies = {}
     for scheme in ("http", "https"):
         value = env.get(f"{scheme}_proxy") or env.get(f"{scheme.upper()}_PROXY")
         if value:
             proxies[scheme] = value
-    return urllib.request.build_opener(urllib.request.ProxyHandler(proxies), _RefuseRedirects)
+    return urllib.request.build_opener(urllib.request.ProxyHandler(proxies), RefuseRedirects)
 
 
 def recorded_headers(headers) -> dict:
@@ -742,6 +741,7 @@ def retry_after(headers) -> float | None:
             return float(text) / scale
         except (TypeError, ValueError):
             pass
+    import email.utils
     try:
         return email.utils.parsedate_to_datetime(value).timestamp() - time.time()
     except (TypeError, ValueError):
@@ -767,6 +767,9 @@ def retry_wait(error: LLMError, retry: int, rng: random.Random) -> float | None:
 def post_json(opener, url: str, headers: Mapping[str, str], body: dict, timeout: float,
               secrets: tuple[str, ...] = ()) -> tuple[dict, dict, float]:
     """POST body as JSON; (parsed reply, recorded headers, latency ms). Raises LLMError subclasses."""
+    import http.client
+    import urllib.error
+    import urllib.request
     request = urllib.request.Request(url, json.dumps(body, ensure_ascii=False).encode(), method="POST",
                                      headers={"content-type": "application/json", "accept": "application/json",
                                               "user-agent": USER_AGENT, **headers})
@@ -801,6 +804,7 @@ def _parse_json(raw: bytes) -> dict:
 
 def _status_error(err: urllib.error.HTTPError, secrets: tuple[str, ...]) -> LLMError:
     """The typed error for a non-2xx answer; its body is parsed defensively (may be HTML)."""
+    import http.client
     headers = err.headers
     if 300 <= err.code < 400:
         err.close()
