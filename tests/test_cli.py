@@ -50,6 +50,24 @@ class Parser(unittest.TestCase):
                 self.assertTrue(func.__doc__)
                 self.assertEqual(choices[func.__name__.removeprefix("cmd_")].description.split(), func.__doc__.split())
 
+    def test_only_the_station_named_is_built_whole(self):
+        """main reads which station argv names with no station built whole, then builds that one alone: the
+        top-level help reads as the whole tree's does, a --root value is never taken for a station, and
+        what the partial tree parses is what the whole one does."""
+        whole = factory.build_parser()
+        self.assertEqual(factory.build_parser(built=()).format_help(), whole.format_help())
+        self.assertEqual(factory.chosen_station(["--root", "run", "tower", "--json"]), "tower")
+        self.assertEqual(factory.chosen_station(["run", "--help"]), "run")
+        with self.assertRaises(factory.Usage) as typo:
+            factory.chosen_station(["rnu", "triager"])
+        self.assertIn("invalid choice: 'rnu' (did you mean 'run'?)", str(typo.exception))
+        partial = factory.build_parser(built=("run",))
+        names = [func.__name__.removeprefix("cmd_") for func in factory.stations()]
+        self.assertEqual(list(next(a for a in partial._actions if a.dest == "command").choices), names)
+        for argv in (["run", "triager", "--file", "t.jsonl", "--jobs", "2"], ["--root", "/r", "run", "triager", "--json", "hi"]):
+            with self.subTest(argv=argv):
+                self.assertEqual(vars(factory.parse(partial, argv)), vars(factory.parse(whole, argv)))
+
     def test_the_module_docstring_names_every_station_and_cites_nothing(self):
         doc = " ".join(factory.__doc__.split())
         for func in factory.stations():
@@ -311,6 +329,17 @@ class Interpreter(LineTest):
                                       cwd=str(elsewhere), timeout=60)
                 self.assertEqual((done.returncode, done.stderr), (0, ""))
                 self.assertEqual(done.stdout.strip(), expected)
+
+
+class ColdStart(unittest.TestCase):
+    """What a start does not pay for: the network clients load without the HTTP stack, which only a
+    station that asks a model or Sage imports (when it first sends)."""
+
+    def test_the_network_clients_load_without_the_http_stack(self):
+        code = ("import sys; before = set(sys.modules); import factory; factory.llm.Worker, factory.sage.Sage; "
+                "print(sorted({'http.client', 'urllib.request', 'urllib.error', 'email.utils', 'ssl'} & (set(sys.modules) - before)))")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=60)
+        self.assertEqual((done.returncode, done.stdout.strip()), (0, "[]"), done.stderr)
 
 
 def _drain(fd: int) -> bytes:
