@@ -96,9 +96,10 @@ def repo_tickets(n: int) -> list[dict]:
 
 
 def child(command: list[str], env: dict | None = None) -> Seconds:
-    """Wall and CPU seconds (user + system) of one child process running `command` to the end."""
+    """Wall and CPU seconds (user + system) of one child process running `command` to the end, in the
+    repo's folder (where `-c "import factory"` finds it, whatever folder the bench was started from)."""
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    done = subprocess.run(command, env=env or CLEAN_ENV, capture_output=True)
+    done = subprocess.run(command, env=env or CLEAN_ENV, capture_output=True, cwd=REPO)
     elapsed, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
         raise SystemExit(f"{command[:4]} failed: {done.stderr.decode()[-500:]}")
