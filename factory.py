@@ -1326,19 +1326,24 @@ def agent_modules(dotted: str, names: list[str]) -> list[str]:
 # or runs code by name, path or bytes, so the code that runs would not be the code the digest covers. Python
 # cannot be sandboxed and this list cannot be complete (a signer reviews the code itself); it names the
 # usual roads, so that none of them is taken by accident or passes unseen.
-LOADING_MODULES = ("importlib", "imp", "runpy", "pkgutil", "zipimport", "marshal", "pickle", "code", "codeop",
-                   "builtins", "ctypes")   # an import of any of these: they load code by name, path or bytes
-LOADING_NAMES = ("__import__", "exec", "eval", "compile", "__builtins__")   # a use of any of these names
-LOADING_ATTRIBUTES = ("__import__", "__builtins__", "__loader__", "__code__", "__globals__", "__subclasses__")
-IMPORT_STATE = ("modules", "path", "meta_path", "path_hooks", "path_importer_cache")   # sys.X: what imports find
+LOADING_MODULES = ("importlib", "imp", "runpy", "pkgutil", "zipimport", "marshal", "pickle", "shelve", "code", "codeop",
+                   "builtins", "ctypes", "pydoc")   # an import of any of these: they load code by name, path or bytes
+# a use of any of these names: the first five run code, the last three hand over the module's namespace,
+# and with it the real __builtins__ (exec, __import__) that the module's own imports do not reach
+LOADING_NAMES = ("__import__", "exec", "eval", "compile", "__builtins__", "globals", "vars", "locals")
+LOADING_ATTRIBUTES = ("__import__", "__builtins__", "__loader__", "__code__", "__globals__", "__subclasses__",
+                      "modules")   # X.modules: sys.modules however sys was reached (os.sys, an alias, a copy)
+IMPORT_STATE = ("path", "meta_path", "path_hooks", "path_importer_cache")   # sys.X: what imports find
+LOADING_TEXTS = tuple(name for name in LOADING_NAMES + LOADING_ATTRIBUTES if name.startswith("__"))   # '__code__' in getattr(f, '__code__')
 CODE_FILE = re.compile(r".*\.py[cow]?")   # a literal path to Python source or bytecode, handed to a call
 
 
 def code_loading(nodes) -> list[tuple[int, str]]:
     """(line, construct as written) of each place a module's syntax tree (`nodes`: every node of it, see
     Code.nodes) reaches for code the digest does not cover: an import of LOADING_MODULES, a use of
-    LOADING_NAMES or LOADING_ATTRIBUTES, sys's IMPORT_STATE, a literal path to a Python file handed to a
-    call (open('x.py')). Sorted by line; [] for none."""
+    LOADING_NAMES or LOADING_ATTRIBUTES (also named as text: getattr(sys, 'modules'), '__code__'), sys's
+    IMPORT_STATE, a literal path to a Python file handed to a call (open('x.py'), open(file='x.py')).
+    Sorted by line; [] for none."""
     import ast
     found, state, sys_names = [], [], {"sys"}   # state: (line, attribute, the name it is read from)
     for node in nodes:   # one pass: a module is scanned each time it is loaded
@@ -1348,18 +1353,33 @@ def code_loading(nodes) -> list[tuple[int, str]]:
                       if alias.name.split(".")[0] in LOADING_MODULES]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [alias.name for alias in node.names]
-            if node.module.split(".")[0] in LOADING_MODULES or (node.module == "sys" and set(names) & set(IMPORT_STATE)):
+            if node.module.split(".")[0] in LOADING_MODULES or (node.module == "sys" and set(names) & {"modules", *IMPORT_STATE}):
                 found.append((node.lineno, f"from {node.module} import {', '.join(names)}"))
         elif isinstance(node, ast.Name) and node.id in LOADING_NAMES:
             found.append((node.lineno, node.id))
         elif isinstance(node, ast.Attribute) and node.attr in LOADING_ATTRIBUTES:
-            found.append((node.lineno, node.attr))
+            found.append((node.lineno, ast.unparse(node) if node.attr == "modules" else node.attr))
         elif isinstance(node, ast.Attribute) and node.attr in IMPORT_STATE and isinstance(node.value, ast.Name):
             state.append((node.lineno, node.attr, node.value.id))
+        elif isinstance(node, ast.Constant) and node.value in LOADING_TEXTS:
+            found.append((node.lineno, repr(node.value)))
         elif isinstance(node, ast.Call):
-            found += [(node.lineno, repr(arg.value)) for arg in node.args
-                      if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and CODE_FILE.fullmatch(arg.value)]
+            found += call_loading(node)
     return sorted(found + [(line, f"sys.{attr}") for line, attr, name in state if name in sys_names])
+
+
+def call_loading(call) -> list[tuple[int, str]]:
+    """code_loading's findings in one call: a literal path to a Python file among its arguments, given by
+    position or by keyword, and getattr(X, 'NAME') of an attribute on the list."""
+    import ast
+    values = [*call.args, *(keyword.value for keyword in call.keywords)]
+    found = [(call.lineno, repr(value.value)) for value in values
+             if isinstance(value, ast.Constant) and isinstance(value.value, str) and CODE_FILE.fullmatch(value.value)]
+    if isinstance(call.func, ast.Name) and call.func.id in ("getattr", "setattr", "hasattr", "delattr") \
+            and len(call.args) > 1 and isinstance(call.args[1], ast.Constant) \
+            and call.args[1].value in (*LOADING_ATTRIBUTES, *IMPORT_STATE):
+        found.append((call.lineno, ast.unparse(call)))
+    return found
 
 
 class Code:

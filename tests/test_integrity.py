@@ -66,6 +66,18 @@ class CodeTheDigestCannotSee(LineTest):
             ("_k = ().__class__.__base__.__subclasses__()", "__subclasses__"),
             ("_g = rules.__globals__", "__globals__"),
             ("_source = open('agents/style.py').read()", "'agents/style.py'"),
+            ("_source = open(file='agents/style.py').read()", "'agents/style.py'"),   # the keyword form
+            ("_b = globals()", "globals"),                    # globals()['__builtins__'] is the real one
+            ("_b = vars()", "vars"),
+            ("_b = locals()", "locals"),
+            ("_g = _b['__builtins__']", "'__builtins__'"),
+            ("_f = rules.__getattribute__('__globals__')", "'__globals__'"),
+            ("import os\n_m = os.sys.modules", "os.sys.modules"),
+            ("from os import sys as _s\n_m = _s.modules", "_s.modules"),
+            ("import sys\n_m = getattr(sys, 'modules')", "getattr(sys, 'modules')"),
+            ("import types\n_f = types.FunctionType(getattr(rules, '__code__'), {})", "'__code__'"),
+            ("import pydoc", "import pydoc"),
+            ("import shelve", "import shelve"),
         ]
         original = (self.root / "agents" / "triager.py").read_text()
         for source, construct in table:
