@@ -1005,29 +1005,30 @@ class Store:
             return False
         return True
 
-    def ssh_keygen(self, argv: list[str], data: bytes, signature: str | None = None):
-        """Run the ssh-keygen on $PATH with argv, `data` on its stdin and, when given, the signature on a
-        pipe it reads as the file /dev/fd/N (the `-s` argument, written `{signature}` in argv), so no
-        temporary file is made; the subprocess.CompletedProcess. Refusal in one line when ssh-keygen is
-        not installed, or does not answer within 60 s."""
+    def ssh_keygen(self, argv: list[str], data: bytes, files: dict[str, str] | None = None):
+        """The subprocess.CompletedProcess of the ssh-keygen on $PATH run with argv and `data` on its stdin.
+        Each of `files` (name -> text: an armoured signature, or the allowed-signers lines of one check; each
+        at most about PIPE_TEXT characters, written whole before ssh-keygen starts) is on a pipe it reads as
+        the file /dev/fd/N, written `{name}` in argv, so no temporary file is made. Refusal in one line when
+        ssh-keygen is not installed, or (given files: a check, which asks nothing) does not answer in 60 s."""
         import subprocess   # here, not at the top: only ssh signatures need it
-        program = self.ssh_program()
-        if signature is None:
-            return subprocess.run([program, *argv], input=data, capture_output=True, check=False)
-        reader, writer = os.pipe()
+        program, readers = self.ssh_program(), {}
         try:
-            os.write(writer, signature.encode())   # an armoured signature is far below a pipe's buffer
-            os.close(writer)
-            writer = None
-            argv = [item.replace("{signature}", f"/dev/fd/{reader}") for item in argv]
-            return subprocess.run([program, *argv], input=data, capture_output=True, check=False,
-                                  pass_fds=(reader,), timeout=60)
+            for name, text in (files or {}).items():
+                readers[name], writer = os.pipe()
+                try:
+                    os.write(writer, text.encode())   # far below a pipe's buffer: see PIPE_TEXT
+                finally:
+                    os.close(writer)
+            for name, reader in readers.items():
+                argv = [item.replace(f"{{{name}}}", f"/dev/fd/{reader}") for item in argv]
+            return subprocess.run([program, *argv], input=data, capture_output=True, check=False,   # signing may
+                                  pass_fds=tuple(readers.values()), timeout=60 if files else None)   # ask a passphrase
         except subprocess.TimeoutExpired:
-            raise Refusal("ssh-keygen -Y verify did not answer within 60 s") from None
+            raise Refusal(f"ssh-keygen {' '.join(argv[:2])} did not answer within 60 s") from None
         finally:
-            os.close(reader)
-            if writer is not None:
-                os.close(writer)
+            for reader in readers.values():
+                os.close(reader)
 
     def ssh_program(self) -> str:
         """The path of ssh-keygen on $PATH; Refusal in one line when it is not installed."""
@@ -2445,36 +2446,79 @@ def trusted_signers_problem(fac: Factory) -> str | None:
         legacy = (f" ({fac.shown(fac.registry / 'allowed_signers')} is not read: anyone who writes the registry could "
                   f"add a signer; list the signers you trust in {path})") if (fac.registry / "allowed_signers").exists() else ""
         return f"there is no {path} to check it against{legacy}"
-    if path.stat().st_mode & 0o022:
+    return owner_problem(path) or replaced_problem(path)
+
+
+def owner_problem(path: Path) -> str | None:
+    """Why the allowed-signers file at path is not this user's own to change: another user owns it, or
+    other users may write it (root may write anything, so a file root owns is this user's too)."""
+    found = os.stat(path)
+    if found.st_uid not in (os.geteuid(), 0):
+        return f"{path} is owned by another user (uid {found.st_uid}), who may change it; use a file of your own"
+    if found.st_mode & 0o022:
         return f"other users may write {path}; fix it with: chmod go-w {path}"
     return None
 
 
-def listed_signers(fac: Factory) -> set[str]:
-    """The principals the trusted allowed-signers file names exactly (its first field, comma-separated;
-    see `man ssh-keygen`, ALLOWED SIGNERS). A pattern such as `*` or `al*` names no one here: a signer is
-    trusted only by name."""
-    text = fac.store.read_bytes(fac.allowed_signers, confined=False).decode("utf-8", "replace")
-    names: set[str] = set()
-    for line in text.splitlines():
-        fields = line.split()
-        if fields and not fields[0].startswith("#"):
-            names.update(fields[0].strip('"').split(","))
-    return names
+def replaced_problem(path: Path) -> str | None:
+    """Why another user could put another file at path: the folder holding it (or, for a link, the link)
+    is writable by others without the sticky bit (which lets only a file's owner remove it), or is
+    another user's."""
+    for folder in dict.fromkeys((path.absolute().parent, Path(os.path.realpath(path)).parent)):
+        found = folder.stat()
+        if found.st_uid not in (os.geteuid(), 0):
+            return f"another user (uid {found.st_uid}) owns {folder}, the folder of {path}, and may replace it"
+        if found.st_mode & 0o022 and not found.st_mode & stat.S_ISVTX:
+            return (f"other users may replace {path} (its folder {folder} is writable by others and not sticky); "
+                    f"fix it with: chmod go-w {folder}")
+    return None
+
+
+PIPE_TEXT = 16384   # characters ssh_keygen writes to one pipe before ssh-keygen reads it (an armoured signature's most)
+
+
+def allowed_signer(line: str) -> tuple[list[str], str]:
+    """(principals, the rest: options, key type, key, comment) of one line of an allowed-signers file
+    (`man ssh-keygen`, ALLOWED SIGNERS: the principals are the first field, comma-separated, and may be
+    quoted); ([], "") for a blank line, a comment or a line with nothing after its principals."""
+    line = line.strip()
+    if line.startswith('"'):
+        principals, quote, rest = line[1:].partition('"')
+        return (principals.split(","), rest.strip()) if quote and rest[:1].isspace() else ([], "")
+    fields = line.split(None, 1)
+    if len(fields) < 2 or line.startswith("#"):
+        return [], ""
+    return fields[0].split(","), fields[1]
+
+
+def signer_lines(fac: Factory, signer: str) -> str:
+    """The lines of the trusted allowed-signers file whose principals name SIGNER exactly, each rewritten to
+    name SIGNER alone: the file one `ssh-keygen -Y verify -I SIGNER` is given. ssh-keygen matches -I against
+    patterns too (a `*` line would add its key to every signer), so no pattern line is ever passed to it:
+    a signer is trusted by name only. Refusal when those lines are longer than one check reads (PIPE_TEXT)."""
+    path = fac.allowed_signers
+    text = fac.store.read_bytes(path, confined=False).decode("utf-8", "replace")
+    lines = "".join(f"{signer} {rest}\n" for principals, rest in map(allowed_signer, text.splitlines())
+                    if signer in principals)
+    if len(lines) > PIPE_TEXT:
+        raise Refusal(f"{path}: the keys listed for {signer} are longer than one check reads ({PIPE_TEXT} characters)")
+    return lines
 
 
 def ssh_verifies(fac: Factory, signer: str, data: bytes, signature: str) -> bool:
     """True when `ssh-keygen -Y verify` accepts signature over data as signer's (the principal) under
     the agent-factory namespace, by a key listed for signer, by name, in the trusted allowed-signers file
     (the format git uses for signed commits: `PRINCIPAL KEYTYPE BASE64`; see `man ssh-keygen`, ALLOWED
-    SIGNERS). Refusal when that file cannot be trusted (trusted_signers_problem) or there is no ssh-keygen."""
+    SIGNERS), checked against those lines alone (signer_lines). Refusal when that file cannot be trusted
+    (trusted_signers_problem) or there is no ssh-keygen."""
     problem = trusted_signers_problem(fac)
     if problem:
         raise Refusal(problem)
-    if signer not in listed_signers(fac):
+    lines = signer_lines(fac, signer)
+    if not lines:
         return False
-    checked = fac.store.ssh_keygen(["-Y", "verify", "-f", str(fac.allowed_signers), "-I", signer,
-                                    "-n", SSH_NAMESPACE, "-s", "{signature}"], data, signature)
+    checked = fac.store.ssh_keygen(["-Y", "verify", "-f", "{signers}", "-I", signer, "-n", SSH_NAMESPACE,
+                                    "-s", "{signature}"], data, {"signers": lines, "signature": signature})
     return checked.returncode == 0
 
 

@@ -1011,6 +1011,49 @@ class SshForgery(CertifiedTest):
         trusted.write_text(f"bob,alice {public}\n")      # the keys folder's owner lists it by name: trusted
         self.runs_ok()
 
+    def test_a_pattern_line_does_not_add_a_key_to_a_signer_listed_by_name(self):
+        # `ssh-keygen -Y verify -I alice` accepts the key of every line whose principals match alice,
+        # patterns included: with alice listed by name, a `*` line (a team's CI key) would sign as alice
+        mallory = self.forge_with_ssh()
+        _, alices = ssh_key(self.tmp / "ssh", "alice")
+        public = " ".join(mallory.read_text().split()[:2])
+        trusted = self.tmp / "keys" / "allowed_signers"
+        for pattern in ("*", "al*", "a?ice", "bob,*", '"*"'):
+            with self.subTest(pattern):
+                trusted.write_text(f"alice {alices}\n{pattern} {public}\n")
+                self.refused_writing_nothing("does not verify with alice's ssh key", "run", "triager", "hi")
+        signed = self.at_terminal("certify", "triager", "--tier", "C1", "--by", "alice", "--ssh-key",
+                                  str(mallory.with_suffix("")))
+        self.assertEqual(signed.returncode, 1, signed.stdout)
+        self.assertIn("unsigned: the ssh signature does not verify with alice's ssh key", signed.stderr)
+        trusted.write_text(f"alice {alices}\n# a comment\n\nalice,bob namespaces=\"agent-factory\" {public} mallory\n")
+        self.runs_ok()                                     # a second key listed for alice by name: trusted
+
+    def test_allowed_signers_in_a_folder_others_may_write_is_refused(self):
+        self.forge_with_ssh()
+        shared = self.tmp / "shared"
+        shared.mkdir()
+        shared.chmod(0o777)                               # anyone may replace a file in it
+        trusted = shared / "allowed_signers"
+        trusted.write_text("bob ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GTWj\n")
+        trusted.chmod(0o600)
+        self.env["FACTORY_ALLOWED_SIGNERS"] = str(trusted)
+        self.refused_writing_nothing(f"other users may replace {trusted} (its folder {shared} is writable by others "
+                                     f"and not sticky); fix it with: chmod go-w {shared}", "run", "triager", "hi")
+        shared.chmod(0o1777)                              # sticky, as /tmp: only the file's owner may replace it
+        self.refused_writing_nothing("does not verify with alice's ssh key", "run", "triager", "hi")
+
+    @unittest.skipUnless(os.geteuid() == 0, "giving a file to another user needs root")
+    def test_allowed_signers_owned_by_another_user_is_refused(self):
+        self.forge_with_ssh()
+        trusted = self.tmp / "trusted-signers"
+        trusted.write_text("bob ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GTWj\n")
+        trusted.chmod(0o644)
+        os.chown(trusted, 65534, -1)                      # nobody
+        self.env["FACTORY_ALLOWED_SIGNERS"] = str(trusted)
+        self.refused_writing_nothing(f"{trusted} is owned by another user (uid 65534), who may change it; "
+                                     f"use a file of your own", "run", "triager", "hi")
+
     def test_allowed_signers_others_may_write_is_refused(self):
         self.forge_with_ssh()
         trusted = self.tmp / "trusted-signers"
