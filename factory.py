@@ -370,7 +370,8 @@ class Factory:
     @classmethod
     def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str]) -> "Factory":
         """The factory at --root, else $FACTORY_ROOT, else the folder of factory.py. An empty --root or
-        --sealed-dir (`--root "$UNSET"`) is refused rather than read as "not given"."""
+        --sealed-dir (`--root "$UNSET"`) is refused rather than read as "not given", and so is a keys folder
+        ($FACTORY_KEYS_DIR, else ~/.config/agent-factory/keys) inside the root."""
         for flag, given in (("--root", root), ("--sealed-dir", sealed_dir)):
             if given is not None and not given.strip():
                 raise Refusal(f"{flag} is empty (an unset variable?); name the folder, or leave {flag} out")
@@ -378,8 +379,12 @@ class Factory:
         if not base.is_dir():
             raise Refusal(f"the factory root {base} is not a folder (--root, else $FACTORY_ROOT)")
         sealed = sealed_dir or env.get("FACTORY_SEALED_DIR")
-        keys = env.get("FACTORY_KEYS_DIR") or Path.home() / ".config" / "agent-factory" / "keys"
-        return cls(base, Path(sealed).resolve() if sealed else base / "evals", Path(keys), env)
+        keys = Path(env.get("FACTORY_KEYS_DIR") or Path.home() / ".config" / "agent-factory" / "keys")
+        if keys.absolute().is_relative_to(base) or keys.resolve().is_relative_to(base):
+            # whoever writes the tree could read its keys there, and rewrite this machine's anchor
+            raise Refusal(f"the keys folder {keys} is inside the factory root {base}: it must live outside the factory "
+                          f"root (set FACTORY_KEYS_DIR to a folder of your own)")
+        return cls(base, Path(sealed).resolve() if sealed else base / "evals", keys, env)
 
     # computed once per Factory: a batch asks for the index and the traces folder on every run
     masters = cached_property(lambda self: self.root / "masters")

@@ -350,6 +350,16 @@ class Keys(LineTest):
             self.assertNotIn(secret, text)
         self.assertFalse(self.keys.resolve().is_relative_to(self.root.resolve()))
 
+    def test_a_keys_folder_inside_the_root_is_refused(self):
+        # whoever writes the tree could read its keys and rewrite this machine's anchor
+        for inside in (self.root / "registry" / "keys", self.root):
+            with self.subTest(inside=inside):
+                self.env["FACTORY_KEYS_DIR"] = str(inside)
+                for argv in (("prove", "triager", "--sealed"), ("run", "triager", "hi"), ("tower",)):
+                    self.refused_writing_nothing(f"the keys folder {inside} is inside the factory root {self.root}: "
+                                                 f"it must live outside the factory root", *argv)
+        self.assertFalse((self.root / "registry" / "keys").exists())
+
     def test_an_empty_key_file_never_signs(self):
         # a certify killed between creating the key file and writing it leaves it empty; anyone
         # can compute an HMAC with an empty key, so such a file must never sign or verify
