@@ -42,7 +42,7 @@ import types
 import unicodedata
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as with_fields
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from operator import itemgetter
@@ -1403,6 +1403,7 @@ class Code:
         self.walked: dict[str, tuple] = {}         # agents/RELATIVE -> every node of its tree
         self.imported: dict[str, list[str]] = {}   # agents/RELATIVE -> the agent modules it imports
         self.modules: dict[str, types.ModuleType] = {}
+        self.scanned: set[str] = set()   # modules whose source passed `scan`
         self.lock = threading.RLock()   # re-entered on one thread by a module importing another
 
     def source(self, relative: str) -> bytes:
@@ -1470,19 +1471,41 @@ class Code:
             todo += fresh
         return sorted(seen - {relative})
 
+    def check(self, relative: str) -> None:
+        """Refusal when agents/RELATIVE or an agent module it imports, directly or not, reaches for code the
+        digest does not cover (see scan): each source is read, parsed and scanned, and nothing is executed."""
+        for path in [relative, *self.closure(relative)]:
+            self.scan(path)
+
+    def scan(self, relative: str) -> None:
+        """Refusal naming the line when the source of agents/RELATIVE reaches for code the digest does not
+        cover (code_loading), or imports by plain name a file inside the factory root (outside_the_root);
+        each module is scanned once."""
+        with self.lock:
+            if relative in self.scanned:
+                return
+            nodes = self.nodes(relative)
+            reaching = code_loading(nodes)
+            if reaching:
+                line, construct = reaching[0]
+                raise Refusal(f"agents/{relative} line {line}: {construct} loads code the digest does not cover, so "
+                              f"the line will not run this module; import an agent module as `from agents import NAME`")
+            for top in plain_imports(nodes):
+                self.outside_the_root(relative, top)
+            self.scanned.add(relative)
+
     def module(self, relative: str) -> types.ModuleType:
         """agents/RELATIVE executed once, from the bytes `source` read."""
         with self.lock:
             return self.modules[relative] if relative in self.modules else self.execute(relative)
 
     def execute(self, relative: str) -> types.ModuleType:
-        """A fresh module made by executing the compiled source; Refusal naming the file (and line) when it raises."""
+        """A fresh module made by executing the compiled source; Refusal naming the file (and line) when it
+        raises. FACTORY_SEALED_DIR leaves the process environment first: agent code is not told where the
+        sealed halves are (it is not kept from them: code can read any file this user can)."""
         path, imports = str(self.fac.agents / relative), self.imports(relative)
-        reaching = code_loading(self.nodes(relative))
-        if reaching:
-            line, construct = reaching[0]
-            raise Refusal(f"agents/{relative} line {line}: {construct} loads code the digest does not cover, so the "
-                          f"line will not run this module; import an agent module as `from agents import NAME`")
+        self.scan(relative)
+        os.environ.pop("FACTORY_SEALED_DIR", None)   # the Factory has read it; no code of the agent's ever needs it
         module = types.ModuleType("agents." + relative.removesuffix(".py").replace("/", "."))
         module.__file__ = path
         module.__builtins__ = {**vars(builtins), "__import__": self.importer(relative, imports)}
@@ -1531,21 +1554,32 @@ class Code:
                           f"code the digest does not cover; move it to agents/ and import it as `from agents import {top}`")
 
 
+def plain_imports(nodes) -> list[str]:
+    """The top-level names of the modules a syntax tree (`nodes`: every node of it, see Code.nodes) imports
+    by absolute name, `agents` excepted: `import os.path` and `from json import loads` -> os, json."""
+    import ast
+    names = [alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module]
+    return sorted({name.split(".")[0] for name in names} - {"agents"})
+
+
 # ---- the agent: card, entrypoint module, tool modules, digest
 
 @dataclass(frozen=True)
 class Agent:
-    """One agent as the line sees it, loaded once per station and reused for every run: the validated
-    card, its entrypoint module (SYSTEM, OUTPUT_SCHEMA, the rules function), the tool modules of the
-    tools it grants or denies (make_tools for the effects), the contracts of exactly those tools (what
-    the broker rules on), and the components its digest is taken over."""
+    """One agent as the line sees it, read once per station and reused for every run: the validated card,
+    the contracts of the tools it grants or denies (what the broker rules on, read from the tool modules'
+    source), and the components its digest is taken over. Its code is executed only by the stations that
+    run the agent (`loaded`): its entrypoint module (SYSTEM, OUTPUT_SCHEMA, the rules function) and the
+    tool modules of the tools it grants or denies (make_tools for the effects); elsewhere they are None
+    and ()."""
     name: str
     card: dict
-    module: object
-    toolboxes: tuple              # the tool modules, agents/tools/FAMILY.py, of the tools the card names
     contracts: dict               # tool name -> contract (name, effect, description, params, failure_modes) of
                                   # every tool those modules define: any other tool is unknown to this agent
     components: dict              # component label -> sha256
+    module: object = None         # the entrypoint module, once executed (loaded)
+    toolboxes: tuple = ()         # the tool modules, agents/tools/FAMILY.py, of the tools the card names, once executed
     digest: str = field(init=False)
 
     def __post_init__(self):
@@ -1603,24 +1637,47 @@ def tool_families(tools) -> list[str]:
 
 
 def toolbox_contracts(fac: Factory, relative: str) -> dict:
-    """The CONTRACTS of the tool module agents/RELATIVE (executed), each checked; Refusal naming the module
-    and every problem with them, one per line."""
+    """The CONTRACTS of the tool module agents/RELATIVE as its source writes them, each checked; Refusal
+    naming the module and every problem with them, one per line."""
     contracts, problems = toolbox_problems(fac, relative)
     if problems:
         raise Refusal("\n".join(problems))
     return contracts
 
 
+TOOL_MODULE_IS = ("a tool module assigns CONTRACTS (tool name -> contract) once, at its top level, written out as "
+                  "a literal, and defines make_tools(root, agent, run_id, write)")
+
+
 def toolbox_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
     """(the CONTRACTS of the tool module agents/RELATIVE, every problem with the module and them, one line
-    each naming the module); Refusal when the module cannot be loaded at all."""
-    module, family, where = fac.code.module(relative), Path(relative).stem, f"agents/{relative}"
-    contracts = getattr(module, "CONTRACTS", None)
-    if not isinstance(contracts, dict) or not callable(getattr(module, "make_tools", None)):
-        return {}, [f"{where}: a tool module defines CONTRACTS (tool name -> contract) and "
-                    f"make_tools(root, agent, run_id, write)"]
+    each naming the module). The contracts are read from the source, a literal (ast.literal_eval), never
+    from the executed module: what the broker rules on is what a reader of the code sees, and the digest
+    is taken without running any code. Refusal when the module (or an agent module it imports) cannot
+    be read or reaches for code the digest does not cover (Code.check)."""
+    import ast
+    fac.code.check(relative)
+    family, where = Path(relative).stem, f"agents/{relative}"
+    assigned = [node for node in fac.code.tree(relative).body if contracts_assigned(node)]
+    if len(assigned) != 1 or assigned[0].value is None:
+        return {}, [f"{where}: {TOOL_MODULE_IS}"]
+    try:
+        contracts = ast.literal_eval(assigned[0].value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return {}, [f"{where} line {assigned[0].lineno}: CONTRACTS is not written out as a literal (strings, numbers, "
+                    f"True, False, None, lists and dicts only, no names or calls): the line reads it from the "
+                    f"source, without running the module"]
+    if not isinstance(contracts, dict):
+        return {}, [f"{where}: {TOOL_MODULE_IS}"]
     return contracts, [f"{where}: {problem}" for name, contract in contracts.items()
                        for problem in contract_problems(family, name, contract)]
+
+
+def contracts_assigned(node) -> bool:
+    """True when a top-level statement assigns the name CONTRACTS (`CONTRACTS = ...`, `CONTRACTS: dict = ...`)."""
+    import ast
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return any(isinstance(target, ast.Name) and target.id == "CONTRACTS" for target in targets)
 
 
 def contract_problems(family: str, name, contract) -> list[str]:
@@ -1653,8 +1710,7 @@ def known_tools(fac: Factory) -> tuple[list[str], list[str]]:
         families.append(path.stem)
         with contextlib.suppress(Refusal):
             for node in fac.code.tree(f"tools/{path.name}").body:
-                target = node.targets[-1] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-                if isinstance(target, ast.Name) and target.id == "CONTRACTS" and isinstance(node.value, ast.Dict):
+                if contracts_assigned(node) and isinstance(node.value, ast.Dict):
                     names += [key.value for key in node.value.keys if isinstance(key, ast.Constant) and isinstance(key.value, str)]
     return names, families
 
@@ -1677,17 +1733,34 @@ def tool_problems(fac: Factory, card: dict) -> list[str]:
 
 
 def family_problems(fac: Factory, card: dict, relative: str) -> tuple[dict, list[str]]:
-    """(the contracts of the tool module agents/RELATIVE, its problems): the module cannot be loaded, a
-    contract is malformed, or make_tools does not make the tools the card grants; no contracts when it
-    has a problem. A module that does not exist has neither: each tool named from it has no contract."""
+    """(the contracts of the tool module agents/RELATIVE, its problems): the module cannot be read or is
+    refused (Code.check), or a contract is missing or malformed; no contracts when it has a problem. A
+    module that does not exist has neither: each tool named from it has no contract. Read, never
+    executed: what the module's code makes is checked when it runs (toolbox_code_problems)."""
     if not (fac.agents / relative).is_file():
         return {}, []
     try:
         contracts, problems = toolbox_problems(fac, relative)
     except Refusal as refusal:
         return {}, [str(refusal)]
-    problems = problems or made_tools_problems(fac, card, relative, contracts)
     return ({} if problems else contracts), problems
+
+
+def toolbox_code_problems(fac: Factory, card: dict, relative: str) -> list[str]:
+    """What is wrong with the tool module agents/RELATIVE once it is executed: it fails to load, defines no
+    make_tools, its CONTRACTS are no longer the literal its source writes (the contract is what the source
+    says), or make_tools does not make the tools the card grants (made_tools_problems)."""
+    where, contracts = f"agents/{relative}", toolbox_contracts(fac, relative)
+    try:
+        module = fac.code.module(relative)
+    except Refusal as refusal:
+        return [str(refusal)]
+    if not callable(getattr(module, "make_tools", None)):
+        return [f"{where}: {TOOL_MODULE_IS}"]
+    if getattr(module, "CONTRACTS", None) != contracts:
+        return [f"{where}: CONTRACTS changed while the module ran; the contracts are the literal its source writes "
+                f"(what the digest covers and the broker rules on): change them there"]
+    return made_tools_problems(fac, card, relative, contracts)
 
 
 def refuse_to_write(path: Path, row: dict) -> dict:
@@ -1750,14 +1823,24 @@ ENTRYPOINT_NEEDS = (  # what the entrypoint module defines beside its function, 
 
 
 def entrypoint_problems(fac: Factory, card: dict) -> list[str]:
-    """One line for each thing the entrypoint module lacks, or the one reason it cannot be loaded (nothing
-    when the entrypoint field itself is malformed: the card's own checks say so)."""
+    """The one reason the entrypoint module cannot be read, or is refused (Code.check: read and scanned,
+    never executed); nothing when the entrypoint field itself is malformed (the card's own checks say so)."""
     entry = card.get("entrypoint")
     if not (isinstance(entry, str) and ENTRYPOINT.fullmatch(entry)):
         return []
-    relative, function = entry_module(card), entry.split(":")[1]
+    relative = entry_module(card)
     if not (fac.agents / relative).exists():
         return [f"field 'entrypoint': there is no agents/{relative} for {entry}"]
+    try:
+        fac.code.check(relative)
+    except Refusal as refusal:
+        return [str(refusal)]
+    return []
+
+
+def entrypoint_code_problems(fac: Factory, card: dict) -> list[str]:
+    """One line for each thing the entrypoint module lacks once executed, or the one reason it fails to load."""
+    relative, function = entry_module(card), card["entrypoint"].split(":")[1]
     try:
         module = fac.code.module(relative)
     except Refusal as refusal:
@@ -1815,20 +1898,40 @@ def load_card(fac: Factory, name: str) -> dict:
     return card
 
 
-def load_agent(fac: Factory, name: str) -> Agent:
-    """NAME with its code loaded; Refusal naming every problem with its card and that code at once."""
+def read_agent(fac: Factory, name: str) -> Agent:
+    """NAME with its code read, hashed and checked, none of it executed; Refusal naming every problem with
+    its card and that code at once."""
     card, where = read_card(fac, name)
     return agent_from_card(fac, card, where, card_problems(card, name))
 
 
+def load_agent(fac: Factory, name: str) -> Agent:
+    """NAME with its code executed (see loaded): for the stations that run it."""
+    return loaded(fac, read_agent(fac, name))
+
+
 def agent_from_card(fac: Factory, card: dict, where: str, problems: list[str] = ()) -> Agent:
-    """The Agent a card describes, its code executed from the bytes hashed for its digest; Refusal naming
-    the card's own `problems` and every problem with the code it names, at once."""
+    """The Agent a card describes, its code read, hashed and checked but not executed (the stations that
+    need not run an agent never run its code); Refusal naming the card's own `problems` and every problem
+    with the code it names, at once."""
     refuse(where, [*problems, *entrypoint_problems(fac, card), *tool_problems(fac, card)])
     toolboxes = tool_families(card["tools"] + card["tools_denied"])
     contracts = {name: contract for relative in toolboxes for name, contract in toolbox_contracts(fac, relative).items()}
-    return Agent(card["agent"], card, fac.code.module(entry_module(card)), tuple(map(fac.code.module, toolboxes)),
-                 contracts, digest_components(fac, card, contracts))
+    return Agent(card["agent"], card, contracts, digest_components(fac, card, contracts))
+
+
+def loaded(fac: Factory, agent: Agent) -> Agent:
+    """The agent with its code executed from the bytes its digest was taken over: its entrypoint module and
+    the tool modules of the tools its card grants or denies. This runs the agent's own code in this process
+    with this user's rights (it can read whatever the user can): only the stations that run the agent call
+    it. Refusal naming every problem the executed code shows (SYSTEM, OUTPUT_SCHEMA or the rules function
+    missing, make_tools not making the granted tools, ...), at once."""
+    families = tool_families(agent.card["tools"] + agent.card["tools_denied"])
+    problems = entrypoint_code_problems(fac, agent.card)
+    problems += [problem for relative in families for problem in toolbox_code_problems(fac, agent.card, relative)]
+    refuse(fac.shown(fac.card_path(agent.name)), problems)
+    return with_fields(agent, module=fac.code.module(entry_module(agent.card)),
+                               toolboxes=tuple(map(fac.code.module, families)))
 
 
 def code_components(fac: Factory, card: dict) -> dict:
@@ -1843,7 +1946,7 @@ def code_components(fac: Factory, card: dict) -> dict:
 
 
 def digest_components(fac: Factory, card: dict, contracts: dict) -> dict:
-    """code_components, and each granted or denied tool's contract as its executed module defines it."""
+    """code_components, and each granted or denied tool's contract as its module's source writes it."""
     named = sorted(set(card["tools"]) | set(card["tools_denied"]))
     return {**code_components(fac, card), **{f"{CONTRACT}{tool}": sha256(canonical(contracts[tool])) for tool in named}}
 
@@ -1945,7 +2048,7 @@ def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
     variants skipped: those the lineage log knows that have no card, and their own variants). Every card
     reached, by the lineage log or by its own stamped_from, must agree with the log (lineage_problem): a
     master is never re-derived."""
-    parent_of, latest, changed, skipped = parents(fac), {master: load_agent(fac, master)}, {}, []
+    parent_of, latest, changed, skipped = parents(fac), {master: read_agent(fac, master)}, {}, []
     for name in descendants(fac, master, recall_reach(fac)):
         if parent_of.get(name) in skipped or not fac.store.exists(fac.card_path(name)):
             skipped.append(name)   # a retired variant, or a stamp stopped before its card: nothing to re-derive
@@ -2137,7 +2240,7 @@ agents/$module.py). A read executes during a run as soon as the broker allows it
         "name": "$family:lookup", "effect": "read",
         "description": "Read our answer on one topic.",
         "params": {"type": "object", "additionalProperties": False, "required": ["topic"],
-                   "properties": {"topic": {"type": "string", "enum": sorted($module.ANSWERS)}}},
+                   "properties": {"topic": {"type": "string", "enum": ["contact", "hours"]}}},   # ANSWERS' topics
         "failure_modes": [],
     },''', '''
     def lookup(args: dict) -> str:
@@ -3235,7 +3338,7 @@ class Claim:
 
     @cached_property
     def agent(self) -> Agent:
-        """NAME as it is on disk now, its code executed from the bytes `code` hashed."""
+        """NAME as it is on disk now, its code read and checked from the bytes `code` hashed, not executed."""
         return agent_from_card(self.fac, self.card, self.fac.shown(self.fac.card_path(self.name)))
 
     @cached_property
@@ -3648,9 +3751,10 @@ def enforce(claim: Claim, guards: tuple) -> Claim:
 
 
 def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
-    """The agent and its certificate when it may run: verifies, not revoked, not recalled, unchanged."""
+    """The agent, its code executed (see loaded), and its certificate, when it may run: the certificate
+    verifies, is not revoked or recalled, and the code is the one it was signed for (checked first)."""
     claim = enforce(Claim(fac, name, "run"), RUN_GUARDS)
-    return claim.agent, claim.cert
+    return loaded(fac, claim.agent), claim.cert
 
 
 def staged_call_claim(fac: Factory, entry: dict, approval: Decision | None = None) -> Claim:
@@ -4521,7 +4625,7 @@ def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision
     `result` entry, signed by the approver, with the run's verdict before and after. A kill between
     intent and result leaves the call `uncertain-effect`. Returns the result entry."""
     claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call), approval), EXECUTE_GUARDS)
-    entry, agent = claim.entry, claim.agent
+    entry, agent = claim.entry, loaded(fac, claim.agent)
     append_to_log(fac, "approvals", first_decision(run_id, call, approval.entry))
     trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
     broker = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
@@ -4961,17 +5065,18 @@ def source_agent(fac: Factory, source: str, name: str) -> Agent:
         near = did_you_mean(source, [card.stem for card in fac.masters.glob("*.json")])
         raise Refusal(f"no agent named {source} to copy (no {fac.shown(fac.card_path(source))}){near}; --from names an "
                       f"agent that has a card, or leave it out to make {name} from nothing")
-    return load_agent(fac, source)
+    return read_agent(fac, source)
 
 
 def write_new_agent(fac: Factory, name: str, files: list[NewFile]) -> None:
-    """Write a new agent's files all or none, then load it; Refusal (with nothing left written) when a
-    file cannot be written or the agent does not load."""
+    """Write a new agent's files all or none, then read it (its card and code checked, never executed: a
+    copy may hold anyone's code); Refusal (with nothing left written) when a file cannot be written or the
+    agent does not read well."""
     try:
         with fac.store.creating() as create:
             for made in files:
                 create(made.path, made.data)
-            load_agent(fac, name)
+            read_agent(fac, name)
     except FileExistsError as error:   # made by someone else since name_taken looked
         raise Refusal(f"{fac.shown(Path(error.filename))} appeared while {name} was being created; nothing was written") from None
     except StoreError as why:
@@ -5000,7 +5105,7 @@ def cmd_stamp(fac: Factory, args) -> int:
         overrides = dict(parse_setting(text) for text in args.set or [])
     except Refusal as why:   # the setting as typed can never work: a usage error
         raise Usage(str(why)) from None
-    master = load_agent(fac, args.master)
+    master = read_agent(fac, args.master)
     path = fac.card_path(check_name(args.new))
     earlier = parents(fac).get(args.new)   # the lineage log fixes a name's parent for good, even once its card is gone
     if earlier is not None and earlier != args.master:
@@ -5803,8 +5908,7 @@ KEY_NAMES = tuple(name for name in ENVIRONMENT if name.endswith(("_API_KEY", "_T
 def certificate_state(fac: Factory, name: str) -> str:
     """One phrase for whether NAME may run now: 'certified C1', or the refusal it would get."""
     try:
-        _, cert = certified_agent(fac, name)
-        return f"certified {cert['tier']}"
+        return f"certified {enforce(Claim(fac, name, 'run'), RUN_GUARDS).cert['tier']}"   # no agent code is executed
     except Refusal as why:
         return str(why)
 
@@ -6081,7 +6185,7 @@ def cmd_digest(fac: Factory, args) -> int:
     the tool code, each granted or denied tool's contract, and the other agents/ modules the
     entrypoint imports. A certificate holds only for that digest.
     """
-    agent = load_agent(fac, args.agent)
+    agent = read_agent(fac, args.agent)   # hashed and checked, never executed
     print(agent.digest)
     if args.explain:
         path = fac.cert_path(agent.name)

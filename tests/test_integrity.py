@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import unittest
+from pathlib import Path
 
 import factory
 from tests.fake_sage import FakeSage
@@ -102,6 +103,73 @@ class CodeTheDigestCannotSee(LineTest):
         err = self.refused("agents/triager.py", "digest", "triager")
         self.assertIn("helpers.py, inside the factory root", err)
         self.assertNotIn("helpers", sys.modules)
+
+def plant(path: Path, marker_from_file: str) -> None:
+    """Append to the module at path top-level code that writes the file `agent-code-ran` in the folder
+    holding the factory root (found from the module's own __file__) with what it saw of the environment:
+    it shows whether, and when, a station executed that module."""
+    path.write_text(path.read_text() + (
+        "\nimport json as _json, os as _os\nfrom pathlib import Path as _Path\n"
+        f"(_Path(__file__).resolve(){marker_from_file} / 'agent-code-ran').write_text("
+        "_json.dumps({'module': __name__, 'sealed_dir': _os.environ.get('FACTORY_SEALED_DIR')}))\n"))
+
+
+class StationsThatRunNoAgentCode(LineTest):
+    """Agent code is executed only by the stations that must run it (prove, run, replay, approve's
+    executor, harvest's evalsmith). The others read, hash and check its source and never execute it, so a
+    module planted in the working tree does nothing while you look at it (digest --explain), derive from
+    it, copy it, certify it, or read the tower. Prepared once: the triager's module and one of its tool
+    modules each write a marker file when executed; that code is proved and certified, and stamped."""
+
+    def prepare(self):
+        plant(self.root / "agents" / "triager.py", ".parents[2]")
+        plant(self.root / "agents" / "tools" / "issues.py", ".parents[3]")
+        self.certified("triager")
+        self.assertEqual(self.factory("stamp", "triager", "--as", "copy")[0], 0)
+
+    def setUp(self):
+        super().setUp()
+        self.marker = self.tmp / "agent-code-ran"
+        self.marker.unlink(missing_ok=True)
+
+    def test_no_station_that_only_reads_the_code_executes_it(self):
+        self.edit_card("triager", owner="someone-else")   # so restamp has a variant to re-derive
+        for argv in (("digest", "triager"), ("digest", "triager", "--explain"), ("stamp", "triager", "--as", "other"),
+                     ("restamp", "triager"), ("new", "mine", "--from", "triager"), ("digest", "mine"), ("schema",),
+                     ("doctor",), ("tower",), ("tower", "--json"), ("pending",)):
+            with self.subTest(argv=argv):
+                self.marker.unlink(missing_ok=True)
+                code, out, err = self.factory(*argv)
+                self.assertEqual(code, 0, err)
+                self.assertFalse(self.marker.exists(), f"{' '.join(argv)} executed agent code: {self.marker.read_text()}"
+                                 if self.marker.exists() else "")
+
+    def test_certify_signs_without_executing_the_code_it_signs(self):
+        self.sign("triager", "C1")
+        self.assertFalse(self.marker.exists(), "certify executed the agent's code")
+
+    def test_the_stations_that_run_the_agent_do_execute_it(self):
+        # the marker works: what must run the agent runs its code (with the user's rights; see the README)
+        for argv in (("run", "triager", "hi"), ("prove", "triager")):
+            with self.subTest(argv=argv):
+                self.marker.unlink(missing_ok=True)
+                code, out, err = self.factory(*argv)
+                self.assertEqual(code, 0, err)
+                self.assertTrue(self.marker.exists(), f"{argv} did not execute the planted code")
+
+    def test_agent_code_does_not_find_the_sealed_folder_in_the_environment(self):
+        # the README's CI recipe once set FACTORY_SEALED_DIR for `prove --sealed` on pull requests, and the
+        # proved module read the sealed half from it (defence in depth only: code can read any file you can)
+        sealed = self.tmp / "sealed" / "triager"
+        sealed.mkdir(parents=True)
+        (self.root / "evals" / "triager" / "sealed.jsonl").rename(sealed / "sealed.jsonl")
+        env = {**os.environ, **self.env, "FACTORY_SEALED_DIR": str(self.tmp / "sealed")}
+        done = subprocess.run([*CLI, "prove", "triager", "--sealed"], env=env, cwd=str(REPO), capture_output=True,
+                              text=True, timeout=120)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("[sealed half of triager]", done.stdout)
+        self.assertEqual(json.loads(self.marker.read_text())["sealed_dir"], None, "agent code saw FACTORY_SEALED_DIR")
+
 
 class NearMissesReadNoCode(LineTest):
     """`did you mean` is computed from the tool modules' file names and their literal CONTRACTS keys, read
