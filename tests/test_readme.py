@@ -187,12 +187,33 @@ def readme_block(start: str) -> str:
     return found[0]
 
 
+PULL_REQUESTS = ("pull_request", "pull_request_target")   # events that run code no one has reviewed yet
+ON_MAIN = ("github.event_name == 'push'", "github.ref == 'refs/heads/main'")
+
+
 def workflow_problems(doc) -> list[str]:
-    """What keeps a parsed workflow from proving a sealed half in CI as written; [] when nothing."""
+    """What keeps a parsed workflow from proving a sealed half in CI as written, or lets code under review
+    reach the sealed half or a secret; [] when nothing."""
     if not isinstance(doc, dict):
         return ["the workflow is not a mapping"]
     problems = [] if isinstance(doc.get("on"), (dict, list, str)) and doc.get("on") else ["no `on:` trigger"]
-    steps = [step for job in (doc.get("jobs") or {}).values() for step in job.get("steps", [])]
+    triggers = doc.get("on") if isinstance(doc.get("on"), (dict, list)) else [doc.get("on")]
+    jobs = doc.get("jobs") or {}
+    sealed = [name for name, job in jobs.items() if any(restores(step) for step in job.get("steps", []))]
+    for name, job in jobs.items():
+        if set(PULL_REQUESTS) & set(triggers) and not all(test in str(job.get("if", "")) for test in ON_MAIN) \
+                and (name in sealed or any(secret_env(step) for step in job.get("steps", []))):
+            problems.append(f"job {name} runs a pull request's code with {'the sealed half' if name in sealed else 'a secret'}")
+    for name in sealed:
+        if not jobs[name].get("environment"):
+            problems.append(f"job {name} holds the sealed half outside a protected environment")
+    steps = jobs[sealed[0]].get("steps", []) if sealed else [s for job in jobs.values() for s in job.get("steps", [])]
+    return problems + sealed_job_problems(steps, bool(sealed))
+
+
+def sealed_job_problems(steps: list, restored: bool) -> list[str]:
+    """What keeps the steps of the job holding the sealed half from proving it as the README says."""
+    problems = []
     uses = [step.get("uses", "").split("@")[0] for step in steps]
     for action in ("actions/checkout", "actions/setup-python", "actions/upload-artifact"):
         if action not in uses:
@@ -200,9 +221,9 @@ def workflow_problems(doc) -> list[str]:
     python = next((s.get("with", {}).get("python-version") for s in steps if "setup-python" in s.get("uses", "")), None)
     if not (isinstance(python, str) and tuple(map(int, python.split("."))) >= (3, 11)):
         problems.append(f"python-version {python!r} is not a quoted version >= 3.11")
-    restore = [i for i, s in enumerate(steps) if "FACTORY_SEALED_DIR" in s.get("run", "") and secret_env(s)]
+    restore = [i for i, s in enumerate(steps) if restores(s)]
     prove = [i for i, s in enumerate(steps) if "factory.py prove" in s.get("run", "")]
-    if not restore:
+    if not restored:
         problems.append("no step restores the sealed half from a secret into FACTORY_SEALED_DIR")
     if not prove:
         return problems + ["no step runs factory.py prove"]
@@ -219,6 +240,11 @@ def workflow_problems(doc) -> list[str]:
     if upload.get("if") != "always()" or upload.get("with", {}).get("path") != args.junit:
         problems.append("the JUnit report is not uploaded with `if: always()`")
     return problems
+
+
+def restores(step: dict) -> bool:
+    """True when the step restores a sealed half from a secret into FACTORY_SEALED_DIR."""
+    return "FACTORY_SEALED_DIR" in step.get("run", "") and secret_env(step)
 
 
 def secret_env(step: dict) -> bool:
@@ -261,6 +287,41 @@ jobs:
 """
 
 
+# The README's workflow before the sealed proof was kept from pull requests: the agent's author opens a pull
+# request, its module reads the sealed half from FACTORY_SEALED_DIR during `prove --sealed` and scores 50/50.
+LEAKY_WORKFLOW = """\
+on:
+  push:
+    branches: [main]
+  pull_request:
+jobs:
+  prove:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+      - uses: actions/setup-python@v5
+        with:
+          python-version: "3.12"
+      - name: restore the sealed half from a secret, outside the checkout
+        env:
+          SEALED_TRIAGER: ${{ secrets.SEALED_TRIAGER }}
+        run: |
+          mkdir -p "$RUNNER_TEMP/sealed/triager"
+          printf '%s' "$SEALED_TRIAGER" | base64 -d | gunzip > "$RUNNER_TEMP/sealed/triager/sealed.jsonl"
+          echo "FACTORY_SEALED_DIR=$RUNNER_TEMP/sealed" >> "$GITHUB_ENV"
+      - name: prove the sealed half
+        env:
+          ANTHROPIC_API_KEY: ${{ secrets.ANTHROPIC_API_KEY }}
+          SAGE_API_KEY: ${{ secrets.SAGE_API_KEY }}
+        run: python3 factory.py prove triager --sealed --require-model --junit prove.xml
+      - uses: actions/upload-artifact@v4
+        if: always()
+        with:
+          name: prove-junit
+          path: prove.xml
+"""
+
+
 class YamlSubset(unittest.TestCase):
     """The parser reads its subset as YAML does and refuses what it does not know."""
 
@@ -287,7 +348,26 @@ class Workflow(unittest.TestCase):
 
     def test_it_has_every_step_a_sealed_proof_needs(self):
         self.assertEqual(workflow_problems(self.doc), [])
-        self.assertEqual(list(self.doc["jobs"]["prove"]["steps"][0]), ["uses"])   # checkout comes first
+        for job in self.doc["jobs"].values():
+            self.assertEqual(list(job["steps"][0]), ["uses"])   # checkout comes first
+
+    def test_code_under_review_gets_neither_the_sealed_half_nor_a_secret(self):
+        """Pull requests prove the open half with no secret at all; the sealed half and the keys are given
+        only to a job that runs on main (reviewed code), in a protected environment."""
+        self.assertIn("pull_request", self.doc["on"])
+        jobs = self.doc["jobs"]
+        on_pull_requests = [name for name, job in jobs.items() if not all(test in str(job.get("if", "")) for test in ON_MAIN)]
+        self.assertEqual(len(on_pull_requests), 1, on_pull_requests)
+        self.assertNotIn("${{ secrets.", json.dumps(jobs[on_pull_requests[0]]))
+        self.assertNotIn("FACTORY_SEALED_DIR", json.dumps(jobs[on_pull_requests[0]]))
+        step = next(s for s in jobs[on_pull_requests[0]]["steps"] if "factory.py prove" in s.get("run", ""))
+        self.assertFalse(factory.parse(factory.build_parser(), prove_argv(step["run"])).sealed, "it proves the open half")
+        self.assertEqual(workflow_problems(parse_yaml(LEAKY_WORKFLOW)), [
+            "job prove runs a pull request's code with the sealed half",
+            "job prove holds the sealed half outside a protected environment"])
+        said = " ".join((REPO / "README.md").read_text().split())
+        self.assertIn("required reviewers", said)
+        self.assertIn("environment secrets", said)
 
     def test_the_old_workflow_is_caught(self):
         self.assertEqual(workflow_problems(parse_yaml(OLD_WORKFLOW)), [
@@ -301,7 +381,7 @@ class Workflow(unittest.TestCase):
         with an ::error:: line before anything is proved; with both keys it goes on to prove."""
         if shutil.which("bash") is None:
             self.skipTest("bash is not on this machine: the script cannot be run here")
-        step = next(s for s in self.doc["jobs"]["prove"]["steps"] if "factory.py prove" in s.get("run", ""))
+        step = next(s for job in self.doc["jobs"].values() for s in job["steps"] if "--sealed" in s.get("run", ""))
         self.assertIn("draft_rubric", json.loads((REPO / "masters" / "triager.json").read_text()))
         bin_dir = Path(self.enterContext(tempfile.TemporaryDirectory()))
         stand_in = bin_dir / "python3"
@@ -339,7 +419,7 @@ class Workflow(unittest.TestCase):
         tools = [name for name in ("bash", "base64", "gunzip") if shutil.which(name) is None]
         if tools:
             self.skipTest(f"{', '.join(tools)} not on this machine: the script cannot be run here")
-        step = next(s for s in self.doc["jobs"]["prove"]["steps"] if "FACTORY_SEALED_DIR" in s.get("run", ""))
+        step = next(s for job in self.doc["jobs"].values() for s in job["steps"] if "FACTORY_SEALED_DIR" in s.get("run", ""))
         (name, _), = step["env"].items()
         sealed = (REPO / "evals" / "triager" / "sealed.jsonl").read_bytes()
         secret = base64.b64encode(gzip.compress(sealed)).decode()
