@@ -1,7 +1,7 @@
 """Shared test fixtures: a factory root in a temporary folder, in-process and pty-driven stations.
 
 Each test class prepares its starting factory ONCE (`prepare`, run in setUpClass: e.g. prove the
-sealed half and certify through a pseudo-terminal child), and every test starts from its own copy
+sealed half and certify at a pseudo-terminal), and every test starts from its own copy
 of it: the shipped agents/, masters/ and evals/, whatever `prepare` made, and a keys folder beside
 the root (FACTORY_KEYS_DIR). The environment has no model or Sage keys unless a test adds them.
 Nothing here patches the product's functions.
@@ -24,6 +24,7 @@ import tempfile
 import traceback
 import unittest
 from pathlib import Path
+from typing import Iterator
 from xml.etree import ElementTree
 
 import factory
@@ -68,6 +69,25 @@ def spawn_at_terminal(argv: list[str], env: dict) -> tuple[subprocess.Popen, int
                              env={**base, **env}, cwd=str(REPO))
     os.close(follower)
     return child, leader
+
+
+@contextlib.contextmanager
+def typed_at_a_terminal(answer: bytes) -> Iterator[None]:
+    """sys.stdin on a pseudo-terminal for the block, with `answer` already typed at it: a station in this
+    process reads it as a person's answer at a prompt. The answer ends with enter (a newline), or a
+    station that reads it would wait forever."""
+    if not answer.endswith(b"\n"):
+        raise ValueError(f"a typed answer ends with enter: {answer!r}")
+    leader, follower = pty.openpty()
+    saved = sys.stdin
+    try:
+        os.write(leader, answer)
+        with open(follower, encoding="utf-8") as terminal:   # closes the follower
+            sys.stdin = terminal
+            yield
+    finally:
+        sys.stdin = saved
+        os.close(leader)
 
 
 def on_a_terminal(argv: list[str], cwd: Path, env: dict, prompt: bytes = b"sign it? [y/N] ") -> tuple[int, list[str]]:
@@ -133,14 +153,14 @@ class LineTest(unittest.TestCase):
 
     # ---- stations
 
-    def factory(self, *argv: str) -> tuple[object, str, str]:
-        """Run one station in-process: (exit status, stdout, stderr). An exception that escapes
-        factory.main becomes status 'crashed' with its traceback in stderr, so the assertions fail
-        (honestly) rather than the test erroring out."""
+    def factory(self, *argv: str, env: dict | None = None) -> tuple[object, str, str]:
+        """Run one station in-process with self.env (or `env`): (exit status, stdout, stderr). An exception
+        that escapes factory.main becomes status 'crashed' with its traceback in stderr, so the assertions
+        fail (honestly) rather than the test erroring out."""
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                code = factory.main(list(argv), env=self.env)
+                code = factory.main(list(argv), env=self.env if env is None else env)
             except SystemExit as usage:  # argparse's own usage errors exit 2
                 code = usage.code
             except Exception:  # noqa: BLE001 - a traceback is exactly what the assertions look for
@@ -192,14 +212,22 @@ class LineTest(unittest.TestCase):
         self.assertEqual(code, 0, out + err)
         return out
 
-    def at_terminal(self, *argv: str, answer: bytes = b"y\n", env: dict | None = None) -> subprocess.CompletedProcess:
-        """Run a station in a child process at a pseudo-terminal, typing `answer`."""
-        return at_terminal(list(argv), {**self.env, **(env or {})}, answer)
+    def at_terminal(self, *argv: str, answer: bytes = b"y\n", env: dict | None = None,
+                    child: bool = False) -> subprocess.CompletedProcess:
+        """Run a station whose stdin is a pseudo-terminal on which `answer` is typed: in this process, or
+        with child=True in a child process as a user starts it (for what only a real process shows: its
+        locale, its interpreter, a kill). The completed run, as a subprocess.CompletedProcess."""
+        env = {**self.env, **(env or {})}
+        if child:
+            return at_terminal(list(argv), env, answer)
+        with typed_at_a_terminal(answer):
+            code, out, err = self.factory(*argv, env=env)
+        return subprocess.CompletedProcess(list(argv), code, out, err)
 
     def certify(self, name: str, tier: str = "C1", answer: bytes = b"y\n", signer: str = "alice",
-                env: dict | None = None) -> subprocess.CompletedProcess:
-        """certify NAME at a pseudo-terminal, typing `answer`; the completed child."""
-        return self.at_terminal("certify", name, "--tier", tier, "--by", signer, answer=answer, env=env)
+                env: dict | None = None, child: bool = False) -> subprocess.CompletedProcess:
+        """certify NAME at a pseudo-terminal, typing `answer` (in a child process with child=True)."""
+        return self.at_terminal("certify", name, "--tier", tier, "--by", signer, answer=answer, env=env, child=child)
 
     def sign(self, name: str = "triager", tier: str = "C1", signer: str = "alice", *extra: str) -> subprocess.CompletedProcess:
         """certify NAME at a terminal answering y; asserts it signed."""

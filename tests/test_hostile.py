@@ -308,7 +308,7 @@ class Text:
 
     def test_bytes_that_are_not_text_at_a_prompt(self):
         env = self.locale_env("UTF-8", ("utf8",))   # a UTF-8 terminal decodes stdin strictly
-        answered = self.certify("triager", answer=b"\xff\xfe y\n", env=env)
+        answered = self.certify("triager", answer=b"\xff\xfe y\n", env=env, child=True)   # the locale is the child's
         self.assertNotIn("Traceback", answered.stderr)
         self.assertEqual(answered.returncode, 1)
         self.assertTrue(answered.stderr.strip().endswith('factory certify: unsigned. you answered "\\ufffd\\ufffd y"; '

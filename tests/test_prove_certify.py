@@ -59,7 +59,7 @@ class CertifyAtATerminal(LineTest):
                 self.assertFalse((self.root / "registry" / "triager.card.json").exists())
 
     def test_certify_shows_the_record_and_signs_on_y(self):
-        signed = self.certify("triager")
+        signed = self.certify("triager", child=True)   # as a user starts it: its own process at a terminal
         self.assertEqual(signed.returncode, 0, signed.stderr)
         for shown in ("triager at tier C1, signed by alice", "sealed proof records/triager/", "(bar 0.5)",
                       "sealed attempts ever (never certified): 1", "grants ['issues:label', 'drafts:write']"):

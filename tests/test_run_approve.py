@@ -20,7 +20,7 @@ import factory
 from tests import trust_helpers
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
 from tests.fake_sage import FakeSage
-from tests.support import (CLI, INJECTION, REPO, CertifiedTest, LineTest, at_terminal, on_a_terminal, snapshot,
+from tests.support import (CLI, INJECTION, REPO, CertifiedTest, LineTest, on_a_terminal, snapshot,
                            spawn_at_terminal, write_jsonl)
 
 HELPER = Path(trust_helpers.__file__).resolve()
@@ -692,9 +692,10 @@ class Approval(Tiered):
         super().setUp()
         self.run_id = self.index_rows()[-1]["run_id"]                          # ... approved by another
 
-    def approve(self, answer: bytes = b"y\n", run_id: str | None = None, by: str = "bob") -> subprocess.CompletedProcess:
-        """`approve RUN_ID --by BY` in a child process at a pseudo-terminal."""
-        return at_terminal(["approve", run_id or self.run_id, "--by", by], self.env, answer)
+    def approve(self, answer: bytes = b"y\n", run_id: str | None = None, by: str = "bob",
+                child: bool = False) -> subprocess.CompletedProcess:
+        """`approve RUN_ID --by BY` at a pseudo-terminal (in a child process with child=True)."""
+        return self.at_terminal("approve", run_id or self.run_id, "--by", by, answer=answer, child=child)
 
     def decisions(self) -> list[dict]:
         """The entries of registry/approvals.jsonl."""
@@ -762,7 +763,7 @@ class Approval(Tiered):
     def test_pending_lists_it_and_approve_executes_it_once_in_another_process(self):
         code, out, _ = self.factory("pending")
         self.assertIn(f"{self.run_id} --call 1\tpayer\tbilling:refund", out)
-        first = self.approve()
+        first = self.approve(child=True)
         self.assertEqual(first.returncode, 0, first.stderr)
         self.assertIn("approve? [y/N]", first.stderr)
         self.assertIn(f"ticket:\n  {CHARGED}\n", first.stderr)

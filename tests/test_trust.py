@@ -1084,7 +1084,7 @@ class MainJob(LineTest):
         code, out, err = self.factory("prove", "triager", "--sealed")
         self.assertEqual(code, 0, out + err)
         self.assertIn("created the factory evidence key at", err)
-        signed = self.at_terminal("certify", "triager", "--tier", "C1", "--by", "alice")
+        signed = self.at_terminal("certify", "triager", "--tier", "C1", "--by", "alice", child=True)
         self.assertEqual(signed.returncode, 0, signed.stderr)
         code, out, err = self.factory("run", "triager", "--file", str(self.root / "evals" / "triager" / "inbox.jsonl"))
         self.assertEqual(code, 0, err)
