@@ -471,12 +471,19 @@ class Tiered(LineTest):
         return {"answer": "yes" if p >= 0.5 else "no", "probability": p}
 
     def run_payer(self, text: str = DEMAND, times: int = 1) -> list[dict]:
-        """Run payer `times` times; the index rows of those runs."""
+        """Run payer on `text` `times` times: one run, or a batch of that many tickets run one after
+        another (`run --file --jobs 1`: the gate is asked in ticket order); the index rows of those runs."""
         before = len(self.index_rows())
-        for _ in range(times):
+        if times == 1:
             code, out, err = self.factory("run", "payer", text)
-            self.assertEqual(code, 0, err)
-        return self.index_rows()[before:]
+        else:
+            tickets = self.tmp / "tickets.jsonl"
+            write_jsonl(tickets, [{"id": f"t{before + n}", "input": text} for n in range(times)])
+            code, out, err = self.factory("run", "payer", "--file", str(tickets), "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        rows = self.index_rows()[before:]
+        self.assertEqual(len(rows), times)
+        return rows
 
     def refund_model(self) -> FakeServer:
         """A model on 127.0.0.1 for one run: it labels the ticket and asks for a refund, then answers
@@ -614,7 +621,8 @@ class Promotion(Tiered):
 
     def test_promotion_is_refused_without_evidence_then_allowed(self):
         self.certified("payer", "C1", lower_bar=False)
-        self.run_payer("How do I order a new card?", times=5)
+        for _ in range(5):   # single runs are evidence as the rows of a batch are
+            self.run_payer("How do I order a new card?")
         refused = self.certify("payer", "C2")
         self.assertEqual(refused.returncode, 1)
         self.assertIn("tier C2 needs production evidence at C1 since the agent (its digest) last changed: 5 gated run(s) (need 20)",
