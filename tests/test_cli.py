@@ -33,9 +33,10 @@ class Parser(unittest.TestCase):
 
     def test_readme_test_command_is_what_ci_runs(self):
         readme = (REPO / "README.md").read_text()
-        command = "python3 -m unittest discover -s tests -t ."
+        command = "python3 -m tests"
         self.assertIn(f"```sh\n{command}\n```", readme)
         self.assertIn(f"\n{command}\n", (REPO / ".ci" / "run").read_text())
+        self.assertIn("`python3 -m unittest discover -s tests -t .`", readme, "the one-process command is named too")
 
     def test_every_station_is_in_the_parser_with_its_docstring_as_help(self):
         names = [func.__name__.removeprefix("cmd_") for func in factory.stations()]
@@ -104,6 +105,78 @@ def example_argv(line: str) -> list[str]:
     words = shlex.split(line, comments=True)
     assert words[:2] == ["python3", "factory.py"], line
     return words[2:]
+
+
+FIXTURE_TESTS = '''
+import unittest
+
+class Passes(unittest.TestCase):
+    def test_one(self):
+        self.assertTrue(True)
+
+    def test_two(self):
+        """Two passes."""
+
+    @unittest.skip("not here")
+    def test_skipped(self):
+        pass
+
+class Fails(unittest.TestCase):
+    def test_fails(self):
+        """A failing check."""
+        self.assertEqual(1, 2)
+
+    def test_errs(self):
+        raise RuntimeError("boom in a test")
+
+    def test_a_subtest_fails(self):
+        for n in range(3):
+            with self.subTest(n=n):
+                self.assertNotEqual(n, 1)
+
+class SetUpFails(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        raise OSError("no fixture")
+
+    def test_never_runs(self):
+        pass
+'''
+
+
+class SuiteRunner(unittest.TestCase):
+    """`python3 -m tests` reports what `python3 -m unittest discover` reports, and fails when it fails."""
+
+    def run_both(self, files: dict) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+        """The parallel runner and discover on a folder of test files: (runner, discover)."""
+        folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        where = ["-s", str(folder), "-t", str(folder)]
+        ran = [subprocess.run([sys.executable, *argv, *where], capture_output=True, text=True, cwd=str(REPO), timeout=120)
+               for argv in (["-m", "tests", "-j", "2"], ["-m", "unittest", "discover"])]
+        return ran[0], ran[1]
+
+    def test_failures_errors_skips_and_a_broken_module_are_reported_as_discover_reports_them(self):
+        runner, discover = self.run_both({"test_fixture.py": FIXTURE_TESTS, "test_broken.py": "import no_such_module\n"})
+        self.assertEqual((runner.returncode, discover.returncode), (1, 1))
+        for ran in (runner, discover):
+            self.assertIn("FAILED (failures=2, errors=3, skipped=1)", ran.stderr)
+            self.assertRegex(ran.stderr, r"\nRan 7 tests in [0-9.]+s\n")
+        for block in ("FAIL: test_fails (test_fixture.Fails.test_fails)\nA failing check.\n", "AssertionError: 1 != 2",
+                      "FAIL: test_a_subtest_fails (test_fixture.Fails.test_a_subtest_fails) (n=1)",
+                      "ERROR: test_errs (test_fixture.Fails.test_errs)", "RuntimeError: boom in a test",
+                      "ERROR: setUpClass (test_fixture.SetUpFails)", "OSError: no fixture",
+                      "ERROR: test_broken (unittest.loader._FailedTest.test_broken)", "No module named 'no_such_module'"):
+            self.assertIn(block, discover.stderr)
+            self.assertIn(block, runner.stderr)
+
+    def test_a_passing_suite_exits_0(self):
+        runner, discover = self.run_both({"test_fixture.py": FIXTURE_TESTS.split("class Fails")[0]})
+        self.assertEqual((runner.returncode, discover.returncode), (0, 0), runner.stderr)
+        for ran in (runner, discover):
+            self.assertTrue(ran.stderr.endswith("\nOK (skipped=1)\n"), ran.stderr)
+            self.assertRegex(ran.stderr, r"\nRan 3 tests in [0-9.]+s\n")
 
 
 class Help(unittest.TestCase):
