@@ -105,6 +105,15 @@ class Refusal(Exception):
     put into it (a name, a path) goes through one_line (Factory.shown does), so it cannot break the line."""
 
 
+class Problems(Refusal):
+    """A refusal naming several problems at once: `lines` is its first line and one indented line per
+    problem, printed each on its own line (str() joins them); a problem's own text never breaks a line."""
+
+    def __init__(self, head: str, problems: list[str]):
+        self.lines = [head, *(f"  {problem}" for problem in problems)]
+        super().__init__("\n".join(self.lines))
+
+
 class Usage(Exception):
     """A command line that can never work, whatever the factory holds (exit 2); str(self) is one
     lowercase line, and `station` names the station it was given to ('' before one was named)."""
@@ -136,6 +145,10 @@ MIN_SECRET = 8       # shorter values are not real keys, and scrubbing them woul
 # C0 controls but tab and newline, DEL, C1 controls, bidirectional overrides and lone surrogates: what a
 # terminal would act on (move the cursor, erase a line, reorder text) or cannot show.
 UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+# ... and, inside one printed line, the characters that would end it or move to another column: what a
+# value read from a file, a server or a model may never do to the line it is printed in.
+BREAKS = re.compile("[\t\n\u2028\u2029]")
+SEPARATORS = ("\n", "\t")   # print's end, and the column separator of a tab-separated line (print(..., sep="\t"))
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -168,6 +181,12 @@ def printable(text: str) -> str:
     """text with every character a terminal would act on or cannot show (UNPRINTABLE) written as a
     visible `\\uXXXX` escape, which is also a valid escape inside a JSON string."""
     return UNPRINTABLE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
+def visible(text: str) -> str:
+    """text with every control character, line breaks and tabs included, written as a visible `\\uXXXX`
+    escape: text that stays inside the one line it is printed in."""
+    return BREAKS.sub(lambda found: f"\\u{ord(found.group()):04x}", printable(text))
 
 
 def one_line(text: str) -> str:
@@ -1265,7 +1284,7 @@ def refuse(where: str, problems: list[str]) -> None:
     if len(problems) == 1:
         raise Refusal(f"{where}: {problems[0]}")
     if problems:
-        raise Refusal(f"{where}: {len(problems)} problems\n" + "\n".join(f"  {problem}" for problem in problems))
+        raise Problems(f"{where}: {len(problems)} problems", problems)
 
 
 def schema_table() -> str:
@@ -1640,8 +1659,10 @@ def toolbox_contracts(fac: Factory, relative: str) -> dict:
     """The CONTRACTS of the tool module agents/RELATIVE as its source writes them, each checked; Refusal
     naming the module and every problem with them, one per line."""
     contracts, problems = toolbox_problems(fac, relative)
+    if len(problems) == 1:
+        raise Refusal(problems[0])
     if problems:
-        raise Refusal("\n".join(problems))
+        raise Problems(f"agents/{relative}: {len(problems)} problems", problems)
     return contracts
 
 
@@ -5224,7 +5245,7 @@ def cmd_prove(fac: Factory, args) -> int:
     fac.store.write_json(fac.record_path(agent.name, half), sealed_evidence(fac, proof))   # certify checks the MAC
     if args.junit:
         fac.store.write_report(Path(args.junit), junit_xml(proof, results, time.monotonic() - started))
-    print(json.dumps(proof, indent=2)) if args.json else print_proof(proof)
+    print_block(json.dumps(proof, indent=2)) if args.json else print_proof(proof)
     return 0 if proof["passed"] else 1
 
 
@@ -5392,7 +5413,8 @@ def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
              *replaced_lines(fac, claim),
              f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}",
              "y or yes signs; anything else declines and nothing is signed."]
-    print("\n".join(lines), file=sys.stderr)
+    for line in lines:
+        print(line, file=sys.stderr)
 
 
 def proof_lines(fac: Factory, claim: Claim) -> list[str]:
@@ -5609,7 +5631,7 @@ def cmd_run(fac: Factory, args) -> int:
         else:
             print_run(row) if args.file is None else print_ticket(ticket_id, row, agent.handoff_field)
     if args.file is not None and not args.json and sys.stdout.isatty():   # a pipe gets the lines alone
-        print(TICKET_COLUMNS.replace("HANDOFF", agent.handoff_field))
+        print(*TICKET_COLUMNS.replace("HANDOFF", agent.handoff_field).split("\t"), sep="\t")
     failed = run_tickets(fac, agent, cert, tickets, jobs, emit, clients)
     refused = [row["why"][0] for row in failed if row["status"] == "refused"]
     crashed = sum(row["status"] == "crashed" for row in failed)
@@ -5709,7 +5731,7 @@ def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
     where = "human: " + "; ".join(row["why"]) if row["routed"] else "passed"
     where = f"not run: {row['why'][0]}" if row["status"] == "refused" else where
     value = json.dumps(out[handoff]) if handoff in out else "-"
-    print(f"{ticket_id}\t{handoff}={value}\tgate={row['gate']}\tverdict={row['verdict']}\t-> {where}")
+    print(ticket_id, f"{handoff}={value}", f"gate={row['gate']}", f"verdict={row['verdict']}", f"-> {where}", sep="\t")
 
 
 @station(arg("--json", action="store_true", help=f"print the tower document (format {TOWER_FORMAT})"),
@@ -5731,7 +5753,7 @@ def cmd_tower(fac: Factory, args) -> int:
     """
     doc = tower_document(fac)
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print_block(json.dumps(doc, indent=2))
     elif args.html:
         fac.store.write_report(Path(args.html), render_tower_html(doc))
         print(f"wrote {args.html}")
@@ -5948,7 +5970,8 @@ def cmd_doctor(fac: Factory, args) -> int:
     routed to a human?".
     """
     present = [name for name in KEY_NAMES if fac.env.get(name)]
-    print(f"root {fac.root}\nkeys present: {', '.join(present) or 'none'} (values are never printed)")
+    print(f"root {fac.root}")
+    print(f"keys present: {', '.join(present) or 'none'} (values are never printed)")
     for path in sorted(fac.masters.glob("*.json")):
         name = path.stem
         try:
@@ -5983,14 +6006,12 @@ def cmd_pending(fac: Factory, args) -> int:
                    key=lambda e: e["staged_at"])
     uncertain = [e for e in calls.entries if states[e["run_id"], e["call"]] == "uncertain-effect"]
     for e in shown:
-        state = "" if states[e["run_id"], e["call"]] == "pending" else "\tstate unknown"
-        print(f"{e['run_id']} --call {e['call']}\t{e['agent']}\t{e['tool']} {json.dumps(e['args'], ensure_ascii=False)}"
-              f"\tstaged {e['staged_at']}\texpires {e['expires_at']}{state}")
+        state = [] if states[e["run_id"], e["call"]] == "pending" else ["state unknown"]
+        print(*call_columns(e), f"staged {e['staged_at']}", f"expires {e['expires_at']}", *state, sep="\t")
     for e in uncertain:
         intent = decided[e["run_id"], e["call"]]["intent"]
-        print(f"{e['run_id']} --call {e['call']}\t{e['agent']}\t{e['tool']} {json.dumps(e['args'], ensure_ascii=False)}"
-              f"\tUNCERTAIN-EFFECT: approved by {intent['by']} at {intent['at']}, no result recorded; "
-              f"read back: {effect_read_back(fac, e)}")
+        print(*call_columns(e), f"UNCERTAIN-EFFECT: approved by {intent['by']} at {intent['at']}, no result recorded; "
+                                f"read back: {effect_read_back(fac, e)}", sep="\t")
     if not shown and not uncertain:
         print("(nothing waits for approval)")
     problems = [line for _, line in calls.unread]
@@ -5999,6 +6020,13 @@ def cmd_pending(fac: Factory, args) -> int:
     for problem in problems:
         print(f"factory pending: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def call_columns(entry: dict) -> list[str]:
+    """The first columns of a parked call's line in `pending`: RUN_ID --call N, the agent, the tool and
+    its exact arguments."""
+    return [f"{entry['run_id']} --call {entry['call']}", entry["agent"],
+            f"{entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}"]
 
 
 def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
@@ -6045,7 +6073,7 @@ def parked(fac: Factory, signed: bool = False) -> Parked:
 BRIEF_CHARS = 2000    # of a ticket shown at the approve prompt; the trace keeps it whole
 
 
-def approval_brief(fac: Factory, entry: dict) -> str:
+def approval_brief(fac: Factory, entry: dict) -> list[str]:
     """What a human needs to decide on one parked call, read from its run's trace: the ticket, the
     agent's output, the gate's result and p, and the exact call with its digest and expiry."""
     recorded = Trace.read(fac, entry["run_id"], entry["agent"])
@@ -6054,14 +6082,14 @@ def approval_brief(fac: Factory, entry: dict) -> str:
     if len(ticket) > BRIEF_CHARS:
         ticket = f"{ticket[:BRIEF_CHARS]} [... {len(ticket) - BRIEF_CHARS} more characters in the trace]"
     p = gate.get("p")
-    return "\n".join([
+    return [
         f"{entry['agent']} wants to run {entry['tool']} (run {entry['run_id']}, call {entry['call']}).",
         "ticket:", *(f"  {line}" for line in ticket.splitlines() or [""]),
         "agent output:", f"  {json.dumps(recorded.end.get('output') if recorded.end else None, ensure_ascii=False)}",
         f"gate: {gate.get('result', 'not recorded')} p={f'{p:.3f}' if isinstance(p, (int, float)) else '?'} "
         f"bar={gate.get('bar', '?')}",
         "the exact call:", f"  {entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}",
-        f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"])
+        f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"]
 
 
 @station(*STAGED_CALL, arg("--by", type=signer_name, required=True, metavar="NAME", help="who approves: their signing key must be here"),
@@ -6088,7 +6116,8 @@ def cmd_approve(fac: Factory, args) -> int:
     signer.ready(fac, "approve")
     if not sys.stdin.isatty():
         raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
-    print(approval_brief(fac, entry), file=sys.stderr)
+    for line in approval_brief(fac, entry):
+        print(line, file=sys.stderr)
     sys.stderr.write("approve? [y/N] ")
     sys.stderr.flush()
     answer = typed_answer()
@@ -6206,7 +6235,7 @@ def cmd_schema(fac: Factory, args) -> int:
     One row per field of masters/NAME.json: its type, its default, the values it allows and what it
     does, the same table validation checks and the README's card section shows.
     """
-    print(schema_table())
+    print_block(schema_table())
     return 0
 
 
@@ -7180,11 +7209,24 @@ def render_tower_html(doc):
 # controls escaped, never an encoding error), progress on a terminal, the parser built from the
 # @station functions, and main, the one place a Refusal becomes a line on stderr and an exit status.
 
+def print_block(text: str, file=None) -> None:
+    """Print text the line made itself (JSON from json.dumps, whose strings hold no raw line break) one
+    line per print: see SafeStream. Never for text holding a value from outside as it is."""
+    for line in text.split("\n"):
+        print(line, file=file)
+
+
 class SafeStream:
     """stdout or stderr as the stations print to it: every configured secret scrubbed out, every
-    character a terminal would act on written as a visible `\\uXXXX` escape (`printable`), and every
-    character the stream's encoding cannot hold escaped the same way (a Latin-1 terminal never raises).
-    `unfiltered` is the stream underneath, for the progress line's own carriage returns."""
+    character a terminal would act on written as a visible `\\uXXXX` escape, and every character the
+    stream's encoding cannot hold escaped the same way (a Latin-1 terminal never raises).
+
+    One print is one line: a line ends only where print ends it (its `end`, written on its own), and a
+    tab separates columns only as print's `sep`; a line feed, carriage return or tab inside the text
+    printed is escaped (`visible`). So a value from a file, a server or a model (a recall reason, a
+    signer's name, a tool a model chose) can never start a line of its own: whoever prints several
+    lines prints each. `unfiltered` is the stream underneath, for the progress line's own carriage
+    returns."""
 
     def __init__(self, stream, hidden: tuple[tuple[str, str], ...]):
         self.unfiltered, self.hidden = stream, hidden
@@ -7192,7 +7234,8 @@ class SafeStream:
 
     def write(self, text: str) -> int:
         """Write text made safe; returns len(text) as a stream's write does."""
-        self.unfiltered.write(encodable(printable(redact(text, self.hidden)), self.target))
+        safe = text if text in SEPARATORS else visible(redact(text, self.hidden))
+        self.unfiltered.write(encodable(safe, self.target))
         return len(text)
 
     def __getattr__(self, name: str):
@@ -7311,6 +7354,12 @@ class Parser(argparse.ArgumentParser):
             message = (f"argument STATION: invalid choice: {typed.group(1)!r}{did_you_mean(typed.group(1), names)} "
                        f"(choose from {', '.join(names)})")
         raise Usage(message, self.station)
+
+    def _print_message(self, message: str, file=None) -> None:
+        """argparse's own output (help, usage, version), one print per line: through SafeStream a line
+        ends only where a print ends it (argparse's API: the one method all its output goes through)."""
+        for line in message.rstrip("\n").split("\n") if message else []:
+            print(line, file=file or sys.stderr)
 
 
 START_HERE = """\
@@ -7433,7 +7482,10 @@ def run_station(argv: list[str] | None, env: Mapping[str, str]) -> int:
               file=sys.stderr)
         return 2
     except Refusal as refusal:
-        print(f"factory {station}: {refusal}", file=sys.stderr)
+        first, *more = refusal.lines if isinstance(refusal, Problems) else [str(refusal)]
+        print(f"factory {station}: {first}", file=sys.stderr)
+        for line in more:
+            print(line, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"factory {station}: interrupted", file=sys.stderr)

@@ -373,6 +373,32 @@ class Controls:
         self.assert_clean(out)
         self.assertIn("overloaded\\u001b[2K", out)
 
+    def append_recall(self, reason: str) -> None:
+        """A recall of the triager appended straight to the hash-chained log, as anyone who writes the
+        registry can (the chain needs no key)."""
+        log = self.root / "registry" / "recalls.jsonl"
+        lines = log.read_bytes().splitlines() if log.exists() else []
+        entry = {"agent": "triager", "reason": reason, "at": factory.utc_now(), "by": "x",
+                 "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}
+        with log.open("a") as out:
+            out.write(json.dumps(entry) + "\n")
+
+    def test_a_line_break_read_from_the_registry_stays_inside_its_line(self):
+        """A recall reason holding a line feed, a tab and a carriage return: run's refusal, the tower's
+        trust lines, doctor and the certify prompt each print it escaped, inside the line that quotes it."""
+        self.append_recall(f"under review\nverdict verified  tier C1\tstatus done\r{CONTROLS}")
+        forged = "under review\\u000averdict verified  tier C1\\u0009status done\\u000d"
+        self.prove_sealed()
+        certify = self.certify("triager", answer=b"n\n")
+        outputs = {"run": self.factory("run", "triager", "hi"), "tower": self.factory("tower"),
+                   "doctor": self.factory("doctor"), "certify prompt": (certify.returncode, certify.stdout, certify.stderr)}
+        for station, (_, out, err) in outputs.items():
+            with self.subTest(station):
+                self.assertIn(forged, out + err)
+                self.assertNotIn("\t", out + err)
+                self.assert_clean(out + err)
+                self.assertEqual([line for line in (out + err).split("\n") if line.startswith("verdict verified")], [])
+
     def test_a_case_id_with_controls_is_refused_in_one_clean_line(self):
         """A case id with controls would break every report line that names it: refused as the suite loads,
         the refusal escaped, no JUnit written."""
