@@ -2725,28 +2725,30 @@ def heads_problem(chains: dict[str, Chain], heads, where: str) -> str | None:
     return None
 
 
-def head_problem(chain: Chain, head: dict, when: str) -> str | None:
+def head_problem(chain: Chain, head: dict, when: str, copy: str = "a copy") -> str | None:
     """None when the log still begins with the `count` entries it held `when` (ending in `hash`); else one
-    line naming the log: entries removed, or the entry at the head rewritten."""
+    line naming the log: entries removed, or the entry at the head rewritten; restore it from `copy`."""
     count = head.get("count")
     if not isinstance(count, int) or count < 0:
         return f"{chain.where}: its head recorded when {when} is malformed"
     if len(chain.hashes) < count:
         return (f"{chain.where}: has {len(chain.hashes)} entries but had {count} when {when}: entries were removed "
-                f"since; restore the log from a copy")
+                f"since; restore the log from {copy}")
     if count and chain.hashes[count - 1] != head.get("hash"):
         return (f"{chain.where}: entry {count} is not the one it held when {when}: the log was rewritten since; "
-                f"restore it from a copy")
+                f"restore it from {copy}")
     return None
 
 
-# ---- this machine's anchor: the newest state of the registry it has written or seen
+# ---- this machine's anchor: the newest state of the registry it has written or verified
 # A registry put back to an older, self-consistent state (an approvals log emptied, a revocation cut with
 # the certificate it anchored, a superseded certificate copied back) passes every check the registry can
 # make of itself. So the keys folder, which the registry's writers cannot write, keeps per factory root the
 # newest head of each hash-chained log and the newest certificate of each agent this machine has written
-# or verified; every station that appends to a log or writes a certificate raises it, and every verifier
-# refuses a registry older than it.
+# or verified, and every verifier refuses a registry older than it. It is raised only by what this machine
+# wrote itself (an append, a certificate) and by what a signature that verifies here covers (a certificate,
+# the log heads it records, a decision): never to an entry anyone could have appended, which would pin it
+# (taking it out again would be refused for good).
 
 def read_anchor(fac: Factory) -> dict:
     """This machine's anchor for this root: {"logs": {name: {"count", "hash"}}, "certificates": {agent:
@@ -2756,12 +2758,13 @@ def read_anchor(fac: Factory) -> dict:
 
 
 def anchor_problem(fac: Factory, chains: dict[str, Chain]) -> str | None:
-    """None when each log in `chains` still holds every entry this machine last wrote or saw in it; else
-    one line naming the log (see head_problem)."""
+    """None when each log in `chains` still holds every entry this machine wrote or verified in it; else one
+    line naming the log and what works: restoring it from a copy that holds those entries (see head_problem)."""
     logs = read_anchor(fac)["logs"]
     for name, chain in chains.items():
         head = logs.get(name)
-        problem = head_problem(chain, head, f"this machine last saw it ({fac.anchor_path})") if isinstance(head, dict) else None
+        problem = head_problem(chain, head, f"this machine last wrote or verified it ({fac.anchor_path})",
+                               "a copy that holds them") if isinstance(head, dict) else None
         if problem:
             return problem
     return None
@@ -2774,8 +2777,8 @@ def newer(old, new: dict, key: str) -> bool:
 
 def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | None = None) -> None:
     """Record in this machine's anchor the log heads (name -> {"count", "hash"}) and certificates (agent ->
-    the certificate) written or seen now, each only where it is newer than what the anchor holds (more
-    entries, a later signed_at): the anchor never moves back. Nothing is written when nothing is newer;
+    the certificate) this machine wrote, or whose signature it verified, now; each only where it is newer
+    than what the anchor holds (more entries, a later signed_at): the anchor never moves back. Nothing is written when nothing is newer;
     when the keys folder cannot be written, a note says this machine keeps no anchor."""
     logs = {name: dict(head) for name, head in (logs or {}).items()}
     certificates = {name: {"signature": cert["signature"], "signed_at": cert["signed_at"]}
@@ -3140,12 +3143,12 @@ class Drift:
 
 # ---- parked calls, and the approvals log that decides them
 
-PENDING_FORMAT = "factory-pending-1"
+PENDING_FORMAT = "factory-pending-2"   # -2: seals the digests of the ticket and the output (input_digest, output_digest)
 
 
 PENDING_SHAPE = Shape.of({"format": str, "run_id": str, "call": int, "agent": str, "tool": str, "args": dict,
                           "args_digest": str, "certificate": str, "digest": str, "staged_at": str, "expires_at": str},
-                         optional={"gate": dict, "mac": str})
+                         optional={"gate": dict, "input_digest": str, "output_digest": str, "mac": str})
 
 
 # registry/approvals.jsonl, hash-chained: one entry per decision, each signed by the person who made it.
@@ -3181,16 +3184,74 @@ def load_pending(fac: Factory, run_id: str, call: int) -> dict:
     return entry
 
 
-def decisions_of(fac: Factory) -> dict:
-    """(run id, call) -> {kind: entry}: the first intent, result and rejected entry of each call in the
-    approvals log (read and verified now). Every entry counts, signed or not: anyone can append one, so it
-    may block a call (never execute one: the executor checks the approver's signature itself). Refusal
-    when the log holds less than this machine has written or seen in it (emptied, it would reopen calls)."""
+@dataclass(frozen=True)
+class Decisions:
+    """The approvals log as every reader of decisions sees it (pending, approve, reject, the executor and
+    the tower alike): only entries whose signature verifies as their signer's count. An entry anyone
+    appended (the chain needs no key) is named by line and believed by no one: it neither executes,
+    blocks, closes nor reopens a call."""
+    decided: dict     # (run id, call) -> {kind: the first verified entry of that kind}
+    doubted: dict     # (run id, call) -> [one line per entry on that call that does not verify]
+
+    def of(self, run_id: str, call: int) -> dict:
+        """{kind: entry} of the verified decisions on one call."""
+        return self.decided.get((run_id, call), {})
+
+    @property
+    def lines(self) -> list[str]:
+        """The line of every entry that does not verify, in the log's order."""
+        return sorted((line for lines in self.doubted.values() for line in lines), key=line_number)
+
+
+def line_number(line: str) -> int:
+    """The N of a `... line N: ...` problem line (what orders them as the log does)."""
+    found = re.search(r" line ([0-9]+): ", line)
+    return int(found.group(1)) if found else 0
+
+
+def decision_problem(fac: Factory, entry: dict) -> str | None:
+    """None when a decision's signature verifies as the signer it names (`by`), else why not, in words.
+    A key that cannot be read (open to others, no ssh-keygen, ...) leaves the entry unchecked: not believed."""
+    by = entry["by"]
+    if not SIGNER.fullmatch(by):
+        return "names no signer"
+    try:
+        return signature_problem(fac, by, entry, DECISION_UNSIGNED)
+    except Refusal as why:
+        return f"cannot be checked ({why})"
+
+
+def verified_entries(fac: Factory, chain: Chain, wanted=None) -> tuple[list[tuple[int, dict]], dict]:
+    """((line number, entry) of each entry whose signature verifies, (run id, call) -> lines naming each
+    that does not), over the entries wanted(entry) selects (every entry when None): each is checked once.
+    An entry not shaped as a decision is none (a log read for a decision refuses it; see DECISION_SHAPE)."""
+    verified, doubted = [], {}
+    for number, entry in chain.entries:
+        if not DECISION_SHAPE.fits(entry) or (wanted is not None and not wanted(entry)):
+            continue
+        problem = decision_problem(fac, entry)
+        if problem is None:
+            verified.append((number, entry))
+        else:
+            doubted.setdefault((entry["run_id"], entry["call"]), []).append(
+                f"{chain.where} line {number}: the {one_line(entry['kind'])} entry by {one_line(entry['by'])} {problem}; not counted")
+    return verified, doubted
+
+
+def decisions_of(fac: Factory, wanted=None) -> Decisions:
+    """The approvals log read, chain verified, every entry's signature checked (only those wanted(entry)
+    selects, when given): see Decisions. Refusal when the log holds less than this machine wrote or
+    verified in it (emptied, it would reopen calls). Read whole, it raises this machine's anchor to its
+    last entry that verifies (what is signed may be anchored; what anyone could append is not)."""
     chain = fac.store.read_chain(fac.approvals, DECISION_SHAPE)
     problem = anchor_problem(fac, {"approvals": chain})
     if problem:
         raise Refusal(problem)
-    return decisions_in(chain.entries)
+    verified, doubted = verified_entries(fac, chain, wanted)
+    if wanted is None and verified:
+        last = verified[-1][0]
+        raise_anchor(fac, logs={"approvals": {"count": last, "hash": chain.hashes[last - 1]}})
+    return Decisions(decisions_in(verified), doubted)
 
 
 def decisions_in(entries) -> dict:
@@ -3199,24 +3260,6 @@ def decisions_in(entries) -> dict:
     for _, entry in entries:
         found.setdefault((entry["run_id"], entry["call"]), {}).setdefault(entry["kind"], entry)
     return found
-
-
-def signed_decisions(fac: Factory) -> tuple[dict, list[str]]:
-    """(the decisions of decisions_of whose signature verifies as their signer's, one line per entry that
-    does not: named by line, not counted). What reports a human's decision as made (the tower) reads:
-    a well-formed entry anyone appended proves no decision."""
-    chain, verified, lines = fac.store.read_chain(fac.approvals, DECISION_SHAPE), [], []
-    for number, entry in chain.entries:
-        by = entry["by"]
-        try:
-            problem = signature_problem(fac, by, entry, DECISION_UNSIGNED) if SIGNER.fullmatch(by) else "names no signer"
-        except Refusal as why:   # a key file open to others, no ssh-keygen, ...: this entry is not checked
-            problem = f"cannot be checked ({why})"
-        if problem is None:
-            verified.append((number, entry))
-        else:
-            lines.append(f"{chain.where} line {number}: the {one_line(entry['kind'])} entry by {one_line(by)} {problem}; not counted")
-    return decisions_in(verified), lines
 
 
 def call_state(entry: dict, decided: dict) -> str:
@@ -3230,19 +3273,21 @@ def call_state(entry: dict, decided: dict) -> str:
     return "expired" if utc_now() > entry["expires_at"] else "pending"
 
 
-def undecided(chain: Chain, run_id: str, call: int, blocking: tuple) -> None:
-    """Refusal when the approvals log already holds a decision of a `blocking` kind on this call (read
-    under the log's lock, so two approvals of one call cannot both pass)."""
-    for number, old in chain.entries:
-        if old.get("run_id") == run_id and old.get("call") == call and old.get("kind") in blocking:
-            raise Refusal(f"call {call} of run {run_id} was already decided: {old['kind']} by {old.get('by')} "
-                          f"at {old.get('at')} ({chain.where} line {number}).")
+def undecided(fac: Factory, chain: Chain, run_id: str, call: int, blocking: tuple) -> None:
+    """Refusal when the approvals log already holds a verified decision of a `blocking` kind on this call
+    (read under the log's lock, so two approvals of one call cannot both pass; an entry that does not
+    verify blocks nothing)."""
+    for number, old in verified_entries(fac, chain, lambda e: (e["run_id"], e["call"]) == (run_id, call))[0]:
+        if old["kind"] in blocking:
+            raise Refusal(f"call {call} of run {run_id} was already decided: {old['kind']} by {old['by']} "
+                          f"at {old['at']} ({chain.where} line {number}).")
 
 
-def first_decision(run_id: str, call: int, entry: dict):
-    """make(chain) for the approvals log: entry, appended only while the log holds no decision on the call."""
+def first_decision(fac: Factory, run_id: str, call: int, entry: dict):
+    """make(chain) for the approvals log: entry, appended only while the log holds no verified decision
+    on the call."""
     def make(chain: Chain) -> dict:
-        undecided(chain, run_id, call, ("intent", "result", "rejected"))
+        undecided(fac, chain, run_id, call, ("intent", "result", "rejected"))
         return entry
     return make
 
@@ -3263,8 +3308,9 @@ def closing(claim: "Claim", signer: Signer, body: dict, outcome: str, blocking: 
     run_id, call = claim.entry["run_id"], claim.entry["call"]
 
     def make(chain: Chain) -> dict:
-        undecided(chain, run_id, call, blocking)
-        closed = [e for _, e in chain.entries if e.get("run_id") == run_id and e["kind"] in ("result", "rejected")]
+        undecided(claim.fac, chain, run_id, call, blocking)
+        of_run = verified_entries(claim.fac, chain, lambda e: e["run_id"] == run_id)[0]
+        closed = [e for _, e in of_run if e["kind"] in ("result", "rejected")]
         before = closed[-1].get("verdict_to", claim.verdict_at_close) if closed else claim.verdict_at_close
         outcomes = [outcome] + [outcome_of(e) for e in closed]
         decided = {e["call"] for e in closed} | {call}
@@ -3381,9 +3427,15 @@ class Claim:
         return signed, self.cert.get("components", {})
 
     @cached_property
+    def decisions(self) -> Decisions:
+        """The approvals log's verified decisions on the staged call (the other calls' entries unchecked)."""
+        run_id, call = self.entry["run_id"], self.entry["call"]
+        return decisions_of(self.fac, lambda e: (e["run_id"], e["call"]) == (run_id, call))
+
+    @property
     def decided(self) -> dict:
-        """The decisions on the staged call in the approvals log: {kind: entry}."""
-        return decisions_of(self.fac).get((self.entry["run_id"], self.entry["call"]), {})
+        """The verified decisions on the staged call: {kind: entry}."""
+        return self.decisions.of(self.entry["run_id"], self.entry["call"])
 
     @cached_property
     def recorded(self) -> "Recorded":
@@ -3462,23 +3514,38 @@ def logs_unchanged(claim: Claim) -> str | None:
     """Every hash-chained log still begins with the entries it held when this certificate was signed,
     and when every other certificate in the registry that verifies here was: the newest signature of
     any agent anchors every entry made before it (a recall of a master, say, and its variants); and
-    with every entry this machine has written or seen in it (its anchor, raised to what is seen now)."""
-    chains = claim.chains
-    problem = heads_problem(chains, claim.cert.get("chains"), claim.where)
+    with every entry this machine wrote or verified in it (its anchor, then raised to the heads those
+    verified certificates record: what a signature covers, never an entry anyone appended since)."""
+    chains, signed = claim.chains, [claim.cert.get("chains")]
+    problem = heads_problem(chains, signed[0], claim.where)
     for where, heads in ([] if problem else anchors(claim.fac, claim.name)):
         problem = problem or heads_problem(chains, heads, where)
-    problem = problem or anchor_problem(claim.fac, chains)
+        signed.append(heads)
     if problem:
         return f"{problem}. {claim.remedy}"
-    raise_anchor(claim.fac, logs={name: chain.head for name, chain in chains.items()})
+    problem = anchor_problem(claim.fac, chains)   # its own remedy: the entries are this machine's or signed
+    if problem:
+        return f"{problem}." if claim.kind == "run" else f"{problem}; {claim.remedy}"
+    raise_anchor(claim.fac, logs=furthest_heads(signed))
     return None
 
 
+def furthest_heads(signed: list[dict]) -> dict:
+    """log name -> the head with the most entries among sets of log heads (each name -> {"count", "hash"},
+    all checked to agree with the logs as they are)."""
+    furthest: dict = {}
+    for heads in signed:
+        for name, head in heads.items():
+            if head["count"] > furthest.get(name, {"count": -1})["count"]:
+                furthest[name] = head
+    return furthest
+
+
 def logs_as_anchored(claim: Claim) -> str | None:
-    """Every hash-chained log still holds every entry this machine has written or seen in it: nothing is
+    """Every hash-chained log still holds every entry this machine wrote or verified in it: nothing is
     signed over a registry put back to an older state."""
     problem = anchor_problem(claim.fac, claim.chains)
-    return f"{problem}. {claim.remedy}" if problem else None
+    return f"{problem}." if problem else None
 
 
 def newest_certificate(claim: Claim) -> str | None:
@@ -3703,6 +3770,25 @@ def staged_in_the_trace(claim: Claim) -> str | None:
     return None
 
 
+def shows_what_was_staged(claim: Claim) -> str | None:
+    """The run's trace still holds the ticket and the agent's output the call was staged with (their
+    digests are sealed in the parked call): what the approve prompt shows a human is what the gate
+    judged. A call parked before those digests were sealed cannot be shown safely."""
+    entry, recorded = claim.entry, claim.recorded
+    where = claim.fac.shown(recorded.path)
+    if not isinstance(entry.get("input_digest"), str) or not isinstance(entry.get("output_digest"), str):
+        return (f"{claim.call} was staged by an older factory that did not seal the ticket and output it would "
+                f"show; run the ticket again (reject closes this one); {claim.remedy}")
+    shown = (("the ticket", recorded.header.get("input"), "input_digest"),
+             ("the agent's output", (recorded.end or {}).get("output"), "output_digest"))
+    differs = [what for what, value, key in shown if recorded_digest(claim.fac, value) != entry[key]]
+    if not differs:
+        return None
+    return (f"{where}: {' and '.join(differs)} in it {'is' if len(differs) == 1 else 'are'} not what call "
+            f"{entry['call']} was staged with (the parked call seals their digests): the trace was changed after "
+            f"the run; {claim.remedy}")
+
+
 def approved(claim: Claim) -> str | None:
     """A human approved the call (the executor refuses without an approval record, whoever calls it)."""
     return None if claim.approval is not None else f"{claim.call} has no approval record; the executor refuses."
@@ -3740,7 +3826,8 @@ REJECT_GUARDS = (("open call", call_not_closed),)
 APPROVE_GUARDS = OPEN_GUARDS + CERTIFICATE_GUARDS + (
     ("revocation", not_revoked), ("recall", not_recalled), ("acting certificate", acting_certificate),
     ("same certificate", same_certificate), ("digest", unchanged), ("arguments", arguments_unchanged),
-    ("staged event", staged_in_the_trace), ("staging run", staged_by_its_run), ("carried out", not_carried_out))
+    ("staged event", staged_in_the_trace), ("shown", shows_what_was_staged), ("staging run", staged_by_its_run),
+    ("carried out", not_carried_out))
 EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (
     ("approval signature", approval_signed), ("approved arguments", approved_these_arguments))
 
@@ -4301,6 +4388,7 @@ class Trace:
         self.fac, self.agent, self.run_id = fac, agent, run_id
         self.path = fac.trace_path(agent, run_id)
         self.effect_tags: dict = {}   # fields every effect the run commits carries besides the gate's
+        self.header: dict = {}        # the header it was started with (a trace opened later has none)
         self.log = None
 
     @classmethod
@@ -4309,6 +4397,7 @@ class Trace:
         the trace's first line, the header with the format tag. The run is its trace's only writer, so
         its events go through one open handle, locked once, at its first line (Store.open_log)."""
         trace = cls(fac, header["agent"], header["run_id"])
+        trace.header = header
         fac.store.append_jsonl(fac.index, {"state": "started", **{key: header[key] for key in STARTED_FIELDS}})
         trace.log = fac.store.open_log(trace.path)
         trace.record({"format": TRACE_FORMAT, **header})
@@ -4540,7 +4629,8 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
     gate = gate_run(clients, agent, loop, status, within)
     trace.record({"event": "gate", **gate})
     handed_off = agent.hands_off(loop.output)
-    settled = settle_held(fac, agent, cert, trace, loop.broker, tier, gate, handed_off)
+    shown = {"input_digest": recorded_digest(fac, trace.header["input"]), "output_digest": recorded_digest(fac, loop.output)}
+    settled = settle_held(fac, agent, cert, trace, loop.broker, tier, {**gate, **shown}, handed_off)
     uncertain = effect_problems(fac, loop.broker.committed, settled)
     verdict = run_verdict(status, gate["result"], within, handed_off, uncertain, settled.parked)
     reasons = routing_reasons(status, loop, gate, handed_off, uncertain)
@@ -4592,7 +4682,7 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
                 event["ruling"] = committed.ruling
             elif decision == "park":   # sealed: the executor compares the parked file with this event
                 done.parked += 1
-                stored = park(fac, agent, cert, trace.run_id, done.parked, call, {"result": gate["result"], "p": gate["p"]})
+                stored = park(fac, agent, cert, trace.run_id, done.parked, call, gate)
                 event = sealed_evidence(fac, {**event, "call": done.parked, "path": fac.shown(stored), "run_id": trace.run_id,
                                               "certificate": cert["signature"], "digest": agent.digest})
             elif decision == "review":
@@ -4621,14 +4711,18 @@ def to_review(fac: Factory, queue: Store.Log, run_id: str, settlement, tags: dic
 
 def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome, gate: dict) -> Path:
     """Store one held acting call for approval: its run and number, exact arguments, their digest,
-    certificate, when it was staged and expires, and the gate's result and p, sealed whole with the
-    evidence MAC (a copy under another run id, or a moved expiry, no longer verifies); its path."""
+    certificate, when it was staged and expires, the gate's result, p, bar and the digest of what it was
+    shown, and the digests of the ticket and the output as the run's trace holds them (gate's
+    input_digest, output_digest: what the approve prompt shows is checked against them), all sealed whole
+    with the evidence MAC (a copy under another run id, or a moved expiry, no longer verifies); its path."""
     staged = datetime.now(timezone.utc)
     hours = agent.card.get("approval_expiry_hours", 24)
     entry = {"format": PENDING_FORMAT, "run_id": run_id, "call": call, "agent": agent.name,
              "tool": outcome.tool, "args": outcome.args, "args_digest": args_digest(outcome.args),
              "certificate": cert["signature"], "digest": agent.digest, "staged_at": iso(staged),
-             "expires_at": iso(staged + timedelta(hours=hours)), "gate": gate}
+             "expires_at": iso(staged + timedelta(hours=hours)),
+             "gate": {key: gate[key] for key in ("result", "p", "bar", "shown")},
+             "input_digest": gate["input_digest"], "output_digest": gate["output_digest"]}
     path = fac.pending_path(run_id, call)
     fac.store.write_json(path, sealed_evidence(fac, entry))   # every field, the run id and times included
     return path
@@ -4647,7 +4741,7 @@ def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision
     intent and result leaves the call `uncertain-effect`. Returns the result entry."""
     claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call), approval), EXECUTE_GUARDS)
     entry, agent = claim.entry, loaded(fac, claim.agent)
-    append_to_log(fac, "approvals", first_decision(run_id, call, approval.entry))
+    append_to_log(fac, "approvals", first_decision(fac, run_id, call, approval.entry))
     trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
     broker = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
     held = broker.carry_out(entry["tool"], entry["args"])
@@ -4848,6 +4942,13 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
 
 
 # ---- replay: a recorded run against today's code
+
+def recorded_digest(fac: Factory, value) -> str:
+    """The sha256 of value as the Store writes it into a JSONL line (secrets scrubbed, a lone surrogate as
+    U+FFFD): the value read back from that line has the same digest (how a parked call seals the ticket and
+    the output its run's trace holds)."""
+    return sha256(fac.store.line({"value": value}))
+
 
 def recorded_reply(event: dict) -> llm.Reply:
     """An llm.Reply rebuilt from one `model` trace event, with its stop reason (a trace written before stop
@@ -6014,7 +6115,7 @@ def cmd_pending(fac: Factory, args) -> int:
                                 f"read back: {effect_read_back(fac, e)}", sep="\t")
     if not shown and not uncertain:
         print("(nothing waits for approval)")
-    problems = [line for _, line in calls.unread]
+    problems = [line for _, line in calls.unread] + calls.doubted
     if calls.log_problem:
         problems.append(f"{calls.log_problem}; the state of every parked call is unknown until it is restored")
     for problem in problems:
@@ -6046,38 +6147,38 @@ def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
 class Parked:
     """The parked calls as `pending` and `tower` both see them: every one that reads well, its state
     (pending, expired, executed, rejected, uncertain-effect, or unknown while the approvals log cannot
-    be read), the decisions on each, and what could not be read."""
+    be read), the verified decisions on each (see Decisions), the entries not believed, and what could
+    not be read."""
     entries: list[dict]
     states: dict                        # (run id, call) -> state
-    decided: dict | None                # (run id, call) -> {kind: entry}; None when the log cannot be read
+    decided: dict | None                # (run id, call) -> {kind: entry}, verified; None when the log cannot be read
     unread: list[tuple[str, str]]       # (run id from the file's name, line) per parked file that does not read
     log_problem: str | None             # why the approvals log cannot be read, when it cannot
-    signed: dict | None = None          # `decided`, only the entries whose signature verifies (asked for by the tower)
-    unsigned: list = field(default_factory=list)   # one line per entry whose signature does not verify
+    doubted: list = field(default_factory=list)    # one line per decision whose signature does not verify
 
 
-def parked(fac: Factory, signed: bool = False) -> Parked:
-    """Every parked call and its state from the approvals log, read once (see Parked); with `signed`,
-    also the decisions whose signature verifies (what the tower folds)."""
+def parked(fac: Factory) -> Parked:
+    """Every parked call and its state from the approvals log's verified decisions, read once (see Parked)."""
     entries, unread = parked_calls(fac)
     try:
-        decided, log_problem = decisions_of(fac), None
-        signed, unsigned = signed_decisions(fac) if signed else (None, [])
+        decisions, log_problem = decisions_of(fac), None
     except Refusal as why:
-        decided, log_problem, signed, unsigned = None, str(why), None, []
+        decisions, log_problem = None, str(why)
+    decided = decisions.decided if decisions else None
     states = {(e["run_id"], e["call"]): "unknown" if decided is None else call_state(e, decided.get((e["run_id"], e["call"]), {}))
               for e in entries}
-    return Parked(entries, states, decided, unread, log_problem, signed, unsigned)
+    return Parked(entries, states, decided, unread, log_problem, decisions.lines if decisions else [])
 
 
 BRIEF_CHARS = 2000    # of a ticket shown at the approve prompt; the trace keeps it whole
 
 
 def approval_brief(fac: Factory, entry: dict) -> list[str]:
-    """What a human needs to decide on one parked call, read from its run's trace: the ticket, the
-    agent's output, the gate's result and p, and the exact call with its digest and expiry."""
+    """What a human needs to decide on one parked call: the ticket and the agent's output read from its
+    run's trace (checked against the digests sealed in the parked call: shows_what_was_staged), the
+    gate's result, p and bar as sealed in the parked call, and the exact call with its digest and expiry."""
     recorded = Trace.read(fac, entry["run_id"], entry["agent"])
-    gate = next((e for e in recorded.events if e.get("event") == "gate"), {})
+    gate = entry.get("gate") or {}
     ticket = task_text(recorded.header.get("input"))
     if len(ticket) > BRIEF_CHARS:
         ticket = f"{ticket[:BRIEF_CHARS]} [... {len(ticket) - BRIEF_CHARS} more characters in the trace]"
@@ -6101,18 +6202,19 @@ def approval_brief(fac: Factory, entry: dict) -> list[str]:
 def cmd_approve(fac: Factory, args) -> int:
     """Approve one staged call at a terminal and execute it.
 
-    Shows what a human needs to decide (the ticket, the agent's output, the gate's result and p, and
-    the exact call with its digest, when it was staged and when it expires) and asks `approve? [y/N]`:
+    Shows what a human needs to decide (the ticket and the agent's output from the run's trace, checked
+    against the digests sealed with the call, the gate's result and p as sealed with it, and the exact
+    call with its digest, when it was staged and when it expires) and asks `approve? [y/N]`:
     y or yes executes exactly that call, once; anything else declines. The approval is signed with the approver's own key (NAME's
     HMAC key in FACTORY_KEYS_DIR, never created here, or --ssh-key) and kept, with the result and the
     run's verdict before and after, in registry/approvals.jsonl. Refused when NAME has no key here,
     stdin is not a terminal, the call was already executed, rejected or approved (an uncertain effect
-    is never executed again), it expired, or its agent was recalled, re-certified or changed since the
-    call was staged.
+    is never executed again), it expired, its agent was recalled, re-certified or changed since the
+    call was staged, or the run's trace no longer holds the ticket and output it was staged with.
     """
     entry = load_pending(fac, args.run_id, args.call)
     signer = signer_of(fac, args)
-    enforce(staged_call_claim(fac, entry), APPROVE_GUARDS)
+    name_doubted(enforce(staged_call_claim(fac, entry), APPROVE_GUARDS))
     signer.ready(fac, "approve")
     if not sys.stdin.isatty():
         raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
@@ -6147,7 +6249,7 @@ def cmd_reject(fac: Factory, args) -> int:
     """
     entry = load_pending(fac, args.run_id, args.call)
     signer = signer_of(fac, args)
-    claim = enforce(staged_call_claim(fac, entry), REJECT_GUARDS)
+    claim = name_doubted(enforce(staged_call_claim(fac, entry), REJECT_GUARDS))
     signer.ready(fac, "reject")
     body = {"kind": "rejected", "run_id": entry["run_id"], "call": entry["call"], "agent": entry["agent"],
             "by": signer.name, "at": utc_now(), "reason": args.reason}
@@ -6155,6 +6257,14 @@ def cmd_reject(fac: Factory, args) -> int:
     print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']}); "
           f"run verdict {done['verdict_from']} -> {done['verdict_to']}")
     return 0
+
+
+def name_doubted(claim: Claim) -> Claim:
+    """Name on stderr, one note each, the approvals-log entries on the claim's call whose signature does
+    not verify (believed by no one: they neither closed nor blocked it); the claim."""
+    for line in claim.decisions.doubted.get((claim.entry["run_id"], claim.entry["call"]), []):
+        note(claim.fac, line)
+    return claim
 
 
 def run_reference(text: str) -> tuple[str | None, str]:
@@ -6347,7 +6457,7 @@ def tower_document(fac: Factory) -> dict:
     `problems` (the agent's, or the tower's when it names none) and the document is `partial`; it
     never hides the other agents."""
     problems: list[str] = []
-    calls = parked(fac, signed=True)
+    calls = parked(fac)
     watch = dict.fromkeys({e["run_id"] for e in calls.entries} | {run for run, _ in calls.decided or {}})
     tallies = tally_index(fac, problems, watch)
     fold_decisions(tallies, calls, watch, problems)
@@ -6373,8 +6483,8 @@ def fold_decisions(tallies: dict[str, Tally], calls: Parked, watch: dict, proble
     if calls.decided is None:
         problems.append(f"{calls.log_problem}; approvals and rejections are not counted until it is restored")
         return
-    problems.extend(calls.unsigned)
-    for decided in calls.signed.values():
+    problems.extend(calls.doubted)
+    for decided in calls.decided.values():
         entry = decided.get("result") or decided.get("rejected")
         if entry and watch.get(entry["run_id"]) and entry["agent"] in tallies:
             tallies[entry["agent"]].decide(str(entry.get("verdict_from")), str(entry.get("verdict_to")),
@@ -6393,11 +6503,11 @@ def uncertain_moves(calls: Parked, watch: dict) -> list[tuple[str, str, str]]:
         runs.setdefault(entry["run_id"], []).append(entry)
     moves = []
     for run_id, entries in runs.items():
-        states = [call_state(e, calls.signed.get((run_id, e["call"]), {})) for e in entries]
+        states = [calls.states[run_id, e["call"]] for e in entries]
         for entry, state in zip(entries, states):
             if state != "uncertain-effect" or not watch.get(run_id):
                 continue
-            closed = [d[k] for e in entries for d in [calls.signed.get((run_id, e["call"]), {})]
+            closed = [d[k] for e in entries for d in [calls.decided.get((run_id, e["call"]), {})]
                       for k in ("result", "rejected") if k in d]
             before = max(closed, key=lambda d: d["at"]).get("verdict_to") if closed else watch[run_id]
             after = verdict_after(str(before), ["uncertain-effect"], any(s in ("pending", "expired") for s in states))

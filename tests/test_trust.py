@@ -296,7 +296,7 @@ class Tampering(LineTest):
         kept = revocations.read_text().splitlines(keepends=True)
         revocations.write_text("".join(kept[:-1]))                       # ... and its revocation cut
         err = self.refused_writing_nothing(f"registry/revocations.jsonl: has {len(kept) - 1} entries but had {len(kept)} "
-                                           f"when this machine last saw it", "run", "triager", "hi")
+                                           f"when this machine last wrote or verified it", "run", "triager", "hi")
         self.assertIn("entries were removed since; restore the log from a copy", err)
         revocations.write_text("".join(kept))
         self.refused_writing_nothing("registry/triager.card.json: superseded: this machine has seen triager's certificate "
@@ -788,12 +788,48 @@ class Chains(GrandVariant):
         self.certified("evalsmith")                      # signed over the recall
         self.log("recalls").write_text("")
         (self.root / "registry" / "evalsmith.card.json").unlink()
-        err = self.refused_writing_nothing("registry/recalls.jsonl: has 0 entries but had 1 when this machine last saw it",
+        err = self.refused_writing_nothing("registry/recalls.jsonl: has 0 entries but had 1 when this machine last wrote or "
+                                           "verified it",
                                            "run", "b", "hi")
         self.assertIn(f"({self.tmp / 'keys'}/_anchor-", err)
         self.refused_writing_nothing("registry/recalls.jsonl: has 0 entries but had 1", "recall", "a", "--reason", "again")
         self.refused_writing_nothing("registry/recalls.jsonl: has 0 entries but had 1", "certify", "b", "--tier", "C1",
                                      "--by", "alice")
+
+    def append_decision(self, entry: dict) -> None:
+        """One entry appended to registry/approvals.jsonl by hand (the chain needs no key)."""
+        with self.log("approvals").open("a") as out:
+            out.write(chained_line(self.log("approvals"), entry))
+
+    def test_an_entry_no_one_signed_is_never_anchored(self):
+        """An unsigned decision anyone appended, seen by every reader: the anchor does not take it in, so
+        the log restored from a copy made before it is the log again, and nothing is refused."""
+        copy = self.log("approvals").read_bytes() if self.log("approvals").exists() else b""
+        self.append_decision({"kind": "rejected", "run_id": "20261201T000000000000Z-abcdef", "call": 1, "agent": "b",
+                              "by": "mallory", "at": factory.utc_now(), "signature": "x"})
+        for argv in (("tower",), ("pending",), ("run", "b", "hi"), ("doctor",)):
+            self.factory(*argv)
+        self.log("approvals").write_bytes(copy)
+        self.runs_ok("b")
+        self.assertEqual(self.factory("tower")[0], 0)
+        self.assertEqual(self.factory("pending")[0], 0)
+
+    def test_an_entry_whose_signature_verifies_is_anchored_and_the_refusal_says_what_works(self):
+        """A decision alice signed (her key is here), appended elsewhere and seen here by pending: cutting it
+        is refused, naming the log and this machine's anchor, and the log restored from a copy that holds
+        it is accepted again. The refusal's advice is that restore, not a re-certification."""
+        body = {"kind": "rejected", "run_id": "20261201T000000000000Z-abcdef", "call": 1, "agent": "b", "by": "alice",
+                "at": factory.utc_now(), "reason": "a duplicate"}
+        self.append_decision(factory.Signer("alice").signed(self.fac, body, factory.DECISION_UNSIGNED))
+        self.assertEqual(self.factory("pending")[0], 0)
+        kept = self.log("approvals").read_bytes()
+        self.log("approvals").write_text("")
+        err = self.refused_writing_nothing("registry/approvals.jsonl: has 0 entries but had 1 when this machine last "
+                                           "wrote or verified it", "run", "b", "hi")
+        self.assertIn("restore the log from a copy that holds them", err)
+        self.assertNotIn("re-certify", err)
+        self.log("approvals").write_bytes(kept)
+        self.runs_ok("b")
 
     def test_the_anchor_is_kept_in_the_keys_folder_and_never_moves_back(self):
         self.factory("recall", "a", "--reason", "one")
