@@ -2750,11 +2750,29 @@ def head_problem(chain: Chain, head: dict, when: str, copy: str = "a copy") -> s
 # the log heads it records, a decision): never to an entry anyone could have appended, which would pin it
 # (taking it out again would be refused for good).
 
+ANCHOR_PARTS = ("logs", "certificates", "attempts")
+
+
 def read_anchor(fac: Factory) -> dict:
     """This machine's anchor for this root: {"logs": {name: {"count", "hash"}}, "certificates": {agent:
-    {"signature", "signed_at"}}}; empty parts when it has none yet."""
+    {"signature", "signed_at"}}, "attempts": {agent: {"sealed": sealed proofs run here, "certified":
+    {"signed_at", "sealed"} at this machine's last certification of it}}}; empty parts when it has none yet."""
     anchor = fac.store.read_private(fac.anchor_path)
-    return {part: anchor.get(part) if isinstance(anchor.get(part), dict) else {} for part in ("logs", "certificates")}
+    return {part: anchor.get(part) if isinstance(anchor.get(part), dict) else {} for part in ANCHOR_PARTS}
+
+
+def update_anchor(fac: Factory, change) -> None:
+    """Apply change(anchor) -> bool (True when it changed something) to this machine's anchor and write it
+    back, under the keys folder's lock; when the keys folder cannot be written, a note says this machine
+    keeps no anchor (nothing else is refused: the anchor protects, it never blocks its own station)."""
+    if not fac.store.keys_writable():
+        note(fac, f"the keys folder {fac.keys_dir} cannot be written: this machine's anchor of the registry is not "
+                  f"kept up to date, so a registry put back to an older state may go unnoticed here")
+        return
+    with fac.store.keys_locked():
+        anchor = read_anchor(fac)
+        if change(anchor):
+            fac.store.write_private(fac.anchor_path, {"format": ANCHOR_FORMAT, "root": str(fac.root), **anchor})
 
 
 def anchor_problem(fac: Factory, chains: dict[str, Chain]) -> str | None:
@@ -2783,21 +2801,40 @@ def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | No
     logs = {name: dict(head) for name, head in (logs or {}).items()}
     certificates = {name: {"signature": cert["signature"], "signed_at": cert["signed_at"]}
                     for name, cert in (certificates or {}).items()}
-    def merged(anchor: dict) -> dict | None:
+    def merge(anchor: dict) -> bool:
         fresh = {"logs": {n: h for n, h in logs.items() if newer(anchor["logs"].get(n), h, "count")},
                  "certificates": {n: c for n, c in certificates.items() if newer(anchor["certificates"].get(n), c, "signed_at")}}
-        return {part: {**anchor[part], **fresh[part]} for part in fresh} if any(fresh.values()) else None
-    if merged(read_anchor(fac)) is None:
-        return
-    if not fac.store.keys_writable():
-        note(fac, f"the keys folder {fac.keys_dir} cannot be written: this machine's anchor of the registry is not "
-                  f"kept up to date, so a registry put back to an older state may go unnoticed here")
-        return
-    with fac.store.keys_locked():
-        anchor = read_anchor(fac)
-        update = merged(anchor)
-        if update is not None:
-            fac.store.write_private(fac.anchor_path, {"format": ANCHOR_FORMAT, "root": str(fac.root), **update})
+        for part, newest in fresh.items():
+            anchor[part].update(newest)
+        return any(fresh.values())
+    if merge(read_anchor(fac)):   # read first without the lock: most stations have nothing newer to record
+        update_anchor(fac, merge)
+
+
+def count_sealed_attempt(fac: Factory, name: str, certified: str | None = None) -> None:
+    """Count one more sealed proof of NAME run on this machine in its anchor, where the tree's writers
+    cannot lower it (records/ is theirs); with `certified` (a certificate's signed_at, written here),
+    count none but mark where that certification left the count. See sealed_attempts."""
+    def count(anchor: dict) -> bool:
+        old = anchor["attempts"].get(name)
+        old = old if isinstance(old, dict) and type(old.get("sealed")) is int else {"sealed": 0}
+        anchor["attempts"][name] = {**old, "certified": {"signed_at": certified, "sealed": old["sealed"]}} \
+            if certified else {**old, "sealed": old["sealed"] + 1}
+        return True
+    update_anchor(fac, count)
+
+
+def sealed_attempts(fac: Factory, name: str, since: str | None) -> int | None:
+    """How many sealed proofs of NAME this machine ran since its certification signed at `since` (ever,
+    when None), from its anchor; None when it cannot say (that certification was not signed here)."""
+    counted = read_anchor(fac)["attempts"].get(name)
+    counted = counted if isinstance(counted, dict) and type(counted.get("sealed")) is int else {"sealed": 0}
+    if since is None:
+        return counted["sealed"]
+    certified = counted.get("certified")
+    if isinstance(certified, dict) and certified.get("signed_at") == since and type(certified.get("sealed")) is int:
+        return counted["sealed"] - certified["sealed"]
+    return None
 
 
 def append_to_log(fac: Factory, name: str, make) -> dict:
@@ -5344,6 +5381,8 @@ def cmd_prove(fac: Factory, args) -> int:
     proof = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, rubric, draft,
                          args.require_model)
     fac.store.write_json(fac.record_path(agent.name, half), sealed_evidence(fac, proof))   # certify checks the MAC
+    if args.sealed:
+        count_sealed_attempt(fac, agent.name)   # where deleting records cannot lower the count certify shows
     if args.junit:
         fac.store.write_report(Path(args.junit), junit_xml(proof, results, time.monotonic() - started))
     print_block(json.dumps(proof, indent=2)) if args.json else print_proof(proof)
@@ -5496,6 +5535,7 @@ def cmd_certify(fac: Factory, args) -> int:
     if problem:
         raise Refusal(f"unsigned: the ssh signature {problem}; add `{signer.name} <your public key line>` to it")
     replace_certificate(fac, agent.name, cert)
+    count_sealed_attempt(fac, agent.name, certified=cert["signed_at"])
     print(f"certified {agent.name} at {args.tier}: {fac.shown(fac.cert_path(agent.name))}")
     return 0
 
@@ -5510,7 +5550,7 @@ def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
     agent = claim.agent
     how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
     lines = [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
-             *variant_lines(fac, claim), *proof_lines(fac, claim), attempts_line(claim), production_line(fac, claim),
+             *variant_lines(fac, claim), *proof_lines(fac, claim), *attempts_lines(claim), production_line(fac, claim),
              *replaced_lines(fac, claim),
              f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}",
              "y or yes signs; anything else declines and nothing is signed."]
@@ -5549,9 +5589,11 @@ def backend_lines(card: dict, backends: list[str]) -> list[str]:
     return lines
 
 
-def attempts_line(claim: Claim) -> str:
+def attempts_lines(claim: Claim) -> list[str]:
     """How many sealed proofs were made since the agent was last certified (since its first, if never),
-    whatever the code or card was at each, and how many of them proved this very digest."""
+    whatever the code or card was at each, and how many of them proved this very digest: the larger of
+    the records in records/AGENT (which the agent's authors may delete) and this machine's own count in
+    its anchor (sealed_attempts), with a warning naming how many records are missing when it is larger."""
     try:
         signed = (claim.cert or {}).get("signed_at")
     except Refusal:   # a certificate that cannot be read dates nothing; replaced_lines names it
@@ -5560,7 +5602,13 @@ def attempts_line(claim: Claim) -> str:
     counted = [proof for _, proof in claim.proofs if since is None or proof["at"] > since]
     versions, this = len({proof["digest"] for proof in counted}), sum(p["digest"] == claim.agent.digest for p in counted)
     when = f"since the last certification ({since})" if since else "ever (never certified)"
-    return f"  sealed attempts {when}: {len(counted)}, across {versions} version(s) of the agent; {this} of this one"
+    ran = sealed_attempts(claim.fac, claim.name, since) or 0
+    if ran <= len(counted):
+        return [f"  sealed attempts {when}: {len(counted)}, across {versions} version(s) of the agent; {this} of this one"]
+    folder, left = claim.fac.shown(claim.fac.records / claim.name), "is" if len(counted) == 1 else "are"
+    return [f"  sealed attempts {when}: {ran}, across {versions} version(s) of the agent in the records left; {this} of this one",
+            f"  WARNING: this machine ran {ran} sealed proof(s) of {claim.name} {when}, but only {len(counted)} of their "
+            f"records {left} in {folder}: {ran - len(counted)} missing (deleted or moved)"]
 
 
 def production_line(fac: Factory, claim: Claim) -> str:

@@ -127,6 +127,32 @@ class Prompt(LineTest):
                       f"agent; 1 of this one\n", prompt)
 
 
+    def test_sealed_attempts_are_counted_where_deleting_records_cannot_lower_them(self):
+        """Three sealed proofs with a tweak between each, the first two records deleted (records/ is the
+        author's and git ignores it): the prompt still counts three, from this machine's anchor in the keys
+        folder, and says two records are missing; after a certification it counts from there."""
+        module = self.root / "agents" / "faq.py"
+        for tweak in range(3):
+            module.write_text(module.read_text() + f"# tweak {tweak}\n")
+            self.prove_sealed("faq")
+        records = sorted((self.root / "records" / "faq").glob("*.sealed.json"))
+        for path in records[:2]:
+            path.unlink()
+        prompt = self.signed()
+        self.assertIn("  sealed attempts ever (never certified): 3, across 1 version(s) of the agent in the records "
+                      "left; 1 of this one\n", prompt)
+        self.assertIn("  WARNING: this machine ran 3 sealed proof(s) of faq ever (never certified), but only 1 of their "
+                      "records is in records/faq: 2 missing (deleted or moved)\n", prompt)
+        signed_at = self.cert("faq")["signed_at"]
+        for _ in range(2):
+            self.prove_sealed("faq")
+        sorted((self.root / "records" / "faq").glob("*.sealed.json"))[-2].unlink()
+        prompt = self.signed()
+        self.assertIn(f"  sealed attempts since the last certification ({signed_at}): 2, across 1 version(s) of the agent "
+                      f"in the records left; 1 of this one\n", prompt)
+        self.assertIn(f"records is in records/faq: 1 missing (deleted or moved)\n", prompt)
+
+
 class VariantChanges(LineTest):
     """A variant's prompt names each way it differs from its master: added grants, removed denials, a raised
     tier ceiling, a lowered pass bar, and any other field."""
