@@ -3479,6 +3479,11 @@ class Claim:
         """The trace of the run that staged the call."""
         return Trace.read(self.fac, self.entry["run_id"], self.entry["agent"])
 
+    @cached_property
+    def staging(self) -> str:
+        """How the run that staged the call ended: closed, started (never closed) or none (staging_of)."""
+        return staging_of(self.fac, self.entry)
+
     @property
     def verdict_at_close(self) -> str:
         """The verdict the staging run ended with (its trace's end event); waiting-for-approval, the verdict
@@ -3714,17 +3719,33 @@ def parked_call_sealed(claim: Claim) -> str | None:
     return f"{shown}: the parked call {problem}; {claim.remedy}"
 
 
+def staging_of(fac: Factory, entry: dict) -> str:
+    """How the run that staged a parked call ended, from the index read from its end (the staging run is
+    usually recent): `closed` (a closed row of the same agent, whose evidence MAC verifies, that parked
+    at least this many calls), `started` (its started row, and no such closed row: the run was stopped
+    after it parked the call), or `none` (no row of it at all: a trace and parked file copied under a
+    new run id)."""
+    key, started = evidence_key(fac, create=False), False
+    rows = fac.store.read_jsonl_backwards(fac.index) if fac.index.exists() else ()
+    for row in (row for row in rows if row.get("run_id") == entry["run_id"] and row.get("agent") == entry["agent"]):
+        if row.get("state") == "started":
+            started = True
+        elif type(row.get("staged")) is int and row["staged"] >= entry["call"] and key is not None and mac_verifies(key, row):
+            return "closed"
+    return "started" if started else "none"
+
+
 def staged_by_its_run(claim: Claim) -> str | None:
     """The run the call names closed in the index with a row whose evidence MAC verifies, of the same
-    agent, that parked at least this many calls: a trace and a parked file copied under a new run id have
-    no such row. The index is read from its end (the staging run is usually recent)."""
+    agent, that parked at least this many calls (staging_of): a run stopped after it parked the call
+    never closed, and a trace and a parked file copied under a new run id have no row at all."""
     fac, entry = claim.fac, claim.entry
-    key = evidence_key(fac, create=False)
-    rows = fac.store.read_jsonl_backwards(fac.index) if fac.index.exists() else ()
-    for row in (row for row in rows if row.get("run_id") == entry["run_id"] and row.get("state") != "started"):
-        if row.get("agent") == entry["agent"] and type(row.get("staged")) is int and row["staged"] >= entry["call"] \
-                and key is not None and mac_verifies(key, row):
-            return None
+    if claim.staging == "closed":
+        return None
+    if claim.staging == "started":
+        return (f"run {entry['run_id']} never closed ({fac.shown(fac.index)} holds its started row and no closed row "
+                f"that verifies: it was stopped after it parked call {entry['call']}); {claim.call} cannot be "
+                f"approved, reject closes it; {claim.remedy}")
     return (f"run {entry['run_id']} has no closed row in {fac.shown(fac.index)} that verifies and parked call "
             f"{entry['call']}: no run of this line staged {claim.call}; {claim.remedy}")
 
@@ -3758,9 +3779,10 @@ def not_carried_out(claim: Claim) -> str | None:
 
 
 def call_not_closed(claim: Claim) -> str | None:
-    """The staged call may still be rejected: it is open, or its effect is uncertain (a human closes it
-    after reconciling); not when it was executed, rejected or expired."""
-    return None if call_state(claim.entry, claim.decided) == "uncertain-effect" else call_still_open(claim)
+    """The staged call may still be rejected: it was neither executed nor rejected. An uncertain effect
+    (a human closes it after reconciling) and a call that can no longer be approved (expired, its run
+    never closed, its agent recalled or re-certified: see STUCK) are closed the same way."""
+    return call_still_open(claim) if call_state(claim.entry, claim.decided) in ("executed", "rejected") else None
 
 
 def acting_certificate(claim: Claim) -> str | None:
@@ -3849,6 +3871,17 @@ def approved_these_arguments(claim: Claim) -> str | None:
 
 
 # Each chain is (name, check) in order; a check returns None or the one refusal line.
+# A parked call that can no longer be approved, by the state `pending` and the tower show it in (the same
+# checks as approve's, in its order, so its refusal names the same state) -> what that state means.
+STUCK = {"unsealed": "its parked file's evidence MAC does not verify here",
+         "expired": "it was not approved in time",
+         "uncertified": "its agent has no certificate",
+         "revoked": "the certificate it was staged under was revoked",
+         "recalled": "its agent was recalled since it was staged",
+         "superseded": "its agent was re-certified since it was staged",
+         "run never closed": "its run was stopped after it parked this call",
+         "not staged": "no run of this line that closed parked it"}
+DECIDED = ("executed", "rejected", "uncertain-effect")     # a call's states once a human acted on it
 CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
                       ("signature", signature_verifies), ("agent", for_this_agent), ("logs", logs_unchanged),
                       ("newest certificate", newest_certificate))
@@ -3867,6 +3900,32 @@ APPROVE_GUARDS = OPEN_GUARDS + CERTIFICATE_GUARDS + (
     ("carried out", not_carried_out))
 EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (
     ("approval signature", approval_signed), ("approved arguments", approved_these_arguments))
+
+
+STANDING_GUARDS = (("certificate", has_certificate), ("revocation", not_revoked), ("recall", not_recalled),
+                   ("same certificate", same_certificate), ("staging run", staged_by_its_run))
+STANDING_STATES = {"certificate": "uncertified", "revocation": "revoked", "recall": "recalled",
+                   "same certificate": "superseded"}
+
+
+def call_standing(fac: Factory, entry: dict, decided: dict) -> tuple[str, str | None]:
+    """(a parked call's state, the line naming a file its check could not read, else None). In approve's
+    order: unsealed; then its verified decisions (executed, rejected, uncertain-effect) and expiry
+    (call_state); then whether its agent may still act on it (uncertified, revoked, recalled,
+    superseded) and how its run ended (run never closed, not staged); else pending (unknown when a file
+    those checks read cannot be read)."""
+    claim = staged_call_claim(fac, entry)
+    if evidence_problem(fac, entry):
+        return "unsealed", None
+    state, unread = call_state(entry, decided), set()
+    if state != "pending":
+        return state, None
+    name, line = check_guards(claim, STANDING_GUARDS, unread)[-1]
+    if not line:
+        return "pending", None
+    if unread:
+        return "unknown", line
+    return STANDING_STATES.get(name) or ("run never closed" if claim.staging == "started" else "not staged"), None
 
 
 def check_guards(claim: Claim, guards: tuple, unread: set | None = None) -> list[tuple[str, str | None]]:
@@ -6140,23 +6199,27 @@ def cmd_doctor(fac: Factory, args) -> int:
          exits=("done, also when nothing waits", "a parked file or the approvals log is malformed: named, the rest listed"),
          env=ROOT_ENV)
 def cmd_pending(fac: Factory, args) -> int:
-    """List the staged calls waiting, and the uncertain effects.
+    """List the staged calls waiting, those that can no longer be approved, and the uncertain effects.
 
     Oldest first, one per line: RUN_ID --call N, the agent, the tool and its exact arguments, when it
-    was staged and when it expires. approve executes one; reject closes one. Then each call approved
-    but with no result recorded (the approving process was stopped between its intent and its result),
-    marked as an uncertain effect with who approved it and what reading back finds, for a human to
-    reconcile and close with reject. A parked file or an approvals log that cannot be read is named on
-    stderr (exit 1) and every other call is still listed.
+    was staged and when it expires. approve executes one; reject closes one. A call that can no longer
+    be approved says why in its last column, in the words of the refusal approve would give (EXPIRED,
+    RUN NEVER CLOSED: the run was stopped after it parked the call, RECALLED, SUPERSEDED: its agent was
+    re-certified, REVOKED, UNCERTIFIED, UNSEALED: its parked file does not verify, NOT STAGED); reject
+    closes it. Then each call approved but with no result recorded (the approving process was stopped
+    between its intent and its result), marked as an uncertain effect with who approved it and what
+    reading back finds, for a human to reconcile and close with reject. Only decisions whose signature
+    verifies count; each other entry of the approvals log is named on stderr (exit 1), as is a parked
+    file or an approvals log that cannot be read, and every other call is still listed.
     """
     calls = parked(fac)
     states, decided = calls.states, calls.decided
-    shown = sorted((e for e in calls.entries if states[e["run_id"], e["call"]] in ("pending", "unknown")),
+    shown = sorted((e for e in calls.entries if states[e["run_id"], e["call"]] in ("pending", "unknown", *STUCK)),
                    key=lambda e: e["staged_at"])
     uncertain = [e for e in calls.entries if states[e["run_id"], e["call"]] == "uncertain-effect"]
     for e in shown:
-        state = [] if states[e["run_id"], e["call"]] == "pending" else ["state unknown"]
-        print(*call_columns(e), f"staged {e['staged_at']}", f"expires {e['expires_at']}", *state, sep="\t")
+        print(*call_columns(e), f"staged {e['staged_at']}", f"expires {e['expires_at']}",
+              *state_column(states[e["run_id"], e["call"]]), sep="\t")
     for e in uncertain:
         intent = decided[e["run_id"], e["call"]]["intent"]
         print(*call_columns(e), f"UNCERTAIN-EFFECT: approved by {intent['by']} at {intent['at']}, no result recorded; "
@@ -6169,6 +6232,16 @@ def cmd_pending(fac: Factory, args) -> int:
     for problem in problems:
         print(f"factory pending: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def state_column(state: str) -> list[str]:
+    """The last column of a parked call's line in `pending`: none for a call waiting for a human, else
+    its state (see STUCK) and that reject closes it."""
+    if state == "pending":
+        return []
+    if state == "unknown":
+        return ["state unknown"]
+    return [f"{state.upper()}: {STUCK[state]}; reject closes it"]
 
 
 def call_columns(entry: dict) -> list[str]:
@@ -6212,9 +6285,11 @@ def parked(fac: Factory) -> Parked:
         decisions, log_problem = decisions_of(fac), None
     except Refusal as why:
         decisions, log_problem = None, str(why)
-    decided = decisions.decided if decisions else None
-    states = {(e["run_id"], e["call"]): "unknown" if decided is None else call_state(e, decided.get((e["run_id"], e["call"]), {}))
-              for e in entries}
+    decided, states = decisions.decided if decisions else None, {}
+    for e in entries:
+        key = (e["run_id"], e["call"])
+        states[key], problem = ("unknown", None) if decided is None else call_standing(fac, e, decided.get(key, {}))
+        unread += [(e["run_id"], problem)] if problem else []
     return Parked(entries, states, decided, unread, log_problem, decisions.lines if decisions else [])
 
 
@@ -6515,7 +6590,7 @@ def tower_document(fac: Factory) -> dict:
         tally = tallies.get(name) or new_tally(fac, name)
         trust, trouble = trust_of(fac, name, tally.drift)
         counts = waiting.get(name) or ParkedCounts()
-        trust.update(pending=counts.pending, uncertain_effect=counts.uncertain_effect)
+        trust.update(pending=counts.pending, uncertain_effect=counts.uncertain_effect, stuck=counts.stuck)
         agents.append({"agent": name, "trust": trust, "gate_bar": gate_bar(fac, name), **tally.figures(),
                        "problems": tally.problems + trouble + counts.problems})
     partial = bool(problems) or any(a["problems"] for a in agents)
@@ -6558,7 +6633,7 @@ def uncertain_moves(calls: Parked, watch: dict) -> list[tuple[str, str, str]]:
             closed = [d[k] for e in entries for d in [calls.decided.get((run_id, e["call"]), {})]
                       for k in ("result", "rejected") if k in d]
             before = max(closed, key=lambda d: d["at"]).get("verdict_to") if closed else watch[run_id]
-            after = verdict_after(str(before), ["uncertain-effect"], any(s in ("pending", "expired") for s in states))
+            after = verdict_after(str(before), ["uncertain-effect"], any(s not in DECIDED for s in states))
             moves.append((entry["agent"], str(before), after))
     return moves
 
@@ -6568,6 +6643,7 @@ class ParkedCounts:
     """One agent's parked calls as `pending` lists them, and its parked files that do not read."""
     pending: int = 0                    # waiting: pending, or of unknown state while the log cannot be read
     uncertain_effect: int = 0
+    stuck: dict = field(default_factory=dict)      # state -> calls that can no longer be approved (STUCK)
     problems: list = field(default_factory=list)
 
 
@@ -6580,6 +6656,8 @@ def calls_by_agent(fac: Factory, calls: Parked, problems: list[str]) -> dict[str
         counts = found.setdefault(entry["agent"], ParkedCounts())
         counts.pending += state in ("pending", "unknown")
         counts.uncertain_effect += state == "uncertain-effect"
+        if state in STUCK:
+            counts.stuck[state] = counts.stuck.get(state, 0) + 1
     for run_id, line in calls.unread:
         agent = run_agent(fac, run_id)
         (found.setdefault(agent, ParkedCounts()).problems if agent else problems).append(line)
@@ -6769,8 +6847,10 @@ def with_p_text(with_p: int, runs: int) -> str:
 
 
 def calls_line(trust: dict) -> str:
-    """The agent's parked calls as `pending` lists them, in the text's and the HTML's words."""
-    return f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect"
+    """The agent's parked calls as `pending` lists them, in the text's and the HTML's words: waiting,
+    uncertain, and each state of those that can no longer be approved."""
+    stuck = "".join(f", {count} {state}" for state, count in sorted((trust.get("stuck") or {}).items()))
+    return f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect{stuck}"
 
 
 def why_lines(agent: dict) -> list[str]:

@@ -1075,8 +1075,63 @@ class Approval(Tiered):
         self.unclose_the_run()
         refused = self.approve()
         self.assertEqual(refused.returncode, 1, refused.stdout)
-        self.assertIn(f"run {self.run_id} has no closed row in traces/index.jsonl that verifies and parked call 1", refused.stderr)
+        self.assertIn(f"run {self.run_id} never closed (traces/index.jsonl holds its started row and no closed row that "
+                      f"verifies: it was stopped after it parked call 1)", refused.stderr)
         self.assertEqual(self.effects("refunds"), [])
+
+    def test_a_call_that_can_no_longer_be_approved_is_listed_with_its_true_state(self):
+        """A parked call whose run never closed (killed after parking it), whose agent was recalled or
+        re-certified since, or that expired: pending lists it with that state rather than as waiting (and
+        says reject closes it), the tower counts it so, approve's refusal names the state, reject closes it."""
+        past = "2020-01-01T00:00:00.000000Z"
+        scenarios = {
+            "run never closed": (self.unclose_the_run, f"run {self.run_id} never closed"),
+            "recalled": (lambda: self.factory("recall", "payer", "--reason", "refunds are wrong"),
+                         "recalled since this call was staged: refunds are wrong"),
+            "superseded": (lambda: self.forge(signed_at=factory.utc_now()), "payer was re-certified since this call was staged"),
+            "expired": (lambda: self.reseal(self.pending()[0], expires_at=past), f"expired at {past} without approval"),
+        }
+        for state, (make, refusal) in scenarios.items():
+            with self.subTest(state):
+                self.setUp()
+                make()
+                code, out, err = self.factory("pending")
+                self.assertEqual(code, 0, err)
+                line, = [line for line in out.split("\n") if self.run_id in line]
+                self.assertIn(f"\t{state.upper()}: ", line)
+                self.assertTrue(line.endswith("; reject closes it"), line)
+                payer = self.tower()
+                self.assertEqual((payer["trust"]["pending"], payer["trust"]["stuck"]), (0, {state: 1}))
+                self.assertIn(f"approvals: 0 pending, 0 uncertain-effect, 1 {state}\n", self.factory("tower")[1])
+                refused = self.approve()
+                self.assertEqual(refused.returncode, 1, refused.stdout)
+                self.assertNotIn("approve? [y/N]", refused.stderr)
+                self.assertIn(refusal, refused.stderr)
+                code, _, err = self.factory("reject", self.run_id, "--by", "bob", "--reason", f"it {state}")
+                self.assertEqual(code, 0, err)
+                self.assertIn("(nothing waits for approval)", self.factory("pending")[1])
+                self.assertEqual(self.effects("refunds"), [])
+
+    def test_a_line_break_read_from_the_registry_stays_inside_its_line_at_pending_and_approve(self):
+        """A parked file written by hand whose tool holds a line feed is listed (UNSEALED) on one line; a
+        recall reason appended to the log with one is quoted inside approve's one-line refusal."""
+        forged = json.loads(self.pending()[0].read_text())
+        copy = self.root / "registry" / "pending" / "20261201T235959000000Z-abcdef.1.json"
+        copy.write_text(json.dumps({**forged, "run_id": copy.name.split(".")[0], "tool": "billing:refund\nfactory pending: x"}))
+        code, out, err = self.factory("pending")
+        self.assertEqual(code, 0, err)
+        line, = [line for line in out.split("\n") if "20261201T235959000000Z-abcdef" in line]
+        self.assertIn("billing:refund\\u000afactory pending: x", line)
+        self.assertIn("\tUNSEALED: ", line)
+        log = self.root / "registry" / "recalls.jsonl"
+        lines = log.read_bytes().splitlines() if log.exists() else []
+        with log.open("a") as out:
+            out.write(json.dumps({"agent": "payer", "reason": "wrong\nexecuted billing:refund", "at": factory.utc_now(),
+                                  "by": "x", "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}) + "\n")
+        refused = self.approve()
+        self.assertEqual(refused.returncode, 1, refused.stdout)
+        self.assertEqual(refused.stderr.strip().split("\n"), ["factory approve: recalled since this call was staged: "
+                                                              "wrong\\u000aexecuted billing:refund. not executed."])
 
     def test_staging_time_and_expiry_cannot_be_moved(self):
         later = (factory.iso(factory.datetime.now(factory.timezone.utc) + factory.timedelta(hours=1)), "2099-01-01T00:00:00.000000Z")
