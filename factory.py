@@ -102,7 +102,9 @@ DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage cal
 
 class Refusal(Exception):
     """A station declined; str(self) is one lowercase line for the user (exit 1). A value from outside
-    put into it (a name, a path) goes through one_line (Factory.shown does), so it cannot break the line."""
+    put into it (a name, a path, a reason read from the registry) cannot break the line: it is printed
+    through SafeStream, which escapes a line break inside a printed line (one_line does the same for
+    text that is stored, e.g. Factory.shown)."""
 
 
 class Problems(Refusal):
@@ -2796,8 +2798,8 @@ def newer(old, new: dict, key: str) -> bool:
 def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | None = None) -> None:
     """Record in this machine's anchor the log heads (name -> {"count", "hash"}) and certificates (agent ->
     the certificate) this machine wrote, or whose signature it verified, now; each only where it is newer
-    than what the anchor holds (more entries, a later signed_at): the anchor never moves back. Nothing is written when nothing is newer;
-    when the keys folder cannot be written, a note says this machine keeps no anchor."""
+    than what the anchor holds (more entries, a later signed_at): the anchor never moves back. Nothing is
+    written when nothing is newer; when the keys folder cannot be written, a note says so (update_anchor)."""
     logs = {name: dict(head) for name, head in (logs or {}).items()}
     certificates = {name: {"signature": cert["signature"], "signed_at": cert["signed_at"]}
                     for name, cert in (certificates or {}).items()}
@@ -4725,7 +4727,8 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
     gate = gate_run(clients, agent, loop, status, within)
     trace.record({"event": "gate", **gate})
     handed_off = agent.hands_off(loop.output)
-    shown = {"input_digest": recorded_digest(fac, trace.header["input"]), "output_digest": recorded_digest(fac, loop.output)}
+    shown = {"input_digest": recorded_digest(fac, trace.header["input"]),   # sealed with a parked call: approve
+             "output_digest": recorded_digest(fac, loop.output)}           # checks what it shows against them
     settled = settle_held(fac, agent, cert, trace, loop.broker, tier, {**gate, **shown}, handed_off)
     uncertain = effect_problems(fac, loop.broker.committed, settled)
     verdict = run_verdict(status, gate["result"], within, handed_off, uncertain, settled.parked)
@@ -6196,8 +6199,10 @@ def cmd_doctor(fac: Factory, args) -> int:
 
 
 @station(examples=("python3 factory.py pending",),
-         exits=("done, also when nothing waits", "a parked file or the approvals log is malformed: named, the rest listed"),
-         env=ROOT_ENV)
+         exits=("done, also when nothing waits",
+                "a parked file or the approvals log is malformed, or the log holds a decision no one signed: named, "
+                "the rest listed"),
+         env=(*ROOT_ENV, *KEYS_ENV, "PATH"))
 def cmd_pending(fac: Factory, args) -> int:
     """List the staged calls waiting, those that can no longer be approved, and the uncertain effects.
 
@@ -6368,7 +6373,8 @@ def cmd_reject(fac: Factory, args) -> int:
 
     Who rejected it and why are kept, signed with the rejecter's own key (NAME's HMAC key, or
     --ssh-key), in registry/approvals.jsonl; a rejected call is never executed. A call whose effect is
-    uncertain (see pending) is closed the same way once a human has reconciled it.
+    uncertain (see pending) is closed the same way once a human has reconciled it, and so is one that can
+    no longer be approved (expired, its run never closed, its agent recalled or re-certified: see pending).
     """
     entry = load_pending(fac, args.run_id, args.call)
     signer = signer_of(fac, args)
