@@ -6199,12 +6199,10 @@ def cmd_doctor(fac: Factory, args) -> int:
 
 
 @station(examples=("python3 factory.py pending",),
-         exits=("done, also when nothing waits",
-                "a parked file or the approvals log is malformed, or the log holds a decision no one signed: named, "
-                "the rest listed"),
+         exits=("done, also when nothing waits", "a parked file or log entry does not read or verify: named"),
          env=(*ROOT_ENV, *KEYS_ENV, "PATH"))
 def cmd_pending(fac: Factory, args) -> int:
-    """List the staged calls waiting, those that can no longer be approved, and the uncertain effects.
+    """List the staged calls and the state of each.
 
     Oldest first, one per line: RUN_ID --call N, the agent, the tool and its exact arguments, when it
     was staged and when it expires. approve executes one; reject closes one. A call that can no longer
