@@ -27,7 +27,6 @@ import json
 import os
 import pty
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ import broker  # noqa: E402
 import factory  # noqa: E402
 from tests.fake_llm import Answer, FakeServer, anthropic_message  # noqa: E402
 from tests.fake_sage import FakeSage  # noqa: E402
+from tests.support import make_root  # noqa: E402
 
 FINAL = json.dumps({"label": "account", "escalate": False, "draft": "We are looking into your card order."})
 PYTHON = [sys.executable]
@@ -56,9 +56,7 @@ CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("FACTORY_"
 
 def fresh_root(tmp: Path) -> tuple[Path, dict]:
     """A factory root with the shipped agents, masters and evals, and its environment (no keys)."""
-    root = tmp / "factory"
-    for folder in ("agents", "masters", "evals"):
-        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__", "proposed.jsonl"))
+    root = make_root(tmp)
     return root, {**CLEAN_ENV, "FACTORY_ROOT": str(root), "FACTORY_KEYS_DIR": str(tmp / "keys")}
 
 

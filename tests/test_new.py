@@ -4,12 +4,17 @@ or none, and no other agent's certificate is touched."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
+import io
 import json
 import shutil
+import tempfile
+import unittest
+from pathlib import Path
 
 import factory
-from tests.support import LineTest, snapshot
+from tests.support import SHIPPED, LineTest, copy_shipped, snapshot
 from tests.test_integrity import kill_at
 
 NEW_FILES = ("masters/faq.json", "agents/faq.py", "agents/tools/faq.py", "evals/faq/cases.jsonl", "evals/faq/sealed.jsonl")
@@ -286,3 +291,28 @@ class OthersUntouched(LineTest):
                 self.assertEqual(factory.load_agent(fresh, name).digest, before[name])
                 self.assertEqual(factory.certificate_state(fresh, name), "certified C1")
         self.runs_ok("triager")
+
+
+class ACheckoutWithItsOwnAgents(unittest.TestCase):
+    """A developer who followed the tutorial has faq (and returns) in their checkout; the tests still
+    pass there: a test's factory holds exactly the shipped agents, never the ones made in the checkout."""
+
+    def test_a_fixture_copies_only_the_shipped_agents(self):
+        tmp = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        checkout = copy_shipped(tmp / "checkout")
+        env = {"FACTORY_ROOT": str(checkout), "FACTORY_KEYS_DIR": str(tmp / "keys"), "USER": "dev"}
+        for name in ("faq", "returns"):
+            self.assertEqual(station(env, "new", name)[0], 0)
+        (checkout / "evals" / "triager" / "proposed.jsonl").write_text("{}\n")
+        fixture = copy_shipped(tmp / "fixture", source=checkout)
+        self.assertEqual(sorted(snapshot(fixture)), sorted(SHIPPED))
+        code, out, err = station({**env, "FACTORY_ROOT": str(fixture)}, "tower", "--json")
+        self.assertEqual((code, [agent["agent"] for agent in json.loads(out)["agents"]]), (0, ["evalsmith", "triager"]), err)
+
+
+def station(env: dict, *argv: str) -> tuple[int, str, str]:
+    """One station in this process with env: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = factory.main(list(argv), env=env)
+    return code, out.getvalue(), err.getvalue()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import factory
 import llm
-from tests.support import REPO, CertifiedTest, LineTest, on_a_terminal
+from tests.support import REPO, CertifiedTest, LineTest, copy_shipped, on_a_terminal
 
 INTEGER = re.compile(r"[-+]?[0-9]+")
 FLOAT = re.compile(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
@@ -552,8 +552,7 @@ class FirstAgent(unittest.TestCase):
         clone.mkdir()
         for name in ("factory.py", "broker.py", "llm.py", "sage.py"):
             shutil.copy2(REPO / name, clone / name)
-        for folder in ("agents", "masters", "evals"):
-            shutil.copytree(REPO / folder, clone / folder, ignore=shutil.ignore_patterns("__pycache__", "proposed.jsonl"))
+        copy_shipped(clone)
         env = {"PATH": os.environ["PATH"], "HOME": str(tmp / "home"), "USER": "alice", "LANG": "C.UTF-8"}
         for argv, expected in steps:
             with self.subTest(command=" ".join(argv)):
