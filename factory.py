@@ -1261,6 +1261,14 @@ def card_problems(card: dict, name: str | None = None) -> list[str]:
     return problems
 
 
+def card_check(fac: Factory, card: dict, name: str | None = None) -> list[str]:
+    """Every problem with a card, one line each: its fields (card_problems) and each tool it names that no
+    tool module defines, with the nearest one (tool_check: read from the modules' source, never executed).
+    The one check of a card every station makes, so prove, run, certify and the tower name the same
+    problems with it; a problem with a module's code is the code's, named where that code is read."""
+    return card_problems(card, name) + tool_check(fac, card)[1]
+
+
 def closest(word: str, candidates: list[str]) -> str | None:
     """The candidate closest to word, ignoring case (difflib's close matches), or None."""
     lowered = {candidate.lower(): candidate for candidate in candidates}
@@ -1282,7 +1290,9 @@ def refuse_if(problem: str | None) -> None:
 
 
 def refuse(where: str, problems: list[str]) -> None:
-    """Refusal naming every problem at once: one line for one, else the count and then one line each."""
+    """Refusal naming every problem at once, each once (a module two checks load fails in both): one line
+    for one, else the count and then one line each."""
+    problems = list(dict.fromkeys(problems))
     if len(problems) == 1:
         raise Refusal(f"{where}: {problems[0]}")
     if problems:
@@ -1446,8 +1456,7 @@ class Code:
                 try:
                     self.trees[relative] = ast.parse(self.source(relative), str(self.fac.agents / relative))
                 except (SyntaxError, ValueError) as error:   # ValueError: a null byte in the source
-                    line = f", line {error.lineno}" if getattr(error, "lineno", None) else ""
-                    raise Refusal(f"agents/{relative}: not valid python ({getattr(error, 'msg', error)}{line})") from None
+                    raise not_python(relative, error) from None
             return self.trees[relative]
 
     def nodes(self, relative: str) -> tuple:
@@ -1530,7 +1539,10 @@ class Code:
         module = types.ModuleType("agents." + relative.removesuffix(".py").replace("/", "."))
         module.__file__ = path
         module.__builtins__ = {**vars(builtins), "__import__": self.importer(relative, imports)}
-        code = compile(self.tree(relative), path, "exec", dont_inherit=True)
+        try:
+            code = compile(self.tree(relative), path, "exec", dont_inherit=True)
+        except SyntaxError as error:   # what parses but does not compile: a late `from __future__`, a misplaced return
+            raise not_python(relative, error) from None
         self.modules[relative] = module   # before it runs: an import cycle finds it half made, as Python's own does
         try:
             exec(code, vars(module))
@@ -1582,6 +1594,13 @@ def plain_imports(nodes) -> list[str]:
     names = [alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names]
     names += [node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module]
     return sorted({name.split(".")[0] for name in names} - {"agents"})
+
+
+def not_python(relative: str, error: Exception) -> Refusal:
+    """The refusal for agents/RELATIVE that Python will not parse or compile (a SyntaxError, or the
+    ValueError of a null byte), naming the line when the error does."""
+    line = f", line {error.lineno}" if getattr(error, "lineno", None) else ""
+    return Refusal(f"agents/{relative}: not valid python ({getattr(error, 'msg', error)}{line})")
 
 
 # ---- the agent: card, entrypoint module, tool modules, digest
@@ -1739,9 +1758,17 @@ def known_tools(fac: Factory) -> tuple[list[str], list[str]]:
 
 
 def tool_problems(fac: Factory, card: dict) -> list[str]:
-    """One line per tool module that cannot be loaded, and per granted or denied tool that no module
-    defines (a denial of a tool nothing defines would deny nothing); a field that is not a list of
-    names is left to the card's own checks."""
+    """One line per tool module that cannot be read or is malformed, and per granted or denied tool that no
+    module defines (see tool_check)."""
+    modules, tools = tool_check(fac, card)
+    return modules + tools
+
+
+def tool_check(fac: Factory, card: dict) -> tuple[list[str], list[str]]:
+    """(one line per tool module that cannot be read or is malformed, one line per granted or denied tool
+    that no module defines, with the nearest tool: a denial of a tool nothing defines would deny nothing).
+    A tool of a module with a problem is not named again; a field that is not a list of names is left to
+    the card's own checks."""
     named = {key: card[key] for key in ("tools", "tools_denied") if _tool_list(card.get(key))}
     problems, contracts, broken = [], {}, set()
     for relative in tool_families(tool for tools in named.values() for tool in tools):
@@ -1752,7 +1779,7 @@ def tool_problems(fac: Factory, card: dict) -> list[str]:
     missing = [(key, tool) for key, tools in named.items() for tool in tools
                if tool not in contracts and not set(tool_families([tool])) & broken]   # a broken module is named once
     known = known_tools(fac) if missing else ([], [])
-    return problems + [no_contract(key, tool, known) for key, tool in missing]
+    return problems, [no_contract(key, tool, known) for key, tool in missing]
 
 
 def family_problems(fac: Factory, card: dict, relative: str) -> tuple[dict, list[str]]:
@@ -1917,7 +1944,7 @@ def read_card(fac: Factory, name: str) -> tuple[dict, str]:
 def load_card(fac: Factory, name: str) -> dict:
     """The validated card of NAME from masters/NAME.json; Refusal when absent or malformed."""
     card, where = read_card(fac, name)
-    refuse(where, card_problems(card, name))
+    refuse(where, card_check(fac, card, name))
     return card
 
 
@@ -1925,7 +1952,7 @@ def read_agent(fac: Factory, name: str) -> Agent:
     """NAME with its code read, hashed and checked, none of it executed; Refusal naming every problem with
     its card and that code at once."""
     card, where = read_card(fac, name)
-    return agent_from_card(fac, card, where, card_problems(card, name))
+    return agent_from_card(fac, card, where, card_check(fac, card, name))
 
 
 def load_agent(fac: Factory, name: str) -> Agent:
@@ -1937,7 +1964,7 @@ def agent_from_card(fac: Factory, card: dict, where: str, problems: list[str] = 
     """The Agent a card describes, its code read, hashed and checked but not executed (the stations that
     need not run an agent never run its code); Refusal naming the card's own `problems` and every problem
     with the code it names, at once."""
-    refuse(where, [*problems, *entrypoint_problems(fac, card), *tool_problems(fac, card)])
+    refuse(where, [*problems, *entrypoint_problems(fac, card), *tool_problems(fac, card)])   # each said once
     toolboxes = tool_families(card["tools"] + card["tools_denied"])
     contracts = {name: contract for relative in toolboxes for name, contract in toolbox_contracts(fac, relative).items()}
     return Agent(card["agent"], card, contracts, digest_components(fac, card, contracts))
@@ -2080,7 +2107,7 @@ def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
         refuse_if(lineage_problem(fac, name, old))
         parent = latest[parent_of[name]]
         card = derive(parent.card, name, old.get("overrides", {}), parent.digest)
-        latest[name] = agent_from_card(fac, card, fac.shown(fac.card_path(name)), card_problems(card))
+        latest[name] = agent_from_card(fac, card, fac.shown(fac.card_path(name)), card_check(fac, card))
         if card != old:
             changed[name] = card
     return changed, skipped
@@ -5335,7 +5362,7 @@ def cmd_stamp(fac: Factory, args) -> int:
     if path.exists():
         return finish_stamp(fac, args.master, args.new, overrides, earlier)
     card = derive(master.card, args.new, overrides, master.digest)
-    agent_from_card(fac, card, f"variant {args.new}", card_problems(card))
+    agent_from_card(fac, card, f"variant {args.new}", card_check(fac, card))
     if earlier is None:   # the lineage entry first: a kill before the card leaves no variant the log does not know
         append_to_log(fac, "lineage", first_lineage_entry(args.new, args.master))
     try:
@@ -6779,7 +6806,7 @@ def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
     trust["may_run"] = trust["refusal"] is None
     trust["runs_at"] = ("C0" if drift.demoted else cert["tier"]) if trust["may_run"] else None
     trust["summary"] = trust_summary(trust)
-    return trust, [lines[guard] for guard in unread]
+    return trust, list(dict.fromkeys(lines[guard] for guard in unread))   # two guards can fail on one card
 
 
 REFUSED_AS = {"revocation": "revoked", "recall": "recalled", "digest": "stale"}   # a run guard -> its word
@@ -6821,7 +6848,7 @@ def print_tower(doc: dict) -> None:
               f"{usd_text(a['cost_usd']):>10} {a['denied']:>7} {a['unscored']:>8} {a['unfinished']:>10}  "
               f"{', '.join(a['backends']) or '-'}")
         for line in agent_lines(a):
-            print(f"{'':<16} {line}")
+            print(textwrap.indent(line, " " * 17))
     if not doc["agents"]:
         print("(no agents yet)")
     for line in doc["problems"]:

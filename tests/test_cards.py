@@ -101,7 +101,10 @@ class Cards(LineTest):
         path = self.root / "agents" / "triager.py"
         shipped = path.read_text()
         for broken, message in (("def (", "agents/triager.py: not valid python (invalid syntax, line"),
-                                ("1 / 0", "agents/triager.py: failed while loading (ZeroDivisionError: division by zero, line")):
+                                ("1 / 0", "agents/triager.py: failed while loading (ZeroDivisionError: division by zero, line"),
+                                # parses, yet does not compile: once a traceback
+                                ("from __future__ import annotations", "agents/triager.py: not valid python (from "
+                                 "__future__ imports must occur at the beginning of the file, line")):
             with self.subTest(broken=broken):
                 path.write_text(shipped + "\n" + broken + "\n")
                 self.refused(message, "prove", "triager")
@@ -244,6 +247,41 @@ class CodeThatRuns(CertifiedTest):
         path = self.root / "outbox" / "triager" / "refunds.jsonl"
         return path.read_text().splitlines() if path.exists() else []
 
+    def test_every_station_names_the_same_problems_with_a_card(self):
+        """prove listed five problems of a certified card with five typos, with the tool's did-you-mean; run
+        and the tower three (no tool typos), the tower twice and its continuation lines at the margin."""
+        card = json.loads((self.root / "masters" / "triager.json").read_text())
+        card["gate_questin"] = card.pop("gate_question")
+        card.update(max_step=3, tier_ceiling="C9", tools=["issues:labl", "drafts:write"], tools_denied=["biling:refund"])
+        (self.root / "masters" / "triager.json").write_text(json.dumps(card))
+        problems = ["masters/triager.json: 6 problems",
+                    "  unknown field 'gate_questin' (did you mean 'gate_question'?)",
+                    "  unknown field 'max_step' (did you mean 'max_steps'?)",
+                    "  missing field 'gate_question'",
+                    "  field 'tier_ceiling' must be one of C0 C1 C2 C3",
+                    "  field 'tools': no contract for 'issues:labl' (did you mean 'issues:label'?)",
+                    "  field 'tools_denied': no contract for 'biling:refund' (did you mean 'billing:refund'?)"]
+        for argv in (("prove", "triager"), ("run", "triager", "hi"), ("digest", "triager"),
+                     ("certify", "triager", "--tier", "C1", "--by", "alice"), ("stamp", "triager", "--as", "tri2")):
+            with self.subTest(station=argv[0]):
+                code, _, err = self.factory(*argv)
+                self.assertEqual((code, err.splitlines()), (1, [f"factory {argv[0]}: {problems[0]}", *problems[1:]]))
+        code, out, err = self.factory("tower")
+        self.assertEqual(code, 1, err)
+        shown = out.split("\n" + " " * 17 + "problem: ")
+        self.assertEqual(len(shown), 2, out)
+        self.assertEqual(shown[1].splitlines()[:7], [problems[0], *(" " * 17 + line for line in problems[1:])])
+
+    def test_a_module_that_cannot_load_is_named_once(self):
+        """A tool module importing the broken entrypoint module fails to load too: one problem, not two."""
+        path = self.root / "agents" / "triager.py"
+        path.write_text(path.read_text() + "\ndef (\n")
+        issues = self.root / "agents" / "tools" / "issues.py"
+        issues.write_text(issues.read_text() + "\nfrom agents import triager\n")
+        err = self.refused("factory prove: masters/triager.json: agents/triager.py: not valid python (invalid syntax, "
+                           "line", "prove", "triager")
+        self.assertNotIn("problems", err)
+
     def test_a_planted_bytecode_file_of_a_tool_module_does_not_run(self):
         drafts = self.root / "agents" / "tools" / "drafts.py"
         planted = self.tmp / "planted.py"
@@ -310,11 +348,11 @@ class CodeThatRuns(CertifiedTest):
 
     def test_a_tool_no_module_defines_is_refused_with_did_you_mean(self):
         self.edit_card("triager", tools_denied=["Billing:Refund"])
-        for argv in (("digest", "triager"), ("prove", "triager"), ("stamp", "triager", "--as", "copy")):
+        # run finds it in the tool modules' source, before any code runs, as every other station does
+        for argv in (("digest", "triager"), ("prove", "triager"), ("stamp", "triager", "--as", "copy"), ("run", "triager", "hi")):
             with self.subTest(argv=argv):
                 self.refused("masters/triager.json: field 'tools_denied': no contract for 'Billing:Refund' "
                              "(did you mean 'billing:refund'?)", *argv)
-        self.refused("the ABOM changed since certification (card", "run", "triager", "hi")   # before any code runs
         self.edit_card("triager", tools_denied=["billing:refund"], tools=["issues:label", "drafts:write", "faq:lookup"])
         self.refused("field 'tools': no contract for 'faq:lookup' (a tool is named family:verb and defined in "
                      "agents/tools/FAMILY.py)", "digest", "triager")
