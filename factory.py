@@ -270,11 +270,22 @@ def parse_json(text: str, where: str):
     try:
         return json.loads(text, parse_constant=reject_constant, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
-        raise Refusal(f"{where}: not valid json ({error.msg}; line {error.lineno} column {error.colno})") from None
+        # some of json's messages end in "at", waiting for the position: it is said once, after them
+        raise Refusal(f"{where}: not valid json ({error.msg.removesuffix(' at')}{json_position(text, error)})") from None
     except RecursionError:
         raise Refusal(f"{where}: not valid json (nested too deeply)") from None
     except ValueError as error:
         raise Refusal(f"{where}: not valid json ({error})") from None
+
+
+def json_position(text: str, error: json.JSONDecodeError) -> str:
+    """Where in text a JSON error is: '; line L column C' in a text of several lines (a whole file), and in
+    one line (a JSONL line, which `where` already names by its number) ' at character N' or ' at the end
+    of the line', so a message never names two different lines."""
+    body = text.rstrip("\r\n")
+    if "\n" in body:
+        return f"; line {error.lineno} column {error.colno}"
+    return " at the end of the line" if error.pos >= len(body) else f" at character {error.pos + 1}"
 
 
 def reject_constant(name: str):
@@ -520,7 +531,7 @@ class Store:
             if path.is_dir():
                 raise Refusal(f"{where}: is a folder, not a file")
             if not path.is_file():
-                raise Refusal(f"{where}: missing" if not path.exists() else f"{where}: not a regular file")
+                raise Refusal(f"{where}: no such file" if not path.exists() else f"{where}: not a regular file")
         return real
 
     def exists(self, path: Path) -> bool:
@@ -2133,29 +2144,52 @@ ID_BREAKS = re.compile("[\t\n\r\x85\u2028\u2029]")
 
 
 def load_cases(fac: Factory, path: Path, agent: Agent) -> list[dict]:
-    """The cases of one half, each checked against the agent's output contract (case_problem); Refusal
-    naming the file, the line and what is wrong with the first malformed case."""
+    """The cases of one half, each checked against the agent's output contract and tools (case_problem);
+    Refusal naming the file and every malformed line at once, each with what is wrong with it."""
+    where = fac.shown(path)
     if not path.exists():
-        raise Refusal(f"{fac.shown(path)}: missing; a suite needs cases before it can prove anything")
+        raise Refusal(f"{where}: no such file; a suite needs cases before it can prove anything")
     schema = agent.module.OUTPUT_SCHEMA.get("properties")
-    properties = sorted(schema) if isinstance(schema, dict) else []
-    cases, first_line = [], {}
-    for number, case in fac.store.read_jsonl(path):
-        problem = case_problem(case, first_line, properties)
+    contract = Contract(fac, schema if isinstance(schema, dict) else {},
+                        frozenset({*agent.card["tools"], *agent.card["tools_denied"], *agent.contracts}))
+    cases, first_line, problems = [], {}, []
+    for number, case in fac.store.read_jsonl(path, each=True):
+        problem = str(case).removeprefix(f"{where} line {number}: ") if isinstance(case, Refusal) else \
+            case_problem(case, first_line, contract)
         if problem:
-            raise Refusal(f"{fac.shown(path)} line {number}: {problem}")
+            problems.append(f"line {number}: {problem}")
+            continue
         first_line[case["id"]] = number
         cases.append(case)
+    if len(problems) == 1:
+        raise Refusal(f"{where} {problems[0]}")
+    refuse(where, problems)
     if not cases:
-        raise Refusal(f"{fac.shown(path)}: has no cases")
+        raise Refusal(f"{where}: has no cases")
     return cases
 
 
-def case_problem(case: dict, first_line: dict, properties: list[str]) -> str | None:
+@dataclass(frozen=True)
+class Contract:
+    """What a case is checked against: the output contract's properties (name -> its JSON schema), and
+    the tools `expect.denied` may list: any tool a tool module defines (a variant proved on its master's
+    suite is denied its master's tools it does not know), those of the agent's card and modules first."""
+    fac: Factory
+    properties: dict
+    tools: frozenset              # the tools the agent's card names and its tool modules define
+
+    def unknown_tool(self, tool: str) -> str | None:
+        """The problem when TOOL is a tool no tool module's CONTRACTS define, with the nearest known one; else None."""
+        if tool in self.tools:
+            return None
+        defined = known_tools(self.fac)[0]
+        return None if tool in defined else f"a tool no tool module defines{did_you_mean(tool, sorted(self.tools) + defined)}"
+
+
+def case_problem(case, first_line: dict, contract: Contract) -> str | None:
     """What is wrong with one case, or None: its fields (CASE_IS), its id (a string, not empty, no line
-    break or control character, not given before: `first_line` maps the ids so far to their lines),
-    and its `expect` (an object whose keys are properties of the output contract, or `denied`, a list of
-    the tools the broker may refuse in this case without failing it)."""
+    break or control character, not given before: `first_line` maps the ids so far to their lines), its
+    input (with visible text, as run needs) and its `expect` (expect_problem)."""
     unknown, missing = sorted(set(case) - set(CASE_FIELDS)), [f for f in CASE_FIELDS[:3] if f not in case]
     if unknown or missing:
         return "; ".join([f"unknown field(s) {', '.join(map(repr, unknown))}"] * bool(unknown) +
@@ -2169,22 +2203,61 @@ def case_problem(case: dict, first_line: dict, properties: list[str]) -> str | N
         return f"the case id {json.dumps(ident)} holds a line break or control character"
     if ident in first_line:
         return f"the case id {json.dumps(ident)} is given twice (first on line {first_line[ident]})"
-    return expect_problem(ident, case["expect"], properties)
+    if is_blank(task_text(case["input"])):
+        return f"case {json.dumps(ident)}: {NO_VISIBLE_TEXT}"
+    return expect_problem(ident, case["expect"], contract)
 
 
-def expect_problem(ident: str, expect, properties: list[str]) -> str | None:
-    """What is wrong with one case's `expect`, or None (see case_problem)."""
+def expect_problem(ident: str, expect, contract: Contract) -> str | None:
+    """What is wrong with one case's `expect`, or None: it must be an object naming at least one property
+    of the output contract (else the case checks nothing the agent answers), each with a value the
+    contract allows (its JSON type and enum: a value no output can have fails every time), and optionally
+    `denied`, the tools the broker may refuse in this case without failing it (denied_problem). The
+    expected values are never quoted: a sealed case's stay sealed."""
+    case, properties = f"case {json.dumps(ident)}", sorted(contract.properties)
     if not isinstance(expect, dict):
-        return f"case {json.dumps(ident)}: expect must be an object (output field -> the value wanted)"
+        return f"{case}: expect must be an object (output field -> the value wanted)"
     unknown = sorted(set(expect) - set(properties) - {"denied"})
     if unknown:
-        return (f"case {json.dumps(ident)}: expect names {', '.join(map(repr, unknown))}, not a property of the output "
+        return (f"{case}: expect names {', '.join(map(repr, unknown))}, not a property of the output "
                 f"contract (OUTPUT_SCHEMA: {', '.join(properties) or 'none'}) nor 'denied'")
-    denied = expect.get("denied", [])
+    denied = denied_problem(case, expect.get("denied", []), contract)
+    if denied:
+        return denied
+    wanted = sorted(set(expect) - {"denied"})
+    if not wanted:
+        return (f"{case}: expect names no output field, so the case checks nothing the agent answers; give the "
+                f"value wanted of at least one of {', '.join(properties) or 'none'}")
+    wrong = [f"expect.{key} must be {allowed_by(contract.properties[key])}" for key in wanted
+             if isinstance(contract.properties[key], dict) and check_args(contract.properties[key], expect[key])]
+    return f"{case}: {'; '.join(wrong)}, as the output contract says (no output could match)" if wrong else None
+
+
+def denied_problem(case: str, denied, contract: Contract) -> str | None:
+    """What is wrong with a case's expect.denied, or None: a list of tool names, each one some tool module
+    defines (a listed tool nothing defines is a typo: the denial it allows is never the one that happens)."""
     if not (isinstance(denied, list) and all(isinstance(t, str) for t in denied)):
-        return (f"case {json.dumps(ident)}: expect.denied must be a list of tool names (the tools the broker may "
-                f"refuse in this case without failing it)")
-    return None
+        return (f"{case}: expect.denied must be a list of tool names (the tools the broker may refuse in this "
+                f"case without failing it)")
+    unknown = {tool: contract.unknown_tool(tool) for tool in denied}
+    return "; ".join(f"{case}: expect.denied names '{one_line(tool)}', {problem}"
+                     for tool, problem in unknown.items() if problem) or None
+
+
+JSON_KINDS = {"string": "a string", "boolean": "a boolean (true or false)", "integer": "an integer",
+              "number": "a number", "object": "an object", "array": "a list", "null": "null"}
+
+
+def allowed_by(schema: dict) -> str:
+    """What a JSON schema (the subset broker.check_args reads) allows, in words: 'one of "a", "b"', 'a
+    boolean (true or false)', 'a string (at most 300 characters)'."""
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(value, ensure_ascii=False) for value in schema["enum"])
+    kind = schema.get("type")
+    said = JSON_KINDS.get(kind, f"of type {kind}") if isinstance(kind, str) else "a value"
+    limits = ([f"at most {schema['maxLength']} characters"] if "maxLength" in schema else []) + \
+             ([f"at least {schema['minimum']}"] if "minimum" in schema else [])
+    return said + (f" ({', '.join(limits)})" if limits else "")
 
 
 # ---- a new agent: its card, module, tool module and suite, made to prove as they are
@@ -4721,6 +4794,9 @@ def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *
 
 # ---- one production run
 
+NO_VISIBLE_TEXT = "the input has no visible text: a run needs a ticket with text"
+
+
 def is_blank(text: str) -> bool:
     """True when text holds nothing a reader would see: only whitespace, control and format (invisible) characters."""
     return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in text)
@@ -4733,7 +4809,7 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
     the row. Every effect it commits carries `effect_tags` (what only the line knows, e.g. the flagged
     run a harvest proposal comes from). Refusal for a blank input, before a run id is made."""
     if is_blank(task_text(task_input)):
-        raise Refusal("the input is empty: a run needs a ticket with text")
+        raise Refusal(NO_VISIBLE_TEXT)
     tier, clients = tier or cert["tier"], clients or Clients(fac.env)
     run_id = new_run_id()
     trace = Trace.start(fac, {"run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
@@ -5856,8 +5932,8 @@ def cmd_run(fac: Factory, args) -> int:
     """
     if (args.input is None) == (args.file is None):
         raise Usage("one input: TEXT or --file TICKETS.jsonl, not both and not neither")
-    if args.input is not None and is_blank(args.input):
-        raise Refusal("the input is empty: a run needs a ticket with text")
+    if args.input is not None and is_blank(args.input):   # wrong whatever the factory holds: a usage error
+        raise Usage(NO_VISIBLE_TEXT)
     agent, cert = certified_agent(fac, args.agent)
     tickets = [(None, args.input)] if args.file is None else load_tickets(fac, Path(args.file))
     clients = Clients(fac.env)
@@ -7775,8 +7851,14 @@ def not_text(args: argparse.Namespace) -> str | None:
             if dest not in PATH_ARGUMENTS and isinstance(text, str) and LONE_SURROGATE.search(text):
                 shown = dest if dest in ("input", "agent", "master", "run_id") else "--" + dest.replace("_", "-")
                 return (f"{shown} holds bytes that are not {sys.getfilesystemencoding()} text "
-                        f"({printable(text)[:80]}); pass it as text in the terminal's encoding")
+                        f"({printable(as_bytes_shown(text))[:80]}); pass it as text in the terminal's encoding")
     return None
+
+
+def as_bytes_shown(text: str) -> str:
+    """An argument Python decoded with surrogateescape, each byte it could not decode (kept as U+DC80..U+DCFF)
+    written back as the byte the user typed, `\\xff`, rather than as the surrogate Python made of it."""
+    return re.sub("[\udc80-\udcff]", lambda found: f"\\x{ord(found.group()) - 0xDC00:02x}", text)
 
 
 if __name__ == "__main__":

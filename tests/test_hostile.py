@@ -282,7 +282,8 @@ class Text:
                                capture_output=True, timeout=60)
         self.assertNotIn(b"Traceback", child.stderr)
         self.assertEqual((child.returncode, len(child.stderr.splitlines())), (2, 1), child.stderr)
-        self.assertIn(b"input holds bytes that are not utf-8 text", child.stderr)
+        self.assertEqual(child.stderr, b"factory run: input holds bytes that are not utf-8 text (refund \\xff please); pass "
+                                       b"it as text in the terminal's encoding; see `factory.py run --help`\n")
 
     def test_a_lone_surrogate_in_a_card(self):
         card = self.root / "masters" / "triager.json"
@@ -544,7 +545,9 @@ class Batch:
                 self.assertNotIn("refused", (verdicts[0], verdicts[6]))
                 self.assertEqual(len(self.index_rows()), 1 + 2, "the good tickets ran")
                 text = out if not mode else "\n".join(r["why"][0] for r in rows[1:6])
-                for why in ("line 2: longer than 1 mib", "line 3: not valid json", "line 4: holds \\udcff",
+                for why in ("line 2: longer than 1 mib", "line 4: holds \\udcff",
+                            # the line of the file, and the place in it by character: never a second "line"
+                            "tickets.jsonl line 3: not valid json (Invalid control character at the end of the line)",
                             "line 5: an eval case with `expect`", "line 6: missing field 'input'"):
                     self.assertIn(why, text)
 

@@ -163,7 +163,7 @@ class FromACopy(LineTest):
         self.assertFalse((self.root / "agents" / "tools" / "tri2.py").exists())
         self.assertIn("write its own sealed half", out)
         self.assertEqual(self.factory("prove", "tri2")[0], 0)
-        self.refused("tri2/sealed.jsonl: missing", "prove", "tri2", "--sealed")
+        self.refused("tri2/sealed.jsonl: no such file; a suite needs cases before it can prove anything", "prove", "tri2", "--sealed")
 
     def test_a_copy_of_a_variant_is_a_master_of_its_own(self):
         self.assertEqual(self.factory("stamp", "triager", "--as", "tri-eu", "--set", "owner=eu-lead")[0], 0)

@@ -98,15 +98,26 @@ class Runs(CertifiedTest):
                      str(self.root / "evals" / "triager" / "cases.jsonl"))
         self.assertFalse((self.root / "traces" / "triager").exists())
 
+    def test_a_tickets_file_that_is_not_there_or_not_json(self):
+        self.refused_writing_nothing(f"factory run: {self.tmp / 'nosuch.jsonl'}: no such file\n", "run", "triager",
+                                     "--file", str(self.tmp / "nosuch.jsonl"))
+        tickets = self.tmp / "tickets.jsonl"
+        tickets.write_text('{"id": "b" "input": "hi"}\n')   # the line of the file, the place by character in it
+        self.refused_writing_nothing(f"factory run: 1 of 1 ticket(s) refused, each on its own line (the first: {tickets} "
+                                     f"line 1: not valid json (Expecting ',' delimiter at character 12))\n",
+                                     "run", "triager", "--file", str(tickets))
+
     def test_empty_or_blank_input_is_refused_before_a_run_id(self):
         for text in ("", "   ", "\n\t", "\u200b\u2060 \u00ad"):   # the last: invisible characters only
-            with self.subTest(text=text):
-                self.refused_writing_nothing("the input is empty: a run needs a ticket with text", "run", "triager", text)
+            with self.subTest(text=text):   # a usage error, as no input at all is
+                err = self.usage_error("the input has no visible text: a run needs a ticket with text", "run", "triager", text)
+                self.assertEqual(err, "factory run: the input has no visible text: a run needs a ticket with text; "
+                                      "see `factory.py run --help`\n")
         tickets = self.tmp / "tickets.jsonl"
         write_jsonl(tickets, [{"id": "k2", "input": "\u200b \u200d"}])
         self.refused_writing_nothing("tickets.jsonl line 1: field 'input' must be non-empty text", "run", "triager", "--file", str(tickets))
         agent, cert = factory.certified_agent(self.fac, "triager")
-        with self.assertRaisesRegex(factory.Refusal, "the input is empty"):
+        with self.assertRaisesRegex(factory.Refusal, "^the input has no visible text: a run needs a ticket with text$"):
             factory.run_one(self.fac, agent, cert, " \n ")
         self.assertEqual(self.index_lines(), [])
         write_jsonl(tickets, [{"id": "k1", "input": "How do I order a new card?"}, {"id": "k2", "input": "\u200b \u200d"}])
