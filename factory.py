@@ -97,6 +97,7 @@ SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
 GENESIS = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"   # sha256 of nothing: the `prev` of a log's first entry
 ANCHOR_FORMAT = "factory-anchor-1"
 CHAINED_LOGS = ("recalls", "revocations", "lineage", "approvals")   # Factory properties of the hash-chained logs
+STDOUT_CLOSED = 141            # run's exit status when stdout's reader stopped: 128 + SIGPIPE, as a shell reports it
 DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage calls are network waits
 
 
@@ -387,9 +388,11 @@ class Chain:
 @dataclass(frozen=True)
 class Factory:
     """Every path of one factory, computed from its root; asking for a path creates nothing.
-    `store` does every read and write under these paths; `code` loads the modules under agents/."""
+    `store` does every read and write under these paths; `code` loads the modules under agents/. The
+    sealed folder is read from `env` when first asked for, so only a station that uses it reads
+    FACTORY_SEALED_DIR (what its --help lists); every station checks where the keys folder is."""
     root: Path
-    sealed_dir: Path
+    sealed_given: str | None   # --sealed-dir, when given
     keys_dir: Path
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
     store: "Store" = field(init=False, compare=False, repr=False)
@@ -410,13 +413,18 @@ class Factory:
         base = Path(root or env.get("FACTORY_ROOT") or Path(__file__).resolve().parent).resolve()
         if not base.is_dir():
             raise Refusal(f"the factory root {base} is not a folder (--root, else $FACTORY_ROOT)")
-        sealed = sealed_dir or env.get("FACTORY_SEALED_DIR")
         keys = Path(env.get("FACTORY_KEYS_DIR") or Path.home() / ".config" / "agent-factory" / "keys")
         if keys.absolute().is_relative_to(base) or keys.resolve().is_relative_to(base):
             # whoever writes the tree could read its keys there, and rewrite this machine's anchor
             raise Refusal(f"the keys folder {keys} is inside the factory root {base}: it must live outside the factory "
                           f"root (set FACTORY_KEYS_DIR to a folder of your own)")
-        return cls(base, Path(sealed).resolve() if sealed else base / "evals", keys, env)
+        return cls(base, sealed_dir, keys, env)
+
+    @cached_property
+    def sealed_dir(self) -> Path:
+        """Where sealed halves live: --sealed-dir, else $FACTORY_SEALED_DIR, else evals/."""
+        sealed = self.sealed_given or self.env.get("FACTORY_SEALED_DIR")
+        return Path(sealed).resolve() if sealed else self.evals
 
     # computed once per Factory: a batch asks for the index and the traces folder on every run
     masters = cached_property(lambda self: self.root / "masters")
@@ -525,7 +533,7 @@ class Store:
         the sealed dir (a symlink that points out counts as outside); `confined=False` is for files the
         user names."""
         where, real = self.fac.shown(path), Path(os.path.realpath(path))
-        if confined and not any(real.is_relative_to(base) for base in (self.fac.root, self.fac.sealed_dir)):
+        if confined and not (real.is_relative_to(self.fac.root) or real.is_relative_to(self.fac.sealed_dir)):
             raise Refusal(f"{where}: points outside the factory root ({real}); refusing to read it")
         with self.machine(path, "read"):
             if path.is_dir():
@@ -717,11 +725,16 @@ class Store:
 
     # ---- where a write may go: real folders inside the root (or the sealed folder)
 
+    def bases(self) -> Iterator[Path]:
+        """The root, then the sealed folder: asked for only when a path is not inside the root."""
+        yield self.fac.root
+        yield self.fac.sealed_dir
+
     def parts_inside(self, path: Path) -> tuple[Path, tuple[str, ...]]:
         """(the folder path lies in, the parts of path below it): the root, else the sealed folder (where
         `new` writes a sealed half, which may live outside the root); StoreError unless path names a
         file lexically inside one of them."""
-        for base in (self.fac.root, self.fac.sealed_dir):
+        for base in self.bases():
             inside = len(base.parts)   # parts compared as Path.relative_to does, without building a new Path
             if path.parts[:inside] == base.parts and len(path.parts) > inside and ".." not in path.parts[inside:]:
                 return base, path.parts[inside:]
@@ -5199,14 +5212,15 @@ def arg(*flags: str, **options) -> tuple:
     return flags, options
 
 
-def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str], env: tuple[str, ...]):
+def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str], env: tuple[str, ...],
+            more_exits: tuple[tuple[int, str], ...] = ()):
     """Mark cmd_NAME as the station NAME taking these arguments (each from arg(), each with its help),
     and give what its --help shows after them: example command lines, what exit statuses 0 and 1 mean
-    for it (2 is always a usage error, 130 an interrupt), and the environment variables it reads (names
-    in ENVIRONMENT)."""
+    for it (2 is always a usage error, 130 an interrupt), any other status it has (`more_exits`:
+    (status, what it means)), and the environment variables it reads (names in ENVIRONMENT)."""
     def mark(func):
         func.station_arguments = arguments
-        func.station_help = {"examples": examples, "exits": exits, "env": env}
+        func.station_help = {"examples": examples, "exits": exits, "env": tuple(dict.fromkeys(env)), "more_exits": more_exits}
         return func
     return mark
 
@@ -5233,14 +5247,14 @@ ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
     "SAGE_REASONING": "Levanto's reasoning setting: auto, off or on",
     "HTTPS_PROXY": "proxy for https model and Sage calls (or https_proxy)",
     "HTTP_PROXY": "proxy for http model and Sage calls (or http_proxy)",
-    "USER": "who recalled (recall log); owner of a card new writes",
+    "USER": "your name where it is recorded (unset: your login name)",
     "PATH": "where ssh-keygen is found (ssh signatures)",
 }
 PROXY_ENV = ("HTTPS_PROXY", "HTTP_PROXY")
 WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "MOONSHOT_API_KEY",
               "MOONSHOT_BASE_URL", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL", "SAGEROUTE_URL", "SAGEROUTE_TOKEN")
 GATE_ENV = ("SAGE_API_KEY", "SAGE_ENDPOINT", "SAGE_PROTOCOL", "SAGE_MODEL", "SAGE_REASONING")
-ROOT_ENV = ("FACTORY_ROOT",)
+ROOT_ENV = ("FACTORY_ROOT", "FACTORY_KEYS_DIR")   # every station: the root, and the keys folder it checks lies outside it
 ENV_COLUMN = 19   # a longer variable name goes on its own line in --help, so every line fits 80 columns
 KEYS_ENV = ("FACTORY_KEYS_DIR", "FACTORY_ALLOWED_SIGNERS")   # stations that sign or check a signature
 MODEL_ENV = (*WORKER_ENV, *GATE_ENV, *PROXY_ENV)   # stations that ask a worker model and Sage
@@ -5364,7 +5378,7 @@ def cmd_new(fac: Factory, args) -> int:
         raise Usage("--tools makes example tools for a new agent; a copy (--from) has its source's tools")
     if args.source is None and not TOOL.fullmatch(f"{family}:draft"):
         raise Usage(f"{args.name!r} is too long to name its tool module agents/tools/{family}.py (at most 32)")
-    owner = fac.env.get("USER") or login_name()
+    owner = user_name(fac.env)
     files = (copied_files(fac, source_agent(fac, args.source, args.name), args.name, owner) if args.source
              else new_files(fac, args.name, args.tools or tuple(EXAMPLE_TOOLS), owner))
     missing = files_to_write(fac, args.name, files)
@@ -5917,6 +5931,7 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
                    "python3 factory.py run triager --file evals/triager/inbox.jsonl --json"),
          exits=("every run completed, whether or not a human must see it",
                 "refused, a run crashed, or a run's effect is uncertain (a write failed)"),
+         more_exits=((STDOUT_CLOSED, "stdout closed (--file ... | head): stderr says how many ran"),),
          env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *KEYS_ENV, "PATH", *MODEL_ENV))
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
@@ -5944,9 +5959,11 @@ def cmd_run(fac: Factory, args) -> int:
             print(json.dumps({"ticket": ticket_id, **row}, ensure_ascii=False))
         else:
             print_run(row) if args.file is None else print_ticket(ticket_id, row, agent.handoff_field)
+        sys.stdout.flush()   # each result as it comes, and a reader that stopped (head) is seen at once
     if args.file is not None and not args.json and sys.stdout.isatty():   # a pipe gets the lines alone
         print(*TICKET_COLUMNS.replace("HANDOFF", agent.handoff_field).split("\t"), sep="\t")
-    failed = run_tickets(fac, agent, cert, tickets, jobs, emit, clients)
+    batch = run_tickets(fac, agent, cert, tickets, jobs, emit, clients)
+    failed = batch.failed
     refused = [row["why"][0] for row in failed if row["status"] == "refused"]
     crashed = sum(row["status"] == "crashed" for row in failed)
     uncertain = sum(row["verdict"] == "uncertain-effect" for row in failed)
@@ -5956,6 +5973,11 @@ def cmd_run(fac: Factory, args) -> int:
             f"reconciles it (each run's output says where)"] if uncertain else [])
     if said:
         print(f"factory run: {'; '.join(said)}", file=sys.stderr)
+    if batch.closed:
+        stdout_closed()
+        print(f"factory run: stdout was closed after {batch.shown} of {len(tickets)} result(s) were written to it (its "
+              f"reader stopped, e.g. head): {batch.ran} ticket(s) ran, {len(tickets) - batch.ran} did not", file=sys.stderr)
+        return STDOUT_CLOSED
     return 1 if failed else 0
 
 
@@ -5965,33 +5987,52 @@ def waits_on_nothing(fac: Factory, agent: Agent, clients: Clients) -> bool:
     return make_worker(fac, agent, None, clients).planned_backend() == "offline" and clients.router is None
 
 
-def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit, clients: Clients) -> list[dict]:
+@dataclass
+class Batch:
+    """What run_tickets did: the rows of the runs that crashed or ended uncertain-effect and of the tickets
+    refused (`failed`), how many tickets were run (a refused one is not) and how many results were
+    written before stdout was closed (`shown`, with `closed` true), if it was."""
+    failed: list = field(default_factory=list)
+    ran: int = 0
+    shown: int = 0
+    closed: bool = False
+
+
+def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit, clients: Clients) -> Batch:
     """Run tickets `jobs` at a time with the station's `clients`, emitting results in input order
     (--jobs 1 is exactly sequential); a ticket whose text is a Refusal is not run but emitted as
-    refused in its place. Returns the rows of the runs that crashed or ended uncertain-effect, and of the
-    tickets refused.
+    refused in its place. When stdout is closed (emit raises BrokenPipeError: a reader such as head
+    stopped), no ticket starts after it, and the runs already started are finished and closed unseen.
 
     The drift watch is consulted before each ticket starts and fed as each result is emitted; the
     clients' one circuit breaker rests a backend for every ticket of the batch once it keeps
     answering 429/5xx."""
     drift, progress, inflight = Drift.of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
-    failed = []
+    batch = Batch()
     def finish():
         ticket_id, future = inflight.popleft()
         row = future.result()
-        failed.extend([row] if row["status"] in ("crashed", "refused") or row["verdict"] == "uncertain-effect" else [])
+        batch.failed.extend([row] if row["status"] in ("crashed", "refused") or row["verdict"] == "uncertain-effect" else [])
         drift.observe(row)
         progress.clear()
-        emit(ticket_id, row)
+        if not batch.closed:
+            try:
+                emit(ticket_id, row)
+                batch.shown += 1
+            except BrokenPipeError:
+                batch.closed = True
         progress.tick()
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for ticket_id, text in tickets:
             if len(inflight) >= jobs:
                 finish()
+            if batch.closed:
+                break
             if isinstance(text, Refusal):
                 inflight.append((ticket_id, refused_ticket(text)))
                 continue
+            batch.ran += 1
             if drift.demoted:
                 print(f"drift: {agent.name} {drift.describe()}; this run is clamped to C0 until it is re-certified.", file=sys.stderr)
             tier = "C0" if drift.demoted else None
@@ -5999,7 +6040,17 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
         while inflight:
             finish()
     progress.close()
-    return failed
+    return batch
+
+
+def stdout_closed() -> None:
+    """After stdout's reader went away (BrokenPipeError), point its file descriptor at the null device, so
+    what is still buffered is dropped at exit rather than raising again, as Python's documentation advises
+    (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):   # no descriptor: a test's in-memory stream
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def refused_ticket(problem: Refusal) -> Future:
@@ -6231,7 +6282,7 @@ def cmd_recall(fac: Factory, args) -> int:
     """
     load_card(fac, args.agent)
     variants = descendants(fac, args.agent, recall_reach(fac))   # read (and checked) before anything is written
-    entry = {"agent": args.agent, "reason": args.reason, "at": utc_now(), "by": fac.env.get("USER", "unknown")}
+    entry = {"agent": args.agent, "reason": args.reason, "at": utc_now(), "by": user_name(fac.env)}
     append_to_log(fac, "recalls", lambda chain: entry)
     print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")
     print("every new run of these is refused until a fresh sealed proof and a new signature; runs already underway finish and are gated.")
@@ -7663,6 +7714,12 @@ def answered(answer: str) -> str:
     return json.dumps(answer[:40]) if answer else "nothing (just enter)"
 
 
+def user_name(env: Mapping[str, str]) -> str:
+    """Who runs the station, for every record that names them (the owner `new` writes on a card, who
+    recalled in the recall log): $USER, else the login name."""
+    return env.get("USER") or login_name()
+
+
 def login_name() -> str:
     """Who is at this machine when USER is unset (getpass: LOGNAME, then the password database), or
     'unassigned' when nobody can be named."""
@@ -7735,7 +7792,7 @@ def station_epilog(func) -> str:
     width = min(max(len(name) for name in about["env"]), ENV_COLUMN) + 2
     return "\n".join(["examples:", *(f"  {line}" for line in about["examples"]), "",
                       "exit status:", f"  0    {done}", f"  1    {failed}", "  2    usage error (one line on stderr)",
-                      "  130  interrupted", "",
+                      "  130  interrupted", *(f"  {status:<4} {what}" for status, what in about["more_exits"]), "",
                       "environment:", *(f"  {name:<{width}}{ENVIRONMENT[name]}" if len(name) <= ENV_COLUMN
                                         else f"  {name}\n  {'':<{width}}{ENVIRONMENT[name]}" for name in about["env"])])
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import FakeSage
-from tests.support import REPO, CertifiedTest, LineTest, write_jsonl
+from tests.support import INJECTION, REPO, CertifiedTest, LineTest, write_jsonl
 
 KEY = "sk-ant-test-router"
 
@@ -206,7 +206,8 @@ class Help(unittest.TestCase):
                 for line in examples:
                     self.assertIsInstance(factory.parse(factory.build_parser(), example_argv(line)), argparse.Namespace)
                 statuses = text.split("\nexit status:\n")[1].split("\n\n")[0]
-                self.assertEqual([line.split()[0] for line in statuses.splitlines()], ["0", "1", "2", "130"])
+                self.assertEqual([line.split()[0] for line in statuses.splitlines()],
+                                 ["0", "1", "2", "130", *(["141"] if name == "run" else [])])
                 environment = text.split("\nenvironment:\n")[1].splitlines()
                 self.assertEqual(environment[0].split()[0], "FACTORY_ROOT")
                 for line in (line for line in environment if not line.startswith("   ")):   # not a long name's
@@ -472,6 +473,86 @@ class SystemOneWithoutAModel(CertifiedTest):
             self.env["SAGE_MODEL"] = "decider"
             self.assertIn("gate: live check ready", self.factory("doctor")[1])
 
+
+
+class LookedUp(dict):
+    """An environment that remembers each variable a station looks up (get, [] or in); a lower-case proxy
+    variable is counted as its upper-case name, as --help lists it."""
+
+    def __init__(self, values: dict):
+        super().__init__(values)
+        self.read = set()
+
+    def note(self, name):
+        self.read.add(name.upper() if name.lower().endswith("_proxy") else name)
+
+    def get(self, name, default=None):
+        self.note(name)
+        return super().get(name, default)
+
+    def __getitem__(self, name):
+        self.note(name)
+        return super().__getitem__(name)
+
+    def __contains__(self, name):
+        self.note(name)
+        return super().__contains__(name)
+
+
+class EachStationsEnvironment(CertifiedTest):
+    """Each station's --help lists the variables THAT station reads: every variable it looks up in a run of
+    it (its environment records each lookup), over the paths these runs take, is in its list. prove and
+    pending read the keys folder and did not list FACTORY_KEYS_DIR; every station now checks that the keys
+    folder lies outside the root, and lists it."""
+
+    RUNS = (("schema",), ("digest", "triager"), ("new", "faq"), ("prove", "triager"), ("prove", "triager", "--sealed"),
+            ("certify", "triager", "--tier", "C1", "--by", "alice"), ("stamp", "triager", "--as", "tri2"),
+            ("restamp", "triager"), ("run", "triager", INJECTION), ("run", "tri2", "How do I order a new card?"),
+            ("tower",), ("pending",), ("harvest", "triager"), ("doctor",), ("recall", "tri2", "--reason", "a test"))
+
+    def test_each_station_reads_only_what_its_help_lists(self):
+        read = {}
+        with FakeSage(yes_p=0.9) as gate:
+            self.env.update(SAGE_ENDPOINT=gate.url, SAGE_API_KEY="sage-key", PATH=os.environ["PATH"])
+            for argv in self.RUNS:
+                env = LookedUp(self.env)
+                with typed(b"y\n"):
+                    code, out, err = self.factory(*argv, env=env)
+                self.assertIn(code, (0, 1), f"{argv}: {err}")
+                read.setdefault(argv[0], set()).update(env.read)
+        for func in factory.stations():
+            name = func.__name__.removeprefix("cmd_")
+            with self.subTest(station=name):
+                listed = set(func.station_help["env"])
+                self.assertLessEqual(read.get(name, set()), listed, f"{name} reads what its --help does not list")
+        self.assertLessEqual({"FACTORY_KEYS_DIR", "SAGE_API_KEY"}, read["prove"])   # the lookups are seen
+        self.assertIn("FACTORY_KEYS_DIR", read["pending"])
+        self.assertIn("USER", read["new"] & read["recall"])
+
+    def factory(self, *argv: str, env: dict | None = None):
+        """A station in this process with `env` (default: self.env), as LineTest.factory runs one."""
+        saved = self.env
+        self.env = self.env if env is None else env
+        try:
+            return super().factory(*argv)
+        finally:
+            self.env = saved
+
+
+@contextlib.contextmanager
+def typed(answer: bytes):
+    """sys.stdin on a pseudo-terminal with `answer` already typed at it, for the block: a prompt in this
+    process reads it as a person's answer."""
+    leader, follower = pty.openpty()
+    saved = sys.stdin
+    try:
+        os.write(leader, answer)
+        with open(follower, encoding="utf-8") as terminal:
+            sys.stdin = terminal
+            yield
+    finally:
+        sys.stdin = saved
+        os.close(leader)
 
 if __name__ == "__main__":
     unittest.main()

@@ -5,6 +5,7 @@ promotion and drift, harvest and recall, and eight processes running one agent a
 from __future__ import annotations
 
 import fcntl
+import getpass
 import hashlib
 import hmac
 import json
@@ -419,6 +420,13 @@ class RecallAndHarvest(LineTest):
         code, out, _ = self.factory("recall", "triager", "--reason", "leaked drafts")
         self.assertIn("recalled triager and 1 variant(s): ['triager-eu']", out)
         self.refused("recalled since certification: leaked drafts", "run", "triager-eu", "hi")
+
+    def test_who_recalled_is_the_login_name_when_user_is_unset(self):
+        """recall wrote "by": "unknown" with USER unset while new took the login name: one way for both."""
+        del self.env["USER"]
+        self.assertEqual(self.factory("recall", "evalsmith", "--reason", "proposals mislabelled")[0], 0)
+        entry = json.loads((self.root / "registry" / "recalls.jsonl").read_text().splitlines()[-1])
+        self.assertEqual(entry["by"], getpass.getuser())
 
     def test_harvest_proposes_cases_from_flagged_runs(self):
         self.factory("run", "triager", INJECTION)
@@ -1373,6 +1381,27 @@ class Killed(CertifiedTest):
         self.assertIn("unfinished: 1 (started, never closed)", self.factory("tower")[1])
         self.assertEqual(len(list(factory.index_rows(self.fac))), 1, "index readers count closed rows as runs")
         self.assertEqual(factory.gated_runs(self.fac, factory.load_agent(self.fac, "triager")), factory.Production(0, 0))
+
+
+class ClosedStdout(CertifiedTest):
+    """`run --file … | head`: the pipe closes; the batch stops, one stderr line says how many tickets ran and
+    how many did not, the exit status is 141 (128 + SIGPIPE, as a shell reports it), and every run that
+    started is closed in the index."""
+
+    def test_a_closed_pipe_stops_the_batch_and_says_so(self):
+        tickets = self.tmp / "tickets.jsonl"
+        write_jsonl(tickets, [{"id": f"t{k}", "input": "How do I order a new card?"} for k in range(5)])
+        reader, writer = os.pipe()
+        os.close(reader)   # the reader is gone before the first result: head that already stopped
+        try:
+            child = subprocess.run([sys.executable, str(REPO / "factory.py"), "run", "triager", "--file", str(tickets),
+                                    "--jobs", "1"], stdout=writer, stderr=subprocess.PIPE, text=True, timeout=120,
+                                   env={**os.environ, **self.env}, cwd=str(REPO))
+        finally:
+            os.close(writer)
+        self.assertEqual((child.returncode, child.stderr), (141, "factory run: stdout was closed after 0 of 5 result(s) "
+                         "were written to it (its reader stopped, e.g. head): 1 ticket(s) ran, 4 did not\n"))
+        self.assertEqual([row["state"] for row in self.index_lines()], ["started", "closed"])
 
 
 class Concurrency(CertifiedTest):
