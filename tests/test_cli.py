@@ -372,21 +372,27 @@ class Interpreter(LineTest):
     """factory.py starts wherever the user's Python does: below 3.11 one line says what is needed, and
     its own modules are found whatever the path settings and the current folder."""
 
-    OLD_PYTHON = "/root/.pyenv/versions/3.10.13/bin/python3"
+    OLD_PYTHONS = {"3.10": "/root/.pyenv/versions/3.10.13/bin/python3", "3.9": "/root/.pyenv/versions/3.9.18/bin/python3",
+                   "3.8": "/root/.pyenv/versions/3.8.18/bin/python3"}
 
     def test_an_older_python_gets_one_line_naming_both_versions(self):
-        python = next((p for p in (self.OLD_PYTHON, shutil.which("python3.10")) if p and os.access(p, os.X_OK)), None)
-        if python is None:
-            self.skipTest("no Python 3.10 on this machine (looked for python3.10 on PATH and in ~/.pyenv)")
-        for argv in (["prove", "triager"], ["--help"], []):
-            with self.subTest(argv=argv):
-                done = subprocess.run([python, str(REPO / "factory.py"), *argv], capture_output=True, text=True,
-                                      env={**os.environ, **self.env}, cwd=str(self.tmp), timeout=60)
-                self.assertEqual(done.returncode, 2, done.stderr)
-                self.assertEqual(done.stdout, "")
-                self.assertEqual(len(done.stderr.splitlines()), 1, done.stderr)
-                self.assertIn("needs Python 3.11 or newer, and this is Python 3.10.", done.stderr)
-                self.assertIn(python, done.stderr)
+        """The README says which Pythons get the line: 3.8, 3.9 and 3.10 (an older one cannot parse the file)."""
+        self.assertIn("Python 3.8, 3.9 and 3.10 get one line saying which Python is needed and which one ran",
+                      " ".join((REPO / "README.md").read_text().split()))
+        found = {version: next((p for p in (path, shutil.which(f"python{version}")) if p and os.access(p, os.X_OK)), None)
+                 for version, path in self.OLD_PYTHONS.items()}
+        if not any(found.values()):
+            self.skipTest("no Python 3.8, 3.9 or 3.10 on this machine (looked on PATH and in ~/.pyenv)")
+        for version, python in ((v, p) for v, p in found.items() if p):
+            for argv in (["prove", "triager"], ["--help"], []) if version == "3.10" else (["--help"],):
+                with self.subTest(version=version, argv=argv):
+                    done = subprocess.run([python, str(REPO / "factory.py"), *argv], capture_output=True, text=True,
+                                          env={**os.environ, **self.env}, cwd=str(self.tmp), timeout=60)
+                    self.assertEqual(done.returncode, 2, done.stderr)
+                    self.assertEqual(done.stdout, "")
+                    self.assertEqual(len(done.stderr.splitlines()), 1, done.stderr)
+                    self.assertIn(f"needs Python 3.11 or newer, and this is Python {version}.", done.stderr)
+                    self.assertIn(python, done.stderr)
 
     def test_its_own_modules_are_found_whatever_the_path_settings_and_folder(self):
         """Run from a folder holding decoy broker/llm/sage modules that are also first on PYTHONPATH:
