@@ -1545,7 +1545,7 @@ class Code:
             if reaching:
                 line, construct = reaching[0]
                 raise Refusal(f"agents/{relative} line {line}: {construct} loads code the digest does not cover, so "
-                              f"the line will not run this module; import an agent module as `from agents import NAME`")
+                              f"the factory will not run this module; import an agent module as `from agents import NAME`")
             for top in plain_imports(nodes):
                 self.outside_the_root(relative, top)
             self.scanned.add(relative)
@@ -1733,7 +1733,7 @@ def toolbox_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
         contracts = ast.literal_eval(assigned[0].value)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return {}, [f"{where} line {assigned[0].lineno}: CONTRACTS is not written out as a literal (strings, numbers, "
-                    f"True, False, None, lists and dicts only, no names or calls): the line reads it from the "
+                    f"True, False, None, lists and dicts only, no names or calls): the factory reads it from the "
                     f"source, without running the module"]
     if not isinstance(contracts, dict):
         return {}, [f"{where}: {TOOL_MODULE_IS}"]
@@ -2364,7 +2364,7 @@ CONTRACTS = {$contracts
 
 def make_tools(root: Path, agent: str, run_id: str, write: Callable[[Path, dict], dict]) -> dict:
     """Tool name -> callable(args): a read returns its result text; a write returns (result text, the
-    receipt `write` gives, by which the line reads the effect back)."""
+    receipt `write` gives, by which the factory reads the effect back)."""
 $implementations
 
     return {$made}
@@ -3082,6 +3082,11 @@ class Production:
         """The gate pass rate of the verified runs (0.0 with none)."""
         return self.passes / self.runs if self.runs else 0.0
 
+    @property
+    def rate_text(self) -> str:
+        """The rate as printed: '0.95', or '-' over no runs (a rate of nothing is not 0.00), as the tower says."""
+        return f"{self.rate:.2f}" if self.runs else "-"
+
     def not_counted(self, fac: Factory) -> str:
         """'; N row(s) of traces/index.jsonl not counted (...)' for each kind of row left out, or ''."""
         said = ""
@@ -3518,7 +3523,7 @@ class Claim:
     @property
     def since(self) -> str:
         """The moment the evidence dates from, in words for a refusal."""
-        return {"run": "certification", "certify": "the sealed run", "approve": "this call was staged"}[self.kind]
+        return {"run": "certification", "certify": "the sealed proof", "approve": "this call was staged"}[self.kind]
 
     @property
     def remedy(self) -> str:
@@ -3750,7 +3755,12 @@ def not_revoked(claim: Claim) -> str | None:
 def not_recalled(claim: Claim) -> str | None:
     """No recall reaching NAME (its own or a master's) since the evidence was made."""
     later = [r for r in recalls_of(claim.fac, claim.name) if r["at"] > claim.since_at]
-    return f"recalled since {claim.since}: {later[-1]['reason']}. {claim.remedy}" if later else None
+    if not later:
+        return None
+    recall = later[-1]
+    if recall["agent"] != claim.name:   # a master's recall reaches its variants: say whose it was
+        return f"recalled since {claim.since} (its master {recall['agent']} was recalled: {recall['reason']}). {claim.remedy}"
+    return f"recalled since {claim.since}: {recall['reason']}. {claim.remedy}"
 
 
 def unchanged(claim: Claim) -> str | None:
@@ -3779,7 +3789,7 @@ def within_ceiling(claim: Claim) -> str | None:
 
 def has_sealed_proof(claim: Claim) -> str | None:
     """There is a sealed proof at all."""
-    return None if claim.proofs else f"no sealed run. the law: no evals, no production. run: prove {claim.name} --sealed"
+    return None if claim.proofs else f"no sealed proof. the law: no evals, no production. run: prove {claim.name} --sealed"
 
 
 def proof_verifies(claim: Claim) -> str | None:
@@ -3822,7 +3832,7 @@ def production_evidence(claim: Claim) -> str | None:
     if production.runs >= PROMOTION_RUNS and production.rate >= bar:
         return None
     return (f"tier {claim.tier} needs production evidence at {below} since the agent (its digest) last changed: "
-            f"{production.runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {production.rate:.2f} "
+            f"{production.runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {production.rate_text} "
             f"(need {bar}){production.not_counted(claim.fac)}.")
 
 
@@ -4997,9 +5007,12 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
     wrong = {key: {"wanted": want, "got": got.get(key)} for key, want in expect.items() if got.get(key) != want}
     denied = loop.broker.denials()
     unexpected = sorted(set(denied) - allowed)
+    known = sorted({*agent.contracts, *agent.card["tools"]})
+    unknown = {tool: closest(tool, known) for tool in unexpected if tool not in agent.contracts}   # a typo in the rules
     return {"id": case["id"], "passed": status == "done" and not wrong and not unexpected,
             "status": status, "reason": loop.reason, "wrong": wrong, "denied": denied,
-            "unexpected_denials": unexpected, "draft": got.get("draft"), "backends": sorted(set(loop.backends)),
+            "unexpected_denials": unexpected, "unknown_tools": unknown, "draft": got.get("draft"),
+            "backends": sorted(set(loop.backends)),
             "synthetic": case.get("source") == "synthetic", "draft_score": None,
             "seconds": time.monotonic() - started}
 
@@ -5576,7 +5589,7 @@ def print_proof(proof: dict) -> None:
     print(f"{proof['agent']} [{proof['half']} half of {proof['suite']}] {score_text(proof, proof['pass_bar'])} "
           f"(bar {proof['pass_bar']}) {proof['verdict']}   denials:{proof['tool_denials']}   draft:{proof['draft_check']}")
     print(f"  {part_text('real tickets', proof['real'])}   {part_text('synthetic', proof['synthetic'])}   "
-          f"backends: {', '.join(proof['backends'])}")
+          f"backends: {', '.join(proof['backends']) or 'none answered'}")
     if proof["verdict"] == "MODEL UNANSWERED":
         print(f"  {unanswered_text(proof)}")
     for failure in proof["failures"]:
@@ -5668,6 +5681,8 @@ def failure_message(half: str, result: dict) -> str:
     parts += [f"{key}: wanted {json.dumps(v['wanted'])} got {json.dumps(v['got'])}" for key, v in result["wrong"].items()]
     if result["unexpected_denials"]:
         parts.append(f"denied {result['unexpected_denials']}")
+    for tool, near in result.get("unknown_tools", {}).items():   # the agent called a tool it has no contract for
+        parts.append(f"{tool!r} is no tool of this agent" + (f" (did you mean {near!r}?)" if near else ""))
     if result["draft_score"] is not None:
         parts.append(f"draft {result['draft_score']:.1f}/4")
     return "; ".join(parts) or "failed"
@@ -5676,7 +5691,7 @@ def failure_message(half: str, result: dict) -> str:
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to sign for (its latest sealed proof must clear the bar)"),
          arg("--tier", choices=TIERS, required=True,
              help="C0 observe, C1 draft, C2 act with approval, C3 act alone; at most the card's tier_ceiling"),
-         arg("--by", type=signer_name, required=True, metavar="SIGNER", help="who signs; their HMAC key is created on first use"),
+         arg("--by", type=signer_name, required=True, metavar="NAME", help="who signs; their HMAC key is created on first use"),
          SSH_KEY,
          examples=("python3 factory.py certify triager --tier C1 --by alice",
                    "python3 factory.py certify triager --tier C1 --by alice --ssh-key KEY"),
@@ -5796,7 +5811,7 @@ def production_line(fac: Factory, claim: Claim) -> str:
     """The production evidence the index holds for this digest: verified gated runs counted, the rest named."""
     production = gated_runs(fac, claim.agent)
     return (f"  production evidence since the agent (its digest) last changed: {production.runs} verified gated run(s), gate pass "
-            f"rate {production.rate:.2f}{production.not_counted(fac)}")
+            f"rate {production.rate_text}{production.not_counted(fac)}")
 
 
 def replaced_lines(fac: Factory, claim: Claim) -> list[str]:
@@ -6154,7 +6169,10 @@ def cmd_harvest(fac: Factory, args) -> int:
     try:
         smith, smith_cert = certified_agent(fac, "evalsmith")
     except Refusal as why:
-        raise Refusal(f"evalsmith is not certified. the line only hires from the registry. ({why})") from None
+        if not fac.cert_path("evalsmith").exists():
+            raise Refusal("evalsmith, which writes the proposed cases, is not certified: prove evalsmith --sealed, then "
+                          "certify evalsmith --tier C1 --by YOUR_NAME at a terminal") from None
+        raise Refusal(f"evalsmith, which writes the proposed cases, may not run: {why}") from None
     with fac.store.locked(fac.records / args.agent):   # two harvests at once never propose one run twice
         done = harvest_flagged(fac, args.agent, smith, smith_cert)
     review = f"; {done.reviewed} held back for a human in {fac.shown(fac.root / 'outbox' / smith.name / 'review.jsonl')} " \

@@ -102,7 +102,7 @@ class Prompt(LineTest):
         before = self.cert("faq")["suite_digest"]
         first = json.loads(sealed.read_text().splitlines()[0])
         sealed.write_text(sealed.read_text() + json.dumps({**first, "id": "s-added"}) + "\n")
-        self.refused("the sealed suite changed since the sealed run (evals/faq/sealed.jsonl): prove faq --sealed again",
+        self.refused("the sealed suite changed since the sealed proof (evals/faq/sealed.jsonl): prove faq --sealed again",
                      "certify", "faq", "--tier", "C1", "--by", "alice")
         self.prove_sealed("faq")
         after = json.loads(sorted((self.root / "records" / "faq").glob("*.sealed.json"))[-1].read_text())["suite_digest"]

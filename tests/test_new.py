@@ -60,6 +60,20 @@ class NewAgent(LineTest):
         self.assertEqual(code, 0, err)
         self.assertEqual(self.card("faq4")["owner"], getpass.getuser())
 
+    def test_a_proof_names_a_tool_the_rules_mistyped_and_says_when_nothing_answered(self):
+        module = self.root / "agents" / "faq.py"
+        written = module.read_text()
+        module.write_text(written.replace('calls = [("faq:lookup", ', 'calls = [("faq:lookp", ', 1))
+        code, out, _ = self.factory("prove", "faq")
+        self.assertEqual(code, 1, out)
+        self.assertIn("  failed o-1: denied ['faq:lookp']; 'faq:lookp' is no tool of this agent (did you mean "
+                      "'faq:lookup'?)\n", out)
+        module.write_text(written.replace("\ndef rules(", "\ndef rules(*args):\n    raise RuntimeError('boom')\n\n\n"
+                                                          "def old_rules(", 1))
+        code, out, _ = self.factory("prove", "faq")
+        self.assertEqual(code, 1, out)
+        self.assertIn("  real tickets: none   synthetic 0/6 = 0.00   backends: none answered\n", out)
+
     def test_its_tools_are_one_read_and_one_draft_in_its_own_module(self):
         agent = factory.load_agent(self.fac, "faq")
         self.assertEqual({name: c["effect"] for name, c in agent.contracts.items()}, {"faq:lookup": "read", "faq:draft": "draft"})

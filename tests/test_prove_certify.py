@@ -20,10 +20,10 @@ RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reas
 
 
 class CertifyRefusals(LineTest):
-    """certify refuses without a sealed run, under the bar, without a terminal, and on any answer but y."""
+    """certify refuses without a sealed proof, under the bar, without a terminal, and on any answer but y."""
 
     def test_certify_without_a_sealed_run(self):
-        self.refused("factory certify: no sealed run. the law: no evals, no production. run: prove triager --sealed\n",
+        self.refused("factory certify: no sealed proof. the law: no evals, no production. run: prove triager --sealed\n",
                      "certify", "triager", "--tier", "C1", "--by", "alice")
 
     def test_certify_under_the_bar(self):

@@ -10,6 +10,7 @@ and `parse_yaml` below reads exactly the subset it uses, refusing anything else 
 
 from __future__ import annotations
 
+import argparse
 import base64
 import gzip
 import json
@@ -492,6 +493,12 @@ class Claims(CertifiedTest):
         self.assertEqual(self.factory("prove", "No-Such")[0], 2)
         self.assertEqual(self.factory("prove", "nosuch")[0], 1)
 
+    def test_abom_is_spelled_out_where_first_used_and_the_factory_is_not_the_line(self):
+        readme = self.readme()
+        self.assertEqual(readme.index("ABOM"), readme.index("the ABOM, agent bill of materials:") + len("the "))
+        for phrase in ("the line reads", "the line writes", "the line does", "keyless line", "the line only hires"):
+            self.assertNotIn(phrase, readme, "the factory, not a line of text")
+
     def test_sealed_halves_are_kept_out_of_git(self):
         """.gitignore lists evals/*/sealed.jsonl (so a sealed half `new` writes is not committed by accident),
         and the README says the shipped halves stay tracked."""
@@ -508,6 +515,51 @@ class Claims(CertifiedTest):
         code, out, err = self.factory("run", "triager", "--file", str(tickets))
         self.assertEqual((code, err), (0, ""))
         self.assertEqual([line.split("\t")[0] for line in out.splitlines() if "\t" in line], ["a", "b"])
+
+
+class StationTable(unittest.TestCase):
+    """The README's table of stations shows each station's command line as its --help does: the same
+    flags, each with the same value name, optional ones in [brackets], and the same positional arguments."""
+
+    COMMON = {"-h", "--help", "--root", "--sealed-dir"}   # every station takes them; the README says so once
+
+    def test_each_station_row_has_the_flags_its_help_has(self):
+        table = README_TABLE.findall((REPO / "README.md").read_text().split("\n## The stations\n")[1].split("\n## ")[0])
+        forms = {}
+        for cell in table:
+            for form in re.findall(r"`([^`]+)`", cell):
+                forms.setdefault(form.split()[0], []).append(form)
+        parser = factory.build_parser()
+        stations = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        self.assertEqual(sorted(forms), sorted(stations))
+        for name, station in stations.items():
+            with self.subTest(station=name):
+                flags = {a.option_strings[-1]: a for a in station._actions if a.option_strings
+                         and not set(a.option_strings) & self.COMMON}
+                said = [dict((flag, (bracket, value)) for bracket, flag, value in README_FLAG.findall(form))
+                        for form in forms[name]]
+                self.assertEqual(set().union(*said), set(flags), forms[name])
+                for flag, action in flags.items():
+                    for form in (form for form in said if flag in form):
+                        optional, value = form[flag][0] == "[", form[flag][1] or None
+                        self.assertEqual(value, value_name(action), f"{name} {flag}")
+                        if action.required or len(said) == 1 or all(flag in other for other in said):
+                            self.assertEqual(optional, not action.required, f"{name} {flag}: [optional] as in --help")
+                words = {word for form in forms[name] for word in README_FLAG.sub(" ", form).split()[1:]}
+                self.assertEqual(words, {a.metavar for a in station._actions if not a.option_strings}, forms[name])
+
+
+README_TABLE = re.compile(r"^\| (`[a-z]+[^|]*`) \|", re.MULTILINE)   # the first cell of a station's row
+README_FLAG = re.compile(r"(\[?)(--[a-z-]+)(?: ([A-Z][A-Za-z0-9_.=]*|C0\.\.C3|read,draft))?\]?(?:\.\.\.)?")
+
+
+def value_name(action: argparse.Action) -> str | None:
+    """The name --help gives a flag's value: None for a switch, C0..C3 for a choice of tiers, else its metavar."""
+    if action.nargs == 0:
+        return None
+    if action.choices:
+        return f"{action.choices[0]}..{action.choices[-1]}"
+    return action.metavar or action.dest.upper()
 
 
 def tutorial_steps(text: str) -> list[tuple[list[str], list[str]]]:

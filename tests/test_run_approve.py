@@ -51,7 +51,8 @@ class Uncertified(LineTest):
                      "certify triager --tier C1 --by YOUR_NAME at a terminal\n", "run", "triager", "hello")
 
     def test_harvest_refused_without_a_certified_evalsmith(self):
-        self.refused("evalsmith is not certified. the line only hires from the registry.", "harvest", "triager")
+        self.refused("factory harvest: evalsmith, which writes the proposed cases, is not certified: prove evalsmith "
+                     "--sealed, then certify evalsmith --tier C1 --by YOUR_NAME at a terminal\n", "harvest", "triager")
 
 
 class Runs(CertifiedTest):
@@ -419,7 +420,8 @@ class RecallAndHarvest(LineTest):
         self.usage_error("argument --reason: needs a reason", "recall", "triager", "--reason", "  ")
         code, out, _ = self.factory("recall", "triager", "--reason", "leaked drafts")
         self.assertIn("recalled triager and 1 variant(s): ['triager-eu']", out)
-        self.refused("recalled since certification: leaked drafts", "run", "triager-eu", "hi")
+        self.refused("factory run: recalled since certification (its master triager was recalled: leaked drafts). "
+                     "re-prove and re-certify.\n", "run", "triager-eu", "hi")
 
     def test_who_recalled_is_the_login_name_when_user_is_unset(self):
         """recall wrote "by": "unknown" with USER unset while new took the login name: one way for both."""
@@ -427,6 +429,8 @@ class RecallAndHarvest(LineTest):
         self.assertEqual(self.factory("recall", "evalsmith", "--reason", "proposals mislabelled")[0], 0)
         entry = json.loads((self.root / "registry" / "recalls.jsonl").read_text().splitlines()[-1])
         self.assertEqual(entry["by"], getpass.getuser())
+        self.refused("factory harvest: evalsmith, which writes the proposed cases, may not run: recalled since "
+                     "certification: proposals mislabelled. re-prove and re-certify.\n", "harvest", "triager")
 
     def test_harvest_proposes_cases_from_flagged_runs(self):
         self.factory("run", "triager", INJECTION)

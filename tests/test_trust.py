@@ -178,7 +178,7 @@ class Guards(LineTest):
         run = factory.check_guards(factory.Claim(self.fac, "triager", "run"), factory.RUN_GUARDS)[-1]
         certify = factory.check_guards(factory.Claim(self.fac, "triager", "certify", tier="C1"), factory.CERTIFY_GUARDS)[-1]
         self.assertEqual(run, ("recall", "recalled since certification: leaked drafts. re-prove and re-certify."))
-        self.assertEqual(certify, ("recall", "recalled since the sealed run: leaked drafts. re-prove before certifying."))
+        self.assertEqual(certify, ("recall", "recalled since the sealed proof: leaked drafts. re-prove before certifying."))
 
 
 # ---------------------------------------------------------------- tampering with a certificate
@@ -547,7 +547,7 @@ class Sealed(LineTest):
         self.runs_ok()
         self.assert_nothing_sealed_in(self.written_since(before), [out, err, signed.stdout, signed.stderr])
         self.env.pop("FACTORY_SEALED_DIR", None)
-        self.refused("the sealed suite changed since the sealed run", "certify", "triager", "--tier", "C1", "--by", "alice")
+        self.refused("the sealed suite changed since the sealed proof", "certify", "triager", "--tier", "C1", "--by", "alice")
 
     def test_sealed_dir_flag_works_for_prove_and_certify(self):
         self.check_sealed_dir("flag")
@@ -573,7 +573,7 @@ class Sealed(LineTest):
             with self.subTest(label):
                 self.assertNotEqual(data, original)
                 self.sealed_path.write_bytes(data)
-                self.refused_writing_nothing("the sealed suite changed since the sealed run (evals/triager/sealed.jsonl)",
+                self.refused_writing_nothing("the sealed suite changed since the sealed proof (evals/triager/sealed.jsonl)",
                                              "certify", "triager", "--tier", "C1", "--by", "alice")
         self.sealed_path.write_bytes(original)
         self.sign()
@@ -617,7 +617,8 @@ class Recall(GrandVariant):
         code, out, err = self.factory("recall", "triager", "--reason", "drafts promised refunds")
         self.assertEqual(code, 0, err)
         self.assertIn("['a', 'b']", out)
-        self.refused_writing_nothing("recalled since certification: drafts promised refunds", "run", "b", "hi")
+        self.refused_writing_nothing("recalled since certification (its master triager was recalled: drafts promised refunds). "
+                                     "re-prove and re-certify.", "run", "b", "hi")
         card_path = self.root / "masters" / "b.json"
         original = card_path.read_bytes()
         card = json.loads(original)
@@ -626,10 +627,11 @@ class Recall(GrandVariant):
                 card_path.write_text(json.dumps({k: v for k, v in card.items() if k not in dropped}, indent=2))
                 self.refused_writing_nothing(("recalled", "changed"), "run", "b", "hi")
         card_path.write_bytes(original)
-        self.refused_writing_nothing("recalled since the sealed run: drafts promised refunds. re-prove before certifying.", "certify", "b", "--tier", "C1", "--by", "alice")
+        self.refused_writing_nothing("recalled since the sealed proof (its master triager was recalled: drafts promised refunds). "
+                                     "re-prove before certifying.", "certify", "b", "--tier", "C1", "--by", "alice")
         at_terminal = self.at_terminal("certify", "b", "--tier", "C1", "--by", "alice")
         self.assertEqual(at_terminal.returncode, 1, at_terminal.stderr)
-        self.assertIn("recalled since the sealed run: drafts promised refunds", at_terminal.stderr)
+        self.assertIn("recalled since the sealed proof (its master triager was recalled: drafts promised refunds)", at_terminal.stderr)
         self.prove_sealed("b")
         self.sign("b")
         self.runs_ok("b")
@@ -637,7 +639,7 @@ class Recall(GrandVariant):
     def test_recall_reaches_down_not_up(self):
         code, out, err = self.factory("recall", "a", "--reason", "a bad override")
         self.assertEqual(code, 0, err)
-        self.refused("recalled since certification: a bad override", "run", "b", "hi")
+        self.refused("recalled since certification (its master a was recalled: a bad override)", "run", "b", "hi")
         self.runs_ok("triager")
 
     def test_a_blank_reason_is_a_usage_error_and_records_nothing(self):
@@ -707,7 +709,8 @@ class Evidence(LineTest):
         with index.open("a") as out:
             out.writelines(json.dumps(row) + "\n" for row in fakes)
         err = self.refused_writing_nothing("tier C2 needs production evidence at C1 since the agent (its digest) last changed: "
-                                           "0 gated run(s) (need 20)", "certify", "triager", "--tier", "C2", "--by", "alice")
+                                           "0 gated run(s) (need 20), gate pass rate - (need ", "certify", "triager", "--tier",
+                                           "C2", "--by", "alice")
         self.assertIn("20 row(s) of traces/index.jsonl not counted: their evidence MAC does not verify (line 3, 4, 5, 6, 7, ...)", err)
         signed = self.certify("triager", "C2")
         self.assertEqual(signed.returncode, 1, "twenty forged rows earned C2")
@@ -736,7 +739,7 @@ class Evidence(LineTest):
         record = sorted((self.root / "records" / "triager").glob("*.sealed.json"))[-1].relative_to(self.root).as_posix()
         self.assertIn(f"sealed proof {record}: ", signed.stderr)
         self.assertIn("evidence MAC verified", signed.stderr)
-        self.assertIn("production evidence since the agent (its digest) last changed: 0 verified gated run(s), gate pass rate 0.00; "
+        self.assertIn("production evidence since the agent (its digest) last changed: 0 verified gated run(s), gate pass rate -; "
                       "3 row(s) of traces/index.jsonl not counted", signed.stderr)
 
     def test_rows_and_records_written_by_the_line_verify(self):
@@ -869,7 +872,7 @@ class Chains(GrandVariant):
         self.assertNotIn("Traceback", err)
         self.assertIn("factory: note: registry/lineage.jsonl line 3 re-parents b to evalsmith; ignored: a variant's parent "
                       "is fixed by its first lineage entry (a)", err)
-        self.assertIn("factory run: recalled since certification: drafts promised refunds", err)
+        self.assertIn("factory run: recalled since certification (its master triager was recalled: drafts promised refunds)", err)
         self.assertIn("['a', 'b']", self.factory("recall", "triager", "--reason", "again")[1])
 
     def test_a_name_keeps_its_first_parent(self):
