@@ -1504,9 +1504,9 @@ class Code:
     def scan_imports(self, relative: str) -> list[str]:
         """imports, read from the syntax tree; Refusal for an import of an agent module that is not there."""
         import ast
-        found = set()
+        found, nodes = set(), self.nodes(relative)   # outside the try: a module that does not parse says so itself
         try:
-            for node in self.nodes(relative):
+            for node in nodes:
                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     found.update(agent_modules(node.module, [alias.name for alias in node.names]))
                 elif isinstance(node, ast.Import):
