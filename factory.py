@@ -7877,7 +7877,9 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     """Parse argv, build the Factory, run the station, all through safe streams (SafeStream): a
     Refusal is one line on stderr and exit 1, a usage error (an argument that is not text included)
     one line and exit 2. With no arguments at all, the help goes to stderr (exit 2)."""
-    env = os.environ if env is None else env
+    # a snapshot: Code.execute takes FACTORY_SEALED_DIR out of the process environment before agent code
+    # loads, and the station still reads the environment it was started with (the sealed folder, when first used)
+    env = dict(os.environ) if env is None else env
     with safe_streams(env):
         return run_station(argv, env)
 
