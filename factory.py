@@ -4055,6 +4055,14 @@ def call_standing(fac: Factory, entry: dict, decided: dict) -> tuple[str, str | 
     return STANDING_STATES.get(name) or ("run never closed" if claim.staging == "started" else "not staged"), None
 
 
+def refusal_line(refusal: Refusal) -> str:
+    """A refusal as one line: several problems (Problems) as 'WHERE: N problems: first; second; ...', each
+    problem's text as it is, so the tower shows and counts them as the station that refused lists them."""
+    if isinstance(refusal, Problems):
+        return f"{refusal.lines[0]}: " + "; ".join(line.strip() for line in refusal.lines[1:])
+    return str(refusal)
+
+
 def check_guards(claim: Claim, guards: tuple, unread: set | None = None) -> list[tuple[str, str | None]]:
     """(guard name, refusal line or None) for each guard in order, up to and including the first that
     refuses (the ones after it rely on it). A file the guard reads that is malformed refuses too, and
@@ -4064,7 +4072,7 @@ def check_guards(claim: Claim, guards: tuple, unread: set | None = None) -> list
         try:
             line = check(claim)
         except Refusal as refusal:
-            line = str(refusal)
+            line = refusal_line(refusal)
             if unread is not None:
                 unread.add(name)
         results.append((name, line))
@@ -4074,10 +4082,10 @@ def check_guards(claim: Claim, guards: tuple, unread: set | None = None) -> list
 
 
 def enforce(claim: Claim, guards: tuple) -> Claim:
-    """The claim when every guard holds; Refusal with the first refusal line otherwise."""
-    results = check_guards(claim, guards)
-    if results and results[-1][1]:
-        raise Refusal(results[-1][1])
+    """The claim when every guard holds, in order; Refusal with the first refusal otherwise (a file a guard
+    could not read refuses as it was raised: a card's problems each on its own line)."""
+    for _, check in guards:
+        refuse_if(check(claim))
     return claim
 
 
@@ -6995,7 +7003,7 @@ def print_tower(doc: dict) -> None:
               f"{usd_text(a['cost_usd']):>10} {a['denied']:>7} {a['unscored']:>8} {a['unfinished']:>10}  "
               f"{', '.join(a['backends']) or '-'}")
         for line in agent_lines(a):
-            print(textwrap.indent(line, " " * 17))
+            print(f"{'':<16} {line}")
     if not doc["agents"]:
         print("(no agents yet)")
     for line in doc["problems"]:

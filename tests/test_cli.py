@@ -23,7 +23,7 @@ from pathlib import Path
 import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import FakeSage
-from tests.support import INJECTION, REPO, CertifiedTest, LineTest, write_jsonl
+from tests.support import INJECTION, REPO, CertifiedTest, LineTest, typed_at_a_terminal, write_jsonl
 
 KEY = "sk-ant-test-router"
 
@@ -522,7 +522,7 @@ class EachStationsEnvironment(CertifiedTest):
             self.env.update(SAGE_ENDPOINT=gate.url, SAGE_API_KEY="sage-key", PATH=os.environ["PATH"])
             for argv in self.RUNS:
                 env = LookedUp(self.env)
-                with typed(b"y\n"):
+                with typed_at_a_terminal(b"y\n"):
                     code, out, err = self.factory(*argv, env=env)
                 self.assertIn(code, (0, 1), f"{argv}: {err}")
                 read.setdefault(argv[0], set()).update(env.read)
@@ -535,30 +535,6 @@ class EachStationsEnvironment(CertifiedTest):
         self.assertIn("FACTORY_KEYS_DIR", read["pending"])
         self.assertIn("USER", read["new"] & read["recall"])
 
-    def factory(self, *argv: str, env: dict | None = None):
-        """A station in this process with `env` (default: self.env), as LineTest.factory runs one."""
-        saved = self.env
-        self.env = self.env if env is None else env
-        try:
-            return super().factory(*argv)
-        finally:
-            self.env = saved
-
-
-@contextlib.contextmanager
-def typed(answer: bytes):
-    """sys.stdin on a pseudo-terminal with `answer` already typed at it, for the block: a prompt in this
-    process reads it as a person's answer."""
-    leader, follower = pty.openpty()
-    saved = sys.stdin
-    try:
-        os.write(leader, answer)
-        with open(follower, encoding="utf-8") as terminal:
-            sys.stdin = terminal
-            yield
-    finally:
-        sys.stdin = saved
-        os.close(leader)
 
 if __name__ == "__main__":
     unittest.main()
