@@ -25,7 +25,10 @@ CERT = "registry/triager.card.json"
 TICKETS = ["My card was charged twice for the same coffee, please look into it.",
            "How do I change the phone number on my profile?",
            "The app crashes every time I open the statements tab."]
-FIFTY_MB = 50 << 20
+# Text one byte past the Store's limits (a JSON file, a JSONL line), and never more than 50 MB: the size that
+# is refused is the limit's own edge, and a raised limit still has to refuse a 50 MB file.
+PAST_THE_FILE_LIMIT = min(50 << 20, factory.MAX_FILE_BYTES + 1)
+PAST_THE_LINE_LIMIT = min(50 << 20, factory.MAX_LINE_BYTES + 1)
 
 
 class Shapes(unittest.TestCase):
@@ -263,15 +266,15 @@ class BadFiles(CertifiedTest):
         self.path(relative).unlink()
         os.symlink(outside, self.path(relative))
 
-    def fifty_mb_field(self, relative: str, field: str) -> None:
-        """Rewrite a JSON file with one field holding 50 MB of text."""
+    def huge_field(self, relative: str, field: str) -> None:
+        """Rewrite a JSON file with one field holding more text than a JSON file may (PAST_THE_FILE_LIMIT)."""
         value = json.loads(self.path(relative).read_text())
         head = json.dumps({k: v for k, v in value.items() if k != field})[:-1].encode()
-        self.put(relative, head + b', "' + field.encode() + b'": "' + b"a" * FIFTY_MB + b'"}\n')
+        self.put(relative, head + b', "' + field.encode() + b'": "' + b"a" * PAST_THE_FILE_LIMIT + b'"}\n')
 
-    def fifty_mb_line(self, relative: str) -> None:
-        """Append one 50 MB JSONL line."""
-        self.append(relative, b'{"id": "huge", "input": "' + b"a" * FIFTY_MB + b'"}\n')
+    def huge_line(self, relative: str) -> None:
+        """Append one JSONL line longer than a line may be (PAST_THE_LINE_LIMIT)."""
+        self.append(relative, b'{"id": "huge", "input": "' + b"a" * PAST_THE_LINE_LIMIT + b'"}\n')
 
     def truncate(self, relative: str) -> None:
         """Cut a file in the middle of its last JSON value."""
@@ -318,7 +321,7 @@ class BadFiles(CertifiedTest):
             ("card max_steps a string", lambda: self.edit_json(card, max_steps="8"), digest, card),
             ("card tools a string", lambda: self.edit_json(card, tools="issues:label"), digest, card),
             ("card unknown field", lambda: self.edit_json(card, tools_denid=["billing:refund"]), digest, card),
-            ("card 50 mb", lambda: self.fifty_mb_field(card, "gate_question"), digest, card),
+            ("card over the size limit", lambda: self.huge_field(card, "gate_question"), digest, card),
             ("card symlink outside the root", lambda: self.link_outside(card), digest, card),
             ("card missing", lambda: self.path(card).unlink(), digest, card),
             ("card entrypoint ../", lambda: self.edit_json(card, entrypoint="../evil:rules"), digest, card),
@@ -335,7 +338,7 @@ class BadFiles(CertifiedTest):
             ("cases empty file", lambda: self.put(cases, b""), prove, cases),
             ("cases with a utf-8 bom", lambda: self.edit(cases, bom), prove, cases),
             ("cases with invalid utf-8", lambda: self.edit(cases, mangle_utf8), prove, cases),
-            ("cases 50 mb line", lambda: self.fifty_mb_line(cases), prove, cases),
+            ("cases line over the size limit", lambda: self.huge_line(cases), prove, cases),
             ("cases missing", lambda: self.path(cases).unlink(), prove, cases),
             ("cases symlink outside the root", lambda: self.link_outside(cases), prove, cases),
             ("cases with a lone surrogate", lambda: self.append(cases, '{"id": "x\\ud800", "input": "a", "expect": {}}\n'), prove, cases),
@@ -347,7 +350,7 @@ class BadFiles(CertifiedTest):
             ("record with a utf-8 bom", lambda: self.edit(rec, bom), certify, rec),
             ("record with invalid utf-8", lambda: self.edit(rec, mangle_utf8), certify, rec),
             ("record not an object", lambda: self.put(rec, "[]"), certify, rec),
-            ("record 50 mb", lambda: self.fifty_mb_field(rec, "backends"), certify, rec),
+            ("record over the size limit", lambda: self.huge_field(rec, "backends"), certify, rec),
             ("record symlink outside the root", lambda: self.link_outside(rec), certify, rec),
             ("record score a string", lambda: self.edit_json(rec, score="0.9"), certify, rec),
             ("record suite a number", lambda: self.edit_json(rec, suite=5), certify, rec),
@@ -360,7 +363,7 @@ class BadFiles(CertifiedTest):
             ("certificate with a utf-8 bom", lambda: self.edit(CERT, bom), run, CERT),
             ("certificate with invalid utf-8", lambda: self.edit(CERT, mangle_utf8), run, CERT),
             ("certificate not an object", lambda: self.put(CERT, '"C3"'), run, CERT),
-            ("certificate 50 mb", lambda: self.fifty_mb_field(CERT, "owner"), run, CERT),
+            ("certificate over the size limit", lambda: self.huge_field(CERT, "owner"), run, CERT),
             ("certificate symlink outside the root", lambda: self.link_outside(CERT), run, CERT),
             ("certificate signer a number", lambda: self.edit_json(CERT, signer=5), run, CERT),
             ("certificate signer ../", lambda: self.edit_json(CERT, signer="../alice"), run, CERT),
@@ -371,7 +374,7 @@ class BadFiles(CertifiedTest):
             ("index non-object line", lambda: self.append(index, "42\n"), tower, index),
             ("index with a utf-8 bom", lambda: self.edit(index, bom), tower, index),
             ("index with invalid utf-8", lambda: self.append(index, b'{"agent": "tri\xffager"}\n'), tower, index),
-            ("index 50 mb line", lambda: self.fifty_mb_line(index), tower, index),
+            ("index line over the size limit", lambda: self.huge_line(index), tower, index),
             ("index symlink outside the root", lambda: self.link_outside(index), tower, index),
             ("index acted a string", lambda: self.append_row(index, acted="x"), tower, index),
             ("index denied a number", lambda: self.append_row(index, denied=5), tower, index),
@@ -386,7 +389,7 @@ class BadFiles(CertifiedTest):
             ("tickets empty", lambda: self.put(tk, b""), run_file, "tickets.jsonl"),
             ("tickets with a utf-8 bom", lambda: self.put(tk, bom(self.tickets.read_bytes())), run_file, "tickets.jsonl"),
             ("tickets with invalid utf-8", lambda: self.put(tk, b'{"id": "a", "input": "caf\xff"}\n'), run_file, "tickets.jsonl"),
-            ("tickets 50 mb line", lambda: self.put(tk, b'{"id": "a", "input": "' + b"a" * FIFTY_MB + b'"}\n'), run_file, "tickets.jsonl"),
+            ("tickets line over the size limit", lambda: self.put(tk, b'{"id": "a", "input": "' + b"a" * PAST_THE_LINE_LIMIT + b'"}\n'), run_file, "tickets.jsonl"),
             ("tickets missing", lambda: self.tickets.unlink(), run_file, "tickets.jsonl"),
             ("tickets a directory", lambda: (self.tickets.unlink(), self.tickets.mkdir()), run_file, "tickets.jsonl"),
             ("tickets with a lone surrogate", lambda: self.put(tk, '{"id": "a", "input": "refund \\udcff"}\n'), run_file, "tickets.jsonl"),
@@ -451,7 +454,7 @@ class BadTraceFiles(BadFiles):
             ("trace empty", lambda: self.put(trace, b""), harvest, trace),
             ("trace missing", lambda: self.path(trace).unlink(), harvest, trace),
             ("trace symlink outside the root", lambda: self.link_outside(trace), harvest, trace),
-            ("trace 50 mb line", lambda: self.fifty_mb_line(trace), harvest, trace),
+            ("trace line over the size limit", lambda: self.huge_line(trace), harvest, trace),
             ("trace tool event without its ruling", lambda: self.edit(trace, lambda d: d.replace(b'"ruling"', b'"rul"', 1)), harvest, trace),
             ("trace with a lone surrogate", lambda: self.edit(trace, lambda d: d.replace(b'"input":"', b'"input":"\\udcff', 1)), harvest, trace),
             ("trace header with tier C9", lambda: self.edit(trace, lambda d: d.replace(b'"tier":"C1"', b'"tier":"C9"', 1)), harvest, trace),
