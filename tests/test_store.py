@@ -170,38 +170,48 @@ class Appends(CertifiedTest):
         self.assertFalse(self.fac.store.starts_line(index, size), "a cut file no longer holds the length")
 
 class AtomicWrites(LineTest):
-    """A SIGKILL while write_json is writing leaves the file old or new, never partial."""
+    """A SIGKILL while write_json is writing leaves the file old or new, never partial. Four kills are
+    aimed at each step of the write in turn (the child kills itself as it calls os.fchmod on the new
+    temporary file, os.fsync on it written, os.replace to rename it, os.unlink after the rename), so each
+    lands where it is aimed on any machine, however fast its disk; two more land at a random moment of a
+    loop of writes."""
+
+    AIMED = {"fchmod": 0, "fsync": 0, "replace": 0, "unlink": 1}   # the step killed -> the object then on disk
 
     def test_write_json_killed_mid_write_leaves_old_or_new(self):
         target = self.tmp / "crash" / "big.json"
-        megabytes, kills = 3, 8
+        megabytes = 3
         objects = [trust_helpers.big_object(0, megabytes), trust_helpers.big_object(1, megabytes)]
-        rng, torn = random.Random(), 0
-        for attempt in range(kills):
+        for call, holds in self.AIMED.items():
+            with self.subTest(killed_at=f"os.{call}"):
+                killed = subprocess.run([sys.executable, str(HELPER), "write-killed-at", call, str(target), str(megabytes)],
+                                        capture_output=True, cwd=str(REPO), timeout=60)
+                self.assertEqual(killed.returncode, -signal.SIGKILL, killed.stderr.decode()[-2000:])
+                self.assertTrue(self.whole(target, call) == objects[holds], f"killed at os.{call}: not object {holds}")
+                leftovers = list(target.parent.glob(f".{target.name}.*"))
+                self.assertEqual(len(leftovers), 0 if call == "unlink" else 1, f"killed at os.{call}: {leftovers}")
+                for path in leftovers:
+                    path.unlink()
+        rng = random.Random()
+        for attempt in range(2):
             child = subprocess.Popen([sys.executable, str(HELPER), "write-loop", str(target), str(megabytes)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO))
             self.assertEqual(child.stdout.readline().strip(), b"ready", child.stderr.read()[-2000:] if child.poll() else "")
-            if attempt % 4 == 3:             # at a random moment
-                time.sleep(rng.uniform(0.0, 0.1))
-            else:                            # aimed: while a temporary file is being written
-                deadline = time.monotonic() + 5
-                while not any(target.parent.glob(f".{target.name}.*")) and time.monotonic() < deadline:
-                    time.sleep(0.0005)   # not a busy wait: on two cores it would take one from the child
-                time.sleep(rng.uniform(0.0, 0.005))
+            time.sleep(rng.uniform(0.0, 0.1))
             child.send_signal(signal.SIGKILL)
             child.communicate()
-            try:
-                value = json.loads(target.read_text())
-            except ValueError as error:
-                self.fail(f"kill {attempt}: {target.name} is partial: {error}")
+            value = self.whole(target, f"a random moment ({attempt})")
             self.assertIn(value.get("which"), (0, 1))
             self.assertTrue(value == objects[value["which"]], f"kill {attempt}: neither the old nor the new object")
-            leftovers = list(target.parent.glob(f".{target.name}.*"))
-            torn += bool(leftovers)
-            for path in leftovers:
+            for path in target.parent.glob(f".{target.name}.*"):
                 path.unlink()
-        self.assertGreater(torn, 0, "no kill landed mid-write, so the test proved nothing")
-        print(f"\n  [crash] {torn} of {kills} kills landed mid-write", file=sys.stderr)
+
+    def whole(self, target: Path, when: str) -> dict:
+        """The object in target, failing the test when the file is not whole JSON."""
+        try:
+            return json.loads(target.read_text())
+        except ValueError as error:
+            self.fail(f"killed at {when}: {target.name} is partial: {error}")
 
 
 # ---------------------------------------------------------------- bad input, file by file

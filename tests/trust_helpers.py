@@ -8,6 +8,10 @@
         write object A, print "ready", then loop the Store's write_json(PATH, B), (PATH, A), ...
         forever, until the parent kills it. A and B come from big_object(0|1, MEGABYTES).
 
+    python3 tests/trust_helpers.py write-killed-at CALL PATH MEGABYTES
+        write object A with the Store's write_json, then object B, and SIGKILL itself as B's write
+        calls os.CALL (fchmod, fsync, replace or unlink): one exact step of an atomic write.
+
     python3 tests/trust_helpers.py killed-at N STATION ARGS...
         run factory.main([STATION, ARGS...]) in-process and SIGKILL itself as it makes its Nth lasting
         change to a file (a write to a regular file, a rename, a link), before the change is made: a
@@ -76,6 +80,20 @@ def write_loop(path: str, megabytes: float) -> int:
         which ^= 1
 
 
+def write_killed_at(call: str, path: str, megabytes: float) -> int:
+    """write_json(PATH, A), then write_json(PATH, B) killed (SIGKILL, no cleanup) as it calls os.CALL."""
+    import signal
+    import factory
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    store = factory.Factory.at(str(target.parent), None, {}).store
+    store.write_json(target, big_object(0, megabytes))
+    new = big_object(1, megabytes)
+    setattr(os, call, lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL))
+    store.write_json(target, new)
+    return 3   # the write never called os.CALL
+
+
 def killed_at(n: int, argv: list[str]) -> int:
     """factory.main(argv), killed (SIGKILL, no cleanup) just before its Nth lasting change to a file."""
     import signal
@@ -101,6 +119,8 @@ if __name__ == "__main__":
         sys.exit(runs(rest[0], rest[1], rest[2], int(rest[3]), rest[4]))
     if command == "write-loop":
         sys.exit(write_loop(rest[0], float(rest[1])))
+    if command == "write-killed-at":
+        sys.exit(write_killed_at(rest[0], rest[1], float(rest[2])))
     if command == "killed-at":
         sys.exit(killed_at(int(rest[0]), rest[1:]))
     sys.exit(f"unknown command {command}")
