@@ -8,16 +8,17 @@ import importlib.util
 import json
 import os
 import py_compile
-import random
 import shutil
 import signal
 import subprocess
 import sys
-import time
 import unittest
 from pathlib import Path
 
-from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, snapshot
+from tests import trust_helpers
+from tests.support import INJECTION, REPO, CertifiedTest, LineTest, snapshot
+
+HELPER = Path(trust_helpers.__file__).resolve()
 
 # A drafts:write that also queues a refund: what an attacker with write access to the tree would plant.
 PLANTED_DRAFTS = '''
@@ -428,9 +429,11 @@ class Stamping(LineTest):
 
 
 class KilledRestamp(LineTest):
-    """A restamp killed while it writes leaves every card and certificate whole, and never leaves a
-    changed variant runnable on its old signature. The kills are aimed at the writing itself: each
-    waits for the restamp's first temporary file, then lands at a different offset into the writes."""
+    """A restamp killed while it writes leaves every card and certificate whole, and the restamp run
+    again afterwards never leaves a changed variant runnable on its old signature. The kills are aimed by
+    construction: a restamp of a new revision of the master over twelve variants (two of them certified)
+    is counted (its K changes to files), then the same restamp, each time from the prepared factory, is
+    killed just before its first change, a third of the way, two thirds of the way, and its last."""
 
     VARIANTS = [f"v{n:02d}" for n in range(12)]
 
@@ -442,9 +445,12 @@ class KilledRestamp(LineTest):
             self.prove_sealed(name)
             self.sign(name)
 
-    def writing(self) -> bool:
-        """True once a temporary file of an atomic write exists under masters/ or registry/."""
-        return any(p.name.endswith(".tmp") for folder in ("masters", "registry") for p in (self.root / folder).iterdir())
+    def restamp_killed_at(self, n: int) -> subprocess.CompletedProcess:
+        """Change the master's gate question (a new revision), then restamp in a child killed just before
+        its Nth change to a file (0: never); the completed child."""
+        self.edit_card("triager", gate_question="Is this triage safe to act on (a new revision)?")
+        return subprocess.run([sys.executable, str(HELPER), "killed-at", str(n), "restamp", "triager"],
+                              capture_output=True, text=True, cwd=str(REPO), env={**os.environ, **self.env}, timeout=60)
 
     def assert_all_json_whole(self) -> int:
         """Every *.json under masters/ and registry/ parses, every *.jsonl line parses; returns files checked."""
@@ -466,29 +472,23 @@ class KilledRestamp(LineTest):
         return checked
 
     def test_a_killed_restamp_leaves_every_json_whole(self):
-        rng = random.Random()
-        for attempt, offset in enumerate((0.0, 0.003, 0.01, 0.03)):
-            self.edit_card("triager", gate_question=f"Is this triage safe to act on (revision {attempt})?")
-            child = subprocess.Popen([*CLI, "restamp", "triager"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO),
-                                     env={**os.environ, **self.env})
-            deadline = time.monotonic() + 10
-            while not self.writing() and child.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.0005)   # not a busy wait: on two cores it would take one from the child
-            time.sleep(offset * rng.uniform(0.5, 1.5))
-            child.send_signal(signal.SIGKILL)
-            child.communicate()
-            self.assertGreater(self.assert_all_json_whole(), 12)
-            for name in self.VARIANTS:
-                self.assertEqual(self.factory("digest", name)[0], 0, f"kill {attempt}: masters/{name}.json unusable")
-            for leftover in [p for folder in ("masters", "registry") for p in (self.root / folder).iterdir()
-                             if p.name.endswith(".tmp")]:   # a killed write's temporary file: harmless, and
-                leftover.unlink()                            # the next kill waits for a new one
-        code, out, err = self.factory("restamp", "triager")
-        self.assertEqual(code, 0, err)
-        self.assert_all_json_whole()
-        for name in self.VARIANTS[:2]:      # their cards changed: never runnable on the old signature
-            self.refused(("revoked", "changed"), "run", name, "hi")
+        counted = self.restamp_killed_at(0)
+        self.assertEqual(counted.returncode, 0, counted.stderr[-2000:])
+        changes = int(counted.stderr.splitlines()[-1].removeprefix("changes: "))
+        self.assertGreaterEqual(changes, 12, "a restamp of twelve variants writes each one's card")
+        for n in sorted({1, changes // 3, 2 * changes // 3, changes}):
+            with self.subTest(killed_before_change=n, of=changes):
+                self.setUp()
+                killed = self.restamp_killed_at(n)
+                self.assertEqual(killed.returncode, -signal.SIGKILL, killed.stderr[-2000:])
+                self.assertGreater(self.assert_all_json_whole(), 12)
+                for name in self.VARIANTS:
+                    self.assertEqual(self.factory("digest", name)[0], 0, f"killed before change {n}: masters/{name}.json unusable")
+                code, out, err = self.factory("restamp", "triager")   # run again, it finishes the job
+                self.assertEqual(code, 0, err)
+                self.assert_all_json_whole()
+                for name in self.VARIANTS[:2]:      # their cards changed: never runnable on the old signature
+                    self.refused(("revoked", "changed"), "run", name, "hi")
 
 
 if __name__ == "__main__":

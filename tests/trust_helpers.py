@@ -15,8 +15,9 @@
     python3 tests/trust_helpers.py killed-at N STATION ARGS...
         run factory.main([STATION, ARGS...]) in-process and SIGKILL itself as it makes its Nth lasting
         change to a file (a write to a regular file, a rename, a link), before the change is made: a
-        kill at every point a station's writes can be stopped, one N at a time. Exits 0 with the
-        station's own status when it makes fewer than N changes.
+        kill at every point a station's writes can be stopped, one N at a time. When it makes fewer
+        than N changes (N 0: never killed), its last stderr line is `changes: COUNT` and it exits with
+        the station's own status.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def killed_at(n: int, argv: list[str]) -> int:
             return real(*args, **kwargs)
         return counted
     os.write, os.replace, os.link = change(os.write), change(os.replace), change(os.link)
-    return factory.main(argv)
+    status = factory.main(argv)
+    print(f"changes: {made[0]}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":
