@@ -147,15 +147,27 @@ class SetUpFails(unittest.TestCase):
 class SuiteRunner(unittest.TestCase):
     """`python3 -m tests` reports what `python3 -m unittest discover` reports, and fails when it fails."""
 
-    def run_both(self, files: dict) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    def run_both(self, files: dict, env: dict | None = None) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
         """The parallel runner and discover on a folder of test files: (runner, discover)."""
         folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
         for name, text in files.items():
             (folder / name).write_text(text)
         where = ["-s", str(folder), "-t", str(folder)]
-        ran = [subprocess.run([sys.executable, *argv, *where], capture_output=True, text=True, cwd=str(REPO), timeout=120)
+        ran = [subprocess.run([sys.executable, *argv, *where], capture_output=True, text=True, cwd=str(REPO), timeout=120,
+                              env={**os.environ, **(env or {})})
                for argv in (["-m", "tests", "-j", "2"], ["-m", "unittest", "discover"])]
         return ran[0], ran[1]
+
+    def test_the_run_keeps_its_temporary_folders_in_one_folder_it_removes(self):
+        seen = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        where = "import os, tempfile, unittest\n\nclass Where(unittest.TestCase):\n    def test_it(self):\n" \
+                "        open(os.path.join(os.environ['SEEN'], str(os.getpid())), 'w').write(tempfile.mkdtemp())\n"
+        runner, _ = self.run_both({"test_where.py": where}, {"TMPDIR": str(seen), "SEEN": str(seen)})
+        self.assertEqual(runner.returncode, 0, runner.stderr)
+        made = [Path(path.read_text()) for path in seen.iterdir() if path.is_file()]
+        inside = [path for path in made if path.parent.parent == seen and path.parent.name.startswith("factory-tests-")]
+        self.assertEqual(len(inside), 1, made)   # discover's folder is TMPDIR's own; the runner's, one inside it
+        self.assertFalse(inside[0].parent.exists(), "the run's folder is removed at its end")
 
     def test_failures_errors_skips_and_a_broken_module_are_reported_as_discover_reports_them(self):
         runner, discover = self.run_both({"test_fixture.py": FIXTURE_TESTS, "test_broken.py": "import no_such_module\n"})
