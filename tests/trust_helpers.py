@@ -1,8 +1,9 @@
 """Child-process helpers for tests/test_trust.py (run as a script, never imported for side effects).
 
     python3 tests/trust_helpers.py runs ROOT KEYS AGENT COUNT GO_FILE
-        wait until GO_FILE exists, then call factory.main(["run", AGENT, TEXT]) COUNT times
-        in-process with FACTORY_ROOT=ROOT; print one JSON line {"codes": {...}, "errors": [...]}.
+        import factory, print "ready", wait until GO_FILE exists, then call factory.main(["run", AGENT,
+        TEXT]) COUNT times in-process with FACTORY_ROOT=ROOT; print one JSON line {"codes": {...},
+        "errors": [...]}.
 
     python3 tests/trust_helpers.py write-loop PATH MEGABYTES
         write object A, print "ready", then loop the Store's write_json(PATH, B), (PATH, A), ...
@@ -46,6 +47,7 @@ def runs(root: str, keys: str, agent: str, count: int, go: str) -> int:
     import factory
     os.environ["FACTORY_ROOT"] = root
     env = {"FACTORY_ROOT": root, "FACTORY_KEYS_DIR": keys, "USER": "tester"}   # no model or Sage keys
+    print("ready", flush=True)
     deadline = time.monotonic() + 60
     while not os.path.exists(go) and time.monotonic() < deadline:
         time.sleep(0.002)
