@@ -8,9 +8,7 @@ tower, command line. Exit statuses: 0 done, 1 refused or failed verdict, 2 usage
 interrupted. A refusal is one lowercase line on stderr; results go to stdout.
 """
 
-from __future__ import annotations
-
-import sys
+import sys   # a builtin module, loaded before any script runs: no file is looked for
 
 # Checked before anything a newer Python has is imported or used. Python 3.8 to 3.10 reach it; an older one
 # cannot parse this file (`:=` is 3.8's) and stops at a SyntaxError, as the README says.
@@ -18,6 +16,15 @@ if sys.version_info < (3, 11):
     print(f"factory: needs Python 3.11 or newer, and this is Python {sys.version.split()[0]} ({sys.executable})",
           file=sys.stderr)
     sys.exit(2)
+
+# Python puts a script's own folder first on sys.path, so a file planted beside factory.py under a standard
+# library module's name (textwrap.py, ast.py, __future__.py) would run at the first import of that name, in
+# any station. So the folder goes before anything else is imported (what `python3 -P` does), and this
+# file has no `from __future__` import (it would be the first import). factory.py loads its own modules
+# by path (own_module, Code). Run as `python3 -m` or imported, the path is the caller's, as is what it finds.
+if __name__ == "__main__" and __spec__ is None and not sys.flags.safe_path:
+    del sys.path[0]
+
 
 # What --help and every station need. A module only some stations use (ast, decimal, difflib, fractions,
 # hashlib, hmac, subprocess, traceback, concurrent.futures, xml) is imported inside the function that
@@ -36,7 +43,6 @@ import re
 import shutil
 import stat
 import string
-import sys
 import threading
 import textwrap
 import time
@@ -1474,7 +1480,7 @@ class Code:
         """sha256 of exactly the bytes that are (or will be) executed."""
         return sha256(self.source(relative))
 
-    def tree(self, relative: str) -> ast.Module:
+    def tree(self, relative: str) -> "ast.Module":
         """The parsed source: what is scanned for imports and compiled; Refusal for invalid Python."""
         with self.lock:
             if relative not in self.trees:
@@ -5131,7 +5137,7 @@ def decimals(bar) -> int:
     return max(0, -Decimal(str(bar)).normalize().as_tuple().exponent)
 
 
-def cut_score(passing: int, cases: int, places: int) -> Fraction:
+def cut_score(passing: int, cases: int, places: int) -> "Fraction":
     """passing/cases cut (never rounded up) to `places` decimals; 0 for no cases. Cut to at least as
     many places as the bar has, it compares with the bar as the exact fraction does."""
     from fractions import Fraction
@@ -6078,7 +6084,7 @@ def stdout_closed() -> None:
         os.close(devnull)
 
 
-def refused_ticket(problem: Refusal) -> Future:
+def refused_ticket(problem: Refusal) -> "Future":
     """A finished future holding the row of a ticket that was refused, not run (no run id, no trace)."""
     from concurrent.futures import Future
     done = Future()

@@ -8,6 +8,7 @@ argument at fault), no traceback, nothing written outside the root, and nothing 
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import json
 import os
@@ -21,7 +22,7 @@ from xml.etree import ElementTree
 import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import Fail, FakeSage
-from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, snapshot, write_jsonl
+from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, on_a_terminal, snapshot, write_jsonl
 from tests.test_run_approve import CHARGED, Tiered
 
 SAGE_KEY = "Zq9rT2aSECRETvalue77"             # not key-shaped: only the factory's scrubbing can catch it
@@ -604,6 +605,50 @@ class Small:
                 self.assertIn(f"line 1: {why}", out)
                 if "expect" not in row:
                     self.assertNotIn("expect", out)
+
+
+class PlantedBesideTheScript(LineTest):
+    """Files named after standard-library modules planted beside factory.py (where Python would look
+    first for a script's imports) never run, in any station started as `python3 factory.py ...`."""
+
+    PLANTED = ("__future__", "textwrap", "ast", "json")
+    READING = (("--help",), ("--version",), ("schema",), ("digest", "triager", "--explain"), ("doctor",), ("tower",),
+               ("pending",), ("harvest", "triager"), ("new", "faq"), ("stamp", "triager", "--as", "triager-eu"),
+               ("approve", "20261130T041500123456Z-1a2b3c", "--by", "alice"),
+               ("reject", "20261130T041500123456Z-1a2b3c", "--by", "alice", "--reason", "no"))
+
+    def prepare(self):
+        self.set_bar("triager", 0.0)
+
+    def station(self, *argv: str) -> subprocess.CompletedProcess:
+        """One station in a child process, started as a user starts it, from the root."""
+        return subprocess.run([sys.executable, "factory.py", *argv], capture_output=True, text=True,
+                              cwd=str(self.root), env=self.child_env, timeout=120)
+
+    def test_a_planted_module_never_runs(self):
+        for name in ("factory.py", "broker.py", "llm.py", "sage.py"):
+            shutil.copy2(REPO / name, self.root / name)
+        marker = self.tmp / "planted-ran"
+        for name in self.PLANTED:
+            (self.root / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + ' ')\n")
+        scrubbed = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH", "FACTORY_SEALED_DIR")}
+        self.child_env = {**scrubbed, **self.env}
+        del self.child_env["FACTORY_ROOT"]     # the root is the folder of factory.py, the planted files' folder
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            read = dict(zip(self.READING, pool.map(lambda argv: self.station(*argv), self.READING)))
+        statuses = {" ".join(argv): done.returncode for argv, done in read.items()}
+        self.assertEqual(statuses, {**{" ".join(argv): 0 for argv in self.READING},
+                                    "harvest triager": 1, "approve 20261130T041500123456Z-1a2b3c --by alice": 1,
+                                    "reject 20261130T041500123456Z-1a2b3c --by alice --reason no": 1},
+                         {" ".join(argv): done.stderr[-300:] for argv, done in read.items()})
+        self.assertEqual(self.station("prove", "triager", "--sealed").returncode, 0)
+        certify = [sys.executable, "factory.py", "certify", "triager", "--tier", "C1", "--by", "alice"]
+        self.assertEqual(on_a_terminal(certify, self.root, self.child_env)[0], 0)
+        self.assertEqual(self.station("run", "triager", "How do I order a new card?").returncode, 0)
+        self.assertEqual(self.station("replay", f"triager/{self.index_rows()[-1]['run_id']}").returncode, 0)
+        self.assertEqual(self.station("restamp", "triager").returncode, 0)
+        self.assertEqual(self.station("recall", "triager", "--reason", "planted").returncode, 0)
+        self.assertFalse(marker.exists(), f"planted modules ran: {marker.read_text() if marker.exists() else ''}")
 
 
 class HostileMachine(Links, MachineSaysNo, Text, Controls, Secrets, Batch, Small, Hostile):
