@@ -104,6 +104,8 @@ TOWER_FORMAT = "factory-tower-2"       # printed by tower --json
 SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
 GENESIS = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"   # sha256 of nothing: the `prev` of a log's first entry
 ANCHOR_FORMAT = "factory-anchor-1"
+ATTEMPTS_FORMAT = "factory-attempts-1"
+CERTIFIED_MARKS = 20            # certifications per agent whose sealed-attempt counts are kept
 CHAINED_LOGS = ("recalls", "revocations", "lineage", "approvals")   # Factory properties of the hash-chained logs
 STDOUT_CLOSED = 141            # run's exit status when stdout's reader stopped: 128 + SIGPIPE, as a shell reports it
 DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage calls are network waits
@@ -453,6 +455,8 @@ class Factory:
     evidence_key_path = cached_property(lambda self: self.keys_dir / "_evidence.key")   # no signer's name starts with _
     # this machine's anchor for this root: a root is known by its path, which the registry's writers cannot move
     anchor_path = cached_property(lambda self: self.keys_dir / f"_anchor-{sha256(str(self.root).encode())[7:23]}.json")
+    # this machine's count of sealed proofs, for every root: a copy of the tree counts with the original
+    attempts_path = cached_property(lambda self: self.keys_dir / "_sealed-attempts.json")
 
     def card_path(self, name: str) -> Path:
         """masters/NAME.json (name checked first)."""
@@ -2873,13 +2877,12 @@ def head_problem(chain: Chain, head: dict, when: str, copy: str = "a copy") -> s
 # the log heads it records, a decision): never to an entry anyone could have appended, which would pin it
 # (taking it out again would be refused for good).
 
-ANCHOR_PARTS = ("logs", "certificates", "attempts")
+ANCHOR_PARTS = ("logs", "certificates")
 
 
 def read_anchor(fac: Factory) -> dict:
     """This machine's anchor for this root: {"logs": {name: {"count", "hash"}}, "certificates": {agent:
-    {"signature", "signed_at"}}, "attempts": {agent: {"sealed": sealed proofs run here, "certified":
-    {"signed_at", "sealed"} at this machine's last certification of it}}}; empty parts when it has none yet."""
+    {"signature", "signed_at"}}}; empty parts when it has none yet."""
     anchor = fac.store.read_private(fac.anchor_path)
     return {part: anchor.get(part) if isinstance(anchor.get(part), dict) else {} for part in ANCHOR_PARTS}
 
@@ -2888,14 +2891,22 @@ def update_anchor(fac: Factory, change) -> None:
     """Apply change(anchor) -> bool (True when it changed something) to this machine's anchor and write it
     back, under the keys folder's lock; when the keys folder cannot be written, a note says this machine
     keeps no anchor (nothing else is refused: the anchor protects, it never blocks its own station)."""
+    update_private(fac, fac.anchor_path, lambda: read_anchor(fac), change, {"format": ANCHOR_FORMAT, "root": str(fac.root)},
+                   "this machine's anchor of the registry is not kept up to date, so a registry put back to an older "
+                   "state may go unnoticed here")
+
+
+def update_private(fac: Factory, path: Path, read, change, head: dict, unkept: str) -> None:
+    """Write {**head, **state} to PATH in the keys folder, where state is read() after change(state) -> bool
+    said it changed it, all under the keys folder's lock; when that folder cannot be written, a note says
+    `unkept` instead (what this machine then fails to keep) and nothing else happens."""
     if not fac.store.keys_writable():
-        note(fac, f"the keys folder {fac.keys_dir} cannot be written: this machine's anchor of the registry is not "
-                  f"kept up to date, so a registry put back to an older state may go unnoticed here")
+        note(fac, f"the keys folder {fac.keys_dir} cannot be written: {unkept}")
         return
     with fac.store.keys_locked():
-        anchor = read_anchor(fac)
-        if change(anchor):
-            fac.store.write_private(fac.anchor_path, {"format": ANCHOR_FORMAT, "root": str(fac.root), **anchor})
+        state = read()
+        if change(state):
+            fac.store.write_private(path, {**head, **state})
 
 
 def anchor_problem(fac: Factory, chains: dict[str, Chain]) -> str | None:
@@ -2934,30 +2945,52 @@ def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | No
         update_anchor(fac, merge)
 
 
-def count_sealed_attempt(fac: Factory, name: str, certified: str | None = None) -> None:
-    """Count one more sealed proof of NAME run on this machine in its anchor, where the tree's writers
-    cannot lower it (records/ is theirs); with `certified` (a certificate's signed_at, written here),
-    count none but mark where that certification left the count. See sealed_attempts."""
-    def count(anchor: dict) -> bool:
-        old = anchor["attempts"].get(name)
-        old = old if isinstance(old, dict) and type(old.get("sealed")) is int else {"sealed": 0}
-        anchor["attempts"][name] = {**old, "certified": {"signed_at": certified, "sealed": old["sealed"]}} \
-            if certified else {**old, "sealed": old["sealed"] + 1}
+def count_sealed_attempt(fac: Factory, name: str, suite_digest: str | None = None, certified: str | None = None) -> None:
+    """Count one more sealed proof of NAME on the sealed suite whose digest is `suite_digest`, in the keys
+    folder, where the tree's writers cannot lower it (records/ is theirs) and where every copy of the tree
+    on this machine counts with the original; with `certified` (a certificate's signed_at, written here),
+    count none but mark where that certification left the counts. See sealed_attempts."""
+    def count(agents: dict) -> bool:
+        mine = attempts_of(agents, name)
+        if certified:
+            mine["certified"] = dict(sorted({**mine["certified"], certified: dict(mine["sealed"])}.items())[-CERTIFIED_MARKS:])
+        else:
+            ran = mine["sealed"].get(suite_digest)
+            mine["sealed"][suite_digest] = (ran if type(ran) is int else 0) + 1
+        agents[name] = mine
         return True
-    update_anchor(fac, count)
+    update_private(fac, fac.attempts_path, lambda: all_attempts(fac), lambda state: count(state["agents"]),
+                   {"format": ATTEMPTS_FORMAT}, "this machine's count of sealed proofs is not kept up to date")
 
 
-def sealed_attempts(fac: Factory, name: str, since: str | None) -> int | None:
-    """How many sealed proofs of NAME this machine ran since its certification signed at `since` (ever,
-    when None), from its anchor; None when it cannot say (that certification was not signed here)."""
-    counted = read_anchor(fac)["attempts"].get(name)
-    counted = counted if isinstance(counted, dict) and type(counted.get("sealed")) is int else {"sealed": 0}
+def all_attempts(fac: Factory) -> dict:
+    """This machine's sealed-attempt file in the keys folder, for every factory root on it, as {"agents": {agent:
+    its counts (see attempts_of)}}."""
+    agents = fac.store.read_private(fac.attempts_path).get("agents")
+    return {"agents": agents if isinstance(agents, dict) else {}}
+
+
+def attempts_of(agents: dict, name: str) -> dict:
+    """NAME's entry in the sealed-attempt file's agents: {"sealed": {the sealed suite's digest: proofs run on it},
+    "certified": {a certificate's signed_at: the "sealed" counts when this machine signed it}}, parts {} when missing."""
+    counted = agents.get(name) if isinstance(agents.get(name), dict) else {}
+    return {part: dict(counted[part]) if isinstance(counted.get(part), dict) else {} for part in ("sealed", "certified")}
+
+
+def sealed_attempts(fac: Factory, name: str, suite_digest: str, since: str | None) -> int | None:
+    """How many sealed proofs of NAME on the sealed suite whose digest is `suite_digest` this machine ran,
+    in any factory root, since its certification signed at `since` (ever, when None); None when it cannot
+    say (that certification was not signed here)."""
+    counted = attempts_of(all_attempts(fac)["agents"], name)
+    ran = counted["sealed"].get(suite_digest)
+    ran = ran if type(ran) is int else 0
     if since is None:
-        return counted["sealed"]
-    certified = counted.get("certified")
-    if isinstance(certified, dict) and certified.get("signed_at") == since and type(certified.get("sealed")) is int:
-        return counted["sealed"] - certified["sealed"]
-    return None
+        return ran
+    certified = counted["certified"].get(since)
+    if not isinstance(certified, dict):
+        return None
+    before = certified.get(suite_digest)
+    return ran - (before if type(before) is int else 0)
 
 
 def append_to_log(fac: Factory, name: str, make) -> dict:
@@ -5590,7 +5623,7 @@ def cmd_prove(fac: Factory, args) -> int:
                          args.require_model)
     fac.store.write_json(fac.record_path(agent.name, half), sealed_evidence(fac, proof))   # certify checks the MAC
     if args.sealed:
-        count_sealed_attempt(fac, agent.name)   # where deleting records cannot lower the count certify shows
+        count_sealed_attempt(fac, agent.name, proof["suite_digest"])   # where deleting records cannot lower the count
     if args.junit:
         fac.store.write_report(Path(args.junit), junit_xml(proof, results, time.monotonic() - started))
     print_block(json.dumps(proof, indent=2)) if args.json else print_proof(proof)
@@ -5803,7 +5836,8 @@ def attempts_lines(claim: Claim) -> list[str]:
     """How many sealed proofs were made since the agent was last certified (since its first, if never),
     whatever the code or card was at each, and how many of them proved this very digest: the larger of
     the records in records/AGENT (which the agent's authors may delete) and this machine's own count in
-    its anchor (sealed_attempts), with a warning naming how many records are missing when it is larger."""
+    its keys folder of the proofs on this sealed suite, made in this tree or any copy of it (sealed_attempts),
+    with a warning naming how many records are missing when it is larger."""
     try:
         signed = (claim.cert or {}).get("signed_at")
     except Refusal:   # a certificate that cannot be read dates nothing; replaced_lines names it
@@ -5812,13 +5846,14 @@ def attempts_lines(claim: Claim) -> list[str]:
     counted = [proof for _, proof in claim.proofs if since is None or proof["at"] > since]
     versions, this = len({proof["digest"] for proof in counted}), sum(p["digest"] == claim.agent.digest for p in counted)
     when = f"since the last certification ({since})" if since else "ever (never certified)"
-    ran = sealed_attempts(claim.fac, claim.name, since) or 0
+    ran = sealed_attempts(claim.fac, claim.name, claim.proof["suite_digest"], since) or 0
     if ran <= len(counted):
         return [f"  sealed attempts {when}: {len(counted)}, across {versions} version(s) of the agent; {this} of this one"]
     folder, left = claim.fac.shown(claim.fac.records / claim.name), "is" if len(counted) == 1 else "are"
     return [f"  sealed attempts {when}: {ran}, across {versions} version(s) of the agent in the records left; {this} of this one",
-            f"  WARNING: this machine ran {ran} sealed proof(s) of {claim.name} {when}, but only {len(counted)} of their "
-            f"records {left} in {folder}: {ran - len(counted)} missing (deleted or moved)"]
+            f"  WARNING: this machine ran {ran} sealed proof(s) of {claim.name} on this sealed suite {when}, but only "
+            f"{len(counted)} of their records {left} in {folder}: {ran - len(counted)} missing (deleted, moved, or made in "
+            f"a copy of this factory)"]
 
 
 def production_line(fac: Factory, claim: Claim) -> str:

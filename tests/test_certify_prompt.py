@@ -7,6 +7,7 @@ sign."""
 from __future__ import annotations
 
 import json
+import shutil
 
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import FakeSage
@@ -141,8 +142,9 @@ class Prompt(LineTest):
         prompt = self.signed()
         self.assertIn("  sealed attempts ever (never certified): 3, across 1 version(s) of the agent in the records "
                       "left; 1 of this one\n", prompt)
-        self.assertIn("  WARNING: this machine ran 3 sealed proof(s) of faq ever (never certified), but only 1 of their "
-                      "records is in records/faq: 2 missing (deleted or moved)\n", prompt)
+        self.assertIn("  WARNING: this machine ran 3 sealed proof(s) of faq on this sealed suite ever (never certified), but "
+                      "only 1 of their records is in records/faq: 2 missing (deleted, moved, or made in a copy of this "
+                      "factory)\n", prompt)
         signed_at = self.cert("faq")["signed_at"]
         for _ in range(2):
             self.prove_sealed("faq")
@@ -150,7 +152,43 @@ class Prompt(LineTest):
         prompt = self.signed()
         self.assertIn(f"  sealed attempts since the last certification ({signed_at}): 2, across 1 version(s) of the agent "
                       f"in the records left; 1 of this one\n", prompt)
-        self.assertIn(f"records is in records/faq: 1 missing (deleted or moved)\n", prompt)
+        self.assertIn("records is in records/faq: 1 missing (deleted, moved, or made in a copy of this factory)\n", prompt)
+
+    def test_sealed_proofs_made_in_a_copy_of_the_tree_count_with_the_original(self):
+        """Three sealed proofs in a copy of the tree (same machine, same keys folder), then one here: the prompt
+        counts four, from this machine's count per agent and sealed suite; after a certification, proofs in
+        the copy count again, and proofs on a sealed half that is not this one's do not."""
+        copy = self.tmp / "copy"
+        shutil.copytree(self.root, copy, symlinks=True)
+        in_copy = {**self.env, "FACTORY_ROOT": str(copy)}
+        module = copy / "agents" / "faq.py"
+        for tweak in range(3):
+            module.write_text(module.read_text() + f"# tweak {tweak}\n")
+            self.assertEqual(self.factory("prove", "faq", "--sealed", env=in_copy)[0], 0)
+        shutil.copy2(module, self.root / "agents" / "faq.py")
+        self.prove_sealed("faq")
+        prompt = self.signed()
+        self.assertIn("  sealed attempts ever (never certified): 4, across 1 version(s) of the agent in the records left; "
+                      "1 of this one\n", prompt)
+        self.assertIn("  WARNING: this machine ran 4 sealed proof(s) of faq on this sealed suite ever (never certified), "
+                      "but only 1 of their records is in records/faq: 3 missing (deleted, moved, or made in a copy of this "
+                      "factory)\n", prompt)
+        signed_at = self.cert("faq")["signed_at"]
+        for _ in range(2):
+            self.assertEqual(self.factory("prove", "faq", "--sealed", env=in_copy)[0], 0)
+        self.prove_sealed("faq")
+        self.assertIn(f"  sealed attempts since the last certification ({signed_at}): 3, across 1 version(s) of the agent "
+                      f"in the records left; 1 of this one\n", self.signed())
+        signed_at = self.cert("faq")["signed_at"]
+        self.assertEqual(self.factory("prove", "faq", "--sealed", env=in_copy)[0], 0)   # on the sealed half as it was
+        sealed = self.root / "evals" / "faq" / "sealed.jsonl"
+        first = json.loads(sealed.read_text().splitlines()[0])
+        sealed.write_text(sealed.read_text() + json.dumps({**first, "id": "s-added"}) + "\n")
+        self.prove_sealed("faq")
+        prompt = self.signed()
+        self.assertIn(f"  sealed attempts since the last certification ({signed_at}): 1, across 1 version(s) of the agent; "
+                      f"1 of this one\n", prompt)
+        self.assertNotIn("WARNING: this machine ran", prompt)
 
 
 class VariantChanges(LineTest):
