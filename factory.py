@@ -96,6 +96,7 @@ SIGNER = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 TIERS = ("C0", "C1", "C2", "C3")
 MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
+MAX_FIGURE = 2 ** 53 - 1   # no count or cost of one run comes near it; every JSON reader holds integers up to it exactly (RFC 8259 section 6)
 CLIP_CHARS = 8000              # ~2,000 tokens of a tool result or of the input go to the worker
 TRACE_FORMAT = "factory-trace-3"
 RECORD_FORMAT = "factory-proof-2"
@@ -1491,7 +1492,7 @@ class Code:
                 import ast
                 try:
                     self.trees[relative] = ast.parse(self.source(relative), str(self.fac.agents / relative))
-                except (SyntaxError, ValueError) as error:   # ValueError: a null byte in the source
+                except (SyntaxError, ValueError, RecursionError, MemoryError) as error:   # ValueError: a null byte
                     raise not_python(relative, error) from None
             return self.trees[relative]
 
@@ -1577,7 +1578,7 @@ class Code:
         module.__builtins__ = {**vars(builtins), "__import__": self.importer(relative, imports)}
         try:
             code = compile(self.tree(relative), path, "exec", dont_inherit=True)
-        except SyntaxError as error:   # what parses but does not compile: a late `from __future__`, a misplaced return
+        except (SyntaxError, RecursionError, MemoryError) as error:   # parses, does not compile: a late `from __future__`
             raise not_python(relative, error) from None
         self.modules[relative] = module   # before it runs: an import cycle finds it half made, as Python's own does
         try:
@@ -1634,7 +1635,11 @@ def plain_imports(nodes) -> list[str]:
 
 def not_python(relative: str, error: Exception) -> Refusal:
     """The refusal for agents/RELATIVE that Python will not parse or compile (a SyntaxError, or the
-    ValueError of a null byte), naming the line when the error does."""
+    ValueError of a null byte), naming the line when the error does; for source nested deeper than the
+    parser's recursion limit (RecursionError), or whose tree does not fit in memory (MemoryError, which a
+    few kilobytes of nested operators can cause), it says so."""
+    if isinstance(error, (RecursionError, MemoryError)):
+        return Refusal(f"agents/{relative}: too {'deeply nested' if isinstance(error, RecursionError) else 'large'} to parse")
     line = f", line {error.lineno}" if getattr(error, "lineno", None) else ""
     return Refusal(f"agents/{relative}: not valid python ({getattr(error, 'msg', error)}{line})")
 
@@ -3262,7 +3267,7 @@ class Drift:
     def of_certificate(cls, cert: dict) -> "Drift":
         """The watch for a certificate's certified_rate over certified_rate_runs; no baseline without both."""
         rate, runs = cert.get("certified_rate"), cert.get("certified_rate_runs")
-        if not (_fraction(rate) and type(runs) is int and runs > 0):
+        if not (_fraction(rate) and type(runs) is int and 0 < runs <= MAX_FIGURE):   # unverified in the tower
             return cls(None)
         return cls((round(rate * runs), runs))   # the rate is stored to 4 places: the count it came from
 
@@ -3676,6 +3681,28 @@ def has_certificate(claim: Claim) -> str | None:
                                                     f"YOUR_NAME at a terminal")
 
 
+# a certificate's figures: field (a dotted path), highest (lowest 0), whether it is a count, whether null is allowed
+CERT_FIGURES = (("sealed_score", 1, False, False), ("envelope_usd", MAX_FIGURE, False, False),
+                ("certified_rate", 1, False, True), ("certified_rate_runs", MAX_FIGURE, True, False),
+                ("index.bytes", MAX_FIGURE, True, True), ("index.lines", MAX_FIGURE, True, True))
+
+
+def figures_in_range(claim: Claim) -> str | None:
+    """Each of the certificate's figures (CERT_FIGURES) is a number in its range, so that nothing computed
+    from one (the drift watch, where drift reads from) fails on it; else one line naming the field."""
+    for name, highest, count, nullable in CERT_FIGURES:
+        value = claim.cert
+        for part in name.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None and nullable:
+            continue
+        if not (_is_number(value) and (type(value) is int or not count)):
+            return f"{claim.where}: field '{name}' is not {'a whole number' if count else 'a number'}. re-certify."
+        if not 0 <= value <= highest:
+            return f"{claim.where}: field '{name}' is {figure_text(value)}, outside 0..{highest}. re-certify."
+    return None
+
+
 def names_a_signer(claim: Claim) -> str | None:
     """The certificate names a well-formed signer and carries a well-formed signature (hmac-sha256 hex,
     or ssh armour): anything else does not verify."""
@@ -4049,7 +4076,7 @@ STUCK = {"unsealed": "its parked file's evidence MAC does not verify here",
          "not staged": "no run of this line that closed parked it"}
 DECIDED = ("executed", "rejected", "uncertain-effect")     # a call's states once a human acted on it
 CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
-                      ("signature", signature_verifies), ("agent", for_this_agent), ("logs", logs_unchanged),
+                      ("signature", signature_verifies), ("figures", figures_in_range), ("agent", for_this_agent), ("logs", logs_unchanged),
                       ("newest certificate", newest_certificate))
 RUN_GUARDS = CERTIFICATE_GUARDS + (("revocation", not_revoked), ("recall", not_recalled), ("digest", unchanged),
                                    ("lineage", lineage_agrees))
@@ -6705,7 +6732,6 @@ def cmd_schema(fac: Factory, args) -> int:
 
 P_BINS = 10                  # the gate's p by tenths, in the text and the HTML alike
 PARTIAL_LINE = "partial: what is marked 'problem' could not be read; everything else is counted"
-MAX_FIGURE = 2 ** 53 - 1   # no count or cost of one run comes near it; every JSON reader holds integers up to it exactly (RFC 8259 section 6)
 FIGURE_RANGES = (("acted", MAX_FIGURE), ("staged", MAX_FIGURE), ("cost_usd", MAX_FIGURE), ("p", 1))   # field, highest; lowest 0
 
 
@@ -6955,9 +6981,14 @@ def figure_problem(row: dict) -> str | None:
         if value is not None and not 0 <= value <= highest:
             if not -math.inf < value < math.inf:
                 return f"field '{name}' is not a finite number"
-            text = str(value)
-            return f"field '{name}' is {text if len(text) <= 24 else f'a number of {len(text)} digits'}, outside 0..{highest}"
+            return f"field '{name}' is {figure_text(value)}, outside 0..{highest}"
     return None if all(type(name) is str for name in row["backends"]) else "field 'backends' holds a name that is not text"
+
+
+def figure_text(value) -> str:
+    """A number as a refusal shows it: itself, or how many digits it has when it is longer than 24 characters."""
+    text = str(value)
+    return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
 def known_agents(fac: Factory) -> list[str]:

@@ -126,6 +126,7 @@ class Guards(LineTest):
             "signer": lambda: self.forge(signer="../alice"),
             "signer key": lambda: (self.tmp / "keys").rename(self.tmp / "keys-elsewhere"),
             "signature": lambda: (self.root / CERT).write_text(json.dumps({**self.cert(), "tier": "C3"})),
+            "figures": lambda: self.forge(certified_rate=0.9, certified_rate_runs=10 ** 30),
             "agent": lambda: self.forge(agent="evalsmith"),
             "logs": lambda: (self.root / "registry" / "lineage.jsonl").write_text(""),
             "newest certificate": self.put_back_after_signing_again,
@@ -140,6 +141,24 @@ class Guards(LineTest):
                 self.setUp()
                 make()
                 self.refused_by(factory.RUN_GUARDS, factory.Claim(self.fac, "triager", "run"), name, "run", "triager", "hi")
+
+    def test_a_certificate_figure_out_of_range_is_named_by_the_tower(self):
+        """A certified_rate_runs of 10**30 (which the drift watch cannot take), signed or edited in: the tower
+        names the problem in one line, the field when the certificate verifies, and crashes nothing."""
+        huge = {"certified_rate": 1.0, "certified_rate_runs": 10 ** 30}   # 1.0 * 10**30 rounds above 10**30
+        for label, make, named in (
+                ("signed", lambda: self.forge(**huge),
+                 f"{CERT}: field 'certified_rate_runs' is a number of 31 digits, outside 0..{factory.MAX_FIGURE}"),
+                ("edited", lambda: (self.root / CERT).write_text(json.dumps({**self.cert(), **huge})),
+                 f"{CERT}: the certificate does not verify with alice's key")):
+            with self.subTest(label):
+                self.setUp()
+                make()
+                for argv in (("tower",), ("tower", "--json")):
+                    code, out, err = self.factory(*argv)
+                    self.assertNotIn("Traceback", err)
+                    self.assertEqual(code, 0, err)
+                    self.assertIn(named, out + err if argv == ("tower",) else json.dumps(json.loads(out)))
 
     def test_each_certify_guard_refuses(self):
         def add_a_sealed_case():
