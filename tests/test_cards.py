@@ -110,6 +110,19 @@ class Cards(LineTest):
                 path.write_text(shipped + "\n" + broken + "\n")
                 self.refused(message, "prove", "triager")
 
+    def test_source_python_cannot_parse_for_its_depth_or_size_is_one_line_naming_it(self):
+        """Five thousand chained additions exceed the parser's recursion limit; a hundred thousand unary minuses
+        exhaust the parser's memory: digest and prove name the file in one line, no traceback."""
+        for relative, line, message in (("triager.py", "_x = 1" + "+1" * 5000, "agents/triager.py: too deeply nested to parse"),
+                                        ("tools/drafts.py", "_y = " + "-" * 100000 + "1", "agents/tools/drafts.py: too large to parse")):
+            path = self.root / "agents" / relative
+            shipped = path.read_text()
+            path.write_text(shipped + "\n" + line + "\n")
+            for station in ("digest", "prove"):
+                with self.subTest(relative=relative, station=station):
+                    self.refused(message, station, "triager")
+            path.write_text(shipped)
+
     def test_schema_prints_the_card_table_the_readme_holds(self):
         code, out, _ = self.factory("schema")
         self.assertEqual(code, 0)
