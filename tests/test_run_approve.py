@@ -1286,6 +1286,7 @@ class Approval(Tiered):
             "signer": lambda: cert().write_text(json.dumps({**self.cert("payer"), "signer": "../alice"})),
             "signer key": lambda: (self.tmp / "keys" / "alice.key").rename(self.tmp / "alice.key"),
             "signature": lambda: cert().write_text(json.dumps({**self.cert("payer"), "tier": "C3"})),
+            "figures": lambda: self.forge(envelope_usd=-1),
             "agent": lambda: self.forge(agent="triager"),
             "logs": lambda: (self.root / "registry" / "lineage.jsonl").write_text(""),
             "revocation": lambda: self.forge(revoked={"reason": "pulled by hand", "at": factory.utc_now()}),
