@@ -9,7 +9,9 @@ Nothing here patches the product's functions.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -18,6 +20,7 @@ import re
 import secrets
 import select
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -251,11 +254,14 @@ class LineTest(unittest.TestCase):
 
     def certified(self, name: str = "triager", tier: str = "C1", lower_bar: bool = True) -> None:
         """Prove the sealed half and certify at a terminal. The bar is lowered to 0 unless told not to:
-        these tests are about the line's mechanics; the shipped suites' scores are tested on their own."""
-        if lower_bar:
-            self.set_bar(name, 0.0)
-        self.prove_sealed(name)
-        self.sign(name, tier)
+        these tests are about the line's mechanics; the shipped suites' scores are tested on their own.
+        Taken from a factory this process has certified NAME from before, the result is copied (FIXTURES)."""
+        def make() -> None:
+            if lower_bar:
+                self.set_bar(name, 0.0)
+            self.prove_sealed(name)
+            self.sign(name, tier)
+        FIXTURES.step(self, ("certified", name, tier, lower_bar), make)
 
     # ---- files
 
@@ -313,6 +319,90 @@ class CertifiedTest(LineTest):
 
     def prepare(self) -> None:
         self.certified("triager")
+
+
+class Fixtures:
+    """Steps that prepare a factory (certified: prove and certify), each made once per test process. A
+    step is keyed by the test's whole temporary folder before it (every path, kind, mode and byte, its own
+    path written as one placeholder), the step's arguments and the environment: taken again from the same
+    folder, the folder it made is copied in instead of running it again. This machine's anchor, which the
+    keys folder keeps per root path, is moved to the new root, as if the step had run there. A step whose
+    files name the folder they were made in is never copied. The copies live in one temporary folder,
+    removed when the process exits (under `python3 -m tests`, with the run's own folder)."""
+
+    def __init__(self):
+        self.folder: Path | None = None
+        self.made: dict[tuple, tuple[Path, Path, Path]] = {}   # key -> (the copy, the folder it was made in, its anchor)
+
+    def step(self, test: "LineTest", step: tuple, make) -> None:
+        """make() in test.tmp, or its copy when this process made it before from the same folder."""
+        key = (fingerprint(test.tmp), step, tuple(sorted((k, v) for k, v in test.env.items()
+                                                         if k not in ("FACTORY_ROOT", "FACTORY_KEYS_DIR"))))
+        if key in self.made:
+            restore(*self.made[key], test.tmp)
+            return
+        make()
+        anchor = own_anchor(test.tmp)
+        if not mentions(test.tmp, anchor):
+            self.made[key] = (self.keep(test.tmp), test.tmp, anchor.relative_to(test.tmp))
+
+    def keep(self, tmp: Path) -> Path:
+        """A copy of tmp in this process's fixtures folder (made, and removed at exit, on first use)."""
+        if self.folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="factory-fixtures-"))
+            atexit.register(shutil.rmtree, self.folder, True)
+        copy = Path(tempfile.mkdtemp(dir=self.folder))
+        shutil.copytree(tmp, copy / "made", symlinks=True)
+        return copy / "made"
+
+
+# One per process: the point is that test classes share what one of them made.
+FIXTURES = Fixtures()
+
+
+def own_anchor(tmp: Path) -> Path:
+    """The anchor file this machine keeps for the factory at tmp/factory, in tmp/keys (a name made from the root's path)."""
+    return factory.Factory.at(None, None, {"FACTORY_ROOT": str(tmp / "factory"), "FACTORY_KEYS_DIR": str(tmp / "keys")}).anchor_path
+
+
+def fingerprint(tmp: Path, made_in: Path | None = None, anchor: Path | None = None) -> str:
+    """sha256 over every path under tmp with its kind, mode and bytes (a link's target), the path of the
+    folder it was made in (made_in, default tmp) and that folder's anchor (its path under tmp, default
+    tmp's own) written as placeholders: what a copy of it elsewhere has in common with it."""
+    made_in, anchor = made_in or tmp, tmp / anchor if anchor else own_anchor(tmp)
+    digest, here = hashlib.sha256(), str(made_in).encode()
+    for path in sorted(tmp.rglob("*")):
+        info = path.lstat()
+        name = "ANCHOR" if path == anchor else path.relative_to(tmp).as_posix()
+        if stat.S_ISREG(info.st_mode):
+            body = path.read_bytes().replace(here, b"TMP")
+        elif stat.S_ISLNK(info.st_mode):
+            body = os.readlink(path).encode().replace(here, b"TMP")
+        else:
+            body = b""
+        digest.update(f"{name}\0{info.st_mode:o}\0{len(body)}\0".encode() + body)
+    return digest.hexdigest()
+
+
+def mentions(tmp: Path, anchor: Path) -> bool:
+    """True when a file under tmp, other than its own anchor, holds tmp's path."""
+    here = str(tmp).encode()
+    return any(here in path.read_bytes() for path in tmp.rglob("*") if path != anchor and path.is_file()
+               and not path.is_symlink())
+
+
+def restore(made: Path, made_in: Path, made_anchor: Path, tmp: Path) -> None:
+    """Make tmp hold exactly what the copy `made` holds, its anchor (made_anchor, under tmp) moved from
+    the root it was made in (made_in/factory, perhaps removed since) to tmp's."""
+    for path in tmp.iterdir():
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    shutil.copytree(made, tmp, symlinks=True, dirs_exist_ok=True)
+    moved, anchor = tmp / made_anchor, own_anchor(tmp)
+    if moved.exists():
+        anchor.write_bytes(moved.read_bytes().replace(json.dumps(str(made_in / "factory")).encode(),
+                                                      json.dumps(str(tmp / "factory")).encode()))
+        anchor.chmod(stat.S_IMODE(moved.stat().st_mode))
+        moved.unlink()
 
 
 def snapshot(root: Path) -> dict:

@@ -229,9 +229,7 @@ class Lineage(LineTest):
     re-derived, a disagreement is refused naming both, and a stamp is never left half-done."""
 
     def prepare(self):
-        self.set_bar("triager", 0.0)
-        self.prove_sealed("triager")
-        self.sign("triager")
+        self.certified("triager")
 
     def forge_lineage(self, agent: str, parent: str) -> None:
         """Append one well-formed lineage entry, as anyone who may write registry/ can."""
@@ -356,9 +354,7 @@ class HalfDoneHarvests(LineTest):
 
     def prepare(self):
         for name in ("triager", "evalsmith"):
-            self.set_bar(name, 0.0)
-            self.prove_sealed(name)
-            self.sign(name)
+            self.certified(name)
 
     def setUp(self):
         super().setUp()

@@ -23,7 +23,8 @@ from pathlib import Path
 import factory
 from tests import trust_helpers
 from tests.fake_sage import FakeSage
-from tests.support import INJECTION, REPO, CertifiedTest, LineTest, junit_problems, snapshot
+from tests.support import (FIXTURES, INJECTION, REPO, CertifiedTest, LineTest, fingerprint, junit_problems,
+                           own_anchor, snapshot)
 
 CERT = "registry/triager.card.json"
 HELPER = Path(trust_helpers.__file__).resolve()
@@ -1149,6 +1150,28 @@ class MainJob(LineTest):
 
 
 # ---------------------------------------------------------------- a certify killed while it writes
+
+class CopiedFixtures(LineTest):
+    """A certified factory the test process copies in (support.FIXTURES) is the one it made, with this
+    machine's anchor moved to the new root: a step after the copy sees what it would have seen."""
+
+    def test_a_copied_certified_factory_keeps_its_anchor_at_its_new_root(self):
+        self.certified()                                  # made here, or copied from an earlier class
+        first = self.cert()
+        self.setUp()
+        self.certified()                                  # copied: the same step from the same folder
+        made = [folder for key, (folder, made_in, anchor) in FIXTURES.made.items()
+                if key[1] == ("certified", "triager", "C1", True) and fingerprint(folder, made_in, anchor) == fingerprint(self.tmp)]
+        self.assertEqual(len(made), 1, "the folder holds exactly what the step made")
+        self.assertEqual(self.cert(), first)
+        anchors = sorted((self.tmp / "keys").glob("_anchor-*.json"))
+        self.assertEqual(anchors, [own_anchor(self.tmp)], "one anchor, this root's")
+        self.assertEqual(json.loads(anchors[0].read_text())["root"], str(self.root))
+        self.runs_ok()
+        self.sign("triager", tier="C0")
+        (self.root / "registry" / "triager.card.json").write_text(json.dumps(first, indent=2))
+        self.refused_writing_nothing(("superseded", "revoked"), "run", "triager", "hi")
+
 
 def killed_certify(test: LineTest, n: int, tier: str) -> int:
     """certify triager at TIER by alice at a pseudo-terminal, answering y, SIGKILLed before its Nth change to
