@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import io
 import os
 import shutil
 import sys
@@ -55,58 +56,17 @@ def module_size(name: str) -> int:
     return os.path.getsize(path) if path else 0
 
 
-class Outcomes(unittest.TestResult):
-    """A TestResult that also keeps one character per test, in order (. F E s x u, as unittest prints)."""
-
-    def __init__(self):
-        super().__init__()
-        self.marks: list[str] = []
-
-    def addSuccess(self, test):
-        super().addSuccess(test)
-        self.marks.append(".")
-
-    def addFailure(self, test, err):
-        super().addFailure(test, err)
-        self.marks.append("F")
-
-    def addError(self, test, err):
-        super().addError(test, err)
-        self.marks.append("E")
-
-    def addSubTest(self, test, subtest, err):
-        super().addSubTest(test, subtest, err)
-        if err is not None:
-            self.marks.append("F" if issubclass(err[0], test.failureException) else "E")
-
-    def addSkip(self, test, reason):
-        super().addSkip(test, reason)
-        self.marks.append("s")
-
-    def addExpectedFailure(self, test, err):
-        super().addExpectedFailure(test, err)
-        self.marks.append("x")
-
-    def addUnexpectedSuccess(self, test):
-        super().addUnexpectedSuccess(test)
-        self.marks.append("u")
-
-
 def run_unit(start: str, top: str, pattern: str, index: int) -> dict:
-    """Run one unit in this process: its marks, counts, and each failure and error as unittest prints it."""
-    result = Outcomes()
+    """Run one unit in this process: its marks (a character per test, as unittest prints them), counts,
+    and each failure and error as unittest prints it."""
+    marks = io.StringIO()
+    result = unittest.TextTestResult(marks, descriptions=True, verbosity=1)
     units(start, top, pattern)[index].run(result)
-    return {"marks": "".join(result.marks), "run": result.testsRun, "skipped": len(result.skipped),
+    report = lambda flavour, test, text: f"{SEPARATOR1}\n{flavour}: {result.getDescription(test)}\n{SEPARATOR2}\n{text}"  # noqa: E731
+    return {"marks": marks.getvalue(), "run": result.testsRun, "skipped": len(result.skipped),
             "expected": len(result.expectedFailures), "unexpected": len(result.unexpectedSuccesses),
             "failures": [report("FAIL", test, text) for test, text in result.failures],
             "errors": [report("ERROR", test, text) for test, text in result.errors]}
-
-
-def report(flavour: str, test, text: str) -> str:
-    """A failure or error in unittest's words: separator, the test and its docstring's first line, the traceback."""
-    doc = test.shortDescription() if isinstance(test, unittest.TestCase) else None
-    name = f"{test}\n{doc}" if doc else str(test)
-    return f"{SEPARATOR1}\n{flavour}: {name}\n{SEPARATOR2}\n{text}"
 
 
 def summary(totals: dict, took: float) -> tuple[str, bool]:
