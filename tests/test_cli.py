@@ -158,6 +158,39 @@ class SuiteRunner(unittest.TestCase):
                for argv in (["-m", "tests", "-j", "2"], ["-m", "unittest", "discover"])]
         return ran[0], ran[1]
 
+    def run_runner(self, files: dict, *flags: str) -> subprocess.CompletedProcess:
+        """The parallel runner alone on a folder of test files, with flags."""
+        folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        return subprocess.run([sys.executable, "-m", "tests", *flags, "-s", str(folder), "-t", str(folder)],
+                              capture_output=True, text=True, cwd=str(REPO), timeout=60)
+
+    def test_a_worker_that_dies_is_one_error_naming_its_class_and_test_and_the_rest_still_run(self):
+        dies = "import os, unittest\n\nclass Dies(unittest.TestCase):\n    def test_a_passes(self):\n        pass\n\n" \
+               "    def test_b_ends_the_process(self):\n        os._exit(3)\n\n    def test_c_never_runs(self):\n        pass\n"
+        later = "".join(f"class Later{n}(unittest.TestCase):\n    def test_it(self):\n        pass\n\n" for n in range(3))
+        ran = self.run_runner({"test_dies.py": dies, "test_later.py": "import unittest\n\n" + later}, "-j", "1")
+        self.assertEqual(ran.returncode, 1, ran.stderr)
+        self.assertIn("ERROR: test_dies.Dies\n" + "-" * 70 + "\nits worker process died (exit status 3) during "
+                      "test_dies.Dies.test_b_ends_the_process; the class's remaining tests did not run\n", ran.stderr)
+        self.assertRegex(ran.stderr, r"\nRan 3 tests in [0-9.]+s\n\nFAILED \(errors=1\)\n$")   # Later0-2, in a fresh worker
+        self.assertNotIn("Later", ran.stderr)
+
+    def test_no_tests_found_exits_5_saying_no_tests_ran(self):
+        ran = self.run_runner({"test_empty.py": "import unittest\n"})
+        self.assertEqual(ran.returncode, 5, ran.stderr)
+        self.assertRegex(ran.stderr, r"\nRan 0 tests in [0-9.]+s\n\nNO TESTS RAN\n$")
+
+    def test_a_class_past_the_timeout_has_its_worker_killed_and_is_one_error_naming_it(self):
+        hangs = "import time, unittest\n\nclass Hangs(unittest.TestCase):\n    def test_sleeps(self):\n        time.sleep(3600)\n\n" \
+                "class Quick(unittest.TestCase):\n    def test_it(self):\n        pass\n"
+        ran = self.run_runner({"test_hangs.py": hangs}, "-j", "1", "--timeout", "1")   # waiting out the sleep would time out
+        self.assertEqual(ran.returncode, 1, ran.stderr)
+        self.assertIn("ERROR: test_hangs.Hangs\n" + "-" * 70 + "\nno result within 1 s: its worker process was killed "
+                      "during test_hangs.Hangs.test_sleeps", ran.stderr)
+        self.assertRegex(ran.stderr, r"\nRan 1 test in [0-9.]+s\n\nFAILED \(errors=1\)\n$")
+
     def test_the_run_keeps_its_temporary_folders_in_one_folder_it_removes(self):
         seen = Path(self.enterContext(tempfile.TemporaryDirectory()))
         where = "import os, tempfile, unittest\n\nclass Where(unittest.TestCase):\n    def test_it(self):\n" \
