@@ -147,11 +147,16 @@ class SetUpFails(unittest.TestCase):
 class SuiteRunner(unittest.TestCase):
     """`python3 -m tests` reports what `python3 -m unittest discover` reports, and fails when it fails."""
 
-    def run_both(self, files: dict, env: dict | None = None) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
-        """The parallel runner and discover on a folder of test files: (runner, discover)."""
+    def folder_of(self, files: dict) -> Path:
+        """A temporary folder holding files (name: text), removed after the test."""
         folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
         for name, text in files.items():
             (folder / name).write_text(text)
+        return folder
+
+    def run_both(self, files: dict, env: dict | None = None) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+        """The parallel runner and discover on a folder of test files: (runner, discover)."""
+        folder = self.folder_of(files)
         where = ["-s", str(folder), "-t", str(folder)]
         ran = [subprocess.run([sys.executable, *argv, *where], capture_output=True, text=True, cwd=str(REPO), timeout=120,
                               env={**os.environ, **(env or {})})
@@ -160,9 +165,7 @@ class SuiteRunner(unittest.TestCase):
 
     def run_runner(self, files: dict, *flags: str) -> subprocess.CompletedProcess:
         """The parallel runner alone on a folder of test files, with flags."""
-        folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
-        for name, text in files.items():
-            (folder / name).write_text(text)
+        folder = self.folder_of(files)
         return subprocess.run([sys.executable, "-m", "tests", *flags, "-s", str(folder), "-t", str(folder)],
                               capture_output=True, text=True, cwd=str(REPO), timeout=60)
 
