@@ -52,7 +52,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace as with_fields
 from datetime import datetime, timedelta, timezone
-from functools import cached_property
+from functools import cached_property, partial
 from operator import itemgetter
 from pathlib import Path
 
@@ -604,14 +604,14 @@ class Store:
         where, scan = self.fac.shown(path), self.decoder.scan_once
         with self.opened(path, confined) as lines, self.machine(path, "read"):
             lines.seek(start[0])
-            for number, raw in enumerate(iter(lambda: lines.readline(MAX_LINE_BYTES + 1), b""), start[1] + 1):
+            for number, raw in enumerate(iter(partial(lines.readline, MAX_LINE_BYTES + 1), b""), start[1] + 1):
                 try:  # the common case fast: one object filling the line (a BOM, NaN, a key given twice or
                     text = raw.decode("utf-8")       # anything else fails here and is named on the slow path)
                     value, end = scan(text, 0)
                     value = value if end == len(text) or text[end:] == "\n" else None
                 except (ValueError, RecursionError, StopIteration):   # decode, json and NaN errors
                     value = None
-                if type(value) is not dict or len(raw) > MAX_LINE_BYTES or b"\\ud" in raw or b"\\uD" in raw:
+                if type(value) is not dict or len(raw) > MAX_LINE_BYTES or b"\\u" in raw and (b"\\ud" in raw or b"\\uD" in raw):
                     if not raw.strip():
                         continue
                     value = self.line_or_problem(raw, lines, f"{where} line {number}", number, each)
