@@ -8020,9 +8020,24 @@ def as_bytes_shown(text: str) -> str:
     return re.sub("[\udc80-\udcff]", lambda found: f"\\x{ord(found.group()) - 0xDC00:02x}", text)
 
 
+def closed_stdout_status(stderr) -> int:
+    """What a station that is not `run` does when stdout's reader went away mid-output (`tower | head -1`)
+    or stdout was never open (`>&-`): one line on stderr, when there is one, and exit status 1 (refused:
+    what it printed is incomplete). `run` stops its batch and exits 141 instead (STDOUT_CLOSED)."""
+    if stderr is not None:
+        try:
+            print("factory: stdout was closed before everything was written to it "
+                  "(its reader stopped, e.g. head, or it was never open)", file=stderr)
+        except OSError:
+            pass
+    return 1
+
+
 if __name__ == "__main__":
+    if sys.stdout is None:
+        sys.exit(closed_stdout_status(sys.stderr))
     try:
         sys.exit(main())
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+        sys.exit(closed_stdout_status(sys.stderr))

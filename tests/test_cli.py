@@ -586,3 +586,26 @@ class EachStationsEnvironment(CertifiedTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ClosedStdout(unittest.TestCase):
+    """A station other than run whose stdout is gone says so in one line on stderr and exits 1; a
+    reader that stopped (head) and a stdout that was never open (`>&-`) alike."""
+
+    LINE = ("factory: stdout was closed before everything was written to it "
+            "(its reader stopped, e.g. head, or it was never open)\n")
+
+    def test_a_reader_that_stopped(self):
+        reader, writer = os.pipe()
+        os.close(reader)
+        try:
+            child = subprocess.run([sys.executable, str(REPO / "factory.py"), "schema"], stdout=writer,
+                                   stderr=subprocess.PIPE, text=True, timeout=60, cwd=str(REPO))
+        finally:
+            os.close(writer)
+        self.assertEqual((child.returncode, child.stderr), (1, self.LINE))
+
+    def test_a_stdout_never_open(self):
+        child = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} factory.py schema >&-"],
+                               capture_output=True, text=True, timeout=60, cwd=str(REPO))
+        self.assertEqual((child.returncode, child.stderr), (1, self.LINE))
