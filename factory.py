@@ -6115,8 +6115,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
             except BrokenPipeError:
                 batch.closed = True
         progress.tick()
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    with pool_of(jobs) as pool:
         for ticket_id, text in tickets:
             if len(inflight) >= jobs:
                 finish()
@@ -6136,6 +6135,49 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
     return batch
 
 
+class Done:
+    """A call that has finished, read as a finished Future is: result() returns its value or raises the
+    Exception it raised."""
+
+    def __init__(self, value=None, error: Exception | None = None):
+        self.value, self.error = value, error
+
+    def result(self):
+        """The value; the call's Exception, raised, when it failed."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class Inline:
+    """The executor of a batch run one ticket at a time: submit(fn, *args) calls fn at once in this thread
+    and hands back the call Done (its Exception kept for result(), where the batch reads it, as a pool
+    keeps it). No thread hand-off per ticket, and nothing runs beside the caller: --jobs 1 is exactly
+    sequential. An interrupt is not kept: it goes up at once."""
+
+    def __enter__(self) -> "Inline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    @staticmethod
+    def submit(fn, *args) -> Done:
+        """fn(*args), called now."""
+        try:
+            return Done(fn(*args))
+        except Exception as error:
+            return Done(error=error)
+
+
+def pool_of(jobs: int):
+    """The executor of a batch: `jobs` threads, or Inline for one at a time (no thread, no futures module)."""
+    if jobs == 1:
+        return Inline()
+    from concurrent.futures import ThreadPoolExecutor
+    return ThreadPoolExecutor(max_workers=jobs)
+
+
 def stdout_closed() -> None:
     """After stdout's reader went away (BrokenPipeError), point its file descriptor at the null device, so
     what is still buffered is dropped at exit rather than raising again, as Python's documentation advises
@@ -6146,13 +6188,10 @@ def stdout_closed() -> None:
         os.close(devnull)
 
 
-def refused_ticket(problem: Refusal) -> "Future":
-    """A finished future holding the row of a ticket that was refused, not run (no run id, no trace)."""
-    from concurrent.futures import Future
-    done = Future()
-    done.set_result({"run_id": None, "status": "refused", "verdict": "refused", "gate": "-", "output": None,
-                     "routed": True, "why": [str(problem)]})
-    return done
+def refused_ticket(problem: Refusal) -> Done:
+    """The row of a ticket that was refused, not run (no run id, no trace)."""
+    return Done({"run_id": None, "status": "refused", "verdict": "refused", "gate": "-", "output": None,
+                 "routed": True, "why": [str(problem)]})
 
 
 def print_run(row: dict) -> None:
