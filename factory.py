@@ -491,6 +491,10 @@ class Factory:
             raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
         return self.traces / check_name(agent) / f"{run_id}.jsonl"
 
+    def review_path(self, agent: str) -> Path:
+        """outbox/AGENT/review.jsonl: the drafts of AGENT's runs held back for a human."""
+        return self.root.joinpath("outbox", check_name(agent), "review.jsonl")
+
     def spill_path(self, agent: str, run_id: str, name: str) -> Path:
         """traces/AGENT/RUN_ID/NAME.txt: a text too long to send the worker whole (NAME: input, tool-SEQ)."""
         return self.trace_path(agent, run_id).with_suffix("") / f"{name}.txt"
@@ -528,16 +532,24 @@ class Store:
         self.noted: set[str] = set()      # notes printed by this station
         self.evidence: bytes | None = None   # the evidence key, once this station has read it (evidence_key)
 
-    @contextlib.contextmanager
-    def machine(self, path: Path, doing: str) -> Iterator[None]:
-        """Turn the machine's OSError while `doing` something to path into a StoreError naming both."""
-        try:
-            yield
-        except (StoreError, FileExistsError):
-            raise
-        except OSError as error:
-            cause = error.strerror or type(error).__name__
-            raise StoreError(f"{self.fac.shown(path)}: cannot {doing} it ({cause.lower()})") from None
+    def machine(self, path: Path, doing: str) -> "Store.Machine":
+        """A block that turns the machine's OSError while `doing` something to path into a StoreError naming both."""
+        return Store.Machine(self.fac, path, doing)
+
+    class Machine:
+        """See Store.machine: a plain context manager, not a generator, as it guards every line written."""
+
+        def __init__(self, fac: Factory, path: Path, doing: str):
+            self.fac, self.path, self.doing = fac, path, doing
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, kind, error, traceback) -> None:
+            if kind is None or not issubclass(kind, OSError) or issubclass(kind, (StoreError, FileExistsError)):
+                return None
+            cause = error.strerror or kind.__name__
+            raise StoreError(f"{self.fac.shown(self.path)}: cannot {self.doing} it ({cause.lower()})") from None
 
     # ---- reads
 
@@ -906,13 +918,14 @@ class Store:
         return handle
 
     @staticmethod
-    def append_locked(handle: int, line: bytes) -> int:
+    def append_locked(handle: int, line: bytes, ours: int = 0) -> int:
         """Write line at the end of the file (locked, or written by one process alone); its offset. Cut
-        back to where it started on failure."""
+        back to where it started on failure. `ours` is where a line this handle wrote ended (0: none):
+        a file that still ends there ends with that line's newline, so its last byte need not be read."""
         offset = os.lseek(handle, 0, os.SEEK_END)
-        if offset and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a killed writer)
-            os.write(handle, b"\n")                                # stays torn; ours starts clean
-            offset += 1
+        if offset and offset != ours and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a
+            os.write(handle, b"\n")                                                  # killed writer) stays
+            offset += 1                                                              # torn; ours starts clean
         try:
             view = memoryview(line)
             while view:
@@ -944,6 +957,12 @@ class Store:
 
         def __init__(self, store: "Store", path: Path):
             self.store, self.path, self.handle = store, path, None
+            self.end = 0   # where the last line written through this handle ended (0: none yet)
+
+        @cached_property
+        def shown(self) -> str:
+            """The file's path as the user is shown it (Factory.shown)."""
+            return self.store.fac.shown(self.path)
 
         def append(self, obj: dict) -> None:
             """Write obj as one whole JSON line (cut back, never torn, when the machine stops it half-way)."""
@@ -952,7 +971,7 @@ class Store:
                 if self.handle is None:
                     self.handle = self.store.open_append(self.path)
                     fcntl.flock(self.handle, fcntl.LOCK_EX)
-                self.store.append_locked(self.handle, line)
+                self.end = self.store.append_locked(self.handle, line, self.end) + len(line)
 
         def close(self) -> None:
             """Let go of the file."""
@@ -4970,7 +4989,7 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
     put a draft in the human's review queue, or record what the run would have done. The run's drafts
     go to the queue through one handle, locked from its first row until every call is settled."""
     done, tags, committing = Settled(), {"gate": gate["result"], "p": gate["p"]}, None
-    queue = fac.store.open_log(fac.root / "outbox" / agent.name / "review.jsonl")
+    queue = fac.store.open_log(fac.review_path(agent.name))
     try:
         for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"]):
             call, decision = settlement.call, settlement.decision
@@ -4987,7 +5006,7 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
                 event = sealed_evidence(fac, {**event, "call": done.parked, "path": fac.shown(stored), "run_id": trace.run_id,
                                               "certificate": cert["signature"], "digest": agent.digest})
             elif decision == "review":
-                event.update(to_review(fac, queue, trace.run_id, settlement, tags))
+                event.update(to_review(queue, trace.run_id, settlement, tags))
                 done.review += "path" in event
                 done.lost += [f"{call.tool} could not be put in the review queue ({event['error']})"] if "error" in event else []
             trace.record(event)
@@ -4997,7 +5016,7 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
     return done
 
 
-def to_review(fac: Factory, queue: Store.Log, run_id: str, settlement, tags: dict) -> dict:
+def to_review(queue: Store.Log, run_id: str, settlement, tags: dict) -> dict:
     """Append one held draft to the human's review queue (`queue`, outbox/AGENT/review.jsonl), marked routed
     to a human with the reason: {"path"} where it went, or {"error"} when it could not be written."""
     call = settlement.call
@@ -5007,7 +5026,7 @@ def to_review(fac: Factory, queue: Store.Log, run_id: str, settlement, tags: dic
         queue.append(row)
     except OSError as error:
         return {"error": f"{type(error).__name__}: {error.strerror or error}"}
-    return {"path": fac.shown(queue.path)}
+    return {"path": queue.shown}
 
 
 def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome, gate: dict) -> Path:
@@ -6290,7 +6309,7 @@ def cmd_harvest(fac: Factory, args) -> int:
         raise Refusal(f"evalsmith, which writes the proposed cases, may not run: {why}") from None
     with fac.store.locked(fac.records / args.agent):   # two harvests at once never propose one run twice
         done = harvest_flagged(fac, args.agent, smith, smith_cert)
-    review = f"; {done.reviewed} held back for a human in {fac.shown(fac.root / 'outbox' / smith.name / 'review.jsonl')} " \
+    review = f"; {done.reviewed} held back for a human in {fac.shown(fac.review_path(smith.name))} " \
              f"(evalsmith's gate did not pass them)" if done.reviewed else ""
     found = f"; {done.found} already proposed by a harvest that stopped half-way (now recorded as harvested)" \
         if done.found else ""
@@ -6364,7 +6383,7 @@ def harvest_candidates(fac: Factory, name: str, done: set) -> tuple[list[dict], 
 def proposed_before(fac: Factory, name: str, smith: str) -> set[str]:
     """The run ids of NAME whose proposal is already written: named by a row of evals/NAME/proposed.jsonl
     (its source_run, or its case id harvest-RUN), or by a case for NAME held in evalsmith's review queue."""
-    found, proposals, review = set(), fac.evals / name / "proposed.jsonl", fac.root / "outbox" / smith / "review.jsonl"
+    found, proposals, review = set(), fac.evals / name / "proposed.jsonl", fac.review_path(smith)
     for _, row in fac.store.read_jsonl(proposals) if fac.store.exists(proposals) else ():
         found |= {row.get("source_run"), *harvest_run_of(row.get("id"))}
     for _, row in fac.store.read_jsonl(review) if fac.store.exists(review) else ():
