@@ -4890,6 +4890,30 @@ def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients) -> llm
                       breaker=clients.breaker)
 
 
+class ToolsOnFirstUse(Mapping):
+    """A run's own tools (name -> callable), made by `make()` when the run first reads one: only a call
+    the broker executes at once (a read) needs them, so a run whose calls are all held, denied or
+    recorded makes none; held calls are committed later with tools of their own (settle_held)."""
+
+    def __init__(self, make: Callable[[], dict]):
+        self.make, self.made = make, None
+
+    def tools(self) -> dict:
+        """The tools, made on the first call."""
+        if self.made is None:
+            self.made = self.make()
+        return self.made
+
+    def __getitem__(self, name: str):
+        return self.tools()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tools())
+
+    def __len__(self) -> int:
+        return len(self.tools())
+
+
 def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *, tier: str = "C0",
                run_id: str | None = None, worker: Worker | None = None, tools: dict | None = None,
                clients: Clients | None = None) -> Loop:
@@ -4901,8 +4925,8 @@ def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *
     if clients is None and (how.watched or how.asks and worker is None):
         clients = Clients(fac.env)
     if how.own_tools:
-        tools = agent.tools_for(fac, run_id)
-    broker = Broker(agent.policy_at(tier), agent.contracts, tools or {}, how.broker, record)
+        tools = ToolsOnFirstUse(partial(agent.tools_for, fac, run_id))
+    broker = Broker(agent.policy_at(tier), agent.contracts, {} if tools is None else tools, how.broker, record)
     if worker is None and how.asks:
         worker = make_worker(fac, agent, task_input, clients)
     spill = (lambda name, text: fac.store.spill(agent.name, run_id, name, text)) if how.spills else None
