@@ -6271,7 +6271,7 @@ def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
     where = "human: " + "; ".join(row["why"]) if row["routed"] else "passed"
     where = f"not run: {row['why'][0]}" if row["status"] == "refused" else where
     value = json.dumps(out[handoff]) if handoff in out else "-"
-    print(ticket_id, f"{handoff}={value}", f"gate={row['gate']}", f"verdict={row['verdict']}", f"-> {where}", sep="\t")
+    print_columns(ticket_id, f"{handoff}={value}", f"gate={row['gate']}", f"verdict={row['verdict']}", f"-> {where}")
 
 
 @station(arg("--json", action="store_true", help=f"print the tower document (format {TOWER_FORMAT})"),
@@ -7794,6 +7794,15 @@ def print_block(text: str, file=None) -> None:
         print(line, file=file)
 
 
+def print_columns(*cells: str) -> None:
+    """One tab-separated line on stdout, as print(*cells, sep="\t") prints it, written at once when stdout is
+    a SafeStream (a pipe gets one write per line, not one per cell, even with PYTHONUNBUFFERED set)."""
+    if isinstance(sys.stdout, SafeStream):
+        sys.stdout.write_columns(cells)
+    else:
+        print(*cells, sep="\t")
+
+
 class SafeStream:
     """stdout or stderr as the stations print to it: every configured secret scrubbed out, every
     character a terminal would act on written as a visible `\\uXXXX` escape, and every character the
@@ -7812,9 +7821,17 @@ class SafeStream:
 
     def write(self, text: str) -> int:
         """Write text made safe; returns len(text) as a stream's write does."""
-        safe = text if text in SEPARATORS else visible(redact(text, self.hidden))
-        self.unfiltered.write(encodable(safe, self.target))
+        self.unfiltered.write(text if text in SEPARATORS else self.safe(text))
         return len(text)
+
+    def safe(self, text: str) -> str:
+        """text as write makes it: secrets scrubbed, controls, line breaks and tabs escaped, encodable."""
+        return encodable(visible(redact(text, self.hidden)), self.target)
+
+    def write_columns(self, cells: tuple[str, ...]) -> None:
+        """print(*cells, sep="\t") in one write to the stream underneath: each cell made safe as write
+        makes it, so the line's tabs and its end are the only ones in it."""
+        self.unfiltered.write("\t".join(map(self.safe, cells)) + "\n")
 
     def __getattr__(self, name: str):
         return getattr(self.unfiltered, name)   # flush, isatty, fileno, encoding, ...
