@@ -75,11 +75,17 @@ class Outcome:
     ms: float
     result: str = ""
     receipt: dict | None = None
+    digest: str = field(init=False)   # args_digest of args, taken once when the outcome is made
+
+    def __post_init__(self):
+        """Take the digest of the arguments as the broker ruled on them (and, for a call that executed, as
+        the tool was handed them: the tool got its own copy, so nothing it did to them shows here)."""
+        self.digest = args_digest(self.args)
 
     def entry(self) -> dict:
         """The trace entry as a dict (the result text is kept out; the loop records it separately)."""
         return {"event": "tool", "seq": self.seq, "tool": self.tool, "args": self.args,
-                "args_digest": args_digest(self.args), "ruling": self.ruling, "ok": self.ok,
+                "args_digest": self.digest, "ruling": self.ruling, "ok": self.ok,
                 "error": self.error, "effect": self.effect, "ms": round(self.ms, 3), "receipt": self.receipt}
 
 
@@ -88,6 +94,16 @@ def args_digest(args: dict) -> str:
     import hashlib   # here: the factory's --help imports the broker but need not load OpenSSL
     blob = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def own_copy(value):
+    """A copy of JSON-like data, its dicts and lists copied all the way down: what a tool is handed, so that
+    nothing it does to its arguments changes the call the broker ruled on, recorded and took the digest of."""
+    if isinstance(value, dict):
+        return {key: own_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [own_copy(item) for item in value]
+    return value
 
 
 def check_args(schema: dict, value, where: str = "args") -> str | None:
@@ -213,7 +229,7 @@ class Broker:
         """Run the tool; its failure is named by class and handed back, not raised."""
         ruling, error, result, receipt = "ok", None, "", None
         try:
-            answer = tools[tool](args)
+            answer = tools[tool](own_copy(args))
             result, receipt = answer if isinstance(answer, tuple) else (answer, None)
         except Exception as failure:  # a tool's failure is data for the worker, not a crash
             ruling, error = type(failure).__name__, f"{type(failure).__name__}: {failure}"
@@ -247,7 +263,8 @@ SETTLEMENTS = ("commit", "park", "review", "would-have")
 
 @dataclass(frozen=True)
 class Settlement:
-    """The decision on one held call: `decision` is one of SETTLEMENTS, `why` one line.
+    """The decision on one held call: `decision` is one of SETTLEMENTS, `why` one line, `digest` the
+    args_digest of the call's arguments as settle saw them (what it compared with the gate's).
 
     commit      write it now (the tool executes)
     park        keep it for one human's approval of exactly this call
@@ -256,6 +273,7 @@ class Settlement:
     call: Outcome
     decision: str
     why: str
+    digest: str
 
 
 def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated) -> list[Settlement]:
@@ -276,8 +294,13 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated)
     "Gate clear" means the gate passed, the agent did not hand off, and the gate saw this call with
     these exact arguments: a call changed after the gate answered is never committed or parked."""
     seen = frozenset(tuple(item) for item in gated)
-    return [Settlement(call, *_decide(call, tier, result, handed_off,
-                                      (call.seq, call.tool, args_digest(call.args)) in seen)) for call in held]
+    return [_settlement(call, args_digest(call.args), tier, result, handed_off, seen) for call in held]
+
+
+def _settlement(call: Outcome, digest: str, tier: str, result: str, handed_off: bool, seen: frozenset) -> Settlement:
+    """The Settlement of one held call whose arguments have `digest` now (see settle)."""
+    decision, why = _decide(call, tier, result, handed_off, (call.seq, call.tool, digest) in seen)
+    return Settlement(call, decision, why, digest)
 
 
 def _decide(call: Outcome, tier: str, result: str, handed_off: bool, seen: bool) -> tuple[str, str]:

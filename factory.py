@@ -4419,7 +4419,7 @@ class Sign:
 
 def signs_of(outcomes: list) -> list[Sign]:
     """Signs for the broker outcomes of a run so far."""
-    return [Sign(f"{o.tool} {args_digest(o.args)}", sha256(o.result.encode()), None if o.ok else o.ruling,
+    return [Sign(f"{o.tool} {o.digest}", sha256(o.result.encode()), None if o.ok else o.ruling,
                  o.effect, o.ruling in ("ok", HELD)) for o in outcomes]
 
 
@@ -5018,7 +5018,7 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
     try:
         for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"]):
             call, decision = settlement.call, settlement.decision
-            event = {"event": "settled", "seq": call.seq, "tool": call.tool, "args_digest": args_digest(call.args),
+            event = {"event": "settled", "seq": call.seq, "tool": call.tool, "args_digest": settlement.digest,
                      "decision": decision, "why": settlement.why}
             if decision == "commit":   # the tools that write committed effects, made for the first one
                 committing = committing or agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags})
