@@ -70,6 +70,22 @@ class Rulings(unittest.TestCase):
         self.assertEqual(set(events[0]), {"event", "seq", "tool", "args", "args_digest", "ruling", "ok", "error", "effect", "ms", "receipt"})
 
 
+    def test_a_tool_that_changes_its_arguments_changes_only_its_own_copy(self):
+        events, handed = [], []
+        def meddle(args):
+            handed.append(args)
+            args["q"] = "other"
+            return "done"
+        desk = broker.Broker(broker.Policy("x", frozenset({"a:read"}), frozenset()), self.CONTRACTS,
+                             {"a:read": meddle}, "run", events.append)
+        asked = {"q": "hi"}
+        done = desk.carry_out("a:read", asked)
+        self.assertEqual((asked, done.args, events[0]["args"]), ({"q": "hi"},) * 3, "the call as ruled on stays as it was")
+        self.assertEqual(handed, [{"q": "other"}])   # the tool changed the copy it was handed
+        self.assertEqual(events[0]["args_digest"], broker.args_digest({"q": "hi"}))
+        self.assertEqual(done.digest, events[0]["args_digest"])
+
+
 class Held(unittest.TestCase):
     """During a run a write is held: answered as held, executed by nothing until it is committed."""
 
