@@ -139,6 +139,19 @@ class Appends(CertifiedTest):
         self.assertEqual(json.loads(lines[-1])["state"], "closed")
         self.refused("traces/index.jsonl line 2: not valid json", "tower")   # line 1 is the run's started row
 
+    def test_a_runs_own_log_starts_clean_after_another_writers_torn_line(self):
+        path = self.root / "outbox" / "x" / "log.jsonl"
+        log = self.fac.store.open_log(path)
+        try:
+            log.append({"n": 1})
+            log.append({"n": 2})   # the file ends where its last line ended: nothing is read back
+            with path.open("ab") as out:
+                out.write(b'{"torn')            # a writer that ignored the lock, killed mid-line
+            log.append({"n": 3})
+        finally:
+            log.close()
+        self.assertEqual(path.read_bytes().splitlines(), [b'{"n":1}', b'{"n":2}', b'{"torn', b'{"n":3}'])
+
     def test_the_index_reads_backwards_across_block_boundaries(self):
         tickets = self.tmp / "t.jsonl"
         write_jsonl(tickets, [{"id": f"k{i}", "input": "How do I order a new card? " * (1 + i % 4)} for i in range(12)])
