@@ -7813,8 +7813,9 @@ class SafeStream:
     tab separates columns only as print's `sep`; a line feed, carriage return or tab inside the text
     printed is escaped (`visible`). So a value from a file, a server or a model (a recall reason, a
     signer's name, a tool a model chose) can never start a line of its own: whoever prints several
-    lines prints each. `unfiltered` is the stream underneath, for the progress line's own carriage
-    returns."""
+    lines prints each. A value that is exactly a line feed or a tab reaches write looking just like
+    print's own end or sep, so this module's print escapes those before they get here. `unfiltered` is
+    the stream underneath, for the progress line's own carriage returns."""
 
     def __init__(self, stream, hidden: tuple[tuple[str, str], ...]):
         self.unfiltered, self.hidden = stream, hidden
@@ -7836,6 +7837,14 @@ class SafeStream:
 
     def __getattr__(self, name: str):
         return getattr(self.unfiltered, name)   # flush, isatty, fileno, encoding, ...
+
+
+def print(*values, sep: str | None = " ", end: str | None = "\n", file=None, flush: bool = False) -> None:
+    """builtins.print as every station prints: a value that is exactly a line feed or a tab (SEPARATORS) is
+    written as its visible escape. print writes each value, each sep and its end in a write of its own, so
+    SafeStream cannot tell such a value from print's own separators; every other value it escapes itself."""
+    shown = [visible(text) if (text := str(value)) in SEPARATORS else text for value in values]
+    builtins.print(*shown, sep=sep, end=end, file=file, flush=flush)
 
 
 def encodable(text: str, encoding: str) -> str:

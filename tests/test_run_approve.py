@@ -1156,6 +1156,19 @@ class Approval(Tiered):
         self.assertEqual(refused.stderr.strip().split("\n"), ["factory approve: recalled since this call was staged: "
                                                               "wrong\\u000aexecuted billing:refund. not executed."])
 
+    def test_a_field_that_is_only_a_line_feed_or_a_tab_stays_inside_its_line_at_pending(self):
+        """A value printed as a column of its own that is exactly "\\n" or "\\t" (print writes it in a write
+        of its own, like its own end and separator) is escaped too: one parked call, one line, same columns."""
+        forged = json.loads(self.pending()[0].read_text())
+        for stamp, agent in (("20261201T235959000000Z-abcdef", "\n"), ("20261201T235959000001Z-abcdef", "\t")):
+            copy = self.root / "registry" / "pending" / f"{stamp}.1.json"
+            copy.write_text(json.dumps({**forged, "run_id": stamp, "agent": agent}))
+        code, out, err = self.factory("pending")
+        self.assertEqual(code, 0, err)
+        ours = [line for line in out.split("\n") if "20261201T235959" in line]
+        self.assertEqual([line.split("\t")[1] for line in ours], ["\\u000a", "\\u0009"], out)
+        self.assertEqual(len(out.split("\n")), len(self.pending()) + 1, out)   # one line a parked call, then the end
+
     def test_staging_time_and_expiry_cannot_be_moved(self):
         later = (factory.iso(factory.datetime.now(factory.timezone.utc) + factory.timedelta(hours=1)), "2099-01-01T00:00:00.000000Z")
         for field, value in (("staged_at", later[0]), ("expires_at", later[1])):
