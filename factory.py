@@ -1007,6 +1007,22 @@ class Store:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path.name, dir_fd=folder)
 
+    def remove_temporaries(self, path: Path) -> int:
+        """Remove what writes of path killed part-way (SIGKILL: nothing of theirs cleaned up) left beside it:
+        regular files named as write_atomic names its temporary files for path (`.NAME.` then 8 hex digits
+        then `.tmp`), never a link, folder or anything else, and never followed; how many were removed.
+        Only for a caller that no live write of path can be racing (`new`, under its lock, before the card)."""
+        if not os.path.isdir(path.parent):   # nothing was ever written there; a folder is never made for this
+            return 0
+        ours, removed = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp"), 0
+        with self.machine(path, "clean up beside"), self.folder(path) as folder:
+            for name in filter(ours.fullmatch, os.listdir(folder)):
+                with contextlib.suppress(FileNotFoundError):
+                    if stat.S_ISREG(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+                        os.unlink(name, dir_fd=folder)
+                        removed += 1
+        return removed
+
     @contextlib.contextmanager
     def locked(self, folder: Path) -> Iterator[None]:
         """Hold an exclusive fcntl lock on a folder under the root (made when missing) for the block:
@@ -5503,7 +5519,9 @@ def cmd_new(fac: Factory, args) -> int:
     --from AGENT it copies AGENT's module, card and open half instead. A name whose card exists is
     refused before anything is written, and so is one whose module, tool module or suite exists holding
     anything but what `new` writes there; the files are written all or none, the card last. A `new`
-    stopped part-way (no card yet) is finished by running it again. No other agent's digest changes.
+    stopped part-way (no card yet) is finished by running it again, which also removes the temporary
+    files its killed writes left. Two `new` at once take turns: the second of one name is refused, as
+    its card then exists. No other agent's digest changes.
     Then: prove NAME, prove NAME --sealed, certify NAME, run NAME.
     """
     family = module_name(args.name)
@@ -5514,11 +5532,12 @@ def cmd_new(fac: Factory, args) -> int:
     owner = user_name(fac.env)
     files = (copied_files(fac, source_agent(fac, args.source, args.name), args.name, owner) if args.source
              else new_files(fac, args.name, args.tools or tuple(EXAMPLE_TOOLS), owner))
-    missing = files_to_write(fac, args.name, files)
-    write_new_agent(fac, args.name, missing)
-    kept = len(files) - len(missing)
+    with fac.store.locked(fac.masters):   # a second `new` of the name waits, then finds the first one's card
+        missing = files_to_write(fac, args.name, files)
+        removed = sum(fac.store.remove_temporaries(made.path) for made in files)
+        write_new_agent(fac, args.name, missing)
     print(f"created {args.name}" + (f", a copy of {args.source}" if args.source else "")
-          + (f", finishing a `new {args.name}` that stopped part-way ({kept} of its files were already written):" if kept else ":"))
+          + finishing(args.name, len(files) - len(missing), removed) + ":")
     width = max(len(fac.shown(f.path)) for f in files) + 2
     for made in files:
         print(f"  {fac.shown(made.path):<{width}}{made.what}")
@@ -5528,6 +5547,16 @@ def cmd_new(fac: Factory, args) -> int:
     print(f"next: python3 factory.py prove {args.name}{root}{sealed}; then prove {args.name} --sealed, certify it and run "
           f"it (the README's \"Your first agent\")")
     return 0
+
+
+def finishing(name: str, kept: int, removed: int) -> str:
+    """What `created NAME` adds when a `new NAME` stopped part-way left files: how many of its files it had
+    written (kept), how many temporary files of its writes were removed; empty when it left none."""
+    if not kept and not removed:
+        return ""
+    left = [f"{kept} of its files were already written"] if kept else []
+    left += [f"{removed} temporary file{'s' * (removed != 1)} it left {'was' if removed == 1 else 'were'} removed"] if removed else []
+    return f", finishing a `new {name}` that stopped part-way ({'; '.join(left)})"
 
 
 def source_agent(fac: Factory, source: str, name: str) -> Agent:

@@ -8,16 +8,37 @@ import contextlib
 import getpass
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
 
 import factory
-from tests.support import SHIPPED, LineTest, copy_shipped, snapshot
+from tests.support import REPO, SHIPPED, LineTest, copy_shipped, snapshot
 from tests.test_integrity import kill_at
+from tests.test_run_approve import wait_until
 
 NEW_FILES = ("masters/faq.json", "agents/faq.py", "agents/tools/faq.py", "evals/faq/cases.jsonl", "evals/faq/sealed.jsonl")
+# A station in a child process that stops just before it links a file named TARGET into place (its temporary
+# file written), writes FLAG, and goes on once FLAG.go exists.
+PAUSE_AT = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+flag, target, argv = sys.argv[2], sys.argv[3], sys.argv[4:]
+real = os.link
+def link(src, dst, **kw):
+    if str(dst).endswith(target):
+        open(flag, "w").close()
+        while not os.path.exists(flag + ".go"):
+            time.sleep(0.01)
+    return real(src, dst, **kw)
+os.link = link
+import factory
+sys.exit(factory.main(argv))
+"""
 
 
 class NewAgent(LineTest):
@@ -229,15 +250,22 @@ class KilledNew(LineTest):
     """`new` killed part-way (SIGKILL at a write: nothing of its own cleans up) leaves files and no card;
     the same command finishes the agent, and never overwrites a file holding anything else."""
 
+    def temporary_files(self) -> list[str]:
+        """The temporary files in the root, as paths inside it."""
+        return sorted(str(path.relative_to(self.root)) for path in self.root.rglob(".*.tmp"))
+
     def test_killed_before_its_suite_or_its_card_it_is_finished_by_running_it_again(self):
-        for target in ("cases.jsonl", "faq.json"):
+        for target, left in (("cases.jsonl", "evals/faq/.cases.jsonl."), ("faq.json", "masters/.faq.json.")):
             with self.subTest(killed_at=target):
                 kill_at(self, target, "new", "faq")
                 self.assertTrue((self.root / "agents" / "faq.py").is_file())
                 self.assertFalse((self.root / "masters" / "faq.json").exists())
+                self.assertEqual([path[:len(left)] for path in self.temporary_files()], [left])   # killed mid-write
                 code, out, err = self.factory("new", "faq")
                 self.assertEqual(code, 0, err)
                 self.assertIn("created faq, finishing a `new faq` that stopped part-way (", out)
+                self.assertIn("; 1 temporary file it left was removed):", out)
+                self.assertEqual(self.temporary_files(), [])
                 for path in NEW_FILES:
                     self.assertIn(path, out)
                     self.assertTrue((self.root / path).is_file(), path)
@@ -257,6 +285,49 @@ class KilledNew(LineTest):
         self.refused_writing_nothing("agents/faq.py already exists and is not what this `new faq` writes there",
                                      "new", "faq", "--tools", "read")   # another kind of agent: another module
         self.assertEqual(self.factory("new", "faq")[0], 0)
+
+
+    def test_only_its_own_temporary_files_are_removed_and_a_link_is_never_followed(self):
+        kill_at(self, "faq.json", "new", "faq")
+        outside = self.tmp / "outside.txt"
+        outside.write_text("not the factory's\n")
+        kept = {"masters/.faq.json.nothexhe.tmp": "x", "masters/.faq.json.0123abcd.tmp.bak": "x",
+                "masters/.other.json.0123abcd.tmp": "x", "masters/faq.json.0123abcd.tmp": "x",
+                "agents/.faq.py.0123abcd.tmp": outside, "agents/tools/.faq.py.89abcdef.tmp/inside": "x"}
+        for name, what in kept.items():
+            path = self.root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.symlink_to(what) if isinstance(what, Path) else path.write_text(what)
+        code, out, err = self.factory("new", "faq")
+        self.assertEqual(code, 0, err)
+        self.assertIn("; 1 temporary file it left was removed):", out)
+        for name in kept:
+            self.assertTrue((self.root / name).exists(), name)
+        self.assertTrue((self.root / "agents" / ".faq.py.0123abcd.tmp").is_symlink())
+        self.assertEqual(outside.read_text(), "not the factory's\n")
+
+    def test_two_at_once_one_writes_the_agent_and_the_other_is_refused(self):
+        """The first `new faq` is held just before it links its card; the second, started then, waits for it
+        and is refused (before the fix it found the files, wrote the card, and the first rolled them back)."""
+        flag, env = self.tmp / "paused", {**os.environ, **self.env}
+        first = subprocess.Popen([sys.executable, "-c", PAUSE_AT, str(REPO), str(flag), "faq.json", "new", "faq"],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(first.kill)
+        wait_until(flag.exists)
+        second = subprocess.Popen([sys.executable, str(REPO / "factory.py"), "new", "faq"],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(second.kill)
+        waiting = f" -> FLOCK  ADVISORY  WRITE {second.pid} "
+        wait_until(lambda: second.poll() is not None or waiting in Path("/proc/locks").read_text())
+        self.assertIsNone(second.returncode, "the second `new faq` waits for the first")
+        Path(f"{flag}.go").touch()
+        (out, err), (_, refused) = first.communicate(timeout=60), second.communicate(timeout=60)
+        self.assertEqual((first.returncode, second.returncode), (0, 1), err + refused)
+        self.assertIn("created faq:", out)
+        self.assertEqual(refused, "factory new: masters/faq.json already exists; pick a new name (nothing was written)\n")
+        for path in NEW_FILES:
+            self.assertTrue((self.root / path).is_file(), path)
+        self.assertEqual(self.factory("prove", "faq")[0], 0)
 
 
 class AllOrNothing(LineTest):
