@@ -2,14 +2,23 @@
 `python3 -m unittest discover -s tests -t .` finds, in N worker processes at once (-j N, default 2),
 and prints one unittest-style result: a character per test, each failure and error with its traceback,
 `Ran N tests in T s`, then OK, FAILED (...) or NO TESTS RAN. Exit status 0 when every test passed,
-1 otherwise, 5 when no tests ran.
+1 otherwise, 5 when no tests ran, 130 when interrupted (Ctrl-C, SIGTERM).
 
-A test class is the unit of work: its setUpClass (the factory it prepares once) and its tests run in
-one worker, as they would in one process; the workers take the next class as they finish one, the
-biggest test modules first so that short classes fill the end. A worker that dies (os._exit, a signal)
-or runs one class past --timeout seconds is one error naming that class and the test it was in; the
-classes after it run in a fresh worker. `discover` runs the same tests in one
-process, and runs one file on its own (`-p test_store.py`).
+The runner finds the test modules by their file names and imports none itself: a worker imports each
+module and names its classes, so --timeout covers a module that hangs as it is imported, and one that
+ends its process ends only that worker. A test class is the unit of work: its setUpClass (the factory it
+prepares once) and its tests run in one worker, as they would in one process; the workers take the next
+class as they finish one, the biggest test modules first so that short classes fill the end. A worker
+that dies (os._exit, a signal) or runs past --timeout seconds while importing a module or running a
+class is one error naming that module or class, and the test it was in; what is left goes on in a fresh
+worker. The run ends when every module and every class it named has its result, and never before.
+`discover` runs the same tests in one process, and runs one file on its own (`-p test_store.py`).
+
+The workers are not daemons, so a test may start processes of its own (multiprocessing), and each
+leads a process group of its own: a worker is killed together with every process its tests started
+that is still in its group, when it runs past --timeout, when it dies, at the end of the run, and when
+the run is interrupted or fails itself. A package's load_tests is called, as discover calls it, but does
+not stop the runner from also walking the package's folder.
 
 Every temporary folder of the run (the tests' and their child processes') is made inside one folder of
 its own, removed at the end: under TMPDIR when it is set, else under /dev/shm when that RAM disk exists
@@ -20,44 +29,72 @@ write), else under the system's temporary folder.
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
+import fnmatch
+import importlib
 import io
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
 import unittest
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+from collections.abc import Callable
 
 HERE = Path(__file__).resolve().parent
 SEPARATOR1, SEPARATOR2 = "=" * 70, "-" * 70
 RAM_DISK, ROOM = Path("/dev/shm"), 1 << 30
+COUNTS = ("run", "skipped", "expected", "unexpected", "failures", "errors")
+# A unit of work: (module, None) imports the module and names its classes; (module, "module.Class") runs one.
+Unit = tuple[str, str | None]
 
 
-@functools.lru_cache(maxsize=None)
-def units(start: str, top: str, pattern: str) -> tuple[unittest.TestSuite, ...]:
-    """Every test class discover finds under start, as one suite each (a module that fails to import is
-    one unit of its own), biggest module file first, then in discover's order. The same in every process."""
-    found: dict[tuple[str, str], unittest.TestSuite] = {}
-    for test in flatten(unittest.defaultTestLoader.discover(start, pattern=pattern, top_level_dir=top)):
-        key = (type(test).__module__, type(test).__qualname__)
-        found.setdefault(key, unittest.TestSuite()).addTest(test)
-    return tuple(found[key] for key in sorted(found, key=lambda key: -module_size(key[0])))
+def test_modules(start: Path, top: Path, pattern: str) -> list[str]:
+    """The dotted names of the modules discover imports under start (importing none of them): each file
+    matching pattern whose name is a module's, each package (a folder with __init__.py, start itself
+    included unless it is top) and what is inside it; the biggest file first, else in discover's order."""
+    found = ([start] if start != top and (start / "__init__.py").is_file() else []) + walk(start, pattern)
+    found.sort(key=lambda path: -(path / "__init__.py" if path.is_dir() else path).stat().st_size)
+    return [os.path.relpath(path, top).removesuffix(".py").replace(os.sep, ".") for path in found]
+
+
+def walk(folder: Path, pattern: str) -> list[Path]:
+    """The test files and packages in folder and, depth first, in its packages, in discover's order."""
+    found: list[Path] = []
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and unittest.loader.VALID_MODULE_NAME.match(path.name) and fnmatch.fnmatch(path.name, pattern):
+            found.append(path)
+        elif path.is_dir() and (path / "__init__.py").is_file():
+            found += [path, *walk(path, pattern)]
+    return found
+
+
+def tests_of(name: str, pattern: str) -> dict[str, unittest.TestSuite]:
+    """Import one module and load its tests as discover does: one suite per class, keyed module.Class, in
+    discover's order. A module that cannot be imported (or raises SkipTest) gives unittest's own stand-in
+    test, the one discover reports, so that the report reads as discover's."""
+    try:
+        module = importlib.import_module(name)
+    except unittest.SkipTest as skip:
+        suite = unittest.loader._make_skipped_test(name, skip, unittest.TestSuite)
+    except BaseException:   # discover's bare except: a module that calls sys.exit as it is imported failed too
+        suite = unittest.loader._make_failed_import_test(name, unittest.TestSuite)[0]
+    else:
+        suite = unittest.defaultTestLoader.loadTestsFromModule(module, pattern=pattern)
+    classes: dict[str, unittest.TestSuite] = {}
+    for test in flatten(suite):
+        classes.setdefault(f"{type(test).__module__}.{type(test).__qualname__}", unittest.TestSuite()).addTest(test)
+    return classes
 
 
 def flatten(suite: unittest.TestSuite) -> list[unittest.TestCase]:
     """The test cases of a nested suite, in order."""
     return [case for item in suite for case in (flatten(item) if isinstance(item, unittest.TestSuite) else [item])]
-
-
-def module_size(name: str) -> int:
-    """Bytes of a test module's source (0 when it has no file: a module that failed to import)."""
-    path = getattr(sys.modules.get(name), "__file__", None)
-    return os.path.getsize(path) if path else 0
 
 
 def summary(totals: dict, took: float) -> tuple[str, int]:
@@ -87,12 +124,12 @@ class Announcing(unittest.TextTestResult):
         super().startTest(test)
 
 
-def run_unit(start: str, top: str, pattern: str, index: int, connection: Connection) -> dict:
-    """Run one unit in this process: its marks (a character per test, as unittest prints them), counts,
-    and each failure and error as unittest prints it."""
+def run_class(suite: unittest.TestSuite, connection: Connection) -> dict:
+    """Run one class's suite in this process: its marks (a character per test, as unittest prints them),
+    counts, and each failure and error as unittest prints it."""
     marks = io.StringIO()
     result = Announcing(marks, connection)
-    units(start, top, pattern)[index].run(result)
+    suite.run(result)
     report = lambda flavour, test, text: f"{SEPARATOR1}\n{flavour}: {result.getDescription(test)}\n{SEPARATOR2}\n{text}"  # noqa: E731
     return {"marks": marks.getvalue(), "run": result.testsRun, "skipped": len(result.skipped),
             "expected": len(result.expectedFailures), "unexpected": len(result.unexpectedSuccesses),
@@ -100,119 +137,164 @@ def run_unit(start: str, top: str, pattern: str, index: int, connection: Connect
             "errors": [report("ERROR", test, text) for test, text in result.errors]}
 
 
-def work(connection: Connection, start: str, top: str, pattern: str) -> None:
-    """A worker process: run each unit index received on connection, sending ("done", its report) after
-    the announcements of its tests; stop at None."""
-    while (index := connection.recv()) is not None:
-        connection.send(("done", run_unit(start, top, pattern, index, connection)))
+def work(connection: Connection, top: str, pattern: str) -> None:
+    """A worker process, leader of a process group of its own: for each unit received on connection, send
+    ("classes", the class names) for (module, None), having imported the module, and for (module, class)
+    ("done", its report) after the announcements of its tests; stop at None."""
+    with contextlib.suppress(OSError):   # the parent does it too; whichever comes first
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the parent's own handler is not the tests'
+    if top not in sys.path:
+        sys.path.insert(0, top)
+    loaded: dict[str, dict[str, unittest.TestSuite]] = {}
+    while (unit := connection.recv()) is not None:
+        module, name = unit
+        if module not in loaded:
+            loaded[module] = tests_of(module, pattern)
+        connection.send(("classes", list(loaded[module])) if name is None
+                        else ("done", run_class(loaded[module][name], connection)))
 
 
 @dataclass
 class Worker:
-    """One worker process, the parent's end of its pipe, and the unit it runs: index (None when idle),
+    """One worker process, the parent's end of its pipe, and the unit it runs: unit (None when idle),
     since (time.monotonic() seconds when the unit was handed over) and test (the id of the last test
     it announced, None before the first)."""
     process: multiprocessing.process.BaseProcess
     connection: Connection
-    index: int | None = None
+    unit: Unit | None = None
     since: float = 0.0
     test: str | None = None
 
 
-def hire(start: str, top: str, pattern: str) -> Worker:
-    """Start a fresh worker process."""
+def hire(top: str, pattern: str) -> Worker:
+    """Start a fresh worker process: not a daemon (a daemon may not start processes, and a test may), so
+    the caller must fire it; the leader of a process group of its own, which fire kills."""
     mine, theirs = multiprocessing.Pipe()
-    process = multiprocessing.Process(target=work, args=(theirs, start, top, pattern), daemon=True)
+    process = multiprocessing.Process(target=work, args=(theirs, top, pattern), daemon=False)
     process.start()
     theirs.close()   # so that the parent's end reads EOF when the worker dies
+    with contextlib.suppress(OSError):   # the worker does it too; whichever comes first
+        os.setpgid(process.pid, process.pid)
     return Worker(process, mine)
 
 
-def heard(worker: Worker) -> dict | None:
-    """Read what a worker has sent so far: its unit's report once the unit is done, else None.
-    Raises EOFError or OSError when the worker has died."""
+def fire(crew: list[Worker]) -> None:
+    """Kill workers, each with every process still in its process group (what its tests started), then
+    wait for them; a worker already fired is left as it is."""
+    crew = [worker for worker in crew if not worker.connection.closed]
+    for worker in crew:
+        with contextlib.suppress(ProcessLookupError):   # a group with no process left in it
+            os.killpg(worker.process.pid, signal.SIGKILL)
+        worker.process.kill()   # should it not have made its group yet
+    for worker in crew:
+        worker.process.join()
+        worker.connection.close()
+
+
+def heard(worker: Worker) -> tuple[str, object] | None:
+    """What a busy worker has sent so far: ("classes", names) or ("done", report) once its unit is done,
+    else None. Raises EOFError or OSError when the worker has died."""
     while worker.connection.poll():
         kind, value = worker.connection.recv()
-        if kind == "done":
-            return value
+        if kind != "start":
+            return kind, value
         worker.test = value
     if not worker.process.is_alive():
         raise EOFError("the worker ended")
     return None
 
 
-def lost(name: str, worker: Worker, why: str) -> dict:
-    """The report of a unit whose worker died or was killed: one error naming the class, and the test
-    it was in."""
-    where = f"during {worker.test}" if worker.test else "before its first test started"
-    text = f"{SEPARATOR1}\nERROR: {name}\n{SEPARATOR2}\n{why} {where}; the class's remaining tests did not run\n"
+def lost(worker: Worker, why: str) -> dict:
+    """The report of a unit whose worker died or was killed: one error naming the module it was importing,
+    or the class and the test it was in."""
+    module, name = worker.unit
+    if name is None:
+        where = "while importing the module; its tests did not run"
+    else:
+        where = f"{f'during {worker.test}' if worker.test else 'before its first test started'}; " \
+                "the class's remaining tests did not run"
+    text = f"{SEPARATOR1}\nERROR: {name or module}\n{SEPARATOR2}\n{why} {where}\n"
     return {"marks": "E", "run": 0, "skipped": 0, "expected": 0, "unexpected": 0, "failures": [], "errors": [text]}
 
 
-def fire(worker: Worker) -> int | None:
-    """Kill a worker and wait for it; its exit code (negative: the signal that ended it)."""
-    worker.process.kill()
-    worker.process.join()
-    worker.connection.close()
-    return worker.process.exitcode
-
-
-def unit_name(suite: unittest.TestSuite) -> str:
-    """module.Class of a unit's tests."""
-    test = flatten(suite)[0]
-    return f"{type(test).__module__}.{type(test).__qualname__}"
-
-
-def outcome(worker: Worker, name: str, limit: float) -> dict | None:
-    """A busy worker's report for its unit when it has one: what it sent, or the error of a worker that
-    died or ran past limit seconds (the worker is then ended); None while it is still within time."""
+def outcome(worker: Worker, limit: float) -> tuple[str, object] | None:
+    """A busy worker's answer for its unit when it has one: what it sent, or ("done", the error) of a worker
+    that died or ran past limit seconds (the worker is then fired); None while it is still within time."""
     try:
-        done = heard(worker)
+        answer = heard(worker)
     except (EOFError, OSError):
-        code = fire(worker)
-        return lost(name, worker, f"its worker process died ({f'signal {-code}' if code < 0 else f'exit status {code}'})")
-    if done is None and time.monotonic() - worker.since > limit:
-        fire(worker)
-        return lost(name, worker, f"no result within {limit:g} s: its worker process was killed")
-    return done
+        fire([worker])
+        code = worker.process.exitcode
+        return "done", lost(worker, f"its worker process died ({f'signal {-code}' if code < 0 else f'exit status {code}'})")
+    if answer is None and time.monotonic() - worker.since > limit:
+        fire([worker])
+        return "done", lost(worker, f"no result within {limit:g} s: its worker process was killed")
+    return answer
+
+
+def hand_out(todo: list[Unit], crew: list[Worker], jobs: int, hired: Callable[[], Worker]) -> None:
+    """Hand the next units of todo to the idle workers of crew, hiring workers up to `jobs` for the rest
+    (a worker joins crew as it starts, so that it is fired whatever happens next)."""
+    idle = [worker for worker in crew if worker.unit is None]
+    while todo and (idle or len(crew) < jobs):
+        if not idle:
+            crew.append(hired())
+            idle.append(crew[-1])
+        worker = idle.pop(0)
+        worker.unit, worker.since, worker.test = todo.pop(0), time.monotonic(), None
+        worker.connection.send(worker.unit)
+
+
+@dataclass
+class Tally:
+    """The run's combined result so far: the counts (COUNTS) and each failure's and error's report."""
+    counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+    reports: list = field(default_factory=list)
+
+    def add(self, done: dict) -> None:
+        """Count one class's report, writing its marks at once."""
+        sys.stderr.write(done["marks"])
+        sys.stderr.flush()
+        self.reports += done["failures"] + done["errors"]
+        for key in self.counts:
+            self.counts[key] += len(done[key]) if isinstance(done[key], list) else done[key]
+
+    def close(self, took: float) -> int:
+        """Write the reports and unittest's closing lines; the exit status (see summary)."""
+        text, status = summary(self.counts, took)
+        reports = "".join(f"\n{block}" for block in self.reports)
+        sys.stderr.write("\n" + reports + ("\n" if reports else "") + text + "\n")
+        return status
 
 
 def run(start: str, top: str, pattern: str, jobs: int, limit: float) -> int:
-    """Run every unit in `jobs` worker processes, each class in turn handed to an idle worker, printing
-    marks as units finish and the result at the end. A class whose worker dies or runs past limit seconds
-    is one error naming it; the classes not yet run go on in a fresh worker. Returns the exit status:
-    0 passed, 1 failed, 5 no tests ran."""
-    began, found = time.perf_counter(), units(start, top, pattern)
-    todo = list(range(len(found)))
-    totals = {"run": 0, "skipped": 0, "expected": 0, "unexpected": 0, "failures": 0, "errors": 0}
-    reports: list[str] = []
-    crew = [hire(start, top, pattern) for _ in range(min(jobs, len(found)))]
+    """Run every test module's classes in `jobs` worker processes, each unit in turn handed to an idle
+    worker, printing marks as classes finish and the result at the end. A unit whose worker dies or runs
+    past limit seconds is one error naming it; the units not yet run go on in fresh workers. Every
+    worker is fired before this returns or raises. Returns the exit status: 0 passed, 1 failed, 5 no tests ran."""
+    began, modules = time.perf_counter(), test_modules(Path(start), Path(top), pattern)
+    rank, todo, tally = {name: n for n, name in enumerate(modules)}, [(name, None) for name in modules], Tally()
+    crew: list[Worker] = []
     try:
-        while todo or any(worker.index is not None for worker in crew):
-            for worker in crew:
-                if worker.index is None and todo:
-                    worker.index, worker.since, worker.test = todo.pop(0), time.monotonic(), None
-                    worker.connection.send(worker.index)
-            busy = [worker for worker in crew if worker.index is not None]
+        while todo or any(worker.unit for worker in crew):
+            hand_out(todo, crew, jobs, lambda: hire(top, pattern))
+            busy = [worker for worker in crew if worker.unit]
             wait([handle for worker in busy for handle in (worker.connection, worker.process.sentinel)], timeout=1.0)
-            for slot, worker in enumerate(crew):
-                done = worker.index is not None and outcome(worker, unit_name(found[worker.index]), limit)
-                if not done:
+            for worker in crew:
+                answer = worker.unit and outcome(worker, limit)
+                if not answer:
                     continue
-                worker.index = None
-                if worker.connection.closed:
-                    crew[slot] = hire(start, top, pattern)
-                sys.stderr.write(done["marks"])
-                sys.stderr.flush()
-                reports += done["failures"] + done["errors"]
-                for key in totals:
-                    totals[key] += len(done[key]) if isinstance(done[key], list) else done[key]
+                kind, value = answer
+                if kind == "classes":   # the module's classes next, before the modules after it
+                    todo = sorted(todo + [(worker.unit[0], name) for name in value], key=lambda unit: rank[unit[0]])
+                else:
+                    tally.add(value)
+                worker.unit = None
+            crew[:] = [worker for worker in crew if not worker.connection.closed]   # hand_out hires in their place
     finally:
-        for worker in crew:
-            fire(worker)
-    text, status = summary(totals, time.perf_counter() - began)
-    sys.stderr.write("\n" + "".join(f"\n{block}" for block in reports) + ("\n" if reports else "") + text + "\n")
-    return status
+        fire(crew)
+    return tally.close(time.perf_counter() - began)
 
 
 def scratch_parent() -> str | None:
@@ -229,7 +311,7 @@ def scratch_parent() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run the suite; 0 when it passed, 1 when not, 5 when no tests ran,
-    130 when interrupted."""
+    130 when interrupted (Ctrl-C or SIGTERM)."""
     parser = argparse.ArgumentParser(prog="python3 -m tests", description=__doc__.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("-s", "--start-directory", default=str(HERE), help="where discovery starts (default tests/)")
@@ -237,15 +319,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the import root (default the repo)")
     parser.add_argument("-p", "--pattern", default="test*.py", help="test files to run (default test*.py)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                        help="seconds one test class may take before its worker is killed (default 300)")
+                        help="seconds one test class, or the import of one test module, may take before its worker "
+                             "is killed (default 300)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if not args.timeout > 0:
         parser.error("--timeout must be more than 0 seconds")
     top = str(Path(args.top_level_directory).resolve())
-    if top not in sys.path:
-        sys.path.insert(0, top)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # stopped as by Ctrl-C: the workers are fired
     parent = scratch_parent()
     with tempfile.TemporaryDirectory(prefix="factory-tests-", dir=parent, ignore_cleanup_errors=True) as scratch:
         os.environ["TMPDIR"] = tempfile.tempdir = scratch   # the workers, forked or spawned, and their children

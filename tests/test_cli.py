@@ -13,6 +13,7 @@ import pty
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import FakeSage
 from tests.support import INJECTION, REPO, CertifiedTest, LineTest, typed_at_a_terminal, write_jsonl
+from tests.test_run_approve import wait_until
 
 KEY = "sk-ant-test-router"
 
@@ -143,6 +145,34 @@ class SetUpFails(unittest.TestCase):
         pass
 '''
 
+PASSES = "import unittest\n\nclass Passes(unittest.TestCase):\n    def test_it(self):\n        pass\n"
+# A test that starts a process of its own (as multiprocessing starts one), writes "WORKER_PID CHILD_PID" to
+# $SEEN/pids, and sleeps; and a test that waits for that file, then passes.
+HOLDS_A_CHILD = """import multiprocessing, os, time, unittest
+from pathlib import Path
+
+class Hangs(unittest.TestCase):
+    def test_sleeps(self):
+        child = multiprocessing.Process(target=time.sleep, args=(3600,))
+        child.start()
+        Path(os.environ["SEEN"], "pids.tmp").write_text(f"{os.getpid()} {child.pid}")
+        Path(os.environ["SEEN"], "pids.tmp").rename(Path(os.environ["SEEN"], "pids"))
+        time.sleep(3600)
+
+class Quick(unittest.TestCase):
+    def test_after_the_child_started(self):
+        while not Path(os.environ["SEEN"], "pids").exists():
+            time.sleep(0.01)
+"""
+
+
+def ended(pid: int) -> bool:
+    """Whether process pid has ended: it is gone, or a zombie that only waits to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
 
 class SuiteRunner(unittest.TestCase):
     """`python3 -m tests` reports what `python3 -m unittest discover` reports, and fails when it fails."""
@@ -163,11 +193,23 @@ class SuiteRunner(unittest.TestCase):
                for argv in (["-m", "tests", "-j", "2"], ["-m", "unittest", "discover"])]
         return ran[0], ran[1]
 
-    def run_runner(self, files: dict, *flags: str) -> subprocess.CompletedProcess:
+    def runner(self, folder: Path, *flags: str) -> list[str]:
+        """The command line of the parallel runner on a folder of test files, with flags."""
+        return [sys.executable, "-m", "tests", *flags, "-s", str(folder), "-t", str(folder)]
+
+    def run_runner(self, files: dict, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
         """The parallel runner alone on a folder of test files, with flags."""
-        folder = self.folder_of(files)
-        return subprocess.run([sys.executable, "-m", "tests", *flags, "-s", str(folder), "-t", str(folder)],
-                              capture_output=True, text=True, cwd=str(REPO), timeout=60)
+        return subprocess.run(self.runner(self.folder_of(files), *flags), capture_output=True, text=True,
+                              cwd=str(REPO), timeout=60, env={**os.environ, **(env or {})})
+
+    def seen(self) -> Path:
+        """A temporary folder where a fixture test writes the process ids it saw ($SEEN)."""
+        return Path(self.enterContext(tempfile.TemporaryDirectory()))
+
+    def assert_ended(self, seen: Path) -> None:
+        """The worker and the child its test started, whose ids are in seen/pids, have both ended."""
+        for pid in map(int, (seen / "pids").read_text().split()):
+            wait_until(lambda: ended(pid), 10)
 
     def test_a_worker_that_dies_is_one_error_naming_its_class_and_test_and_the_rest_still_run(self):
         dies = "import os, unittest\n\nclass Dies(unittest.TestCase):\n    def test_a_passes(self):\n        pass\n\n" \
@@ -185,14 +227,54 @@ class SuiteRunner(unittest.TestCase):
         self.assertEqual(ran.returncode, 5, ran.stderr)
         self.assertRegex(ran.stderr, r"\nRan 0 tests in [0-9.]+s\n\nNO TESTS RAN\n$")
 
-    def test_a_class_past_the_timeout_has_its_worker_killed_and_is_one_error_naming_it(self):
-        hangs = "import time, unittest\n\nclass Hangs(unittest.TestCase):\n    def test_sleeps(self):\n        time.sleep(3600)\n\n" \
-                "class Quick(unittest.TestCase):\n    def test_it(self):\n        pass\n"
-        ran = self.run_runner({"test_hangs.py": hangs}, "-j", "1", "--timeout", "1")   # waiting out the sleep would time out
-        self.assertEqual(ran.returncode, 1, ran.stderr)
+    def test_a_class_past_the_timeout_has_its_worker_and_its_children_killed_and_is_one_error_naming_it(self):
+        seen = self.seen()
+        ran = self.run_runner({"test_hangs.py": HOLDS_A_CHILD}, "-j", "1", "--timeout", "1", env={"SEEN": str(seen)})
+        self.assertEqual(ran.returncode, 1, ran.stderr)   # waiting out the sleep would time out
         self.assertIn("ERROR: test_hangs.Hangs\n" + "-" * 70 + "\nno result within 1 s: its worker process was killed "
                       "during test_hangs.Hangs.test_sleeps", ran.stderr)
         self.assertRegex(ran.stderr, r"\nRan 1 test in [0-9.]+s\n\nFAILED \(errors=1\)\n$")
+        self.assert_ended(seen)
+
+    def test_a_module_that_ends_the_process_or_hangs_as_it_is_imported_is_one_error_naming_it(self):
+        files = {"test_exits.py": "import os\nos._exit(0)\n", "test_stuck.py": "import time\ntime.sleep(3600)\n",
+                 "test_passes.py": PASSES}
+        ran = self.run_runner(files, "--timeout", "1")
+        self.assertEqual(ran.returncode, 1, ran.stderr)
+        for module, why in (("test_exits", "its worker process died (exit status 0)"),
+                            ("test_stuck", "no result within 1 s: its worker process was killed")):
+            self.assertIn(f"ERROR: {module}\n" + "-" * 70 + f"\n{why} while importing the module; its tests did not "
+                          "run\n", ran.stderr)
+        self.assertRegex(ran.stderr, r"\nRan 1 test in [0-9.]+s\n\nFAILED \(errors=2\)\n$")
+
+    def test_a_test_may_start_a_process_of_its_own(self):
+        spawns = "import multiprocessing, unittest\n\nclass Spawns(unittest.TestCase):\n    def test_it(self):\n" \
+                 "        child = multiprocessing.Process(target=print)\n        child.start()\n        child.join()\n" \
+                 "        self.assertEqual(child.exitcode, 0)\n"
+        runner, discover = self.run_both({"test_spawns.py": spawns})
+        self.assertEqual((runner.returncode, discover.returncode), (0, 0), runner.stderr)
+        self.assertTrue(runner.stderr.endswith("\nOK\n"), runner.stderr)
+
+    def test_interrupted_its_workers_and_their_children_are_killed_and_it_exits_130(self):
+        seen = self.seen()
+        runner = subprocess.Popen(self.runner(self.folder_of({"test_hangs.py": HOLDS_A_CHILD.split("class Quick")[0]})),
+                                  cwd=str(REPO), env={**os.environ, "SEEN": str(seen)}, stderr=subprocess.PIPE,
+                                  text=True, start_new_session=True)
+        self.addCleanup(runner.kill)
+        wait_until((seen / "pids").exists)
+        os.killpg(runner.pid, signal.SIGINT)   # as Ctrl-C at a terminal signals its foreground process group
+        self.assertEqual(runner.wait(timeout=30), 130)
+        self.assertTrue(runner.stderr.read().endswith("\ninterrupted\n"))
+        self.assert_ended(seen)
+
+    def test_when_it_fails_itself_its_workers_and_their_children_are_killed(self):
+        seen = self.seen()
+        runner = subprocess.Popen(self.runner(self.folder_of({"test_hangs.py": HOLDS_A_CHILD})), cwd=str(REPO),
+                                  env={**os.environ, "SEEN": str(seen)}, stderr=subprocess.PIPE)
+        self.addCleanup(runner.kill)
+        runner.stderr.close()   # its first mark, once Quick passes, cannot be written: BrokenPipeError
+        self.assertNotEqual(runner.wait(timeout=30), 0)
+        self.assert_ended(seen)
 
     def test_the_run_keeps_its_temporary_folders_in_one_folder_it_removes(self):
         seen = Path(self.enterContext(tempfile.TemporaryDirectory()))
