@@ -46,9 +46,10 @@ from tests.fake_llm import Answer, FakeServer, anthropic_message  # noqa: E402
 from tests.fake_sage import FakeSage  # noqa: E402
 from tests.support import make_root  # noqa: E402
 
-# Each run creates its trace file. A file system can make that the slowest step: on ext4, creating a file
-# costs ~25 µs, but we measured 0.25-0.8 ms on this project's machines after thousands of files were deleted (as a previous
-# bench or test run does). So run --file is also measured with its root on the RAM disk, when there is one.
+# Each run creates its trace file, and a file system can make that the slowest step: creating a file on
+# ext4 costs ~25 µs, but we measured 0.25-0.8 ms on this project's machines for a while after thousands
+# of files were deleted (as a previous bench or test run does). So run --file is measured with its root
+# on the RAM disk too, when there is one.
 RAM_DISK = Path("/dev/shm")
 FINAL = json.dumps({"label": "account", "escalate": False, "draft": "We are looking into your card order."})
 PYTHON = [sys.executable]
