@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Callable
 
 DENIED_UNKNOWN = "DENIED_UNKNOWN"
@@ -89,10 +90,15 @@ class Outcome:
                 "error": self.error, "effect": self.effect, "ms": round(self.ms, 3), "receipt": self.receipt}
 
 
+# the canonical JSON a digest is taken over (sorted keys, no spaces), json.dumps's settings in one encoder
+# built once: json.dumps with any setting of its own builds a new encoder on every call; encode keeps no state
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def args_digest(args: dict) -> str:
     """sha256 of the canonical JSON of a call's arguments, 'sha256:<64 hex>'."""
     import hashlib   # here: the factory's --help imports the broker but need not load OpenSSL
-    blob = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    blob = _CANONICAL.encode(args)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -145,13 +151,18 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# JSON-schema type -> its check: made once, not for every value checked (a call's args are checked per property)
+_TYPE_CHECKS = MappingProxyType({
+    "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": _is_number, "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list), "null": lambda v: v is None})
+
+
 def _has_type(value, kind: str) -> bool:
-    """True when value has the JSON-schema type `kind`."""
-    checks = {"string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
-              "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-              "number": _is_number, "object": lambda v: isinstance(v, dict),
-              "array": lambda v: isinstance(v, list), "null": lambda v: v is None}
-    return checks.get(kind, lambda v: False)(value)
+    """True when value has the JSON-schema type `kind` (False for a kind the subset does not know)."""
+    check = _TYPE_CHECKS.get(kind)
+    return check is not None and check(value)
 
 
 def rule_on(policy: Policy, contracts: dict, tool: str, args, mode: str) -> Ruling:
