@@ -760,24 +760,35 @@ class Store:
         """(the folder path lies in, the parts of path below it): the root, else the sealed folder (where
         `new` writes a sealed half, which may live outside the root); StoreError unless path names a
         file lexically inside one of them."""
+        parts = path.parts
         for base in self.bases():
             inside = len(base.parts)   # parts compared as Path.relative_to does, without building a new Path
-            if path.parts[:inside] == base.parts and len(path.parts) > inside and ".." not in path.parts[inside:]:
-                return base, path.parts[inside:]
+            if parts[:inside] == base.parts and len(parts) > inside and ".." not in parts[inside:]:
+                return base, parts[inside:]
         raise StoreError(f"{path}: not inside the factory root {self.fac.root}; refusing to write it")
 
     @contextlib.contextmanager
     def folder(self, path: Path) -> Iterator[int]:
-        """A descriptor of the folder that holds path, opened from the root (or the sealed folder) one part
-        at a time with O_NOFOLLOW and made where missing: every folder on the way is a real folder inside it."""
+        """A block holding a descriptor of the folder that holds path (open_folder), closed when it ends."""
+        handle = self.open_folder(path)
+        try:
+            yield handle
+        finally:
+            os.close(handle)
+
+    def open_folder(self, path: Path) -> int:
+        """A descriptor of the folder that holds path (the caller closes it), opened from the root (or the
+        sealed folder) one part at a time with O_NOFOLLOW and made where missing: every folder on the way is
+        a real folder inside it."""
         base, parts = self.parts_inside(path)
         handle = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for depth, part in enumerate(parts[:-1], 1):
                 handle = self.step_into(handle, part, base, parts[:depth])
-            yield handle
-        finally:
+        except BaseException:
             os.close(handle)
+            raise
+        return handle
 
     def step_into(self, parent: int, part: str, base: Path, walked: tuple[str, ...]) -> int:
         """A descriptor of the folder `part` inside `parent` (made when missing; `parent` is closed);
@@ -904,7 +915,8 @@ class Store:
     def open_append(self, path: Path) -> int:
         """A descriptor appending to the regular file path (made 0644 when missing), opened through real
         folders inside the root; StoreError naming a link, FIFO or folder found there instead."""
-        with self.folder(path) as folder:
+        folder = self.open_folder(path)   # closed below, not by a folder block (a generator): every locked append comes here
+        try:
             self.check_plain_file(folder, path.name, path)
             handle = os.open(path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                              | os.O_CLOEXEC, 0o644, dir_fd=folder)
@@ -916,6 +928,8 @@ class Store:
             except StoreError:
                 os.close(handle)
                 raise
+        finally:
+            os.close(folder)
         return handle
 
     @staticmethod
@@ -4505,10 +4519,13 @@ class Router:
     fires: int = 0
     switches: int = 0
     restarts: int = 0
+    signs: list = field(default_factory=list)   # the Sign of each broker outcome so far, in call order
 
     def review(self, loop: "Loop") -> None:
-        """Look at the run so far; do nothing, or switch model, restart clean, or escalate."""
-        signs = signs_of(loop.broker.outcomes)
+        """Look at the run so far; do nothing, or switch model, restart clean, or escalate. An outcome never
+        changes once made, so only the calls made since the last review get their Sign (and digest) here."""
+        self.signs += signs_of(loop.broker.outcomes[len(self.signs):])
+        signs = self.signs
         fired = detect(signs, loop.cost, loop.agent.card["cost_envelope_usd"])
         if not fired:
             return
