@@ -4227,7 +4227,7 @@ class Worker:
     it need not inherit from this class): llm.Worker (the card's models, then the agent's own rules)
     and llm.Scripted (given replies: replay and tests) both have them."""
 
-    def complete(self, messages: list[dict], tools: list[dict]) -> llm.Reply:
+    def complete(self, messages: list[dict], tools: list[dict]) -> "llm.Reply":
         """One answer to the conversation so far, offered these tool schemas."""
 
     def estimate_next_cost(self, messages: list[dict], tools: list[dict]) -> float | None:
@@ -4350,7 +4350,7 @@ class Loop:
         if self.router is not None:
             self.router.review(self)
 
-    def ask(self) -> llm.Reply:
+    def ask(self) -> "llm.Reply":
         """Check the step budget and the envelope *before* spending, then call the worker."""
         max_steps = self.agent.card.get("max_steps", 8)
         if self.steps >= max_steps:
@@ -4917,7 +4917,7 @@ MODES = {
 }
 
 
-def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients) -> llm.Worker:
+def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients) -> "llm.Worker":
     """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules,
     and the station's circuit breaker, shared by every worker of a batch."""
     return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input,
@@ -5331,7 +5331,7 @@ def recorded_digest(fac: Factory, value) -> str:
     return sha256(fac.store.line({"value": value}))
 
 
-def recorded_reply(event: dict) -> llm.Reply:
+def recorded_reply(event: dict) -> "llm.Reply":
     """An llm.Reply rebuilt from one `model` trace event, with its stop reason (a trace written before stop
     reasons were recorded gets one from its upgrade step: tool_use with tool calls, else end)."""
     calls = tuple(llm.ToolCall(c["id"], c["name"], c["args"]) for c in event.get("tool_calls", []))

@@ -551,6 +551,16 @@ class ColdStart(unittest.TestCase):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=60)
         self.assertEqual((done.returncode, done.stdout.strip()), (0, "[]"), done.stderr)
 
+    def test_help_leaves_the_network_clients_unrun(self):
+        """llm.py and sage.py stay lazy through loading factory.py and building --help: an annotation
+        naming one of their classes would run the whole module (~15 ms) on every start."""
+        code = ("import contextlib, io, sys, types, factory\n"
+                "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+                "    factory.main(['--help'])\n"
+                "print([name for name in ('llm', 'sage') if type(sys.modules[name]) is types.ModuleType])")  # run: lazy no more
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=60)
+        self.assertEqual((done.returncode, done.stdout.strip()), (0, "[]"), done.stderr)
+
 
 def _drain(fd: int) -> bytes:
     """Everything readable from a pty leader until the other side closes."""
