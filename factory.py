@@ -745,7 +745,7 @@ class Store:
                     return None
                 lines.seek(offset)
                 value = json.loads(lines.readline())
-        except (TypeError, OSError, ValueError):
+        except (TypeError, OSError, ValueError, RecursionError):
             return None
         return value if isinstance(value, dict) else None
 
@@ -3243,7 +3243,7 @@ def replace_certificate(fac: Factory, name: str, cert: dict) -> None:
     raise_anchor(fac, logs=cert["chains"], certificates={name: cert})
     try:
         signature = json.loads(old).get("signature") if old is not None else None
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         signature = None
     if isinstance(signature, str):
         entry = {"agent": name, "reason": "superseded by a newer certificate", "at": utc_now(), "signature": signature}

@@ -657,7 +657,7 @@ def _as_args(raw) -> dict:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw) if raw.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):   # RecursionError: nested deeper than the parser goes
             return {"_unparsed_arguments": raw}
     return raw if isinstance(raw, dict) else {"_unparsed_arguments": json.dumps(raw)}
 
@@ -770,7 +770,7 @@ def post_json(opener, url: str, headers: Mapping[str, str], body: dict, timeout:
     import http.client
     import urllib.error
     import urllib.request
-    request = urllib.request.Request(url, json.dumps(body, ensure_ascii=False).encode(), method="POST",
+    request = urllib.request.Request(url, request_bytes(body), method="POST",
                                      headers={"content-type": "application/json", "accept": "application/json",
                                               "user-agent": USER_AGENT, **headers})
     start = time.monotonic()
@@ -791,11 +791,22 @@ def post_json(opener, url: str, headers: Mapping[str, str], body: dict, timeout:
     return _parse_json(raw), recorded_headers(got), latency
 
 
+def request_bytes(body: dict) -> bytes:
+    """body as UTF-8 JSON; when it holds a lone surrogate (a model may send one back in a tool call's
+    arguments, as the escape `\\ud800`, and the conversation repeats them), as ASCII JSON, which writes
+    it as that same escape rather than failing: UTF-8 cannot encode it."""
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(body).encode()
+
+
 def _parse_json(raw: bytes) -> dict:
-    """A JSON object from a 2xx body, else Malformed."""
+    """A JSON object from a 2xx body, else Malformed (also for one nested deeper than the parser goes)."""
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise Malformed(f"body is not JSON ({len(raw)} bytes)") from None
     if not isinstance(data, dict):
         raise Malformed("body is not a JSON object")
@@ -826,7 +837,7 @@ def _error_fields(raw: bytes) -> tuple[str, str, str]:
     """(error type, message, code) from an Anthropic/OpenAI/Moonshot/OpenRouter error body."""
     try:
         error = json.loads(raw).get("error")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return "", raw[:200].decode("utf-8", "replace"), ""
     if not isinstance(error, dict):
         return "", str(error or ""), ""

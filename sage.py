@@ -495,10 +495,10 @@ def _prob(value, what: str, nullable: bool = False) -> float | None:
 
 
 def _json_object(raw: bytes) -> dict:
-    """The body as a JSON object, else Malformed."""
+    """The body as a JSON object, else Malformed (also for one nested deeper than the parser goes)."""
     try:
         value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise Malformed(f"not JSON: {raw[:80]!r}") from None
     if not isinstance(value, dict):
         raise Malformed("body is not a JSON object")
@@ -511,7 +511,7 @@ def error_detail(raw: bytes) -> str:
     text = raw.decode("utf-8", "replace").strip()
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
     if not isinstance(body, dict):
         return text

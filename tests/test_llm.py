@@ -131,6 +131,26 @@ class OpenAIWireTest(ServerTest):
         self.assertEqual(reply.tool_calls[0].args, {"_unparsed_arguments": "{not json"})
         self.assertEqual(fake.requests[0]["body"]["thinking"], {"type": "disabled"})
 
+    def test_arguments_nested_deeper_than_the_parser_goes_reach_the_broker_unparsed(self):
+        deep = '{"label": ' + "[" * 3000 + "]" * 3000 + "}"
+        fake = self.server(Answer(body=openai_completion(None, [("c1", "issues__label", deep)])))
+        env = {"MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fake.url}
+        reply = self.worker(env, primary="kimi-k2.6").complete(TASK, TOOLS)
+        self.assertEqual(reply.tool_calls[0].args, {"_unparsed_arguments": deep})
+
+    def test_an_error_body_nested_deeper_than_the_parser_goes_is_still_the_status(self):
+        fake = self.server(Answer(400, '{"error": ' + "[" * 3000 + "]" * 3000 + "}"))
+        with self.assertRaises(llm.HTTPStatus) as caught:
+            self.worker(self.anthropic_env(fake)).complete(TASK, [])
+        self.assertEqual(caught.exception.status, 400)
+
+    def test_a_conversation_holding_a_lone_surrogate_is_sent_with_it_escaped(self):
+        fake = self.server(Answer(body=anthropic_message("ok")))
+        lone = [TASK[0], {"role": "user", "content": "refund \ud800 please"}]   # as a model's tool arguments may hold
+        self.assertEqual(self.worker(self.anthropic_env(fake)).complete(lone, []).text, "ok")
+        self.assertIn(b"refund \\ud800 please", fake.requests[0]["raw"])
+        self.assertEqual(fake.requests[0]["body"]["messages"][0]["content"], "refund \ud800 please")
+
     def test_ollama_needs_no_key_and_costs_nothing(self):
         fake = self.server(Answer(body=openai_completion("hi", model="llama3.2")))
         env = {"OPENAI_BASE_URL": fake.url + "/v1", "ANTHROPIC_API_KEY": ANTHROPIC_KEY}
@@ -521,8 +541,9 @@ class FallbackTest(ServerTest):
         self.assertEqual((later.backend, len(fake.requests)), ("offline-after-error: timeout after 0.1s", 1))
 
     def test_malformed_body(self):
-        for body in ("not json at all", {"no": "content"}, [1, 2]):
-            with self.subTest(body=body):
+        deep = '{"content": ' + "[" * 3000 + "]" * 3000 + "}"   # deeper than the JSON parser goes
+        for body in ("not json at all", {"no": "content"}, [1, 2], deep):
+            with self.subTest(body=str(body)[:20]):
                 fake = self.server(Answer(body=body), Answer(body=body))
                 with self.assertRaises(llm.Malformed):
                     self.worker(self.anthropic_env(fake)).complete(TASK, [])

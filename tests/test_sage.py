@@ -239,6 +239,7 @@ class LevantoKindsTest(SageTestCase):
                  "bad answer": {"id": "yesno", "kind": "yesno",
                                 "result": {"answer": "maybe", "probability": 0.5}},
                  "not json": "<html>hello</html>",
+                 "nested deeper than the parser goes": '{"id": ' + "[" * 3000 + "]" * 3000 + "}",
                  "not an object": [1, 2]}
         for name, body in cases.items():
             with self.subTest(name=name):
@@ -359,6 +360,12 @@ class ErrorTest(SageTestCase):
                 self.assertEqual(caught.exception.status, status)
                 messages.add(message)
         self.assertEqual(len(messages), len(self.STATUSES))
+
+    def test_an_error_body_nested_deeper_than_the_parser_goes_is_still_the_status(self):
+        fake = self.fake(status=400, body='{"detail": ' + "[" * 3000 + "]" * 3000 + "}")
+        with self.assertRaises(HTTPStatus) as caught:
+            self.client(fake).yesno("x", "ok?")
+        self.assertEqual(caught.exception.status, 400)
 
     def test_403_line_for_the_gate(self):
         fake = self.fake(status=403, body={"detail": "Request blocked"})
