@@ -6,6 +6,7 @@ is fixed and written once, in `rule_on`:
     unknown tool -> DENIED_UNKNOWN
     in tools_denied -> DENIED_EXPLICIT        (denied wins over granted)
     not in tools -> DENIED_UNGRANTED
+    arguments hold a lone surrogate -> DENIED_CONTRACT (names the field: it is not text)
     arguments break the contract -> DENIED_CONTRACT (names the field)
     dry mode (prove) -> RECORDED              (nothing executes)
     effect "draft" or "act" during a run -> HELD   (written nowhere until the gate has answered)
@@ -26,10 +27,11 @@ the contracts, the tool implementations and a `record` callable that appends to 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable
+from typing import Callable, Mapping
 
 DENIED_UNKNOWN = "DENIED_UNKNOWN"
 DENIED_EXPLICIT = "DENIED_EXPLICIT"
@@ -96,10 +98,54 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 
 
 def args_digest(args: dict) -> str:
-    """sha256 of the canonical JSON of a call's arguments, 'sha256:<64 hex>'."""
+    """sha256 of the canonical JSON of a call's arguments, 'sha256:<64 hex>'. UnicodeEncodeError for
+    arguments holding a lone surrogate (see not_text): the broker denies those and records them as_text."""
     import hashlib   # here: the factory's --help imports the broker but need not load OpenSSL
     blob = _CANONICAL.encode(args)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+# U+D800..U+DFFF alone: half of a UTF-16 pair, which a JSON string may hold as an escape (`"\\ud800"`) but
+# UTF-8 cannot encode, so no digest can be taken over it and no trace line can hold it
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def not_text(args) -> str | None:
+    """'where: holds \\udXXX, ...' naming the first string or key of a JSON value (args, e.g. args.topic or
+    args.tags[2]) that holds a lone surrogate; None when every string in it is text. A model may send one
+    (JSON allows the escape); the broker denies the call rather than fail on it."""
+    if not _LONE_SURROGATE.search(_CANONICAL.encode(args)):
+        return None
+    where, found = _surrogate_at(args)
+    return f"{where}: holds \\u{ord(found):04x}, half of a utf-16 surrogate pair, which is not text"
+
+
+def _surrogate_at(value) -> tuple[str, str]:
+    """(where, the surrogate) of the first lone surrogate in a JSON value that holds one, a key before its
+    value; walked with a list, not by recursion, as the value may be as deep as the JSON parser allows."""
+    pending = [("args", value)]
+    while pending:
+        where, value = pending.pop()
+        if isinstance(value, str) and _LONE_SURROGATE.search(value):
+            return where, _LONE_SURROGATE.search(value).group()
+        if isinstance(value, dict):
+            inside = [(f"{where}.{_escaped(key)}", part) for key, item in value.items() for part in (key, item)]
+        else:
+            inside = [(f"{where}[{index}]", item) for index, item in enumerate(value)] if isinstance(value, list) else []
+        pending.extend(reversed(inside))
+    raise ValueError("no lone surrogate in the value")
+
+
+def _escaped(text: str) -> str:
+    """text with each lone surrogate written as its `\\udXXX` escape, fit to print."""
+    return _LONE_SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
+def as_text(value):
+    """A JSON value with each lone surrogate in its strings and keys written as U+FFFD (as the trace writes
+    text): how a call denied for holding one is recorded, so that its digest is the digest of what the
+    trace shows."""
+    return json.loads(_LONE_SURROGATE.sub("\ufffd", _CANONICAL.encode(value)))
 
 
 def own_copy(value):
@@ -174,7 +220,7 @@ def rule_on(policy: Policy, contracts: dict, tool: str, args, mode: str) -> Ruli
         return Ruling(DENIED_EXPLICIT, f"{tool} is explicitly denied to {policy.agent}")
     if tool not in policy.tools:
         return Ruling(DENIED_UNGRANTED, f"{tool} is not granted to {policy.agent}")
-    problem = check_args(contract["params"], args)
+    problem = not_text(args) or check_args(contract["params"], args)
     if problem:
         return Ruling(DENIED_CONTRACT, f"{tool} contract: {problem}")
     if mode == "dry":
@@ -228,6 +274,7 @@ class Broker:
     def _not_now(self, tool, args, ruling: Ruling, effect, started) -> Outcome:
         """Outcome for a call that does not execute now: denied, recorded or held."""
         denied = ruling.name in DENIALS
+        args = as_text(args) if denied and not_text(args) else args   # a digest is taken over text only
         outcome = Outcome(len(self.outcomes) + 1, tool, args if isinstance(args, dict) else {"_": args},
                           ruling.name, not denied, ruling.why if denied else None, effect,
                           (self.clock() - started) * 1000)
@@ -236,11 +283,16 @@ class Broker:
             self.held.append(outcome)
         return outcome
 
-    def _execute(self, tool, args, effect, started, tools: dict) -> Outcome:
-        """Run the tool; its failure is named by class and handed back, not raised."""
+    def _execute(self, tool, args, effect, started, tools: Mapping) -> Outcome:
+        """Run the tool; its failure is named by class and handed back, not raised. What getting it from
+        `tools` raises goes up: tools made when first asked for (the line makes a run's tools at its first
+        read) that cannot be made are a broken tool module, not this call's failure."""
         ruling, error, result, receipt = "ok", None, "", None
+        implementation = tools.get(tool)
         try:
-            answer = tools[tool](own_copy(args))
+            if implementation is None:
+                raise KeyError(tool)
+            answer = implementation(own_copy(args))
             result, receipt = answer if isinstance(answer, tuple) else (answer, None)
         except Exception as failure:  # a tool's failure is data for the worker, not a crash
             ruling, error = type(failure).__name__, f"{type(failure).__name__}: {failure}"

@@ -70,6 +70,24 @@ class Rulings(unittest.TestCase):
         self.assertEqual(set(events[0]), {"event", "seq", "tool", "args", "args_digest", "ruling", "ok", "error", "effect", "ms", "receipt"})
 
 
+    def test_arguments_holding_a_lone_surrogate_are_denied_by_contract_and_recorded_as_text(self):
+        events = []
+        desk = broker.Broker(broker.Policy("x", frozenset({"a:read", "a:act"}), frozenset()), self.CONTRACTS,
+                             {"a:read": lambda args: "ran"}, "run", events.append)
+        for tool, args, ruling, why in (
+                ("a:read", {"q": "\ud800"}, "DENIED_CONTRACT", "a:read contract: args.q: holds \\ud800, half of a "
+                                                                 "utf-16 surrogate pair, which is not text"),
+                ("a:act", {"k\udfff": [1, {"n": 2}]}, "DENIED_CONTRACT", "args.k\\udfff: holds \\udfff"),
+                ("a:act", {"k": [1, {"n": "x\udc00"}]}, "DENIED_CONTRACT", "args.k[1].n: holds \\udc00"),
+                ("nope:tool", {"q": "\ud800"}, "DENIED_UNKNOWN", "nope:tool has no contract")):
+            with self.subTest(tool=tool, args=args):
+                done = desk.carry_out(tool, args)
+                self.assertEqual(done.ruling, ruling)
+                self.assertIn(why, done.error)
+                self.assertNotIn("\ud800", str(done.args) + str(events[-1]))   # U+FFFD in its place, as the trace writes it
+                self.assertEqual(events[-1]["args_digest"], broker.args_digest(events[-1]["args"]))
+        self.assertEqual(desk.held, [])
+
     def test_a_tool_that_changes_its_arguments_changes_only_its_own_copy(self):
         events, handed = [], []
         def meddle(args):

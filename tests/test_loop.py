@@ -8,6 +8,7 @@ import json
 import re
 import unittest
 
+import broker
 import factory
 import llm
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message, openai_completion
@@ -73,6 +74,17 @@ class Loop(LineTest):
         review = self.outbox("triager", "review")   # no gate here (no Sage key): held writes go to a human
         self.assertEqual([r["args"] for r in review], [LABEL[2], DRAFT[2]])
         self.assertFalse((self.root / "outbox" / "triager" / "labels.jsonl").exists())
+
+    def test_tool_arguments_holding_a_lone_surrogate_are_a_denied_call_not_a_crash(self):
+        lone = ("t1", "issues__label", {"label": "bill\ud800ing", "escalate": True})   # JSON allows the escape
+        server = self.serve(Answer(body=anthropic_message(tool_uses=[lone])), Answer(body=anthropic_message(FINAL)))
+        _, events = self.run_triager()
+        [call] = [e for e in events if e.get("event") == "tool"]
+        self.assertEqual((call["ruling"], call["args"]["label"]), ("DENIED_CONTRACT", "bill\ufffding"))
+        self.assertIn("args.label: holds \\ud800, half of a utf-16 surrogate pair, which is not text", call["error"])
+        self.assertEqual(call["args_digest"], broker.args_digest(call["args"]))
+        self.assertEqual(events[-1]["status"], "done")
+        self.assertIn(b'"bill\\ud800ing"', server.requests[1]["raw"])   # the conversation sent back as it came
 
     def test_a_turn_cut_off_at_the_token_limit_acts_on_nothing(self):
         server = self.serve(Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT], stop="max_tokens")),
