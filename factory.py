@@ -1633,7 +1633,8 @@ class Code:
         self.modules[relative] = module   # before it runs: an import cycle finds it half made, as Python's own does
         try:
             exec(code, vars(module))
-        except Exception as error:   # noqa: BLE001 - the agent's own code: what it raises is named in one line
+        except (Exception, SystemExit) as error:   # noqa: BLE001 - the agent's own code: what it raises (a sys.exit
+            # too: it ends no station) is named in one line
             del self.modules[relative]
             if isinstance(error, Refusal):
                 raise
@@ -1917,7 +1918,8 @@ def made_tools_problems(fac: Factory, card: dict, relative: str, contracts: dict
     where = f"agents/{relative}"
     try:
         made = fac.code.module(relative).make_tools(fac.root, card.get("agent"), new_run_id(), refuse_to_write)
-    except Exception as error:   # noqa: BLE001 - the tool module's own code: what it raises is named in one line
+    except (Exception, SystemExit) as error:   # noqa: BLE001 - the tool module's own code: what it raises (a
+        # sys.exit too) is named in one line
         return [f"{where}: make_tools(root, agent, run_id, write) raised {type(error).__name__}: {error}"
                 f"{agent_code_at(fac.agents, error)}"]
     if not isinstance(made, dict):
@@ -4415,7 +4417,8 @@ def run_loop(loop: Loop) -> str:
         return loop.run()
     except StoreError:
         raise
-    except Exception as error:  # the agent's code or its model failed: this run crashed, the batch goes on
+    except (Exception, SystemExit) as error:  # the agent's code (even a sys.exit in it) or its model failed:
+        # this run crashed, the batch goes on; KeyboardInterrupt still stops the station
         entry = getattr(loop.agent.module, "__file__", None)   # agents/NAME.py: its folder holds all the agent's code
         loop.reason = f"{type(error).__name__}: {error}" + (agent_code_at(Path(entry).parent, error) if entry else "")
         import traceback
@@ -4940,6 +4943,11 @@ class ToolsOnFirstUse(Mapping):
 
     def __getitem__(self, name: str):
         return self.tools()[name]
+
+    def get(self, name: str, default=None):
+        """The tool, or default; what making the tools raises goes up, a KeyError too (Mapping.get would
+        take that for a missing name)."""
+        return self.tools().get(name, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tools())

@@ -103,6 +103,7 @@ class Cards(LineTest):
         shipped = path.read_text()
         for broken, message in (("def (", "agents/triager.py: not valid python (invalid syntax, line"),
                                 ("1 / 0", "agents/triager.py: failed while loading (ZeroDivisionError: division by zero, line"),
+                                ("raise SystemExit(0)", "agents/triager.py: failed while loading (SystemExit: 0, line"),
                                 # parses, yet does not compile: once a traceback
                                 ("from __future__ import annotations", "agents/triager.py: not valid python (from "
                                  "__future__ imports must occur at the beginning of the file, line")):
@@ -232,6 +233,8 @@ class Cards(LineTest):
                     self.assertEqual(self.factory("digest", "faq")[0], 0)
                 else:
                     self.refused(message, "prove", "faq")
+        path.write_text(FAQ_TOOLS.replace("    return {", "    raise SystemExit(0)\n    return {"))
+        self.refused("agents/tools/faq.py: make_tools(root, agent, run_id, write) raised SystemExit: 0", "prove", "faq")
 
     def test_no_tool_is_called_while_its_tools_are_made(self):
         self.faq_card()

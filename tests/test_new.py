@@ -120,6 +120,31 @@ class NewAgent(LineTest):
         [result] = [e for e in trace if e.get("event") == "tool_result" and e["seq"] == lookup["seq"]]
         self.assertEqual((lookup["effect"], result["content"]), ("read", "We are open Monday to Friday, 9:00 to 17:00."))
 
+    def test_tool_code_that_fails_or_exits_at_a_runs_first_read_crashes_the_run(self):
+        """The tools are made at a run's first read: a make_tools that fails then is a broken tool module, not
+        the read's failure, and a sys.exit in tool code ends that run, not the station."""
+        path = self.root / "agents" / "tools" / "faq.py"
+        shipped = path.read_text()
+        at_run = "    if getattr(write, '__name__', '') != 'refuse_to_write':   # not while the card is checked\n"
+        for edit, reason in (
+                (("-> dict:\n", f"-> dict:\n{at_run}        raise RuntimeError('make_tools broke')\n"), "RuntimeError: make_tools broke"),
+                (("-> dict:\n", f"-> dict:\n{at_run}        raise SystemExit(0)\n"), "SystemExit: 0"),
+                (("    def lookup(args: dict) -> str:\n", "    def lookup(args: dict) -> str:\n        raise SystemExit(0)\n"),
+                 "SystemExit: 0")):
+            with self.subTest(edit=edit[1]):
+                path.write_text(shipped.replace(*edit, 1))
+                self.prove_sealed("faq")
+                self.sign("faq", "C1")
+                code, out, err = self.factory("run", "faq", "What are your opening hours?", "--json")
+                self.assertEqual(code, 1, err)
+                row = json.loads(out)
+                self.assertEqual((row["status"], row["verdict"]), ("crashed", "crashed"))
+                self.assertTrue(row["reason"].startswith(reason + " (agents/tools/faq.py line "), row["reason"])
+                trace = self.traces("faq")[-1]
+                [crash] = [event for event in trace if event.get("event") == "crash"]
+                self.assertIn(reason, crash["traceback"])
+                self.assertEqual([event for event in trace if event.get("event") == "tool"], [], "no call failed")
+
     def test_anything_else_goes_to_a_human(self):
         self.prove_sealed("faq")
         self.sign("faq", "C1")
