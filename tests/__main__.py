@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 import unittest
+import weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -140,19 +141,21 @@ def run_class(suite: unittest.TestSuite, connection: Connection) -> dict:
 def work(connection: Connection, top: str, pattern: str) -> None:
     """A worker process, leader of a process group of its own: for each unit received on connection, send
     ("classes", the class names) for (module, None), having imported the module, and for (module, class)
-    ("done", its report) after the announcements of its tests; stop at None."""
+    ("done", its report) after the announcements of its tests; stop at None, or when the parent is gone
+    (its end of the pipe closed: end-of-file, or a broken pipe at the next send)."""
     with contextlib.suppress(OSError):   # the parent does it too; whichever comes first
         os.setpgid(0, 0)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the parent's own handler is not the tests'
     if top not in sys.path:
         sys.path.insert(0, top)
     loaded: dict[str, dict[str, unittest.TestSuite]] = {}
-    while (unit := connection.recv()) is not None:
-        module, name = unit
-        if module not in loaded:
-            loaded[module] = tests_of(module, pattern)
-        connection.send(("classes", list(loaded[module])) if name is None
-                        else ("done", run_class(loaded[module][name], connection)))
+    with contextlib.suppress(EOFError, OSError):   # the parent is gone: stop once the test in hand has ended
+        while (unit := connection.recv()) is not None:
+            module, name = unit
+            if module not in loaded:
+                loaded[module] = tests_of(module, pattern)
+            connection.send(("classes", list(loaded[module])) if name is None
+                            else ("done", run_class(loaded[module][name], connection)))
 
 
 @dataclass
@@ -169,8 +172,13 @@ class Worker:
 
 def hire(top: str, pattern: str) -> Worker:
     """Start a fresh worker process: not a daemon (a daemon may not start processes, and a test may), so
-    the caller must fire it; the leader of a process group of its own, which fire kills."""
+    the caller must fire it; the leader of a process group of its own, which fire kills. A forked worker
+    would inherit the parent's end of its own pipe and of every earlier worker's: each is closed in every
+    process forked after it, so that the parent's end is held by the parent alone and a worker reads
+    end-of-file once the parent is gone (killed: nothing fires the workers)."""
     mine, theirs = multiprocessing.Pipe()
+    held = weakref.ref(mine)   # not closed in the parent by this: each process forked from it closes its copy
+    os.register_at_fork(after_in_child=lambda: held() and held().close())
     process = multiprocessing.Process(target=work, args=(theirs, top, pattern), daemon=False)
     process.start()
     theirs.close()   # so that the parent's end reads EOF when the worker dies

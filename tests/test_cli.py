@@ -145,6 +145,18 @@ class SetUpFails(unittest.TestCase):
         pass
 '''
 
+# A test that writes its process id to $SEEN/{name}, then waits until $SEEN/go exists, at most {wait} seconds.
+WAITS_FOR_GO = """import os, time, unittest
+from pathlib import Path
+
+class Waits(unittest.TestCase):
+    def test_it(self):
+        Path(os.environ["SEEN"], "{name}.tmp").write_text(str(os.getpid()))
+        Path(os.environ["SEEN"], "{name}.tmp").rename(Path(os.environ["SEEN"], "{name}"))
+        deadline = time.monotonic() + {wait}
+        while not Path(os.environ["SEEN"], "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+"""
 PASSES = "import unittest\n\nclass Passes(unittest.TestCase):\n    def test_it(self):\n        pass\n"
 # A test that starts a process of its own (as multiprocessing starts one), writes "WORKER_PID CHILD_PID" to
 # $SEEN/pids, and sleeps; and a test that waits for that file, then passes.
@@ -266,6 +278,24 @@ class SuiteRunner(unittest.TestCase):
         self.assertEqual(runner.wait(timeout=30), 130)
         self.assertTrue(runner.stderr.read().endswith("\ninterrupted\n"))
         self.assert_ended(seen)
+
+    def test_killed_with_sigkill_its_workers_end_once_their_tests_have_ended(self):
+        """Nothing fires the workers of a runner killed outright: each must see its pipe's end-of-file."""
+        seen = self.seen()
+        files = {"test_busy.py": WAITS_FOR_GO.format(name="busy", wait=60), "test_idle.py": WAITS_FOR_GO.format(name="idle", wait=0)}
+        runner = subprocess.Popen(self.runner(self.folder_of(files), "-j", "2"), cwd=str(REPO),
+                                  env={**os.environ, "SEEN": str(seen)}, stderr=subprocess.DEVNULL)
+        self.addCleanup(runner.kill)
+        wait_until(lambda: (seen / "busy").exists() and (seen / "idle").exists())
+        workers = {name: int((seen / name).read_text()) for name in ("busy", "idle")}
+        for pid in workers.values():
+            self.addCleanup(lambda pid=pid: ended(pid) or os.kill(pid, signal.SIGKILL))
+        runner.kill()
+        runner.wait(timeout=30)
+        wait_until(lambda: ended(workers["idle"]), 10)   # waiting for its next unit: end-of-file at once
+        self.assertFalse(ended(workers["busy"]), "its test has not ended yet")
+        (seen / "go").touch()
+        wait_until(lambda: ended(workers["busy"]), 10)
 
     def test_when_it_fails_itself_its_workers_and_their_children_are_killed(self):
         seen = self.seen()
