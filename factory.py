@@ -5632,23 +5632,30 @@ def cmd_stamp(fac: Factory, args) -> int:
         raise Usage(str(why)) from None
     master = read_agent(fac, args.master)
     path = fac.card_path(check_name(args.new))
-    earlier = parents(fac).get(args.new)   # the lineage log fixes a name's parent for good, even once its card is gone
-    if earlier is not None and earlier != args.master:
-        raise Refusal(f"{args.new} was stamped from {earlier} before ({fac.shown(fac.lineage)}); "
+    with fac.store.locked(fac.masters):   # new's lock: a `new` of the name removes temporary files beside its card
+        return stamp_card(fac, args.master, args.new, overrides, master, path)
+
+
+def stamp_card(fac: Factory, master_name: str, name: str, overrides: dict, master: Agent, path: Path) -> int:
+    """What `stamp MASTER --as NAME` writes, under the lock on masters/ (see cmd_stamp): the lineage entry, then
+    the card; a stamp that stopped between them is finished (finish_stamp). Refusal for a name taken."""
+    earlier = parents(fac).get(name)   # the lineage log fixes a name's parent for good, even once its card is gone
+    if earlier is not None and earlier != master_name:
+        raise Refusal(f"{name} was stamped from {earlier} before ({fac.shown(fac.lineage)}); "
                       f"a name keeps its first parent: pick a new name")
     if path.exists():
-        return finish_stamp(fac, args.master, args.new, overrides, earlier)
-    card = derive(master.card, args.new, overrides, master.digest)
-    agent_from_card(fac, card, f"variant {args.new}", card_check(fac, card))
+        return finish_stamp(fac, master_name, name, overrides, earlier)
+    card = derive(master.card, name, overrides, master.digest)
+    agent_from_card(fac, card, f"variant {name}", card_check(fac, card))
     if earlier is None:   # the lineage entry first: a kill before the card leaves no variant the log does not know
-        append_to_log(fac, "lineage", first_lineage_entry(args.new, args.master))
+        append_to_log(fac, "lineage", first_lineage_entry(name, master_name))
     try:
         fac.store.write_json(path, card, exclusive=True)
     except FileExistsError:
-        raise Refusal(f"{args.new} already exists ({fac.shown(path)}); pick a new name or restamp") from None
+        raise Refusal(f"{name} already exists ({fac.shown(path)}); pick a new name or restamp") from None
     except StoreError as error:
         raise StoreError(f"{error}; its lineage entry is written: run this stamp again to finish it") from None
-    print(f"stamped {args.new} from {args.master}: {fac.shown(path)} overrides {json.dumps(overrides)}")
+    print(f"stamped {name} from {master_name}: {fac.shown(path)} overrides {json.dumps(overrides)}")
     return 0
 
 

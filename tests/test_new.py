@@ -355,6 +355,28 @@ class KilledNew(LineTest):
         self.assertEqual(self.factory("prove", "faq")[0], 0)
 
 
+    def test_a_stamp_of_the_name_meanwhile_waits_for_it_and_is_refused(self):
+        """`new` removes temporary files beside masters/NAME.json: a `stamp --as NAME` writing one then takes
+        the same lock, so it waits for the `new`, then finds the name taken and writes no lineage entry."""
+        flag, env = self.tmp / "paused", {**os.environ, **self.env}
+        first = subprocess.Popen([sys.executable, "-c", PAUSE_AT, str(REPO), str(flag), "faq.json", "new", "faq"],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(first.kill)
+        wait_until(flag.exists)
+        stamp = subprocess.Popen([sys.executable, str(REPO / "factory.py"), "stamp", "triager", "--as", "faq"],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(stamp.kill)
+        waiting = f" -> FLOCK  ADVISORY  WRITE {stamp.pid} "
+        wait_until(lambda: stamp.poll() is not None or waiting in Path("/proc/locks").read_text())
+        self.assertIsNone(stamp.returncode, "the stamp waits for the `new`")
+        Path(f"{flag}.go").touch()
+        (out, err), (_, refused) = first.communicate(timeout=60), stamp.communicate(timeout=60)
+        self.assertEqual((first.returncode, stamp.returncode), (0, 1), err + refused)
+        self.assertIn("faq already exists", refused)
+        lineage = self.root / "registry" / "lineage.jsonl"
+        self.assertNotIn('"faq"', lineage.read_text() if lineage.exists() else "")
+        self.assertNotIn("stamped_from", json.loads((self.root / "masters" / "faq.json").read_text()))
+
 class AllOrNothing(LineTest):
     """A file that cannot be written, or an interrupt, leaves none of the new agent's files behind."""
 
