@@ -653,10 +653,11 @@ def stand_in_call_id(data: dict, index: int, function: dict) -> str:
 
 
 def _as_args(raw) -> dict:
-    """Tool arguments as a dict; unparsable JSON comes back as {"_unparsed_arguments": raw} for the broker."""
+    """Tool arguments as a dict; a string that is not JSON (strict_json: also NaN, Infinity or a key named
+    twice, whose meaning is ambiguous) comes back as {"_unparsed_arguments": raw}, which the broker denies."""
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw) if raw.strip() else {}
+            raw = strict_json(raw) if raw.strip() else {}
         except (ValueError, RecursionError):   # RecursionError: nested deeper than the parser goes
             return {"_unparsed_arguments": raw}
     return raw if isinstance(raw, dict) else {"_unparsed_arguments": json.dumps(raw)}
@@ -673,7 +674,7 @@ def json_objects(text: str) -> list[dict]:
     object ("Output format {label, draft}:"), code fences and notes after it do not hide it; the
     caller takes the first one its output contract accepts. NaN, Infinity and numbers that
     overflow to infinity are refused, and nesting too deep to decode is not an object."""
-    decoder = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+    decoder = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys)
     found, at = [], text.find("{")
     while at >= 0:
         try:
@@ -684,6 +685,24 @@ def json_objects(text: str) -> list[dict]:
             found.append(value)
         at = text.find("{", end)
     return found
+
+
+def strict_json(raw: str | bytes):
+    """The JSON value in raw as RFC 8259 (https://www.rfc-editor.org/rfc/rfc8259) has it: ValueError for
+    NaN, Infinity, a number that overflows to infinity and an object naming one key twice (json.loads
+    would take them all, the last key winning), as for any other bytes that are not JSON; RecursionError
+    for nesting deeper than the parser goes. Nothing read this way can stop a trace line being written."""
+    return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys)
+
+
+def _unique_keys(pairs: list) -> dict:
+    """object_pairs_hook: the object, or ValueError naming a key it holds twice."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"key {twice!r} appears twice")
+    return obj
 
 
 def _refuse_constant(name: str):
@@ -803,11 +822,14 @@ def request_bytes(body: dict) -> bytes:
 
 
 def _parse_json(raw: bytes) -> dict:
-    """A JSON object from a 2xx body, else Malformed (also for one nested deeper than the parser goes)."""
+    """A JSON object from a 2xx body, else Malformed (also for one nested deeper than the parser goes, or
+    holding NaN, Infinity or a key named twice: strict_json)."""
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
+        data = strict_json(raw)
+    except RecursionError:
         raise Malformed(f"body is not JSON ({len(raw)} bytes)") from None
+    except ValueError as error:
+        raise Malformed(f"body is not JSON ({len(raw)} bytes: {str(error)[:120]})") from None
     if not isinstance(data, dict):
         raise Malformed("body is not a JSON object")
     return data

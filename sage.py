@@ -20,6 +20,8 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
+from llm import strict_json
+
 # The edge WAF answers 403 to `Python-urllib/x.y` even with a good key (field notes:
 # https://github.com/clawdbotatg/clawd-research/tree/1856fb790b545f9121e51a16deb66ab22e2c7c14/levanto-sage).
 USER_AGENT = "agent-factory/0.1 (+python-urllib)"
@@ -495,9 +497,10 @@ def _prob(value, what: str, nullable: bool = False) -> float | None:
 
 
 def _json_object(raw: bytes) -> dict:
-    """The body as a JSON object, else Malformed (also for one nested deeper than the parser goes)."""
+    """The body as a JSON object, else Malformed (also for one nested deeper than the parser goes, or
+    holding NaN, Infinity or a key named twice: llm.strict_json)."""
     try:
-        value = json.loads(raw.decode("utf-8"))
+        value = strict_json(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise Malformed(f"not JSON: {raw[:80]!r}") from None
     if not isinstance(value, dict):

@@ -138,6 +138,25 @@ class OpenAIWireTest(ServerTest):
         reply = self.worker(env, primary="kimi-k2.6").complete(TASK, TOOLS)
         self.assertEqual(reply.tool_calls[0].args, {"_unparsed_arguments": deep})
 
+    def test_arguments_holding_nan_infinity_or_a_key_twice_reach_the_broker_unparsed(self):
+        for raw in ('{"label": NaN}', '{"label": -Infinity}', '{"label": 1e999}', '{"label": "a", "label": "b"}'):
+            with self.subTest(raw=raw):
+                fake = self.server(Answer(body=openai_completion(None, [("c1", "issues__label", raw)])))
+                env = {"MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fake.url}
+                reply = self.worker(env, primary="kimi-k2.6").complete(TASK, TOOLS)
+                self.assertEqual(reply.tool_calls[0].args, {"_unparsed_arguments": raw})
+
+    def test_a_reply_holding_nan_infinity_or_a_key_twice_is_malformed(self):
+        body = json.dumps(anthropic_message("", [("toolu_1", "issues__label", {"label": "billing"})]))
+        cases = {'{"label": NaN}': "NaN", '{"label": Infinity}': "Infinity", '{"label": 1e999}': "1e999",
+                 '{"label": "billing", "label": "spam"}': "'label' appears twice"}
+        for value, named in cases.items():
+            with self.subTest(value=value):
+                fake = self.server(Answer(body=body.replace('{"label": "billing"}', value)))
+                with self.assertRaises(llm.Malformed) as caught:
+                    self.worker(self.anthropic_env(fake)).complete(TASK, TOOLS)
+                self.assertIn(named, str(caught.exception))
+
     def test_an_error_body_nested_deeper_than_the_parser_goes_is_still_the_status(self):
         fake = self.server(Answer(400, '{"error": ' + "[" * 3000 + "]" * 3000 + "}"))
         with self.assertRaises(llm.HTTPStatus) as caught:

@@ -240,7 +240,11 @@ class LevantoKindsTest(SageTestCase):
                                 "result": {"answer": "maybe", "probability": 0.5}},
                  "not json": "<html>hello</html>",
                  "nested deeper than the parser goes": '{"id": ' + "[" * 3000 + "]" * 3000 + "}",
-                 "not an object": [1, 2]}
+                 "not an object": [1, 2],
+                 "NaN where no field is read": '{"id": "yesno", "kind": "yesno", "result": {"answer": "yes", '
+                                               '"probability": 0.9}, "latency": NaN}',
+                 "a key twice": '{"id": "yesno", "kind": "yesno", "result": {"answer": "no", "probability": 0.2, '
+                                '"answer": "yes", "probability": 0.9}}'}
         for name, body in cases.items():
             with self.subTest(name=name):
                 fake = self.fake(body=body)
