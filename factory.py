@@ -528,7 +528,7 @@ class Store:
     def __init__(self, fac: Factory):
         self.fac = fac
         self.decoder = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=unique_keys)  # built once
-        self.encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))   # one JSONL line
+        self.encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)   # one JSONL line
         self.hidden = secret_values(fac.env)
         self.noted: set[str] = set()      # notes printed by this station
         self.evidence: bytes | None = None   # the evidence key, once this station has read it (evidence_key)
@@ -846,8 +846,21 @@ class Store:
     def write_json(self, path: Path, obj, exclusive: bool = False) -> None:
         """Write obj as JSON atomically (temp file, fsync, rename); `exclusive` raises FileExistsError
         instead of replacing a file that is already there (two stamps of one name: one wins, one is told)."""
-        text = json.dumps(redact(obj, self.hidden), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        with self.writable(path):
+            text = json.dumps(redact(obj, self.hidden), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
         self.write_text(path, text, exclusive)
+
+    @contextlib.contextmanager
+    def writable(self, path: Path) -> Iterator[None]:
+        """A block that turns the encoder's ValueError for a float JSON has no number for (NaN, Infinity: the
+        readers here refuse them) into a StoreError naming path, so no file holds a value its readers refuse."""
+        try:
+            yield
+        except ValueError as error:
+            if not str(error).startswith("Out of range float"):   # json's words for NaN and Infinity
+                raise
+            raise StoreError(f"{self.fac.shown(path)}: cannot write it (a number in it is nan or infinity, "
+                             f"which json has no way to write)") from None
 
     def write_text(self, path: Path, text: str | bytes, exclusive: bool = False, mode: int = 0o644) -> None:
         """Write a file under the root atomically: temp file in the same folder, fsync, then os.replace
@@ -883,7 +896,7 @@ class Store:
         """Append obj as one whole JSON line under an exclusive fcntl lock (O_APPEND, looped write);
         returns the byte offset where the line starts, so the effect can be read back. A write the
         machine stops half-way (no space, a size limit) is cut back: the file never keeps a torn line of ours."""
-        return self.locked_append(path, lambda handle: (self.line(obj), None))[0]
+        return self.locked_append(path, lambda handle: (self.line(obj, path), None))[0]
 
     def append_chained(self, path: Path, make) -> dict:
         """Append make(chain) to a hash-chained log, with `prev` set to the hash of its last entry, all
@@ -893,7 +906,7 @@ class Store:
         def compose(handle: int) -> tuple[bytes, dict]:
             chain = self.chain(path, read_all(handle))
             entry = {**make(chain), "prev": chain.head["hash"]}
-            return self.line(entry), entry
+            return self.line(entry, path), entry
         return self.locked_append(path, compose)[1]
 
     def locked_append(self, path: Path, compose) -> tuple[int, object]:
@@ -908,9 +921,13 @@ class Store:
             finally:
                 os.close(handle)
 
-    def line(self, obj: dict) -> bytes:
-        """obj as one JSONL line: compact JSON by the store's one encoder, secrets scrubbed, UTF-8, a newline."""
-        return utf8(self.encoder.encode(redact(obj, self.hidden)) + "\n")
+    def line(self, obj: dict, path: Path | None = None) -> bytes:
+        """obj as one JSONL line: compact JSON by the store's one encoder, secrets scrubbed, UTF-8, a newline.
+        A float JSON has no number for (NaN, Infinity) is ValueError, or a StoreError naming the file when
+        `path` says where the line goes (see writable)."""
+        with self.writable(path) if path is not None else contextlib.nullcontext():
+            text = self.encoder.encode(redact(obj, self.hidden))
+        return utf8(text + "\n")
 
     def open_append(self, path: Path) -> int:
         """A descriptor appending to the regular file path (made 0644 when missing), opened through real
@@ -981,7 +998,7 @@ class Store:
 
         def append(self, obj: dict) -> None:
             """Write obj as one whole JSON line (cut back, never torn, when the machine stops it half-way)."""
-            line = self.store.line(obj)
+            line = self.store.line(obj, self.path)
             with self.store.machine(self.path, "write"):
                 if self.handle is None:
                     self.handle = self.store.open_append(self.path)
@@ -1162,7 +1179,9 @@ class Store:
 
     def write_private(self, path: Path, obj: dict) -> None:
         """Write a JSON object to a file of the keys folder atomically (temporary file, fsync, rename), mode 0600."""
-        data = utf8(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+        with self.writable(path):
+            text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
+        data = utf8(text + "\n")
         with self.report_folder(path) as folder, self.machine(path, "write"):
             self.write_atomic(folder, path, data, False, 0o600)
 

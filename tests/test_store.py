@@ -139,6 +139,28 @@ class Appends(CertifiedTest):
         self.assertEqual(json.loads(lines[-1])["state"], "closed")
         self.refused("traces/index.jsonl line 2: not valid json", "tower")   # line 1 is the run's started row
 
+    def test_a_value_json_has_no_number_for_is_refused_naming_the_file_and_nothing_is_written(self):
+        folder = self.root / "outbox" / "x"
+        writes = {"log.jsonl": lambda path, obj: self.fac.store.append_jsonl(path, obj),
+                  "chained.jsonl": lambda path, obj: self.fac.store.append_chained(path, lambda chain: obj),
+                  "own.jsonl": self.appended_through_a_log,
+                  "card.json": lambda path, obj: self.fac.store.write_json(path, obj)}
+        for name, write in writes.items():
+            for number in (float("nan"), float("inf"), float("-inf")):
+                with self.subTest(name=name, number=number):
+                    with self.assertRaises(factory.StoreError) as caught:
+                        write(folder / name, {"n": [1, {"p": number}]})
+                    self.assertIn(f"outbox/x/{name}: cannot write it (a number in it is nan or infinity", str(caught.exception))
+                    self.assertFalse((folder / name).exists() and (folder / name).read_bytes())
+
+    def appended_through_a_log(self, path, obj):
+        """obj appended through a run's own log (Store.open_log), closed after."""
+        log = self.fac.store.open_log(path)
+        try:
+            log.append(obj)
+        finally:
+            log.close()
+
     def test_a_runs_own_log_starts_clean_after_another_writers_torn_line(self):
         path = self.root / "outbox" / "x" / "log.jsonl"
         log = self.fac.store.open_log(path)
