@@ -283,10 +283,11 @@ class Broker:
             self.held.append(outcome)
         return outcome
 
-    def _execute(self, tool, args, effect, started, tools: Mapping) -> Outcome:
-        """Run the tool; its failure is named by class and handed back, not raised. What getting it from
-        `tools` raises goes up: tools made when first asked for (the line makes a run's tools at its first
-        read) that cannot be made are a broken tool module, not this call's failure."""
+    def _execute(self, tool, args, effect, started, tools: Mapping, failures: tuple = (Exception,)) -> Outcome:
+        """Run the tool; its failure (an instance of `failures`) is named by class and handed back, not
+        raised. What getting it from `tools` raises goes up: tools made when first asked for (the line
+        makes a run's tools at its first read) that cannot be made are a broken tool module, not this
+        call's failure."""
         ruling, error, result, receipt = "ok", None, "", None
         implementation = tools.get(tool)
         try:
@@ -294,7 +295,7 @@ class Broker:
                 raise KeyError(tool)
             answer = implementation(own_copy(args))
             result, receipt = answer if isinstance(answer, tuple) else (answer, None)
-        except Exception as failure:  # a tool's failure is data for the worker, not a crash
+        except failures as failure:  # a tool's failure is data for the worker, not a crash
             ruling, error = type(failure).__name__, f"{type(failure).__name__}: {failure}"
             result = f"error: {error}"
         ms = (self.clock() - started) * 1000
@@ -303,12 +304,16 @@ class Broker:
     def commit(self, outcome: Outcome, tools: dict | None = None) -> Outcome:
         """Execute one call this broker held, once (the caller has settled it), with `tools` (default:
         the broker's own); records a `commit` event carrying the held call's seq. ValueError for a
-        call this broker did not hold or has committed already."""
+        call this broker did not hold or has committed already. A SystemExit from the tool is this
+        commit's failure too: a commit runs after the gate, outside the run's loop (which makes one a
+        crash of the run), where nothing else would keep a sys.exit in tool code from ending the station
+        unrecorded. KeyboardInterrupt still goes up."""
         if not any(held is outcome for held in self.held):
             raise ValueError(f"{outcome.tool} call {outcome.seq} was not held by this broker")
         if any(done.seq == outcome.seq for done in self.committed):
             raise ValueError(f"{outcome.tool} call {outcome.seq} was committed already")
-        done = self._execute(outcome.tool, outcome.args, outcome.effect, self.clock(), tools or self.tools)
+        done = self._execute(outcome.tool, outcome.args, outcome.effect, self.clock(), tools or self.tools,
+                             (Exception, SystemExit))
         done.seq = outcome.seq
         self.committed.append(done)
         self.record({**done.entry(), "event": "commit"})

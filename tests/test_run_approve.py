@@ -375,6 +375,22 @@ class Verdicts(CertifiedTest):
         row = self.run_once(sage_p=0.95, exit=1)
         self.assertEqual(row["verdict"], "uncertain-effect")
 
+    def test_a_tool_that_exits_while_its_held_call_is_committed_fails_that_commit(self):
+        """After the gate, outside the run's loop, a tool's SystemExit is its commit's failure like any other
+        exception of the tool: recorded, the run closed, never the station's silent exit."""
+        path = self.root / "agents" / "tools" / "drafts.py"
+        path.write_text(path.read_text().replace("    def draft(args: dict) -> tuple:\n",
+                                                 "    def draft(args: dict) -> tuple:\n        raise SystemExit(0)\n", 1))
+        self.certified()
+        row = self.run_once(sage_p=0.95, exit=1)
+        self.assertEqual(row["verdict"], "uncertain-effect")
+        trace = self.traces()[-1]
+        [commit] = [event for event in trace if event.get("event") == "commit" and event["tool"] == "drafts:write"]
+        self.assertEqual((commit["ruling"], commit["error"]), ("SystemExit", "SystemExit: 0"))
+        [settled] = [event for event in trace if event.get("event") == "settled" and event["tool"] == "drafts:write"]
+        self.assertEqual((settled["decision"], settled["ruling"]), ("commit", "SystemExit"))
+        self.assertEqual(trace[-1]["event"], "end")
+
     def test_escalated_over_budget_and_crashed(self):
         self.edit_card("triager", max_steps=2)
         self.certified()
