@@ -1005,6 +1005,19 @@ class Store:
                     fcntl.flock(self.handle, fcntl.LOCK_EX)
                 self.end = self.store.append_locked(self.handle, line, self.end) + len(line)
 
+        def moved(self) -> bool:
+            """True when the path no longer names the file this handle writes to (renamed away, replaced or
+            removed; compared by device and inode, a link at the path not followed); False before the first line."""
+            if self.handle is None:
+                return False
+            mine = os.fstat(self.handle)
+            with self.store.machine(self.path, "read"):
+                try:
+                    there = os.lstat(self.path)
+                except FileNotFoundError:
+                    return True
+            return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino)
+
         def close(self) -> None:
             """Let go of the file."""
             if self.handle is not None:
@@ -4791,7 +4804,13 @@ class Trace:
 
     def close(self, row: dict) -> None:
         """End the run: the end event (END_FIELDS of the row), then the `closed` row in the index (all
-        but NOT_INDEXED)."""
+        but NOT_INDEXED). When the trace was moved while the run wrote it (its later events went to the
+        file moved away, not to its path), the row's reason says so, a note on stderr too; the verdict
+        stays what the run did, which the move did not change."""
+        if self.log is not None and self.log.moved():
+            moved = f"the trace was moved away from {self.fac.shown(self.path)} while the run wrote it"
+            row["reason"] = "; ".join(filter(None, (row.get("reason"), moved)))
+            note(self.fac, f"run {self.run_id}: {moved}; its later events went to the moved file")
         self.record({"event": "end", **{key: row[key] for key in END_FIELDS}})
         closed = {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}}
         self.fac.store.append_jsonl(self.fac.index, sealed_evidence(self.fac, closed))   # counted as evidence

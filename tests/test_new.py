@@ -145,6 +145,24 @@ class NewAgent(LineTest):
                 self.assertIn(reason, crash["traceback"])
                 self.assertEqual([event for event in trace if event.get("event") == "tool"], [], "no call failed")
 
+    def test_a_trace_moved_away_while_the_run_writes_it_is_named_at_close(self):
+        path = self.root / "agents" / "tools" / "faq.py"
+        move = ("        trace = root / 'traces' / agent / (run_id + '.jsonl')\n"
+                "        if trace.exists():   # not while proving\n"
+                "            trace.rename(trace.with_suffix('.moved'))\n")
+        path.write_text(path.read_text().replace("    def lookup(args: dict) -> str:\n", "    def lookup(args: dict) -> str:\n" + move, 1))
+        self.prove_sealed("faq")
+        self.sign("faq", "C1")
+        code, out, err = self.factory("run", "faq", "What are your opening hours?", "--json")
+        self.assertEqual(code, 0, err)
+        row = json.loads(out)
+        moved = f"the trace was moved away from traces/faq/{row['run_id']}.jsonl while the run wrote it"
+        self.assertEqual((row["verdict"], row["reason"]), ("unscored", "answered; " + moved))
+        self.assertEqual(err.splitlines(), [f"factory: note: run {row['run_id']}: {moved}; its later events went to the moved file"])
+        self.assertEqual(self.index_rows()[-1]["reason"], "answered; " + moved)
+        away = self.root / "traces" / "faq" / f"{row['run_id']}.moved"
+        self.assertEqual(json.loads(away.read_text().splitlines()[-1])["reason"], "answered; " + moved)
+
     def test_anything_else_goes_to_a_human(self):
         self.prove_sealed("faq")
         self.sign("faq", "C1")
