@@ -83,6 +83,11 @@ USER_AGENT = "agent-factory-llm/1"
 
 # Retry policy of the Anthropic and OpenAI SDKs (_base_client.py): 2 retries, 0.5 s doubling to 8 s.
 MAX_RETRIES = 2
+# A model reply's body is read up to MAX_REPLY_BYTES: a reply at its token limit (a few MiB even at
+# 128k output tokens, every character escaped as \uXXXX) stays far below it, so only a broken or
+# hostile server reaches it, and a body that never ends cannot fill the machine's memory.
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+READ_CHUNK = 64 * 1024
 RETRY_STATUSES = frozenset({408, 409, 429})           # and every status >= 500 (covers 504, 529)
 MAX_RETRY_AFTER_S = 60.0
 DEFAULT_REST_S = 30.0       # a Breaker's rest when the server gave no retry-after
@@ -188,7 +193,8 @@ class HTTPStatus(LLMError):
 
 
 class Timeout(LLMError):
-    """No answer within the per-socket timeout (seconds); not retried: the call may already be billed."""
+    """No answer within `seconds`: one socket read past the per-read timeout, or the whole request past
+    its total deadline; not retried: the call may already be billed."""
 
     def __init__(self, seconds: float):
         super().__init__(f"timeout after {seconds:g}s")
@@ -207,6 +213,13 @@ class Malformed(LLMError):
 
     def __init__(self, detail: str):
         super().__init__(f"malformed response: {detail}", "malformed response")
+
+
+class Oversized(LLMError):
+    """A 2xx body longer than `limit` bytes; read no further and, like Malformed, not retried."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"reply too large: over {limit // (1024 * 1024)} MiB", "reply too large")
 
 
 class RefusedRedirect(LLMError):
@@ -784,20 +797,30 @@ def retry_wait(error: LLMError, retry: int, rng: random.Random) -> float | None:
 
 
 def post_json(opener, url: str, headers: Mapping[str, str], body: dict, timeout: float,
-              secrets: tuple[str, ...] = ()) -> tuple[dict, dict, float]:
-    """POST body as JSON; (parsed reply, recorded headers, latency ms). Raises LLMError subclasses."""
+              secrets: tuple[str, ...] = (), deadline: float | None = None) -> tuple[dict, dict, float]:
+    """POST body as JSON; (parsed reply, recorded headers, latency ms). Raises LLMError subclasses.
+
+    `timeout` (s) bounds each socket read; `deadline` (s, default twice `timeout`) bounds the whole
+    request, connect and every read of the body together (Timeout(deadline) past it); a 2xx body over
+    MAX_REPLY_BYTES is Oversized."""
     import http.client
     import urllib.error
     import urllib.request
     request = urllib.request.Request(url, request_bytes(body), method="POST",
                                      headers={"content-type": "application/json", "accept": "application/json",
                                               "user-agent": USER_AGENT, **headers})
+    deadline = 2 * timeout if deadline is None else deadline
     start = time.monotonic()
     try:
-        with opener.open(request, timeout=timeout) as response:
-            raw, got = response.read(), response.headers
+        with opener.open(request, timeout=min(timeout, deadline)) as response:
+            raw = read_bounded(response, MAX_REPLY_BYTES, start + deadline)
+            got = response.headers
     except urllib.error.HTTPError as err:
         raise _status_error(err, secrets) from None
+    except BodyTooLarge:
+        raise Oversized(MAX_REPLY_BYTES) from None
+    except DeadlinePassed:
+        raise Timeout(deadline) from None
     except TimeoutError:
         raise Timeout(timeout) from None
     except urllib.error.URLError as err:
@@ -808,6 +831,52 @@ def post_json(opener, url: str, headers: Mapping[str, str], body: dict, timeout:
         raise ConnectionFailed(type(err).__name__) from None
     latency = (time.monotonic() - start) * 1000
     return _parse_json(raw), recorded_headers(got), latency
+
+
+class BodyTooLarge(Exception):
+    """read_bounded met more than its limit of bytes."""
+
+
+class DeadlinePassed(Exception):
+    """read_bounded's deadline passed before the body ended."""
+
+
+def read_bounded(response, limit: int, deadline: float) -> bytes:
+    """The body of an http.client.HTTPResponse, at most `limit` bytes, read before `deadline`
+    (a time.monotonic() value, s). Raises BodyTooLarge past the limit and DeadlinePassed past the
+    deadline: each read's socket timeout is shortened to the time left, so a body sent a byte at a
+    time cannot outlast it. Other OSError and http.client errors pass through."""
+    sock = _body_socket(response)
+    per_read = sock.gettimeout() if sock is not None else None
+    chunks, size = [], 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlinePassed()
+        wait = left if per_read is None else min(left, per_read)
+        if sock is not None:
+            sock.settimeout(wait)
+        try:
+            chunk = response.read1(READ_CHUNK)
+        except TimeoutError:
+            if sock is not None and wait == left:
+                raise DeadlinePassed() from None
+            raise
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge()
+        chunks.append(chunk)
+
+
+def _body_socket(response):
+    """The socket an http.client.HTTPResponse reads from, or None (then only the clock between reads
+    and each read's own timeout bound the body). urllib drops the connection's reference to it once the
+    headers are read, and http.client offers no public way to reach it: the reader's SocketIO holds it."""
+    raw = getattr(getattr(response, "fp", None), "raw", None)
+    sock = getattr(raw, "_sock", None)
+    return sock if hasattr(sock, "settimeout") and hasattr(sock, "gettimeout") else None
 
 
 def request_bytes(body: dict) -> bytes:
@@ -1029,13 +1098,15 @@ class Worker:
 
     def __init__(self, model: dict, env: Mapping[str, str], rules=None, task_input=None,
                  timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep, max_tokens: int = 1024,
-                 breaker: Breaker | None = None):
-        """`breaker`: the batch's shared Breaker; None gives this Worker one of its own."""
+                 breaker: Breaker | None = None, deadline: float | None = None):
+        """`breaker`: the batch's shared Breaker; None gives this Worker one of its own. `timeout` (s)
+        bounds each socket read of a model call, `deadline` (s; None: twice `timeout`) the whole call."""
         self._env = dict(env)
         self._breaker = breaker if breaker is not None else Breaker()
         self._chain = _model_chain(model, self._env)
         self._offline = Offline(rules, task_input) if rules is not None else None
         self._timeout, self._sleep, self._max_tokens = timeout, sleep, max_tokens
+        self._deadline = deadline
         self._dead: dict[str, LLMError] = {}   # model id -> why this Worker stopped asking it
         self._rules_reason = ""                # set by use_rules: no model is asked again
 
@@ -1156,7 +1227,8 @@ class Worker:
         while True:
             self._breaker.admit(route.backend)
             try:
-                answer = post_json(self._opener, route.url, route.headers, body, self._timeout, route.secrets)
+                answer = post_json(self._opener, route.url, route.headers, body, self._timeout, route.secrets,
+                                   self._deadline)
             except LLMError as err:
                 self._breaker.record(route.backend, err)
                 wait = retry_wait(err, retry, self._rng)

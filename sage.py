@@ -20,7 +20,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from llm import strict_json
+from llm import BodyTooLarge, DeadlinePassed, read_bounded, strict_json
 
 # The edge WAF answers 403 to `Python-urllib/x.y` even with a good key (field notes:
 # https://github.com/clawdbotatg/clawd-research/tree/1856fb790b545f9121e51a16deb66ab22e2c7c14/levanto-sage).
@@ -836,15 +836,20 @@ class Sage:
         return headers
 
     def _open(self, request: urllib.request.Request) -> bytes:
-        """The 2xx body (at most MAX_BODY bytes); every failure becomes a SageError."""
+        """The 2xx body (at most MAX_BODY bytes); every failure becomes a SageError. self.timeout (s)
+        is the whole request's deadline: connect, headers and every read of the body together, so a
+        reply sent a byte at a time ends as Timeout when it passes."""
         import http.client
         import urllib.error
+        deadline = time.monotonic() + self.timeout
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
-                return _read_capped(response)
+                return read_bounded(response, MAX_BODY, deadline)
         except urllib.error.HTTPError as error:
             raise self._status_error(error) from None
-        except TimeoutError:
+        except BodyTooLarge:
+            raise Malformed("response body over 4 MiB") from None
+        except (TimeoutError, DeadlinePassed):
             raise Timeout(self.timeout) from None
         except urllib.error.URLError as error:
             if isinstance(error.reason, TimeoutError):
@@ -866,14 +871,6 @@ class Sage:
     def _where(self, reason) -> str:
         """'<endpoint>: <reason>' with the key blanked."""
         return _clip(f"{self.endpoint}: {reason or 'connection failed'}", self._key)
-
-
-def _read_capped(response) -> bytes:
-    """Read at most MAX_BODY bytes; a larger body is Malformed."""
-    raw = response.read(MAX_BODY + 1)
-    if len(raw) > MAX_BODY:
-        raise Malformed("response body over 4 MiB")
-    return raw
 
 
 def _stops_batch(result) -> bool:

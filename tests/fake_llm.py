@@ -9,11 +9,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 @dataclass
 class Answer:
-    """One scripted response: status, body (dict -> JSON, str/bytes sent as is), headers, delay (s)."""
+    """One scripted response: status, body (dict -> JSON, str/bytes sent as is), headers, delay (s).
+    `drip` (s) > 0 sends the body one byte per drip with no content-length (HTTP/1.0: the body ends
+    when the connection closes); `unsized` sends it whole with no content-length."""
     status: int = 200
     body: object = None
     headers: dict = field(default_factory=dict)
     delay: float = 0.0
+    drip: float = 0.0
+    unsized: bool = False
 
 
 class FakeServer:
@@ -84,14 +88,28 @@ class _Handler(BaseHTTPRequestHandler):
             for name, value in answer.headers.items():
                 self.send_header(name, value)
             self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
+            if not (answer.drip or answer.unsized):
+                self.send_header("content-length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            if answer.drip:
+                drip(self.wfile, data, answer.drip, self.server.fake.stopping)
+            else:
+                self.wfile.write(data)
         except OSError:
             pass
 
     def log_message(self, format, *args):
         pass
+
+
+def drip(wfile, data: bytes, every: float, stopping: threading.Event) -> None:
+    """Write data one byte per `every` seconds, flushed, until it is sent or `stopping` is set; a
+    client that hung up ends it with OSError."""
+    for index in range(len(data)):
+        if stopping.wait(every):
+            return
+        wfile.write(data[index:index + 1])
+        wfile.flush()
 
 
 def _json_or_none(raw: bytes):

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping
 
+from tests.fake_llm import drip
+
 
 @dataclass(frozen=True)
 class Fail:
@@ -34,11 +36,14 @@ class Fail:
 
 @dataclass(frozen=True)
 class Reply:
-    """One scripted HTTP reply; body None means "answer normally" with this status' delay."""
+    """One scripted HTTP reply; body None means "answer normally" with this status' delay. `drip` (s)
+    > 0 sends the body one byte per drip with no Content-Length (the body ends when the connection
+    closes)."""
     status: int = 200
     body: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    drip: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,7 @@ class FakeSage:
         if reply and reply.body is None and reply.status == 200:
             reply = None
         status, payload, headers = self._choose(seen, reply)
-        _send(handler, status, payload, headers)
+        _send(handler, status, payload, headers, reply.drip if reply else 0.0, self._closing)
 
     def _record(self, handler) -> Seen:
         """Read and keep one request."""
@@ -276,8 +281,10 @@ def _default_tag(tag_id: str, p: float, old: bool) -> dict:
     return entry
 
 
-def _send(handler: BaseHTTPRequestHandler, status: int, payload, headers: Mapping) -> None:
-    """Write one response: dicts/lists as JSON, str/bytes as they are."""
+def _send(handler: BaseHTTPRequestHandler, status: int, payload, headers: Mapping, every: float = 0.0,
+          closing: threading.Event | None = None) -> None:
+    """Write one response: dicts/lists as JSON, str/bytes as they are; `every` > 0 drips the body one
+    byte per `every` seconds without a Content-Length, until it is sent or `closing` is set."""
     if isinstance(payload, (dict, list)):
         raw, kind = json.dumps(payload).encode(), "application/json"
     else:
@@ -285,11 +292,15 @@ def _send(handler: BaseHTTPRequestHandler, status: int, payload, headers: Mappin
         kind = "text/plain"
     handler.send_response(status)
     handler.send_header("Content-Type", kind)
-    handler.send_header("Content-Length", str(len(raw)))
+    if not every:
+        handler.send_header("Content-Length", str(len(raw)))
     for name, value in headers.items():
         handler.send_header(name, value)
     handler.end_headers()
-    handler.wfile.write(raw)
+    if every:
+        drip(handler.wfile, raw, every, closing or threading.Event())
+    else:
+        handler.wfile.write(raw)
 
 
 class _Server(ThreadingHTTPServer):

@@ -559,6 +559,30 @@ class FallbackTest(ServerTest):
         later = worker.complete(TASK + [{"role": "assistant", "content": "x"}], TOOLS)
         self.assertEqual((later.backend, len(fake.requests)), ("offline-after-error: timeout after 0.1s", 1))
 
+    def test_dripping_reply_ends_at_the_deadline(self):
+        # every byte comes well inside the per-read timeout, so only the whole call's deadline ends it
+        fake = self.server(Answer(body=anthropic_message("slow"), drip=0.05))
+        worker = self.worker(self.anthropic_env(fake), rules=rules, task_input="t", timeout=5.0, deadline=0.4)
+        start = time.monotonic()
+        reply = worker.complete(TASK, TOOLS)
+        self.assertLess(time.monotonic() - start, 1.5)
+        self.assertEqual(reply.backend, "offline-after-error: timeout after 0.4s")
+        self.assertEqual((len(fake.requests), self.waits), (1, []))
+
+    def test_reply_past_the_cap_is_refused_without_retry(self):
+        big = b'{"content": "' + b"x" * llm.MAX_REPLY_BYTES + b'"}'
+        for unsized in (False, True):
+            with self.subTest(unsized=unsized):
+                fake = self.server(Answer(body=big, unsized=unsized), Answer(body=big, unsized=unsized))
+                reply = self.worker(self.anthropic_env(fake), rules=rules).complete(TASK, [])
+                self.assertEqual(reply.backend, "offline-after-error: reply too large")
+                self.assertEqual(reply.attempts[0]["error"], "reply too large: over 16 MiB")
+                self.assertEqual((len(fake.requests), self.waits), (1, []))
+
+    def test_unsized_reply_under_the_cap_is_read(self):
+        fake = self.server(Answer(body=anthropic_message("whole"), unsized=True))
+        self.assertEqual(self.worker(self.anthropic_env(fake)).complete(TASK, []).text, "whole")
+
     def test_malformed_body(self):
         deep = '{"content": ' + "[" * 3000 + "]" * 3000 + "}"   # deeper than the JSON parser goes
         for body in ("not json at all", {"no": "content"}, [1, 2], deep):

@@ -3,7 +3,7 @@ import socket
 import time
 import unittest
 
-from sage import (BATCH_MAX, USER_AGENT, Decision, HTTPStatus, Malformed, Misconfigured, NoKey,
+from sage import (BATCH_MAX, MAX_BODY, USER_AGENT, Decision, HTTPStatus, Malformed, Misconfigured, NoKey,
                   Question, Rejected, Sage, SageError, Timeout, Unreachable, plan_batches,
                   retry_after)
 from tests.fake_sage import Fail, FakeSage, Reply
@@ -406,6 +406,21 @@ class ErrorTest(SageTestCase):
         self.assertLess(time.monotonic() - start, 0.8)
         self.assertEqual(str(caught.exception), "timeout 0.1s")
         self.assertEqual(caught.exception.seconds, 0.1)
+
+    def test_dripping_reply_ends_at_the_deadline(self):
+        # a byte every 0.05 s never trips a per-read timeout; the client's timeout is the whole call's
+        fake = self.fake(replies=[Reply(200, {"id": "yesno", "kind": "yesno", "result": {}}, drip=0.05)])
+        start = time.monotonic()
+        with self.assertRaises(Timeout) as caught:
+            self.client(fake, timeout=0.4).yesno("x", "ok?")
+        self.assertLess(time.monotonic() - start, 1.2)
+        self.assertEqual(str(caught.exception), "timeout 0.4s")
+
+    def test_body_past_the_cap_is_malformed(self):
+        fake = self.fake(replies=[Reply(200, b" " * (MAX_BODY + 1) + b"{}")])
+        with self.assertRaises(Malformed) as caught:
+            self.client(fake).yesno("x", "ok?")
+        self.assertEqual(str(caught.exception), "malformed response: response body over 4 MiB")
 
     def test_unreachable(self):
         with socket.socket() as probe:
