@@ -845,7 +845,8 @@ def read_bounded(response, limit: int, deadline: float) -> bytes:
     """The body of an http.client.HTTPResponse, at most `limit` bytes, read before `deadline`
     (a time.monotonic() value, s). Raises BodyTooLarge past the limit and DeadlinePassed past the
     deadline: each read's socket timeout is shortened to the time left, so a body sent a byte at a
-    time cannot outlast it. Other OSError and http.client errors pass through."""
+    time cannot outlast it. A body shorter than its Content-Length is http.client.IncompleteRead; other
+    OSError and http.client errors pass through."""
     sock = _body_socket(response)
     per_read = sock.gettimeout() if sock is not None else None
     chunks, size = [], 0
@@ -863,11 +864,21 @@ def read_bounded(response, limit: int, deadline: float) -> bytes:
                 raise DeadlinePassed() from None
             raise
         if not chunk:
-            return b"".join(chunks)
+            return _whole(response, b"".join(chunks))
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge()
         chunks.append(chunk)
+
+
+def _whole(response, raw: bytes) -> bytes:
+    """raw, unless the connection closed before the Content-Length the response announced: that body
+    was cut short (http.client.IncompleteRead, as response.read() raises)."""
+    import http.client
+    missing = getattr(response, "length", None)
+    if missing:
+        raise http.client.IncompleteRead(raw, missing)
+    return raw
 
 
 def _body_socket(response):

@@ -579,6 +579,14 @@ class FallbackTest(ServerTest):
                 self.assertEqual(reply.attempts[0]["error"], "reply too large: over 16 MiB")
                 self.assertEqual((len(fake.requests), self.waits), (1, []))
 
+    def test_body_shorter_than_its_length_is_a_cut_connection(self):
+        short = Answer(body=anthropic_message("cut"), headers={"content-length": "99999"}, unsized=True)
+        fake = self.server(short, short, short)
+        reply = self.worker(self.anthropic_env(fake), rules=rules).complete(TASK, [])
+        self.assertEqual(reply.backend, "offline-after-error: connection failed")
+        self.assertEqual(reply.attempts[0]["error"], "connection failed: IncompleteRead")
+        self.assertEqual(len(fake.requests), 3)   # retried twice, as any cut connection
+
     def test_unsized_reply_under_the_cap_is_read(self):
         fake = self.server(Answer(body=anthropic_message("whole"), unsized=True))
         self.assertEqual(self.worker(self.anthropic_env(fake)).complete(TASK, []).text, "whole")
