@@ -248,8 +248,9 @@ def new_run_id() -> str:
 
 
 def canonical(obj) -> bytes:
-    """Canonical JSON bytes (sorted keys, no spaces): what digests and signatures are taken over."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """Canonical JSON bytes (sorted keys, no spaces): what digests and signatures are taken over. A lone
+    surrogate (not text) is taken as U+FFFD, as the Store writes it, so a digest never fails on one."""
+    return utf8(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
 
 
 def sha256(data: bytes) -> str:
@@ -4484,7 +4485,7 @@ class Sign:
 
 def signs_of(outcomes: list) -> list[Sign]:
     """Signs for the broker outcomes of a run so far."""
-    return [Sign(f"{o.tool} {o.digest}", sha256(o.result.encode()), None if o.ok else o.ruling,
+    return [Sign(f"{o.tool} {o.digest}", sha256(utf8(o.result)), None if o.ok else o.ruling,
                  o.effect, o.ruling in ("ok", HELD)) for o in outcomes]
 
 
@@ -4631,7 +4632,7 @@ def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: l
     digest) of each held call in it: settling commits only calls listed there. One attempt with an
     8 s deadline, no retry: a run waits for its gate, never for a retry loop."""
     bar, content = agent.card["evals"]["gate"], gate_content(task, output, held)
-    seen = {"shown": sha256(content.encode()), "effects": [[o.seq, o.tool, args_digest(o.args)] for o in held]}
+    seen = {"shown": sha256(utf8(content)), "effects": [[o.seq, o.tool, args_digest(o.args)] for o in held]}
     try:
         decision = clients.gate.yesno(content, agent.card["gate_question"])
     except sage.NoKey as missing:

@@ -115,6 +115,8 @@ OPENAI_STOPS = MappingProxyType({
 })
 OVER_ENVELOPE = "over-envelope"      # Worker.use_rules reason: the envelope cannot fit one model call
 _REASON_TAG = re.compile(r"[a-z]+(?:-[a-z]+)*")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")     # valid as a JSON escape, but not text: UTF-8 cannot hold it
+MAX_COUNT = 2 ** 53 - 1    # a token count past it is no count a reply could mean: unknown usage, as a missing one
 _KEYLIKE = re.compile(r"\b(?:sk|lv|key|tok)[-_][A-Za-z0-9_\-*.]{6,}")
 
 
@@ -246,6 +248,27 @@ class Declined(LLMError):
         super().__init__(f"{kind}: {redact(detail)}" if detail.strip() else kind, kind)
 
 
+def as_text(value):
+    """A value a server sent (a string, or parsed JSON: its strings and keys) with each lone surrogate
+    (valid JSON as the escape `\\ud800`, but not text: UTF-8 cannot hold it) written as U+FFFD; other
+    values as they are. RecursionError for JSON nested past Python's depth."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [as_text(item) for item in value]
+    if isinstance(value, dict):
+        return {as_text(key): as_text(item) for key, item in value.items()}
+    return value
+
+
+def _model_field(data: dict) -> str:
+    """The reply's `model` (the model that answered) as text, "" when absent; Malformed when not a string."""
+    model = data.get("model") or ""
+    if not isinstance(model, str):
+        raise Malformed(f"model is a {type(model).__name__}, not a string")
+    return as_text(model)
+
+
 def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
     """One line of at most 200 chars with every secret and key-like token replaced by ***."""
     for secret in secrets:
@@ -354,8 +377,8 @@ def cost_usd(model: str, usage: Mapping[str, int]) -> float | None:
 
 
 def _is_count(value) -> bool:
-    """True for a non-negative int (a token count)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """True for a non-negative int no larger than MAX_COUNT (a token count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 def estimate_input_tokens(messages: list[dict], tools: list[dict]) -> int:
@@ -512,7 +535,7 @@ def tool_names(tools: list[dict]) -> dict[str, str]:
 
 def _factory_name(wire: str, names: Mapping[str, str]) -> str:
     """The factory's tool name for a wire name (unknown names decode '__' -> ':')."""
-    return names.get(wire) or wire.replace("__", ":")
+    return names.get(wire) or as_text(wire).replace("__", ":")
 
 
 def anthropic_request(model: str, messages: list[dict], tools: list[dict], max_tokens: int) -> dict:
@@ -570,14 +593,14 @@ def anthropic_reply(data: dict, names: Mapping[str, str]) -> Parsed:
     blocks = data["content"]
     if not isinstance(blocks, list):
         raise Malformed("content is not a list")
-    raw = data.get("stop_reason") or ""
+    raw = as_text(data.get("stop_reason") or "")
     stop = ANTHROPIC_STOPS.get(raw, "other")
     if stop == "refusal":
         raise Declined(raw)
-    text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-    calls = tuple(ToolCall(b["id"], _factory_name(b["name"], names), _as_args(b.get("input")))
+    text = as_text("".join(b.get("text", "") for b in blocks if b.get("type") == "text"))
+    calls = tuple(ToolCall(as_text(b["id"]), _factory_name(b["name"], names), _as_args(b.get("input")))
                   for b in blocks if b.get("type") == "tool_use")
-    return Parsed(text, calls, _anthropic_usage(data.get("usage")), data.get("model") or "", raw, stop)
+    return Parsed(text, calls, _anthropic_usage(data.get("usage")), _model_field(data), raw, stop)
 
 
 def _anthropic_usage(usage) -> dict:
@@ -585,9 +608,11 @@ def _anthropic_usage(usage) -> dict:
     if not isinstance(usage, dict) or not (_is_count(usage.get("input_tokens"))
                                            and _is_count(usage.get("output_tokens"))):
         return {}
-    cached = sum(usage.get(k) if _is_count(usage.get(k)) else 0
-                 for k in ("cache_creation_input_tokens", "cache_read_input_tokens"))
-    return {"input_tokens": usage["input_tokens"] + cached, "output_tokens": usage["output_tokens"]}
+    counts = [usage.get(k) for k in ("cache_creation_input_tokens", "cache_read_input_tokens")]
+    if any(count is not None and not _is_count(count) for count in counts):
+        return {}
+    tokens_in = usage["input_tokens"] + sum(count or 0 for count in counts)
+    return {"input_tokens": tokens_in, "output_tokens": usage["output_tokens"]} if _is_count(tokens_in) else {}
 
 
 def openai_request(model: str, messages: list[dict], tools: list[dict], max_tokens: int) -> dict:
@@ -620,14 +645,16 @@ def openai_reply(data: dict, names: Mapping[str, str]) -> Parsed:
         raise _body_error(data, 502)       # OpenRouter reports late errors with HTTP 200
     choice = data["choices"][0]
     message = choice["message"]
-    raw = choice.get("finish_reason") or ""
+    raw = as_text(choice.get("finish_reason") or "")
     stop = OPENAI_STOPS.get(raw, "other")
     refusal = message.get("refusal")
     if stop == "refusal" or refusal:
-        raise Declined("refusal" if refusal else raw, str(refusal or ""))
+        raise Declined("refusal" if refusal else raw, as_text(str(refusal or "")))
     calls = _openai_calls(data, message, names)
-    return Parsed(message.get("content") or "", calls, _openai_usage(data.get("usage")),
-                  data.get("model") or "", raw, stop)
+    text = message.get("content") or ""
+    if not isinstance(text, str):
+        raise Malformed(f"message content is a {type(text).__name__}, not a string")
+    return Parsed(as_text(text), calls, _openai_usage(data.get("usage")), _model_field(data), raw, stop)
 
 
 def _openai_usage(usage) -> dict:
@@ -651,7 +678,7 @@ def _openai_calls(data: dict, message: dict, names: Mapping[str, str]) -> tuple[
             raise Malformed(f"tool call {index} has type {kind!r}; only function tool calls are supported")
         function = call["function"]
         call_id = call.get("id") or stand_in_call_id(data, index, function)
-        calls.append(ToolCall(str(call_id), _factory_name(function["name"], names),
+        calls.append(ToolCall(as_text(str(call_id)), _factory_name(function["name"], names),
                               _as_args(function.get("arguments"))))
     return tuple(calls)
 
@@ -942,17 +969,17 @@ def _error_fields(raw: bytes) -> tuple[str, str, str]:
     except (ValueError, AttributeError, RecursionError):
         return "", raw[:200].decode("utf-8", "replace"), ""
     if not isinstance(error, dict):
-        return "", str(error or ""), ""
+        return "", as_text(str(error or "")), ""
     details = error.get("details") if isinstance(error.get("details"), dict) else {}
-    code = str(details.get("error_code") or error.get("code") or "")
-    return str(error.get("type") or code), str(error.get("message") or ""), code
+    code = as_text(str(details.get("error_code") or error.get("code") or ""))
+    return as_text(str(error.get("type") or code)), as_text(str(error.get("message") or "")), code
 
 
 def _body_error(data: dict, default_status: int) -> HTTPStatus:
     """HTTPStatus for an error carried in a 2xx body (OpenRouter, proxies)."""
     error = data.get("error") if isinstance(data.get("error"), dict) else {}
     status = error.get("code") if isinstance(error.get("code"), int) else default_status
-    return HTTPStatus(status, str(error.get("type") or ""), redact(str(error.get("message") or "")))
+    return HTTPStatus(status, as_text(str(error.get("type") or "")), redact(as_text(str(error.get("message") or ""))))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from llm import BodyTooLarge, DeadlinePassed, read_bounded, strict_json
+from llm import BodyTooLarge, DeadlinePassed, as_text, read_bounded, strict_json
 
 # The edge WAF answers 403 to `Python-urllib/x.y` even with a good key (field notes:
 # https://github.com/clawdbotatg/clawd-research/tree/1856fb790b545f9121e51a16deb66ab22e2c7c14/levanto-sage).
@@ -500,7 +500,7 @@ def _json_object(raw: bytes) -> dict:
     """The body as a JSON object, else Malformed (also for one nested deeper than the parser goes, or
     holding NaN, Infinity or a key named twice: llm.strict_json)."""
     try:
-        value = strict_json(raw.decode("utf-8"))
+        value = as_text(strict_json(raw.decode("utf-8")))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise Malformed(f"not JSON: {raw[:80]!r}") from None
     if not isinstance(value, dict):
@@ -513,7 +513,7 @@ def error_detail(raw: bytes) -> str:
     `message`/`error`, else the raw text (as levanto-py's _extract_detail does)."""
     text = raw.decode("utf-8", "replace").strip()
     try:
-        body = json.loads(text)
+        body = as_text(json.loads(text))
     except (ValueError, RecursionError):
         return text
     if not isinstance(body, dict):
