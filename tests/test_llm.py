@@ -170,6 +170,48 @@ class OpenAIWireTest(ServerTest):
         self.assertIn(b"refund \\ud800 please", fake.requests[0]["raw"])
         self.assertEqual(fake.requests[0]["body"]["messages"][0]["content"], "refund \ud800 please")
 
+    def test_a_lone_surrogate_in_a_reply_is_read_as_text_but_kept_in_tool_arguments(self):
+        lone = "\ud800"
+        anthropic = anthropic_message("x" + lone, [("tu" + lone, "issues__lab" + lone, {"label": lone})],
+                                      model="claude" + lone, stop="tool_use" + lone)
+        openai = openai_completion("x" + lone, [("c" + lone, "issues__lab" + lone, json.dumps({"label": lone}))],
+                                   model="kimi" + lone)
+        openai["choices"][0]["finish_reason"] += lone
+        for wire, body in (("anthropic", anthropic), ("openai", openai)):
+            with self.subTest(wire):
+                fake = self.server(Answer(body=json.dumps(body)))   # ASCII JSON: the surrogates go as \ud800
+                env = {**self.anthropic_env(fake), "MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fake.url}
+                reply = self.worker(env, primary="claude-sonnet-5-5" if wire == "anthropic" else "kimi-k2.6").complete(TASK, TOOLS)
+                call = reply.tool_calls[0]
+                self.assertEqual((reply.text, call.name, call.args), ("x\ufffd", "issues:lab\ufffd", {"label": lone}))
+                self.assertTrue(all(s.endswith("\ufffd") for s in (call.id, reply.model, reply.raw_stop_reason)))
+
+    def test_a_lone_surrogate_in_an_error_message_is_read_as_text(self):
+        lone = "\ud800"
+        bodies = [(529, anthropic_error("overloaded" + lone, "busy " + lone)),
+                  (200, {"error": {"type": "x" + lone, "message": "late " + lone, "code": 502}})]
+        for status, body in bodies:
+            with self.subTest(status):
+                fake = self.server(*[Answer(status, json.dumps(body))] * (llm.MAX_RETRIES + 1))
+                env = {"OPENAI_API_KEY": MOONSHOT_KEY, "OPENAI_BASE_URL": fake.url, **self.anthropic_env(fake)}
+                with self.assertRaises(llm.HTTPStatus) as caught:
+                    self.worker(env, primary="claude-sonnet-5-5" if status == 529 else "openai/gpt-5").complete(TASK, [])
+                self.assertIn("\ufffd", str(caught.exception))
+                str(caught.exception).encode("utf-8")   # raises UnicodeEncodeError on a lone surrogate
+
+    def test_a_model_field_or_content_that_is_not_a_string_is_a_malformed_reply(self):
+        bodies = [("anthropic", {**anthropic_message("ok"), "model": value}) for value in ({"a": 1}, 7, ["m"])]
+        bodies += [("openai", {**openai_completion("ok"), "model": {"a": 1}})]
+        content = openai_completion("ok")
+        content["choices"][0]["message"]["content"] = 5
+        bodies += [("openai", content)]
+        for wire, body in bodies:
+            with self.subTest(wire=wire, model=body["model"]):
+                fake = self.server(Answer(body=body))
+                env = {**self.anthropic_env(fake), "MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fake.url}
+                with self.assertRaises(llm.Malformed):
+                    self.worker(env, primary="claude-sonnet-5-5" if wire == "anthropic" else "kimi-k2.6").complete(TASK, [])
+
     def test_ollama_needs_no_key_and_costs_nothing(self):
         fake = self.server(Answer(body=openai_completion("hi", model="llama3.2")))
         env = {"OPENAI_BASE_URL": fake.url + "/v1", "ANTHROPIC_API_KEY": ANTHROPIC_KEY}
@@ -766,6 +808,15 @@ class ReplyCostTest(ServerTest):
         half = anthropic_message("ok")
         del half["usage"]["output_tokens"]
         self.assertIsNone(self.anthropic_cost(half).cost_usd)
+
+    def test_a_count_past_any_real_reply_is_unknown_usage(self):
+        huge = 10 ** 400   # valid JSON; as a float it overflows
+        for usage in ({"input_tokens": huge, "output_tokens": 1},
+                      {"input_tokens": 1, "output_tokens": 1, "cache_read_input_tokens": huge},
+                      {"input_tokens": 2 ** 53 - 1, "output_tokens": 1, "cache_creation_input_tokens": 1}):
+            with self.subTest(usage=str(usage)[:40]):
+                reply = self.anthropic_cost({**anthropic_message("ok"), "usage": usage})
+                self.assertEqual((reply.cost_usd, reply.usage), (None, {}))
 
     def test_openai_no_usage_is_unknown_cost(self):
         data = openai_completion("ok")

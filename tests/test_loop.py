@@ -86,6 +86,24 @@ class Loop(LineTest):
         self.assertEqual(events[-1]["status"], "done")
         self.assertIn(b'"bill\\ud800ing"', server.requests[1]["raw"])   # the conversation sent back as it came
 
+    def test_lone_surrogates_from_the_model_and_sage_are_read_as_text_and_the_run_ends(self):
+        unknown = ("t1", "issues__lab\ud800", {"label": "billing"})   # JSON allows the escape; UTF-8 cannot hold it
+        self.serve(Answer(body=anthropic_message(tool_uses=[unknown])),
+                   Answer(body=anthropic_message(FINAL.replace("specialist", "special\ud800ist"))))
+        with FakeSage(status=500, body='{"detail": "boom \\ud800"}') as sage:
+            self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY="sage-key")
+            code, out, err = self.factory("run", "triager", "I was charged twice for my card")
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("Traceback", err)
+        events = self.traces()[-1]
+        [call] = [e for e in events if e.get("event") == "tool"]
+        self.assertEqual(call["tool"], "issues:lab\ufffd")
+        self.assertEqual((events[-1]["status"], events[-1]["output"]["draft"]), ("done", "We have passed this to a special\ufffdist."))
+        row = self.index_rows()[-1]
+        self.assertEqual((row["status"], row["gate"]), ("done", "failed"))
+        self.assertIn("boom \ufffd", json.dumps(row, ensure_ascii=False))
+        self.assertEqual(self.factory("replay", row["run_id"])[0], 0)
+
     def test_a_turn_cut_off_at_the_token_limit_acts_on_nothing(self):
         server = self.serve(Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT], stop="max_tokens")),
                             Answer(body=anthropic_message(tool_uses=[LABEL])), Answer(body=anthropic_message(FINAL)))

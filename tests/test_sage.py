@@ -371,6 +371,17 @@ class ErrorTest(SageTestCase):
             self.client(fake).yesno("x", "ok?")
         self.assertEqual(caught.exception.status, 400)
 
+    def test_a_lone_surrogate_in_an_error_detail_is_read_as_text(self):
+        bodies = {"a string": '{"detail": "boom \\ud800 now"}', "a list": '{"detail": [{"msg": "\\udfff"}, 5]}',
+                  "an object": '{"detail": {"message": "x\\udc00"}}'}
+        for shape, body in bodies.items():
+            with self.subTest(shape):
+                fake = self.fake(status=400, body=body)
+                with self.assertRaises(HTTPStatus) as caught:
+                    self.client(fake).yesno("x", "ok?")
+                self.assertIn("\ufffd", caught.exception.detail)
+                str(caught.exception).encode("utf-8")   # raises UnicodeEncodeError on a lone surrogate
+
     def test_403_line_for_the_gate(self):
         fake = self.fake(status=403, body={"detail": "Request blocked"})
         with self.assertRaises(SageError) as caught:

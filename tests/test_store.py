@@ -56,6 +56,14 @@ class Shapes(unittest.TestCase):
                     self.assertEqual(str(refusal.exception), f"here: {problem}")
 
 
+class Digests(unittest.TestCase):
+    """A digest is taken over text as the Store writes it: a lone surrogate (valid JSON, not text) as U+FFFD."""
+
+    def test_a_lone_surrogate_is_digested_as_the_store_writes_it(self):
+        self.assertEqual(factory.canonical({"detail": "boom \ud800"}), factory.canonical({"detail": "boom \ufffd"}))
+        self.assertEqual(factory.canonical(["\udfff"]), '["\ufffd"]'.encode())
+
+
 class OnlyTheStoreWrites(unittest.TestCase):
     """Every file write in factory.py goes through the Store: nothing outside class Store opens,
     creates, renames or deletes a file, or makes a folder."""
