@@ -843,7 +843,7 @@ def post_json(opener, url: str, headers: Mapping[str, str], body: dict, timeout:
             raw = read_bounded(response, MAX_REPLY_BYTES, start + deadline)
             got = response.headers
     except urllib.error.HTTPError as err:
-        raise _status_error(err, secrets) from None
+        raise _status_error(err, secrets, start + deadline) from None
     except BodyTooLarge:
         raise Oversized(MAX_REPLY_BYTES) from None
     except DeadlinePassed:
@@ -874,9 +874,37 @@ def read_bounded(response, limit: int, deadline: float) -> bytes:
     deadline: each read's socket timeout is shortened to the time left, so a body sent a byte at a
     time cannot outlast it. A body shorter than its Content-Length is http.client.IncompleteRead; other
     OSError and http.client errors pass through."""
+    chunks, size = [], 0
+    for chunk in _body_chunks(response, deadline):
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read_prefix(response, limit: int, deadline: float) -> bytes:
+    """Up to the first `limit` bytes of an error answer's body (an HTTPError or HTTPResponse), whatever
+    arrived before `deadline` (time.monotonic() s); never raises: the status already says what happened,
+    and the body only adds its message."""
+    import http.client
+    got = bytearray()
+    try:
+        for chunk in _body_chunks(response, deadline):
+            got += chunk
+            if len(got) >= limit:
+                break
+    except (DeadlinePassed, OSError, http.client.HTTPException):
+        pass
+    return bytes(got[:limit])
+
+
+def _body_chunks(response, deadline: float):
+    """Yield the body in chunks of at most READ_CHUNK bytes; DeadlinePassed when `deadline` passes
+    first, http.client.IncompleteRead when it ends before its Content-Length."""
+    import http.client
     sock = _body_socket(response)
     per_read = sock.gettimeout() if sock is not None else None
-    chunks, size = [], 0
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -891,29 +919,20 @@ def read_bounded(response, limit: int, deadline: float) -> bytes:
                 raise DeadlinePassed() from None
             raise
         if not chunk:
-            return _whole(response, b"".join(chunks))
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge()
-        chunks.append(chunk)
-
-
-def _whole(response, raw: bytes) -> bytes:
-    """raw, unless the connection closed before the Content-Length the response announced: that body
-    was cut short (http.client.IncompleteRead, as response.read() raises)."""
-    import http.client
-    missing = getattr(response, "length", None)
-    if missing:
-        raise http.client.IncompleteRead(raw, missing)
-    return raw
+            if getattr(response, "length", None):
+                raise http.client.IncompleteRead(b"", response.length)
+            return
+        yield chunk
 
 
 def _body_socket(response):
     """The socket an http.client.HTTPResponse reads from, or None (then only the clock between reads
     and each read's own timeout bound the body). urllib drops the connection's reference to it once the
     headers are read, and http.client offers no public way to reach it: the reader's SocketIO holds it."""
-    raw = getattr(getattr(response, "fp", None), "raw", None)
-    sock = getattr(raw, "_sock", None)
+    reader = getattr(response, "fp", None)
+    if hasattr(reader, "fp"):
+        reader = reader.fp             # an HTTPError holds the HTTPResponse, which holds the reader
+    sock = getattr(getattr(reader, "raw", None), "_sock", None)
     return sock if hasattr(sock, "settimeout") and hasattr(sock, "gettimeout") else None
 
 
@@ -942,18 +961,16 @@ def _parse_json(raw: bytes) -> dict:
     return data
 
 
-def _status_error(err: urllib.error.HTTPError, secrets: tuple[str, ...]) -> LLMError:
-    """The typed error for a non-2xx answer; its body is parsed defensively (may be HTML)."""
-    import http.client
+def _status_error(err: urllib.error.HTTPError, secrets: tuple[str, ...], deadline: float) -> LLMError:
+    """The typed error for a non-2xx answer; its body (what arrives of its first 64 KiB before
+    `deadline`, a time.monotonic() value) is parsed defensively (may be HTML)."""
     headers = err.headers
     if 300 <= err.code < 400:
         err.close()
         location = headers.get("location", "") if headers is not None else ""
         return RefusedRedirect(err.code, urllib.parse.urlsplit(location).hostname or "unknown host")
     try:
-        raw = err.read(65536)
-    except (OSError, http.client.HTTPException):
-        raw = b""
+        raw = read_prefix(err, 65536, deadline)
     finally:
         err.close()
     etype, message, code = _error_fields(raw)

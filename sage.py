@@ -20,7 +20,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from llm import BodyTooLarge, DeadlinePassed, as_text, read_bounded, strict_json
+from llm import BodyTooLarge, DeadlinePassed, as_text, read_bounded, read_prefix, strict_json
 
 # The edge WAF answers 403 to `Python-urllib/x.y` even with a good key (field notes:
 # https://github.com/clawdbotatg/clawd-research/tree/1856fb790b545f9121e51a16deb66ab22e2c7c14/levanto-sage).
@@ -846,7 +846,7 @@ class Sage:
             with self._opener.open(request, timeout=self.timeout) as response:
                 return read_bounded(response, MAX_BODY, deadline)
         except urllib.error.HTTPError as error:
-            raise self._status_error(error) from None
+            raise self._status_error(error, deadline) from None
         except BodyTooLarge:
             raise Malformed("response body over 4 MiB") from None
         except (TimeoutError, DeadlinePassed):
@@ -858,13 +858,13 @@ class Sage:
         except (OSError, http.client.HTTPException) as error:
             raise Unreachable(self._where(error)) from None
 
-    def _status_error(self, error: urllib.error.HTTPError) -> HTTPStatus:
-        """HTTPStatus with the body's detail (key blanked) and any Retry-After."""
-        import http.client
+    def _status_error(self, error: urllib.error.HTTPError, deadline: float) -> HTTPStatus:
+        """HTTPStatus with the body's detail (key blanked; what arrives of the body's first MAX_BODY
+        bytes before `deadline`, a time.monotonic() value) and any Retry-After."""
         try:
-            raw = error.read(MAX_BODY) or b""
-        except (OSError, http.client.HTTPException):
-            raw = b""
+            raw = read_prefix(error, MAX_BODY, deadline)
+        finally:
+            error.close()          # read1 leaves a sized body's connection open at its end
         detail = _clip(error_detail(raw), self._key)
         return HTTPStatus(error.code, detail, retry_after(error.headers.get("Retry-After"), time.time()))
 

@@ -611,6 +611,15 @@ class FallbackTest(ServerTest):
         self.assertEqual(reply.backend, "offline-after-error: timeout after 0.4s")
         self.assertEqual((len(fake.requests), self.waits), (1, []))
 
+    def test_dripping_error_body_keeps_its_status_and_ends_at_the_deadline(self):
+        fake = self.server(Answer(404, anthropic_error("not_found_error", "gone"), drip=0.05))
+        worker = self.worker(self.anthropic_env(fake), rules=rules, timeout=5.0, deadline=0.4)
+        start = time.monotonic()
+        reply = worker.complete(TASK, [])
+        self.assertLess(time.monotonic() - start, 1.5)
+        self.assertTrue(reply.attempts[0]["error"].startswith("HTTP 404 error: {"), reply.attempts[0])
+        self.assertEqual(len(fake.requests), 1)
+
     def test_reply_past_the_cap_is_refused_without_retry(self):
         big = b'{"content": "' + b"x" * llm.MAX_REPLY_BYTES + b'"}'
         for unsized in (False, True):

@@ -427,6 +427,14 @@ class ErrorTest(SageTestCase):
         self.assertLess(time.monotonic() - start, 1.2)
         self.assertEqual(str(caught.exception), "timeout 0.4s")
 
+    def test_dripping_error_body_keeps_its_status_and_ends_at_the_deadline(self):
+        fake = self.fake(replies=[Reply(503, {"detail": "loading " * 50}, drip=0.05)])
+        start = time.monotonic()
+        with self.assertRaises(HTTPStatus) as caught:
+            self.client(fake, timeout=0.4).yesno("x", "ok?")
+        self.assertLess(time.monotonic() - start, 1.2)
+        self.assertEqual(caught.exception.status, 503)
+
     def test_body_past_the_cap_is_malformed(self):
         fake = self.fake(replies=[Reply(200, b" " * (MAX_BODY + 1) + b"{}")])
         with self.assertRaises(Malformed) as caught:
