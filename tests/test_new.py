@@ -349,21 +349,30 @@ class KilledNew(LineTest):
         self.assertTrue((self.root / "agents" / ".faq.py.0123abcd.tmp").is_symlink())
         self.assertEqual(outside.read_text(), "not the factory's\n")
 
-    def test_two_at_once_one_writes_the_agent_and_the_other_is_refused(self):
-        """The first `new faq` is held just before it links its card; the second, started then, waits for it
-        and is refused (before the fix it found the files, wrote the card, and the first rolled them back)."""
+    def behind_a_paused_new(self, *argv: str) -> tuple[subprocess.Popen, subprocess.Popen]:
+        """A `new faq` held just before it links its card, and factory.py ARGV started then, seen waiting
+        for the lock on masters/ (in /proc/locks); the first is let go before they are returned. Without
+        Linux's /proc/locks the calling test is skipped."""
+        if not Path("/proc/locks").exists():
+            self.skipTest("needs Linux's /proc/locks to see a process waiting for a lock")
         flag, env = self.tmp / "paused", {**os.environ, **self.env}
         first = subprocess.Popen([sys.executable, "-c", PAUSE_AT, str(REPO), str(flag), "faq.json", "new", "faq"],
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(first.kill)
         wait_until(flag.exists)
-        second = subprocess.Popen([sys.executable, str(REPO / "factory.py"), "new", "faq"],
+        second = subprocess.Popen([sys.executable, str(REPO / "factory.py"), *argv],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(second.kill)
         waiting = f" -> FLOCK  ADVISORY  WRITE {second.pid} "
         wait_until(lambda: second.poll() is not None or waiting in Path("/proc/locks").read_text())
-        self.assertIsNone(second.returncode, "the second `new faq` waits for the first")
+        self.assertIsNone(second.returncode, f"{' '.join(argv)} waits for the paused `new faq`")
         Path(f"{flag}.go").touch()
+        return first, second
+
+    def test_two_at_once_one_writes_the_agent_and_the_other_is_refused(self):
+        """The first `new faq` is held just before it links its card; the second, started then, waits for it
+        and is refused (before the fix it found the files, wrote the card, and the first rolled them back)."""
+        first, second = self.behind_a_paused_new("new", "faq")
         (out, err), (_, refused) = first.communicate(timeout=60), second.communicate(timeout=60)
         self.assertEqual((first.returncode, second.returncode), (0, 1), err + refused)
         self.assertIn("created faq:", out)
@@ -376,18 +385,7 @@ class KilledNew(LineTest):
     def test_a_stamp_of_the_name_meanwhile_waits_for_it_and_is_refused(self):
         """`new` removes temporary files beside masters/NAME.json: a `stamp --as NAME` writing one then takes
         the same lock, so it waits for the `new`, then finds the name taken and writes no lineage entry."""
-        flag, env = self.tmp / "paused", {**os.environ, **self.env}
-        first = subprocess.Popen([sys.executable, "-c", PAUSE_AT, str(REPO), str(flag), "faq.json", "new", "faq"],
-                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.addCleanup(first.kill)
-        wait_until(flag.exists)
-        stamp = subprocess.Popen([sys.executable, str(REPO / "factory.py"), "stamp", "triager", "--as", "faq"],
-                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.addCleanup(stamp.kill)
-        waiting = f" -> FLOCK  ADVISORY  WRITE {stamp.pid} "
-        wait_until(lambda: stamp.poll() is not None or waiting in Path("/proc/locks").read_text())
-        self.assertIsNone(stamp.returncode, "the stamp waits for the `new`")
-        Path(f"{flag}.go").touch()
+        first, stamp = self.behind_a_paused_new("stamp", "triager", "--as", "faq")
         (out, err), (_, refused) = first.communicate(timeout=60), stamp.communicate(timeout=60)
         self.assertEqual((first.returncode, stamp.returncode), (0, 1), err + refused)
         self.assertIn("faq already exists", refused)
