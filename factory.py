@@ -1228,8 +1228,11 @@ class Store:
 # ---- the card, strictly
 
 def _is_number(value) -> bool:
-    """True for a finite int/float, never bool (and never NaN or infinity)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """True for a finite float or an int of at most MAX_FIGURE in size, never bool (and never NaN or
+    infinity: a 400-digit integer is valid JSON, and no float holds it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= MAX_FIGURE if isinstance(value, int) else math.isfinite(value)
 
 
 def _fraction(value) -> bool:
@@ -7369,11 +7372,13 @@ def _esc(value):
 
 
 def _num(value):
-    """Finite float from value, or None if missing / non-numeric / NaN / inf."""
+    """Finite float from value, or None if missing / non-numeric / NaN / inf / an integer no float holds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+    with contextlib.suppress(OverflowError):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    return None
 
 
 def _count(value):

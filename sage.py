@@ -481,12 +481,21 @@ def _state(content) -> Any:
 # ---------------------------------------------------------------- numbers and bodies
 
 def _number(value, what: str, low: float, high: float) -> float:
-    """value as a float in [low, high], else Malformed."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise Malformed(f"{what} is not a number: {value!r}")
+    """value as a float in [low, high], else Malformed (an integer too large for a float is valid JSON,
+    up to 4300 digits, and not a number this reads)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+        raise Malformed(f"{what} is not a number: {value!r:.40}")
     if not low <= value <= high:
         raise Malformed(f"{what} {value} is outside {low:g}..{high:g}")
     return float(value)
+
+
+def _finite(value: int | float) -> bool:
+    """True when value is a finite float or an integer a float can hold."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:   # math converts an int to float first
+        return False
 
 
 def _prob(value, what: str, nullable: bool = False) -> float | None:

@@ -235,6 +235,8 @@ class LevantoKindsTest(SageTestCase):
                  "wrong kind": {"id": "yesno", "kind": "scale", "result": {"expectation": 1}},
                  "p out of range": {"id": "yesno", "kind": "yesno",
                                     "result": {"answer": "yes", "probability": 1.7}},
+                 "p an integer no float holds": '{"id": "yesno", "kind": "yesno", "result": {"answer": "yes", '
+                                                '"probability": 1' + "0" * 400 + '}}',
                  "p missing": {"id": "yesno", "kind": "yesno", "result": {"answer": "yes"}},
                  "bad answer": {"id": "yesno", "kind": "yesno",
                                 "result": {"answer": "maybe", "probability": 0.5}},

@@ -133,6 +133,20 @@ class StrictJson(LineTest):
         self.refused("field 'approval_expiry_hours'", "stamp", "triager", "--as", "x", "--set", "approval_expiry_hours=1e300")
         self.refused("field 'cost_envelope_usd'", "stamp", "triager", "--as", "x", "--set", "cost_envelope_usd=Infinity")
 
+    def test_an_integer_no_float_holds_is_a_field_refusal(self):
+        """A 400-digit integer is valid JSON (Python reads up to 4300 digits), but no float holds it: a
+        card's number field holding one is refused like any number out of range, in every station."""
+        huge = "1" + "0" * 400
+        for setting, field in ((f"evals.pass_bar={huge}", "evals.pass_bar"), (f"cost_envelope_usd={huge}", "cost_envelope_usd")):
+            with self.subTest(setting=setting):
+                self.refused(f"field '{field}'", "stamp", "triager", "--as", "x", "--set", setting)
+        path = self.root / "masters" / "triager.json"
+        path.write_text(path.read_text().replace('"pass_bar": 0.7', f'"pass_bar": {huge}'))
+        self.refused("field 'evals.pass_bar'", "prove", "triager")
+        code, out, err = self.factory("tower")   # as for a NaN there: the bar is shown as unknown
+        self.assertEqual((code, err), (0, ""))
+        self.assertIn("bar ?)", out.split("triager", 1)[1])
+
 
 class Appends(CertifiedTest):
     """Locked appends: a torn last line stays torn and named; the next line starts clean."""
