@@ -3784,7 +3784,7 @@ def figures_in_range(claim: Claim) -> str | None:
             value = value.get(part) if isinstance(value, dict) else None
         if value is None and nullable:
             continue
-        if not (_is_number(value) and (type(value) is int or not count)):
+        if not (type(value) is int or (not count and _is_number(value))):   # any int: the range names a huge one
             return f"{claim.where}: field '{name}' is not {'a whole number' if count else 'a number'}. re-certify."
         if not 0 <= value <= highest:
             return f"{claim.where}: field '{name}' is {figure_text(value)}, outside 0..{highest}. re-certify."
