@@ -4809,12 +4809,12 @@ class Trace:
     def close(self, row: dict) -> None:
         """End the run: the end event (END_FIELDS of the row), then the `closed` row in the index (all
         but NOT_INDEXED). When the trace was moved while the run wrote it (its later events went to the
-        file moved away, not to its path), the row's reason says so, a note on stderr too; the verdict
+        file moved away, or were lost with it if that file was deleted or replaced), the row's reason says so, a note on stderr too; the verdict
         stays what the run did, which the move did not change."""
         if self.log is not None and self.log.moved():
             moved = f"the trace was moved away from {self.fac.shown(self.path)} while the run wrote it"
             row["reason"] = "; ".join(filter(None, (row.get("reason"), moved)))
-            note(self.fac, f"run {self.run_id}: {moved}; its later events went to the moved file")
+            note(self.fac, f"run {self.run_id}: {moved}; its later events went to the file that was moved, or were lost with it if it was deleted or replaced")
         self.record({"event": "end", **{key: row[key] for key in END_FIELDS}})
         closed = {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}}
         self.fac.store.append_jsonl(self.fac.index, sealed_evidence(self.fac, closed))   # counted as evidence

@@ -158,7 +158,7 @@ class NewAgent(LineTest):
         row = json.loads(out)
         moved = f"the trace was moved away from traces/faq/{row['run_id']}.jsonl while the run wrote it"
         self.assertEqual((row["verdict"], row["reason"]), ("unscored", "answered; " + moved))
-        self.assertEqual(err.splitlines(), [f"factory: note: run {row['run_id']}: {moved}; its later events went to the moved file"])
+        self.assertEqual(err.splitlines(), [f"factory: note: run {row['run_id']}: {moved}; its later events went to the file that was moved, or were lost with it if it was deleted or replaced"])
         self.assertEqual(self.index_rows()[-1]["reason"], "answered; " + moved)
         away = self.root / "traces" / "faq" / f"{row['run_id']}.moved"
         self.assertEqual(json.loads(away.read_text().splitlines()[-1])["reason"], "answered; " + moved)
