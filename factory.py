@@ -6200,9 +6200,12 @@ def cmd_run(fac: Factory, args) -> int:
         else:
             print_run(row) if args.file is None else print_ticket(ticket_id, row, agent.handoff_field)
         sys.stdout.flush()   # each result as it comes, and a reader that stopped (head) is seen at once
-    if args.file is not None and not args.json and sys.stdout.isatty():   # a pipe gets the lines alone
+    framed = args.file is not None and not args.json and sys.stdout.isatty()   # a pipe gets the lines alone
+    if framed:
         print(*TICKET_COLUMNS.replace("HANDOFF", agent.handoff_field).split("\t"), sep="\t")
     batch = run_tickets(fac, agent, cert, tickets, jobs, emit, clients)
+    if framed and batch.reviewed and not batch.closed:
+        print(f"{batch.reviewed} draft(s) wait for a human in {fac.shown(fac.review_path(agent.name))}")
     failed = batch.failed
     refused = [row["why"][0] for row in failed if row["status"] == "refused"]
     crashed = sum(row["status"] == "crashed" for row in failed)
@@ -6230,10 +6233,12 @@ def waits_on_nothing(fac: Factory, agent: Agent, clients: Clients) -> bool:
 @dataclass
 class Batch:
     """What run_tickets did: the rows of the runs that crashed or ended uncertain-effect and of the tickets
-    refused (`failed`), how many tickets were run (a refused one is not) and how many results were
-    written before stdout was closed (`shown`, with `closed` true), if it was."""
+    refused (`failed`), how many tickets were run (a refused one is not), how many drafts went to the
+    human review queue (`reviewed`) and how many results were written before stdout was closed (`shown`,
+    with `closed` true), if it was."""
     failed: list = field(default_factory=list)
     ran: int = 0
+    reviewed: int = 0
     shown: int = 0
     closed: bool = False
 
@@ -6253,6 +6258,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
         ticket_id, future = inflight.popleft()
         row = future.result()
         batch.failed.extend([row] if row["status"] in ("crashed", "refused") or row["verdict"] == "uncertain-effect" else [])
+        batch.reviewed += sum(decision == "review" and not problem for _, decision, problem in row.get("settled", ()))
         drift.observe(row)
         progress.clear()
         if not batch.closed:
