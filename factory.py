@@ -6205,7 +6205,8 @@ def cmd_run(fac: Factory, args) -> int:
         print(*TICKET_COLUMNS.replace("HANDOFF", agent.handoff_field).split("\t"), sep="\t")
     batch = run_tickets(fac, agent, cert, tickets, jobs, emit, clients)
     if framed and batch.reviewed and not batch.closed:
-        print(f"{batch.reviewed} draft(s) wait for a human in {fac.shown(fac.review_path(agent.name))}")
+        print(f"{batch.reviewed} held draft(s) from {batch.reviewing} run(s) wait for a human in "
+              f"{fac.shown(fac.review_path(agent.name))}")
     failed = batch.failed
     refused = [row["why"][0] for row in failed if row["status"] == "refused"]
     crashed = sum(row["status"] == "crashed" for row in failed)
@@ -6234,11 +6235,12 @@ def waits_on_nothing(fac: Factory, agent: Agent, clients: Clients) -> bool:
 class Batch:
     """What run_tickets did: the rows of the runs that crashed or ended uncertain-effect and of the tickets
     refused (`failed`), how many tickets were run (a refused one is not), how many drafts went to the
-    human review queue (`reviewed`) and how many results were written before stdout was closed (`shown`,
+    human review queue (`reviewed`, from `reviewing` runs) and how many results were written before stdout was closed (`shown`,
     with `closed` true), if it was."""
     failed: list = field(default_factory=list)
     ran: int = 0
     reviewed: int = 0
+    reviewing: int = 0   # runs that put at least one draft there
     shown: int = 0
     closed: bool = False
 
@@ -6258,7 +6260,8 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
         ticket_id, future = inflight.popleft()
         row = future.result()
         batch.failed.extend([row] if row["status"] in ("crashed", "refused") or row["verdict"] == "uncertain-effect" else [])
-        batch.reviewed += sum(decision == "review" and not problem for _, decision, problem in row.get("settled", ()))
+        reviewed = sum(decision == "review" and not problem for _, decision, problem in row.get("settled", ()))
+        batch.reviewed, batch.reviewing = batch.reviewed + reviewed, batch.reviewing + (reviewed > 0)
         drift.observe(row)
         progress.clear()
         if not batch.closed:

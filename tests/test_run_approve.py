@@ -340,7 +340,7 @@ class DeclaredHandoff(LineTest):
         self.assertEqual(code, 0, lines)
         self.assertEqual(lines[0], "ticket\thandoff=\tgate=\tverdict=\t-> where it went")
         self.assertEqual([line.split("\t")[0] for line in lines[1:-1]], ["t1", "t2"])
-        self.assertEqual(lines[-1], "2 draft(s) wait for a human in outbox/faq/review.jsonl")   # and where the drafts went
+        self.assertEqual(lines[-1], "2 held draft(s) from 2 run(s) wait for a human in outbox/faq/review.jsonl")   # and where the drafts went
 
     def test_handoff_false_goes_out_after_a_passing_gate(self):
         row, out = self.run_faq("When are you open?")
