@@ -709,10 +709,6 @@ class EachStationsEnvironment(CertifiedTest):
         self.assertIn("USER", read["new"] & read["recall"])
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class ClosedStdout(unittest.TestCase):
     """A station other than run whose stdout is gone says so in one line on stderr and exits 1; a
     reader that stopped (head) and a stdout that was never open (`>&-`) alike."""
@@ -734,3 +730,7 @@ class ClosedStdout(unittest.TestCase):
         child = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} factory.py schema >&-"],
                                capture_output=True, text=True, timeout=60, cwd=str(REPO))
         self.assertEqual((child.returncode, child.stderr), (1, self.LINE))
+
+
+if __name__ == "__main__":
+    unittest.main()
