@@ -288,41 +288,6 @@ jobs:
 """
 
 
-# The README's workflow before the sealed proof was kept from pull requests: the agent's author opens a pull
-# request, its module reads the sealed half from FACTORY_SEALED_DIR during `prove --sealed` and scores 50/50.
-LEAKY_WORKFLOW = """\
-on:
-  push:
-    branches: [main]
-  pull_request:
-jobs:
-  prove:
-    runs-on: ubuntu-latest
-    steps:
-      - uses: actions/checkout@v4
-      - uses: actions/setup-python@v5
-        with:
-          python-version: "3.12"
-      - name: restore the sealed half from a secret, outside the checkout
-        env:
-          SEALED_TRIAGER: ${{ secrets.SEALED_TRIAGER }}
-        run: |
-          mkdir -p "$RUNNER_TEMP/sealed/triager"
-          printf '%s' "$SEALED_TRIAGER" | base64 -d | gunzip > "$RUNNER_TEMP/sealed/triager/sealed.jsonl"
-          echo "FACTORY_SEALED_DIR=$RUNNER_TEMP/sealed" >> "$GITHUB_ENV"
-      - name: prove the sealed half
-        env:
-          ANTHROPIC_API_KEY: ${{ secrets.ANTHROPIC_API_KEY }}
-          SAGE_API_KEY: ${{ secrets.SAGE_API_KEY }}
-        run: python3 factory.py prove triager --sealed --require-model --junit prove.xml
-      - uses: actions/upload-artifact@v4
-        if: always()
-        with:
-          name: prove-junit
-          path: prove.xml
-"""
-
-
 class YamlSubset(unittest.TestCase):
     """The parser reads its subset as YAML does and refuses what it does not know."""
 
@@ -363,9 +328,13 @@ class Workflow(unittest.TestCase):
         self.assertNotIn("FACTORY_SEALED_DIR", json.dumps(jobs[on_pull_requests[0]]))
         step = next(s for s in jobs[on_pull_requests[0]]["steps"] if "factory.py prove" in s.get("run", ""))
         self.assertFalse(factory.parse(factory.build_parser(), prove_argv(step["run"])).sealed, "it proves the open half")
-        self.assertEqual(workflow_problems(parse_yaml(LEAKY_WORKFLOW)), [
-            "job prove runs a pull request's code with the sealed half",
-            "job prove holds the sealed half outside a protected environment"])
+        # The README's workflow as a pull request could rewrite it: the sealed job without its `if:` and
+        # `environment:` runs the author's code beside the sealed half, and both gaps are named.
+        leaky = parse_yaml(self.text)
+        del leaky["jobs"]["sealed-half"]["if"], leaky["jobs"]["sealed-half"]["environment"]
+        self.assertEqual(workflow_problems(leaky), [
+            "job sealed-half runs a pull request's code with the sealed half",
+            "job sealed-half holds the sealed half outside a protected environment"])
         said = " ".join((REPO / "README.md").read_text().split())
         self.assertIn("required reviewers", said)
         self.assertIn("environment secrets", said)
