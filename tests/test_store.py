@@ -140,8 +140,9 @@ class StrictJson(LineTest):
         for setting, field in ((f"evals.pass_bar={huge}", "evals.pass_bar"), (f"cost_envelope_usd={huge}", "cost_envelope_usd")):
             with self.subTest(setting=setting):
                 self.refused(f"field '{field}'", "stamp", "triager", "--as", "x", "--set", setting)
-        path = self.root / "masters" / "triager.json"
-        path.write_text(path.read_text().replace('"pass_bar": 0.7', f'"pass_bar": {huge}'))
+        evals = json.loads((self.root / "masters" / "triager.json").read_text())["evals"]
+        self.edit_card("triager", evals={**evals, "pass_bar": int(huge)})   # json writes a Python int as digits
+        self.assertIn(f'"pass_bar": {huge}', (self.root / "masters" / "triager.json").read_text())
         self.refused("field 'evals.pass_bar'", "prove", "triager")
         code, out, err = self.factory("tower")   # as for a NaN there: the bar is shown as unknown
         self.assertEqual((code, err), (0, ""))
@@ -161,8 +162,12 @@ class Appends(CertifiedTest):
         self.assertEqual(json.loads(lines[-1])["state"], "closed")
         self.refused("traces/index.jsonl line 2: not valid json", "tower")   # line 1 is the run's started row
 
-    def test_a_value_json_has_no_number_for_is_refused_naming_the_file_and_nothing_is_written(self):
+    def test_a_value_json_has_no_number_for_is_refused_naming_the_file_and_no_byte_is_written(self):
+        """The locked appends open (and so create) the file before the line is made, because the file is
+        its own lock and a chained append reads it under that lock: they leave it empty. A run's own log
+        and a whole-file write leave no file at all."""
         folder = self.root / "outbox" / "x"
+        left = {"log.jsonl": b"", "chained.jsonl": b"", "own.jsonl": None, "card.json": None}
         writes = {"log.jsonl": lambda path, obj: self.fac.store.append_jsonl(path, obj),
                   "chained.jsonl": lambda path, obj: self.fac.store.append_chained(path, lambda chain: obj),
                   "own.jsonl": self.appended_through_a_log,
@@ -173,7 +178,7 @@ class Appends(CertifiedTest):
                     with self.assertRaises(factory.StoreError) as caught:
                         write(folder / name, {"n": [1, {"p": number}]})
                     self.assertIn(f"outbox/x/{name}: cannot write it (a number in it is nan or infinity", str(caught.exception))
-                    self.assertFalse((folder / name).exists() and (folder / name).read_bytes())
+                    self.assertEqual((folder / name).read_bytes() if (folder / name).exists() else None, left[name])
 
     def appended_through_a_log(self, path, obj):
         """obj appended through a run's own log (Store.open_log), closed after."""
