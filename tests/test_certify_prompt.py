@@ -30,6 +30,15 @@ class Prompt(LineTest):
         self.assertEqual(done.returncode, 0, done.stderr)
         return done.stderr
 
+    def assert_counted(self, prompt: str, ever: int, missing: int) -> None:
+        """The prompt of faq, never certified, with one record of this version left in records/faq, counts
+        `ever` sealed attempts from this machine's count and warns that `missing` records are gone."""
+        self.assertIn(f"  sealed attempts ever (never certified): {ever}, across 1 version(s) of the agent in the records "
+                      f"left; 1 of this one\n", prompt)
+        self.assertIn(f"  WARNING: this machine ran {ever} sealed proof(s) of faq on this sealed suite ever (never certified), "
+                      f"but only 1 of their records is in records/faq: {missing} missing (deleted, moved, or made in a copy "
+                      f"of this factory)\n", prompt)
+
     def test_an_offline_proof_of_a_model_card_is_warned_about(self):
         self.prove_sealed("faq")
         prompt = self.signed()
@@ -140,11 +149,7 @@ class Prompt(LineTest):
         for path in records[:2]:
             path.unlink()
         prompt = self.signed()
-        self.assertIn("  sealed attempts ever (never certified): 3, across 1 version(s) of the agent in the records "
-                      "left; 1 of this one\n", prompt)
-        self.assertIn("  WARNING: this machine ran 3 sealed proof(s) of faq on this sealed suite ever (never certified), but "
-                      "only 1 of their records is in records/faq: 2 missing (deleted, moved, or made in a copy of this "
-                      "factory)\n", prompt)
+        self.assert_counted(prompt, ever=3, missing=2)
         signed_at = self.cert("faq")["signed_at"]
         for _ in range(2):
             self.prove_sealed("faq")
@@ -168,11 +173,7 @@ class Prompt(LineTest):
         shutil.copy2(module, self.root / "agents" / "faq.py")
         self.prove_sealed("faq")
         prompt = self.signed()
-        self.assertIn("  sealed attempts ever (never certified): 4, across 1 version(s) of the agent in the records left; "
-                      "1 of this one\n", prompt)
-        self.assertIn("  WARNING: this machine ran 4 sealed proof(s) of faq on this sealed suite ever (never certified), "
-                      "but only 1 of their records is in records/faq: 3 missing (deleted, moved, or made in a copy of this "
-                      "factory)\n", prompt)
+        self.assert_counted(prompt, ever=4, missing=3)
         signed_at = self.cert("faq")["signed_at"]
         for _ in range(2):
             self.assertEqual(self.factory("prove", "faq", "--sealed", env=in_copy)[0], 0)
