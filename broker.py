@@ -92,29 +92,31 @@ class Outcome:
                 "error": self.error, "effect": self.effect, "ms": round(self.ms, 3), "receipt": self.receipt}
 
 
-# the canonical JSON a digest is taken over (sorted keys, no spaces), json.dumps's settings in one encoder
-# built once: json.dumps with any setting of its own builds a new encoder on every call; encode keeps no state
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+# the canonical JSON a digest or signature is taken over (sorted keys, no spaces), json.dumps's settings in one
+# encoder built once: json.dumps with any setting of its own builds a new encoder on every call; encode keeps
+# no state. IN_ORDER writes a value with its keys in the order they came, to be read back the same.
+CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+IN_ORDER = json.JSONEncoder(ensure_ascii=False)
 
 
 def args_digest(args: dict) -> str:
     """sha256 of the canonical JSON of a call's arguments, 'sha256:<64 hex>'. UnicodeEncodeError for
     arguments holding a lone surrogate (see not_text): the broker denies those and records them as_text."""
     import hashlib   # here: the factory's --help imports the broker but need not load OpenSSL
-    blob = _CANONICAL.encode(args)
+    blob = CANONICAL.encode(args)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
 # U+D800..U+DFFF alone: half of a UTF-16 pair, which a JSON string may hold as an escape (`"\\ud800"`) but
 # UTF-8 cannot encode, so no digest can be taken over it and no trace line can hold it
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def not_text(args) -> str | None:
     """'where: holds \\udXXX, ...' naming the first string or key of a JSON value (args, e.g. args.topic or
     args.tags[2]) that holds a lone surrogate; None when every string in it is text. A model may send one
     (JSON allows the escape); the broker denies the call rather than fail on it."""
-    if not _LONE_SURROGATE.search(_CANONICAL.encode(args)):
+    if not LONE_SURROGATE.search(CANONICAL.encode(args)):
         return None
     where, found = _surrogate_at(args)
     return f"{where}: holds \\u{ord(found):04x}, half of a utf-16 surrogate pair, which is not text"
@@ -126,8 +128,8 @@ def _surrogate_at(value) -> tuple[str, str]:
     pending = [("args", value)]
     while pending:
         where, value = pending.pop()
-        if isinstance(value, str) and _LONE_SURROGATE.search(value):
-            return where, _LONE_SURROGATE.search(value).group()
+        if isinstance(value, str) and LONE_SURROGATE.search(value):
+            return where, LONE_SURROGATE.search(value).group()
         if isinstance(value, dict):
             inside = [(f"{where}.{_escaped(key)}", part) for key, item in value.items() for part in (key, item)]
         else:
@@ -138,14 +140,17 @@ def _surrogate_at(value) -> tuple[str, str]:
 
 def _escaped(text: str) -> str:
     """text with each lone surrogate written as its `\\udXXX` escape, fit to print."""
-    return _LONE_SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+    return LONE_SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 def as_text(value):
-    """A JSON value with each lone surrogate in its strings and keys written as U+FFFD (as the trace writes
-    text): how a call denied for holding one is recorded, so that its digest is the digest of what the
-    trace shows."""
-    return json.loads(_LONE_SURROGATE.sub("\ufffd", _CANONICAL.encode(value)))
+    """A string or JSON value (its strings and keys, keys kept in their order) with each lone surrogate
+    written as U+FFFD, as the trace writes text: how a call denied for holding one is recorded (so that its
+    digest is the digest of what the trace shows), and how a server's reply is read. RecursionError for
+    JSON nested past what the json module encodes or parses."""
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value)
+    return json.loads(LONE_SURROGATE.sub("\ufffd", IN_ORDER.encode(value)))
 
 
 def own_copy(value):

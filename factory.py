@@ -83,7 +83,8 @@ def own_module(name: str, lazy: bool = False):
 
 
 own_module("broker")   # the import below then finds it registered and reads no file of its own
-from broker import EFFECTS, HELD, Broker, Outcome, Policy, args_digest, check_args, settle  # noqa: E402
+from broker import (  # noqa: E402
+    CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, Broker, Outcome, Policy, args_digest, check_args, settle)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -163,7 +164,6 @@ UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\
 # value read from a file, a server or a model may never do to the line it is printed in.
 BREAKS = re.compile("[\t\n\u2028\u2029]")
 SEPARATORS = ("\n", "\t")   # print's end, and the column separator of a tab-separated line (print(..., sep="\t"))
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -220,7 +220,7 @@ def utf8(text: str) -> bytes:
 def lone_surrogate(value) -> str | None:
     """The first lone surrogate in a JSON value (as `\\udcff`), or None when it is all text. A lone
     surrogate is not text: it can only arrive as a `\\ud800`..`\\udfff` escape in a file."""
-    found = LONE_SURROGATE.search(json.dumps(value, ensure_ascii=False))
+    found = LONE_SURROGATE.search(IN_ORDER.encode(value))
     return f"\\u{ord(found.group()):04x}" if found else None
 
 
@@ -250,7 +250,7 @@ def new_run_id() -> str:
 def canonical(obj) -> bytes:
     """Canonical JSON bytes (sorted keys, no spaces): what digests and signatures are taken over. A lone
     surrogate (not text) is taken as U+FFFD, as the Store writes it, so a digest never fails on one."""
-    return utf8(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+    return utf8(CANONICAL.encode(obj))
 
 
 def sha256(data: bytes) -> str:

@@ -63,6 +63,8 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple
 
+from broker import as_text
+
 # claude-sonnet-4-5 retires 2026-11-30 (https://platform.claude.com/docs/en/about-claude/model-deprecations)
 # and Moonshot no longer lists kimi-k2.5 (https://platform.kimi.ai/docs/pricing/chat.md); these are current:
 # https://platform.claude.com/docs/zh-CN/models/sonnet-5-5/overview
@@ -115,7 +117,6 @@ OPENAI_STOPS = MappingProxyType({
 })
 OVER_ENVELOPE = "over-envelope"      # Worker.use_rules reason: the envelope cannot fit one model call
 _REASON_TAG = re.compile(r"[a-z]+(?:-[a-z]+)*")
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")     # valid as a JSON escape, but not text: UTF-8 cannot hold it
 MAX_COUNT = 2 ** 53 - 1    # a token count past it is no count a reply could mean: unknown usage, as a missing one
 _KEYLIKE = re.compile(r"\b(?:sk|lv|key|tok)[-_][A-Za-z0-9_\-*.]{6,}")
 
@@ -246,19 +247,6 @@ class Declined(LLMError):
     def __init__(self, stop_reason: str, detail: str = ""):
         kind = f"model declined: {stop_reason}"
         super().__init__(f"{kind}: {redact(detail)}" if detail.strip() else kind, kind)
-
-
-def as_text(value):
-    """A value a server sent (a string, or parsed JSON: its strings and keys) with each lone surrogate
-    (valid JSON as the escape `\\ud800`, but not text: UTF-8 cannot hold it) written as U+FFFD; other
-    values as they are. RecursionError for JSON nested past Python's depth."""
-    if isinstance(value, str):
-        return _LONE_SURROGATE.sub("\ufffd", value)
-    if isinstance(value, list):
-        return [as_text(item) for item in value]
-    if isinstance(value, dict):
-        return {as_text(key): as_text(item) for key, item in value.items()}
-    return value
 
 
 def _model_field(data: dict) -> str:

@@ -20,7 +20,8 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from llm import BodyTooLarge, DeadlinePassed, as_text, read_bounded, read_prefix, strict_json
+from broker import as_text
+from llm import BodyTooLarge, DeadlinePassed, read_bounded, read_prefix, strict_json
 
 # The edge WAF answers 403 to `Python-urllib/x.y` even with a good key (field notes:
 # https://github.com/clawdbotatg/clawd-research/tree/1856fb790b545f9121e51a16deb66ab22e2c7c14/levanto-sage).
