@@ -8262,5 +8262,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        stdout_closed()
         sys.exit(closed_stdout_status(sys.stderr))
