@@ -5436,7 +5436,7 @@ def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str]
     (status, what it means)), and the environment variables it reads (names in ENVIRONMENT)."""
     def mark(func):
         func.station_arguments = arguments
-        func.station_help = {"examples": examples, "exits": exits, "env": tuple(dict.fromkeys(env)), "more_exits": more_exits}
+        func.station_help = {"examples": examples, "exits": exits, "env": env, "more_exits": more_exits}
         return func
     return mark
 
@@ -5472,7 +5472,7 @@ WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPEN
 GATE_ENV = ("SAGE_API_KEY", "SAGE_ENDPOINT", "SAGE_PROTOCOL", "SAGE_MODEL", "SAGE_REASONING")
 ROOT_ENV = ("FACTORY_ROOT", "FACTORY_KEYS_DIR")   # every station: the root, and the keys folder it checks lies outside it
 ENV_COLUMN = 19   # a longer variable name goes on its own line in --help, so every line fits 80 columns
-KEYS_ENV = ("FACTORY_KEYS_DIR", "FACTORY_ALLOWED_SIGNERS")   # stations that sign or check a signature
+KEYS_ENV = ("FACTORY_ALLOWED_SIGNERS",)   # stations that sign or check a signature (the keys folder is in ROOT_ENV)
 MODEL_ENV = (*WORKER_ENV, *GATE_ENV, *PROXY_ENV)   # stations that ask a worker model and Sage
 SSH_KEY = arg("--ssh-key", metavar="KEY", type=Path,
               help="sign with this OpenSSH key (ssh-keygen -Y sign) instead of the signer's HMAC key; "
@@ -5660,7 +5660,7 @@ def write_new_agent(fac: Factory, name: str, files: list[NewFile]) -> None:
          examples=("python3 factory.py stamp triager --as triager-eu --set owner=eu-lead",
                    "python3 factory.py stamp triager --as strict --set evals.pass_bar=0.95"),
          exits=("the variant was written", "refused: no such master, the name is taken, or the card is invalid"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR"))
+         env=ROOT_ENV)
 def cmd_stamp(fac: Factory, args) -> int:
     """Derive a variant from a master, with overrides.
 
@@ -5731,7 +5731,7 @@ def finish_stamp(fac: Factory, master: str, name: str, overrides: dict, earlier:
 @station(arg("master", type=agent_name, metavar="MASTER", help="the master whose variants to re-derive"),
          examples=("python3 factory.py restamp triager",),
          exits=("done, also when no variant changed", "refused: no such master, or a variant's card is invalid"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR"))
+         env=ROOT_ENV)
 def cmd_restamp(fac: Factory, args) -> int:
     """Carry a master's fix to every variant stamped from it.
 
@@ -6563,7 +6563,7 @@ def flagged_input(fac: Factory, row: dict) -> dict:
              help="why: kept in the recall log and shown in every refusal it causes"),
          examples=('python3 factory.py recall triager --reason "drafts promised refunds"',),
          exits=("recalled", "refused: no such agent"),
-         env=(*ROOT_ENV, "FACTORY_KEYS_DIR", "USER"))
+         env=(*ROOT_ENV, "USER"))
 def cmd_recall(fac: Factory, args) -> int:
     """Recall an agent and every variant stamped from it.
 
