@@ -204,8 +204,10 @@ def visible(text: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """text from outside (a name, a path) made fit to stand inside a one-line message: line breaks and
-    every other control written as visible escapes."""
+    """text from outside (a name, a path) made fit to stand inside a one-line message: `\n` written as the
+    two characters `\\n` and what printable() escapes (the other controls but tab, bidi marks, lone
+    surrogates) as `\\uXXXX`. A tab, U+2028 and U+2029 are kept: visible() is for a value that must not
+    move to another column or line."""
     return printable(text).replace("\n", "\\n")
 
 
@@ -1658,7 +1660,9 @@ class Code:
         sealed halves are (it is not kept from them: code can read any file this user can)."""
         path, imports = str(self.fac.agents / relative), self.imports(relative)
         self.scan(relative)
-        os.environ.pop("FACTORY_SEALED_DIR", None)   # the Factory has read it; no code of the agent's ever needs it
+        # safe to drop though the sealed folder is read lazily: main took its snapshot of the environment at
+        # the start, and the Factory reads FACTORY_SEALED_DIR from that, never from os.environ again
+        os.environ.pop("FACTORY_SEALED_DIR", None)
         module = types.ModuleType("agents." + relative.removesuffix(".py").replace("/", "."))
         module.__file__ = path
         module.__builtins__ = {**vars(builtins), "__import__": self.importer(relative, imports)}
@@ -2559,7 +2563,8 @@ def new_module(name: str, effects: tuple[str, ...]) -> str:
     steps = "\n".join(f"{n}. {NEW_STEPS[effect]}" for n, effect in enumerate(effects, 1))
     if "read" not in effects:
         steps = f"{NEW_ANSWERS}\n{steps}"
-    note = "; the lookup tool reads it too" if "read" in effects else ""
+    note = (f"; the lookup tool reads it too\n    # (its contract lists the topics again, as the enum in "
+            f"agents/tools/{family}.py: add a topic in both places)") if "read" in effects else ""
     return string.Template(NEW_MODULE).substitute(name=name, family=family, answers_note=note,
                                                   calls="\n".join(f"    {line}" for line in calls),
                                                   steps=string.Template(steps).substitute(family=family))
@@ -4561,8 +4566,10 @@ class Router:
     signs: list = field(default_factory=list)   # the Sign of each broker outcome so far, in call order
 
     def review(self, loop: "Loop") -> None:
-        """Look at the run so far; do nothing, or switch model, restart clean, or escalate. An outcome never
-        changes once made, so only the calls made since the last review get their Sign (and digest) here."""
+        """Look at the run so far; do nothing, or switch model, restart clean, or escalate. The broker only
+        appends outcomes, and a Sign reads what of one is fixed when it is made (the args digest, taken
+        then, and the result text), not its args dict, which the agent may still mutate after the ruling:
+        so only the calls made since the last review get their Sign here."""
         self.signs += signs_of(loop.broker.outcomes[len(self.signs):])
         signs = self.signs
         fired = detect(signs, loop.cost, loop.agent.card["cost_envelope_usd"])
@@ -6293,7 +6300,9 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
 
 class Done:
     """A call that has finished, read as a finished Future is: result() returns its value or raises the
-    Exception it raised."""
+    Exception it raised. Not a concurrent.futures.Future: making one means importing concurrent.futures
+    (about 8 ms cold, `python3 -X importtime`), which a one-at-a-time batch (Inline) need not pay only to
+    hand back a value it already has."""
 
     def __init__(self, value=None, error: Exception | None = None):
         self.value, self.error = value, error
@@ -6309,7 +6318,8 @@ class Inline:
     """The executor of a batch run one ticket at a time: submit(fn, *args) calls fn at once in this thread
     and hands back the call Done (its Exception kept for result(), where the batch reads it, as a pool
     keeps it). No thread hand-off per ticket, and nothing runs beside the caller: --jobs 1 is exactly
-    sequential. An interrupt is not kept: it goes up at once."""
+    sequential. An interrupt is not kept: it goes up at once. Not a ThreadPoolExecutor of one worker: that
+    would cost the concurrent.futures import and a thread per batch (see Done)."""
 
     def __enter__(self) -> "Inline":
         return self
@@ -8082,7 +8092,9 @@ class Parser(argparse.ArgumentParser):
 
     def _print_message(self, message: str, file=None) -> None:
         """argparse's own output (help, usage, version), one print per line: through SafeStream a line
-        ends only where a print ends it (argparse's API: the one method all its output goes through)."""
+        ends only where a print ends it. A private method of argparse, overridden knowingly: it is the one
+        method all of argparse's output goes through, and no public hook does the same (the --help tests
+        would show a Python whose argparse stopped calling it)."""
         for line in message.rstrip("\n").split("\n") if message else []:
             print(line, file=file or sys.stderr)
 
