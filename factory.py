@@ -234,9 +234,8 @@ def note(fac: "Factory", line: str) -> None:
         print(f"factory: note: {line}", file=sys.stderr)
 
 def utc_now() -> str:
-    """The current UTC time as ISO 8601 with microseconds and a Z, e.g. 2026-11-30T04:12:55.123456Z (as iso
-    writes it, without converting a time that is in UTC already)."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """The current UTC time as ISO 8601 with microseconds and a Z, e.g. 2026-11-30T04:12:55.123456Z (iso)."""
+    return iso(datetime.now(timezone.utc))
 
 
 def iso(moment: datetime) -> str:
