@@ -2084,7 +2084,7 @@ def read_agent(fac: Factory, name: str) -> Agent:
     """NAME with its code read, hashed and checked, none of it executed; Refusal naming every problem with
     its card and that code at once."""
     card, where = read_card(fac, name)
-    return agent_from_card(fac, card, where, card_check(fac, card, name))
+    return agent_from_card(fac, card, where, card_problems(card, name))
 
 
 def load_agent(fac: Factory, name: str) -> Agent:
@@ -2094,9 +2094,9 @@ def load_agent(fac: Factory, name: str) -> Agent:
 
 def agent_from_card(fac: Factory, card: dict, where: str, problems: list[str] = ()) -> Agent:
     """The Agent a card describes, its code read, hashed and checked but not executed (the stations that
-    need not run an agent never run its code); Refusal naming the card's own `problems` and every problem
-    with the code it names, at once."""
-    refuse(where, [*problems, *entrypoint_problems(fac, card), *tool_problems(fac, card)])   # each said once
+    need not run an agent never run its code); Refusal naming the card's own `problems` (card_problems: its
+    tools are checked here) and every problem with the code it names, at once."""
+    refuse(where, [*problems, *entrypoint_problems(fac, card), *tool_problems(fac, card)])
     toolboxes = tool_families(card["tools"] + card["tools_denied"])
     contracts = {name: contract for relative in toolboxes for name, contract in toolbox_contracts(fac, relative).items()}
     return Agent(card["agent"], card, contracts, digest_components(fac, card, contracts))
@@ -2239,7 +2239,7 @@ def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
         refuse_if(lineage_problem(fac, name, old))
         parent = latest[parent_of[name]]
         card = derive(parent.card, name, old.get("overrides", {}), parent.digest)
-        latest[name] = agent_from_card(fac, card, fac.shown(fac.card_path(name)), card_check(fac, card))
+        latest[name] = agent_from_card(fac, card, fac.shown(fac.card_path(name)), card_problems(card))
         if card != old:
             changed[name] = card
     return changed, skipped
@@ -5694,7 +5694,7 @@ def stamp_card(fac: Factory, master_name: str, name: str, overrides: dict, maste
     if path.exists():
         return finish_stamp(fac, master_name, name, overrides, earlier)
     card = derive(master.card, name, overrides, master.digest)
-    agent_from_card(fac, card, f"variant {name}", card_check(fac, card))
+    agent_from_card(fac, card, f"variant {name}", card_problems(card))
     if earlier is None:   # the lineage entry first: a kill before the card leaves no variant the log does not know
         append_to_log(fac, "lineage", first_lineage_entry(name, master_name))
     try:
