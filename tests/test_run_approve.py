@@ -1111,6 +1111,12 @@ class Approval(Tiered):
         lines = index.read_text().splitlines(keepends=True)
         index.write_text("".join(line for line in lines if not (self.run_id in line and '"closed"' in line)))
 
+    def unindex_the_run(self) -> None:
+        """Every row of the staging run taken out of the index: as if no run of this line ever staged the call."""
+        index = self.root / "traces" / "index.jsonl"
+        lines = index.read_text().splitlines(keepends=True)
+        index.write_text("".join(line for line in lines if self.run_id not in line))
+
     def test_a_call_whose_run_never_closed_is_not_executed(self):
         self.unclose_the_run()
         refused = self.approve()
@@ -1120,8 +1126,8 @@ class Approval(Tiered):
         self.assertEqual(self.effects("refunds"), [])
 
     def test_a_call_that_can_no_longer_be_approved_is_listed_with_its_true_state(self):
-        """A parked call whose run never closed (killed after parking it), whose agent was recalled or
-        re-certified since, or that expired: pending lists it with that state rather than as waiting (and
+        """A parked call whose run never closed (killed after parking it) or is not in the index at all, whose
+        agent was recalled, revoked, uncertified or re-certified since, or that expired: pending lists it with that state rather than as waiting (and
         says reject closes it), the tower counts it so, approve's refusal names the state, reject closes it."""
         past = "2020-01-01T00:00:00.000000Z"
         scenarios = {
@@ -1130,6 +1136,10 @@ class Approval(Tiered):
                          "recalled since this call was staged: refunds are wrong"),
             "superseded": (lambda: self.forge(signed_at=factory.utc_now()), "payer was re-certified since this call was staged"),
             "expired": (lambda: self.reseal(self.pending()[0], expires_at=past), f"expired at {past} without approval"),
+            "revoked": (lambda: self.forge(revoked={"reason": "pulled by hand", "at": factory.utc_now()}),
+                        "certificate revoked: pulled by hand"),
+            "uncertified": (lambda: (self.root / "registry" / "payer.card.json").unlink(), "uncertified. no evals"),
+            "not staged": (self.unindex_the_run, f"run {self.run_id} has no closed row in traces/index.jsonl that verifies"),
         }
         for state, (make, refusal) in scenarios.items():
             with self.subTest(state):
