@@ -67,6 +67,14 @@ def write_jsonl(path: Path, rows: list) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+def chained_line(path: Path, entry: dict) -> str:
+    """entry as the next line of the hash-chained log at path (JSON, newline-terminated), its `prev` the
+    sha256 of the log's last line, or the genesis value for an empty or missing log: anyone who writes the
+    registry can append one (the chain needs no key; it protects what was signed over, not appending)."""
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    return json.dumps({**entry, "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}) + "\n"
+
+
 def at_terminal(argv: list[str], env: dict, answer: bytes = b"y\n") -> subprocess.CompletedProcess:
     """Run the CLI in a child process whose stdin is a pseudo-terminal, typing `answer`."""
     child, leader = spawn_at_terminal(argv, env)

@@ -22,7 +22,8 @@ from xml.etree import ElementTree
 import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import Fail, FakeSage
-from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, on_a_terminal, snapshot, write_jsonl
+from tests.support import (CLI, INJECTION, REPO, CertifiedTest, LineTest, chained_line, on_a_terminal, snapshot,
+                           write_jsonl)
 from tests.test_run_approve import CHARGED, Tiered
 
 SAGE_KEY = "Zq9rT2aSECRETvalue77"             # not key-shaped: only the factory's scrubbing can catch it
@@ -379,11 +380,9 @@ class Controls:
         """A recall of the triager appended straight to the hash-chained log, as anyone who writes the
         registry can (the chain needs no key)."""
         log = self.root / "registry" / "recalls.jsonl"
-        lines = log.read_bytes().splitlines() if log.exists() else []
-        entry = {"agent": "triager", "reason": reason, "at": factory.utc_now(), "by": "x",
-                 "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}
+        line = chained_line(log, {"agent": "triager", "reason": reason, "at": factory.utc_now(), "by": "x"})
         with log.open("a") as out:
-            out.write(json.dumps(entry) + "\n")
+            out.write(line)
 
     def test_a_line_break_read_from_the_registry_stays_inside_its_line(self):
         """A recall reason holding a line feed, a tab and a carriage return: run's refusal, the tower's

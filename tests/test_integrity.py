@@ -18,7 +18,7 @@ from pathlib import Path
 
 import factory
 from tests.fake_sage import FakeSage
-from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest
+from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, chained_line
 
 
 class CodeTheDigestCannotSee(LineTest):
@@ -216,12 +216,6 @@ os.write, os.link, os.replace = write, link, replace
 import factory
 sys.exit(factory.main(argv))
 """
-
-
-def chained_line(path, entry: dict) -> str:
-    """entry as the next line of a hash-chained log: anyone can append one (no key is needed)."""
-    lines = path.read_bytes().splitlines() if path.exists() else []
-    return json.dumps({**entry, "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}) + "\n"
 
 
 class Lineage(LineTest):

@@ -21,7 +21,7 @@ import factory
 from tests import trust_helpers
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
 from tests.fake_sage import FakeSage
-from tests.support import (CLI, INJECTION, REPO, CertifiedTest, LineTest, on_a_terminal, snapshot,
+from tests.support import (CLI, INJECTION, REPO, CertifiedTest, LineTest, chained_line, on_a_terminal, snapshot,
                            spawn_at_terminal, write_jsonl)
 
 HELPER = Path(trust_helpers.__file__).resolve()
@@ -812,11 +812,9 @@ class Approval(Tiered):
         """One decision on the parked call appended to the approvals log by hand: well-formed and chained,
         as anyone who writes the registry can (no key)."""
         log = self.root / "registry" / "approvals.jsonl"
-        lines = log.read_bytes().splitlines() if log.exists() else []
-        entry = {"run_id": self.run_id, "call": 1, "agent": "payer", "at": "2026-12-01T00:00:00Z", **entry,
-                 "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}
+        line = chained_line(log, {"run_id": self.run_id, "call": 1, "agent": "payer", "at": "2026-12-01T00:00:00Z", **entry})
         with log.open("a") as out:
-            out.write(json.dumps(entry) + "\n")
+            out.write(line)
 
     def test_a_decision_no_one_signed_is_believed_by_no_reader(self):
         """A forged intent, result and rejection (one naming a `by` with a line break): pending still lists
@@ -1174,10 +1172,9 @@ class Approval(Tiered):
         self.assertIn("billing:refund\\u000afactory pending: x", line)
         self.assertIn("\tUNSEALED: ", line)
         log = self.root / "registry" / "recalls.jsonl"
-        lines = log.read_bytes().splitlines() if log.exists() else []
+        recall = chained_line(log, {"agent": "payer", "reason": "wrong\nexecuted billing:refund", "at": factory.utc_now(), "by": "x"})
         with log.open("a") as out:
-            out.write(json.dumps({"agent": "payer", "reason": "wrong\nexecuted billing:refund", "at": factory.utc_now(),
-                                  "by": "x", "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}) + "\n")
+            out.write(recall)
         refused = self.approve()
         self.assertEqual(refused.returncode, 1, refused.stdout)
         self.assertEqual(refused.stderr.strip().split("\n"), ["factory approve: recalled since this call was staged: "

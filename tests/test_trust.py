@@ -23,8 +23,8 @@ from pathlib import Path
 import factory
 from tests import trust_helpers
 from tests.fake_sage import FakeSage
-from tests.support import (FIXTURES, INJECTION, REPO, CertifiedTest, LineTest, fingerprint, junit_problems,
-                           own_anchor, snapshot)
+from tests.support import (FIXTURES, INJECTION, REPO, CertifiedTest, LineTest, chained_line, fingerprint,
+                           junit_problems, own_anchor, snapshot)
 
 CERT = "registry/triager.card.json"
 HELPER = Path(trust_helpers.__file__).resolve()
@@ -770,14 +770,6 @@ class Evidence(LineTest):
 
 
 # ---------------------------------------------------------------- the hash-chained logs
-
-def chained_line(path: Path, entry: dict) -> str:
-    """entry as the next line of a hash-chained log, its `prev` the hash of the log's last line (anyone
-    can compute this: the chain protects what was signed over, not against appending)."""
-    lines = path.read_bytes().splitlines() if path.exists() else []
-    prev = factory.sha256(lines[-1]) if lines else factory.GENESIS
-    return json.dumps({**entry, "prev": prev}, separators=(",", ":")) + "\n"
-
 
 class Chains(GrandVariant):
     """Recalls, revocations, lineage and approvals are hash-chained; certificates record their heads."""
