@@ -633,6 +633,12 @@ class PlantedBesideTheScript(LineTest):
         scrubbed = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH", "FACTORY_SEALED_DIR")}
         self.child_env = {**scrubbed, **self.env}
         del self.child_env["FACTORY_ROOT"]     # the root is the folder of factory.py, the planted files' folder
+        # the control: a child started from the root with the same environment does import a planted module
+        control = subprocess.run([sys.executable, "-c", "import textwrap"], capture_output=True, text=True,
+                                 cwd=str(self.root), env=self.child_env, timeout=60)
+        self.assertEqual((control.returncode, marker.read_text() if marker.exists() else None), (0, "textwrap "),
+                         control.stderr)
+        marker.unlink()
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             read = dict(zip(self.READING, pool.map(lambda argv: self.station(*argv), self.READING)))
         statuses = {" ".join(argv): done.returncode for argv, done in read.items()}

@@ -105,12 +105,12 @@ class CodeTheDigestCannotSee(LineTest):
         self.assertNotIn("helpers", sys.modules)
 
 def plant(path: Path, marker_from_file: str) -> None:
-    """Append to the module at path top-level code that writes the file `agent-code-ran` in the folder
-    holding the factory root (found from the module's own __file__) with what it saw of the environment:
-    it shows whether, and when, a station executed that module."""
+    """Append to the module at path top-level code that writes the file `agent-code-ran.STEM` (STEM the
+    module's file name without .py) in the folder holding the factory root (found from the module's own
+    __file__) with what it saw of the environment: it shows whether, and when, a station executed that module."""
     path.write_text(path.read_text() + (
         "\nimport json as _json, os as _os\nfrom pathlib import Path as _Path\n"
-        f"(_Path(__file__).resolve(){marker_from_file} / 'agent-code-ran').write_text("
+        f"(_Path(__file__).resolve(){marker_from_file} / 'agent-code-ran.{path.stem}').write_text("
         "_json.dumps({'module': __name__, 'sealed_dir': _os.environ.get('FACTORY_SEALED_DIR')}))\n"))
 
 
@@ -119,7 +119,7 @@ class StationsThatRunNoAgentCode(LineTest):
     executor, harvest's evalsmith). The others read, hash and check its source and never execute it, so a
     module planted in the working tree does nothing while you look at it (digest --explain), derive from
     it, copy it, certify it, or read the tower. Prepared once: the triager's module and one of its tool
-    modules each write a marker file when executed; that code is proved and certified, and stamped."""
+    modules each write a marker file of their own when executed; that code is proved and certified, and stamped."""
 
     def prepare(self):
         plant(self.root / "agents" / "triager.py", ".parents[2]")
@@ -129,8 +129,18 @@ class StationsThatRunNoAgentCode(LineTest):
 
     def setUp(self):
         super().setUp()
-        self.marker = self.tmp / "agent-code-ran"
-        self.marker.unlink(missing_ok=True)
+        self.markers = [self.tmp / "agent-code-ran.triager", self.tmp / "agent-code-ran.issues"]
+        self.remove_markers()
+
+    def remove_markers(self) -> None:
+        """No marker left from a station run before."""
+        for marker in self.markers:
+            marker.unlink(missing_ok=True)
+
+    def assert_no_marker(self, message: str) -> None:
+        """Neither planted module ran (each marker named for its module, so a check cannot pass on the wrong one)."""
+        for marker in self.markers:
+            self.assertFalse(marker.exists(), f"{message}: {marker.read_text()}" if marker.exists() else "")
 
     def test_no_station_that_only_reads_the_code_executes_it(self):
         self.edit_card("triager", owner="someone-else")   # so restamp has a variant to re-derive
@@ -138,24 +148,24 @@ class StationsThatRunNoAgentCode(LineTest):
                      ("restamp", "triager"), ("new", "mine", "--from", "triager"), ("digest", "mine"), ("schema",),
                      ("doctor",), ("tower",), ("tower", "--json"), ("pending",)):
             with self.subTest(argv=argv):
-                self.marker.unlink(missing_ok=True)
+                self.remove_markers()
                 code, out, err = self.factory(*argv)
                 self.assertEqual(code, 0, err)
-                self.assertFalse(self.marker.exists(), f"{' '.join(argv)} executed agent code: {self.marker.read_text()}"
-                                 if self.marker.exists() else "")
+                self.assert_no_marker(f"{' '.join(argv)} executed agent code")
 
     def test_certify_signs_without_executing_the_code_it_signs(self):
         self.sign("triager", "C1")
-        self.assertFalse(self.marker.exists(), "certify executed the agent's code")
+        self.assert_no_marker("certify executed the agent's code")
 
     def test_the_stations_that_run_the_agent_do_execute_it(self):
-        # the marker works: what must run the agent runs its code (with the user's rights; see the README)
+        # each marker works: what must run the agent runs both planted modules (with the user's rights; see the README)
         for argv in (("run", "triager", "hi"), ("prove", "triager")):
             with self.subTest(argv=argv):
-                self.marker.unlink(missing_ok=True)
+                self.remove_markers()
                 code, out, err = self.factory(*argv)
                 self.assertEqual(code, 0, err)
-                self.assertTrue(self.marker.exists(), f"{argv} did not execute the planted code")
+                for marker in self.markers:
+                    self.assertTrue(marker.exists(), f"{argv} did not execute the planted code ({marker.name})")
 
     def test_agent_code_does_not_find_the_sealed_folder_in_the_environment(self):
         # the README's CI recipe once set FACTORY_SEALED_DIR for `prove --sealed` on pull requests, and the
@@ -168,7 +178,9 @@ class StationsThatRunNoAgentCode(LineTest):
                               text=True, timeout=120)
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertIn("[sealed half of triager]", done.stdout)
-        self.assertEqual(json.loads(self.marker.read_text())["sealed_dir"], None, "agent code saw FACTORY_SEALED_DIR")
+        for marker in self.markers:
+            self.assertEqual(json.loads(marker.read_text())["sealed_dir"], None,
+                             f"agent code saw FACTORY_SEALED_DIR ({marker.name})")
 
 
 class NearMissesReadNoCode(LineTest):
