@@ -75,9 +75,11 @@ def chained_line(path: Path, entry: dict) -> str:
     return json.dumps({**entry, "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}) + "\n"
 
 
-def at_terminal(argv: list[str], env: dict, answer: bytes = b"y\n") -> subprocess.CompletedProcess:
-    """Run the CLI in a child process whose stdin is a pseudo-terminal, typing `answer`."""
-    child, leader = spawn_at_terminal(argv, env)
+def at_terminal(argv: list[str], env: dict, answer: bytes = b"y\n",
+                command: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI (or `command`, argv following it) in a child process whose stdin is a pseudo-terminal,
+    typing `answer`."""
+    child, leader = spawn_at_terminal(argv, env, command)
     try:
         os.write(leader, answer)
         out, err = child.communicate(timeout=60)
@@ -86,11 +88,12 @@ def at_terminal(argv: list[str], env: dict, answer: bytes = b"y\n") -> subproces
     return subprocess.CompletedProcess(child.args, child.returncode, out.decode(), err.decode())
 
 
-def spawn_at_terminal(argv: list[str], env: dict) -> tuple[subprocess.Popen, int]:
-    """A child CLI whose stdin is a pseudo-terminal; (child, the pty leader the caller closes)."""
+def spawn_at_terminal(argv: list[str], env: dict, command: list[str] | None = None) -> tuple[subprocess.Popen, int]:
+    """A child CLI (or `command`, argv following it) whose stdin is a pseudo-terminal, started from the
+    repository without FACTORY_SEALED_DIR from this process; (child, the pty leader the caller closes)."""
     leader, follower = pty.openpty()
     base = {k: v for k, v in os.environ.items() if k != "FACTORY_SEALED_DIR"}
-    child = subprocess.Popen([*CLI, *argv], stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    child = subprocess.Popen([*(command or CLI), *argv], stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env={**base, **env}, cwd=str(REPO))
     os.close(follower)
     return child, leader
@@ -248,6 +251,22 @@ class LineTest(unittest.TestCase):
         with typed_at_a_terminal(answer):
             code, out, err = self.factory(*argv, env=env)
         return subprocess.CompletedProcess(list(argv), code, out, err)
+
+    def assert_json_whole(self, folders: tuple[str, ...], when: str) -> int:
+        """Every *.json under the root's folders parses, and every line of every *.jsonl (a killed write's
+        temporary file has another suffix and is never read, so it may be partial); fails naming the file,
+        its line and `when` (what was killed); returns the files checked."""
+        checked = 0
+        found = (path for folder in folders for path in (self.root / folder).rglob("*"))
+        for path in sorted(path for path in found if path.suffix in (".json", ".jsonl")):
+            lines = [path.read_bytes()] if path.suffix == ".json" else path.read_bytes().splitlines()
+            for number, line in enumerate(lines, 1):
+                try:
+                    json.loads(line)
+                except (ValueError, UnicodeDecodeError) as error:
+                    self.fail(f"{when}: {path.relative_to(self.root)} line {number} is torn: {error}")
+            checked += 1
+        return checked
 
     def certify(self, name: str, tier: str = "C1", answer: bytes = b"y\n", signer: str = "alice",
                 env: dict | None = None, child: bool = False) -> subprocess.CompletedProcess:

@@ -11,7 +11,6 @@ import hashlib
 import hmac
 import json
 import os
-import pty
 import re
 import shutil
 import stat
@@ -23,7 +22,7 @@ from pathlib import Path
 import factory
 from tests import trust_helpers
 from tests.fake_sage import FakeSage
-from tests.support import (FIXTURES, INJECTION, REPO, CertifiedTest, LineTest, chained_line, fingerprint,
+from tests.support import (FIXTURES, INJECTION, CertifiedTest, LineTest, at_terminal, chained_line, fingerprint,
                            junit_problems, own_anchor, snapshot)
 
 CERT = "registry/triager.card.json"
@@ -1168,17 +1167,8 @@ class CopiedFixtures(LineTest):
 def killed_certify(test: LineTest, n: int, tier: str) -> int:
     """certify triager at TIER by alice at a pseudo-terminal, answering y, SIGKILLed before its Nth change to
     a file (tests/trust_helpers.py killed-at); the child's exit status (negative: killed, 0: it finished)."""
-    leader, follower = pty.openpty()
-    child = subprocess.Popen([sys.executable, str(HELPER), "killed-at", str(n), "certify", "triager", "--tier", tier,
-                              "--by", "alice"], stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={**os.environ, **test.env}, cwd=str(REPO))
-    os.close(follower)
-    try:
-        os.write(leader, b"y\n")
-        child.communicate(timeout=60)
-    finally:
-        os.close(leader)
-    return child.returncode
+    argv = ["killed-at", str(n), "certify", "triager", "--tier", tier, "--by", "alice"]
+    return at_terminal(argv, test.env, command=[sys.executable, str(HELPER)]).returncode
 
 
 class KilledCertify(LineTest):
@@ -1190,24 +1180,13 @@ class KilledCertify(LineTest):
         self.set_bar("triager", 0.0)
         self.prove_sealed()
 
-    def assert_registry_whole(self, n: int) -> None:
-        """Every *.json under registry/ parses and every *.jsonl line parses (a killed write's temporary
-        file is never read, so it may be partial)."""
-        for path in sorted(p for p in (self.root / "registry").rglob("*") if p.suffix in (".json", ".jsonl")):
-            lines = [path.read_text()] if path.suffix == ".json" else path.read_text().splitlines()
-            for line in lines:
-                try:
-                    json.loads(line)
-                except ValueError as error:
-                    self.fail(f"certify killed at its change {n}: {path.relative_to(self.root)} is torn: {error}")
-
     def test_a_killed_certify_leaves_every_json_whole(self):
         key = self.tmp / "keys" / "alice.key"
         for n in range(1, 16):
             self.setUp()
             self.assertFalse(key.exists(), "each kill also catches the key's creation")
             finished = killed_certify(self, n, "C1") == 0
-            self.assert_registry_whole(n)
+            self.assert_json_whole(("registry",), f"certify killed at its change {n}")
             if key.exists():
                 self.assertRegex(key.read_text(), r"^[0-9a-f]{64}\n?$", f"certify killed at its change {n}: a torn key file")
             self.sign()
