@@ -265,8 +265,9 @@ class CodeThatRuns(CertifiedTest):
         return path.read_text().splitlines() if path.exists() else []
 
     def test_every_station_names_the_same_problems_with_a_card(self):
-        """prove listed five problems of a certified card with five typos, with the tool's did-you-mean; run
-        and the tower three (no tool typos), the tower twice and its continuation lines at the margin."""
+        """A certified card with five typos and a missing field: prove, run, digest, certify and stamp each
+        refuse with the same six problems (the tools' with their did-you-mean), and the tower shows them
+        once, on one line."""
         card = json.loads((self.root / "masters" / "triager.json").read_text())
         card["gate_questin"] = card.pop("gate_question")
         card.update(max_step=3, tier_ceiling="C9", tools=["issues:labl", "drafts:write"], tools_denied=["biling:refund"])

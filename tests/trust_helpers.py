@@ -1,4 +1,4 @@
-"""Child-process helpers for tests/test_trust.py (run as a script, never imported for side effects).
+"""Child-process helpers for the tests under tests/ (run as a script, never imported for side effects).
 
     python3 tests/trust_helpers.py runs ROOT KEYS AGENT COUNT GO_FILE
         import factory, print "ready", wait until GO_FILE exists, then call factory.main(["run", AGENT,
