@@ -6213,22 +6213,26 @@ def cmd_run(fac: Factory, args) -> int:
     if framed and batch.reviewed and not batch.closed:
         print(f"{batch.reviewed} held draft(s) from {batch.reviewing} run(s) wait for a human in "
               f"{fac.shown(fac.review_path(agent.name))}")
-    failed = batch.failed
-    refused = [row["why"][0] for row in failed if row["status"] == "refused"]
-    crashed = sum(row["status"] == "crashed" for row in failed)
-    uncertain = sum(row["verdict"] == "uncertain-effect" for row in failed)
-    said = ([f"{len(refused)} of {len(tickets)} ticket(s) refused, each on its own line (the first: {refused[0]})"]
-            if refused else []) + ([f"{crashed} run(s) crashed; their traces keep the traceback"] if crashed else []) \
-        + ([f"{uncertain} run(s) ended uncertain-effect: an effect was not written or not read back; a human "
-            f"reconciles it (each run's output says where)"] if uncertain else [])
-    if said:
+    if said := batch_problems(batch.failed, len(tickets)):
         print(f"factory run: {'; '.join(said)}", file=sys.stderr)
     if batch.closed:
         stdout_closed()
         print(f"factory run: stdout was closed after {batch.shown} of {len(tickets)} result(s) were written to it (its "
               f"reader stopped, e.g. head): {batch.ran} ticket(s) ran, {len(tickets) - batch.ran} did not", file=sys.stderr)
         return STDOUT_CLOSED
-    return 1 if failed else 0
+    return 1 if batch.failed else 0
+
+
+def batch_problems(failed: list, tickets: int) -> list[str]:
+    """What run's one stderr line says of a batch's failed rows (Batch.failed) out of `tickets`: the tickets
+    refused (with the first reason), the runs that crashed, the runs that ended uncertain-effect."""
+    refused = [row["why"][0] for row in failed if row["status"] == "refused"]
+    crashed = sum(row["status"] == "crashed" for row in failed)
+    uncertain = sum(row["verdict"] == "uncertain-effect" for row in failed)
+    return ([f"{len(refused)} of {tickets} ticket(s) refused, each on its own line (the first: {refused[0]})"]
+            if refused else []) + ([f"{crashed} run(s) crashed; their traces keep the traceback"] if crashed else []) \
+        + ([f"{uncertain} run(s) ended uncertain-effect: an effect was not written or not read back; a human "
+            f"reconciles it (each run's output says where)"] if uncertain else [])
 
 
 
