@@ -517,15 +517,12 @@ class Factory:
 class Store:
     """Every read and write of one factory's files, in one place.
 
-    Reads are strict: a file must be a regular file inside the root or the sealed folder (a link
-    pointing out counts as outside) unless the user named it, of bounded size, UTF-8 text (no lone
-    surrogates) and JSON, and of the expected shape; every refusal names the file (and line).
-    Writes under the root go only through real folders inside it: each folder is opened from the root
-    one part at a time with O_NOFOLLOW, and a link anywhere on the way, or at the file itself, is
-    refused. JSON writes are atomic (temporary file in the same folder, fsync, rename); appends hold an
-    fcntl lock and write whole lines (a failed append is cut back, never left torn). Every string
-    written has the configured secrets scrubbed out (`redact`). The machine's refusals (permission,
-    space, size limit) become a StoreError naming the path and the cause."""
+    Reads are strict: a regular file inside the root or the sealed folder (a link pointing out counts as
+    outside) unless the user named it, of bounded size, UTF-8 text and JSON of the expected shape; every
+    refusal names the file (and line). Writes go only through real folders inside the root, opened one
+    part at a time with O_NOFOLLOW. JSON writes are atomic (temporary file, fsync, rename); appends hold
+    an fcntl lock and write whole lines (a failed one is cut back). Every string written has the
+    configured secrets scrubbed out. The machine's refusals become a StoreError naming path and cause."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
@@ -4356,6 +4353,7 @@ class Loop:
     router: object = None
     cut_off: str = ""                # the stop reason of the last turn that was used for nothing
     backends: list = field(default_factory=list)
+    models: list = field(default_factory=list)   # the model each reply names ('' for none)
     messages: list = field(default_factory=list)
 
     def run(self) -> str:
@@ -4404,6 +4402,7 @@ class Loop:
         reply = self.worker.complete(self.messages, schemas)
         self.cost = None if self.cost is None or reply.cost_usd is None else self.cost + reply.cost_usd
         self.backends.append(reply.backend)
+        self.models.append(reply.model)
         self.record({"event": "model", "step": self.steps, "backend": reply.backend, "model": reply.model,
                      "usage": reply.usage, "cost_usd": reply.cost_usd, "latency_ms": round(reply.latency_ms, 3),
                      "text": reply.text, "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls],
@@ -4773,11 +4772,10 @@ class Recorded:
 
 class Trace:
     """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its rows in traces/index.jsonl, written in
-    this order: the `started` index row, the header line, one event per line as it happens (a crash
-    keeps every step before it; the gate, then the settled effects), the end event, and the `closed`
-    index row. A run killed anywhere in between is visibly unfinished: started, never closed; a run
-    still going holds its trace's lock until its closed row is written (Store.being_written). `read`
-    gives a trace back, refusing a malformed one in this one place."""
+    this order: the `started` index row, the header line, one event per line as it happens, the end
+    event, and the `closed` index row. A run killed in between is visibly unfinished (started, never
+    closed); a run still going holds its trace's lock until its closed row is written. `read` gives a
+    trace back, refusing a malformed one in this one place."""
 
     def __init__(self, fac: Factory, agent: str, run_id: str):
         self.fac, self.agent, self.run_id = fac, agent, run_id
@@ -4814,9 +4812,8 @@ class Trace:
 
     def close(self, row: dict) -> None:
         """End the run: the end event (END_FIELDS of the row), then the `closed` row in the index (all
-        but NOT_INDEXED). When the trace was moved while the run wrote it (its later events went to the
-        file moved away, or were lost with it if that file was deleted or replaced), the row's reason says so, a note on stderr too; the verdict
-        stays what the run did, which the move did not change."""
+        but NOT_INDEXED). When the trace was moved while the run wrote it, the row's reason says so, a
+        note on stderr too; the verdict stays what the run did."""
         if self.log is not None and self.log.moved():
             moved = f"the trace was moved away from {self.fac.shown(self.path)} while the run wrote it"
             row["reason"] = "; ".join(filter(None, (row.get("reason"), moved)))
@@ -5220,6 +5217,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
             "status": status, "reason": loop.reason, "wrong": wrong, "denied": denied,
             "unexpected_denials": unexpected, "unknown_tools": unknown, "draft": got.get("draft"),
             "backends": sorted(set(loop.backends)),
+            "models": sorted({m for b, m in zip(loop.backends, loop.models) if not b.startswith("offline")}),
             "synthetic": case.get("source") == "synthetic", "draft_score": None,
             "seconds": time.monotonic() - started}
 
@@ -5297,12 +5295,17 @@ def card_models(card: dict) -> list[str]:
     return [m for m in (card["model"]["primary"], card["model"].get("fallback")) if m]
 
 
-def answered_by_card_models(card: dict, backends: list[str]) -> bool:
-    """True when every worker reply of one case came from a model the card names: no backend of the
-    agent's offline rules (offline, offline-after-error: ..., offline-over-envelope), unless the card
-    itself names `offline` and the rules answered from the start. A case with no reply at all was not."""
-    rules_named = "offline" in card_models(card)
-    return bool(backends) and all(not b.startswith("offline") or (b == "offline" and rules_named) for b in backends)
+def answered_by_card_models(card: dict, result: dict) -> bool:
+    """True when every worker reply of one case named a model the card names (llm.same_model), and none
+    was the agent's offline rules unless the card names `offline` and they answered from the start."""
+    backends, rules_named = result["backends"], "offline" in card_models(card)
+    return bool(backends) and all(not b.startswith("offline") or (b == "offline" and rules_named) for b in backends) \
+        and not other_models(card, result["models"])
+
+
+def other_models(card: dict, models: list[str]) -> list[str]:
+    """Those of `models` (as replies named them; '' is none) the card does not name."""
+    return [m or "none named" for m in models if not any(llm.same_model(c, m) for c in card_models(card))]
 
 
 def clears_bar(passing: int, cases: int, bar) -> bool:
@@ -5373,7 +5376,8 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
              "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
              "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures,
              "model_required": require_model,
-             "model_answered": sum(answered_by_card_models(agent.card, r["backends"]) for r in results)}
+             "models": sorted({m for r in results for m in r["models"]}),
+             "model_answered": sum(answered_by_card_models(agent.card, r) for r in results)}
     verdict = proof_verdict(proof)
     return {"format": RECORD_FORMAT, "verdict": verdict, "passed": verdict == "PASS", **proof}
 
@@ -5829,11 +5833,11 @@ def part_text(label: str, part: dict) -> str:
 
 
 def unanswered_text(proof: dict) -> str:
-    """Why a proof made with --require-model is MODEL UNANSWERED: how many cases the card's models did
-    not answer, and the backends that did."""
-    missing = proof["cases"] - proof["model_answered"]
+    """Why a proof made with --require-model is MODEL UNANSWERED: the cases the card's models did not
+    answer, and the backends and models that did."""
+    missing, models = proof["cases"] - proof["model_answered"], ", ".join(m or "none named" for m in proof["models"])
     return (f"--require-model: {missing} of {proof['cases']} case(s) not answered by the card's models "
-            f"(backends: {', '.join(proof['backends']) or 'none'})")
+            f"(backends: {', '.join(proof['backends']) or 'none'}{'; models: ' + models if models else ''})")
 
 
 def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
@@ -5989,26 +5993,29 @@ def proof_lines(fac: Factory, claim: Claim) -> list[str]:
              f"draft:{proof['draft_check']}",
              f"  evidence: that record, made {proof['at']}, its evidence MAC verified with the factory evidence key "
              f"({fac.evidence_key_path}); the sealed half of {proof['suite']} is byte for byte the one it ran",
-             *backend_lines(agent.card, proof["backends"])]
+             *backend_lines(agent.card, proof["backends"], proof.get("models", []))]
     if agent.card.get("draft_rubric") and proof["rubric"] == "no key":
         lines.append("  WARNING: the card has a draft rubric, but no decision model scored the drafts (rubric: no key): "
                      "you sign on the case results alone")
     return lines
 
 
-def backend_lines(card: dict, backends: list[str]) -> list[str]:
-    """Which backend the sealed proof ran on beside the models the card names, and a warning when the
-    agent's offline rules answered cases of a card that names a model."""
-    models = [m for m in card_models(card) if m != "offline"]
+def backend_lines(card: dict, backends: list[str], answered: list[str]) -> list[str]:
+    """The backends and models the sealed proof ran on beside the card's, and a warning when the agent's
+    offline rules, or a model the card does not name, answered cases."""
+    models, others = [m for m in card_models(card) if m != "offline"], other_models(card, answered)
     offline = [b for b in backends if b.startswith("offline")]
     named = f"the card's model: {' then '.join(models)}" if models else "the card names no model: its rules are the agent"
-    lines = [f"  proved on: {', '.join(backends) or 'no worker'}" + (" (the agent's own rules)" if offline == backends
-                                                                      and backends else "") + f"; {named}"]
+    lines = [f"  proved on: {', '.join(backends) or 'no worker'}" + (f" ({', '.join(m or 'none named' for m in answered)})"
+             if answered else " (the agent's own rules)" if offline == backends and backends else "") + f"; {named}"]
     if models and offline == backends and backends:
         lines.append(f"  WARNING: this proof ran the agent's offline rules, not {models[0]}: with a model key, production "
                      f"runs a model this proof never asked")
     elif models and offline:
         lines.append(f"  WARNING: part of this proof ran the agent's offline rules ({', '.join(offline)}), not the card's model")
+    if others:
+        lines.append(f"  WARNING: cases were answered by {', '.join(others)}, a model the card does not name: "
+                     f"this is no proof of {' or '.join(models) or 'its rules'}")
     return lines
 
 
@@ -7932,17 +7939,12 @@ def print_columns(*cells: str) -> None:
 
 
 class SafeStream:
-    """stdout or stderr as the stations print to it: every configured secret scrubbed out, every
-    character a terminal would act on written as a visible `\\uXXXX` escape, and every character the
-    stream's encoding cannot hold escaped the same way (a Latin-1 terminal never raises).
-
-    One print is one line: a line ends only where print ends it (its `end`, written on its own), and a
-    tab separates columns only as print's `sep`; a line feed, carriage return or tab inside the text
-    printed is escaped (`visible`). So a value from a file, a server or a model (a recall reason, a
-    signer's name, a tool a model chose) can never start a line of its own: whoever prints several
-    lines prints each. A value that is exactly a line feed or a tab reaches write looking just like
-    print's own end or sep, so this module's print escapes those before they get here. `unfiltered` is
-    the stream underneath, for the progress line's own carriage returns."""
+    """stdout or stderr as the stations print to it: every configured secret scrubbed out, and every
+    character a terminal would act on, or the stream's encoding cannot hold, written as a visible
+    `\\uXXXX` escape. One print is one line: a line break or tab inside the text printed is escaped
+    (`visible`), so a value from a file, a server or a model can never start a line or column of its
+    own (this module's print escapes a value that is exactly one). `unfiltered` is the stream underneath,
+    for the progress line's own carriage returns."""
 
     def __init__(self, stream, hidden: tuple[tuple[str, str], ...]):
         self.unfiltered, self.hidden = stream, hidden
@@ -7967,9 +7969,8 @@ class SafeStream:
 
 
 def print(*values, sep: str | None = " ", end: str | None = "\n", file=None, flush: bool = False) -> None:
-    """builtins.print as every station prints: a value that is exactly a line feed or a tab (SEPARATORS) is
-    written as its visible escape. print writes each value, each sep and its end in a write of its own, so
-    SafeStream cannot tell such a value from print's own separators; every other value it escapes itself."""
+    """builtins.print as every station prints: a value that is exactly a line feed or a tab (SEPARATORS),
+    which SafeStream cannot tell from print's own sep and end (each is a write of its own), is escaped."""
     shown = [visible(text) if (text := str(value)) in SEPARATORS else text for value in values]
     builtins.print(*shown, sep=sep, end=end, file=file, flush=flush)
 

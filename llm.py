@@ -140,7 +140,7 @@ class Reply:
     tool_calls: tuple[ToolCall, ...]
     usage: dict                      # {"input_tokens": int, "output_tokens": int}; input includes cached
     cost_usd: float | None           # None = unknown price
-    model: str                       # the response's model field when present
+    model: str                       # the model the reply names (its `model` field), '' when it names none
     backend: str                     # anthropic|openai|moonshot|ollama|openrouter|sageroute|offline
     #                                    or "offline-after-error: <reason>"
     latency_ms: float                # the HTTP exchange that answered (not earlier retries)
@@ -316,7 +316,7 @@ SNAPSHOTS = MappingProxyType({
     "claude-opus-4-5-20251101": "claude-opus-4-5",
     "claude-opus-4-1-20250805": "claude-opus-4-1",
 })
-_DATED = re.compile(r"-(?:19|20)\d{6}\Z")
+_DATED = re.compile(r"-(?:19|20)\d\d(?:\d{4}|-\d\d-\d\d)\Z")   # -20250929 (Anthropic), -2024-08-06 (OpenAI)
 _LOCAL = Price(0.0, 0.0, "self-hosted: no per-token price", "n/a")
 
 
@@ -333,6 +333,17 @@ def price_row(model: str) -> Price | None:
         model = rest
     model = SNAPSHOTS.get(model, model)
     return PRICES.get(model) or PRICES.get(_DATED.sub("", model))
+
+
+def same_model(named: str, answered: str) -> bool:
+    """True when a reply naming the model `answered` came from the card's model `named`: the same id, a
+    dated form of it (claude-sonnet-5-5-20260101, gpt-4o-2024-08-06: a vendor's alias answers as its
+    snapshot), or either one with a provider's prefix the other lacks (anthropic/claude-sonnet-5-5, as
+    OpenRouter names it). A reply that names no model ('') is never the card's."""
+    named, answered = _DATED.sub("", named), _DATED.sub("", answered)
+    if not named or not answered:
+        return False
+    return named == answered or named.partition("/")[2] == answered or answered.partition("/")[2] == named
 
 
 def price(model: str) -> tuple[float, float] | None:
@@ -1260,7 +1271,7 @@ class Worker:
         data, headers, latency = self._post(route, model_id, body, attempts)
         got = parse_reply(route.wire, data, tool_names(tools))
         cost = reply_cost(route, model_id, got.model, got.usage)
-        return Reply(got.text, got.calls, got.usage, cost, got.model or route.model, route.backend, latency,
+        return Reply(got.text, got.calls, got.usage, cost, got.model, route.backend, latency,
                      headers, stop_reason=got.stop, raw_stop_reason=got.raw_stop)
 
     def _post(self, route: Route, model_id: str, body: dict, attempts: list[dict]) -> tuple[dict, dict, float]:

@@ -60,12 +60,12 @@ class Prompt(LineTest):
         self.assertIn("  proved on: offline (the agent's own rules); the card names no model: its rules are the agent", prompt)
         self.assertNotIn("WARNING", prompt)
 
-    def model_answers(self, answered: int, retired: int = 0) -> None:
-        """Point the card's model at a fake Anthropic server that gives `answered` final answers, then
-        says the model is retired `retired` times; the bar lowered to 0 (the answers are not all right)."""
+    def model_answers(self, answered: int, retired: int = 0, model: str = "claude-sonnet-5-5") -> None:
+        """Point the card's model at a fake Anthropic server that gives `answered` final answers naming `model`,
+        then says the model is retired `retired` times; the bar lowered to 0 (the answers are not all right)."""
         final = json.dumps({"topic": "none", "draft": "A colleague will answer you shortly.", "escalate": True})
         gone = Answer(404, {"type": "error", "error": {"type": "not_found_error", "message": "model retired"}})
-        server = FakeServer(*[Answer(body=anthropic_message(final))] * answered, *[gone] * retired).start()
+        server = FakeServer(*[Answer(body=anthropic_message(final, model=model))] * answered, *[gone] * retired).start()
         self.addCleanup(server.close)
         self.set_bar("faq", 0.0)
         self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
@@ -76,14 +76,22 @@ class Prompt(LineTest):
             self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY="sage-key")
             self.prove_sealed("faq")
         prompt = self.signed()
-        self.assertIn("  proved on: anthropic; the card's model: claude-sonnet-5-5 then claude-haiku-5-5", prompt)
+        self.assertIn("  proved on: anthropic (claude-sonnet-5-5); the card's model: claude-sonnet-5-5 then claude-haiku-5-5", prompt)
         self.assertNotIn("WARNING", prompt)
+
+    def test_a_proof_answered_by_a_model_the_card_does_not_name_is_warned_about(self):
+        self.model_answers(4, model="gpt-4o-mini")   # a proxy put another model behind the card's
+        self.prove_sealed("faq")
+        prompt = self.signed()
+        self.assertIn("  proved on: anthropic (gpt-4o-mini); the card's model: claude-sonnet-5-5 then claude-haiku-5-5\n"
+                      "  WARNING: cases were answered by gpt-4o-mini, a model the card does not name: this is no proof of "
+                      "claude-sonnet-5-5 or claude-haiku-5-5\n", prompt)
 
     def test_a_proof_partly_answered_by_the_rules_is_warned_about(self):
         self.model_answers(2, retired=4)   # two cases answered; the primary and fallback of the other two retired
         self.prove_sealed("faq", "--jobs", "1")
         prompt = self.signed()
-        self.assertRegex(prompt, r"\n  proved on: anthropic, offline-after-error: [^\n]+; the card's model: ")
+        self.assertRegex(prompt, r"\n  proved on: anthropic, offline-after-error: [^\n]+ \(claude-sonnet-5-5\); the card's model: ")
         self.assertRegex(prompt, r"\n  WARNING: part of this proof ran the agent's offline rules \(offline-after-error: "
                                  r"[^\n]+\), not the card's model\n")
         self.assertNotIn(OFFLINE_WARNING, prompt)

@@ -44,6 +44,11 @@ class ServerTest(unittest.TestCase):
 
 
 class AnthropicWireTest(ServerTest):
+    def test_a_reply_that_names_no_model_names_none(self):
+        fake = self.server(Answer(body={**anthropic_message("hi"), "model": None}))
+        reply = self.worker(self.anthropic_env(fake)).complete(TASK, TOOLS)
+        self.assertEqual((reply.backend, reply.model), ("anthropic", ""))   # never the model asked for
+
     def test_tool_use_round_trip(self):
         fake = self.server(
             Answer(body=anthropic_message("Labelling.", [("toolu_1", "issues__label", {"label": "billing"}),
@@ -898,6 +903,16 @@ class PriceTest(unittest.TestCase):
                 self.assertIsNone(llm.price(model))
                 self.assertIsNone(llm.cost_usd(model, {"input_tokens": 1, "output_tokens": 1}))
                 self.assertIsNone(llm.estimate_cost(model, 1, 1))
+
+    def test_the_same_model_in_a_dated_or_provider_prefixed_form(self):
+        table = (("claude-sonnet-5-5", "claude-sonnet-5-5", True), ("claude-sonnet-5-5", "claude-sonnet-5-5-20260101", True),
+                 ("claude-sonnet-5-5", "anthropic/claude-sonnet-5-5", True), ("gpt-4o", "gpt-4o-2024-08-06", True),
+                 ("anthropic/claude-sonnet-5-5", "claude-sonnet-5-5-20260101", True),
+                 ("claude-sonnet-5-5", "gpt-4o-mini", False), ("claude-sonnet-5", "claude-sonnet-5-5", False),
+                 ("anthropic/x-1", "evil/x-1", False), ("claude-sonnet-5-5", "", False), ("", "", False))
+        for named, answered, same in table:
+            with self.subTest(named=named, answered=answered):
+                self.assertIs(llm.same_model(named, answered), same)
 
     def test_cost_and_estimate(self):
         usage = {"input_tokens": 1_000_000, "output_tokens": 1_000_000}

@@ -13,7 +13,7 @@ from tests.support import LineTest, junit_problems, write_jsonl
 
 RECORD_KEYS = {"format", "agent", "half", "at", "verdict", "passed", "score", "passing_cases", "cases", "pass_bar",
                "rubric", "real", "synthetic",
-               "tool_denials", "drafts_scored", "draft_mean", "draft_check", "backends", "digest", "components",
+               "tool_denials", "drafts_scored", "draft_mean", "draft_check", "backends", "models", "digest", "components",
                "suite", "suite_digest", "failures", "model_required", "model_answered"}
 RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line",
             "backends", "cost_usd", "steps", "denied", "acted", "staged", "routed", "why", "output", "tools"}
@@ -329,6 +329,20 @@ class RequireModel(VerdictOutputs):
         self.model_server(*[Answer(body=anthropic_message(final))] * 12)
         record = self.assert_agree("PASS", "--require-model")
         self.assertEqual((record["backends"], record["model_answered"]), (["anthropic"], 3))
+
+    def test_a_substituted_model_fails_and_a_dated_or_prefixed_form_passes(self):
+        final = json.dumps({"label": "account", "escalate": False, "draft": "You can order a new card in the app."})
+        for named, verdict, answered in (("gpt-4o-mini", "MODEL UNANSWERED", 0), ("claude-sonnet-5-5-20260101", "PASS", 3),
+                                         ("anthropic/claude-sonnet-5-5", "PASS", 3), ("", "MODEL UNANSWERED", 0)):
+            with self.subTest(named=named):
+                self.model_server(*[Answer(body=anthropic_message(final, model=named))] * 9)
+                record = self.assert_agree(verdict, "--require-model")   # two proofs: six answers
+                self.assertEqual((record["backends"], record["models"], record["model_answered"]),
+                                 (["anthropic"], [named], answered))
+                if answered == 0:
+                    _, out, _ = self.factory("prove", "triager", "--require-model")
+                    self.assertIn(f"\n  --require-model: 3 of 3 case(s) not answered by the card's models (backends: "
+                                  f"anthropic; models: {named or 'none named'})\n", out)
 
     def test_a_card_whose_model_is_its_rules_is_answered_by_them(self):
         banking_suite(self.root / "evals", 3, 3)
