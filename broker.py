@@ -392,3 +392,89 @@ def _decide(call: Outcome, tier: str, result: str, handed_off: bool, seen: bool)
     if call.effect == "act" and tier == "C2":
         return "park", "the gate passed at C2: waiting for a human's approval"
     return "commit", f"the gate passed at {tier}"
+
+
+# ---- a parked call's state: what its signed decisions make of it, for every reader alike
+
+CALL_STATES = MappingProxyType({
+    "pending": "parked, waiting for a human to approve or reject it",
+    "expired": "parked and not approved before its expiry; reject closes it",
+    "executing": "approved: the approving process is carrying its effect out now (it holds the call's lock)",
+    "executed": "approved, carried out and read back from where the tool wrote it",
+    "uncertain-effect": "approved, and not known to be written: its approver stopped before the result, or the "
+                        "write failed or could not be read back; approve retries it when its trace proves nothing "
+                        "was written, else a human checks by hand and closes it with reject",
+    "rejected": "closed unexecuted by a human (also an uncertain effect a human closed after checking it)",
+})
+DECISIONS = MappingProxyType({
+    "intent": "a human approved the call: appended before its effect, the approver holding the call's lock "
+              "from then until its result",
+    "result": "the effect's outcome, after it (ok and read back: executed; else uncertain-effect)",
+    "rejected": "a human closed the call without executing it, with a reason",
+})
+# state -> decision -> the state it leads to; a decision the table does not name changes nothing (the
+# stations read the state and append a decision under one lock, so only these are ever appended)
+STEPS = MappingProxyType({
+    "pending": {"intent": "executing", "rejected": "rejected"},
+    "executing": {"intent": "executing", "result": "executed", "rejected": "rejected"},   # intent: a retry after
+    "uncertain-effect": {"intent": "executing", "rejected": "rejected"},                   # its approver stopped
+})
+
+
+def call_state(decisions, *, executing: bool, expired: bool) -> tuple[str, dict | None]:
+    """(state, the decision that put the call there or None): one of CALL_STATES, from a parked call's
+    verified decisions (dicts with `kind` in DECISIONS, in the log's order), whether its approver still
+    holds its lock (`executing`) and whether its expiry has passed. Decides only (pure)."""
+    state, last = "pending", None
+    for entry in decisions:
+        after = STEPS.get(state, {}).get(entry["kind"])
+        if after == "executed" and not (entry.get("ok") is True and entry.get("read_back") is True):
+            after = "uncertain-effect"
+        if after is not None:
+            state, last = after, entry
+    if state == "executing" and not executing:
+        return "uncertain-effect", last
+    return ("expired" if state == "pending" and expired else state), last
+
+# what approve and reject answer a call in each state they may not act on, naming what decided it: the
+# decision that put it there (by, at, reason), its expiry, what reading its effect back finds
+REFUSED_IN = MappingProxyType({
+    "approve": {"executed": "{call} was already executed at {at} (approved by {by}).",
+                "rejected": "{call} was rejected by {by} at {at} ({reason}); it will not be executed.",
+                "executing": "{call} is being executed now: approved by {by} at {at}; see `pending` once it is done.",
+                "uncertain-effect": "{call} was approved by {by} and its effect is uncertain ({found}): it will not be "
+                                    "executed again. reconcile it by hand, then close it with `reject`.",
+                "expired": "{call} expired at {expires} without approval; run the ticket again."},
+    "reject": {"executed": "{call} was already executed at {at} (approved by {by}); reject closes only a call not "
+                           "carried out.",
+               "rejected": "{call} was already rejected by {by} at {at}.",
+               "executing": "{call} is being executed now: approved by {by} at {at}; it cannot be rejected while its "
+                            "effect is written (see `pending` once it is done)."}})
+
+
+def refused_in(station: str, state: str, **facts) -> str | None:
+    """The one-line refusal of `station` (approve or reject) for a call in `state` (CALL_STATES), worded
+    from `facts` (call, by, at, reason, expires, found: one-line texts); None when the station may act."""
+    wording = REFUSED_IN[station].get(state)
+    return None if wording is None else wording.format(**facts)
+
+
+OUTCOMES = ("verified", "routed-to-human", "uncertain-effect")   # what a decided call makes of its run, worst last
+STATE_OUTCOMES = MappingProxyType({"executed": "verified", "rejected": "routed-to-human", "uncertain-effect": "uncertain-effect"})
+DECIDED = ("executing", *STATE_OUTCOMES)   # a call's states once a human acted on it
+
+
+def outcome_of(entry: dict) -> str:
+    """What a closing decision (a result or rejected entry) makes of its run: one of OUTCOMES."""
+    if entry["kind"] == "rejected":
+        return "routed-to-human"
+    return "verified" if entry.get("ok") is True and entry.get("read_back") is True else "uncertain-effect"
+
+
+def verdict_after(at_close: str, outcomes: list[str], waiting: bool) -> str:
+    """A run's verdict once a human decided one of its parked calls: from the verdict the run closed with,
+    the latest outcome (OUTCOMES) of each of its decided calls, and whether another of its calls still waits."""
+    worst = max(outcomes, key=OUTCOMES.index)
+    if at_close != "waiting-for-approval":
+        return worst if worst == "uncertain-effect" else at_close
+    return "waiting-for-approval" if waiting else worst

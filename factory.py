@@ -84,7 +84,8 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # the import below then finds it registered and reads no file of its own
 from broker import (  # noqa: E402
-    CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, Broker, Outcome, Policy, args_digest, check_args, settle)
+    CANONICAL, DECIDED, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, STATE_OUTCOMES, Broker, Outcome, Policy, args_digest,
+    call_state, check_args, outcome_of, refused_in, settle, verdict_after)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -512,6 +513,16 @@ class Factory:
             return one_line(str(path.relative_to(self.root)))
         except ValueError:
             return one_line(str(path))
+
+
+def lock_now(handle, kind: int) -> bool:
+    """Take an fcntl lock (LOCK_SH or LOCK_EX) on an open file without waiting; False when another handle
+    holds one it conflicts with."""
+    try:
+        fcntl.flock(handle.fileno(), kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 class Store:
@@ -975,13 +986,16 @@ class Store:
 
     def being_written(self, path: Path) -> bool:
         """True when a process holds the lock of the readable file at path: an open Log (a run still going,
-        never one killed: the lock goes with its process) or an append under way."""
+        never one killed: the lock goes with its process), an append under way, or a parked call's approver."""
         with self.opened(path) as reader:
-            try:
-                fcntl.flock(reader.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-        return False
+            return not lock_now(reader, fcntl.LOCK_SH)
+
+    @contextlib.contextmanager
+    def holding(self, path: Path) -> Iterator[Callable[[], bool]]:
+        """A block handed take() -> bool, which takes the exclusive lock of the readable file at path
+        without waiting (False when another handle holds it); let go when the block ends."""
+        with self.opened(path) as reader:
+            yield partial(lock_now, reader, fcntl.LOCK_EX)
 
     class Log:
         """See Store.open_log; the file and its folder are made on the first line; close() is idempotent."""
@@ -3443,14 +3457,10 @@ PENDING_SHAPE = Shape.of({"format": str, "run_id": str, "call": int, "agent": st
                          optional={"gate": dict, "input_digest": str, "output_digest": str, "mac": str})
 
 
-# registry/approvals.jsonl, hash-chained: one entry per decision, each signed by the person who made it.
-#   intent    a human approved the call; written BEFORE the effect (the call is claimed, exactly once)
-#   result    the effect's outcome, AFTER it; with the run's verdict before and after (verdict_from/to)
-#   rejected  a human closed the call without executing it (or after reconciling an uncertain effect)
-# A call with an intent and no result is `uncertain-effect`: the approving process was stopped between.
+# registry/approvals.jsonl, hash-chained: one entry per decision (broker.DECISIONS), each signed by the person
+# who made it. What the verified ones make of a call is broker.call_state, read alike by every decider.
 DECISION_SHAPE = Shape.of({"kind": str, "run_id": str, "call": int, "agent": str, "by": str, "at": str, "signature": str})
 DECISION_UNSIGNED = ("signature", "prev")      # `prev` is set by the log as the entry is appended
-OUTCOMES = ("verified", "routed-to-human", "uncertain-effect")   # a decided call's outcome for its run, worst last
 
 
 @dataclass(frozen=True)
@@ -3478,16 +3488,15 @@ def load_pending(fac: Factory, run_id: str, call: int) -> dict:
 
 @dataclass(frozen=True)
 class Decisions:
-    """The approvals log as every reader of decisions sees it (pending, approve, reject, the executor and
-    the tower alike): only entries whose signature verifies as their signer's count. An entry anyone
-    appended (the chain needs no key) is named by line and believed by no one: it neither executes,
-    blocks, closes nor reopens a call."""
-    decided: dict     # (run id, call) -> {kind: the first verified entry of that kind}
+    """The approvals log as every reader of decisions sees it: only entries whose signature verifies as
+    their signer's count. One anyone appended (the chain needs no key) is named by line and believed by
+    no one."""
+    decided: dict     # (run id, call) -> [its verified entries, in the log's order]
     doubted: dict     # (run id, call) -> [one line per entry on that call that does not verify]
 
-    def of(self, run_id: str, call: int) -> dict:
-        """{kind: entry} of the verified decisions on one call."""
-        return self.decided.get((run_id, call), {})
+    def of(self, run_id: str, call: int) -> list[dict]:
+        """The verified decisions on one call, in the log's order."""
+        return self.decided.get((run_id, call), [])
 
     @property
     def lines(self) -> list[str]:
@@ -3547,96 +3556,86 @@ def decisions_of(fac: Factory, wanted=None) -> Decisions:
 
 
 def decisions_in(entries) -> dict:
-    """(run id, call) -> {kind: the first entry of that kind}, from (line number, entry) pairs."""
+    """(run id, call) -> [entry, ...] in the log's order, from (line number, entry) pairs."""
     found: dict = {}
     for _, entry in entries:
-        found.setdefault((entry["run_id"], entry["call"]), {}).setdefault(entry["kind"], entry)
+        found.setdefault((entry["run_id"], entry["call"]), []).append(entry)
     return found
 
 
-def call_state(entry: dict, decided: dict) -> str:
-    """rejected | executed | uncertain-effect | expired | pending: a parked call's state from its decisions."""
-    if "rejected" in decided:
-        return "rejected"
-    if "result" in decided:
-        return "executed"
-    if "intent" in decided:
-        return "uncertain-effect"
-    return "expired" if utc_now() > entry["expires_at"] else "pending"
+@dataclass(frozen=True)
+class CallRecord:
+    """One parked call as every decider reads it: its state (broker.call_state), the decision that put it
+    there (None while it waits) and its verified decisions, in the log's order."""
+    state: str
+    last: dict | None
+    decisions: list
 
 
-def undecided(fac: Factory, chain: Chain, run_id: str, call: int, blocking: tuple) -> None:
-    """Refusal when the approvals log already holds a verified decision of a `blocking` kind on this call
-    (read under the log's lock, so two approvals of one call cannot both pass; an entry that does not
-    verify blocks nothing)."""
-    for number, old in verified_entries(fac, chain, lambda e: (e["run_id"], e["call"]) == (run_id, call))[0]:
-        if old["kind"] in blocking:
-            raise Refusal(f"call {call} of run {run_id} was already decided: {old['kind']} by {old['by']} "
-                          f"at {old['at']} ({chain.where} line {number}).")
+def call_record(fac: Factory, entry: dict, decisions: list) -> CallRecord:
+    """The CallRecord of a parked call from its verified decisions, its expiry and its lock (its approver
+    holds the parked file's lock from intent to result: execute_staged_call)."""
+    executing = bool(decisions) and fac.store.being_written(fac.pending_path(entry["run_id"], entry["call"]))
+    return CallRecord(*call_state(decisions, executing=executing, expired=utc_now() > entry["expires_at"]), decisions)
 
 
-def first_decision(fac: Factory, run_id: str, call: int, entry: dict):
-    """make(chain) for the approvals log: entry, appended only while the log holds no verified decision
-    on the call."""
+def deciding(claim: "Claim", guards: tuple, compose):
+    """make(chain) for the approvals log: under its lock, the claim read again from the log as it is now,
+    `guards` enforced on it, then compose(that claim) -> the entry appended. Every decision on a parked
+    call is appended so: of two racing, the first wins and the other is refused by the state it made."""
     def make(chain: Chain) -> dict:
-        undecided(fac, chain, run_id, call, ("intent", "result", "rejected"))
-        return entry
+        return compose(enforce(with_fields(claim, chain=chain), guards))
     return make
 
 
-def verdict_after(before: str, outcomes: list[str], waiting: bool) -> str:
-    """A run's verdict once a human decided one of its parked calls: the verdict `before`, the outcomes
-    of the run's decided calls (OUTCOMES), and whether another of its calls still waits."""
-    worst = max(outcomes, key=OUTCOMES.index)
-    if before != "waiting-for-approval":
-        return worst if worst == "uncertain-effect" else before
-    return "waiting-for-approval" if waiting else worst
+def claiming(take, approval: dict):
+    """compose(claim) for an approval's intent, once the call's lock is taken (take() -> bool)."""
+    def compose(claim: "Claim") -> dict:
+        refuse_if(None if take() else f"{claim.call} is being decided now by another process; see `pending`.")
+        return approval
+    return compose
 
 
-def closing(claim: "Claim", signer: Signer, body: dict, outcome: str, blocking: tuple):
-    """make(chain) for the approvals log: body (a result or rejected entry of the claim's call) with the
-    run's verdict before and after it (from the log itself, else the run's trace), signed by signer;
-    Refusal when the log already holds a `blocking` decision on the call."""
-    run_id, call = claim.entry["run_id"], claim.entry["call"]
-
-    def make(chain: Chain) -> dict:
-        undecided(claim.fac, chain, run_id, call, blocking)
-        of_run = verified_entries(claim.fac, chain, lambda e: e["run_id"] == run_id)[0]
-        closed = [e for _, e in of_run if e["kind"] in ("result", "rejected")]
+def closing(signer: Signer, body: dict, outcome: str):
+    """compose(claim) for a result or rejected entry (body): with the run's verdict before it (its last
+    closing entry, else its trace) and after it (verdict_after; this call's outcome `outcome`), signed."""
+    def compose(claim: "Claim") -> dict:
+        run_id, call = claim.entry["run_id"], claim.entry["call"]
+        closed = [e for _, e in verified_entries(claim.fac, claim.chain, lambda e: e["run_id"] == run_id)[0]
+                  if e["kind"] in ("result", "rejected")]
+        outcomes = {e["call"]: outcome_of(e) for e in closed} | {call: outcome}
+        waiting = any(number not in outcomes for number in claim.calls_of_run)
         before = closed[-1].get("verdict_to", claim.verdict_at_close) if closed else claim.verdict_at_close
-        outcomes = [outcome] + [outcome_of(e) for e in closed]
-        decided = {e["call"] for e in closed} | {call}
-        waiting = any(number not in decided for number in claim.calls_of_run)
-        return signer.signed(claim.fac, {**body, "verdict_from": before,
-                                         "verdict_to": verdict_after(before, outcomes, waiting)}, DECISION_UNSIGNED)
-    return make
+        after = verdict_after(claim.verdict_at_close, list(outcomes.values()), waiting)
+        return signer.signed(claim.fac, {**body, "verdict_from": before, "verdict_to": after}, DECISION_UNSIGNED)
+    return compose
 
 
-def outcome_of(entry: dict) -> str:
-    """What a closing entry means for its run: verified (executed and read back), routed-to-human
-    (rejected), or uncertain-effect (it failed, or could not be read back)."""
-    if entry["kind"] == "rejected":
-        return "routed-to-human"
-    return "verified" if entry.get("ok") is True and entry.get("read_back") is True else "uncertain-effect"
-
-
-def effect_read_back(fac: Factory, entry: dict) -> str:
-    """For a call whose effect is uncertain: what reading back finds, from the place the run's trace
-    says the tool was about to write (an `effect_started` event) and the effect id it wrote with."""
+def read_back_attempts(fac: Factory, entry: dict) -> tuple[bool | None, str]:
+    """(written, what reading back finds) of a parked call's effect, from each `effect_started` event of
+    it in the run's trace: True when a file it names holds its effect id, None when one cannot be read,
+    False when the trace proves nothing was written (no attempt began a write, or none holds its effect)."""
     try:
-        events = [e for _, e in fac.store.read_jsonl(fac.trace_path(entry["agent"], entry["run_id"]))
-                  if e.get("event") == "effect_started" and e.get("call") == entry["call"]]
-        if not events:
-            return "no effect was started (the tool never began its write)"
-        started = events[-1]
-        path = fac.root / str(started.get("path"))
-        found = path.exists() and any(row.get("effect_id") == started.get("effect_id")
-                                      for _, row in fac.store.read_jsonl(path))
+        started = [e for _, e in fac.store.read_jsonl(fac.trace_path(entry["agent"], entry["run_id"]))
+                   if e.get("event") == "effect_started" and e.get("call") == entry["call"]]
+        found = [e for e in started if effect_written(fac, e)]
     except Refusal as why:
-        return f"cannot be read back ({why})"
+        return None, f"cannot be read back ({why})"
+    if not started:
+        return False, "no effect was started (the tool never began its write)"
+    shown = (found or started)[-1]
+    where, effect = shown.get("path"), shown.get("effect_id")
     if found:
-        return f"the effect IS written: {started.get('path')} holds effect {started.get('effect_id')}"
-    return f"the effect was NOT written: {started.get('path')} holds no effect {started.get('effect_id')}"
+        return True, f"the effect IS written: {where} holds effect {effect}"
+    earlier = f" (nor any of {len(started) - 1} earlier attempt(s))" if len(started) > 1 else ""
+    return False, f"the effect was NOT written: {where} holds no effect {effect}{earlier}"
+
+
+def effect_written(fac: Factory, started: dict) -> bool:
+    """True when the file an `effect_started` event names holds a row with its effect id."""
+    path = fac.root / str(started.get("path"))
+    return path.exists() and any(row.get("effect_id") == started.get("effect_id") for _, row in fac.store.read_jsonl(path))
+
 
 
 # ---- the guards: named checks in ordered chains, run by one function
@@ -3652,6 +3651,7 @@ class Claim:
     tier: str | None = None     # certify: the tier asked for
     entry: dict | None = None   # approve: the stored staged call
     approval: Decision | None = None   # approve: the signed approval the executor was handed
+    chain: Chain | None = None         # approve: the approvals log as its lock holder reads it (deciding)
 
     @property
     def since(self) -> str:
@@ -3720,14 +3720,24 @@ class Claim:
 
     @cached_property
     def decisions(self) -> Decisions:
-        """The approvals log's verified decisions on the staged call (the other calls' entries unchecked)."""
+        """The approvals log's verified decisions on the staged call (the other calls' entries unchecked),
+        from `chain` when given, else read from the log."""
         run_id, call = self.entry["run_id"], self.entry["call"]
-        return decisions_of(self.fac, lambda e: (e["run_id"], e["call"]) == (run_id, call))
+        wanted = lambda e: (e["run_id"], e["call"]) == (run_id, call)  # noqa: E731
+        if self.chain is None:
+            return decisions_of(self.fac, wanted)
+        verified, doubted = verified_entries(self.fac, self.chain, wanted)
+        return Decisions(decisions_in(verified), doubted)
 
-    @property
-    def decided(self) -> dict:
-        """The verified decisions on the staged call: {kind: entry}."""
-        return self.decisions.of(self.entry["run_id"], self.entry["call"])
+    @cached_property
+    def record(self) -> CallRecord:
+        """The staged call's state as its decisions, lock and expiry make it (call_record)."""
+        return call_record(self.fac, self.entry, self.decisions.of(self.entry["run_id"], self.entry["call"]))
+
+    @cached_property
+    def read_back(self) -> tuple[bool | None, str]:
+        """(written, what reading back finds) of the staged call's effect (read_back_attempts)."""
+        return read_back_attempts(self.fac, self.entry)
 
     @cached_property
     def recorded(self) -> "Recorded":
@@ -4032,39 +4042,29 @@ def staged_by_its_run(claim: Claim) -> str | None:
             f"{entry['call']}: no run of this line staged {claim.call}; {claim.remedy}")
 
 
-def call_still_open(claim: Claim) -> str | None:
-    """The staged call was not executed, rejected or approved already (an approval without a result
-    is an uncertain effect, never executed twice), and has not expired."""
-    state, decided = call_state(claim.entry, claim.decided), claim.decided
-    if state == "executed":
-        return f"{claim.call} was already executed at {decided['result'].get('at')} (approved by {decided['result'].get('by')})."
-    if state == "rejected":
-        return f"{claim.call} was rejected; it will not be executed."
-    if state == "uncertain-effect":
-        return (f"{claim.call} was approved by {decided['intent'].get('by')} at {decided['intent'].get('at')} but no result "
-                f"was recorded: its effect is uncertain and it will not be executed again. reconcile it by hand "
-                f"(`pending` reads it back), then close it with `reject`.")
-    if state == "expired":
-        return f"{claim.call} expired at {claim.entry['expires_at']} without approval; run the ticket again."
-    return None
+def not_open(station: str):
+    """The guard `open call` of approve or reject: the station's refusal of the call in its state
+    (broker.refused_in, over call_record read once), or None."""
+    def check(claim: Claim) -> str | None:
+        state, last = claim.record.state, claim.record.last or {}
+        return refused_in(station, state, call=claim.call, by=last.get("by"), at=last.get("at"),
+                          reason=one_line(str(last.get("reason"))), expires=claim.entry["expires_at"],
+                          found=claim.read_back[1] if state == "uncertain-effect" else "")
+    return check
 
 
 def not_carried_out(claim: Claim) -> str | None:
-    """The run's trace does not record this call as begun or done (an `effect_started` or `approved_call`
-    event for it), whatever the approvals log says: a log emptied or lost never lets a call run twice."""
+    """The run's trace records no attempt at this call (an `effect_started` or `approved_call` event) that
+    the approvals log holds no approval for: a log emptied or lost never lets a call run twice (the attempts
+    the log knows of are judged by the open call guard)."""
+    if any(entry["kind"] == "intent" for entry in claim.record.decisions):
+        return None
     done = [event.get("event") for event in claim.recorded.later
             if event.get("event") in ("effect_started", "approved_call") and event.get("call") == claim.entry["call"]]
     if not done:
         return None
     return (f"{claim.fac.shown(claim.recorded.path)} records {claim.call} as carried out already ({done[0]}), whatever "
             f"{claim.fac.shown(claim.fac.approvals)} says; it will not be executed again (see `pending`).")
-
-
-def call_not_closed(claim: Claim) -> str | None:
-    """The staged call may still be rejected: it was neither executed nor rejected. An uncertain effect
-    (a human closes it after reconciling) and a call that can no longer be approved (expired, its run
-    never closed, its agent recalled or re-certified: see STUCK) are closed the same way."""
-    return call_still_open(claim) if call_state(claim.entry, claim.decided) in ("executed", "rejected") else None
 
 
 def acting_certificate(claim: Claim) -> str | None:
@@ -4163,7 +4163,6 @@ STUCK = {"unsealed": "its parked file's evidence MAC does not verify here",
          "superseded": "its agent was re-certified since it was staged",
          "run never closed": "its run was stopped after it parked this call",
          "not staged": "no run of this line that closed parked it"}
-DECIDED = ("executed", "rejected", "uncertain-effect")     # a call's states once a human acted on it
 CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
                       ("signature", signature_verifies), ("figures", figures_in_range), ("agent", for_this_agent), ("logs", logs_unchanged),
                       ("newest certificate", newest_certificate))
@@ -4173,8 +4172,9 @@ CERTIFY_GUARDS = (("logs", logs_as_anchored), ("lineage", lineage_agrees), ("tie
                   ("sealed proof", has_sealed_proof), ("digest", unchanged),
                   ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar), ("proof evidence", proof_verifies),
                   ("recall", not_recalled), ("production evidence", production_evidence))
-OPEN_GUARDS = (("parked call", parked_call_sealed), ("open call", call_still_open))
-REJECT_GUARDS = (("open call", call_not_closed),)
+OPEN_GUARDS = (("parked call", parked_call_sealed), ("open call", not_open("approve")))
+REJECT_GUARDS = (("open call", not_open("reject")),)
+DECIDING_GUARDS = (OPEN_GUARDS[1], ("carried out", not_carried_out))   # read again under the log's lock
 APPROVE_GUARDS = OPEN_GUARDS + CERTIFICATE_GUARDS + (
     ("revocation", not_revoked), ("recall", not_recalled), ("acting certificate", acting_certificate),
     ("same certificate", same_certificate), ("digest", unchanged), ("arguments", arguments_unchanged),
@@ -4190,16 +4190,17 @@ STANDING_STATES = {"certificate": "uncertified", "revocation": "revoked", "recal
                    "same certificate": "superseded"}
 
 
-def call_standing(fac: Factory, entry: dict, decided: dict) -> tuple[str, str | None]:
-    """(a parked call's state, the line naming a file its check could not read, else None). In approve's
-    order: unsealed; then its verified decisions (executed, rejected, uncertain-effect) and expiry
-    (call_state); then whether its agent may still act on it (uncertified, revoked, recalled,
-    superseded) and how its run ended (run never closed, not staged); else pending (unknown when a file
-    those checks read cannot be read)."""
-    claim = staged_call_claim(fac, entry)
+def call_standing(fac: Factory, entry: dict, decisions: list) -> tuple[str, str | None]:
+    """(a parked call's state, the line naming a file its check could not read, else None), in approve's
+    order: unsealed; its call_record's state unless pending; whether its agent may still act on it
+    (STANDING_STATES) and how its run ended; else pending (unknown when a file cannot be read)."""
+    claim, unread = staged_call_claim(fac, entry), set()
     if evidence_problem(fac, entry):
         return "unsealed", None
-    state, unread = call_state(entry, decided), set()
+    try:
+        state = call_record(fac, entry, decisions).state
+    except Refusal as why:
+        return "unknown", str(why)
     if state != "pending":
         return state, None
     name, line = check_guards(claim, STANDING_GUARDS, unread)[-1]
@@ -5160,31 +5161,27 @@ def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome
 
 
 def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision | None = None) -> dict:
-    """Execute one parked call through the broker, exactly once, on a signed approval; refuses without one.
-
-    Every guard is checked again here, whoever calls it (EXECUTE_GUARDS): the approval and its signature,
-    the call's state, the certificate (C2 or above, the one it was staged under), the arguments against
-    their digest and against the run's sealed `settled` event. Then, in this order: the approval is
-    appended to the approvals log as the call's `intent` (only while the log holds no decision on the
-    call: exactly once, across processes); the run's trace records where the effect is about to be
-    written; the effect (its row names the run, and the gate's result and p stored with the call); the
-    `result` entry, signed by the approver, with the run's verdict before and after. A kill between
-    intent and result leaves the call `uncertain-effect`. Returns the result entry."""
+    """Execute one parked call through the broker, exactly once, on a signed approval (EXECUTE_GUARDS,
+    checked again whoever calls it); the result entry. In order: under the approvals log's lock the
+    call's state is read again, its own lock taken and the `intent` appended (deciding, claiming); the
+    trace's effect_started; the effect; the signed `result` with the run's verdict before and after; the
+    lock let go. While it is held the call is `executing`; a kill before the result leaves it
+    `uncertain-effect`."""
     claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call), approval), EXECUTE_GUARDS)
     entry, agent = claim.entry, loaded(fac, claim.agent)
-    append_to_log(fac, "approvals", first_decision(fac, run_id, call, approval.entry))
-    trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
-    broker = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
-    held = broker.carry_out(entry["tool"], entry["args"])
-    gate = entry.get("gate") if isinstance(entry.get("gate"), dict) else {}
-    tools = agent.tools_for(fac, run_id, {"gate": gate.get("result"), "p": gate.get("p")}, announcer(trace, call))
-    done = broker.commit(held, tools) if held.ruling == HELD else held
-    outcome = {"ok": done.ok, "ruling": done.ruling, "result": done.result, "receipt": done.receipt,
-               "read_back": read_back(fac, done.receipt)}
-    body = {"kind": "result", "run_id": run_id, "call": call, "agent": agent.name, "by": approval.signer.name,
-            "at": utc_now(), **outcome}
-    result = append_to_log(fac, "approvals", closing(claim, approval.signer, body, outcome_of(body),
-                                                             ("result", "rejected")))
+    with fac.store.holding(fac.pending_path(run_id, call)) as take:
+        append_to_log(fac, "approvals", deciding(claim, DECIDING_GUARDS, claiming(take, approval.entry)))
+        trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
+        broker = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
+        held = broker.carry_out(entry["tool"], entry["args"])
+        gate = entry.get("gate") if isinstance(entry.get("gate"), dict) else {}
+        tools = agent.tools_for(fac, run_id, {"gate": gate.get("result"), "p": gate.get("p")}, announcer(trace, call))
+        done = broker.commit(held, tools) if held.ruling == HELD else held
+        outcome = {"ok": done.ok, "ruling": done.ruling, "result": done.result, "receipt": done.receipt,
+                   "read_back": read_back(fac, done.receipt)}
+        body = {"kind": "result", "run_id": run_id, "call": call, "agent": agent.name, "by": approval.signer.name,
+                "at": utc_now(), **outcome}
+        result = append_to_log(fac, "approvals", deciding(claim, (), closing(approval.signer, body, outcome_of(body))))
     trace.record({"event": "approved_call", "call": call, "at": result["at"], "by": result["by"], **outcome})
     return result
 
@@ -6671,27 +6668,23 @@ def cmd_pending(fac: Factory, args) -> int:
 
     Oldest first, one per line: RUN_ID --call N, the agent, the tool and its exact arguments, when it
     was staged and when it expires. approve executes one; reject closes one. A call that can no longer
-    be approved says why in its last column, in the words of the refusal approve would give (EXPIRED,
-    RUN NEVER CLOSED: the run was stopped after it parked the call, RECALLED, SUPERSEDED: its agent was
-    re-certified, REVOKED, UNCERTIFIED, UNSEALED: its parked file does not verify, NOT STAGED); reject
-    closes it. Then each call approved but with no result recorded (the approving process was stopped
-    between its intent and its result), marked as an uncertain effect with who approved it and what
-    reading back finds, for a human to reconcile and close with reject. Only decisions whose signature
-    verifies count; each other entry of the approvals log is named on stderr (exit 1), as is a parked
-    file or an approvals log that cannot be read, and every other call is still listed.
+    be approved says why in its last column, in the words of approve's refusal (EXPIRED, RUN NEVER
+    CLOSED, RECALLED, SUPERSEDED, REVOKED, UNCERTIFIED, UNSEALED, NOT STAGED), and that reject closes
+    it; one being executed now says EXECUTING and who approved it. Then each uncertain effect, with who
+    approved it, what its result said, what reading it back finds and what closes it. Only decisions
+    whose signature verifies count; each other log entry, and a parked file or log that cannot be read,
+    is named on stderr (exit 1), and every other call is still listed.
     """
     calls = parked(fac)
-    states, decided = calls.states, calls.decided
-    shown = sorted((e for e in calls.entries if states[e["run_id"], e["call"]] in ("pending", "unknown", *STUCK)),
+    states, decided = calls.states, calls.decided or {}
+    shown = sorted((e for e in calls.entries if states[e["run_id"], e["call"]] in ("pending", "unknown", "executing", *STUCK)),
                    key=lambda e: e["staged_at"])
     uncertain = [e for e in calls.entries if states[e["run_id"], e["call"]] == "uncertain-effect"]
     for e in shown:
         print(*call_columns(e), f"staged {e['staged_at']}", f"expires {e['expires_at']}",
-              *state_column(states[e["run_id"], e["call"]]), sep="\t")
+              *state_column(states[e["run_id"], e["call"]], decided.get((e["run_id"], e["call"]), [])), sep="\t")
     for e in uncertain:
-        intent = decided[e["run_id"], e["call"]]["intent"]
-        print(*call_columns(e), f"UNCERTAIN-EFFECT: approved by {intent['by']} at {intent['at']}, no result recorded; "
-                                f"read back: {effect_read_back(fac, e)}", sep="\t")
+        print(*call_columns(e), uncertain_column(fac, e, decided[e["run_id"], e["call"]]), sep="\t")
     if not shown and not uncertain:
         print("(nothing waits for approval)")
     problems = [line for _, line in calls.unread] + calls.doubted
@@ -6702,14 +6695,29 @@ def cmd_pending(fac: Factory, args) -> int:
     return 1 if problems else 0
 
 
-def state_column(state: str) -> list[str]:
+def state_column(state: str, decisions: list[dict]) -> list[str]:
     """The last column of a parked call's line in `pending`: none for a call waiting for a human, else
-    its state (see STUCK) and that reject closes it."""
+    its state (see STUCK) and that reject closes it, or who approved the call being executed now."""
     if state == "pending":
         return []
     if state == "unknown":
         return ["state unknown"]
+    if state == "executing":
+        intent = decisions[-1]
+        return [f"EXECUTING: approved by {intent['by']} at {intent['at']}; its effect is being written now"]
     return [f"{state.upper()}: {STUCK[state]}; reject closes it"]
+
+
+def uncertain_column(fac: Factory, entry: dict, decisions: list[dict]) -> str:
+    """pending's last column for an uncertain effect: who approved it, what its result said, what reading
+    it back finds, what closes it."""
+    intent, last = [e for e in decisions if e["kind"] == "intent"][-1], decisions[-1]
+    said = ("no result recorded" if last["kind"] == "intent" else "its effect was not read back" if last.get("ok") is True
+            else f"its write failed ({one_line(str(last.get('result')))[:300]})")
+    written, found = read_back_attempts(fac, entry)
+    then = ("approve retries it once the cause is fixed, or reject closes it" if written is False
+            else "check it by hand, then reject closes it")
+    return f"UNCERTAIN-EFFECT: approved by {intent['by']} at {intent['at']}, {said}; read back: {found}; {then}"
 
 
 def call_columns(entry: dict) -> list[str]:
@@ -6735,12 +6743,11 @@ def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
 @dataclass(frozen=True)
 class Parked:
     """The parked calls as `pending` and `tower` both see them: every one that reads well, its state
-    (pending, expired, executed, rejected, uncertain-effect, or unknown while the approvals log cannot
-    be read), the verified decisions on each (see Decisions), the entries not believed, and what could
-    not be read."""
+    (broker.CALL_STATES, one of STUCK, or unknown while the approvals log cannot be read), the verified
+    decisions on each (see Decisions), the entries not believed, and what could not be read."""
     entries: list[dict]
     states: dict                        # (run id, call) -> state
-    decided: dict | None                # (run id, call) -> {kind: entry}, verified; None when the log cannot be read
+    decided: dict | None                # (run id, call) -> [entry, ...], verified; None when the log cannot be read
     unread: list[tuple[str, str]]       # (run id from the file's name, line) per parked file that does not read
     log_problem: str | None             # why the approvals log cannot be read, when it cannot
     doubted: list = field(default_factory=list)    # one line per decision whose signature does not verify
@@ -6756,7 +6763,7 @@ def parked(fac: Factory) -> Parked:
     decided, states = decisions.decided if decisions else None, {}
     for e in entries:
         key = (e["run_id"], e["call"])
-        states[key], problem = ("unknown", None) if decided is None else call_standing(fac, e, decided.get(key, {}))
+        states[key], problem = ("unknown", None) if decided is None else call_standing(fac, e, decided.get(key, []))
         unread += [(e["run_id"], problem)] if problem else []
     return Parked(entries, states, decided, unread, log_problem, decisions.lines if decisions else [])
 
@@ -6793,20 +6800,15 @@ def approval_brief(fac: Factory, entry: dict) -> list[str]:
 def cmd_approve(fac: Factory, args) -> int:
     """Approve one staged call at a terminal and execute it.
 
-    Shows what a human needs to decide (the ticket and the agent's output from the run's trace, checked
-    against the digests sealed with the call, the gate's result and p as sealed with it, and the exact
-    call with its digest, when it was staged and when it expires) and asks `approve? [y/N]`:
-    y or yes executes exactly that call, once; anything else declines. The approval is signed with the approver's own key (NAME's
-    HMAC key in FACTORY_KEYS_DIR, never created here, or --ssh-key) and kept, with the result and the
-    run's verdict before and after, in registry/approvals.jsonl. Refused when NAME has no key here,
-    stdin is not a terminal, the call was already executed, rejected or approved (an uncertain effect
-    is never executed again), it expired, its agent was recalled, re-certified or changed since the
-    call was staged, or the run's trace no longer holds the ticket and output it was staged with.
+    Shows the ticket and the agent's output from the run's trace (checked against the digests sealed
+    with the call), the gate's result and p, and the exact call, and asks `approve? [y/N]`: y or yes
+    executes exactly that call, once. The approval is signed with NAME's own key (HMAC in
+    FACTORY_KEYS_DIR, never created here, or --ssh-key) and kept, with the result and the run's verdict
+    before and after, in registry/approvals.jsonl. Refused when NAME has no key here, stdin is not a
+    terminal, the call was decided already or is being executed, it expired, its agent was recalled,
+    re-certified or changed since, or its trace changed.
     """
-    entry = load_pending(fac, args.run_id, args.call)
-    signer = signer_of(fac, args)
-    name_doubted(enforce(staged_call_claim(fac, entry), APPROVE_GUARDS))
-    signer.ready(fac, "approve")
+    entry, signer, _ = decider(fac, args, APPROVE_GUARDS)
     if not sys.stdin.isatty():
         raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
     for line in approval_brief(fac, entry):
@@ -6834,29 +6836,39 @@ def cmd_approve(fac: Factory, args) -> int:
 def cmd_reject(fac: Factory, args) -> int:
     """Close one staged call without executing it.
 
-    Who rejected it and why are kept, signed with the rejecter's own key (NAME's HMAC key, or
-    --ssh-key), in registry/approvals.jsonl; a rejected call is never executed. A call whose effect is
-    uncertain (see pending) is closed the same way once a human has reconciled it, and so is one that can
-    no longer be approved (expired, its run never closed, its agent recalled or re-certified: see pending).
+    Who rejected it and why are kept, signed with NAME's own key (HMAC, or --ssh-key), in
+    registry/approvals.jsonl. Also closes an uncertain effect a human has checked by hand (what reading
+    it back finds is kept with it) and a call that can no longer be approved (see pending).
     """
-    entry = load_pending(fac, args.run_id, args.call)
-    signer = signer_of(fac, args)
-    claim = name_doubted(enforce(staged_call_claim(fac, entry), REJECT_GUARDS))
-    signer.ready(fac, "reject")
+    entry, signer, claim = decider(fac, args, REJECT_GUARDS)
     body = {"kind": "rejected", "run_id": entry["run_id"], "call": entry["call"], "agent": entry["agent"],
             "by": signer.name, "at": utc_now(), "reason": args.reason}
-    done = append_to_log(fac, "approvals", closing(claim, signer, body, "routed-to-human", ("result", "rejected")))
+    done = append_to_log(fac, "approvals", deciding(claim, REJECT_GUARDS, reconciled(signer, body)))
     print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']}); "
           f"run verdict {done['verdict_from']} -> {done['verdict_to']}")
     return 0
 
 
-def name_doubted(claim: Claim) -> Claim:
-    """Name on stderr, one note each, the approvals-log entries on the claim's call whose signature does
-    not verify (believed by no one: they neither closed nor blocked it); the claim."""
-    for line in claim.decisions.doubted.get((claim.entry["run_id"], claim.entry["call"]), []):
-        note(claim.fac, line)
-    return claim
+def reconciled(signer: Signer, body: dict):
+    """compose(claim) for a rejection: closing's, and for an uncertain effect what reading it back finds
+    (`found`; `written`: true, false, or null when it cannot be read)."""
+    def compose(claim: Claim) -> dict:
+        written, found = claim.read_back if claim.record.state == "uncertain-effect" else (None, None)
+        checked = {"written": written, "found": found} if found else {}
+        return closing(signer, {**body, **checked}, "routed-to-human")(claim)
+    return compose
+
+
+def decider(fac: Factory, args, guards: tuple) -> tuple[dict, Signer, Claim]:
+    """(the staged call, its decider's Signer, its Claim) for approve and reject: the call loaded, the
+    signer named, the guards enforced, each log entry on the call that does not verify named on stderr
+    (believed by no one), the signer's key ready."""
+    entry, signer = load_pending(fac, args.run_id, args.call), signer_of(fac, args)
+    claim = enforce(staged_call_claim(fac, entry), guards)
+    for line in claim.decisions.doubted.get((entry["run_id"], entry["call"]), []):
+        note(fac, line)
+    signer.ready(fac, args.command)
+    return entry, signer, claim
 
 
 def run_reference(text: str) -> tuple[str | None, str]:
@@ -6995,11 +7007,8 @@ class Tally:
             self.watch[row["run_id"]] = row["verdict"]
         return True
 
-    def decide(self, before: str, after: str, acted: bool) -> None:
-        """Count a human's decision on one of the agent's parked calls: it no longer waits, it acted or
-        not, and its run's verdict moved from `before` to `after`."""
-        self.staged -= 1
-        self.acted += acted
+    def move(self, before: str, after: str) -> None:
+        """Count a run's verdict moved by a human's decision on one of its parked calls."""
         if before != after:
             self.moved[before] = self.moved.get(before, 0) - 1
             self.moved[after] = self.moved.get(after, 0) + 1
@@ -7066,43 +7075,43 @@ def tower_document(fac: Factory) -> dict:
 
 
 def fold_decisions(tallies: dict[str, Tally], calls: Parked, watch: dict, problems: list[str]) -> None:
-    """Fold the humans' decisions on parked calls into the runs they belong to (only runs the index
-    counted): a result or rejected entry of the approvals log moves its run's verdict as the entry says
-    (from -> to) and the call no longer waits, an executed one acted; a call approved with no result
-    recorded is uncertain-effect, no longer waiting, and moves its run as a result of that outcome would.
-    Only decisions whose signature verifies are folded; each other one is a problem line."""
+    """Fold the verified decisions on parked calls into the runs the index counted (each other one is a
+    problem line): each result or rejected entry moves its run's verdict (from -> to); a call a human
+    acted on (DECIDED) no longer waits, and acted when a result (ok) or its rejection says it was written;
+    a run whose approver stopped before its result moves as that result would have (uncertain_moves)."""
     if calls.decided is None:
         problems.append(f"{calls.log_problem}; approvals and rejections are not counted until it is restored")
         return
     problems.extend(calls.doubted)
-    for decided in calls.decided.values():
-        entry = decided.get("result") or decided.get("rejected")
-        if entry and watch.get(entry["run_id"]) and entry["agent"] in tallies:
-            tallies[entry["agent"]].decide(str(entry.get("verdict_from")), str(entry.get("verdict_to")),
-                                           entry["kind"] == "result" and entry.get("ok") is True)
+    for key, decided in calls.decided.items():
+        tally, closing = tallies.get(decided[0]["agent"]), [e for e in decided if e["kind"] != "intent"]
+        if tally is None or not watch.get(key[0]) or calls.states.get(key, "executed" if closing else None) not in DECIDED:
+            continue
+        for entry in closing:
+            tally.move(str(entry.get("verdict_from")), str(entry.get("verdict_to")))
+        tally.staged -= 1
+        tally.acted += any(e.get("ok" if e["kind"] == "result" else "written") is True for e in closing)
     for agent, before, after in uncertain_moves(calls, watch):
         if agent in tallies:
-            tallies[agent].decide(before, after, False)
+            tallies[agent].move(before, after)
 
 
 def uncertain_moves(calls: Parked, watch: dict) -> list[tuple[str, str, str]]:
-    """(agent, verdict before, verdict after) for each uncertain-effect call of a run the index counted:
-    before is the run's verdict after its last decided call (else its index row's), after is what a
-    result with outcome uncertain-effect would make it (verdict_after)."""
-    runs: dict[str, list[dict]] = {}
+    """(agent, verdict before, verdict after) for each run the index counted with a call whose approver
+    stopped before its result: from its last closing entry's verdict (else its row's) to verdict_after."""
+    runs: dict[str, list[tuple]] = {}
     for entry in calls.entries:
-        runs.setdefault(entry["run_id"], []).append(entry)
+        runs.setdefault(entry["run_id"], []).append((entry["agent"], (entry["run_id"], entry["call"])))
     moves = []
-    for run_id, entries in runs.items():
-        states = [calls.states[run_id, e["call"]] for e in entries]
-        for entry, state in zip(entries, states):
-            if state != "uncertain-effect" or not watch.get(run_id):
-                continue
-            closed = [d[k] for e in entries for d in [calls.decided.get((run_id, e["call"]), {})]
-                      for k in ("result", "rejected") if k in d]
-            before = max(closed, key=lambda d: d["at"]).get("verdict_to") if closed else watch[run_id]
-            after = verdict_after(str(before), ["uncertain-effect"], any(s not in DECIDED for s in states))
-            moves.append((entry["agent"], str(before), after))
+    for run_id, keys in runs.items():
+        states, decided = [calls.states[key] for _, key in keys], [calls.decided.get(key, []) for _, key in keys]
+        if not watch.get(run_id) or not any(s == "uncertain-effect" and d[-1]["kind"] == "intent" for s, d in zip(states, decided)):
+            continue
+        closed = [e for entries in decided for e in entries if e["kind"] != "intent"]
+        before = max(closed, key=itemgetter("at")).get("verdict_to") if closed else watch[run_id]
+        after = verdict_after(watch[run_id], [STATE_OUTCOMES[s] for s in states if s in STATE_OUTCOMES],
+                              any(s not in DECIDED for s in states))
+        moves.append((keys[0][0], str(before), after))
     return moves
 
 
@@ -7111,7 +7120,7 @@ class ParkedCounts:
     """One agent's parked calls as `pending` lists them, and its parked files that do not read."""
     pending: int = 0                    # waiting: pending, or of unknown state while the log cannot be read
     uncertain_effect: int = 0
-    stuck: dict = field(default_factory=dict)      # state -> calls that can no longer be approved (STUCK)
+    stuck: dict = field(default_factory=dict)      # state -> calls that cannot be approved: STUCK, or executing now
     problems: list = field(default_factory=list)
 
 
@@ -7124,7 +7133,7 @@ def calls_by_agent(fac: Factory, calls: Parked, problems: list[str]) -> dict[str
         counts = found.setdefault(entry["agent"], ParkedCounts())
         counts.pending += state in ("pending", "unknown")
         counts.uncertain_effect += state == "uncertain-effect"
-        if state in STUCK:
+        if state in STUCK or state == "executing":
             counts.stuck[state] = counts.stuck.get(state, 0) + 1
     for run_id, line in calls.unread:
         agent = run_agent(fac, run_id)

@@ -4,6 +4,7 @@ promotion and drift, harvest and recall, and eight processes running one agent a
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import getpass
 import hashlib
@@ -15,6 +16,7 @@ import sys
 import time
 import unittest
 from pathlib import Path
+from typing import Iterator
 from xml.etree import ElementTree
 
 import factory
@@ -1226,6 +1228,79 @@ class Approval(Tiered):
                       f"out already (effect_started), whatever registry/approvals.jsonl says", refused.stderr)
         self.assertEqual(len(self.effects("refunds")), 1, "the refund went out twice")
 
+    # ---- one decision per parked call, whatever races it
+
+    @contextlib.contextmanager
+    def approving(self) -> Iterator[subprocess.Popen]:
+        """bob's approve in a child at a terminal, held at the refund's own lock (this process holds it)
+        after its intent and the trace's effect_started, until the block ends; then it finishes, and
+        self.approved is its (exit status, stdout, stderr)."""
+        refunds = self.root / "outbox" / "payer" / "refunds.jsonl"
+        refunds.parent.mkdir(parents=True, exist_ok=True)
+        with refunds.open("a") as effect:
+            fcntl.flock(effect, fcntl.LOCK_EX)
+            child, leader = spawn_at_terminal(["approve", self.run_id, "--by", "bob"], self.env)
+            try:
+                os.write(leader, b"y\n")
+                wait_until(self.effect_started)
+                yield child
+            finally:
+                fcntl.flock(effect, fcntl.LOCK_UN)
+                out, err = child.communicate(timeout=60)
+                os.close(leader)
+        self.approved = (child.returncode, out.decode(), err.decode())
+
+    def test_a_call_being_executed_is_decided_by_its_approver_alone(self):
+        """While bob's approval writes the refund, a reject, a second approve and a second executor (an
+        approval signed before bob's intent) are each refused in one line naming bob's approval; then the
+        records agree with the refund written: executed, verified, acted once."""
+        verified = self.tower()["verdicts"]["verified"]
+        waiting = f"billing:refund from run {self.run_id} (call 1) is being executed now: approved by bob at "
+        late = self.approval_by("bob")
+        with self.approving():
+            code, out, err = self.factory("reject", self.run_id, "--by", "bob", "--reason", "changed my mind")
+            self.assertEqual(code, 1, out)
+            self.assertEqual(len(err.strip().split("\n")), 1, err)
+            self.assertIn(waiting, err)
+            second = self.approve()
+            self.assertEqual(second.returncode, 1, second.stdout)
+            self.assertNotIn("approve? [y/N]", second.stderr)
+            self.assertEqual(len(second.stderr.strip().split("\n")), 1, second.stderr)
+            self.assertIn(waiting, second.stderr)
+            with self.assertRaises(factory.Refusal) as executor:
+                factory.execute_staged_call(self.fac, self.run_id, 1, late)
+            self.assertIn(waiting, str(executor.exception))
+            code, out, _ = self.factory("pending")
+            self.assertIn("\tEXECUTING: approved by bob at ", out)
+            self.assertEqual([e["kind"] for e in self.decisions()], ["intent"])
+        code, out, err = self.approved
+        self.assertEqual(code, 0, err)
+        self.assertIn("run verdict waiting-for-approval -> verified", out)
+        self.assertEqual(len(self.effects("refunds")), 1)
+        self.assertEqual([e["kind"] for e in self.decisions()], ["intent", "result"])
+        self.agree(0, 0, {"waiting-for-approval": 0, "verified": verified + 1, "routed-to-human": 0})
+        self.assertEqual(self.tower()["acted"], 1)
+        self.assertIn("was already executed", self.refused("was already executed", "reject", self.run_id, "--by", "bob",
+                                                           "--reason", "too late"))
+
+    def test_a_rejection_or_the_expiry_that_comes_first_wins_over_an_approval_signed_before_it(self):
+        """An approval signed at the prompt reaches the executor after a reject, or after the call expired:
+        refused naming what won (the rejecter and reason, the expiry); nothing is written."""
+        approval = self.approval_by("bob")
+        self.reseal(self.pending()[0], expires_at="2000-01-01T00:00:00.000000Z")
+        with self.assertRaises(factory.Refusal) as expired:
+            factory.execute_staged_call(self.fac, self.run_id, 1, approval)
+        self.assertIn("expired at 2000-01-01T00:00:00.000000Z without approval", str(expired.exception))
+        self.setUp()
+        approval = self.approval_by("bob")
+        self.assertEqual(self.factory("reject", self.run_id, "--by", "bob", "--reason", "duplicate request")[0], 0)
+        with self.assertRaises(factory.Refusal) as rejected:
+            factory.execute_staged_call(self.fac, self.run_id, 1, approval)
+        self.assertIn(f"billing:refund from run {self.run_id} (call 1) was rejected by bob at ", str(rejected.exception))
+        self.assertIn("(duplicate request); it will not be executed.", str(rejected.exception))
+        self.assertEqual(self.effects("refunds"), [])
+        self.assertEqual([e["kind"] for e in self.decisions()], ["rejected"])
+
     # ---- a kill between the intent and the result
 
     def kill_while_approving(self, hold: Path, wait_for) -> None:
@@ -1258,7 +1333,9 @@ class Approval(Tiered):
         self.assertIn("read back: the effect was NOT written: outbox/payer/refunds.jsonl holds no effect", out)
         again = self.approve()
         self.assertEqual(again.returncode, 1)
-        self.assertIn("no result was recorded: its effect is uncertain and it will not be executed again", again.stderr)
+        self.assertIn("was approved by bob and its effect is uncertain (the effect was NOT written: outbox/payer/refunds.jsonl "
+                      "holds no effect ", again.stderr)
+        self.assertIn("): it will not be executed again.", again.stderr)
         self.assertEqual(self.effects("refunds"), [])
         code, out, _ = self.factory("reject", self.run_id, "--by", "bob", "--reason", "reconciled: no refund went out")
         self.assertEqual(code, 0)
