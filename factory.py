@@ -3540,10 +3540,9 @@ def verified_entries(fac: Factory, chain: Chain, wanted=None) -> tuple[list[tupl
 
 
 def decisions_of(fac: Factory, wanted=None) -> Decisions:
-    """The approvals log read, chain verified, every entry's signature checked (only those wanted(entry)
-    selects, when given): see Decisions. Refusal when the log holds less than this machine wrote or
-    verified in it (emptied, it would reopen calls). Read whole, it raises this machine's anchor to its
-    last entry that verifies (what is signed may be anchored; what anyone could append is not)."""
+    """The approvals log read, chain verified, each entry wanted(entry) selects (default: all) checked:
+    see Decisions. Refusal when it holds less than this machine wrote or verified in it (emptied, it would
+    reopen calls). Read whole, it raises this machine's anchor to its last entry that verifies."""
     chain = fac.store.read_chain(fac.approvals, DECISION_SHAPE)
     problem = anchor_problem(fac, {"approvals": chain})
     if problem:
@@ -6860,9 +6859,8 @@ def reconciled(signer: Signer, body: dict):
 
 
 def decider(fac: Factory, args, guards: tuple) -> tuple[dict, Signer, Claim]:
-    """(the staged call, its decider's Signer, its Claim) for approve and reject: the call loaded, the
-    signer named, the guards enforced, each log entry on the call that does not verify named on stderr
-    (believed by no one), the signer's key ready."""
+    """(the staged call, its decider's Signer, its Claim) for approve and reject: the guards enforced, each
+    log entry on the call that does not verify named on stderr, the signer's key ready."""
     entry, signer = load_pending(fac, args.run_id, args.call), signer_of(fac, args)
     claim = enforce(staged_call_claim(fac, entry), guards)
     for line in claim.decisions.doubted.get((entry["run_id"], entry["call"]), []):

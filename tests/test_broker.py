@@ -1,6 +1,6 @@
 """The broker: the decision order written once in broker.rule_on, a denial handed back as the
-result, writes held until the gate, and broker.settle's table for held calls (tier x gate result x
-the agent's hand-off x effect)."""
+result, writes held until the gate, broker.settle's table for held calls (tier x gate result x
+the agent's hand-off x effect), and a parked call's state from its decisions (broker.call_state)."""
 
 from __future__ import annotations
 
@@ -208,3 +208,37 @@ class Settle(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CallStates(unittest.TestCase):
+    """A parked call's state from its signed decisions, in order, its lock and its expiry: every state
+    reached, each from the decisions the table allows, and a decision it does not allow changing nothing."""
+
+    def state(self, *kinds: str, executing: bool = False, expired: bool = False, ok: bool = True) -> str:
+        decisions = [{"kind": kind, "ok": ok, "read_back": ok} for kind in kinds]
+        return broker.call_state(decisions, executing=executing, expired=expired)[0]
+
+    def test_every_state_from_its_decisions(self):
+        table = [((), {}, "pending"), ((), {"expired": True}, "expired"),
+                 (("intent",), {"executing": True}, "executing"), (("intent",), {}, "uncertain-effect"),
+                 (("intent", "result"), {}, "executed"), (("intent", "result"), {"ok": False}, "uncertain-effect"),
+                 (("rejected",), {"expired": True}, "rejected"), (("intent", "rejected"), {}, "rejected"),
+                 (("intent", "result", "intent", "result"), {"ok": False}, "uncertain-effect"),
+                 (("intent", "result", "rejected", "intent"), {"executing": True}, "executed"),   # allowed by no step
+                 (("result", "rejected", "intent", "result"), {}, "rejected")]
+        for kinds, facts, state in table:
+            with self.subTest(kinds=kinds, **facts):
+                self.assertEqual(self.state(*kinds, **facts), state)
+        self.assertEqual({state for _, _, state in table}, set(broker.CALL_STATES))
+        self.assertLessEqual({kind for steps in broker.STEPS.values() for kind in steps}, set(broker.DECISIONS))
+
+    def test_the_decision_that_put_it_there_is_named(self):
+        intent, result = {"kind": "intent", "by": "bob"}, {"kind": "result", "by": "bob", "ok": True, "read_back": True}
+        self.assertEqual(broker.call_state([intent, result, intent], executing=False, expired=True), ("executed", result))
+        self.assertEqual(broker.call_state([], executing=False, expired=False), ("pending", None))
+        for state in broker.CALL_STATES:   # every refusal names what decided the call
+            for station, wording in broker.REFUSED_IN.items():
+                with self.subTest(state=state, station=station):
+                    line = broker.refused_in(station, state, call="c", by="bob", at="t", reason="r", expires="e", found="f")
+                    self.assertEqual(line is None, state not in wording)
+                    self.assertTrue(line is None or "\n" not in line and line.startswith("c "))
