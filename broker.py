@@ -27,6 +27,7 @@ the contracts, the tool implementations and a `record` callable that appends to 
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -478,3 +479,140 @@ def verdict_after(at_close: str, outcomes: list[str], waiting: bool) -> str:
     if at_close != "waiting-for-approval":
         return worst if worst == "uncertain-effect" else at_close
     return "waiting-for-approval" if waiting else worst
+
+
+# ---- statistics: what k passing cases of n say of the cases not yet seen (pure: the factory prints them)
+
+Z95 = 1.959964     # the standard normal's 0.975 quantile: a two-sided 95% interval
+MIN_SLICE = 20     # a slice of a suite (one source, one expected label) with fewer cases is not judged
+TOO_FEW = "too few to judge"
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """(low, high), the Wilson score interval of k successes in n trials, 95% two-sided by default (E. B.
+    Wilson, JASA 22 (1927) 209; https://en.wikipedia.org/wiki/Binomial_proportion_confidence_interval).
+    Unlike k/n +- z*se it stays inside 0..1 and keeps its width at 0/n and n/n, where suites score;
+    at n/n its low is n/(n + z^2). (0.0, 1.0) for n = 0: nothing seen, nothing known."""
+    if n == 0:
+        return 0.0, 1.0
+    p, zz = k / n, z * z
+    centre, half = p + zz / (2 * n), z * math.sqrt(p * (1 - p) / n + zz / (4 * n * n))
+    return max(0.0, (centre - half) / (1 + zz / n)), min(1.0, (centre + half) / (1 + zz / n))
+
+
+def clears(k: int, n: int, bar) -> bool:
+    """True when the 95% interval's lower bound of k/n is at or above the bar (a number in 0..1): the
+    count shows the bar is met, rather than being consistent with it. No cases clear no bar."""
+    return n > 0 and wilson(k, n)[0] >= bar
+
+
+def needed_cases(bar) -> int | None:
+    """The fewest cases that show `bar` even with every one passing (a 0.92 bar needs 45, 0.7 needs 9);
+    None for a bar of 1, which no number of cases shows."""
+    if bar >= 1:
+        return None
+    n = max(1, math.floor(bar * Z95 * Z95 / (1 - bar)) - 1)   # n/(n + z^2) >= bar, from just below
+    while not clears(n, n, bar):
+        n += 1
+    return n
+
+
+def decimals(bar) -> int:
+    """How many decimal places a number's text has (0.66667 -> 5, 1e-05 -> 5, 1 -> 0)."""
+    from decimal import Decimal
+    return max(0, -Decimal(str(bar)).normalize().as_tuple().exponent)
+
+
+def cut(value: float, places: int, up: bool = False) -> float:
+    """value cut down (or, with up, raised) to `places` decimals, read from its shortest text (so 0.29 stays
+    0.29): a lower bound is never printed above itself, nor an upper one below."""
+    from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+    step = Decimal(1).scaleb(-places)
+    return float(Decimal(repr(value)).quantize(step, rounding=ROUND_CEILING if up else ROUND_FLOOR))
+
+
+def part(k: int, n: int, places: int = 4) -> dict:
+    """{passing_cases, cases, score, interval}: k/n cut (never rounded up) to `places`, and its 95% Wilson
+    interval [low cut down, high raised] to as many places; score 0 and interval [0, 1] for no cases."""
+    low, high = wilson(k, n)
+    return {"passing_cases": k, "cases": n, "score": (k * 10 ** places // n) / 10 ** places if n else 0.0,
+            "interval": [cut(low, places), cut(high, places, up=True)]}
+
+
+def part_text(share: dict, bar=None, whole: bool = True) -> str:
+    """'38/50 = 0.76 [0.62, 0.86]' for {passing_cases, cases}: the score cut and its 95% interval, to 2 places
+    or the bar's; a slice (whole=False) of fewer than MIN_SLICE cases is '11/16: too few to judge'."""
+    k, n = share["passing_cases"], share["cases"]
+    if not whole and n < MIN_SLICE:
+        return f"{k}/{n}: {TOO_FEW}"
+    places = max(2, decimals(bar)) if bar is not None else 2
+    score, (low, high) = part(k, n, places)["score"], part(k, n, places)["interval"]
+    return f"{k}/{n} = {score:.{places}f} [{low:.{places}f}, {high:.{places}f}]"
+
+
+def lower_tail(certified: tuple[int, int], passes: int, window: int) -> "Fraction":
+    """One-sided Fisher exact test, exactly: the chance (a Fraction) that `window` runs drawn from the
+    certified runs and the window together hold `passes` gate passes or fewer, when both samples share
+    one pass rate. certified is (passes, runs) at signing. A plain binomial test against the certified
+    rate would take that rate as exact: certified at 1.0, one flag in twenty is then impossible, and
+    demotes; here the certified rate is only as sure as the runs it was measured on."""
+    from fractions import Fraction
+    runs, hits = certified[1] + window, certified[0] + passes
+    ways = sum(math.comb(hits, k) * math.comb(runs - hits, window - k) for k in range(passes + 1))
+    return Fraction(ways, math.comb(runs, window))
+
+
+def mcnemar_exact(fixed: int, broke: int) -> float:
+    """The two-sided exact McNemar p-value of a paired comparison: of the cases whose result changed, `fixed`
+    went fail -> pass and `broke` pass -> fail; the chance of a split this uneven or more if either way were
+    equally likely (binomial at 1/2; https://en.wikipedia.org/wiki/McNemar%27s_test). 1.0 when none changed."""
+    changed = fixed + broke
+    tail = sum(math.comb(changed, i) for i in range(min(fixed, broke) + 1))
+    return min(1.0, 2 * tail / 2 ** changed)
+
+
+# ---- a proof's verdict, from its counts alone (prove's exit status, summary, --json and --junit; certify)
+
+# PASS              at or above the pass bar, and a draft rubric on the card was scored
+# UNDER BAR         under the card's pass bar
+# RUBRIC UNSCORED   the card's draft rubric could not be scored: a rubric that could not be scored is not passed
+# MODEL UNANSWERED  made with --require-model, and the card's models did not answer every case
+PROOF_VERDICTS = ("PASS", "UNDER BAR", "RUBRIC UNSCORED", "MODEL UNANSWERED")
+
+
+def clears_bar(passing: int, cases: int, bar) -> bool:
+    """passing/cases >= bar, compared as exact fractions with the bar read from its decimal text
+    (0.66667 is 66667/100000, so 2 of 3 is under it); no cases clear no bar."""
+    from fractions import Fraction
+    return cases > 0 and Fraction(passing, cases) >= Fraction(str(bar))
+
+
+def proof_verdict(proof: dict) -> str:
+    """One of PROOF_VERDICTS from a proof's passing_cases, cases, pass_bar, rubric and, for a proof made
+    with --require-model, model_answered (the cases the card's models answered: a score of the offline
+    rules measures no model), in that table's order from the bottom up."""
+    if proof.get("model_required") and proof.get("model_answered") != proof["cases"]:
+        return "MODEL UNANSWERED"
+    if not clears_bar(proof["passing_cases"], proof["cases"], proof["pass_bar"]):
+        return "UNDER BAR"
+    return "RUBRIC UNSCORED" if proof["rubric"] == "failed" else "PASS"
+
+
+def share(results: list[dict], bar) -> dict:
+    """part() of case results (each with `passed`), cut to 4 places or the bar's."""
+    return part(sum(r["passed"] for r in results), len(results), max(4, decimals(bar)))
+
+
+def shares_by(results: list[dict], bar, key: Callable[[dict], str | None]) -> dict[str, dict]:
+    """name -> share of the results whose key(result) is that name (None: left out), names sorted."""
+    names = sorted({name for name in map(key, results) if name is not None})
+    return {name: share([r for r in results if key(r) == name], bar) for name in names}
+
+
+def expected_shares(results: list[dict], bar) -> dict[str, dict[str, dict]]:
+    """output field -> expected value -> share of the results expecting it, from each result's `labels` (field ->
+    the value its case expects); a value not a string is named by its JSON."""
+    def named(key: str):
+        return lambda r: None if key not in r["labels"] else r["labels"][key] if isinstance(
+            r["labels"][key], str) else json.dumps(r["labels"][key])
+    return {key: shares_by(results, bar, named(key)) for key in sorted({key for r in results for key in r["labels"]})}

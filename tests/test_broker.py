@@ -4,6 +4,7 @@ the agent's hand-off x effect), and a parked call's state from its decisions (br
 
 from __future__ import annotations
 
+import math
 import unittest
 
 import broker
@@ -204,6 +205,58 @@ class Settle(unittest.TestCase):
         broker.settle(calls, "C3", "pass", False, shown(calls))
         self.assertEqual([(c.seq, c.ruling, c.args) for c in calls], before)
         self.assertEqual(broker.settle([], "C3", "pass", False, []), [])
+
+
+def quadratic_wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson interval found another way, as by hand: the two p where the observed rate is z standard
+    errors from p, (k/n - p)^2 = z^2 p (1 - p) / n, the roots of (1 + z^2/n) p^2 - (2k/n + z^2/n) p + (k/n)^2."""
+    a, b, c = 1 + z * z / n, -(2 * k / n + z * z / n), (k / n) ** 2
+    root = math.sqrt(b * b - 4 * a * c)
+    return (-b - root) / (2 * a), (-b + root) / (2 * a)
+
+
+class Intervals(unittest.TestCase):
+    """The statistics a certificate's number rests on: the Wilson score interval at 95%, the cases a bar
+    needs, the exact McNemar test of a paired comparison; checked against values worked out by hand."""
+
+    def test_wilson_against_values_worked_out_by_hand(self):
+        # 38/50: p = 0.76, z^2 = 3.841459; centre (0.76 + 0.038415) / 1.076829 = 0.741450, half-width
+        # 1.959964 * sqrt(0.76 * 0.24 / 50 + 3.841459 / 10000) / 1.076829 = 0.115577
+        for (k, n), (low, high) in (((38, 50), (0.625873, 0.857027)), ((10, 10), (10 / (10 + 1.959964 ** 2), 1.0)),
+                                    ((0, 10), (0.0, 1.959964 ** 2 / (10 + 1.959964 ** 2))), ((11, 16), (0.444, 0.8584)),
+                                    ((1, 2), (0.0945, 0.9055))):
+            with self.subTest(f"{k}/{n}"):
+                self.assertAlmostEqual(broker.wilson(k, n)[0], low, places=4)
+                self.assertAlmostEqual(broker.wilson(k, n)[1], high, places=4)
+        for k, n in ((38, 50), (11, 16), (1, 3), (7, 9), (199, 200), (1, 1000)):
+            for got, wanted in zip(broker.wilson(k, n), quadratic_wilson(k, n)):
+                self.assertAlmostEqual(got, wanted, places=9, msg=f"{k}/{n}")
+        self.assertEqual(broker.wilson(0, 0), (0.0, 1.0), "nothing seen, nothing known")
+
+    def test_a_bar_needs_cases_even_at_a_perfect_score(self):
+        for bar, needed in ((0.92, 45), (0.7, 9), (0.8, 16), (0.95, 73), (0.5, 4), (0.0, 1)):
+            with self.subTest(bar=bar):
+                self.assertEqual(broker.needed_cases(bar), needed)
+                self.assertTrue(broker.clears(needed, needed, bar))
+                self.assertFalse(broker.clears(needed - 1, needed - 1, bar))
+        self.assertIsNone(broker.needed_cases(1), "no number of cases shows a bar of 1")
+        self.assertFalse(broker.clears(38, 50, 0.70), "the bar lies inside [0.63, 0.86]")
+        self.assertFalse(broker.clears(0, 0, 0.0), "no cases clear no bar")
+
+    def test_mcnemar_exact(self):
+        # of the changed cases, fixed and broke split as a fair coin would: 2 * P(X <= min) under Binomial(n, 1/2)
+        for fixed, broke, p in ((3, 1, 2 * (1 + 4) / 16), (0, 5, 2 / 32), (5, 0, 2 / 32), (0, 0, 1.0), (4, 4, 1.0),
+                                (10, 2, 2 * (1 + 12 + 66) / 4096)):
+            with self.subTest(fixed=fixed, broke=broke):
+                self.assertAlmostEqual(broker.mcnemar_exact(fixed, broke), p, places=12)
+
+    def test_a_score_is_printed_with_its_n_and_interval(self):
+        self.assertEqual(broker.part_text({"passing_cases": 38, "cases": 50}), "38/50 = 0.76 [0.62, 0.86]")
+        self.assertEqual(broker.part_text({"passing_cases": 2, "cases": 3}, 0.66667), "2/3 = 0.66666 [0.20765, 0.93851]")
+        self.assertEqual(broker.part_text({"passing_cases": 11, "cases": 16}, whole=False), "11/16: too few to judge")
+        self.assertEqual(broker.part_text({"passing_cases": 19, "cases": 20}, whole=False), "19/20 = 0.95 [0.76, 1.00]")
+        self.assertEqual(broker.part(38, 50), {"passing_cases": 38, "cases": 50, "score": 0.76, "interval": [0.6258, 0.8571]})
+        self.assertEqual(broker.part(0, 0)["interval"], [0.0, 1.0])
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ class Prompt(LineTest):
         self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
 
     def test_a_proof_on_the_cards_model_with_scored_drafts_has_no_warning(self):
-        self.model_answers(4)
+        self.model_answers(20)
         with FakeSage(expectation=3.0) as sage:
             self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY="sage-key")
             self.prove_sealed("faq")
@@ -88,7 +88,7 @@ class Prompt(LineTest):
                       "claude-sonnet-5-5 or claude-haiku-5-5\n", prompt)
 
     def test_a_proof_partly_answered_by_the_rules_is_warned_about(self):
-        self.model_answers(2, retired=4)   # two cases answered; the primary and fallback of the other two retired
+        self.model_answers(2, retired=4)   # two cases answered; the primary and fallback of the next two retired, then no answer
         self.prove_sealed("faq", "--jobs", "1")
         prompt = self.signed()
         self.assertRegex(prompt, r"\n  proved on: anthropic, offline-after-error: [^\n]+ \(claude-sonnet-5-5\); the card's model: ")

@@ -93,7 +93,7 @@ class NewAgent(LineTest):
                                                           "def old_rules(", 1))
         code, out, _ = self.factory("prove", "faq")
         self.assertEqual(code, 1, out)
-        self.assertIn("  real tickets: none   synthetic 0/6 = 0.00   backends: none answered\n", out)
+        self.assertIn("  real tickets: none   synthetic 0/20 = 0.00 [0.00, 0.17]   backends: none answered\n", out)
 
     def test_its_tools_are_one_read_and_one_draft_in_its_own_module(self):
         agent = factory.load_agent(self.fac, "faq")

@@ -14,7 +14,8 @@ from tests.support import LineTest, junit_problems, write_jsonl
 RECORD_KEYS = {"format", "agent", "half", "at", "verdict", "passed", "score", "passing_cases", "cases", "pass_bar",
                "rubric", "real", "synthetic",
                "tool_denials", "drafts_scored", "draft_mean", "draft_check", "backends", "models", "digest", "components",
-               "suite", "suite_digest", "failures", "model_required", "model_answered"}
+               "suite", "suite_digest", "failures", "model_required", "model_answered", "interval", "by_source",
+               "by_expected"}
 RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line",
             "backends", "cost_usd", "steps", "denied", "acted", "staged", "routed", "why", "output", "tools"}
 
@@ -218,7 +219,7 @@ class ProofVerdicts(VerdictOutputs):
         banking_suite(self.root / "evals", 2, 3)
         self.set_bar("triager", 0.66667)
         _, summary, record, _ = self.outputs()
-        self.assertIn("2/3 = 0.66666 (bar 0.66667) UNDER BAR", summary)
+        self.assertIn("2/3 = 0.66666 [0.20765, 0.93851] (bar 0.66667) UNDER BAR", summary)
         self.assertEqual(record["score"], 0.66666)
 
     def test_a_suite_with_no_cases_is_refused_and_writes_no_report(self):
@@ -269,10 +270,10 @@ class ProofVerdicts(VerdictOutputs):
     def test_a_part_with_no_cases_says_none(self):
         banking_suite(self.root / "evals", 2, 2)   # synthetic cases only
         self.set_bar("triager", 0.5)
-        self.assertIn("\n  real tickets: none   synthetic 2/2 = 1.00   backends: offline\n", self.factory("prove", "triager")[1])
+        self.assertIn("\n  real tickets: none   synthetic 2/2: too few to judge   backends: offline\n", self.factory("prove", "triager")[1])
         rows = [{"id": "r", "input": "How do I order a new card?", "expect": {"label": "account"}, "source": "cfpb:1"}]
         write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", rows)
-        self.assertIn("\n  real tickets 1/1 = 1.00   synthetic: none   backends: offline\n", self.factory("prove", "triager")[1])
+        self.assertIn("\n  real tickets 1/1: too few to judge   synthetic: none   backends: offline\n", self.factory("prove", "triager")[1])
 
     def test_a_junit_path_that_is_a_folder_is_refused_saying_so(self):
         folder = self.tmp / "reports"
@@ -290,9 +291,62 @@ class ProofVerdicts(VerdictOutputs):
         [bar] = [c for c in suite.iter("testcase") if c.get("name") == "pass bar"]
         failure = bar.find("failure")
         self.assertEqual(failure.get("type"), "under-bar")
-        self.assertEqual(failure.get("message"), "UNDER BAR: 3/4 = 0.75 (bar 0.8), draft:unscored (no key)")
+        self.assertEqual(failure.get("message"), "UNDER BAR: 3/4 = 0.75 [0.30, 0.96] (bar 0.8), draft:unscored (no key)")
         self.assertTrue(all(float(c.get("time")) >= 0 for c in suite.iter("testcase")))
         self.assertGreaterEqual(float(suite.get("time")), max(float(c.get("time")) for c in suite.iter("testcase")))
+
+
+def sourced_suite(path) -> None:
+    """28 cases the offline triager labels account: 20 from banking77 (two expecting bug, so failing), 5 from
+    cfpb and 3 synthetic."""
+    rows = [{"id": f"b{i:02}", "input": f"How do I order a new card? ({i})", "source": f"banking77:test:{i}",
+             "expect": {"label": "bug" if i < 2 else "account"}} for i in range(20)]
+    rows += [{"id": f"c{i}", "input": f"How do I order a new card? (c{i})", "source": f"cfpb:{i}", "expect": {"label": "account"}}
+             for i in range(5)]
+    rows += [{"id": f"s{i}", "input": f"How do I order a new card? (s{i})", "source": "synthetic", "expect": {"label": "account"}}
+             for i in range(3)]
+    write_jsonl(path, rows)
+
+
+class ScoresWithIntervals(VerdictOutputs):
+    """Every score prove, certify, the certificate and the tower print carries its n and its 95% interval:
+    overall, real tickets and synthetic ones, per source, per expected label; a slice under 20 cases is
+    too few to judge."""
+
+    PARTS = ["  real tickets 23/25 = 0.92 [0.75, 0.98]   synthetic 3/3: too few to judge   backends: offline",
+             "  by source: banking77 18/20 = 0.90 [0.69, 0.98]; cfpb 5/5: too few to judge",
+             "  by expected label: account 26/26 = 1.00 [0.87, 1.00]; bug 0/2: too few to judge"]
+
+    def test_prove_prints_each_part_in_every_format(self):
+        sourced_suite(self.root / "evals" / "triager" / "cases.jsonl")
+        self.set_bar("triager", 0.5)
+        _, summary, record, junit = self.outputs()
+        self.assertIn("triager [open half of triager] 26/28 = 0.92 [0.77, 0.99] (bar 0.5) PASS", summary)
+        self.assertEqual(self.factory("prove", "triager")[1].splitlines()[1:4], self.PARTS)
+        self.assertEqual((record["interval"], record["by_source"]["banking77"]),
+                         ([0.7735, 0.9802], {"passing_cases": 18, "cases": 20, "score": 0.9, "interval": [0.6989, 0.9722]}))
+        self.assertEqual(record["by_expected"]["label"]["bug"]["cases"], 2)
+        properties = {p.get("name"): p.get("value") for p in junit.iter("property")}
+        self.assertEqual({key: properties[key] for key in ("interval", "real", "synthetic", "source.banking77",
+                                                           "source.cfpb", "expected.label.bug")},
+                         {"interval": "0.7735, 0.9802", "real": "23/25 = 0.92 [0.75, 0.98]",
+                          "synthetic": "3/3: too few to judge", "source.banking77": "18/20 = 0.90 [0.69, 0.98]",
+                          "source.cfpb": "5/5: too few to judge", "expected.label.bug": "0/2: too few to judge"})
+
+    def test_certify_the_certificate_and_the_tower_carry_them(self):
+        sourced_suite(self.root / "evals" / "triager" / "sealed.jsonl")
+        self.set_bar("triager", 0.5)
+        self.prove_sealed()
+        prompt = self.sign().stderr
+        self.assertIn(": 26/28 = 0.92 [0.77, 0.99] (bar 0.5), draft:unscored (no key)\n"
+                      + "".join(f"  {line}\n" for line in [part.replace("   backends: offline", "") for part in self.PARTS]),
+                      prompt)
+        counts = self.cert()["sealed_counts"]
+        self.assertEqual((counts["passing_cases"], counts["cases"], counts["interval"]), (26, 28, [0.7735, 0.9802]))
+        self.assertEqual(counts["by_source"]["cfpb"]["cases"], 5)
+        tower = self.factory("tower")[1]
+        self.assertIn("certified on its sealed half: 26/28 = 0.92 [0.77, 0.99]\n", tower)
+        self.assertIn("gate pass over scored runs: -\n", tower)
 
 
 class RequireModel(VerdictOutputs):
@@ -445,7 +499,7 @@ class SealedVerdicts(LineTest):
         banking_suite(self.root / "evals", 2, 3, "sealed")
         self.set_bar("triager", 0.66667)
         self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 1)
-        self.refused("sealed score 2/3 = 0.66666 is under the bar 0.66667.", "certify", "triager", "--tier", "C1", "--by", "alice")
+        self.refused("sealed score 2/3 = 0.66666 [0.20765, 0.93851] is under the bar 0.66667.", "certify", "triager", "--tier", "C1", "--by", "alice")
 
     def test_certify_refuses_a_rubric_that_was_not_scored(self):
         banking_suite(self.root / "evals", 3, 3, "sealed")
@@ -464,7 +518,7 @@ class SealedVerdicts(LineTest):
         older = {k: v for k, v in record.items() if k not in ("verdict", "rubric", "passing_cases", "mac")}
         older.update(format="factory-proof-1", passed=2, score=0.6667)
         path.write_text(json.dumps(older))
-        self.refused("sealed score 2/3 = 0.66666 is under the bar 0.66667.", "certify", "triager", "--tier", "C1", "--by", "alice")
+        self.refused("sealed score 2/3 = 0.66666 [0.20765, 0.93851] is under the bar 0.66667.", "certify", "triager", "--tier", "C1", "--by", "alice")
         older.update(pass_bar=0.6666)   # the same counts clear a bar of 0.6666 ...
         path.write_text(json.dumps(older))
         self.refused("the sealed proof carries no evidence MAC", "certify", "triager", "--tier", "C1", "--by", "alice")
@@ -483,7 +537,7 @@ class SuitePerHalf(LineTest):
         self.assertEqual(self.factory("stamp", "triager", "--as", "tri-eu")[0], 0)
         code, out, _ = self.factory("prove", "tri-eu", "--sealed")
         self.assertEqual(code, 1)
-        self.assertIn("tri-eu [sealed half of tri-eu] 0/3 = 0.00 (bar 0.7) UNDER BAR", out)
+        self.assertIn("tri-eu [sealed half of tri-eu] 0/3 = 0.00 [0.00, 0.57] (bar 0.7) UNDER BAR", out)
         code, out, _ = self.factory("prove", "tri-eu")
         self.assertIn("tri-eu [open half of triager] ", out.splitlines()[0])
         code, out, _ = self.factory("prove", "triager", "--sealed", "--json")

@@ -10,6 +10,7 @@ import unittest
 from fractions import Fraction
 import xml.etree.ElementTree as ET
 
+import broker
 import factory
 from factory import CHART_KINDS, chart_svg, render_tower_html
 from tests.fake_sage import FakeSage
@@ -58,7 +59,8 @@ def make_agent(name="triager"):
     counts = [0, 1, 2, 4, 5, 9, 11, 16, 27, 34]
     return {
         "agent": name, "trust": trust(), "gate_bar": 0.85,
-        "runs": 124, "unfinished": 2, "scored": 120, "passed": 80, "pass_rate": 80 / 120, "unscored": 4,
+        "runs": 124, "unfinished": 2, "scored": 120, "passed": 80, "pass_rate": 80 / 120, "pass_interval": [0.5783, 0.7447],
+        "unscored": 4,
         "acted": 3, "staged": 1, "denied": 2, "cost_usd": None, "backends": ["offline"],
         "gate_p": {"bins": 10, "counts": counts, "runs": sum(counts)},
         "days": days,
@@ -145,7 +147,7 @@ class TowerHtmlTest(unittest.TestCase):
         self.assertIn("Generated at 2026-11-30 05:00 UTC", all_text)
         summary = "".join(root.find(".//section/p[@class='summary']").itertext())
         self.assertIn("124 runs (2 unfinished)", summary)
-        self.assertIn("gate pass 66.7% (80/120 scored, bar 0.85)", summary)
+        self.assertIn("gate pass 80/120 = 0.66 [0.57, 0.75] (scored runs, bar 0.85)", summary)
         self.assertIn("cost ?", summary)
         self.assertIn("drift: in control (recent 13/20 passed, needs 8/20, certified 14/20)", summary)
         self.assertNotIn(" ok", summary, "the text's words, not a word of its own")
@@ -171,7 +173,7 @@ class TowerHtmlTest(unittest.TestCase):
         for svg in svgs:
             self.assertIn("no data yet", texts(svg), svg.get("data-chart"))
             self.assertEqual(len([e for e in svg.iter("line")]) >= 2, True)
-        self.assertIn("gate pass - (0/0 scored", "".join(root.find(".//section/p[@class='summary']").itertext()))
+        self.assertIn("gate pass - (scored runs", "".join(root.find(".//section/p[@class='summary']").itertext()))
 
     def test_minimal_and_malformed_inputs_do_not_crash(self):
         for agent in ({"agent": "bare"},
@@ -299,28 +301,28 @@ class DriftAtTheExtremes(unittest.TestCase):
         self.assertFalse(watched((20, 20), 16).demoted)
         self.assertTrue(watched((20, 20), 15).demoted)
         # all five flags of the forty runs fall in the window: C(20,5)/C(40,5), just under 1/20
-        self.assertEqual(factory.lower_tail((20, 20), 15), Fraction(math.comb(20, 5), math.comb(40, 5)))
-        self.assertEqual(factory.lower_tail((20, 20), 16), Fraction(math.comb(20, 4), math.comb(40, 4)))
+        self.assertEqual(broker.lower_tail((20, 20), 15, 20), Fraction(math.comb(20, 5), math.comb(40, 5)))
+        self.assertEqual(broker.lower_tail((20, 20), 16, 20), Fraction(math.comb(20, 4), math.comb(40, 4)))
 
     def test_certified_at_seventeen_and_a_half_percent_can_be_demoted(self):
         self.assertTrue(watched((7, 40), 0).demoted, "an agent certified at 7/40 could never be demoted")
         self.assertEqual(watched((7, 40), 0).describe(), "DEMOTED to C0 (recent 0/20 passed, needs 1/20, certified 7/40)")
         self.assertFalse(watched((7, 40), 1).demoted)
         # no pass in the window: all seven passes of the sixty runs fell among the forty certified ones
-        self.assertEqual(factory.lower_tail((7, 40), 0), Fraction(math.comb(40, 7), math.comb(60, 7)))
+        self.assertEqual(broker.lower_tail((7, 40), 0, 20), Fraction(math.comb(40, 7), math.comb(60, 7)))
 
     def test_in_the_middle(self):
         self.assertEqual(watched((14, 20), 8).limit, 8)
         self.assertFalse(watched((14, 20), 8).demoted)
         self.assertTrue(watched((14, 20), 7).demoted)
-        self.assertLess(factory.lower_tail((14, 20), 7), Fraction(*factory.DRIFT_SIGNIFICANCE))
-        self.assertGreaterEqual(factory.lower_tail((14, 20), 8), Fraction(*factory.DRIFT_SIGNIFICANCE))
+        self.assertLess(broker.lower_tail((14, 20), 7, 20), Fraction(*factory.DRIFT_SIGNIFICANCE))
+        self.assertGreaterEqual(broker.lower_tail((14, 20), 8, 20), Fraction(*factory.DRIFT_SIGNIFICANCE))
 
     def test_the_limit_is_exactly_where_the_test_starts_to_reject(self):
         for certified in ((20, 20), (16, 20), (14, 20), (7, 40), (1, 20), (0, 20), (100, 100), (1000, 1000)):
             limit = watched(certified, 0).limit
             for passes in range(factory.DRIFT_WINDOW + 1):
-                rejects = factory.lower_tail(certified, passes) < Fraction(*factory.DRIFT_SIGNIFICANCE)
+                rejects = broker.lower_tail(certified, passes, 20) < Fraction(*factory.DRIFT_SIGNIFICANCE)
                 self.assertEqual(watched(certified, passes).demoted, rejects, (certified, passes))
                 self.assertEqual(passes < limit, rejects, (certified, passes))
 
@@ -357,8 +359,9 @@ def strings_of(value) -> list[str]:
 
 def figures_not_in(doc: dict, text: str, also: tuple[float, ...] = ()) -> list[str]:
     """Each number printed in `text` that is not a number of the document, formatted (a count, a rate
-    as a percent to one place, USD to the places shown); the document's own strings (names, phrases,
-    times) are taken out first, longest first."""
+    as a percent to one place, USD to the places shown, each rounded, cut or raised to its last place: an
+    interval's low end is cut, its high end raised); the document's own strings (names, phrases, times)
+    are taken out first, longest first."""
     for known in sorted(set(strings_of(doc)) | set(FIXED_PHRASES), key=len, reverse=True):
         if any(c.isdigit() for c in known):
             text = text.replace(known, " ")
@@ -367,7 +370,7 @@ def figures_not_in(doc: dict, text: str, also: tuple[float, ...] = ()) -> list[s
     for token in NUMBER.findall(text):
         digits = token.strip("$%").replace(",", "")
         places = len(digits.partition(".")[2])
-        value, tolerance = float(digits), 0.5 * 10 ** -places + 1e-12
+        value, tolerance = float(digits), 10 ** -places + 1e-12
         if token.endswith("%"):
             value, tolerance = value / 100, tolerance / 100
         if not any(abs(figure - value) <= tolerance for figure in figures):
@@ -450,7 +453,8 @@ class TowerReport(LineTest):
         triager = self.agent(doc)
         section = page.find(".//section[@data-agent='triager']")
         summary = "".join(section.find("p[@class='summary']").itertext())
-        self.assertIn("gate pass 92.5% (37/40 scored, bar 0.85)", summary)
+        self.assertIn("gate pass 37/40 = 0.92 [0.80, 0.98] (scored runs, bar 0.85)", summary)
+        self.assertIn("gate pass over scored runs: 37/40 = 0.92 [0.80, 0.98]", text)
         dots = [c.find("title").text for c in section.iter("circle") if c.get("class") == "point"]
         self.assertEqual(dots, [f"{triager['days'][0]['day']}: 37/40 scored runs passed = 92.5%"],
                          "the day's dot and the header share one denominator: scored runs")
