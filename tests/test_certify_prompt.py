@@ -80,7 +80,7 @@ class Prompt(LineTest):
         self.assertNotIn("WARNING", prompt)
 
     def test_a_proof_answered_by_a_model_the_card_does_not_name_is_warned_about(self):
-        self.model_answers(4, model="gpt-4o-mini")   # a proxy put another model behind the card's
+        self.model_answers(20, model="gpt-4o-mini")   # a proxy put another model behind the card's
         self.prove_sealed("faq")
         prompt = self.signed()
         self.assertIn("  proved on: anthropic (gpt-4o-mini); the card's model: claude-sonnet-5-5 then claude-haiku-5-5\n"
