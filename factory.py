@@ -2,7 +2,7 @@
 """The agent factory: a job card (ABOM) goes in, a certified agent comes out.
 
 Stations: new, stamp, restamp, prove, certify, run, tower, harvest, recall, doctor, pending, approve,
-reject, replay, digest, schema. This module is the only one that wires the parts together and the only one
+reject, replay, export, digest, schema. This module is the only one that wires the parts together and the only one
 that prints; it reads in seven sections: store and layout, cards and agents, trust, runs, stations,
 tower, command line. Exit statuses: 0 done, 1 refused or failed verdict, 2 usage error, 130
 interrupted. A refusal is one lowercase line on stderr; results go to stdout.
@@ -458,6 +458,7 @@ class Factory:
     # the trust root of ssh signatures lives where someone who writes the registry cannot write
     allowed_signers = cached_property(lambda self: Path(self.env.get("FACTORY_ALLOWED_SIGNERS")
                                                         or self.keys_dir / "allowed_signers").absolute())
+    otlp = cached_property(lambda self: llm.otlp_settings(self.env))   # None: no endpoint, nothing exported
     evidence_key_path = cached_property(lambda self: self.keys_dir / "_evidence.key")   # no signer's name starts with _
     # this machine's anchor for this root: a root is known by its path, which the registry's writers cannot move
     anchor_path = cached_property(lambda self: self.keys_dir / f"_anchor-{sha256(str(self.root).encode())[7:23]}.json")
@@ -4403,7 +4404,7 @@ class Loop:
         self.cost = None if self.cost is None or reply.cost_usd is None else self.cost + reply.cost_usd
         self.backends.append(reply.backend)
         self.models.append(reply.model)
-        self.record({"event": "model", "step": self.steps, "backend": reply.backend, "model": reply.model,
+        self.record({"event": "model", "step": self.steps, "backend": reply.backend, "model": reply.model, "requested": reply.requested,
                      "usage": reply.usage, "cost_usd": reply.cost_usd, "latency_ms": round(reply.latency_ms, 3),
                      "text": reply.text, "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls],
                      "attempts": list(reply.attempts), "headers": reply.headers,
@@ -4797,8 +4798,9 @@ class Trace:
         return trace
 
     def record(self, event: dict) -> None:
-        """Append one event: through the run's own handle, or, for a trace opened later (an approval, in
-        another process), under the lock."""
+        """Append one event, with the time it is written unless it has its own `at`: through the run's own
+        handle, or, for a trace opened later (an approval, in another process), under the lock."""
+        event = {"at": utc_now(), **event}
         if self.log is not None:
             self.log.append(event)
         else:
@@ -4822,6 +4824,8 @@ class Trace:
         closed = {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}}
         self.fac.store.append_jsonl(self.fac.index, sealed_evidence(self.fac, closed))   # counted as evidence
         self.release()   # after the closed row: until then the run is still being written (harvest asks)
+        if self.fac.otlp:
+            export_run(self.fac, self.agent, self.run_id)
 
     @staticmethod
     def read(fac: Factory, run_id: str, agent: str | None = None) -> Recorded:
@@ -4965,11 +4969,11 @@ MODES = {
 }
 
 
-def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients) -> "llm.Worker":
+def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients, run_id: str | None) -> "llm.Worker":
     """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules,
-    and the station's circuit breaker, shared by every worker of a batch."""
+    the station's circuit breaker, shared by every worker of a batch, and the run (its traceparent)."""
     return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input,
-                      breaker=clients.breaker)
+                      breaker=clients.breaker, run_id=run_id)
 
 
 class ToolsOnFirstUse(Mapping):
@@ -5015,7 +5019,7 @@ def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *
         tools = ToolsOnFirstUse(partial(agent.tools_for, fac, run_id))
     broker = Broker(agent.policy_at(tier), agent.contracts, {} if tools is None else tools, how.broker, record)
     if worker is None and how.asks:
-        worker = make_worker(fac, agent, task_input, clients)
+        worker = make_worker(fac, agent, task_input, clients, run_id)
     spill = (lambda name, text: fac.store.spill(agent.name, run_id, name, text)) if how.spills else None
     router = Router(clients.router, record) if how.watched else None
     return Loop(worker, broker, agent, task_text(task_input), record, spill=spill, router=router)
@@ -5104,7 +5108,7 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
     try:
         for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"]):
             call, decision = settlement.call, settlement.decision
-            event = {"event": "settled", "seq": call.seq, "tool": call.tool, "args_digest": settlement.digest,
+            event = {"event": "settled", "at": utc_now(), "seq": call.seq, "tool": call.tool, "args_digest": settlement.digest,
                      "decision": decision, "why": settlement.why}
             if decision == "commit":   # the tools that write committed effects, made for the first one
                 committing = committing or agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags})
@@ -5209,7 +5213,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
     unexpected = sorted(set(denied) - allowed)
     known = sorted({*agent.contracts, *agent.card["tools"]})
     unknown = {tool: closest(tool, known) for tool in unexpected if tool not in agent.contracts}   # a typo in the rules
-    return {"id": case["id"], "passed": status == "done" and not wrong and not unexpected,
+    result = {"id": case["id"], "passed": status == "done" and not wrong and not unexpected,
             "status": status, "reason": loop.reason, "wrong": wrong, "denied": denied,
             "unexpected_denials": unexpected, "unknown_tools": unknown, "draft": got.get("draft"),
             "backends": sorted(set(loop.backends)),
@@ -5217,6 +5221,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
             "synthetic": case.get("source") == "synthetic", "source": str(case.get("source") or "unnamed").split(":")[0],
             "labels": {key: value for key, value in expect.items() if "enum" in agent.module.OUTPUT_SCHEMA["properties"][key]},
             "draft_score": None, "seconds": time.monotonic() - started}
+    return {**result, "answered": answered_by_card_models(agent.card, result)}
 
 
 def draft_items(agent: Agent, cases: list[dict], results: list[dict], indices: list[int]) -> list:
@@ -5322,7 +5327,7 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
              "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures,
              "model_required": require_model,
              "models": sorted({m for r in results for m in r["models"]}),
-             "model_answered": sum(answered_by_card_models(agent.card, r) for r in results)}
+             "model_answered": sum(r["answered"] for r in results)}
     verdict = proof_verdict(proof)
     return {"format": RECORD_FORMAT, "verdict": verdict, "passed": verdict == "PASS", **proof}
 
@@ -5416,6 +5421,14 @@ ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
     "SAGE_PROTOCOL": "levanto (default) or systemone",
     "SAGE_MODEL": "the decision model's name (System One)",
     "SAGE_REASONING": "Levanto's reasoning setting: auto, off or on",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "export each run to this OTLP/HTTP URL + /v1/traces",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "export each run to exactly this URL",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf (default) or http/json",
+    "OTEL_EXPORTER_OTLP_HEADERS": "export headers, k=v,k2=v2 (never recorded)",
+    "OTEL_EXPORTER_OTLP_TIMEOUT": "ms an export may take (2000; at most 10000)",
+    "OTEL_SERVICE_NAME": "service.name of exported runs (agent-factory)",
+    "OTEL_RESOURCE_ATTRIBUTES": "resource attributes of exported runs, k=v,...",
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true: export the ticket, output and tool texts",
     "HTTPS_PROXY": "proxy for https model and Sage calls (or https_proxy)",
     "HTTP_PROXY": "proxy for http model and Sage calls (or http_proxy)",
     "USER": "your name where it is recorded (unset: your login name)",
@@ -5425,6 +5438,7 @@ PROXY_ENV = ("HTTPS_PROXY", "HTTP_PROXY")
 WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "MOONSHOT_API_KEY",
               "MOONSHOT_BASE_URL", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL", "SAGEROUTE_URL", "SAGEROUTE_TOKEN")
 GATE_ENV = ("SAGE_API_KEY", "SAGE_ENDPOINT", "SAGE_PROTOCOL", "SAGE_MODEL", "SAGE_REASONING")
+OTEL_ENV = tuple(name for name in ENVIRONMENT if name.startswith("OTEL_"))
 ROOT_ENV = ("FACTORY_ROOT", "FACTORY_KEYS_DIR")   # every station: the root, and the keys folder it checks lies outside it
 ENV_COLUMN = 19   # a longer variable name goes on its own line in --help, so every line fits 80 columns
 KEYS_ENV = ("FACTORY_ALLOWED_SIGNERS",)   # stations that sign or check a signature (the keys folder is in ROOT_ENV)
@@ -5795,38 +5809,48 @@ def unanswered_text(proof: dict) -> str:
 
 
 def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
-    """JUnit XML for one proof, in the Jenkins/Surefire schema: the testsuite's properties carry the
-    verdict, score and bar; a testcase per case (sealed failures say nothing about the case); and a
-    `pass bar` testcase that fails exactly when the verdict is not PASS. Times are seconds."""
-    from xml.etree import ElementTree
-    name = f"{proof['agent']}.{proof['half']}"
-    failed = sum(not r["passed"] for r in results) + (not proof["passed"])
-    counts = {"tests": str(len(results) + 1), "failures": str(failed), "errors": "0"}
-    suites = ElementTree.Element("testsuites", name="factory prove", time=f"{seconds:.3f}", **counts)
-    suite = ElementTree.SubElement(suites, "testsuite", name=name, **counts, skipped="0",
-                                   time=f"{seconds:.3f}", timestamp=proof["at"])
-    properties = ElementTree.SubElement(suite, "properties")
+    """JUnit XML for one proof (Jenkins/Surefire schema; times in seconds), so that CI reads the verdict:
+    the testsuite's properties carry verdict, score and bar; a testcase per case, and a `pass bar`
+    testcase that fails exactly when the verdict is not PASS. Only a failed proof fails a case: a missed
+    case is then a <failure>, a crash or a case the card's models never answered (--require-model) an
+    <error>; a passing proof's missed cases are listed in its <system-out> and `missed` property. A shard
+    (no verdict of its own) skips its pass bar. Sealed cases are named by id alone."""
+    from xml.etree import ElementTree as ET
+    name, shard = f"{proof['agent']}.{proof['half']}", proof.get("shard")
+    suites = ET.Element("testsuites", name="factory prove", time=f"{seconds:.3f}")
+    suite = ET.SubElement(suites, "testsuite", name=name + (f".shard-{shard[0]}-of-{shard[1]}" if shard else ""),
+                          time=f"{seconds:.3f}", timestamp=proof["at"])
+    properties, missed = ET.SubElement(suite, "properties"), []
+    for result in results:
+        case = ET.SubElement(suite, "testcase", classname=f"factory.{name}", name=result["id"], time=f"{result['seconds']:.3f}")
+        kind, why = failure_type(proof, result), failure_message(proof["half"], result)
+        if kind and (proof["passed"] or shard):
+            missed.append(f"{result['id']} ({kind}): {why}")
+        elif kind:
+            ET.SubElement(case, "error" if kind in ("run-crashed", "model-unanswered") else "failure", type=kind, message=why).text = why
+    bar = ET.SubElement(suite, "testcase", classname=f"factory.{name}", name="pass bar", time="0.000")
+    verdict, score = proof["verdict"], part_text(proof, proof["pass_bar"])
+    why = f"{verdict}: {score} (bar {proof['pass_bar']}), draft:{proof['draft_check']}"
+    if shard:
+        ET.SubElement(bar, "skipped", message=f"shard {shard[0]}/{shard[1]}: the verdict is the merge's")
+    elif not proof["passed"]:
+        why += f"; {unanswered_text(proof)}" if verdict == "MODEL UNANSWERED" else ""
+        ET.SubElement(bar, "failure", type=verdict.lower().replace(" ", "-"), message=why).text = why
     parts = [("real", proof["real"]), ("synthetic", proof["synthetic"])] + \
         [(f"source.{name}", one) for name, one in proof["by_source"].items()] + \
         [(f"expected.{key}.{name}", one) for key, values in proof["by_expected"].items() for name, one in values.items()]
-    for key, value in [(key, proof[key]) for key in JUNIT_PROPERTIES] + \
+    for key, value in [(key, proof[key]) for key in JUNIT_PROPERTIES] + [("missed", len(missed))] + \
             [(name, part_text(one, whole=False) if one["cases"] else "none") for name, one in parts]:
         value = ", ".join(map(str, value)) if isinstance(value, list) else value
-        ElementTree.SubElement(properties, "property", name=key,
-                               value=json.dumps(value) if isinstance(value, bool) else str(value))
-    for result in results:
-        case = ElementTree.SubElement(suite, "testcase", classname=f"factory.{name}", name=result["id"],
-                                      time=f"{result['seconds']:.3f}")
-        if not result["passed"]:
-            junit_failure(case, failure_type(proof["half"], result), failure_message(proof["half"], result))
-    bar = ElementTree.SubElement(suite, "testcase", classname=f"factory.{name}", name="pass bar", time="0.000")
-    if not proof["passed"]:
-        verdict, score = proof["verdict"], part_text(proof, proof["pass_bar"])
-        why = f"; {unanswered_text(proof)}" if verdict == "MODEL UNANSWERED" else ""
-        junit_failure(bar, verdict.lower().replace(" ", "-"),
-                      f"{verdict}: {score} (bar {proof['pass_bar']}), draft:{proof['draft_check']}{why}")
-    ElementTree.indent(suites)
-    return xml_safe(ElementTree.tostring(suites, encoding="unicode", xml_declaration=True)) + "\n"
+        ET.SubElement(properties, "property", name=key, value=json.dumps(value) if isinstance(value, bool) else str(value))
+    ET.SubElement(suite, "system-out").text = "\n".join([why] + [f"missed {line}" for line in missed])
+    cases = list(suite.iter("testcase"))
+    counts = {"tests": len(cases), **{key + "s" * (key != "skipped"): sum(c.find(key) is not None for c in cases)
+                                      for key in ("failure", "error", "skipped")}}
+    suites.attrib.update({key: str(counts[key]) for key in ("tests", "failures", "errors")})   # its schema has no skipped
+    suite.attrib.update({key: str(value) for key, value in counts.items()})
+    ET.indent(suites)
+    return xml_safe(ET.tostring(suites, encoding="unicode", xml_declaration=True)) + "\n"
 
 
 # What XML 1.0 forbids anywhere in a document (https://www.w3.org/TR/xml/#charsets): C0 controls but tab,
@@ -5844,20 +5868,18 @@ JUNIT_PROPERTIES = ("verdict", "passed", "score", "interval", "passing_cases", "
                     "backends", "model_required", "model_answered", "suite", "half", "digest")
 
 
-def junit_failure(case, kind: str, message: str) -> None:
-    """Mark a JUnit testcase (an ElementTree element) failed: a <failure> with a type and a message
-    (strict readers want both), the message also as its text."""
-    from xml.etree import ElementTree
-    ElementTree.SubElement(case, "failure", type=kind, message=message).text = message
-
-
-def failure_type(half: str, result: dict) -> str:
-    """What kind of failure a case had, for JUnit's `type`: run-STATUS, wrong-output, tool-denied or
-    draft-under-min; `sealed` for the sealed half (its cases stay sealed)."""
-    if half == "sealed":
-        return "sealed"
+def failure_type(proof: dict, result: dict) -> str:
+    """'' for a case that passed; else what kind of miss, JUnit's `type`: run-STATUS (run-crashed among them),
+    model-unanswered (with --require-model), wrong-output, tool-denied or draft-under-min; `sealed` for a
+    sealed case that failed (its cases stay sealed; a crash is still one)."""
+    if proof.get("model_required") and not result["answered"]:
+        return "model-unanswered"
+    if result["passed"]:
+        return ""
     if result["status"] != "done":
         return f"run-{result['status']}"
+    if proof["half"] == "sealed":
+        return "sealed"
     return "wrong-output" if result["wrong"] else "tool-denied" if result["unexpected_denials"] else "draft-under-min"
 
 
@@ -6143,7 +6165,7 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
          exits=("every run completed, whether or not a human must see it",
                 "refused, a run crashed, or a run's effect is uncertain (a write failed)"),
          more_exits=((STDOUT_CLOSED, "stdout closed (--file ... | head): stderr says how many ran"),),
-         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *KEYS_ENV, "PATH", *MODEL_ENV))
+         env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *KEYS_ENV, "PATH", *MODEL_ENV, *OTEL_ENV))
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
 
@@ -6203,7 +6225,7 @@ def batch_problems(failed: list, tickets: int) -> list[str]:
 
 def waits_on_nothing(fac: Factory, agent: Agent, clients: Clients) -> bool:
     """True when the agent's runs would make no network call: no model key for its card and no gate."""
-    return make_worker(fac, agent, None, clients).planned_backend() == "offline" and clients.router is None
+    return make_worker(fac, agent, None, clients, None).planned_backend() == "offline" and clients.router is None
 
 
 @dataclass
@@ -6403,7 +6425,7 @@ def flagged(row: dict) -> bool:
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose flagged runs to harvest"),
          examples=("python3 factory.py harvest triager",),
          exits=("done, also when nothing was flagged", "refused: no such agent, or evalsmith is not certified"),
-         env=(*ROOT_ENV, *KEYS_ENV, *MODEL_ENV))
+         env=(*ROOT_ENV, *KEYS_ENV, *MODEL_ENV, *OTEL_ENV))
 def cmd_harvest(fac: Factory, args) -> int:
     """Turn an agent's flagged runs into proposed eval cases.
 
@@ -6874,6 +6896,50 @@ def cmd_replay(fac: Factory, args) -> int:
     for line in differences:
         print(f"  {line}")
     return 1 if differences else 0
+
+
+@station(arg("runs", type=run_reference, nargs="*", metavar="RUN_ID", help="these runs (RUN_ID or AGENT/RUN_ID); "
+             "default: each run not yet sent"),
+         arg("--all", action="store_true", help="every stored run, sent before or not"),
+         examples=("python3 factory.py export", "python3 factory.py export --all"),
+         exits=("every run chosen was sent", "no endpoint set, or a run could not be sent (each named)"),
+         env=(*ROOT_ENV, *OTEL_ENV, *PROXY_ENV))
+def cmd_export(fac: Factory, args) -> int:
+    """Send stored runs to an OpenTelemetry backend (OTLP/HTTP).
+
+    Each run is one trace (its spans: the run, each model call, tool call and gate decision) sent to the
+    endpoint in OTEL_EXPORTER_OTLP_ENDPOINT; a run sends itself as it ends, and notes in its trace when that
+    failed: this station sends runs made offline, failed, or made before a backend was added. One line
+    per run: RUN_ID sent, or FAILED and why.
+    """
+    if fac.otlp is None:
+        raise Refusal("no OTLP endpoint: set OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://localhost:4318)")
+    runs = [(agent or find_trace(fac, run_id).parent.name, run_id) for agent, run_id in args.runs] or \
+           [(row["agent"], row["run_id"]) for row in index_rows(fac)]
+    failed = 0
+    for agent, run_id in runs:
+        later = Trace.read(fac, run_id, agent).later
+        if not (args.all or args.runs) and [e.get("ok") for e in later if e.get("event") == "export"][-1:] == [True]:
+            continue   # sent before
+        problem = export_run(fac, agent, run_id)
+        failed += bool(problem)
+        print(run_id, f"FAILED ({problem})" if problem else "sent", sep="\t")
+    return 1 if failed else 0
+
+
+def export_run(fac: Factory, agent: str, run_id: str) -> str:
+    """Send one finished run's spans to fac.otlp's endpoint and note in its trace how that went (an `export`
+    event after its end); '' when sent, else why not, in one line. It never raises for the endpoint."""
+    recorded = Trace.read(fac, run_id, agent)
+    try:
+        body = llm.otlp_body(fac.otlp, run_id, llm.run_spans(recorded.events, fac.otlp.content))
+        llm.send_otlp(llm.build_opener(fac.env), fac.otlp, body)
+        problem = ""
+    except llm.LLMError as error:
+        problem = str(error)   # names no header value (llm.send_otlp); the trace is written scrubbed
+    Trace(fac, agent, run_id).record({"event": "export", "to": fac.otlp.url, "ok": not problem,
+                                      **({"error": problem} if problem else {})})
+    return problem
 
 
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose digest to print"),

@@ -148,6 +148,7 @@ class Reply:
     attempts: tuple[dict, ...] = ()  # failures before this reply: {"model","backend","error","retry_in_s"[,"headers"]}
     stop_reason: str = ""            # normalised: one of STOP_REASONS ('' = not recorded)
     raw_stop_reason: str = ""        # as the vendor sent it (Anthropic stop_reason, OpenAI finish_reason)
+    requested: str = ""              # the model named in the request that answered ('' from the rules)
 
     @property
     def acts(self) -> bool:
@@ -829,22 +830,30 @@ def post_json(opener, url: str, headers: Mapping[str, str], body: dict, timeout:
     `timeout` (s) bounds each socket read; `deadline` (s, default twice `timeout`) bounds the whole
     request, connect and every read of the body together (Timeout(deadline) past it); a 2xx body over
     MAX_REPLY_BYTES is Oversized."""
+    raw, got, latency = post_bytes(opener, url, {"content-type": "application/json", "accept": "application/json",
+                                                 **headers}, request_bytes(body), timeout, secrets, deadline)
+    return _parse_json(raw), recorded_headers(got), latency
+
+
+def post_bytes(opener, url: str, headers: Mapping[str, str], data: bytes, timeout: float,
+               secrets: tuple[str, ...] = (), deadline: float | None = None,
+               limit: int = MAX_REPLY_BYTES) -> tuple[bytes, object, float]:
+    """POST data with these headers (and our user-agent); (2xx body, response headers, latency ms), the body
+    read up to `limit` bytes. Timeouts and errors as post_json's."""
     import http.client
     import urllib.error
     import urllib.request
-    request = urllib.request.Request(url, request_bytes(body), method="POST",
-                                     headers={"content-type": "application/json", "accept": "application/json",
-                                              "user-agent": USER_AGENT, **headers})
+    request = urllib.request.Request(url, data, method="POST", headers={"user-agent": USER_AGENT, **headers})
     deadline = 2 * timeout if deadline is None else deadline
     start = time.monotonic()
     try:
         with opener.open(request, timeout=min(timeout, deadline)) as response:
-            raw = read_bounded(response, MAX_REPLY_BYTES, start + deadline)
+            raw = read_bounded(response, limit, start + deadline)
             got = response.headers
     except urllib.error.HTTPError as err:
         raise _status_error(err, secrets, start + deadline) from None
     except BodyTooLarge:
-        raise Oversized(MAX_REPLY_BYTES) from None
+        raise Oversized(limit) from None
     except DeadlinePassed:
         raise Timeout(deadline) from None
     except TimeoutError:
@@ -855,8 +864,7 @@ def post_json(opener, url: str, headers: Mapping[str, str], body: dict, timeout:
         raise ConnectionFailed(redact(str(err.reason), secrets)) from None
     except (OSError, http.client.HTTPException) as err:
         raise ConnectionFailed(type(err).__name__) from None
-    latency = (time.monotonic() - start) * 1000
-    return _parse_json(raw), recorded_headers(got), latency
+    return raw, got, (time.monotonic() - start) * 1000
 
 
 class BodyTooLarge(Exception):
@@ -1152,9 +1160,10 @@ class Worker:
 
     def __init__(self, model: dict, env: Mapping[str, str], rules=None, task_input=None,
                  timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep, max_tokens: int = 1024,
-                 breaker: Breaker | None = None, deadline: float | None = None):
+                 breaker: Breaker | None = None, deadline: float | None = None, run_id: str | None = None):
         """`breaker`: the batch's shared Breaker; None gives this Worker one of its own. `timeout` (s)
-        bounds each socket read of a model call, `deadline` (s; None: twice `timeout`) the whole call."""
+        bounds each socket read of a model call, `deadline` (s; None: twice `timeout`) the whole call.
+        With a `run_id`, every request carries the traceparent of its call's chat span (traceparent)."""
         self._env = dict(env)
         self._breaker = breaker if breaker is not None else Breaker()
         self._chain = _model_chain(model, self._env)
@@ -1163,6 +1172,7 @@ class Worker:
         self._deadline = deadline
         self._dead: dict[str, LLMError] = {}   # model id -> why this Worker stopped asking it
         self._rules_reason = ""                # set by use_rules: no model is asked again
+        self._run_id, self._calls = run_id, 0  # complete() calls so far: the step whose span a request names
 
     @cached_property
     def _rng(self) -> random.Random:
@@ -1228,6 +1238,7 @@ class Worker:
 
     def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
         """One answer from the first live model, else offline rules; raises the last LLMError without rules."""
+        self._calls += 1
         if self._rules_reason:
             return replace(self._offline.complete(messages, tools), backend=f"offline-{self._rules_reason}")
         attempts: list[dict] = []
@@ -1272,7 +1283,7 @@ class Worker:
         got = parse_reply(route.wire, data, tool_names(tools))
         cost = reply_cost(route, model_id, got.model, got.usage)
         return Reply(got.text, got.calls, got.usage, cost, got.model, route.backend, latency,
-                     headers, stop_reason=got.stop, raw_stop_reason=got.raw_stop)
+                     headers, stop_reason=got.stop, raw_stop_reason=got.raw_stop, requested=route.model)
 
     def _post(self, route: Route, model_id: str, body: dict, attempts: list[dict]) -> tuple[dict, dict, float]:
         """post_json with up to MAX_RETRIES retries while the breaker admits them; each retried
@@ -1280,8 +1291,9 @@ class Worker:
         retry = 0
         while True:
             self._breaker.admit(route.backend)
+            headers = {**route.headers, "traceparent": traceparent(self._run_id, self._calls)} if self._run_id else route.headers
             try:
-                answer = post_json(self._opener, route.url, route.headers, body, self._timeout, route.secrets,
+                answer = post_json(self._opener, route.url, headers, body, self._timeout, route.secrets,
                                    self._deadline)
             except LLMError as err:
                 self._breaker.record(route.backend, err)
@@ -1345,3 +1357,317 @@ class Scripted:
     def use_rules(self, reason: str) -> None:
         """A scripted worker has no rules to answer with: ValueError, as from a Worker without rules."""
         raise ValueError("a scripted worker has no offline rules to answer with")
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenTelemetry: one run's trace as OTLP spans, sent over OTLP/HTTP (protobuf or JSON)
+#
+# Settings as every OpenTelemetry SDK reads them (https://opentelemetry.io/docs/specs/otel/protocol/exporter/);
+# the message layout of opentelemetry-proto (opentelemetry/proto/trace/v1/trace.proto, common/v1/common.proto,
+# collector/trace/v1/trace_service.proto) and its JSON mapping (docs/specification.md: ids as hex, 64-bit
+# integers as strings); span and attribute names of the GenAI semantic conventions
+# (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/, gen-ai-agent-spans/). Message content
+# (the ticket, outputs, tool arguments and results) is opt-in there, and here. The factory documents each
+# OTEL_* variable read below in its --help.
+
+OTLP_TYPES = MappingProxyType({"http/protobuf": "application/x-protobuf", "http/json": "application/json"})
+EXPORT_TIMEOUT_MS, MAX_EXPORT_TIMEOUT_MS = 2000, 10000
+SPAN_INTERNAL, SPAN_CLIENT = 1, 3         # trace.proto Span.SpanKind
+STATUS_ERROR = 2                          # trace.proto Status.StatusCode (0 unset)
+SCOPE = ("agent-factory", "1")            # the instrumentation scope's name and version
+
+
+@dataclass(frozen=True)
+class Otlp:
+    """Where and how runs are exported. `problem` says why nothing can be sent with these settings
+    ('' when something can): the export is then noted in the trace as failed, with that reason."""
+    url: str
+    protocol: str                           # one of OTLP_TYPES
+    headers: tuple[tuple[str, str], ...]    # sent, never recorded: their values count as secrets
+    resource: tuple[tuple[str, str], ...]   # service.name first
+    content: bool                           # message content exported (opt-in)
+    timeout_s: float                        # bounds the whole export: connect, send, answer
+    problem: str = ""
+
+
+def otlp_settings(env: Mapping[str, str]) -> Otlp | None:
+    """The export settings in env (OTEL_* variables: a traces endpoint wins over the base endpoint, + /v1/traces),
+    or None when no endpoint is set: then nothing is exported."""
+    url = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or "").strip()
+    base = (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "").strip()
+    if not (url or base):
+        return None
+    url = url or base.rstrip("/") + "/v1/traces"
+    protocol = (env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    headers, bad_headers = _otel_pairs(env.get("OTEL_EXPORTER_OTLP_HEADERS"))
+    resource, bad_resource = _otel_pairs(env.get("OTEL_RESOURCE_ATTRIBUTES"))
+    service = (env.get("OTEL_SERVICE_NAME") or dict(resource).get("service.name") or SCOPE[0]).strip()
+    timeout = _finite_ms(env.get("OTEL_EXPORTER_OTLP_TIMEOUT"))
+    problems = [f"OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not {' or '.join(OTLP_TYPES)}"] * (protocol not in OTLP_TYPES)
+    problems += [f"the OTLP endpoint {redact(url)!r} is not an http(s) URL"] * (urllib.parse.urlsplit(url).scheme not in ("http", "https"))
+    problems += [f"{name} holds an entry that is not key=value" for name, bad in
+                 (("OTEL_EXPORTER_OTLP_HEADERS", bad_headers), ("OTEL_RESOURCE_ATTRIBUTES", bad_resource)) if bad]
+    problems += ["OTEL_EXPORTER_OTLP_TIMEOUT is not a number of milliseconds"] * (timeout is None)
+    resource = (("service.name", service),) + tuple(kv for kv in resource if kv[0] != "service.name")
+    return Otlp(url, protocol, headers, resource,
+                (env.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT") or "").strip().lower() == "true",
+                min(timeout or EXPORT_TIMEOUT_MS, MAX_EXPORT_TIMEOUT_MS) / 1000, "; ".join(problems))
+
+
+def _otel_pairs(text: str | None) -> tuple[tuple[tuple[str, str], ...], bool]:
+    """(key, value) pairs of a W3C-baggage-like list `k=v,k2=v2` (values percent-decoded), and whether an
+    entry was not key=value (it is left out)."""
+    pairs, bad = [], False
+    for entry in filter(str.strip, (text or "").split(",")):
+        key, equals, value = entry.partition("=")
+        if not (equals and key.strip()):
+            bad = True
+            continue
+        pairs.append((key.strip(), urllib.parse.unquote(value.strip())))
+    return tuple(pairs), bad
+
+
+def _finite_ms(text: str | None) -> float | None:
+    """A positive number of milliseconds (EXPORT_TIMEOUT_MS when unset), or None when it is not one."""
+    try:
+        value = float(text) if text and text.strip() else float(EXPORT_TIMEOUT_MS)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def trace_id(run_id: str) -> str:
+    """The OpenTelemetry trace id (32 hex) of a run: the same for every export of it, and for its model calls."""
+    return hashlib.sha256(f"trace {run_id}".encode()).hexdigest()[:32]
+
+
+def span_id(run_id: str, part: str) -> str:
+    """The span id (16 hex) of one part of a run: `root`, `chat STEP`, `tool SEQ`, `gate`, `run_gate N`."""
+    return hashlib.sha256(f"span {run_id} {part}".encode()).hexdigest()[:16]
+
+
+def traceparent(run_id: str, step: int) -> str:
+    """The W3C traceparent of a run's model call number `step` (https://www.w3.org/TR/trace-context/):
+    the call's chat span is its parent, sampled."""
+    return f"00-{trace_id(run_id)}-{span_id(run_id, f'chat {step}')}-01"
+
+
+@dataclass(frozen=True)
+class Span:
+    """One OTLP span of a run: ids as hex, times in ns since the epoch, attributes in order."""
+    span_id: str
+    parent_id: str             # '' for the run's root span
+    name: str
+    kind: int                  # SPAN_INTERNAL or SPAN_CLIENT
+    start_ns: int
+    end_ns: int
+    attributes: tuple[tuple[str, object], ...]   # values: str, bool, int, float, or a tuple of str
+    error: str = ""            # the status message of a span that failed ('' = unset)
+
+
+def run_spans(events: list[dict], content: bool) -> list[Span]:
+    """The spans of one run from its trace events as the factory records them (header first, then each event
+    with `event` and `at`, ISO 8601 UTC): the root `invoke_agent AGENT` span, one `chat MODEL` per `model`
+    event, one `execute_tool TOOL` per `tool` event, one `gate` per `gate` event, one `run_gate` per
+    `run_gate` event. A model or tool event ends at its `at` and began `latency_ms` or `ms` before; a gate
+    began with the event before it. Events written before events carried a time take the run's start; the
+    root span then says so (factory.times = header-only). Without `content`, no text of the ticket, the
+    output, the model or a tool is in any span (the GenAI conventions' opt-in)."""
+    header, run_id = events[0], str(events[0].get("run_id"))
+    start = previous = _ns(header.get("at"), 0)
+    end = next((e for e in events if e.get("event") == "end"), {})
+    results = {e.get("seq"): e for e in events if e.get("event") == "tool_result"}
+    spans, untimed, steps = [], False, 0
+    for event in events[1:]:
+        kind, at = event.get("event"), _ns(event.get("at"), None)
+        untimed |= at is None
+        at = previous if at is None else at
+        if kind == "model":
+            steps += 1
+            spans.append(_chat_span(run_id, event, steps, at, content))
+        elif kind == "tool":
+            spans.append(_tool_span(run_id, event, results.get(event.get("seq"), {}), at, content))
+        elif kind in ("gate", "run_gate"):
+            fields = ("result", "p", "bar", "answer") if kind == "gate" else ("action", "p", "source", "tier", "detectors")
+            part = "gate" if kind == "gate" else f"run_gate {len(spans)}"
+            spans.append(Span(span_id(run_id, part), "", kind, SPAN_INTERNAL, previous, at,
+                              _present({f"factory.{kind}.{name}": event.get(name) for name in fields}),
+                              "the gate failed" if event.get("result") == "failed" else ""))
+        previous = max(previous, at)
+    root = span_id(run_id, "root")
+    agent = str(header.get("agent"))
+    attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent, "gen_ai.conversation.id": run_id,
+                  "factory.verdict": end.get("verdict"), "factory.status": end.get("status"),
+                  "factory.tier": header.get("tier"), "factory.certified_tier": header.get("certified_tier"),
+                  "factory.digest": header.get("digest"), "factory.ticket": header.get("ticket"),
+                  "factory.gate.result": end.get("gate"), "factory.cost_usd": end.get("cost_usd"),
+                  "factory.routed": end.get("routed"), "factory.times": "header-only" if untimed else None}
+    if content:
+        attributes.update({"gen_ai.input.messages": _messages("user", header.get("input")),
+                           "gen_ai.output.messages": _messages("assistant", end.get("output")),
+                           "factory.reason": end.get("reason")})
+    error = f"run {end.get('status')}" if end.get("status") in ("crashed", "over-budget", "escalated") else ""
+    return [Span(root, "", f"invoke_agent {agent}", SPAN_INTERNAL, start, max(previous, _ns(end.get("at"), previous)),
+                 _present(attributes), error)] + [replace(span, parent_id=root) for span in spans]
+
+
+def _chat_span(run_id: str, event: dict, step: int, at: int, content: bool) -> Span:
+    """The `chat` span of one model event (its step-th model call: the span its traceparent named)."""
+    usage = event.get("usage") if isinstance(event.get("usage"), dict) else {}
+    requested = event.get("requested") or event.get("model")
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": str(event.get("backend", "")).split(":")[0],
+                  "gen_ai.request.model": requested, "gen_ai.response.model": event.get("model"),
+                  "gen_ai.usage.input_tokens": usage.get("input_tokens"),
+                  "gen_ai.usage.output_tokens": usage.get("output_tokens"),
+                  "gen_ai.response.finish_reasons": (event.get("raw_stop_reason") or event.get("stop_reason") or "",),
+                  "factory.backend": event.get("backend"), "factory.cost_usd": event.get("cost_usd"),
+                  "factory.attempts": len(event.get("attempts") or ())}
+    if content:
+        attributes["gen_ai.output.messages"] = _messages("assistant", event.get("text"), event.get("tool_calls"))
+    return Span(span_id(run_id, f"chat {step}"), "", f"chat {requested}", SPAN_CLIENT,
+                _before(at, event.get("latency_ms")), at, _present(attributes))
+
+
+def _tool_span(run_id: str, event: dict, result: dict, at: int, content: bool) -> Span:
+    """The `execute_tool` span of one tool event, with the broker's ruling (and the result text, with content)."""
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": event.get("tool"),
+                  "gen_ai.tool.type": "function", "gen_ai.tool.call.id": result.get("tool_call_id"),
+                  "factory.ruling": event.get("ruling"), "factory.effect": event.get("effect"),
+                  "error.type": event.get("error") if event.get("ok") is False else None}
+    if content:
+        attributes.update({"gen_ai.tool.call.arguments": as_text(json.dumps(event.get("args"), ensure_ascii=False)),
+                           "gen_ai.tool.call.result": result.get("content")})
+    return Span(span_id(run_id, f"tool {event.get('seq')}"), "", f"execute_tool {event.get('tool')}", SPAN_INTERNAL,
+                _before(at, event.get("ms")), at, _present(attributes), str(event.get("error") or "") if event.get("ok") is False else "")
+
+
+def _messages(role: str, text, calls=None) -> str:
+    """The GenAI conventions' message list (JSON text) of one message: its text part, then any tool calls."""
+    parts = [] if text in (None, "") else [{"type": "text", "content": text if isinstance(text, str) else as_text(json.dumps(text, ensure_ascii=False))}]
+    parts += [{"type": "tool_call", "id": c.get("id"), "name": c.get("name"), "arguments": c.get("args")}
+              for c in calls or () if isinstance(c, dict)]
+    return as_text(json.dumps([{"role": role, "parts": parts}], ensure_ascii=False))
+
+
+def _before(at: int, ms) -> int:
+    """at (ns) less a duration in ms, when ms is a duration (a number from 0 to a day); else at."""
+    if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 <= ms <= 86_400_000:
+        return at - int(ms * 1e6)
+    return at
+
+
+def _present(attributes: dict) -> tuple:
+    """The attributes whose value is set: None is left out, as OTLP has no null."""
+    return tuple((key, value) for key, value in attributes.items() if value is not None)
+
+
+def _ns(stamp, default):
+    """ns since the epoch of an ISO 8601 time, or default when it is none."""
+    from datetime import datetime
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except (TypeError, ValueError):
+        return default
+    return int(moment.timestamp()) * 10 ** 9 + moment.microsecond * 1000
+
+
+def otlp_body(settings: Otlp, run_id: str, spans: list[Span]) -> bytes:
+    """One ExportTraceServiceRequest holding the run's spans, encoded as settings.protocol says."""
+    if settings.protocol == "http/json":
+        return _json_request(settings, trace_id(run_id), spans)
+    return _proto_request(settings, bytes.fromhex(trace_id(run_id)), spans)
+
+
+def send_otlp(opener, settings: Otlp, body: bytes) -> None:
+    """POST one export to settings.url within settings.timeout_s, headers and all; raises LLMError
+    (HTTPStatus, Timeout, ConnectionFailed, ...) with no header value in its text."""
+    if settings.problem:
+        raise LLMError(settings.problem)
+    secrets = tuple(value for _, value in settings.headers if value)
+    post_bytes(opener, settings.url, {"content-type": OTLP_TYPES[settings.protocol], **dict(settings.headers)},
+               body, settings.timeout_s, secrets, settings.timeout_s, limit=65536)
+
+
+def _json_request(settings: Otlp, trace: str, spans: list[Span]) -> bytes:
+    """OTLP/JSON: proto3's JSON mapping with lowerCamelCase names, ids as hex, 64-bit integers as strings."""
+    def span(s: Span) -> dict:
+        out = {"traceId": trace, "spanId": s.span_id, "name": s.name, "kind": s.kind,
+               "startTimeUnixNano": str(s.start_ns), "endTimeUnixNano": str(s.end_ns),
+               "attributes": _json_attributes(s.attributes)}
+        out.update({"parentSpanId": s.parent_id} if s.parent_id else {})
+        out.update({"status": {"code": STATUS_ERROR, "message": s.error}} if s.error else {})
+        return out
+    return as_text(json.dumps({"resourceSpans": [{
+        "resource": {"attributes": _json_attributes(settings.resource)},
+        "scopeSpans": [{"scope": {"name": SCOPE[0], "version": SCOPE[1]}, "spans": [span(s) for s in spans]}]}]},
+        ensure_ascii=False)).encode()
+
+
+def _json_attributes(pairs) -> list[dict]:
+    """KeyValue list in OTLP/JSON."""
+    return [{"key": key, "value": _json_value(value)} for key, value in pairs]
+
+
+def _json_value(value) -> dict:
+    """An AnyValue in OTLP/JSON."""
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, (tuple, list)):
+        return {"arrayValue": {"values": [_json_value(v) for v in value]}}
+    return {"stringValue": as_text(str(value))}
+
+
+def _proto_request(settings: Otlp, trace: bytes, spans: list[Span]) -> bytes:
+    """OTLP/protobuf: ExportTraceServiceRequest{1: ResourceSpans{1: Resource, 2: ScopeSpans{1: scope, 2: spans}}}."""
+    def span(s: Span) -> bytes:
+        status = _pb(15, _pb(2, s.error.encode()) + _tag(3, 0) + _varint(STATUS_ERROR)) if s.error else b""
+        return (_pb(1, trace) + _pb(2, bytes.fromhex(s.span_id)) + (_pb(4, bytes.fromhex(s.parent_id)) if s.parent_id else b"")
+                + _pb(5, s.name.encode()) + _tag(6, 0) + _varint(s.kind)
+                + _tag(7, 1) + s.start_ns.to_bytes(8, "little") + _tag(8, 1) + s.end_ns.to_bytes(8, "little")
+                + b"".join(_pb(9, _proto_pair(k, v)) for k, v in s.attributes) + status)
+    resource = _pb(1, b"".join(_pb(1, _proto_pair(k, v)) for k, v in settings.resource))
+    scope = _pb(1, _pb(1, SCOPE[0].encode()) + _pb(2, SCOPE[1].encode()))
+    return _pb(1, resource + _pb(2, scope + b"".join(_pb(2, span(s)) for s in spans)))
+
+
+def _proto_pair(key: str, value) -> bytes:
+    """A KeyValue{1: key, 2: AnyValue}."""
+    return _pb(1, key.encode()) + _pb(2, _proto_value(value))
+
+
+def _proto_value(value) -> bytes:
+    """An AnyValue: 1 string, 2 bool, 3 int64, 4 double, 5 ArrayValue{1: values}."""
+    import struct
+    if isinstance(value, bool):
+        return _tag(2, 0) + _varint(int(value))
+    if isinstance(value, int):
+        return _tag(3, 0) + _varint(value & (2 ** 64 - 1))   # int64 as two's complement
+    if isinstance(value, float):
+        return _tag(4, 1) + struct.pack("<d", value)
+    if isinstance(value, (tuple, list)):
+        return _pb(5, b"".join(_pb(1, _proto_value(v)) for v in value))
+    return _pb(1, as_text(str(value)).encode())
+
+
+def _pb(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    return _tag(number, 2) + _varint(len(payload)) + payload
+
+
+def _tag(number: int, wire: int) -> bytes:
+    """A field's key: number and wire type (0 varint, 1 fixed64, 2 length-delimited)."""
+    return _varint(number << 3 | wire)
+
+
+def _varint(n: int) -> bytes:
+    """n (>= 0) as a base-128 varint, low groups first."""
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)

@@ -76,18 +76,53 @@ class Reports(LineTest):
                   "expect": {"label": "account" if i != 2 else "bug"}} for i in range(n)]
         write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", cases)
 
-    def test_junit_counts_and_wanted_got(self):
-        self.small_suite()
+    def junit(self, *extra: str) -> tuple[int, ElementTree.Element]:
+        """prove the triager's open half with --junit; (exit status, the testsuite), the file checked valid."""
         report = self.tmp / "junit.xml"
-        code, out, _ = self.factory("prove", "triager", "--junit", str(report), "--jobs", "3")
+        code, out, err = self.factory("prove", "triager", "--junit", str(report), *extra)
         self.assertEqual(junit_problems(report), [])
-        suite = ElementTree.parse(report).getroot().find("testsuite")
-        self.assertEqual((suite.get("tests"), suite.get("failures")), ("7", "1"), "six cases and the pass bar")
+        return code, ElementTree.parse(report).getroot().find("testsuite")
+
+    def counts(self, suite: ElementTree.Element) -> tuple[str, ...]:
+        return tuple(suite.get(key) for key in ("tests", "failures", "errors", "skipped"))
+
+    def test_a_passing_proof_has_no_failure_and_keeps_its_missed_cases_in_view(self):
+        self.small_suite()
+        code, suite = self.junit("--jobs", "3")
+        self.assertEqual((code, self.counts(suite)), (0, ("7", "0", "0", "0")), "six cases and the pass bar, none failed")
         cases = suite.findall("testcase")
         self.assertEqual([c.get("name") for c in cases], [f"c{i}" for i in range(6)] + ["pass bar"])
+        self.assertEqual([c for c in suite.iter() if c.tag in ("failure", "error")], [])
+        self.assertIn('missed c2 (wrong-output): label: wanted "bug" got "account"', suite.find("system-out").text)
+        self.assertEqual({p.get("name"): p.get("value") for p in suite.iter("property")}["missed"], "1")
+
+    def test_a_proof_under_its_bar_fails_its_missed_cases_and_the_bar(self):
+        self.small_suite()
+        self.set_bar("triager", 0.9)
+        code, suite = self.junit()
+        self.assertEqual((code, self.counts(suite)), (1, ("7", "2", "0", "0")))
+        cases = suite.findall("testcase")
         failure = cases[2].find("failure")
-        self.assertEqual(failure.get("message"), 'label: wanted "bug" got "account"')
-        self.assertEqual(failure.get("type"), "wrong-output")
+        self.assertEqual((failure.get("type"), failure.get("message")), ("wrong-output", 'label: wanted "bug" got "account"'))
+        self.assertEqual(cases[-1].find("failure").get("type"), "under-bar")
+
+    def test_a_crash_is_an_error_in_a_failing_proof_and_listed_in_a_passing_one(self):
+        module = self.root / "agents" / "triager.py"
+        module.write_text(module.read_text() + "\n\n_rules = rules\n\n\ndef rules(ticket):\n"
+                          "    if 'explode' in str(ticket):\n        raise RuntimeError('boom')\n    return _rules(ticket)\n")
+        cases = [{"id": f"c{i}", "input": "How do I order a new card?" + " explode" * (i == 1), "source": "synthetic",
+                  "expect": {"label": "account"}} for i in range(3)]
+        write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", cases)
+        self.set_bar("triager", 1.0)
+        code, suite = self.junit()
+        self.assertEqual((code, self.counts(suite)), (1, ("4", "1", "1", "0")), "the crash an error, the bar a failure")
+        error = suite.findall("testcase")[1].find("error")
+        self.assertEqual(error.get("type"), "run-crashed")
+        self.assertIn("RuntimeError: boom", error.get("message"))
+        self.set_bar("triager", 0.5)
+        code, suite = self.junit()
+        self.assertEqual((code, self.counts(suite)), (0, ("4", "0", "0", "0")))
+        self.assertIn("missed c1 (run-crashed): run crashed: RuntimeError: boom", suite.find("system-out").text)
 
     def test_sealed_junit_names_ids_only(self):
         sealed = [{"id": "s1", "input": "How do I order a new card?", "source": "synthetic", "expect": {"label": "bug"}}]
@@ -377,6 +412,9 @@ class RequireModel(VerdictOutputs):
         self.assertEqual((properties["model_required"], properties["model_answered"]), ("true", "0"))
         [bar] = [c for c in junit.iter("testcase") if c.get("name") == "pass bar"]
         self.assertEqual(bar.find("failure").get("type"), "model-unanswered")
+        errors = [c.find("error") for c in junit.iter("testcase") if c.get("name") != "pass bar"]
+        self.assertEqual([e.get("type") for e in errors], ["model-unanswered"] * 3, "a model that never answered is an error")
+        self.assertEqual(junit.find("testsuite").get("errors"), "3")
 
     def test_answers_from_the_cards_model_pass(self):
         final = json.dumps({"label": "account", "escalate": False, "draft": "You can order a new card in the app."})
