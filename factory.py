@@ -68,9 +68,8 @@ class SourceOnly(importlib.machinery.SourceFileLoader):
 
 def own_module(name: str, lazy: bool = False):
     """The product's own module NAME (broker, llm, sage) from NAME.py beside this file, compiled from its
-    source (SourceOnly) and registered as NAME, whatever the interpreter's path. `lazy` defers running
-    it to the first attribute access (importlib.util.LazyLoader): the network clients cost ~35 ms to
-    import, which `--help` and the offline stations need not pay. A module already imported is reused."""
+    source (SourceOnly) and registered as NAME. `lazy` runs it at its first attribute access
+    (LazyLoader): the network clients cost ~35 ms, which `--help` need not pay."""
     if name in sys.modules:
         return sys.modules[name]
     path = str(Path(__file__).resolve().parent / f"{name}.py")
@@ -116,10 +115,8 @@ DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage cal
 
 
 class Refusal(Exception):
-    """A station declined; str(self) is one lowercase line for the user (exit 1). A value from outside
-    put into it (a name, a path, a reason read from the registry) cannot break the line: it is printed
-    through SafeStream, which escapes a line break inside a printed line (one_line does the same for
-    text that is stored, e.g. Factory.shown)."""
+    """A station declined; str(self) is one lowercase line for the user (exit 1). A value from outside in
+    it cannot break the line: SafeStream escapes a line break inside a printed line."""
 
 
 class Problems(Refusal):
@@ -530,12 +527,10 @@ def lock_now(handle, kind: int) -> bool:
 class Store:
     """Every read and write of one factory's files, in one place.
 
-    Reads are strict: a regular file inside the root or the sealed folder (a link pointing out counts as
-    outside) unless the user named it, of bounded size, UTF-8 text and JSON of the expected shape; every
-    refusal names the file (and line). Writes go only through real folders inside the root, opened one
-    part at a time with O_NOFOLLOW. JSON writes are atomic (temporary file, fsync, rename); appends hold
-    an fcntl lock and write whole lines (a failed one is cut back). Every string written has the
-    configured secrets scrubbed out. The machine's refusals become a StoreError naming path and cause."""
+    Reads are strict: a regular file inside the root or the sealed folder unless the user named it,
+    of bounded size, UTF-8 JSON of the expected shape; a refusal names the file (and line). Writes go
+    through real folders inside the root (O_NOFOLLOW); JSON writes are atomic, appends locked and whole
+    lines; secrets are scrubbed from every string written; the machine's refusals are StoreErrors."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
@@ -621,11 +616,10 @@ class Store:
 
     def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True,
                    each: bool = False, start: tuple[int, int] = (0, 0)) -> Iterator[tuple[int, dict]]:
-        """(line number, object) for each non-blank line, streamed, each of `shape` when given;
-        Refusal naming file and line (a torn, oversized, non-object, misshapen or non-text line). With
-        `each`, a bad line is yielded as its Refusal instead and the lines after it are still read (a
-        byte-order mark that starts the file still refuses it whole). `start` is (byte offset, lines
-        before it): reading begins there, a line boundary (see starts_line)."""
+        """(line number, object) for each non-blank line, streamed, each of `shape` when given; Refusal
+        naming file and line for a torn, oversized, non-object, misshapen or non-text line. With `each`, a
+        bad line is yielded as its Refusal and the lines after it are still read (a leading byte-order mark
+        still refuses the file). `start` is (byte offset, lines before it), a line boundary (starts_line)."""
         where, scan = self.fac.shown(path), self.decoder.scan_once
         with self.opened(path, confined) as lines, self.machine(path, "read"):
             lines.seek(start[0])
@@ -1067,10 +1061,9 @@ class Store:
                 os.unlink(path.name, dir_fd=folder)
 
     def remove_temporaries(self, path: Path) -> int:
-        """Remove what writes of path killed part-way (SIGKILL: nothing of theirs cleaned up) left beside it:
-        regular files named as write_atomic names its temporary files for path (`.NAME.` then 8 hex digits
-        then `.tmp`), never a link, folder or anything else, and never followed; how many were removed.
-        Only for a caller that no live write of path can be racing (`new`, under its lock, before the card)."""
+        """Remove the temporary files write_atomic names for path (`.NAME.` + 8 hex + `.tmp`, regular files
+        only, never followed) that killed writes left beside it; how many. Only for a caller no live write
+        of path can race (`new`, under its lock, before the card)."""
         if not os.path.isdir(path.parent):   # nothing was ever written there; a folder is never made for this
             return 0
         ours, removed = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp"), 0
@@ -1164,11 +1157,10 @@ class Store:
         return True
 
     def ssh_keygen(self, argv: list[str], data: bytes, files: dict[str, str] | None = None):
-        """The subprocess.CompletedProcess of the ssh-keygen on $PATH run with argv and `data` on its stdin.
-        Each of `files` (name -> text: an armoured signature, or the allowed-signers lines of one check; each
-        at most about PIPE_TEXT characters, written whole before ssh-keygen starts) is on a pipe it reads as
-        the file /dev/fd/N, written `{name}` in argv, so no temporary file is made. Refusal in one line when
-        ssh-keygen is not installed, or (given files: a check, which asks nothing) does not answer in 60 s."""
+        """The CompletedProcess of the ssh-keygen on $PATH run with argv and `data` on stdin. Each of `files`
+        (name -> text, at most about PIPE_TEXT characters) is on a pipe it reads as /dev/fd/N, written
+        `{name}` in argv: no temporary file. Refusal in one line when ssh-keygen is not installed, or (a
+        check, given files) does not answer in 60 s."""
         import subprocess   # here, not at the top: only ssh signatures need it
         program, readers = self.ssh_program(), {}
         try:
@@ -1558,11 +1550,10 @@ def call_loading(call) -> list[tuple[int, str]]:
 
 class Code:
     """The agent and tool modules of one factory for one station invocation. Each file under agents/ is
-    read once through the Store, hashed, and executed from exactly those bytes (compile + exec into a
-    fresh module): no bytecode cache is read or written, and a file changed after it was read is not
-    read again. A module's imports of other agent modules resolve to this root's agents/NAME.py, loaded
-    the same way, and only when its source names them (what the digest covers), never through sys.path.
-    Raises Refusal naming the file for a module that is missing, not valid Python, or fails to load."""
+    read once through the Store, hashed, and executed from exactly those bytes: no bytecode cache, and
+    an agent module's imports of other agent modules resolve to this root's agents/NAME.py (only those
+    its source names: what the digest covers), never through sys.path. Refusal naming the file for a
+    module that is missing, not valid Python, or fails to load."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
@@ -1751,12 +1742,10 @@ def not_python(relative: str, error: Exception) -> Refusal:
 
 @dataclass(frozen=True)
 class Agent:
-    """One agent as the line sees it, read once per station and reused for every run: the validated card,
-    the contracts of the tools it grants or denies (what the broker rules on, read from the tool modules'
-    source), and the components its digest is taken over. Its code is executed only by the stations that
-    run the agent (`loaded`): its entrypoint module (SYSTEM, OUTPUT_SCHEMA, the rules function) and the
-    tool modules of the tools it grants or denies (make_tools for the effects); elsewhere they are None
-    and ()."""
+    """One agent as the line sees it, read once per station: the validated card, the contracts of the tools
+    it grants or denies (read from the tool modules' source), and its digest's components. Only the
+    stations that run it execute its code (`loaded`): the entrypoint module and the tool modules; elsewhere
+    they are None and ()."""
     name: str
     card: dict
     contracts: dict               # tool name -> contract (name, effect, description, params, failure_modes) of
@@ -1799,10 +1788,9 @@ class Agent:
 
 def effect_writer(fac: Factory, run_id: str, tags: dict, announce=None):
     """The `write(path, row) -> receipt` a tool module's make_tools is handed: the row, tagged with the run
-    id, a fresh effect id and `tags`, appended as one whole locked line to a file under the root; the
-    receipt {"path", "offset", "effect_id"} is how the line reads the effect back before calling a run
-    verified. `announce(path, effect_id)`, when given, is called first (an approved call's trace says
-    where its effect is about to be written, so a kill before its result can still be read back)."""
+    id, a fresh effect id and `tags`, appended as one locked line under the root; the receipt {"path",
+    "offset", "effect_id"} is how the line reads the effect back. `announce(path, effect_id)`, when
+    given, is called first (an approved call's trace says where its effect is about to be written)."""
     def write(path: Path, row: dict) -> dict:
         # lexically (a link is not followed here): ValueError outside the root, before writing; the Store
         # refuses a link on the way with a line naming it
@@ -1836,11 +1824,10 @@ TOOL_MODULE_IS = ("a tool module assigns CONTRACTS (tool name -> contract) once,
 
 
 def toolbox_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
-    """(the CONTRACTS of the tool module agents/RELATIVE, every problem with the module and them, one line
-    each naming the module). The contracts are read from the source, a literal (ast.literal_eval), never
-    from the executed module: what the broker rules on is what a reader of the code sees, and the digest
-    is taken without running any code. Refusal when the module (or an agent module it imports) cannot
-    be read or reaches for code the digest does not cover (Code.check)."""
+    """(the CONTRACTS of the tool module agents/RELATIVE, every problem with them, one line each). The
+    contracts are read from the source as a literal, never from the executed module: what the broker
+    rules on is what a reader sees, digested without running code. Refusal when the module cannot be
+    read or reaches for code the digest does not cover (Code.check)."""
     import ast
     fac.code.check(relative)
     family, where = Path(relative).stem, f"agents/{relative}"
@@ -2116,11 +2103,9 @@ def agent_from_card(fac: Factory, card: dict, where: str, problems: list[str] = 
 
 
 def loaded(fac: Factory, agent: Agent) -> Agent:
-    """The agent with its code executed from the bytes its digest was taken over: its entrypoint module and
-    the tool modules of the tools its card grants or denies. This runs the agent's own code in this process
-    with this user's rights (it can read whatever the user can): only the stations that run the agent call
-    it. Refusal naming every problem the executed code shows (SYSTEM, OUTPUT_SCHEMA or the rules function
-    missing, make_tools not making the granted tools, ...), at once."""
+    """The agent with its code executed from the bytes its digest was taken over (entrypoint module and the
+    tool modules of its granted or denied tools), in this process with this user's rights: only the
+    stations that run the agent call it. Refusal naming every problem the executed code shows, at once."""
     families = tool_families(agent.card["tools"] + agent.card["tools_denied"])
     problems = entrypoint_code_problems(fac, agent.card)
     problems += [problem for relative in families for problem in toolbox_code_problems(fac, agent.card, relative)]
@@ -5547,17 +5532,11 @@ def example_tools(text: str) -> tuple[str, ...]:
 def cmd_new(fac: Factory, args) -> int:
     """Create your own agent, ready to prove, certify and run.
 
-    Writes its card, masters/NAME.json, with every field and a sensible default in each; its module,
-    agents/NAME.py, with SYSTEM, OUTPUT_SCHEMA and its offline rules (an agent that answers questions
-    on two topics and hands anything else to a human); its tool module, agents/tools/NAME.py, with an
-    example read tool NAME:lookup and draft tool NAME:draft; and its suite, an open half
-    evals/NAME/cases.jsonl and a sealed half SEALED_DIR/NAME/sealed.jsonl, whose cases pass. With
-    --from AGENT it copies AGENT's module, card and open half instead. A name whose card exists is
-    refused before anything is written, and so is one whose module, tool module or suite exists holding
-    anything but what `new` writes there; the files are written all or none, the card last. A `new`
-    stopped part-way (no card yet) is finished by running it again, which also removes the temporary
-    files its killed writes left. Two `new` at once take turns: the second of one name is refused, as
-    its card then exists. No other agent's digest changes.
+    Writes its card (masters/NAME.json, a default in every field), its module (agents/NAME.py: SYSTEM,
+    OUTPUT_SCHEMA, offline rules), its tool module (agents/tools/NAME.py: NAME:lookup, NAME:draft) and
+    an open and a sealed half whose cases pass; --from AGENT copies AGENT's module, card and open half.
+    All files or none, the card last; an existing card, or a file there that `new` did not write, is
+    refused first; a `new` stopped part-way is finished by running it again.
     Then: prove NAME, prove NAME --sealed, certify NAME, run NAME.
     """
     family = module_name(args.name)
@@ -5809,12 +5788,11 @@ def unanswered_text(proof: dict) -> str:
 
 
 def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
-    """JUnit XML for one proof (Jenkins/Surefire schema; times in seconds), so that CI reads the verdict:
-    the testsuite's properties carry verdict, score and bar; a testcase per case, and a `pass bar`
-    testcase that fails exactly when the verdict is not PASS. Only a failed proof fails a case: a missed
-    case is then a <failure>, a crash or a case the card's models never answered (--require-model) an
-    <error>; a passing proof's missed cases are listed in its <system-out> and `missed` property. A shard
-    (no verdict of its own) skips its pass bar. Sealed cases are named by id alone."""
+    """JUnit XML for one proof (Jenkins/Surefire schema, times in s): properties carry verdict, score and
+    bar; a testcase per case, and `pass bar`, which fails exactly when the verdict is not PASS. Only a
+    failed proof fails cases (a miss a <failure>; a crash or, with --require-model, an unanswered case an
+    <error>); a passing proof's or a shard's misses are in <system-out> and the `missed` property. A shard
+    skips its pass bar: the merge judges it."""
     from xml.etree import ElementTree as ET
     name, shard = f"{proof['agent']}.{proof['half']}", proof.get("shard")
     suites = ET.Element("testsuites", name="factory prove", time=f"{seconds:.3f}")
@@ -5911,14 +5889,12 @@ def failure_message(half: str, result: dict) -> str:
 def cmd_certify(fac: Factory, args) -> int:
     """Sign an agent's certificate, as a human at a terminal.
 
-    Refused without a sealed proof of the agent as it is now, under the bar, when the proof's evidence
-    MAC does not verify, after the sealed suite changed, above the card's tier_ceiling, after a recall
-    with no sealed proof since, at C2 or C3 without production evidence at the tier below (index rows
-    whose evidence MAC verifies), or when stdin is not a terminal. Otherwise it shows what you sign and
-    the evidence it rests on and asks `sign it? [y/N]`: y or yes signs, anything else declines. The signer's
-    HMAC key (FACTORY_KEYS_DIR/SIGNER.key, mode 0600) is created on first use; with --ssh-key it signs
-    with `ssh-keygen -Y sign` and checks the signature against the trusted allowed-signers file
-    (FACTORY_KEYS_DIR/allowed_signers, or FACTORY_ALLOWED_SIGNERS) first.
+    Refused without a sealed proof of the agent as it is now whose MAC verifies and verdict is PASS,
+    after the sealed suite changed, above the card's tier_ceiling, after a recall with no sealed proof
+    since, at C2 or C3 without production evidence at the tier below, or when stdin is not a terminal.
+    Otherwise it shows what you sign and the evidence behind it and asks `sign it? [y/N]`. It signs with
+    the signer's HMAC key (FACTORY_KEYS_DIR/SIGNER.key, made on first use) or, with --ssh-key, with
+    `ssh-keygen -Y sign`, checked against the trusted allowed signers first.
     """
     signer = signer_of(fac, args)
     claim = enforce(Claim(fac, args.agent, "certify", tier=args.tier), CERTIFY_GUARDS)
@@ -5948,12 +5924,10 @@ def cmd_certify(fac: Factory, args) -> int:
 
 
 def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
-    """What the signer sees before `sign it?`: the agent, tier and digest; for a variant, what it changes
-    relative to its master; the sealed proof and the evidence it rests on (its MAC verified), the backend
-    it ran on, with a warning for an offline proof of a card that names a model and for drafts no
-    decision model scored; the sealed attempts since the last certification; the production evidence;
-    the certificate it replaces (and both sealed suites' digests when they differ) and any recall since;
-    the grants; and which answers sign."""
+    """What the signer sees before `sign it?`: agent, tier, digest; a variant's changes from its master;
+    the sealed proof and its evidence, its backend (warning for offline rules or unscored drafts); the
+    sealed attempts since the last certification; the production evidence; the certificate it replaces
+    and any recall since; the grants; which answers sign."""
     agent = claim.agent
     how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
     lines = [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
@@ -6000,11 +5974,9 @@ def backend_lines(card: dict, backends: list[str], answered: list[str]) -> list[
 
 
 def attempts_lines(claim: Claim) -> list[str]:
-    """How many sealed proofs were made since the agent was last certified (since its first, if never),
-    whatever the code or card was at each, and how many of them proved this very digest: the larger of
-    the records in records/AGENT (which the agent's authors may delete) and this machine's own count in
-    its keys folder of the proofs on this sealed suite, made in this tree or any copy of it (sealed_attempts),
-    with a warning naming how many records are missing when it is larger."""
+    """How many sealed proofs were made since the agent was last certified (whatever its code was then), and
+    how many proved this digest: the larger of the records in records/AGENT (which can be deleted) and
+    this machine's own count (sealed_attempts), warning how many records are missing when it is larger."""
     try:
         signed = (claim.cert or {}).get("signed_at")
     except Refusal:   # a certificate that cannot be read dates nothing; replaced_lines names it
@@ -6169,14 +6141,11 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
 
-    The certificate is verified first (signature, revocation, recall, digest). Then the worker loop
-    runs with every tool call ruled on by the broker: reads execute, drafts and acting calls are held.
-    The output gate (Sage) is asked about the input, the output and every held call, and each held
-    call is settled by the tier, the gate's result and the agent's hand-off. Each run leaves a trace
-    (traces/AGENT/RUN_ID.jsonl) and its index rows. A run the gate does not pass, or that the agent
-    hands off, is routed to a human, and the result says why. A run whose effect could not be written
-    or read back ends uncertain-effect: it is routed to a human, its output names the path and the
-    cause, and the station exits 1.
+    The certificate is verified first. Reads execute; drafts and acting calls are held until the output
+    gate (Sage) has seen the input, the output and every held call, then settled by tier, gate and the
+    agent's hand-off. Each run leaves a trace and its index rows (and is exported when an OTLP endpoint
+    is set); one the gate does not pass, or the agent hands off, is routed to a human with the reason.
+    A run whose effect could not be written or read back ends uncertain-effect: exit 1.
     """
     if (args.input is None) == (args.file is None):
         raise Usage("one input: TEXT or --file TICKETS.jsonl, not both and not neither")
@@ -6243,14 +6212,10 @@ class Batch:
 
 
 def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit, clients: Clients) -> Batch:
-    """Run tickets `jobs` at a time with the station's `clients`, emitting results in input order
-    (--jobs 1 is exactly sequential); a ticket whose text is a Refusal is not run but emitted as
-    refused in its place. When stdout is closed (emit raises BrokenPipeError: a reader such as head
-    stopped), no ticket starts after it, and the runs already started are finished and closed unseen.
-
-    The drift watch is consulted before each ticket starts and fed as each result is emitted; the
-    clients' one circuit breaker rests a backend for every ticket of the batch once it keeps
-    answering 429/5xx."""
+    """Run tickets `jobs` at a time with the station's `clients`, results emitted in input order; a ticket
+    whose text is a Refusal is emitted as refused. When stdout closes (emit raises BrokenPipeError), no
+    ticket starts after it and those started finish unseen. The drift watch is asked before each ticket
+    and fed with each result."""
     drift, progress, inflight = Drift.of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
     batch = Batch()
     def finish():
@@ -6306,10 +6271,8 @@ class Done:
 
 class Inline:
     """The executor of a batch run one ticket at a time: submit(fn, *args) calls fn at once in this thread
-    and hands back the call Done (its Exception kept for result(), where the batch reads it, as a pool
-    keeps it). No thread hand-off per ticket, and nothing runs beside the caller: --jobs 1 is exactly
-    sequential. An interrupt is not kept: it goes up at once. Not a ThreadPoolExecutor of one worker: that
-    would cost the concurrent.futures import and a thread per batch (see Done)."""
+    and hands back Done (an Exception kept for result(), as a pool keeps it; an interrupt goes up). No
+    thread, and no concurrent.futures import: --jobs 1 is exactly sequential."""
 
     def __enter__(self) -> "Inline":
         return self
@@ -6396,13 +6359,11 @@ def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
 def cmd_tower(fac: Factory, args) -> int:
     """Show per agent its trust, runs, gate results and verdicts.
 
-    Every agent with runs, a card or a certificate. Trust: the certificate's tier, signer and signing
-    time, whether it may run and why not (revoked, recalled, stale: the run station's own checks), and
-    drift. Runs, from traces/index.jsonl: runs and unfinished runs, gate pass % (over scored runs),
-    acted, staged, cost, denials, unscored runs, verdicts, backends and the gate's probabilities by
-    tenths. --json prints the document the text and --html are both drawn from; --html writes one
-    self-contained page with charts (no scripts, readable offline). A file or line that cannot be read
-    is named on its own line and the tower says it is partial.
+    Every agent with runs, a card or a certificate: its certificate's tier and signer, whether it may run
+    (and why not), drift; from traces/index.jsonl its runs (and unfinished ones), gate pass %, acted,
+    staged, cost, denials, verdicts, backends and the gate's p by tenths. --json prints the document the
+    text and --html (one offline page of charts) are drawn from. What cannot be read is named, and the
+    tower says it is partial.
     """
     doc = tower_document(fac)
     if args.json:
@@ -6429,12 +6390,9 @@ def flagged(row: dict) -> bool:
 def cmd_harvest(fac: Factory, args) -> int:
     """Turn an agent's flagged runs into proposed eval cases.
 
-    A run is flagged when the gate said no or unsure, a tool call was denied, or it did not finish
-    (also a run killed mid-way: started, never closed, read from its trace header; one still being
-    written is left for a later harvest). The certified evalsmith agent turns each flagged run into one
-    proposed case in evals/AGENT/proposed.jsonl; promoting one into the suite is a human edit. A run
-    already harvested is not proposed again, nor one whose proposal is already written (a harvest
-    killed before it recorded the run): that run is recorded as harvested.
+    Flagged: the gate said no or unsure, a tool was denied, or the run did not finish (a killed run is
+    read from its trace header; one still being written waits). The certified evalsmith writes one
+    proposed case per run into evals/AGENT/proposed.jsonl, each run once; promotion is a human edit.
     """
     load_card(fac, args.agent)
     try:
@@ -6907,10 +6865,9 @@ def cmd_replay(fac: Factory, args) -> int:
 def cmd_export(fac: Factory, args) -> int:
     """Send stored runs to an OpenTelemetry backend (OTLP/HTTP).
 
-    Each run is one trace (its spans: the run, each model call, tool call and gate decision) sent to the
-    endpoint in OTEL_EXPORTER_OTLP_ENDPOINT; a run sends itself as it ends, and notes in its trace when that
-    failed: this station sends runs made offline, failed, or made before a backend was added. One line
-    per run: RUN_ID sent, or FAILED and why.
+    Each run is one trace: the run, its model calls, tool calls and gate decisions. A run sends itself
+    as it ends and notes in its trace when that failed; this station sends the runs not sent yet (made
+    offline, failed, or before the backend was set), or those named. One line per run: sent, or FAILED.
     """
     if fac.otlp is None:
         raise Refusal("no OTLP endpoint: set OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://localhost:4318)")
@@ -6928,8 +6885,8 @@ def cmd_export(fac: Factory, args) -> int:
 
 
 def export_run(fac: Factory, agent: str, run_id: str) -> str:
-    """Send one finished run's spans to fac.otlp's endpoint and note in its trace how that went (an `export`
-    event after its end); '' when sent, else why not, in one line. It never raises for the endpoint."""
+    """Send one finished run's spans to fac.otlp and note in its trace how that went (an `export` event
+    after its end); '' when sent, else why not. Never raises for the endpoint."""
     recorded = Trace.read(fac, run_id, agent)
     try:
         body = llm.otlp_body(fac.otlp, run_id, llm.run_spans(recorded.events, fac.otlp.content))
@@ -6950,9 +6907,8 @@ def export_run(fac: Factory, agent: str, run_id: str) -> str:
 def cmd_digest(fac: Factory, args) -> int:
     """Print an agent's digest: what its certificate covers.
 
-    One sha256 over everything that decides the agent's behaviour: its card, its entrypoint module,
-    the tool code, each granted or denied tool's contract, and the other agents/ modules the
-    entrypoint imports. A certificate holds only for that digest.
+    One sha256 over everything that decides the agent's behaviour: its card, its entrypoint module and
+    the agent modules it imports, the tool code, and each granted or denied tool's contract.
     """
     agent = read_agent(fac, args.agent)   # hashed and checked, never executed
     print(agent.digest)
@@ -7079,10 +7035,9 @@ def rate_of(part: int, whole: int) -> float | None:
 
 def tower_document(fac: Factory) -> dict:
     """Everything the tower shows (the --json shape, TOWER_FORMAT): per agent with runs, a card or a
-    certificate, its run figures from one streamed pass over the index with the humans' decisions on
-    its parked calls folded in, and its trust. A file or line that cannot be read is one line in
-    `problems` (the agent's, or the tower's when it names none) and the document is `partial`; it
-    never hides the other agents."""
+    certificate, its run figures (one streamed pass over the index, the humans' decisions on its parked
+    calls folded in) and its trust. What cannot be read is a line in `problems` (the agent's, or the
+    tower's) and the document is `partial`; it never hides the other agents."""
     problems: list[str] = []
     calls = parked(fac)
     watch = dict.fromkeys({e["run_id"] for e in calls.entries} | {run for run, _ in calls.decided or {}})
@@ -7223,10 +7178,9 @@ def misshapen_row(shape: Shape, row: dict, where: str) -> str:
 
 
 def figure_problem(row: dict) -> str | None:
-    """What is wrong with the figures of a closed index row (of INDEX_SHAPE), naming the field: acted,
-    staged and cost_usd (USD; null when unknown) in 0..MAX_FIGURE, the gate's p in 0..1 or null, every
-    backend a name; None when the tower can count the row. A sum of figures in range stays finite, so
-    the tower's text, --json and HTML always have one number to show."""
+    """What is wrong with the figures of a closed index row, naming the field (acted, staged, cost_usd in
+    0..MAX_FIGURE, p in 0..1 or null, each backend a name); None when the tower can count it, so every
+    sum stays finite."""
     for name, highest in FIGURE_RANGES:
         value = row.get(name)
         if value is not None and not 0 <= value <= highest:
@@ -7263,10 +7217,9 @@ def new_tally(fac: Factory, name: str, watch: dict | None = None) -> Tally:
 
 
 def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
-    """(NAME's trust for the tower document, problems): what the run station's guard chain says of its
-    certificate, each of the guards after the certificate's own asked on its own so that a revoked
-    certificate is also seen to be stale; and the drift watch. A file a check could not read is a
-    problem, and says nothing of revocation, recall or staleness."""
+    """(NAME's trust for the tower document, problems): what the run station's guards say of its
+    certificate, each guard after the certificate's own asked on its own (a revoked certificate is also
+    seen to be stale); and the drift watch. A file a check could not read is a problem."""
     claim, unread = Claim(fac, name, "run"), set()
     results = check_guards(claim, CERTIFICATE_GUARDS, unread)
     verified = not results[-1][1]
@@ -7984,11 +7937,9 @@ def print_columns(*cells: str) -> None:
 
 
 class SafeStream:
-    """stdout or stderr as the stations print to it: every configured secret scrubbed out, and every
-    character a terminal would act on, or the stream's encoding cannot hold, written as a visible
-    `\\uXXXX` escape. One print is one line: a line break or tab inside the text printed is escaped
-    (`visible`), so a value from a file, a server or a model can never start a line or column of its
-    own (this module's print escapes a value that is exactly one). `unfiltered` is the stream underneath,
+    """stdout or stderr as the stations print to it: secrets scrubbed out, and what a terminal would act
+    on or the encoding cannot hold written as a visible `\\uXXXX` escape. One print is one line: a line
+    break or tab inside a printed value is escaped (`visible`). `unfiltered` is the stream underneath,
     for the progress line's own carriage returns."""
 
     def __init__(self, stream, hidden: tuple[tuple[str, str], ...]):
@@ -8140,10 +8091,9 @@ class Parser(argparse.ArgumentParser):
         raise Usage(message, self.station)
 
     def _print_message(self, message: str, file=None) -> None:
-        """argparse's own output (help, usage, version), one print per line: through SafeStream a line
-        ends only where a print ends it. A private method of argparse, overridden knowingly: it is the one
-        method all of argparse's output goes through, and no public hook does the same (the --help tests
-        would show a Python whose argparse stopped calling it)."""
+        """argparse's own output (help, usage, version), one print per line through SafeStream. A private
+        method of argparse, overridden knowingly: all of its output goes through it, and no public hook
+        does the same (the --help tests would show an argparse that stopped calling it)."""
         for line in message.rstrip("\n").split("\n") if message else []:
             print(line, file=file or sys.stderr)
 
