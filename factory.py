@@ -3165,37 +3165,15 @@ RECORD_SHAPE = Shape.of({"format": str, "agent": str, "half": str, "at": str, "v
                          "draft_check": str, "failures": list}, optional={"mac": str})
 
 
-def from_proof_1(record: dict) -> dict:
-    """factory-proof-1 -> factory-proof-2: the case count `passed` is `passing_cases` (also in `real` and
-    `synthetic`); `passed` is the verdict as a boolean beside `verdict`, both derived again from the
-    exact counts; `rubric` is read from the draft note."""
-    note = record.get("draft_check")
-    rubric = {"no rubric": "none", "unscored (no key)": "no key"}.get(note) or (
-        "failed" if str(note).startswith("scoring FAILED") else "scored")
-    renamed = {key: ({"passing_cases" if k == "passed" else k: v for k, v in value.items()}
-                     if key in ("real", "synthetic") and isinstance(value, dict) else value)
-               for key, value in record.items() if key != "passed"}
-    upgraded = {**renamed, "format": RECORD_FORMAT, "passing_cases": record.get("passed"), "rubric": rubric}
-    counted = type(upgraded["passing_cases"]) is int and type(upgraded.get("cases")) is int
-    if counted and _is_number(upgraded.get("pass_bar")):   # else the shape check names what is missing
-        upgraded["verdict"] = proof_verdict(upgraded)
-        upgraded["passed"] = upgraded["verdict"] == "PASS"
-    return upgraded
-
-
-RECORD_UPGRADES = {"factory-proof-1": from_proof_1}   # an older format -> the step that reads it as today's
-
-
 def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
-    """Every sealed proof of NAME, oldest first (run ids sort by time), each read as today's format;
-    history is never overwritten."""
+    """Every sealed proof of NAME, oldest first (run ids sort by time); history is never overwritten."""
     folder = fac.records / name
     paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
     found = []
     for path in paths:
-        record = fac.store.read_json(path)
-        upgrade = RECORD_UPGRADES.get(record.get("format"))
-        record = RECORD_SHAPE.check(upgrade(record) if upgrade else record, fac.shown(path))
+        record = RECORD_SHAPE.check(fac.store.read_json(path), fac.shown(path))
+        if record["format"] != RECORD_FORMAT:   # formats are not migrated before 1.0
+            raise Refusal(f"{fac.shown(path)}: a {visible(record['format'])} record, not {RECORD_FORMAT}: re-prove")
         if not NAME.fullmatch(record["suite"]):
             raise Refusal(f"{fac.shown(path)}: field 'suite' must be a suite name, got {record['suite']!r}")
         found.append((path, record))
@@ -4818,12 +4796,11 @@ class Trace:
         for an odd run id, a missing trace, a header that is not ours, or an event replay relies on
         that is malformed."""
         path = fac.trace_path(agent, run_id) if agent else find_trace(fac, run_id)
-        where, events, end, upgrade, later = fac.shown(path), [], None, None, []
+        where, events, end, later = fac.shown(path), [], None, []
         for number, event in fac.store.read_jsonl(path):   # every line is read: a torn one is refused
             if number == 1:
-                upgrade = trace_upgrade(event, where)
+                check_header(event, where)
             if end is None:
-                event = upgrade(event)
                 check_event(event, f"{where} line {number}")
                 events.append(event)
                 end = event if event.get("event") == "end" else None
@@ -4834,59 +4811,16 @@ class Trace:
         return Recorded(path, events[0], events, end, later)
 
 
-def from_trace_1(event: dict) -> dict:
-    """factory-trace-1 -> factory-trace-2: a tool call's `verdict` became its `ruling`, the gate's its
-    `result`, and the status over_budget is spelled over-budget like the verdict."""
-    renamed = {"tool": ("verdict", "ruling"), "approved_call": ("verdict", "ruling"), "gate": ("verdict", "result")}
-    old, new = renamed.get(event.get("event"), (None, None))
-    event = {new if key == old else key: value for key, value in event.items()}
-    if event.get("format") == "factory-trace-1":
-        event["format"] = "factory-trace-2"
-    if event.get("status") == "over_budget":
-        event["status"] = "over-budget"
-    return event
-
-
-def from_trace_2(event: dict) -> dict:
-    """factory-trace-2 -> factory-trace-3, where draft and acting calls are held until the gate. A staged
-    acting call (ruling STAGED) was held, so it reads HELD; a staged call executed after the gate (a
-    `tool` event with `executes_staged`) reads as a `commit` event. A model event was recorded before
-    stop reasons were, so it gets the one its use implies: tool_use when it carried tool calls (they
-    were carried out), else end (its text was taken as the answer), with raw_stop_reason ''."""
-    if event.get("format") == "factory-trace-2":
-        return {**event, "format": TRACE_FORMAT}
-    kind = event.get("event")
-    if kind == "model" and "stop_reason" not in event:
-        return {**event, "stop_reason": "tool_use" if event.get("tool_calls") else "end", "raw_stop_reason": ""}
-    if kind == "tool" and "executes_staged" in event:
-        return {**{k: v for k, v in event.items() if k != "executes_staged"}, "event": "commit", "seq": event["executes_staged"]}
-    if kind == "tool" and event.get("ruling") == "STAGED":
-        return {**event, "ruling": HELD}
-    return event
-
-
-# each older format, oldest first, with the step that reads its events as the next format's
-TRACE_STEPS = (("factory-trace-1", from_trace_1), ("factory-trace-2", from_trace_2))
-
-
-def trace_upgrade(header: dict, where: str):
-    """The function that reads each event of a trace with this header as a TRACE_FORMAT event (every
-    step from the header's format on, in order); Refusal when the header is not one of our traces'."""
-    formats = [name for name, _ in TRACE_STEPS]
-    first = formats.index(header["format"]) if header.get("format") in formats else len(formats)
-    steps = [step for _, step in TRACE_STEPS[first:]]
-
-    def upgrade(event: dict) -> dict:
-        for step in steps:
-            event = step(event)
-        return event
-    header = upgrade(header)
+def check_header(header: dict, where: str) -> None:
+    """Refusal unless the first line of a trace is one of our headers, of today's format (formats are not
+    migrated before 1.0: a trace an older factory wrote is refused, naming its format)."""
+    if header.get("format") != TRACE_FORMAT and str(header.get("format")).startswith("factory-trace-"):
+        raise Refusal(f"{where}: a {visible(header['format'])} trace, not {TRACE_FORMAT}: written by an older factory")
     if not (header.get("format") == TRACE_FORMAT and isinstance(header.get("agent"), str)
             and NAME.fullmatch(header["agent"]) and "input" in header):
         raise Refusal(f"{where}: not a {TRACE_FORMAT} trace (no header line)")
     if header.get("tier", "C0") not in TIERS:
         raise Refusal(f"{where} line 1: field 'tier' must be one of {' '.join(TIERS)}, not {header['tier']!r}")
-    return upgrade
 
 
 def check_event(event: dict, where: str) -> None:

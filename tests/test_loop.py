@@ -1,6 +1,6 @@
 """One run's inside: the loop against real model servers on 127.0.0.1 (tool use, limits, fallback),
 a scripted worker through build_loop in every mode, the run gate's detectors and the router's
-actions, and replay (also of a trace written in the older factory-trace-1 format)."""
+actions, and replay (a trace an older factory wrote is refused, naming its format)."""
 
 from __future__ import annotations
 
@@ -466,43 +466,12 @@ class Replay(CertifiedTest):
         self.assertEqual(code, 1)
         self.assertIn("DENIED_CONTRACT", out)
 
-    def test_a_factory_trace_1_trace_is_read_through_its_upgrade(self):
+    def test_a_trace_an_older_factory_wrote_is_refused_naming_its_format(self):
         run_id = self.run_once()
         path = next((self.root / "traces" / "triager").glob(f"{run_id}.jsonl"))
-        older = []
-        for event in map(json.loads, path.read_text().splitlines()):
-            renamed = {"tool": ("ruling", "verdict"), "gate": ("result", "verdict")}.get(event.get("event"))
-            if renamed:
-                event = {renamed[1] if k == renamed[0] else k: v for k, v in event.items()}
-            older.append({**event, "format": "factory-trace-1"} if "format" in event else event)
-        path.write_text("".join(json.dumps(e) + "\n" for e in older))
-        recorded = factory.Trace.read(self.fac, run_id)
-        self.assertEqual(recorded.header["format"], factory.TRACE_FORMAT)
-        self.assertTrue(all("ruling" in e and "verdict" not in e for e in recorded.events if e.get("event") == "tool"))
-        self.assertIn("result", [e for e in recorded.events if e.get("event") == "gate"][0])
-        code, out, _ = self.factory("replay", run_id)
-        self.assertEqual((code, out.split(": ", 1)[1].strip()), (0, "no differences"))
-
-    def test_a_factory_trace_2_trace_is_read_through_its_upgrade(self):
-        run_id = self.run_once()
-        path = next((self.root / "traces" / "triager").glob(f"{run_id}.jsonl"))
-        older = []   # as factory-trace-2 wrote it: no stop reasons, a staged acting call executed after the gate
-        for event in map(json.loads, path.read_text().splitlines()):
-            if "format" in event:
-                event["format"] = "factory-trace-2"
-            if event.get("event") == "model":
-                event = {k: v for k, v in event.items() if k not in ("stop_reason", "raw_stop_reason")}
-            older.append(event)
-        older[-1:-1] = [{"event": "tool", "seq": 1, "tool": "billing:refund", "args": {}, "ruling": "STAGED"},
-                        {"event": "tool", "seq": 9, "tool": "billing:refund", "args": {}, "ruling": "ok", "executes_staged": 1}]
-        path.write_text("".join(json.dumps(e) + "\n" for e in older))
-        recorded = factory.Trace.read(self.fac, run_id)
-        self.assertEqual(recorded.header["format"], factory.TRACE_FORMAT)
-        models = [e for e in recorded.events if e.get("event") == "model"]
-        self.assertEqual([m["stop_reason"] for m in models], ["tool_use" if m["tool_calls"] else "end" for m in models])
-        self.assertEqual(models[-1]["stop_reason"], "end")
-        self.assertEqual([(e["event"], e["seq"], e["ruling"]) for e in recorded.events[-3:-1]],
-                         [("tool", 1, "HELD"), ("commit", 1, "ok")])
+        path.write_text(path.read_text().replace(f'"format":"{factory.TRACE_FORMAT}"', '"format":"factory-trace-2"', 1))
+        self.refused(f"traces/triager/{run_id}.jsonl: a factory-trace-2 trace, not {factory.TRACE_FORMAT}: written by an "
+                     f"older factory", "replay", run_id)
 
     def test_a_trace_that_is_not_ours_or_not_finished_is_refused(self):
         run_id = self.run_once()
@@ -510,7 +479,7 @@ class Replay(CertifiedTest):
         lines = path.read_text().splitlines()
         path.write_text("\n".join(lines[:-1]) + "\n")
         self.refused(f"traces/triager/{run_id}.jsonl: not a finished {factory.TRACE_FORMAT} trace", "replay", run_id)
-        path.write_text("\n".join([lines[0].replace(factory.TRACE_FORMAT, "factory-trace-0")] + lines[1:]) + "\n")
+        path.write_text("\n".join([lines[0].replace(factory.TRACE_FORMAT, "another-trace-1")] + lines[1:]) + "\n")
         self.refused("(no header line)", "replay", run_id)
         self.usage_error("is not a run id", "replay", "../x")
         self.refused("no trace for run", "replay", "20990101T000000000000Z-abcdef")

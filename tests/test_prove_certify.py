@@ -530,8 +530,8 @@ class SuiteChecks(LineTest):
 
 
 class SealedVerdicts(LineTest):
-    """certify reads the verdict the same way: exact fractions, a rubric that was not scored, and proofs
-    written in the older factory-proof-1 format."""
+    """certify reads the verdict the same way: exact fractions, a rubric that was not scored; a record an
+    older factory wrote is refused."""
 
     def test_certify_refuses_two_of_three_under_0_66667(self):
         banking_suite(self.root / "evals", 2, 3, "sealed")
@@ -547,20 +547,13 @@ class SealedVerdicts(LineTest):
             self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 1)
             self.refused("could not score the draft rubric", "certify", "triager", "--tier", "C1", "--by", "alice")
 
-    def test_a_factory_proof_1_record_is_read_with_the_exact_bar(self):
+    def test_a_record_an_older_factory_wrote_is_refused_naming_its_format(self):
         banking_suite(self.root / "evals", 2, 3, "sealed")
-        self.set_bar("triager", 0.66667)
         self.factory("prove", "triager", "--sealed")
         [path] = (self.root / "records" / "triager").glob("*.sealed.json")
-        record = json.loads(path.read_text())
-        older = {k: v for k, v in record.items() if k not in ("verdict", "rubric", "passing_cases", "mac")}
-        older.update(format="factory-proof-1", passed=2, score=0.6667)
-        path.write_text(json.dumps(older))
-        self.refused("sealed score 2/3 = 0.66666 [0.20765, 0.93851] is under the bar 0.66667.", "certify", "triager", "--tier", "C1", "--by", "alice")
-        older.update(pass_bar=0.6666)   # the same counts clear a bar of 0.6666 ...
-        path.write_text(json.dumps(older))
-        self.refused("the sealed proof carries no evidence MAC", "certify", "triager", "--tier", "C1", "--by", "alice")
-        # ... but a record from before proof records were sealed is no evidence: re-prove
+        path.write_text(json.dumps({**json.loads(path.read_text()), "format": "factory-proof-1"}))
+        self.refused(f"records/triager/{path.name}: a factory-proof-1 record, not factory-proof-2: re-prove",
+                     "certify", "triager", "--tier", "C1", "--by", "alice")
 
 
 class SuitePerHalf(LineTest):
