@@ -48,6 +48,7 @@ import textwrap
 import time
 import types
 import unicodedata
+import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace as with_fields
@@ -166,10 +167,15 @@ SEPARATORS = ("\n", "\t")   # print's end, and the column separator of a tab-sep
 
 
 def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """(variable name, value) of every configured secret in env (a name ending in KEY, TOKEN, SECRET or
-    PASSWORD, a value of at least MIN_SECRET characters), longest value first."""
-    found = {(name, value.strip()) for name, value in env.items()
-             if SECRET_NAME.search(name) and isinstance(value, str) and len(value.strip()) >= MIN_SECRET}
+    """(variable name, text) for every configured secret in env (a name ending in KEY, TOKEN, SECRET or
+    PASSWORD, a value of at least MIN_SECRET characters) and every way it reads once escaped into text
+    (JSON, Python's repr of it as text or as bytes, our visible escapes: a line break in it as the two
+    characters `\\n`), longest first."""
+    found = set()
+    for name, value in env.items():
+        if SECRET_NAME.search(name) and isinstance(value, str) and len(value := value.strip()) >= MIN_SECRET:
+            found |= {(name, text) for text in (value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
+                                                repr(value)[1:-1], repr(utf8(value))[2:-1], visible(value), one_line(value))}
     return tuple(sorted(found, key=lambda pair: (-len(pair[1]), pair[0])))
 
 
@@ -5320,6 +5326,48 @@ def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str]
     return mark
 
 
+def setting_problem(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    """Why a variable of `names` (a station's; a proxy's lower-case name too, as urllib reads it) can serve
+    no request, in one line never showing a key: a key an HTTP header cannot carry (RFC 9110 section 5.5),
+    an endpoint that is no http(s) url with a host IDNA can encode (a proxy may leave out its http://)."""
+    for name in names + tuple(n.lower() for n in names if n.endswith("_PROXY")):
+        value, secret = env.get(name) or "", SECRET_NAME.search(name)
+        problem = key_problem(value.strip()) if secret else url_problem(value, name[-6:].lower() == "_proxy") \
+            if ENDPOINT_NAME.search(name) and value else None
+        if problem:
+            return f"{name} {problem}" + ("; set it again (its value is not shown)" if secret else "")
+    return None
+
+
+def key_problem(key: str) -> str | None:
+    """What in a key no HTTP header can carry (a line break, another control, a character outside latin-1)."""
+    for at, char in enumerate(key, 1):
+        what = ("a line break" if char in "\r\n\x85\u2028\u2029" else "a control character" if UNPRINTABLE.match(char)
+                or char == "\t" else "a character outside latin-1" if ord(char) > 0xFF else None)
+        if what:
+            return f"holds {what} (character {at} of {len(key)}), which no http header can carry"
+    return None
+
+
+def url_problem(url: str, proxy: bool) -> str | None:
+    """What keeps url from being an address a request can go to, or None."""
+    try:
+        parts = urllib.parse.urlsplit(url if "://" in url or not proxy else f"http://{url}")
+        parts.port   # noqa: B018 - a port that is no number, or out of range, is a ValueError
+        if re.search("[\x00-\x20\x7f-\x9f]", url) or parts.scheme not in ("http", "https") or not parts.hostname \
+                or not "".join(parts[2:] + (parts.username or "", parts.password or "")).isascii():
+            return f"is not an http:// or https:// url with a host, free of spaces and controls, ascii but its host ({visible(url)})"
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        return f"names a host IDNA cannot encode, which no name lookup can find ({url})"
+    except ValueError as error:
+        return f"is not a url ({str(error).lower()}: {visible(url)})"
+    return None
+
+
+ENDPOINT_NAME = re.compile(r"_(?:URL|ENDPOINT|PROXY)$", re.I)   # ANTHROPIC_BASE_URL, SAGE_ENDPOINT, https_proxy
+
+
 ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
     "FACTORY_ROOT": "the factory root when --root is not given",
     "FACTORY_SEALED_DIR": "where sealed halves live: DIR/SUITE/sealed.jsonl",
@@ -6507,7 +6555,7 @@ def gate_report(fac: Factory) -> list[str]:
 
 
 @station(examples=("python3 factory.py doctor",),
-         exits=("done, whatever it found", "refused: the root is not a folder"),
+         exits=("done, whatever it found", "refused: the root is no folder, or a key or endpoint no request can use"),
          env=(*ROOT_ENV, *KEYS_ENV, *MODEL_ENV))
 def cmd_doctor(fac: Factory, args) -> int:
     """Say which models and gate each agent would use, and why.
@@ -8145,6 +8193,7 @@ def run_station(argv: list[str] | None, env: Mapping[str, str]) -> int:
         bad = not_text(args)
         if bad:
             raise Usage(bad, station)
+        refuse_if(setting_problem(env, args.func.station_help["env"]))   # before anything is written
         llm.Worker, sage.Sage  # noqa: B018 - load the lazy clients now, before any thread (LazyLoader is not thread-safe on 3.11)
         fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), env)
         return args.func(fac, args)

@@ -432,8 +432,8 @@ def route_for(model_id: str, env: Mapping[str, str]) -> Route:
 
 
 def _need(env: Mapping[str, str], name: str) -> str:
-    """env[name], or NoKey(name) when unset or empty."""
-    value = env.get(name)
+    """env[name] without the white space around it, or NoKey(name) when unset or empty."""
+    value = (env.get(name) or "").strip()
     if not value:
         raise NoKey(name)
     return value
@@ -456,7 +456,7 @@ def _anthropic_route(model: str, env: Mapping[str, str]) -> Route:
 def _sageroute_route(model: str, env: Mapping[str, str]) -> Route:
     """SageRoute proxy: Anthropic format, model 'sageroute', its own token only (vendor keys stay here)."""
     headers = {"anthropic-version": ANTHROPIC_VERSION}
-    token = env.get("SAGEROUTE_TOKEN") or ""
+    token = (env.get("SAGEROUTE_TOKEN") or "").strip()
     if token:
         headers["authorization"] = f"Bearer {token}"
     return Route("sageroute", "anthropic", _messages_url(env["SAGEROUTE_URL"]), "sageroute",
@@ -501,8 +501,8 @@ def _moonshot_route(model: str, env: Mapping[str, str]) -> Route:
 def _ollama_route(model: str, env: Mapping[str, str]) -> Route:
     """Ollama: any non-empty key works; OPENAI_API_KEY is sent only to an explicit OPENAI_BASE_URL."""
     base = env.get("OPENAI_BASE_URL")
-    if base and env.get("OPENAI_API_KEY"):
-        return _chat_route("ollama", model, base, env["OPENAI_API_KEY"])
+    if base and (env.get("OPENAI_API_KEY") or "").strip():
+        return _chat_route("ollama", model, base, _need(env, "OPENAI_API_KEY"))
     return _chat_route("ollama", model, base or OLLAMA_BASE, "ollama", secret=False)
 
 

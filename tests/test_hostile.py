@@ -478,8 +478,44 @@ class Secrets:
         self.assertIn("[ANTHROPIC_API_KEY redacted]", trace)
         self.assert_nowhere(MODEL_KEY, out, err)
 
+    def test_a_key_or_endpoint_no_request_can_use_is_refused_at_start_in_one_line(self):
+        keys = {"line feed": "sk-abcd\nefgh1234", "carriage return": "sk-abcd\refgh1234", "tab": "sk-abcd\tefgh1234",
+                "nul": "sk-abcd\x00efgh1234", "C1 control": "sk-abcd\x9befgh1234", "not latin-1": "sk-abcd\u2019efgh1234",
+                "line separator": "sk-abcd\u2028efgh1234", "lone surrogate": "sk-abcd\udcffefgh1234"}
+        urls = ("http://[::1", "http://[zz]/v1", f"http://{'ü' * 70}.com", "http://a..b/", "http://x:99999", "http://x:port/",
+                "http://x/ü", "ftp://x", "http://", "http:///v1", "http://exa mple", " http://x", "http://x/\n")
+        variables = ("ANTHROPIC_API_KEY", "SAGE_API_KEY", "SAGEROUTE_TOKEN", "ANTHROPIC_BASE_URL", "SAGE_ENDPOINT",
+                     "HTTPS_PROXY", "https_proxy")   # each class of value meets each variable of its kind in turn
+        stations = (("run", "triager", "I was charged twice"), ("prove", "triager"), ("doctor",))
+        rows = [(label, variables[i % 3], value) for i, (label, value) in enumerate(keys.items())]
+        rows += [(repr(url), variables[3 + i % 4], url) for i, url in enumerate(urls)]
+        for i, (label, variable, value) in enumerate(rows):
+            argv = stations[i % 3]
+            with self.subTest(label, variable=variable, station=argv[0]):
+                before = snapshot(self.root)
+                code, out, err = self.factory(*argv, env={**self.env, variable: value})
+                self.assertEqual((code, out), (1, ""), err)
+                self.assertRegex(err, rf"^factory {argv[0]}: {variable} [^\n]+\n$")
+                self.assertEqual(snapshot(self.root), before, "nothing is written, no run opened")
+                if "KEY" in variable or "TOKEN" in variable:
+                    self.assertTrue(err.endswith("(its value is not shown)\n"), err)
+                    self.assertNotIn("efgh", err)   # nor any escaped form of it: only its name
+        sage = self.gate()   # white space around a key is not sent; a proxy may be written without http://
+        code, out, err = self.factory("run", "triager", "hi", env={**self.env, "https_proxy": "proxy.example:3128",
+                                                                    "SAGE_API_KEY": f"  {SAGE_KEY}\n"})
+        self.assertEqual((code, sage.requests[-1].headers["authorization"]), (0, f"Bearer {SAGE_KEY}"), err)
 
-# ---------------------------------------------------------------- harvests
+    def test_a_secret_escaped_into_text_is_scrubbed_from_trace_index_and_output(self):
+        token = "ghp_abcd\nefgh1234\u2019"   # a secret the run never sends, so nothing refuses it
+        escaped = (json.dumps(token)[1:-1], json.dumps(token, ensure_ascii=False)[1:-1], repr(token)[1:-1],
+                   repr(token.encode())[2:-1])
+        self.env["GITHUB_TOKEN"] = token
+        code, out, err = self.factory("run", "triager", f"my token is {' or '.join(escaped)}, the charge is wrong", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.traces()[-1][0]["input"].count("[GITHUB_TOKEN redacted]"), 4)
+        for text in escaped:
+            self.assert_nowhere(text, out, err, self.factory("tower", "--json")[1])
+
 
 class Harvests(LineTest):
     """Class 8: two harvests at once propose each flagged run once, each proposal naming the flagged run;
