@@ -20,6 +20,11 @@ input, the output and every held call, `settle` decides what becomes of each hel
 gate result x the agent's hand-off x effect), and the caller carries the decision out, committing
 a call through `Broker.commit`.
 
+Settling also bounds a run's acting calls by its act envelope (`ActEnvelope`). Beside it sit the
+other decisions about a run that need no I/O: its verdict (`VERDICTS`, `run_verdict`), and the state
+of a parked call from its humans' signed decisions (`CALL_STATES`, `call_state`) with what approve
+and reject answer in each (`refused_in`).
+
 The broker never prints and never reads environment variables; the caller hands it the policy,
 the contracts, the tool implementations and a `record` callable that appends to the trace.
 """
@@ -330,15 +335,73 @@ class Broker:
         return [o.tool for o in self.outcomes if o.ruling in DENIALS]
 
 
+# ---- a run's verdict
+
+@dataclass(frozen=True)
+class Verdict:
+    """One way a run can end: its name, what it means, and its colour in the tower's charts."""
+    name: str
+    meaning: str
+    colour: str
+
+
+VERDICTS = (  # in display order
+    Verdict("verified", "the gate passed and every executed effect was read back", "#2e7d32"),
+    Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
+    Verdict("routed-to-human", "the gate said no or unsure, the cost left the envelope, or the agent escalated", "#1565c0"),
+    Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
+    Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00"),
+    Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a"),
+    Verdict("uncertain-effect", "a write failed or could not be read back: a human reconciles", "#8d6e63"),
+    Verdict("crashed", "the agent's code or its model raised; the trace keeps the traceback", "#c62828"),
+)
+
+
+def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertain: list[str], parked: int) -> str:
+    """The run's one verdict (a VERDICTS name), from separate evidence: status, what is uncertain about its
+    effects (the factory's effect_problems), the gate, the agent's hand-off, acting calls parked for approval."""
+    if status in ("crashed", "over-budget", "escalated"):   # the status is the verdict
+        return status
+    if uncertain:
+        return "uncertain-effect"
+    if gate in ("unscored", "failed"):
+        return "unscored"
+    if gate != "pass" or not within or handed_off:
+        return "routed-to-human"
+    return "waiting-for-approval" if parked else "verified"
+
+
 # ---- settling: what becomes of each held call once the gate has answered
 
 SETTLEMENTS = ("commit", "park", "review", "would-have")
 
 
 @dataclass(frozen=True)
+class ActEnvelope:
+    """What one run's acting calls may do without a human (the card's act_envelope): at most `calls` of
+    them, moving at most `usd` dollars in all, summed over the arguments each tool's contract marks as an
+    amount in USD (`amounts`: tool -> those argument names, from its contract's `amounts_usd`)."""
+    calls: int = 1
+    usd: float = 100
+    amounts: Mapping = field(default_factory=dict)
+
+    def usd_of(self, call: Outcome) -> float:
+        """The dollars one call moves: its amount arguments' absolute values (a negative one moves money too)."""
+        return sum(abs(value) for name in self.amounts.get(call.tool, ()) if _is_number(value := call.args.get(name)))
+
+    def beyond(self, call: Outcome, calls: int, usd: float) -> str | None:
+        """Why the call is beyond the envelope after `calls` acting calls moving `usd` within it; None when within."""
+        if calls < self.calls and usd + self.usd_of(call) <= self.usd:
+            return None
+        return (f"beyond the act envelope ({self.calls} acting call(s) and ${self.usd:g} a run; this would make "
+                f"{calls + 1} and ${usd + self.usd_of(call):g}): parked for a human")
+
+
+@dataclass(frozen=True)
 class Settlement:
     """The decision on one held call: `decision` is one of SETTLEMENTS, `why` one line, `digest` the
-    args_digest of the call's arguments as settle saw them (what it compared with the gate's).
+    args_digest of the call's arguments as settle saw them (what it compared with the gate's), `route`
+    why the run goes to a human because of this call ('' when it does not).
 
     commit      write it now (the tool executes)
     park        keep it for one human's approval of exactly this call
@@ -348,27 +411,41 @@ class Settlement:
     decision: str
     why: str
     digest: str
+    route: str = ""
 
 
-def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated) -> list[Settlement]:
+def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
+           envelope: ActEnvelope = ActEnvelope()) -> list[Settlement]:
     """One Settlement per held call, in call order; decides only (pure).
 
     `tier` is the run's (C0..C3); `result` the output gate's result (only "pass" passes, and it
     already includes the cost envelope); `handed_off` whether the agent's own output hands the run
-    to a human; `gated` the (seq, tool, args digest) of every call the gate was shown. The table:
+    to a human; `gated` the (seq, tool, args digest) of every call the gate was shown; `envelope` the
+    run's act envelope. The table:
 
         C0, any effect                        -> would-have
         C1, act                               -> would-have  (C1 does not act)
         draft at C1..C3, gate clear           -> commit
         draft at C1..C3, otherwise            -> review
+        act at C2..C3, gate clear, beyond the act envelope -> park, and the run goes to a human
         act at C2, gate clear                 -> park
         act at C3, gate clear                 -> commit
         act at C2..C3, otherwise              -> would-have
 
     "Gate clear" means the gate passed, the agent did not hand off, and the gate saw this call with
-    these exact arguments: a call changed after the gate answered is never committed or parked."""
-    seen = frozenset(tuple(item) for item in gated)
-    return [_settlement(call, args_digest(call.args), tier, result, handed_off, seen) for call in held]
+    these exact arguments: a call changed after the gate answered is never committed or parked. The
+    envelope counts, in call order, the acting calls committed or parked within it."""
+    seen, done, calls, usd = frozenset(tuple(item) for item in gated), [], 0, 0.0
+    for call in held:
+        settlement = _settlement(call, args_digest(call.args), tier, result, handed_off, seen)
+        if call.effect == "act" and settlement.decision in ("commit", "park"):
+            beyond = envelope.beyond(call, calls, usd)
+            if beyond:
+                settlement = Settlement(call, "park", beyond, settlement.digest, beyond)
+            else:
+                calls, usd = calls + 1, usd + envelope.usd_of(call)
+        done.append(settlement)
+    return done
 
 
 def _settlement(call: Outcome, digest: str, tier: str, result: str, handed_off: bool, seen: frozenset) -> Settlement:

@@ -84,9 +84,9 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # the import below then finds it registered and reads no file of its own
 from broker import (  # noqa: E402
-    CANONICAL, DECIDED, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, PROOF_VERDICTS, STATE_OUTCOMES, Broker, Outcome, Policy,
-    args_digest, call_state, check_args, cut, expected_shares, lower_tail, outcome_of, part, part_text, proof_verdict,
-    refused_in, settle, share, shares_by, verdict_after)
+    CANONICAL, DECIDED, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, PROOF_VERDICTS, STATE_OUTCOMES, VERDICTS, ActEnvelope,
+    Broker, Outcome, Policy, args_digest, call_state, check_args, cut, expected_shares, lower_tail, outcome_of, part,
+    part_text, proof_verdict, refused_in, run_verdict, settle, share, shares_by, verdict_after)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -1343,6 +1343,14 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
               "what each level means", _levels),
     CardField("cost_envelope_usd", "number", REQUIRED, "a number >= 0",
               "the most one run may spend, checked before every model call", lambda v: _is_number(v) and v >= 0),
+    CardField("act_envelope", "object", "its fields' defaults", 'an object {"calls", "usd"}',
+              "what one run's acting calls may do without a human, at C2 and C3 alike: calls beyond it are "
+              "parked for a human, never committed, and the run is routed with that reason", lambda v: isinstance(v, dict)),
+    CardField("act_envelope.calls", "integer", str(ActEnvelope.calls), "an integer >= 0",
+              "acting calls one run may commit (C3) or park for approval (C2)", lambda v: _integer(v, 0)),
+    CardField("act_envelope.usd", "number", str(ActEnvelope.usd), "a number >= 0",
+              "USD one run's acting calls may move, summed over the arguments each tool's contract lists in "
+              "`amounts_usd`", lambda v: _is_number(v) and v >= 0),
     CardField("max_steps", "integer", "8", "an integer >= 1",
               "model calls a run may make before it is escalated", lambda v: _integer(v, 1)),
     CardField("tier_ceiling", "string", REQUIRED, "one of C0 C1 C2 C3",
@@ -1769,6 +1777,12 @@ class Agent:
         """The entrypoint function: the agent's own deterministic rules, input -> (tool calls, output)."""
         return getattr(self.module, self.card["entrypoint"].split(":")[1])
 
+    @property
+    def act_envelope(self) -> ActEnvelope:
+        """The card's act_envelope, with its contracts' amounts_usd."""
+        amounts = {tool: tuple(contract.get("amounts_usd", ())) for tool, contract in self.contracts.items()}
+        return ActEnvelope(**self.card.get("act_envelope", {}), amounts=amounts)
+
     def policy_at(self, tier: str) -> Policy:
         """The broker policy: the card's grant and deny lists, at the tier the certificate allows."""
         return Policy(self.name, frozenset(self.card["tools"]), frozenset(self.card["tools_denied"]), tier)
@@ -1876,6 +1890,13 @@ def contract_problems(family: str, name, contract) -> list[str]:
     if not isinstance(contract.get("params"), dict):
         problems.append(f"contract {name}: params is not a schema (a JSON-schema object for the arguments, e.g. "
                         f'{{"type": "object", "properties": {{...}}}})')
+    amounts, params = contract.get("amounts_usd", []), contract.get("params")
+    props = params.get("properties") if isinstance(params, dict) else None
+    numbers = [key for key, value in props.items() if isinstance(value, dict) and value.get("type") in
+               ("number", "integer")] if isinstance(props, dict) else []
+    if not (isinstance(amounts, list) and all(amount in numbers for amount in amounts)):
+        problems.append(f"contract {name}: amounts_usd is not a list of its number arguments (those that are an "
+                        f"amount of money in USD)")
     return problems
 
 
@@ -2561,7 +2582,7 @@ def new_card(name: str, tools: list[str], owner: str) -> dict:
             "gate_question": "Does this reply answer the customer's question correctly from what we know, "
                              "and hand anything else to a human?",
             "evals": {"pass_bar": 0.8, "gate": 0.85, "suite": name}, "draft_rubric": NEW_RUBRIC,
-            "cost_envelope_usd": 0.05, "tier_ceiling": "C1", "identity": f"svc-{name}@factory", "owner": owner,
+            "cost_envelope_usd": 0.05, "act_envelope": {"calls": ActEnvelope.calls, "usd": ActEnvelope.usd}, "tier_ceiling": "C1", "identity": f"svc-{name}@factory", "owner": owner,
             **CARD_DEFAULTS}
 
 
@@ -3971,8 +3992,7 @@ def production_evidence(claim: Claim) -> str | None:
 
 
 def parked_call_sealed(claim: Claim) -> str | None:
-    """The parked file is the one the run wrote: its evidence MAC verifies over every field (run id, call,
-    tool, arguments, certificate, digest, when it was staged and when it expires, the gate's result)."""
+    """The parked file is the one the run wrote: its evidence MAC verifies over every field."""
     problem = evidence_problem(claim.fac, claim.entry)
     if problem is None:
         return None
@@ -3997,9 +4017,8 @@ def staging_of(fac: Factory, entry: dict) -> str:
 
 
 def staged_by_its_run(claim: Claim) -> str | None:
-    """The run the call names closed in the index with a row whose evidence MAC verifies, of the same
-    agent, that parked at least this many calls (staging_of): a run stopped after it parked the call
-    never closed, and a trace and a parked file copied under a new run id have no row at all."""
+    """The run the call names closed in the index with a row that verifies and parked at least this many
+    calls (staging_of): not one stopped after parking it, nor a trace and parked file copied anew."""
     fac, entry = claim.fac, claim.entry
     if claim.staging == "closed":
         return None
@@ -4060,9 +4079,8 @@ def arguments_unchanged(claim: Claim) -> str | None:
 
 
 def staged_in_the_trace(claim: Claim) -> str | None:
-    """The run's trace is that run's (its header names the run) and holds the `settled` event that parked
-    this call, sealed by the evidence MAC, naming the same run, tool, arguments digest, certificate and
-    digest as the parked file."""
+    """The run's trace is that run's and holds the sealed `settled` event that parked this call, naming
+    the same run, tool, arguments digest, certificate and digest as the parked file."""
     where, number = claim.fac.shown(claim.recorded.path), claim.entry["call"]
     if claim.recorded.header.get("run_id") != claim.entry["run_id"]:
         return f"{where}: is the trace of run {claim.recorded.header.get('run_id')}, not {claim.entry['run_id']}; {claim.remedy}"
@@ -4081,9 +4099,8 @@ def staged_in_the_trace(claim: Claim) -> str | None:
 
 
 def shows_what_was_staged(claim: Claim) -> str | None:
-    """The run's trace still holds the ticket and the agent's output the call was staged with (their
-    digests are sealed in the parked call): what the approve prompt shows a human is what the gate
-    judged. A call parked before those digests were sealed cannot be shown safely."""
+    """The run's trace still holds the ticket and the agent's output whose digests are sealed in the parked
+    call: the approve prompt shows what the gate judged (a call parked without them cannot be shown)."""
     entry, recorded = claim.entry, claim.recorded
     where = claim.fac.shown(recorded.path)
     if not isinstance(entry.get("input_digest"), str) or not isinstance(entry.get("output_digest"), str):
@@ -4100,12 +4117,12 @@ def shows_what_was_staged(claim: Claim) -> str | None:
 
 
 def approved(claim: Claim) -> str | None:
-    """A human approved the call (the executor refuses without an approval record, whoever calls it)."""
+    """A human approved the call (the executor refuses without one, whoever calls it)."""
     return None if claim.approval is not None else f"{claim.call} has no approval record; the executor refuses."
 
 
 def approval_signed(claim: Claim) -> str | None:
-    """The approval is signed by the approver it names: their HMAC key here, or their ssh key in the trusted allowed signers."""
+    """The approval is signed by the approver it names (HMAC key here, or ssh key in the allowed signers)."""
     by = claim.approval.entry.get("by")
     if not (isinstance(by, str) and SIGNER.fullmatch(by)) or claim.approval.entry.get("kind") != "intent":
         return f"the approval of {claim.call} names no approver; the executor refuses."
@@ -4644,40 +4661,6 @@ def judge(answer: str | None, p: float | None, bar: float, within_envelope: bool
 
 # ---- verdicts: how a run ends, from separate evidence
 
-@dataclass(frozen=True)
-class Verdict:
-    """One way a run can end: its name, what it means, and its colour in the tower's charts."""
-    name: str
-    meaning: str
-    colour: str
-
-
-VERDICTS = (  # in display order
-    Verdict("verified", "the gate passed and every executed effect was read back", "#2e7d32"),
-    Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
-    Verdict("routed-to-human", "the gate said no or unsure, the cost left the envelope, or the agent escalated", "#1565c0"),
-    Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
-    Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00"),
-    Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a"),
-    Verdict("uncertain-effect", "a write failed or could not be read back: a human reconciles", "#8d6e63"),
-    Verdict("crashed", "the agent's code or its model raised; the trace keeps the traceback", "#c62828"),
-)
-
-
-def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertain: list[str], parked: int) -> str:
-    """The run's one verdict (a VERDICTS name), from separate evidence: status, what is uncertain about its
-    effects (see effect_problems), the gate, the agent's hand-off, acting calls parked for approval."""
-    if status in ("crashed", "over-budget", "escalated"):   # the status is the verdict
-        return status
-    if uncertain:
-        return "uncertain-effect"
-    if gate in ("unscored", "failed"):
-        return "unscored"
-    if gate != "pass" or not within or handed_off:
-        return "routed-to-human"
-    return "waiting-for-approval" if parked else "verified"
-
-
 def effect_problems(fac: Factory, committed: list, settled: "Settled") -> list[str]:
     """One line per effect of the run that is uncertain, naming the call, the path and the cause: a committed
     write that failed or is not where its receipt says, and a review-queue row that could not be written."""
@@ -4993,7 +4976,7 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
     settled = settle_held(fac, agent, cert, trace, loop.broker, tier, {**gate, **shown}, handed_off)
     uncertain = effect_problems(fac, loop.broker.committed, settled)
     verdict = run_verdict(status, gate["result"], within, handed_off, uncertain, settled.parked)
-    reasons = routing_reasons(status, loop, gate, handed_off, uncertain)
+    reasons = routing_reasons(status, loop, gate, handed_off, uncertain) + list(dict.fromkeys(settled.routes))
     row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
            "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["result"], "p": gate["p"],
            "gate_line": gate["line"], "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
@@ -5019,19 +5002,19 @@ class Settled:
     parked: int = 0      # acting calls parked for a human's approval
     review: int = 0      # drafts put in the human's review queue
     lost: list = field(default_factory=list)   # one line per review-queue row that could not be written
+    routes: list = field(default_factory=list)   # why the run goes to a human because of a call (Settlement.route)
     rows: list = field(default_factory=list)   # [tool, decision, problem] per held call, in order: see settled_phrase
 
 
 def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Broker, tier: str, gate: dict,
                 handed_off: bool) -> Settled:
     """Carry out broker.settle's decision on each held call, in call order, each recorded as a `settled`
-    event: commit it (the committed row names the run, the gate result and p), park it for approval,
-    put a draft in the human's review queue, or record what the run would have done. The run's drafts
-    go to the queue through one handle, locked from its first row until every call is settled."""
+    event: commit it (its row names the run, the gate result and p), park it, queue a draft for review
+    (one handle, locked until every call is settled), or record what the run would have done."""
     done, tags, committing = Settled(), {"gate": gate["result"], "p": gate["p"]}, None
     queue = fac.store.open_log(fac.review_path(agent.name))
     try:
-        for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"]):
+        for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"], agent.act_envelope):
             call, decision = settlement.call, settlement.decision
             event = {"event": "settled", "at": utc_now(), "seq": call.seq, "tool": call.tool, "args_digest": settlement.digest,
                      "decision": decision, "why": settlement.why}
@@ -5051,6 +5034,7 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
                 done.lost += [f"{call.tool} could not be put in the review queue ({event['error']})"] if "error" in event else []
             trace.record(event)
             done.rows.append([call.tool, decision, event.get("ruling") or event.get("error")])
+            done.routes += [settlement.route] if settlement.route else []
     finally:
         queue.close()
     return done
@@ -5070,11 +5054,10 @@ def to_review(queue: Store.Log, run_id: str, settlement, tags: dict) -> dict:
 
 
 def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome, gate: dict) -> Path:
-    """Store one held acting call for approval: its run and number, exact arguments, their digest,
-    certificate, when it was staged and expires, the gate's result, p, bar and the digest of what it was
-    shown, and the digests of the ticket and the output as the run's trace holds them (gate's
-    input_digest, output_digest: what the approve prompt shows is checked against them), all sealed whole
-    with the evidence MAC (a copy under another run id, or a moved expiry, no longer verifies); its path."""
+    """Store one held acting call for approval, sealed whole with the evidence MAC (a copy under another
+    run id, or a moved expiry, no longer verifies): its run, number, exact arguments and their digest,
+    certificate, staging and expiry, the gate's answer, and the digests of the ticket and output the
+    approve prompt will show (gate's input_digest, output_digest); its path."""
     staged = datetime.now(timezone.utc)
     hours = agent.card.get("approval_expiry_hours", 24)
     entry = {"format": PENDING_FORMAT, "run_id": run_id, "call": call, "agent": agent.name,
@@ -5909,13 +5892,14 @@ def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
     """What the signer sees before `sign it?`: agent, tier, digest; a variant's changes from its master;
     the sealed proof and its evidence, its backend (warning for offline rules or unscored drafts); the
     sealed attempts since the last certification; the production evidence; the certificate it replaces
-    and any recall since; the grants; which answers sign."""
+    and any recall since; the grants and both envelopes; which answers sign."""
     agent = claim.agent
     how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
     lines = [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
              *variant_lines(fac, claim), *proof_lines(fac, claim), *attempts_lines(claim), production_line(fac, claim),
              *replaced_lines(fac, claim),
-             f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}",
+             f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}  "
+             f"act envelope {agent.act_envelope.calls} acting call(s), ${agent.act_envelope.usd:g} a run",
              "y or yes signs; anything else declines and nothing is signed."]
     for line in lines:
         print(line, file=sys.stderr)
@@ -6695,10 +6679,11 @@ BRIEF_CHARS = 2000    # of a ticket shown at the approve prompt; the trace keeps
 
 
 def approval_brief(fac: Factory, entry: dict) -> list[str]:
-    """What a human needs to decide on one parked call: the ticket and the agent's output read from its
-    run's trace (checked against the digests sealed in the parked call: shows_what_was_staged), the
-    gate's result, p and bar as sealed in the parked call, and the exact call with its digest and expiry."""
+    """What a human needs to decide on one parked call: the ticket and the agent's output from its run's
+    trace (checked before: shows_what_was_staged), the gate's answer sealed with it, why it was parked
+    (beyond the act envelope, say), and the exact call with its digest and expiry."""
     recorded = Trace.read(fac, entry["run_id"], entry["agent"])
+    why = [e.get("why") for e in recorded.events if (e.get("event"), e.get("decision"), e.get("call")) == ("settled", "park", entry["call"])]
     gate = entry.get("gate") or {}
     ticket = task_text(recorded.header.get("input"))
     if len(ticket) > BRIEF_CHARS:
@@ -6709,7 +6694,7 @@ def approval_brief(fac: Factory, entry: dict) -> list[str]:
         "ticket:", *(f"  {line}" for line in ticket.splitlines() or [""]),
         "agent output:", f"  {json.dumps(recorded.end.get('output') if recorded.end else None, ensure_ascii=False)}",
         f"gate: {gate.get('result', 'not recorded')} p={f'{p:.3f}' if isinstance(p, (int, float)) else '?'} "
-        f"bar={gate.get('bar', '?')}",
+        f"bar={gate.get('bar', '?')}", f"parked: {one_line(str(why[:1] and why[0]))}",
         "the exact call:", f"  {entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}",
         f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"]
 

@@ -199,6 +199,35 @@ class Settle(unittest.TestCase):
         self.assertTrue(all(s.why == "the gate did not see these arguments" for s in settled))
         self.assertEqual([s.decision for s in broker.settle(calls, "C3", "pass", False, [])], ["review", "would-have"])
 
+    def test_acting_calls_beyond_the_act_envelope_are_parked_at_c2_and_c3_alike(self):
+        """Thirty refunds of $40 in one turn: within 1 call and $100, the first is committed at C3 (parked
+        at C2) and the other 29 parked for a human, each naming the envelope as why the run is routed; a
+        money cap summed over the contract's amounts (a negative amount counts as money moved) and no
+        envelope at all (0 calls) likewise; a draft and an acting call with no amount are bounded only by
+        the count."""
+        contracts = {"a:pay": {"effect": "act", "params": {"type": "object"}}, "a:draft": {"effect": "draft", "params": {}}}
+        desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C3"), contracts, {}, "run", [].append)
+        desk.carry_out("a:draft", {"text": "on it"})
+        for n in range(30):
+            desk.carry_out("a:pay", {"amount_usd": -40 if n == 1 else 40, "n": n})
+        calls, amounts = list(desk.held), {"a:pay": ("amount_usd",)}
+        for tier, first in (("C3", "commit"), ("C2", "park")):
+            with self.subTest(tier=tier):
+                settled = broker.settle(calls, tier, "pass", False, shown(calls), broker.ActEnvelope(1, 100, amounts))
+                self.assertEqual([s.decision for s in settled], ["commit", first] + ["park"] * 29)
+                self.assertEqual([bool(s.route) for s in settled], [False, False] + [True] * 29)
+                self.assertEqual(settled[2].route, "beyond the act envelope (1 acting call(s) and $100 a run; this would "
+                                                   "make 2 and $80): parked for a human")
+        money = broker.settle(calls, "C3", "pass", False, shown(calls), broker.ActEnvelope(5, 100, amounts))
+        self.assertEqual([s.decision for s in money][:5], ["commit", "commit", "commit", "park", "park"])
+        self.assertIn("this would make 3 and $120", money[3].why)
+        unmarked = broker.settle(calls, "C3", "pass", False, shown(calls), broker.ActEnvelope(3, 0))
+        self.assertEqual([s.decision for s in unmarked].count("commit"), 4, "no amount marked: only the count bounds it")
+        none = broker.settle(calls, "C3", "pass", False, shown(calls), broker.ActEnvelope(0, 0, amounts))
+        self.assertEqual([s.decision for s in none], ["commit"] + ["park"] * 30)
+        flagged = broker.settle(calls, "C3", "flag", False, shown(calls), broker.ActEnvelope(0, 0, amounts))
+        self.assertEqual({s.decision for s in flagged[1:]}, {"would-have"}, "a call the gate did not clear is no one's to approve")
+
     def test_settle_decides_only(self):
         calls = held_calls()
         before = [(c.seq, c.ruling, dict(c.args)) for c in calls]
@@ -259,10 +288,6 @@ class Intervals(unittest.TestCase):
         self.assertEqual(broker.part(0, 0)["interval"], [0.0, 1.0])
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class CallStates(unittest.TestCase):
     """A parked call's state from its signed decisions, in order, its lock and its expiry: every state
     reached, each from the decisions the table allows, and a decision it does not allow changing nothing."""
@@ -295,3 +320,7 @@ class CallStates(unittest.TestCase):
                     line = broker.refused_in(station, state, call="c", by="bob", at="t", reason="r", expires="e", found="f")
                     self.assertEqual(line is None, state not in wording)
                     self.assertTrue(line is None or "\n" not in line and line.startswith("c "))
+
+
+if __name__ == "__main__":
+    unittest.main()

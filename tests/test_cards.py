@@ -190,18 +190,20 @@ class Cards(LineTest):
         (self.root / "agents" / "tools" / "faq.py").write_text(FAQ_TOOLS.replace(
             '{"name": "faq:lookup", "effect": "read", "description": "Look up an FAQ answer.",\n'
             '                            "params": {"type": "object", "properties": {"q": {"type": "string"}}}',
-            '{"name": "faq:lokup", "effect": "lookup", "params": "q"'))
+            '{"name": "faq:lokup", "effect": "lookup", "params": "q", "amounts_usd": ["q"]'))
         self.faq_card()
         code, _, err = self.factory("digest", "faq")
         self.assertEqual(code, 1, err)
         self.assertEqual(err.splitlines(), [
-            "factory digest: masters/faq.json: 4 problems",
+            "factory digest: masters/faq.json: 5 problems",
             "  agents/tools/faq.py: contract faq:lookup: its name is 'faq:lokup', which differs from its key 'faq:lookup'",
             "  agents/tools/faq.py: contract faq:lookup: effect 'lookup' is not one of read, draft, act",
             "  agents/tools/faq.py: contract faq:lookup: missing description (a string: what the tool does, as the "
             "model is told)",
             '  agents/tools/faq.py: contract faq:lookup: params is not a schema (a JSON-schema object for the '
-            'arguments, e.g. {"type": "object", "properties": {...}})'])
+            'arguments, e.g. {"type": "object", "properties": {...}})',
+            "  agents/tools/faq.py: contract faq:lookup: amounts_usd is not a list of its number arguments (those that "
+            "are an amount of money in USD)"])
 
     def faq_card(self) -> None:
         """masters/faq.json: the triager's card granting faq:lookup (agents/tools/faq.py) and drafts:write."""

@@ -639,6 +639,32 @@ class AtC3(Tiered):
         self.assertEqual((refund["run_id"], refund["gate"], refund["p"]), (row["run_id"], "pass", 0.95))
         self.assertEqual(row["acted"], 1)
 
+    def test_one_turn_asking_for_thirty_refunds_commits_at_most_the_act_envelope(self):
+        """30 refunds of $40 in one model turn at C3 under the default act envelope (1 acting call, $100 a
+        run, shown at the certify prompt): one is written, 29 are parked for a human, and the run is routed
+        naming the envelope; pending lists the 29 and approve shows why each was parked."""
+        refunds = [(f"r{n}", "billing__refund", {"reason": f"charged twice, order {n}", "amount_usd": 40}) for n in range(30)]
+        server = FakeServer(Answer(body=anthropic_message(tool_uses=[LABEL_CALL, *refunds])),
+                            Answer(body=anthropic_message(CALM))).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        row = self.run_payer(CHARGED)[0]
+        self.offline()
+        self.assertEqual((len(self.effects("refunds")), row["acted"], row["staged"], len(self.pending())), (1, 1, 29, 29))
+        self.assertEqual(row["verdict"], "waiting-for-approval")
+        self.assertTrue(row["routed"])
+        self.assertIn("beyond the act envelope (1 acting call(s) and $100 a run; this would make 2 and $80): parked for "
+                      "a human", row["why"])
+        settled = [e["decision"] for e in self.traces("payer")[-1] if e.get("event") == "settled" and e["tool"] == "billing:refund"]
+        self.assertEqual(settled, ["commit"] + ["park"] * 29)
+        self.assertEqual(self.factory("pending")[1].count("\tpayer\tbilling:refund"), 29)
+        self.give_key("bob")
+        shown = self.at_terminal("approve", row["run_id"], "--call", "3", "--by", "bob", answer=b"n\n")
+        self.assertIn("parked: beyond the act envelope (1 acting call(s) and $100 a run; this would make 2 and $80)",
+                      shown.stderr)
+        prompt = self.certify("payer", "C3", answer=b"n\n")
+        self.assertIn("  act envelope 1 acting call(s), $100 a run\n", prompt.stderr)
+
     def test_replay_of_a_run_that_moved_money_reports_no_difference(self):
         row = self.refund_run()
         self.assertEqual(row["acted"], 1)

@@ -17,6 +17,7 @@ CONTRACTS = {
         "params": {"type": "object", "additionalProperties": False, "required": ["reason"],
                    "properties": {"reason": {"type": "string", "maxLength": 200},
                                   "amount_usd": {"type": "number", "minimum": 0}}},
+        "amounts_usd": ["amount_usd"],
         "failure_modes": ["OSError: the payments queue could not be written (effect unknown)"],
     },
 }
