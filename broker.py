@@ -648,6 +648,44 @@ def mcnemar_exact(fixed: int, broke: int) -> float:
     return min(1.0, 2 * tail / 2 ** changed)
 
 
+# ---- where a case's expected values came from (its label_source), counted by prove and certify
+
+LABEL_SOURCES = MappingProxyType({
+    "mapping": "the source's own category mapping",
+    "judged": "a human's judgement, where the source has no usable mapping",
+    "override": "a human overriding the source's mapping, under the policy the suite's README documents",
+    "synthetic": "written, not from a real source",
+})
+UNRECORDED = "unrecorded"   # a case that does not say
+
+
+def label_source_problem(case: dict) -> str | None:
+    """What is wrong with a case's optional label_source, or None: one of LABEL_SOURCES, and `synthetic`
+    exactly when the case's source is (a written case has no source's mapping to follow or override)."""
+    if "label_source" not in case:
+        return None
+    given, source = case["label_source"], case.get("source")
+    if not isinstance(given, str) or given not in LABEL_SOURCES:
+        return f"label_source must be one of {', '.join(LABEL_SOURCES)} (where its expected values came from), not {json.dumps(given)}"
+    if (given == "synthetic") != (source == "synthetic"):
+        return (f"label_source {json.dumps(given)} does not fit its source {json.dumps(source)}: "
+                f"a case written rather than taken from a source is synthetic in both, and only such a case")
+    return None
+
+
+def label_counts(results: list[dict]) -> dict[str, int]:
+    """label_source -> cases, every kind of LABEL_SOURCES and UNRECORDED, from each result's `label_source`."""
+    counts = dict.fromkeys([*LABEL_SOURCES, UNRECORDED], 0)
+    for result in results:
+        counts[result["label_source"]] += 1
+    return counts
+
+
+def label_text(counts: dict) -> str:
+    """'mapping 165, override 27, synthetic 8': the kinds a proof's cases hold (unrecorded too), in order."""
+    return ", ".join(f"{kind} {n}" for kind, n in counts.items() if n) or "no cases"
+
+
 # ---- a proof's verdict, from its counts alone (prove's exit status, summary, --json and --junit; certify)
 
 # PASS              at or above the pass bar, and a draft rubric on the card was scored
@@ -693,3 +731,44 @@ def expected_shares(results: list[dict], bar) -> dict[str, dict[str, dict]]:
         return lambda r: None if key not in r["labels"] else r["labels"][key] if isinstance(
             r["labels"][key], str) else json.dumps(r["labels"][key])
     return {key: shares_by(results, bar, named(key)) for key in sorted({key for r in results for key in r["labels"]})}
+
+
+# ---- a variant's card against its master's, as the certify prompt names each difference
+
+MISSING = object()   # a card field that is absent, as card_changes compares them
+
+
+def card_changes(master: dict, variant: dict, skip: tuple, tiers: tuple) -> list[str]:
+    """Each difference of a variant's card from its master's, one phrase each: added/removed grant or
+    denial per tool, raised/lowered for a tier ceiling (`tiers` in order) or a number, else changed/added/
+    removed FIELD; top-level fields in `skip` are left out."""
+    changes = []
+    for key, kind in (("tools", "grant"), ("tools_denied", "denial")):
+        changes += [f"added {kind} {tool}" for tool in variant[key] if tool not in master[key]]
+        changes += [f"removed {kind} {tool}" for tool in master[key] if tool not in variant[key]]
+    old, new = leaves(master), leaves(variant)
+    for path in {**old, **new}:
+        before, after = old.get(path, MISSING), new.get(path, MISSING)
+        if path.split(".")[0] not in skip and before != after:
+            changes.append(leaf_change(path, before, after, tiers))
+    return changes
+
+
+def leaves(card: dict, prefix: str = "") -> dict:
+    """dotted path -> value of every non-object value in a card (objects are walked into)."""
+    found = {}
+    for key, value in card.items():
+        path = f"{prefix}{key}"
+        found.update(leaves(value, f"{path}.") if isinstance(value, dict) else {path: value})
+    return found
+
+
+def leaf_change(path: str, old, new, tiers: tuple) -> str:
+    """One card field's change from master to variant, named for its direction where it has one."""
+    if old is MISSING or new is MISSING:
+        return f"{'added' if old is MISSING else 'removed'} {path}: {json.dumps(new if old is MISSING else old)}"
+    if path == "tier_ceiling" and old in tiers and new in tiers:
+        return f"{'raised' if tiers.index(new) > tiers.index(old) else 'lowered'} tier ceiling {old} -> {new}"
+    if _is_number(old) and _is_number(new):
+        return f"{'raised' if new > old else 'lowered'} {path} {old} -> {new}"
+    return f"changed {path}: {json.dumps(old)} -> {json.dumps(new)}"

@@ -84,9 +84,11 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # the import below then finds it registered and reads no file of its own
 from broker import (  # noqa: E402
-    CANONICAL, DECIDED, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, PROOF_VERDICTS, STATE_OUTCOMES, VERDICTS, ActEnvelope,
-    Broker, Outcome, Policy, args_digest, call_state, check_args, cut, expected_shares, lower_tail, outcome_of, part,
-    part_text, proof_verdict, refused_in, run_verdict, settle, share, shares_by, verdict_after)
+    CANONICAL, DECIDED, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, STATE_OUTCOMES, VERDICTS, ActEnvelope,
+    Broker, Outcome, Policy, args_digest, call_state, check_args, outcome_of, refused_in, run_verdict, settle, verdict_after)
+from broker import (  # noqa: E402   a proof's figures and statistics, and the certify prompt's card diff
+    LABEL_SOURCES, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts, label_source_problem,
+    label_text, lower_tail, part, part_text, proof_verdict, share, shares_by)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -2282,9 +2284,9 @@ def suite_name(fac: Factory, agent: Agent, sealed: bool) -> str:
     return agent.name
 
 
-CASE_FIELDS = ("id", "input", "expect", "source")
+CASE_FIELDS = ("id", "input", "expect", "source", "label_source")
 CASE_IS = ('a case is {"id", "input", "expect"} and optionally "source" ("synthetic" for a case you wrote; '
-           'anything else, or none, counts as a real ticket)')
+           'anything else, or none, counts as a real ticket) and "label_source" (' + ", ".join(LABEL_SOURCES) + ')')
 # a line break or control character in a case id would break the line of every report that names it
 ID_BREAKS = re.compile("[\t\n\r\x85\u2028\u2029]")
 
@@ -2351,7 +2353,8 @@ def case_problem(case, first_line: dict, contract: Contract) -> str | None:
         return f"the case id {json.dumps(ident)} is given twice (first on line {first_line[ident]})"
     if is_blank(task_text(case["input"])):
         return f"case {json.dumps(ident)}: {NO_VISIBLE_TEXT}"
-    return expect_problem(ident, case["expect"], contract)
+    labelled = label_source_problem(case)
+    return f"case {json.dumps(ident)}: {labelled}" if labelled else expect_problem(ident, case["expect"], contract)
 
 
 def expect_problem(ident: str, expect, contract: Contract) -> str | None:
@@ -2615,8 +2618,9 @@ def new_tools(name: str, effects: tuple[str, ...]) -> str:
 
 
 def cases_text(cases: list[tuple[str, dict]], prefix: str) -> str:
-    """JSONL of one half of a new suite: {id, input, expect, source} per case."""
-    return "".join(json.dumps({"id": f"{prefix}-{n}", "input": text, "expect": expect, "source": "synthetic"}) + "\n"
+    """JSONL of one half of a new suite: {id, input, expect, source, label_source} per case, all synthetic."""
+    return "".join(json.dumps({"id": f"{prefix}-{n}", "input": text, "expect": expect, "source": "synthetic",
+                               "label_source": "synthetic"}) + "\n"
                    for n, (text, expect) in enumerate(cases, 1))
 
 
@@ -3207,7 +3211,7 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
     return found
 
 
-SEALED_COUNTS = ("passing_cases", "cases", "interval", "real", "synthetic", "by_source", "by_expected")   # on a certificate
+SEALED_COUNTS = ("passing_cases", "cases", "interval", "real", "synthetic", "by_source", "by_expected", "label_sources")   # on a certificate
 PROMOTION_RUNS = 20          # gated production runs at the tier below, since the agent (its digest) last changed
 
 
@@ -5128,7 +5132,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
             "models": sorted({m for b, m in zip(loop.backends, loop.models) if not b.startswith("offline")}),
             "synthetic": case.get("source") == "synthetic", "source": str(case.get("source") or "unnamed").split(":")[0],
             "labels": {key: value for key, value in expect.items() if "enum" in agent.module.OUTPUT_SCHEMA["properties"][key]},
-            "draft_score": None, "seconds": time.monotonic() - started}
+            "label_source": case.get("label_source", UNRECORDED), "draft_score": None, "seconds": time.monotonic() - started}
     return {**result, "answered": answered_by_card_models(agent.card, result)}
 
 
@@ -5229,6 +5233,7 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
              "pass_bar": bar, "rubric": rubric, "real": share([r for r in results if not r["synthetic"]], bar),
              "synthetic": share([r for r in results if r["synthetic"]], bar),
              "by_source": shares_by(results, bar, itemgetter("source")), "by_expected": expected_shares(results, bar),
+             "label_sources": label_counts(results),
              "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
              "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
              "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
@@ -5741,7 +5746,8 @@ def parts_lines(proof: dict) -> list[str]:
     return ["   ".join(f"{label} {part_text(proof[key], whole=False)}" if proof[key]["cases"] else f"{label}: none"
                        for key, label in (("real", "real tickets"), ("synthetic", "synthetic")))] + \
         [f"by source: {listed(real)}"] * bool(real) + \
-        [f"by expected {key}: {listed(values)}" for key, values in proof.get("by_expected", {}).items()]
+        [f"by expected {key}: {listed(values)}" for key, values in proof.get("by_expected", {}).items()] + \
+        [f"label sources: {label_text(proof['label_sources'])}"] * ("label_sources" in proof)
 
 
 def unanswered_text(proof: dict) -> str:
@@ -5783,7 +5789,8 @@ def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
         [(f"source.{name}", one) for name, one in proof["by_source"].items()] + \
         [(f"expected.{key}.{name}", one) for key, values in proof["by_expected"].items() for name, one in values.items()]
     for key, value in [(key, proof[key]) for key in JUNIT_PROPERTIES] + [("missed", len(missed))] + \
-            [(name, part_text(one, whole=False) if one["cases"] else "none") for name, one in parts]:
+            [(name, part_text(one, whole=False) if one["cases"] else "none") for name, one in parts] + \
+            [("label_sources", label_text(proof["label_sources"]))]:
         value = ", ".join(map(str, value)) if isinstance(value, list) else value
         ET.SubElement(properties, "property", name=key, value=json.dumps(value) if isinstance(value, bool) else str(value))
     ET.SubElement(suite, "system-out").text = "\n".join([why] + [f"missed {line}" for line in missed])
@@ -5909,11 +5916,15 @@ def proof_lines(fac: Factory, claim: Claim) -> list[str]:
     """The sealed proof certify rests on, the evidence that it is the record prove wrote, the backend it
     ran on, and a warning for each way it proves less than the card claims."""
     agent, (path, proof) = claim.agent, claim.proofs[-1]
+    unrecorded = proof.get("label_sources", {UNRECORDED: proof["cases"]})[UNRECORDED]
     lines = [f"  sealed proof {fac.shown(path)}: {part_text(proof, proof['pass_bar'])} (bar {proof['pass_bar']}), "
              f"draft:{proof['draft_check']}", *(f"    {line}" for line in parts_lines(proof)),
              f"  evidence: that record, made {proof['at']}, its evidence MAC verified with the factory evidence key "
              f"({fac.evidence_key_path}); the sealed half of {proof['suite']} is byte for byte the one it ran",
              *backend_lines(agent.card, proof["backends"], proof.get("models", []))]
+    if 2 * unrecorded > proof["cases"]:
+        lines.append(f"  WARNING: {unrecorded} of the {proof['cases']} sealed cases do not say where their expected values "
+                     f"came from (label_source): a score on labels of unknown provenance compares with nothing")
     if agent.card.get("draft_rubric") and proof["rubric"] == "no key":
         lines.append("  WARNING: the card has a draft rubric, but no decision model scored the drafts (rubric: no key): "
                      "you sign on the case results alone")
@@ -6008,47 +6019,9 @@ def variant_lines(fac: Factory, claim: Claim) -> list[str]:
         base = load_card(fac, master)
     except Refusal as why:
         return [f"  variant of {master}, whose card does not load, so what it changes cannot be shown: {why}"]
-    changes = card_changes(base, claim.agent.card)
+    changes = card_changes(base, claim.agent.card, ("agent", "tools", "tools_denied", *SET_BY_STAMP), TIERS)
     head = f"  variant of {master}; " + (f"what it changes relative to {master}:" if changes else "the same card but its name")
     return [head, *(f"    {change}" for change in changes)]
-
-
-def card_changes(master: dict, variant: dict) -> list[str]:
-    """Each difference of a variant's card from its master's, one phrase each: added/removed grant or
-    denial per tool, raised/lowered for a tier ceiling or a number, else changed/added/removed FIELD."""
-    changes = []
-    for key, kind in (("tools", "grant"), ("tools_denied", "denial")):
-        changes += [f"added {kind} {tool}" for tool in variant[key] if tool not in master[key]]
-        changes += [f"removed {kind} {tool}" for tool in master[key] if tool not in variant[key]]
-    old, new, skip = leaves(master), leaves(variant), ("agent", "tools", "tools_denied", *SET_BY_STAMP)
-    for path in {**old, **new}:
-        before, after = old.get(path, MISSING), new.get(path, MISSING)
-        if path.split(".")[0] not in skip and before != after:
-            changes.append(leaf_change(path, before, after))
-    return changes
-
-
-MISSING = object()   # a card field that is absent, as card_changes compares them
-
-
-def leaves(card: dict, prefix: str = "") -> dict:
-    """dotted path -> value of every non-object value in a card (objects are walked into)."""
-    found = {}
-    for key, value in card.items():
-        path = f"{prefix}{key}"
-        found.update(leaves(value, f"{path}.") if isinstance(value, dict) else {path: value})
-    return found
-
-
-def leaf_change(path: str, old, new) -> str:
-    """One card field's change from master to variant, named for its direction where it has one."""
-    if old is MISSING or new is MISSING:
-        return f"{'added' if old is MISSING else 'removed'} {path}: {json.dumps(new if old is MISSING else old)}"
-    if path == "tier_ceiling" and old in TIERS and new in TIERS:
-        return f"{'raised' if TIERS.index(new) > TIERS.index(old) else 'lowered'} tier ceiling {old} -> {new}"
-    if _is_number(old) and _is_number(new):
-        return f"{'raised' if new > old else 'lowered'} {path} {old} -> {new}"
-    return f"changed {path}: {json.dumps(old)} -> {json.dumps(new)}"
 
 
 TICKET_FIELDS = ("id", "input", "source")

@@ -15,7 +15,7 @@ RECORD_KEYS = {"format", "agent", "half", "at", "verdict", "passed", "score", "p
                "rubric", "real", "synthetic",
                "tool_denials", "drafts_scored", "draft_mean", "draft_check", "backends", "models", "digest", "components",
                "suite", "suite_digest", "failures", "model_required", "model_answered", "interval", "by_source",
-               "by_expected"}
+               "by_expected", "label_sources"}
 RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line",
             "backends", "cost_usd", "steps", "denied", "acted", "staged", "routed", "why", "output", "tools"}
 
@@ -384,6 +384,45 @@ class ScoresWithIntervals(VerdictOutputs):
         self.assertIn("gate pass over scored runs: -\n", tower)
 
 
+def labelled_suite(path, unrecorded: int) -> None:
+    """Five banking cases the offline triager passes: one of each label_source, then `unrecorded` without one."""
+    kinds = [("mapping", "banking77:1"), ("judged", "cfpb:2"), ("override", "cfpb:3"), ("synthetic", "synthetic")]
+    rows = [{"id": f"k{i}", "input": f"How do I order a new card? ({i})", "expect": {"label": "account"},
+             "source": source, "label_source": kind} for i, (kind, source) in enumerate(kinds)]
+    rows += [{"id": f"u{i}", "input": f"How do I order a new card? (u{i})", "expect": {"label": "account"}, "source": "cfpb:9"}
+             for i in range(unrecorded)]
+    write_jsonl(path, rows)
+
+
+class LabelProvenance(VerdictOutputs):
+    """A case may say where its expected values came from (label_source); prove and certify count each
+    kind, and certify warns when most of the sealed half does not say."""
+
+    def test_prove_counts_each_kind_in_every_format(self):
+        labelled_suite(self.root / "evals" / "triager" / "cases.jsonl", 2)
+        self.set_bar("triager", 0.5)
+        _, _, record, junit = self.outputs()
+        self.assertEqual(record["label_sources"], {"mapping": 1, "judged": 1, "override": 1, "synthetic": 1, "unrecorded": 2})
+        properties = {p.get("name"): p.get("value") for p in junit.iter("property")}
+        self.assertEqual(properties["label_sources"], "mapping 1, judged 1, override 1, synthetic 1, unrecorded 2")
+        self.assertIn("\n  label sources: mapping 1, judged 1, override 1, synthetic 1, unrecorded 2\n",
+                      self.factory("prove", "triager")[1])
+
+    def test_certify_counts_them_and_warns_when_most_are_unrecorded(self):
+        warning = "sealed cases do not say where their expected values came from (label_source)"
+        self.set_bar("triager", 0.5)
+        for unrecorded, warned in ((4, False), (5, True)):
+            with self.subTest(unrecorded=unrecorded):
+                labelled_suite(self.root / "evals" / "triager" / "sealed.jsonl", unrecorded)
+                self.prove_sealed()
+                prompt = self.sign().stderr
+                self.assertIn(f"    label sources: mapping 1, judged 1, override 1, synthetic 1, unrecorded {unrecorded}\n",
+                              prompt)
+                self.assertEqual(f"  WARNING: {unrecorded} of the {4 + unrecorded} {warning}: a score on labels of unknown "
+                                 f"provenance compares with nothing\n" in prompt, warned, prompt)
+                self.assertEqual(self.cert()["sealed_counts"]["label_sources"]["unrecorded"], unrecorded)
+
+
 class RequireModel(VerdictOutputs):
     """prove --require-model: a proof the card's models did not answer in full fails with its own verdict,
     the same in the exit status, the summary, --json and --junit (whose properties name the backends)."""
@@ -485,7 +524,21 @@ class SuiteChecks(LineTest):
                   "'billing:refund'?)"),
                  ([{**good, "tags": []}], "line 1: unknown field(s) 'tags': a case is {\"id\", \"input\", \"expect\"} and "
                                           "optionally \"source\" (\"synthetic\" for a case you wrote; anything else, or "
-                                          "none, counts as a real ticket)"),
+                                          "none, counts as a real ticket) and \"label_source\" (mapping, judged, override, "
+                                          "synthetic)"),
+                 ([{**good, "label_source": "guess"}], 'line 1: case "a": label_source must be one of mapping, judged, '
+                                                      'override, synthetic (where its expected values came from), not "guess"'),
+                 ([{**good, "label_source": None}], 'line 1: case "a": label_source must be one of mapping, judged, override, '
+                                                   'synthetic (where its expected values came from), not null'),
+                 ([{**good, "label_source": ["mapping"]}], 'line 1: case "a": label_source must be one of mapping, judged, '
+                                                          'override, synthetic (where its expected values came from), not ["mapping"]'),
+                 ([{**good, "source": "cfpb:1", "label_source": "synthetic"}],
+                  'line 1: case "a": label_source "synthetic" does not fit its source "cfpb:1": a case written rather than '
+                  'taken from a source is synthetic in both, and only such a case'),
+                 ([{**good, "source": "synthetic", "label_source": "mapping"}],
+                  'line 1: case "a": label_source "mapping" does not fit its source "synthetic"'),
+                 ([{**good, "label_source": "synthetic"}], 'line 1: case "a": label_source "synthetic" does not fit its '
+                                                          'source null'),
                  ([{"id": "a", "input": "x"}], "line 1: missing field(s) 'expect': a case is")]
         for rows, message in table:
             with self.subTest(message=message):
