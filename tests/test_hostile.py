@@ -419,7 +419,7 @@ class Controls:
         proof = {"agent": "triager", "half": "open", "at": "2026-01-01T00:00:00Z", "verdict": "UNDER BAR", "passed": False,
                  "score": 0.0, "passing_cases": 0, "cases": 1, "pass_bar": 0.5, "rubric": "none", "draft_check": "no rubric",
                  "interval": factory.part(0, 1)["interval"], "real": factory.part(0, 1), "synthetic": factory.part(0, 0),
-                 "by_source": {}, "by_expected": {},
+                 "by_source": {}, "by_expected": {}, "label_sources": factory.label_counts([]),
                  "backends": ["offline"], "model_required": False, "model_answered": 1, "suite": "triager",
                  "digest": "sha256:" + "0" * 64}
         text = factory.junit_xml(proof, results, 0.1)
