@@ -348,7 +348,8 @@ class Verdict:
 VERDICTS = (  # in display order
     Verdict("verified", "the gate passed and every executed effect was read back", "#2e7d32"),
     Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
-    Verdict("routed-to-human", "the gate said no or unsure, the cost left the envelope, or the agent escalated", "#1565c0"),
+    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the envelope, or the agent "
+                               "handed off", "#1565c0"),
     Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
     Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00"),
     Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a"),
@@ -690,7 +691,8 @@ def label_text(counts: dict) -> str:
 
 # PASS              at or above the pass bar, and a draft rubric on the card was scored
 # UNDER BAR         under the card's pass bar
-# RUBRIC UNSCORED   the card's draft rubric could not be scored: a rubric that could not be scored is not passed
+# RUBRIC UNSCORED   the card's draft rubric could not be scored (failed), or no draft was there to score
+#                   (unscored): a rubric that scored nothing is not passed
 # MODEL UNANSWERED  made with --require-model, and the card's models did not answer every case
 PROOF_VERDICTS = ("PASS", "UNDER BAR", "RUBRIC UNSCORED", "MODEL UNANSWERED")
 
@@ -710,7 +712,7 @@ def proof_verdict(proof: dict) -> str:
         return "MODEL UNANSWERED"
     if not clears_bar(proof["passing_cases"], proof["cases"], proof["pass_bar"]):
         return "UNDER BAR"
-    return "RUBRIC UNSCORED" if proof["rubric"] == "failed" else "PASS"
+    return "RUBRIC UNSCORED" if proof["rubric"] in ("failed", "unscored") else "PASS"
 
 
 def share(results: list[dict], bar) -> dict:

@@ -1260,6 +1260,7 @@ def _tool_list(value) -> bool:
 
 
 DEFAULT_HANDOFF = "escalate"     # the output field by which an agent hands a run to a human, unless its card names another
+DEFAULT_DRAFT = "draft"          # the output field a draft rubric scores, unless the rubric names another
 
 
 def _text(value) -> bool:
@@ -1282,6 +1283,18 @@ def _levels(value) -> bool:
     return (isinstance(value, list) and len(value) == 5 and all(
         isinstance(lv, dict) and set(lv) == {"level", "description"} and lv["level"] == n and type(lv["level"]) is int
         and isinstance(lv["description"], str) for n, lv in enumerate(value)))
+
+
+def _field_name(value) -> bool:
+    """True for the name of an output field: a lowercase letter or _, then a-z 0-9 _, at most 64."""
+    return isinstance(value, str) and bool(re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", value))
+
+
+def _prices(value) -> bool:
+    """True for {model id: {"input": USD >= 0, "output": USD >= 0}}."""
+    return isinstance(value, dict) and all(_model_id(model) and isinstance(rates, dict) and set(rates) == {"input", "output"}
+                                           and all(_is_number(v) and v >= 0 for v in rates.values())
+                                           for model, rates in value.items())
 
 
 def _model_id(value) -> bool:
@@ -1335,14 +1348,19 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
               "the output gate passes an output only when Sage answers yes with at least this probability", _fraction),
     CardField("evals.suite", "string", "the agent's own suite, else its nearest master's", "an agent name",
               "the suite proved: evals/SUITE/cases.jsonl and the sealed half SUITE/sealed.jsonl", _name),
-    CardField("draft_rubric", "object", "none: drafts are not scored", 'an object {"min", "instructions", "levels"}',
+    CardField("draft_rubric", "object", "none: drafts are not scored", 'an object {"field", "min", "instructions", "levels"}',
               "how prove has Sage score the draft in each output", lambda v: isinstance(v, dict)),
+    CardField("draft_rubric.field", "string", DEFAULT_DRAFT, "the name of a string property of OUTPUT_SCHEMA",
+              "the output field the rubric scores", _field_name),
     CardField("draft_rubric.min", "integer", REQUIRED, "an integer 0..4",
               "the lowest level a draft may score and still pass", lambda v: _integer(v, 0, 4)),
     CardField("draft_rubric.instructions", "string", REQUIRED, "a non-empty string",
               "what Sage is told a good draft is", _text),
     CardField("draft_rubric.levels", "list", REQUIRED, "exactly five levels 0..4 in order, each {level, description}",
               "what each level means", _levels),
+    CardField("prices", "object", "none: llm.py's built-in prices", 'an object {MODEL: {"input": USD, "output": USD}}',
+              "what a model costs per million tokens, used before llm.py's built-in prices (a reply is priced by the "
+              "model it names: `sageroute` for a proxy that did not say where it routed)", _prices),
     CardField("cost_envelope_usd", "number", REQUIRED, "a number >= 0",
               "the most one run may spend, checked before every model call", lambda v: _is_number(v) and v >= 0),
     CardField("act_envelope", "object", "its fields' defaults", 'an object {"calls", "usd"}',
@@ -1362,10 +1380,9 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
     CardField("approval_expiry_hours", "number", "24", "a number of hours in (0, 8760]",
               "how long a parked acting call waits for a human before it expires",
               lambda v: _is_number(v) and 0 < v <= 8760),
-    CardField("handoff_field", "string", DEFAULT_HANDOFF, "the name of a boolean field of the agent's output (a property of OUTPUT_SCHEMA)",
+    CardField("handoff_field", "string", DEFAULT_HANDOFF, "the name of a boolean property of OUTPUT_SCHEMA",
               "the output field by which the agent hands a run to a human: when it is true no acting call is "
-              "committed, drafts go to the review queue and the run is routed to a human",
-              lambda v: isinstance(v, str) and bool(re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", v))),
+              "committed, drafts go to the review queue and the run is routed to a human", _field_name),
     CardField("stamped_from", "string", "set by stamp", "an agent name", "the master this variant was stamped from", _name),
     CardField("master_digest", "string", "set by stamp", "'sha256:' and 64 hex digits",
               "the master's digest when the variant was stamped",
@@ -1794,6 +1811,11 @@ class Agent:
         """The boolean field of the output by which the agent hands a run to a human (card: handoff_field)."""
         return self.card.get("handoff_field", DEFAULT_HANDOFF)
 
+    @property
+    def draft_field(self) -> str:
+        """The output field the card's draft rubric scores (draft_rubric.field, default draft)."""
+        return self.card.get("draft_rubric", {}).get("field", DEFAULT_DRAFT)
+
     def hands_off(self, output) -> bool:
         """True when this output hands the run to a human: its hand-off field is true."""
         return isinstance(output, dict) and output.get(self.handoff_field) is True
@@ -2061,21 +2083,34 @@ def entrypoint_code_problems(fac: Factory, card: dict) -> list[str]:
         f"input -> (tool calls, output))"]
     problems += [f"agents/{relative} has no {name} ({what})"
                  for name, kind, what in ENTRYPOINT_NEEDS if not isinstance(getattr(module, name, None), kind)]
-    return problems + handoff_problems(card, getattr(module, "OUTPUT_SCHEMA", None), f"agents/{relative}")
+    return problems + output_field_problems(card, getattr(module, "OUTPUT_SCHEMA", None), f"agents/{relative}")
 
 
-def handoff_problems(card: dict, schema, where: str) -> list[str]:
-    """The problem when the card's hand-off field (handoff_field, default escalate) is not a boolean property
-    of the output contract (OUTPUT_SCHEMA): the line must know for sure when an agent hands a run to a human."""
-    name = card.get("handoff_field", DEFAULT_HANDOFF)
-    if not fields_in("")["handoff_field"].check(name):
-        return []   # a malformed name is the card's own problem, said once
+OUTPUT_FIELDS = (  # card field naming an output property -> (the JSON type it must have, what the card uses it for)
+    ("handoff_field", "boolean", "the card's hand-off field (set handoff_field to the output field by which the agent "
+                                 "hands a run to a human)"),
+    ("draft_rubric.field", "string", "the field the card's draft rubric scores (set draft_rubric.field to the output "
+                                     "field holding the prose to score)"),
+)
+
+
+def output_field_problems(card: dict, schema, where: str) -> list[str]:
+    """One problem for each card field naming an output property (OUTPUT_FIELDS) that is not a property of that
+    JSON type in the output contract (OUTPUT_SCHEMA), naming the properties of that type it does have: the
+    line must know for sure when an agent hands a run to a human, and which field a rubric scores."""
     props = schema.get("properties") if isinstance(schema, dict) else None
-    kind = props.get(name) if isinstance(props, dict) else None
-    if isinstance(kind, dict) and kind.get("type") == "boolean":
-        return []
-    return [f"{where}: OUTPUT_SCHEMA has no boolean property '{name}', the card's hand-off field "
-            f"(set handoff_field to the output field by which the agent hands a run to a human)"]
+    props, problems = props if isinstance(props, dict) else {}, []
+    for path, kind, what in OUTPUT_FIELDS:
+        parent, _, key = path.rpartition(".")
+        holder = card.get(parent) if parent else card
+        if not isinstance(holder, dict):   # no rubric: nothing is scored
+            continue
+        name = holder.get(key, fields_in(parent)[key].default)
+        typed = [prop for prop, rule in props.items() if isinstance(rule, dict) and rule.get("type") == kind]
+        if fields_in(parent)[key].check(name) and name not in typed:   # a malformed name is the card's own problem
+            problems.append(f"{where}: OUTPUT_SCHEMA has no {kind} property '{name}', {what}; its {kind} "
+                            f"properties: {', '.join(typed) or 'none'}")
+    return problems
 
 
 def entry_module(card: dict) -> str:
@@ -2557,6 +2592,7 @@ NEW_CASES = (   # the open half, then the sealed half, 20 cases each (a 0.8 bar 
 )
 
 NEW_RUBRIC = {
+    "field": DEFAULT_DRAFT,
     "min": 2,
     "instructions": "Rate the draft reply to this customer's question. A good draft answers the question from "
                     "what we know, or says politely that a colleague will answer; it promises nothing else.",
@@ -2584,7 +2620,7 @@ def new_card(name: str, tools: list[str], owner: str) -> dict:
             "tools": tools, "tools_denied": [],
             "gate_question": "Does this reply answer the customer's question correctly from what we know, "
                              "and hand anything else to a human?",
-            "evals": {"pass_bar": 0.8, "gate": 0.85, "suite": name}, "draft_rubric": NEW_RUBRIC,
+            "evals": {"pass_bar": 0.8, "gate": 0.85, "suite": name}, "draft_rubric": NEW_RUBRIC, "prices": {},
             "cost_envelope_usd": 0.05, "act_envelope": {"calls": ActEnvelope.calls, "usd": ActEnvelope.usd}, "tier_ceiling": "C1", "identity": f"svc-{name}@factory", "owner": owner,
             **CARD_DEFAULTS}
 
@@ -4343,6 +4379,7 @@ class Loop:
     reason: str = ""
     router: object = None
     cut_off: str = ""                # the stop reason of the last turn that was used for nothing
+    unpriced: str = ""               # why the cost is unknown, from the first reply whose cost is (llm.Reply.price)
     backends: list = field(default_factory=list)
     models: list = field(default_factory=list)   # the model each reply names ('' for none)
     messages: list = field(default_factory=list)
@@ -4392,10 +4429,13 @@ class Loop:
         self.steps += 1
         reply = self.worker.complete(self.messages, schemas)
         self.cost = None if self.cost is None or reply.cost_usd is None else self.cost + reply.cost_usd
+        if reply.cost_usd is None and not self.unpriced:
+            self.unpriced = reply.price.removeprefix("unknown: ") or f"the cost of a reply of {reply.model} is unknown"
         self.backends.append(reply.backend)
         self.models.append(reply.model)
         self.record({"event": "model", "step": self.steps, "backend": reply.backend, "model": reply.model, "requested": reply.requested,
-                     "usage": reply.usage, "cost_usd": reply.cost_usd, "latency_ms": round(reply.latency_ms, 3),
+                     "usage": reply.usage, "cost_usd": reply.cost_usd, "price": reply.price,
+                     "latency_ms": round(reply.latency_ms, 3),
                      "text": reply.text, "tool_calls": [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls],
                      "attempts": list(reply.attempts), "headers": reply.headers,
                      "stop_reason": reply.stop_reason, "raw_stop_reason": reply.raw_stop_reason})
@@ -4622,7 +4662,7 @@ class Clients:
         return self.gate if self.gate.usable else None
 
 
-def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: list, within_envelope: bool) -> dict:
+def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: list, cost: str | None) -> dict:
     """Ask Sage the card's gate question, in one decision, about the input, the output and every held
     call (tool and exact arguments): {result, p, answer, bar, line, shown, effects}.
 
@@ -4638,7 +4678,7 @@ def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: l
         return {"result": "unscored", "p": None, "answer": None, "bar": bar, "line": f"gate: unscored ({missing})", **seen}
     except sage.SageError as error:
         return {"result": "failed", "p": None, "answer": None, "bar": bar, "line": f"gate: FAILED ({error})", **seen}
-    return {**judge(decision.answer, decision.p, bar, within_envelope), **seen}
+    return {**judge(decision.answer, decision.p, bar, cost), **seen}
 
 
 def gate_content(task: str, output: dict, held: list) -> str:
@@ -4649,16 +4689,17 @@ def gate_content(task: str, output: dict, held: list) -> str:
             f"Calls held until this decision (each is written only if the answer is yes):\n{effects or '(none)'}")
 
 
-def judge(answer: str | None, p: float | None, bar: float, within_envelope: bool) -> dict:
-    """passed = answer == yes and p >= bar and within the envelope; null answer is `unsure`, not `no`."""
+def judge(answer: str | None, p: float | None, bar: float, cost: str | None) -> dict:
+    """passed = answer == yes and p >= bar and the cost known and within the envelope (`cost`: why not, from
+    cost_problem, else None); null answer is `unsure`, not `no`."""
     shown = "?" if p is None else f"{p:.3f}"
     if answer is None:
         result, note = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag"
-    elif answer == "yes" and p is not None and p >= bar and within_envelope:
+    elif answer == "yes" and p is not None and p >= bar and not cost:
         result, note = "pass", f"gate: p={shown} bar={bar} -> pass"
     else:
         result = "flag"
-        why = "" if within_envelope else " (cost outside the envelope)"
+        why = f" ({cost.partition(':')[0]})" if cost else ""
         note = f"gate: {answer} p={shown} bar={bar} -> flag{why}"
     return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note}
 
@@ -4683,14 +4724,15 @@ def read_back(fac: Factory, receipt: dict | None) -> bool:
         return False
 
 
-def routing_reasons(status: str, loop: Loop, gate: dict, handed_off: bool, uncertain: list[str]) -> list[str]:
+def routing_reasons(status: str, loop: Loop, gate: dict, handed_off: bool, uncertain: list[str],
+                    cost: str | None) -> list[str]:
     """Why this run goes to a human (empty when it does not): what is uncertain about its effects, run status,
-    gate, the agent's own hand-off."""
+    gate, its cost (cost_problem), the agent's own hand-off."""
     reasons = list(uncertain)
     if status != "done":
         reasons.append(f"run {status}: {loop.reason}")
     elif gate["result"] != "pass":
-        reasons.append(gate["line"].removeprefix("gate: "))
+        reasons += [gate["line"].removeprefix("gate: ")] + [cost] * bool(cost)
     if handed_off:
         reasons.append(f"the agent handed it off ({loop.agent.handoff_field}: true)")
     return reasons
@@ -4699,7 +4741,7 @@ def routing_reasons(status: str, loop: Loop, gate: dict, handed_off: bool, uncer
 # ---- the trace: one transcript per run, and its row in the index
 
 END_FIELDS = ("status", "reason", "verdict", "gate", "routed", "why", "output", "cost_usd")   # of the row, in the end event
-NOT_INDEXED = ("output", "tools", "gate_line", "settled")                               # of the row, kept out of the index
+NOT_INDEXED = ("output", "tools", "gate_line", "cost_line", "settled")                               # of the row, kept out of the index
 STARTED_FIELDS = ("run_id", "agent", "at", "tier", "digest")     # of the header, in the run's `started` index row
 STARTED_SHAPE = Shape.of({"state": str, "run_id": str, "agent": str, "at": str, "tier": str, "digest": str})
 INDEX_SHAPE = Shape.of({"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
@@ -4885,7 +4927,7 @@ def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients, run_id
     """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules,
     the station's circuit breaker, shared by every worker of a batch, and the run (its traceparent)."""
     return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input,
-                      breaker=clients.breaker, run_id=run_id)
+                      breaker=clients.breaker, run_id=run_id, prices=agent.card.get("prices"))
 
 
 class ToolsOnFirstUse(Mapping):
@@ -4971,19 +5013,19 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
               tier: str) -> dict:
     """Gate the output and every held call, settle each held call, derive the verdict, close the trace;
     the run's row. Nothing outside traces/ is written before the gate has answered."""
-    within = loop.cost is not None and loop.cost <= agent.card["cost_envelope_usd"]
-    gate = gate_run(clients, agent, loop, status, within)
+    cost = cost_problem(fac, agent, loop)
+    gate = gate_run(clients, agent, loop, status, cost)
     trace.record({"event": "gate", **gate})
     handed_off = agent.hands_off(loop.output)
     shown = {"input_digest": recorded_digest(fac, trace.header["input"]),   # sealed with a parked call: approve
              "output_digest": recorded_digest(fac, loop.output)}           # checks what it shows against them
     settled = settle_held(fac, agent, cert, trace, loop.broker, tier, {**gate, **shown}, handed_off)
     uncertain = effect_problems(fac, loop.broker.committed, settled)
-    verdict = run_verdict(status, gate["result"], within, handed_off, uncertain, settled.parked)
-    reasons = routing_reasons(status, loop, gate, handed_off, uncertain) + list(dict.fromkeys(settled.routes))
+    verdict = run_verdict(status, gate["result"], cost is None, handed_off, uncertain, settled.parked)
+    reasons = routing_reasons(status, loop, gate, handed_off, uncertain, cost) + list(dict.fromkeys(settled.routes))
     row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
            "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["result"], "p": gate["p"],
-           "gate_line": gate["line"], "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
+           "gate_line": gate["line"], "cost_line": cost, "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
            "steps": loop.steps, "denied": loop.broker.denials(), "acted": settled.acted, "staged": settled.parked,
            "review": settled.review, "routed": bool(reasons), "why": reasons, "output": loop.output,
            "tools": [[o.tool, o.ruling] for o in loop.broker.outcomes], "settled": settled.rows}
@@ -4991,10 +5033,20 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
     return row
 
 
-def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, within: bool) -> dict:
+def cost_problem(fac: Factory, agent: Agent, loop: Loop) -> str | None:
+    """Why the run's cost does not count as within its envelope (unknown: why, and where a price is declared;
+    or over it), else None: an unknown cost is never within an envelope, nor said to be outside it."""
+    envelope = agent.card["cost_envelope_usd"]
+    if loop.cost is None:
+        hint = f"; declare one in {fac.shown(fac.card_path(agent.name))} (prices)" * loop.unpriced.startswith("no price")
+        return f"cost unknown: {loop.unpriced}{hint}"
+    return f"cost outside the envelope: ${loop.cost:.4f} of ${envelope}" if loop.cost > envelope else None
+
+
+def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, cost: str | None) -> dict:
     """The output gate's answer for a finished run, or `not-run` for a run that did not finish."""
     if status == "done":
-        return gate_output(clients, agent, loop.task, loop.output, loop.broker.held, within)
+        return gate_output(clients, agent, loop.task, loop.output, loop.broker.held, cost)
     return {"result": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
             "line": f"gate: not run (run {status}: {loop.reason})", "shown": None, "effects": []}
 
@@ -5127,7 +5179,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
     unknown = {tool: closest(tool, known) for tool in unexpected if tool not in agent.contracts}   # a typo in the rules
     result = {"id": case["id"], "passed": status == "done" and not wrong and not unexpected,
             "status": status, "reason": loop.reason, "wrong": wrong, "denied": denied,
-            "unexpected_denials": unexpected, "unknown_tools": unknown, "draft": got.get("draft"),
+            "unexpected_denials": unexpected, "unknown_tools": unknown, "draft": got.get(agent.draft_field),
             "backends": sorted(set(loop.backends)),
             "models": sorted({m for b, m in zip(loop.backends, loop.models) if not b.startswith("offline")}),
             "synthetic": case.get("source") == "synthetic", "source": str(case.get("source") or "unnamed").split(":")[0],
@@ -5140,13 +5192,17 @@ def draft_items(agent: Agent, cases: list[dict], results: list[dict], indices: l
     """(content, scale Question) for the drafts of the cases at `indices`."""
     rubric = agent.card["draft_rubric"]
     question = sage.Question(kind="scale", instructions=rubric["instructions"], levels=rubric["levels"])
-    return [(f"Input:\n{task_text(cases[i]['input'])}\n\nDraft reply:\n{results[i]['draft']}", question) for i in indices]
+    return [(f"Input:\n{task_text(cases[i]['input'])}\n\nThe agent's {agent.draft_field}:\n{results[i]['draft']}", question)
+            for i in indices]
 
 
-# A draft rubric's state in a proof: the card has none; every draft was scored; no decision model is
-# configured here (no key: the proof is judged on its cases alone and says so); or scoring was
-# impossible or a scoring call failed (a rubric that could not be scored is not passed).
-RUBRIC_STATES = ("none", "scored", "no key", "failed")
+RUBRIC_STATES = {   # a draft rubric's state in a proof -> what it means; `failed` and `unscored` are not passed
+    "none": "the card has no draft rubric",
+    "scored": "every draft was scored",
+    "no key": "no decision model is configured here: the proof is judged on its cases alone and says so",
+    "failed": "scoring was impossible, or a scoring call failed",
+    "unscored": "a decision model was there, but no case's output held the rubric's field as text to score",
+}
 
 
 def scoring_problem(client) -> tuple[str, str] | None:
@@ -5182,12 +5238,13 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
                 ready = []
         answered = [(i, answer) for indices, future in batches for i, answer in zip(indices, future.result())]
     progress.close()
-    return (results, *(problem or apply_draft_scores(results, answered, rubric["min"])))
+    return (results, *(problem or apply_draft_scores(results, answered, rubric["min"], agent.draft_field)))
 
 
-def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], minimum: int) -> tuple[str, str]:
+def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], minimum: int,
+                       field_name: str) -> tuple[str, str]:
     """Record each draft's score; a case under the rubric's min fails. Returns (rubric state, draft note):
-    'failed' when any scoring call failed."""
+    'failed' when any scoring call failed, 'unscored' (naming the field) when there was no draft to score."""
     failures = [answer for _, answer in answered if isinstance(answer, sage.SageError)]
     for i, answer in answered:
         if not isinstance(answer, sage.SageError) and answer.expectation is not None:
@@ -5196,7 +5253,9 @@ def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], 
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
     if failures:
         return "failed", f"scoring FAILED ({len(failures)} of {len(answered)}: {failures[0]})"
-    return "scored", f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}" if scores else "0 scored"
+    if not scores:
+        return "unscored", f"unscored (no output held '{field_name}', the rubric's field, as text)"
+    return "scored", f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}"
 
 
 # ---- the proof's record: exit status, summary line, --json and --junit all read its verdict (broker.proof_verdict)
@@ -5926,8 +5985,8 @@ def proof_lines(fac: Factory, claim: Claim) -> list[str]:
         lines.append(f"  WARNING: {unrecorded} of the {proof['cases']} sealed cases do not say where their expected values "
                      f"came from (label_source): a score on labels of unknown provenance compares with nothing")
     if agent.card.get("draft_rubric") and proof["rubric"] == "no key":
-        lines.append("  WARNING: the card has a draft rubric, but no decision model scored the drafts (rubric: no key): "
-                     "you sign on the case results alone")
+        lines.append(f"  WARNING: the card has a draft rubric, but no decision model scored the drafts (the output's "
+                     f"'{agent.draft_field}'; rubric: no key): you sign on the case results alone")
     return lines
 
 
@@ -6066,7 +6125,8 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
          arg("--file", metavar="TICKETS.jsonl",
              help='run each line {"id": ..., "input": ...} of a tickets file (blank lines are skipped); prints one '
                   "line per ticket, tab-separated: the ticket id, HANDOFF=true|false (the agent's hand-off field), "
-                  "gate=RESULT, verdict=VERDICT, and -> where it went (passed; human: why; not run: why); on a "
+                  "gate=RESULT, verdict=VERDICT, and -> where it went (passed, routed to a human, waiting for a human's "
+                  "approval, not run: each with why); on a "
                   "terminal a header line names them"),
          arg("--json", action="store_true", help="one JSON object per run: the index row, ticket, output, tools, gate line"),
          jobs_argument("tickets", default=None, note="; 1 when the agent's models and the gate are all offline, "
@@ -6097,7 +6157,7 @@ def cmd_run(fac: Factory, args) -> int:
     jobs = args.jobs or (1 if waits_on_nothing(fac, agent, clients) else DEFAULT_JOBS)
     def emit(ticket_id, row):
         if args.json:
-            print(json.dumps({"ticket": ticket_id, **row}, ensure_ascii=False))
+            print(json.dumps({"ticket": ticket_id, **row, "went": went(row)}, ensure_ascii=False))
         else:
             print_run(row) if args.file is None else print_ticket(ticket_id, row, agent.handoff_field)
         sys.stdout.flush()   # each result as it comes, and a reader that stopped (head) is seen at once
@@ -6259,7 +6319,9 @@ def print_run(row: dict) -> None:
     for tool, ruling in row["tools"]:
         print(f"  tool {tool:<18} {ruling}" + (f" -> {settled_phrase(*next(settled)[1:])}" if ruling == HELD else ""))
     print(row["gate_line"])
-    print(f"routed to a human: {'; '.join(row['why'])}." if row["routed"] else "passed: no human needed.")
+    if row.get("cost_line"):
+        print(row["cost_line"])
+    print(f"{went(row)}.")
     print(f"verdict {row['verdict']}  tier {row['tier']}  status {row['status']}  backend {', '.join(row['backends']) or 'none'}"
           f"  trace {row['agent']}/{row['run_id']}")
 
@@ -6278,15 +6340,25 @@ def settled_phrase(decision: str, outcome: str | None) -> str:
 TICKET_COLUMNS = "ticket\tHANDOFF=\tgate=\tverdict=\t-> where it went"   # run --file's lines, as --help and the header name them
 
 
+def went(row: dict) -> str:
+    """Where a run went, in the one wording `run`, `run --file` and `--json` all use: not run (a refused
+    ticket), routed to a human, waiting for a human's approval, or passed (verified: no human needed)."""
+    if row["status"] == "refused":
+        return f"not run: {row['why'][0]}"
+    if row["routed"]:
+        return "routed to a human: " + "; ".join(row["why"])
+    if row["verdict"] == "waiting-for-approval":
+        return f"waiting for a human's approval: {row['staged']} acting call(s) parked (pending lists them)"
+    return "passed: no human needed"
+
+
 def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
     """One line per ticket for --file runs, tab-separated (TICKET_COLUMNS): the ticket id, the agent's
     hand-off field and its value (`-` without an output), the gate's result, the verdict, and where the
-    run went (passed; human: why; not run: why, for a ticket that was refused)."""
+    run went (went)."""
     out = row["output"] or {}
-    where = "human: " + "; ".join(row["why"]) if row["routed"] else "passed"
-    where = f"not run: {row['why'][0]}" if row["status"] == "refused" else where
     value = json.dumps(out[handoff]) if handoff in out else "-"
-    print_columns(ticket_id, f"{handoff}={value}", f"gate={row['gate']}", f"verdict={row['verdict']}", f"-> {where}")
+    print_columns(ticket_id, f"{handoff}={value}", f"gate={row['gate']}", f"verdict={row['verdict']}", f"-> {went(row)}")
 
 
 @station(arg("--json", action="store_true", help=f"print the tower document (format {TOWER_FORMAT})"),
@@ -6897,6 +6969,7 @@ class Tally:
     acted: int = 0
     staged: int = 0
     denied: int = 0
+    cost_unknown: int = 0                # runs whose cost is unknown (no price, or no token counts)
     backends: set = field(default_factory=set)
     unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
     problems: list = field(default_factory=list)  # one line per index row of this agent that is misshapen
@@ -6920,6 +6993,7 @@ class Tally:
         self.acted += acted
         self.staged += staged
         self.denied += len(row["denied"])
+        self.cost_unknown += cost is None
         self.backends.update(backends)
         spent = self.spent.get(day, 0.0)
         self.spent[day] = None if cost is None or spent is None else spent + cost
@@ -6954,11 +7028,13 @@ class Tally:
             if verdict in verdicts:
                 verdicts[verdict] += runs
         runs, scored, passed = (sum(counts[k] for counts in days.values()) for k in range(3))
+        handed_off = sum(runs for (_, gate, verdict, _), runs in self.outcomes.items()   # the gate passed, the agent handed off
+                         if gate == "pass" and verdict == "routed-to-human")
         cost = 0.0 if None not in self.spent.values() else None
         return {"runs": runs, "unfinished": len(self.unclosed), "scored": scored, "passed": passed,
                 "pass_rate": rate_of(passed, scored), "pass_interval": part(passed, scored)["interval"] if scored else None,
                 "unscored": unscored, "acted": self.acted,
-                "staged": self.staged, "denied": self.denied,
+                "staged": self.staged, "denied": self.denied, "cost_unknown": self.cost_unknown, "handed_off": handed_off,
                 "cost_usd": None if cost is None else sum(self.spent.values(), cost),
                 "backends": sorted(self.backends),
                 "gate_p": {"bins": P_BINS, "counts": p_bins, "runs": sum(p_bins)},
@@ -7210,16 +7286,30 @@ def gate_bar(fac: Factory, name: str) -> float | None:
         return None
 
 
+TOWER_COLUMNS = (("agent", -16), ("runs", 7), ("pass", 7), ("acted", 6), ("staged", 6), ("cost", 10), ("denied", 7),
+                 ("unscored", 8), ("unfinished", 10), ("backends", 0))   # the table's columns: name, width (< 0: left)
+
+
+def tower_cells(agent: dict) -> list[str]:
+    """An agent's row of the tower table (TOWER_COLUMNS), as the text and the page both show it."""
+    return [agent["agent"], *map(str, (agent["runs"], percent_text(agent["pass_rate"]), agent["acted"], agent["staged"],
+                                       usd_text(agent["cost_usd"]), agent["denied"], agent["unscored"], agent["unfinished"])),
+            ", ".join(agent["backends"]) or "-"]
+
+
+def table_line(cells: list[str]) -> str:
+    """One line of the text table: each cell in its column's width, the last (backends) after two spaces."""
+    fitted = [f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}" for cell, (_, width) in zip(cells, TOWER_COLUMNS)]
+    return " ".join(fitted[:-1]) + "  " + cells[-1]
+
+
 def print_tower(doc: dict) -> None:
-    """The terminal table, from the tower document alone: one row per agent, then its trust, verdicts,
-    drift, the gate's p by tenths and each problem on its own line; then the tower's own problems."""
-    print(f"{'agent':<16} {'runs':>7} {'pass':>7} {'acted':>6} {'staged':>6} {'cost':>10} {'denied':>7} "
-          f"{'unscored':>8} {'unfinished':>10}  backends")
-    for a in doc["agents"]:
-        print(f"{a['agent']:<16} {a['runs']:>7} {percent_text(a['pass_rate']):>7} {a['acted']:>6} {a['staged']:>6} "
-              f"{usd_text(a['cost_usd']):>10} {a['denied']:>7} {a['unscored']:>8} {a['unfinished']:>10}  "
-              f"{', '.join(a['backends']) or '-'}")
-        for line in agent_lines(a):
+    """The terminal table, from the tower document alone: one row per agent, then the lines under it
+    (agent_lines); then the tower's own problems."""
+    print(table_line([name for name, _ in TOWER_COLUMNS]))
+    for agent in doc["agents"]:
+        print(table_line(tower_cells(agent)))
+        for _, line in agent_lines(agent):
             print(f"{'':<16} {line}")
     if not doc["agents"]:
         print("(no agents yet)")
@@ -7229,31 +7319,36 @@ def print_tower(doc: dict) -> None:
         print(PARTIAL_LINE)
 
 
-def agent_lines(agent: dict) -> list[str]:
-    """The lines under an agent's row: trust (and why it may not run), verdicts, drift, the gate's p,
-    unfinished runs, problems."""
+def agent_lines(agent: dict) -> list[tuple[str, str]]:
+    """(kind, line) of each line under an agent's row, the text's and the page's alike: trust (and why it
+    may not run), parked calls, verdicts, drift, the gate's p, runs of unknown cost, unfinished runs, problems."""
     trust, gate_p, bar = agent["trust"], agent["gate_p"], agent["gate_bar"]
-    lines = [f"trust: {trust['summary']}"] + [f"  {line}" for line in why_lines(agent)] + [calls_line(trust)]
     shown = " ".join(f"{k}:{v}" for k, v in agent["verdicts"].items() if v)
+    shown += f" ({agent['handed_off']} handed off by the agent though the gate passed)" * bool(agent["handed_off"])
     sealed = trust.get("sealed")
-    lines += ([f"certified on its sealed half: {part_text(sealed)}"] if sealed else []) + \
-        [f"gate pass over scored runs: {_rate_text(agent)}", f"verdicts {shown or '-'}", f"drift: {agent['drift']['state']}",
-              f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
-              f"({with_p_text(gate_p['runs'], agent['runs'])}; bar {'?' if bar is None else bar})"]
+    lines = [("trust", f"trust: {trust['summary']}"), *(("why", f"  {line}") for line in why_lines(agent)),
+             ("calls", calls_line(trust)), *([("sealed", f"certified on its sealed half: {part_text(sealed)}")] if sealed else []),
+             ("pass", f"gate pass over scored runs: {rate_text(agent)}"), ("verdicts", f"verdicts {shown or '-'}"),
+             ("drift", f"drift: {agent['drift']['state']}"),
+             ("gate-p", f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
+                        f"({with_p_text(gate_p['runs'], agent['runs'])}; bar {'?' if bar is None else bar})")]
+    if agent["cost_unknown"]:
+        lines.append(("cost", f"cost unknown in {agent['cost_unknown']} of {agent['runs']} runs: a run whose cost is "
+                              f"unknown never passes the gate (its card's prices can name the model)"))
     if agent["unfinished"]:
-        lines.append(f"unfinished: {agent['unfinished']} (started, never closed)")
-    return lines + [f"problem: {line}" for line in agent["problems"]]
+        lines.append(("unfinished", f"unfinished: {agent['unfinished']} (started, never closed)"))
+    return lines + [("problem", f"problem: {line}") for line in agent["problems"]]
 
 
 def with_p_text(with_p: int, runs: int) -> str:
-    """How many of an agent's runs the gate's p histogram holds, in the text's and the HTML's words (a
-    gated run whose row has no p is a run, and not in the histogram)."""
+    """How many of an agent's runs the gate's p histogram holds (a gated run whose row has no p is a run,
+    and not in the histogram)."""
     return f"{with_p} of {runs} runs with a gate p"
 
 
 def calls_line(trust: dict) -> str:
-    """The agent's parked calls as `pending` lists them, in the text's and the HTML's words: waiting,
-    uncertain, and each state of those that can no longer be approved."""
+    """The agent's parked calls as `pending` lists them: waiting, uncertain, and each state of those that
+    can no longer be approved."""
     stuck = "".join(f", {count} {state}" for state, count in sorted((trust.get("stuck") or {}).items()))
     return f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect{stuck}"
 
@@ -7261,22 +7356,31 @@ def calls_line(trust: dict) -> str:
 def why_lines(agent: dict) -> list[str]:
     """The run station's refusal lines behind an agent's trust, each once, but for those its problems
     show (none for an uncertified agent: its phrase says it all)."""
-    trust = agent.get("trust") if isinstance(agent.get("trust"), dict) else {}
+    trust = agent["trust"]
     if trust.get("certificate") in ("none", None):
         return []
-    shown = set(agent.get("problems") or [])
+    shown = set(agent["problems"])
     return [line for line in dict.fromkeys(trust.get(k) for k in ("refusal", "revoked", "recalled", "stale"))
             if line and line not in shown]
 
 
+def rate_text(agent: dict) -> str:
+    """The gate pass rate over scored runs with its 95% interval, '37/40 = 0.92 [0.80, 0.98]' ('-' when none
+    were scored)."""
+    if not agent["scored"]:
+        return "-"
+    low, high = agent["pass_interval"]
+    return f"{agent['passed']}/{agent['scored']} = {cut(agent['pass_rate'], 2):.2f} [{cut(low, 2):.2f}, {cut(high, 2, up=True):.2f}]"
+
+
 def percent_text(rate: float | None) -> str:
-    """A rate in 0..1 as '66.7%', or '-' when there is none (nothing was scored): text and HTML alike."""
+    """A rate in 0..1 as '66.7%', or '-' when there is none (nothing was scored)."""
     return "-" if rate is None else f"{100 * rate:.1f}%"
 
 
 def usd_text(amount: float | None) -> str:
     """USD as '$0.42' or '$0.0035' (enough places to show the first significant digits); '$0' for
-    nothing; '?' when unknown: text and HTML alike."""
+    nothing; '?' when unknown."""
     if amount is None:
         return "?"
     if amount == 0:
@@ -7286,573 +7390,85 @@ def usd_text(amount: float | None) -> str:
     return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"
 
 
-CHART_KINDS = ("gate-histogram", "pass-rate", "cost", "verdicts")
-
-# Chart geometry in px: width, height, plot margins (top, right, bottom).
-_W, _H = 480, 270
-_TOP, _RIGHT, _BOTTOM = 46, 16, 52
-_LEFT, _LEFT_WIDE = 80, 150
-_RED = "#c62828"
-
-_CSS = """
-body { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif;
-       margin: 1.5em; color: #222; background: #fafafa; }
-h1 { margin: 0 0 0.2em 0; }
-.generated { color: #555; margin: 0 0 1em 0; }
-table.overview { border-collapse: collapse; margin-bottom: 1.5em; }
-table.overview th, table.overview td { border: 1px solid #ccc;
-       padding: 0.25em 0.7em; text-align: right; }
-table.overview th:first-child, table.overview td:first-child { text-align: left; }
-section { background: #fff; border: 1px solid #ddd; border-radius: 6px;
-          padding: 0.8em 1em; margin-bottom: 1.5em; }
-section h2 { margin: 0 0 0.3em 0; }
-.summary { font-size: 1.05em; margin: 0 0 0.8em 0; }
-.demoted, .refused, .problem { color: #c62828; font-weight: bold; }
-.in-control, .may-run { color: #2e7d32; }
-.trust { margin: 0 0 0.3em 0; }
-ul.why { margin: 0 0 0.6em 0; color: #c62828; }
-.charts { display: flex; flex-wrap: wrap; gap: 12px; }
-.charts svg { border: 1px solid #eee; }
-.empty { color: #777; font-style: italic; }
-"""
-
-
-# ---------------------------------------------------------------- values ---
+# ---- the page: the text tower's table and lines, and each agent's charts as tables whose bars are their own figures
 
 HTML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"})  # html.escape's
-
-
-def _esc(value):
-    """Escape any value to XML/HTML-safe text (str); drops XML-illegal chars."""
-    text = "".join(
-        c for c in str(value)
-        if c in "\t\n\r" or (" " <= c and not "\ud800" <= c <= "\udfff"
-                             and c not in "\ufffe\uffff")
-    )
-    return text.translate(HTML_ESCAPES)
-
-
-def _num(value):
-    """Finite float from value, or None if missing / non-numeric / NaN / inf / an integer no float holds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    with contextlib.suppress(OverflowError):
-        value = float(value)
-        return value if math.isfinite(value) else None
-    return None
-
-
-def _count(value):
-    """Non-negative int from value (None / junk / negatives -> 0)."""
-    num = _num(value)
-    return max(0, int(num)) if num is not None else 0
-
-
-def _n(px):
-    """Format a px coordinate (float) compactly for an SVG attribute."""
-    text = f"{px:.1f}"
-    return text[:-2] if text.endswith(".0") else text
-
-
-def _short_day(day):
-    """'2026-11-29' -> '11-29' tick label; other strings returned unchanged."""
-    day = str(day)
-    return day[5:] if len(day) == 10 and day[4] == "-" else day
-
-
-def _generated_text(stamp):
-    """ISO-8601 timestamp str -> 'YYYY-MM-DD HH:MM UTC' (raw text if unparsable)."""
-    try:
-        when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-    except ValueError:
-        return str(stamp)
-    if when.tzinfo is not None:
-        when = when.astimezone(timezone.utc)
-    return when.strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _dom_id(prefix, name):
-    """Stable ASCII id ('prefix-name') for an element, derived from agent name."""
-    slug = "".join(c if c.isascii() and c.isalnum() else "_" for c in str(name))
-    return f"{prefix}-{slug[:40]}-{sum(map(ord, str(name))) % 9973}"
-
-
-def _nice_ticks(vmax, integer=False, count=4):
-    """Axis tick values [0, step, .., top >= vmax] with 1/2/5-style steps."""
-    vmax = vmax if vmax and vmax > 0 else 1.0
-    raw = vmax / count
-    mag = 10 ** math.floor(math.log10(raw))
-    mults = (1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10)
-    step = next(m * mag for m in mults if m * mag >= raw * (1 - 1e-9))
-    step = max(step, 1) if integer else step
-    top = math.ceil(vmax / step - 1e-9)
-    return [i * step for i in range(top + 1)]
-
-
-def _fmt_count(value):
-    """Count tick value (float) -> '1,200' label."""
-    return f"{int(round(value)):,}"
-
-
-# ------------------------------------------------------------ geometry ---
-
-def _box(left=_LEFT):
-    """Plot-area box (x0, y0, x1, y1) in px; y0 is the top edge."""
-    return (left, _TOP, _W - _RIGHT, _H - _BOTTOM)
-
-
-def _sx(box, frac):
-    """x px for a fraction in [0,1] of the plot width."""
-    return box[0] + frac * (box[2] - box[0])
-
-
-def _sy(box, frac):
-    """y px for a fraction in [0,1] of the plot height (0 = bottom)."""
-    return box[3] - frac * (box[3] - box[1])
-
-
-def _slot(box, nslots, i):
-    """(left, centre, right) px of day slot i of nslots equal-width slots."""
-    width = (box[2] - box[0]) / max(1, nslots)
-    left = box[0] + i * width
-    return left, left + width / 2, left + width
-
-
-# ------------------------------------------------------- chart scaffold ---
-
-def _open_svg(kind, title, heading, box, xlabel, ylabel):
-    """Opening <svg>, <title>, visible heading, axes and axis labels (list of str)."""
-    x0, y0, x1, y1 = box
-    ymid = (y0 + y1) / 2
-    return [
-        f'<svg data-chart="{_esc(kind)}" width="{_W}" height="{_H}" '
-        f'viewBox="0 0 {_W} {_H}" role="img" font-family="sans-serif" '
-        f'font-size="11" fill="#222">',
-        f"<title>{_esc(title)}</title>",
-        f'<rect x="0" y="0" width="{_W}" height="{_H}" fill="#fff"/>',
-        f'<text class="heading" x="{_W / 2}" y="16" text-anchor="middle" '
-        f'font-size="13" font-weight="bold">{_esc(heading)}</text>',
-        f'<line x1="{x0}" y1="{y1}" x2="{x1}" y2="{y1}" stroke="#333"/>',
-        f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#333"/>',
-        f'<text class="axis-label" x="{_n((x0 + x1) / 2)}" y="{_H - 8}" '
-        f'text-anchor="middle">{_esc(xlabel)}</text>',
-        f'<text class="axis-label" x="14" y="{_n(ymid)}" text-anchor="middle" '
-        f'transform="rotate(-90 14 {_n(ymid)})">{_esc(ylabel)}</text>',
-    ]
-
-
-def _y_ticks(box, ticks, fmt):
-    """Horizontal grid lines + left tick labels for ticks[0..-1] (list of str)."""
-    out, top = [], ticks[-1] or 1
-    for value in ticks:
-        y = _n(_sy(box, value / top))
-        out.append(f'<line x1="{box[0] - 4}" y1="{y}" x2="{box[2]}" y2="{y}" '
-                   f'stroke="#e3e3e3"/>')
-        out.append(f'<text class="tick" x="{box[0] - 6}" y="{y}" dy="0.35em" '
-                   f'text-anchor="end">{_esc(fmt(value))}</text>')
-    return out
-
-
-def _x_ticks(box, ticks, fmt):
-    """Vertical grid lines + bottom tick labels for numeric x ticks (list of str)."""
-    out, top = [], ticks[-1] or 1
-    for value in ticks:
-        x = _n(_sx(box, value / top))
-        out.append(f'<line x1="{x}" y1="{box[1]}" x2="{x}" y2="{box[3] + 4}" '
-                   f'stroke="#e3e3e3"/>')
-        out.append(f'<text class="tick" x="{x}" y="{box[3] + 16}" '
-                   f'text-anchor="middle">{_esc(fmt(value))}</text>')
-    return out
-
-
-def _day_ticks(box, days):
-    """Bottom 'MM-DD' labels for day slots, thinned to <= 8 labels (list of str)."""
-    out, step = [], max(1, math.ceil(len(days) / 8))
-    for i, day in enumerate(days):
-        if i % step == 0:
-            x = _n(_slot(box, len(days), i)[1])
-            out.append(f'<line x1="{x}" y1="{box[3]}" x2="{x}" y2="{box[3] + 4}" '
-                       f'stroke="#333"/>')
-            out.append(f'<text class="tick" x="{x}" y="{box[3] + 16}" '
-                       f'text-anchor="middle">{_esc(_short_day(day.get("day", "")))}'
-                       f'</text>')
-    return out
-
-
-def _note(box, text):
-    """Centred grey note inside the plot area, e.g. 'no data yet' (str)."""
-    return (f'<text class="note" x="{_n((box[0] + box[2]) / 2)}" '
-            f'y="{_n((box[1] + box[3]) / 2)}" text-anchor="middle" '
-            f'font-size="14" fill="#888">{_esc(text)}</text>')
-
-
-def _no_runs(box, x, slot_px):
-    """Small grey '0 runs' marker at slot centre x px ('' if slot too narrow)."""
-    if slot_px < 28:
-        return ""
-    return (f'<text class="no-runs" x="{_n(x)}" y="{box[3] - 4}" '
-            f'text-anchor="middle" font-size="9" fill="#999">0 runs</text>')
-
-
-def _legend(items, y=34):
-    """Legend row at y px; items = [(swatch svg at (0,0), label)] (list of str)."""
-    out, x = [], _LEFT
-    for swatch, label in items:
-        out.append(f'<g transform="translate({x} {y})">{swatch}'
-                   f'<text x="12" y="0" dy="0.35em" font-size="10">{_esc(label)}'
-                   f'</text></g>')
-        x += 22 + 6 * len(label)
-    return out
-
-
-def _path(points):
-    """SVG path 'd' through (x, y) px points; None entries break the line."""
-    parts, pen = [], False
-    for point in points:
-        if point is None:
-            pen = False
-            continue
-        parts.append(f"{'L' if pen else 'M'}{_n(point[0])},{_n(point[1])}")
-        pen = True
-    return " ".join(parts)
-
-
-# ---------------------------------------------------- 1. gate histogram ---
-
-def _gate_bar_line(box, bar):
-    """Dashed vertical line + 'bar 0.85' label at gate bar in [0,1] (list of str)."""
-    if bar is None:
-        return []
-    x = _n(_sx(box, min(1.0, max(0.0, bar))))
-    anchor = "end" if bar > 0.8 else "start"
-    dx = -4 if anchor == "end" else 4
-    return [f'<line class="gate-bar" x1="{x}" y1="{box[1] - 4}" x2="{x}" '
-            f'y2="{box[3]}" stroke="{_RED}" stroke-width="1.5" '
-            f'stroke-dasharray="5 3"/>',
-            f'<text x="{x}" dx="{dx}" y="{box[1] + 8}" text-anchor="{anchor}" '
-            f'fill="{_RED}">{_esc(f"bar {bar:g}")}</text>']
-
-
-def _gate_histogram(agent):
-    """SVG histogram of agent['gate_p']['counts'] (runs per equal bin of P(yes) over [0,1], by tenths)."""
-    box = _box()
-    gate_p = agent.get("gate_p") if isinstance(agent.get("gate_p"), dict) else {}
-    bins = [_count(v) for v in (gate_p.get("counts") or [])]
-    bar = _num(agent.get("gate_bar"))
-    ticks = _nice_ticks(max(bins, default=0), integer=True)
-    out = _open_svg("gate-histogram", f"{agent.get('agent', '?')}: gate probability "
-                    "histogram", "Gate probability by tenths", box,
-                    "gate probability P(yes)", "runs")
-    out += _y_ticks(box, ticks, _fmt_count)
-    out += _x_ticks(box, [i / 5 for i in range(6)], lambda v: f"{v:.1f}")
-    width = 1 / max(1, len(bins))
-    for i, count in enumerate(bins):
-        lo, hi = i * width, (i + 1) * width
-        passing = bar is not None and lo >= bar - 1e-9
-        x, y = _sx(box, lo), _sy(box, count / ticks[-1])
-        out.append(f'<rect x="{_n(x + 0.5)}" y="{_n(y)}" '
-                   f'width="{_n(_sx(box, hi) - x - 1)}" height="{_n(box[3] - y)}" '
-                   f'fill="{"#2e7d32" if passing else "#78909c"}">'
-                   f'<title>{_esc(f"P(yes) in [{lo:.1f}, {hi:.1f}): {count} runs")}'
-                   f'</title></rect>')
-    out += _gate_bar_line(box, bar)
-    out += _legend([("", with_p_text(_count(gate_p.get("runs")), _count(agent.get("runs"))))])
-    if sum(bins) == 0:
-        out.append(_note(box, "no data yet"))
-    return "\n".join(out + ["</svg>"])
-
-
-# -------------------------------------------------------- 2. pass rate ---
-
-def _level_lines(box, drift):
-    """The certified rate (dashed) and the demotion limit (solid) across the plot, as the document
-    gives them (list of str); [] without a baseline."""
-    out = []
-    for kind, rate, dash in (("certified", _num(drift.get("certified_rate")), ' stroke-dasharray="6 3"'),
-                             ("limit", _num(drift.get("limit_rate")), "")):
-        if rate is not None:
-            y = _n(_sy(box, min(1.0, max(0.0, rate))))
-            out.append(f'<line class="{kind}" data-rate="{rate!r}" x1="{box[0]}" y1="{y}" x2="{box[2]}" '
-                       f'y2="{y}" stroke="{"#7e57c2" if dash else _RED}"{dash}/>')
-    return out
-
-
-def _rate_points(box, days):
-    """A line through the days' pass rates, a dot per day with scored runs, and a hollow ring at the
-    foot of a day whose runs were never scored (no rate, so no dot) (list of str)."""
-    n, pts = len(days), []
-    for i, day in enumerate(days):
-        rate = _num(day.get("pass_rate"))
-        pts.append(None if rate is None else (_slot(box, n, i)[1], _sy(box, min(1.0, max(0.0, rate)))))
-    out = [f'<path class="rate-line" d="{_path(pts)}" fill="none" stroke="#1565c0" stroke-width="1.5"/>']
-    for i, (point, day) in enumerate(zip(pts, days)):
-        runs, scored, passed = (_count(day.get(k)) for k in ("runs", "scored", "passed"))
-        when = day.get("day", "?")
-        if point is not None:
-            tip = f"{when}: {passed}/{scored} scored runs passed = {percent_text(_num(day.get('pass_rate')))}"
-            out.append(f'<circle class="point" cx="{_n(point[0])}" cy="{_n(point[1])}" r="3.5" fill="#1565c0">'
-                       f'<title>{_esc(tip)}</title></circle>')
-        elif runs:
-            x = _n(_slot(box, n, i)[1])
-            out.append(f'<circle class="unscored" cx="{x}" cy="{box[3] - 6}" r="3.5" fill="none" stroke="#888">'
-                       f'<title>{_esc(f"{when}: {runs} runs, none scored: no pass rate")}</title></circle>')
-    return out
-
-
-def _rate_legend(drift):
-    """Legend for the pass-rate chart, in the drift line's own words (list of str)."""
-    dot = '<circle cx="4" cy="0" r="3.5" fill="#1565c0"/>'
-    ring = '<circle cx="4" cy="0" r="3.5" fill="none" stroke="#888"/>'
-    certified, limit = _num(drift.get("certified_rate")), drift.get("limit_passes")
-    if certified is None:
-        return _legend([(dot, "pass rate (scored runs)"), (ring, "none scored"), ("", "no certified baseline")])
-    return _legend([
-        (dot, "pass rate (scored runs)"), (ring, "none scored"),
-        ('<line x1="0" y1="0" x2="9" y2="0" stroke="#7e57c2" stroke-dasharray="3 2"/>',
-         f"certified {percent_text(certified)}"),
-        (f'<line x1="0" y1="0" x2="9" y2="0" stroke="{_RED}"/>',
-         f"needs {limit}/{drift.get('window')} (last {drift.get('window')})"),
-    ])
-
-
-def _pass_rate(agent):
-    """SVG per-day gate pass rate (%) over scored runs, with the certified rate and the drift watch's
-    demotion limit drawn where the document puts them."""
-    box = _box()
-    days = [d for d in (agent.get("days") or []) if isinstance(d, dict)]
-    drift = agent.get("drift") if isinstance(agent.get("drift"), dict) else {}
-    out = _open_svg("pass-rate", f"{agent.get('agent', '?')}: daily pass rate",
-                    "Daily gate pass rate (scored runs)", box, "day (UTC)", "pass rate (%)")
-    out += _y_ticks(box, [0, 25, 50, 75, 100], lambda v: f"{v:g}")
-    out += _day_ticks(box, days)
-    out += _rate_legend(drift)
-    out += _level_lines(box, drift)
-    out += _rate_points(box, days)
-    if not days:
-        out.append(_note(box, "no data yet"))
-    return "\n".join(out + ["</svg>"])
-
-
-# ------------------------------------------------------------- 3. cost ---
-
-def _cost_per_run(day):
-    """(USD per run float | None, known bool) for one day dict, as the document gives it."""
-    if day.get("cost_usd") is None:
-        return None, False
-    return _num(day.get("cost_per_run")), True
-
-
-def _unknown_bar(box, x, width, pattern_id, day):
-    """Full-height hatched grey bar labelled '?' for an unknown-cost day (str)."""
-    h = _n(box[3] - box[1])
-    return (f'<g class="unknown-cost"><title>{_esc(f"{day}: cost unknown")}</title>'
-            f'<rect x="{_n(x)}" y="{box[1]}" width="{_n(width)}" height="{h}" '
-            f'fill="#eeeeee"/>'
-            f'<rect x="{_n(x)}" y="{box[1]}" width="{_n(width)}" height="{h}" '
-            f'fill="url(#{pattern_id})" stroke="#9e9e9e" stroke-dasharray="3 2"/>'
-            f'<text x="{_n(x + width / 2)}" y="{box[1] + 14}" text-anchor="middle" '
-            f'font-size="13" font-weight="bold" fill="#555">?</text></g>')
-
-
-def _cost_bar(box, x, width, value, top, day):
-    """Bar of height value/top (USD per run) with a tooltip (str)."""
-    y = _sy(box, value / top)
-    return (f'<rect class="cost-bar" x="{_n(x)}" y="{_n(y)}" width="{_n(width)}" '
-            f'height="{_n(box[3] - y)}" fill="#00897b">'
-            f'<title>{_esc(f"{day}: {usd_text(value)} per run")}</title></rect>')
-
-
-def _hatch_defs(pattern_id):
-    """<defs> with a diagonal hatch pattern of the given id (str)."""
-    return (f'<defs><pattern id="{pattern_id}" width="6" height="6" '
-            f'patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-            f'<line x1="0" y1="0" x2="0" y2="6" stroke="#9e9e9e" '
-            f'stroke-width="2"/></pattern></defs>')
-
-
-def _cost(agent):
-    """SVG bars of per-day average cost per run (USD); null cost -> hatched '?'."""
-    box, pid = _box(), _dom_id("hatch", agent.get("agent", "?"))
-    days = [d for d in (agent.get("days") or []) if isinstance(d, dict)]
-    per_run = [_cost_per_run(d) for d in days]
-    ticks = _nice_ticks(max((v for v, _ in per_run if v is not None), default=0))
-    out = _open_svg("cost", f"{agent.get('agent', '?')}: cost per run",
-                    "Average cost per run", box, "day (UTC)", "cost per run (USD)")
-    out.insert(2, _hatch_defs(pid))
-    out += _y_ticks(box, ticks, usd_text) + _day_ticks(box, days)
-    for i, ((value, known), day) in enumerate(zip(per_run, days)):
-        left, _, right = _slot(box, len(days), i)
-        width, x = (right - left) * 0.7, left + (right - left) * 0.15
-        label = str(day.get("day", "?"))
-        if not known:
-            out.append(_unknown_bar(box, x, width, pid, label))
-        elif value is not None:
-            out.append(_cost_bar(box, x, width, value, ticks[-1], label))
-        else:
-            out.append(_no_runs(box, (left + right) / 2, right - left))
-    if any(not known for _, known in per_run):
-        out += _legend([("", "? = cost unknown (a run had no known price)")])
-    if not days:
-        out.append(_note(box, "no data yet"))
-    return "\n".join(out + ["</svg>"])
-
-
-# --------------------------------------------------------- 4. verdicts ---
-
-def _verdict_rows(verdicts):
-    """[(name, count, colour)] for every verdict in VERDICTS order, then any name that is no verdict
-    (only a hand-made document has one) sorted, in grey."""
-    verdicts = verdicts if isinstance(verdicts, dict) else {}
-    known = {v.name for v in VERDICTS}
-    rows = [(v.name, _count(verdicts.get(v.name)), v.colour) for v in VERDICTS]
-    extra = sorted(str(k) for k in verdicts if k not in known)
-    return rows + [(name, _count(verdicts.get(name)), "#546e7a") for name in extra]
-
-
-def _verdicts(agent):
-    """SVG horizontal bars of verdict counts (runs) in the fixed verdict order."""
-    box = _box(_LEFT_WIDE)
-    rows = _verdict_rows(agent.get("verdicts"))
-    top = max((c for _, c, _ in rows), default=0)
-    ticks = _nice_ticks(top * 1.2, integer=True)  # room for the count beside the longest bar
-    out = _open_svg("verdicts", f"{agent.get('agent', '?')}: verdicts",
-                    "Verdicts", box, "runs", "verdict")
-    out += _x_ticks(box, ticks, _fmt_count)
-    height = (box[3] - box[1]) / len(rows)
-    for i, (name, count, colour) in enumerate(rows):
-        y = box[1] + i * height
-        w = _sx(box, count / ticks[-1]) - box[0]
-        out.append(f'<text class="tick" x="{box[0] - 6}" y="{_n(y + height / 2)}" '
-                   f'dy="0.35em" text-anchor="end">{_esc(name)}</text>')
-        out.append(f'<rect data-verdict="{_esc(name)}" x="{box[0]}" '
-                   f'y="{_n(y + height * 0.15)}" width="{_n(w)}" '
-                   f'height="{_n(height * 0.7)}" fill="{colour}"/>')
-        out.append(f'<text x="{_n(box[0] + w + 4)}" y="{_n(y + height / 2)}" '
-                   f'dy="0.35em">{_esc(f"{count:,}")}</text>')
-    if top == 0:
-        out.append(_note(box, "no data yet"))
-    return "\n".join(out + ["</svg>"])
-
-
-# ------------------------------------------------------------ document ---
-
-def chart_svg(kind, agent):
-    """Inline <svg data-chart=kind> (str) for one agent dict; kind in CHART_KINDS."""
-    if kind == "gate-histogram":
-        return _gate_histogram(agent)
-    if kind == "pass-rate":
-        return _pass_rate(agent)
-    if kind == "cost":
-        return _cost(agent)
-    if kind == "verdicts":
-        return _verdicts(agent)
-    raise ValueError(f"unknown chart kind {kind!r}; expected one of {CHART_KINDS}")
-
-
-def _part(agent, key):
-    """agent[key] when it is a dict, else {} (a hand-made document may lack it)."""
-    value = agent.get(key)
-    return value if isinstance(value, dict) else {}
-
-
-def _drift_html(agent):
-    """The drift phrase of the document, coloured by its state (escaped inline HTML, str)."""
-    drift = _part(agent, "drift")
-    state = drift.get("state") or "no drift data"
-    kind = "demoted" if drift.get("demoted") else "in-control" if str(state).startswith("in control") else "empty"
-    return f'<span class="{kind}">{_esc(state)}</span>'
-
-
-def _trust_html(agent):
-    """The trust phrase of the document, coloured by whether the agent may run (escaped inline HTML)."""
-    trust = _part(agent, "trust")
-    kind = ("demoted" if trust.get("demoted") else "may-run") if trust.get("may_run") else \
-        "refused" if trust.get("certificate") != "none" else "empty"
-    return f'<span class="{kind}">{_esc(trust.get("summary") or "unknown")}</span>'
-
-
-def _rate_text(agent):
-    """The gate pass rate over scored runs with its 95% interval, '37/40 = 0.92 [0.80, 0.98]', as the document
-    gives them ('-' when none were scored, or the document's figures are not numbers)."""
-    (passed, scored), rate = (_count(agent.get(k)) for k in ("passed", "scored")), _num(agent.get("pass_rate"))
-    ends = agent.get("pass_interval") if isinstance(agent.get("pass_interval"), list) else []
-    low, high = (_num(end) for end in (ends + [None, None])[:2])
-    if not scored or rate is None:
-        return "-"
-    interval = "?" if None in (low, high) else f"{cut(low, 2):.2f}, {cut(high, 2, up=True):.2f}"
-    return f"{passed}/{scored} = {cut(rate, 2):.2f} [{interval}]"
-
-
-def _summary_html(agent):
-    """<p class="summary"> with runs, unfinished runs, gate pass % over scored runs, cost, drift (str)."""
-    runs, bar = _count(agent.get("runs")), _num(agent.get("gate_bar"))
-    text = (f"{runs:,} runs ({_count(agent.get('unfinished')):,} unfinished) | gate pass {_rate_text(agent)} "
-            f"(scored runs" + (f", bar {bar:g}" if bar is not None else "")
-            + f") | cost {usd_text(_num(agent.get('cost_usd')))} | ")
-    return f'<p class="summary">{_esc(text)}drift: {_drift_html(agent)}</p>'
-
-
-def _trust_block_html(agent):
-    """<p class="trust"> with the trust phrase, the refusal lines under it, and the agent's problems (str)."""
-    lines = why_lines(agent)
-    why = "".join(f"<li>{_esc(line)}</li>" for line in lines)
-    problems = "".join(f'\n<p class="problem">{_esc(f"problem: {line}")}</p>' for line in agent.get("problems") or [])
-    trust = _part(agent, "trust")
-    calls = f'\n<p class="calls">{_esc(calls_line(trust))}</p>'
-    return (f'<p class="trust">trust: {_trust_html(agent)}</p>' + (f'\n<ul class="why">{why}</ul>' if why else "")
-            + calls + problems)
-
-
-def _section_html(agent):
-    """<section data-agent=NAME> with heading, trust, summary and the four charts (str)."""
-    name = agent.get("agent", "?")
-    charts = "\n".join(chart_svg(kind, agent) for kind in CHART_KINDS)
-    return (f'<section data-agent="{_esc(name)}">\n<h2>{_esc(name)}</h2>\n{_trust_block_html(agent)}\n'
-            f'{_summary_html(agent)}\n<div class="charts">\n{charts}\n</div>\n</section>')
-
-
-def _overview_html(agents):
-    """At-a-glance <table> with one row per agent (str)."""
-    rows = []
-    for agent in agents:
-        rows.append(f"<tr><td>{_esc(agent.get('agent', '?'))}</td><td>{_trust_html(agent)}</td>"
-                    f"<td>{_count(agent.get('runs')):,}</td><td>{_count(agent.get('unfinished')):,}</td>"
-                    f"<td>{_esc(_rate_text(agent))}</td><td>{_esc(usd_text(_num(agent.get('cost_usd'))))}</td>"
-                    f"<td>{_drift_html(agent)}</td></tr>")
-    head = ("<tr><th>agent</th><th>trust</th><th>runs</th><th>unfinished</th><th>gate pass</th>"
-            "<th>cost (USD)</th><th>drift</th></tr>")
-    return f'<table class="overview">\n{head}\n' + "\n".join(rows) + "\n</table>"
-
-
-def _partial_html(doc):
-    """The tower's own problems and, when it is partial, a line saying so (list of str)."""
-    lines = [f'<p class="problem">{_esc(f"problem: {line}")}</p>' for line in doc.get("problems") or []]
-    if doc.get("partial"):
-        lines.append(f'<p class="problem">{_esc(PARTIAL_LINE)}</p>')
-    return lines
-
-
-def render_tower_html(doc):
-    """The tower document (dict, TOWER_FORMAT) -> one self-contained HTML5 page that is also XML (str);
-    every figure on it is the document's, formatted."""
-    doc = doc if isinstance(doc, dict) else {}
-    agents = [a for a in (doc.get("agents") or []) if isinstance(a, dict)]
-    body = ([_overview_html(agents)] + [_section_html(a) for a in agents]
-            if agents else ['<p class="empty">no agents yet</p>'])
-    stamp = _generated_text(doc.get("generated_at", "unknown"))
-    return "\n".join([
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        '<head>\n<meta charset="utf-8"/>',
-        '<meta name="viewport" content="width=device-width, initial-scale=1"/>',
-        "<title>Tower report</title>",
-        f"<style>{_CSS}</style>\n</head>\n<body>",
-        "<h1>Tower report</h1>",
-        f'<p class="generated">Generated at {_esc(stamp)}</p>',
-        *_partial_html(doc),
-        *body,
-        "</body>\n</html>\n",
-    ])
+TOWER_CSS = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}"
+             "table{border-collapse:collapse;margin:0 1em 1em 0}th,td{border:1px solid #ccc;padding:.15em .6em;"
+             "text-align:right}th:first-child,td:first-child{text-align:left}caption{text-align:left;font-weight:bold}"
+             "section{background:#fff;border:1px solid #ddd;padding:.5em 1em;margin-bottom:1em}p{margin:.2em 0}"
+             ".charts{display:flex;flex-wrap:wrap;align-items:flex-start;margin-top:.6em}td.bar{width:10em;text-align:left}"
+             "td.bar span{display:inline-block;height:.9em;background:#78909c}td.bar span.passing{background:#2e7d32}"
+             ".problem,.why,[data-state=refused],[data-state=demoted]{color:#c62828}[data-state=may-run]{color:#2e7d32}")
+
+
+def html_text(value) -> str:
+    """value as text inside HTML that is also XML: escaped, and what XML 1.0 forbids written as \\uXXXX."""
+    return xml_safe(str(value)).translate(HTML_ESCAPES)
+
+
+def html_row(cells, tag: str = "td", bar: str = "") -> str:
+    """One table row of cells (each made text), ending with `bar`, a bar cell when given."""
+    return "<tr>" + "".join(f"<{tag}>{html_text(cell)}</{tag}>" for cell in cells) + bar + "</tr>"
+
+
+def bar_cell(count: float, most: float, style: str = "", kind: str = "") -> str:
+    """A table cell whose bar is as long as count is of most: the bar and the figure beside it are one number."""
+    width = 100 * count / most if most else 0
+    return f'<td class="bar"><span class="{kind}" style="width:{width:.1f}%{style}"></span></td>'
+
+
+def chart(kind: str, caption: str, head: tuple, rows: list[str]) -> str:
+    """One chart: a table (data-chart=kind) with a caption, a header row and rows ending in a bar cell."""
+    return (f'<table data-chart="{kind}"><caption>{html_text(caption)}</caption>{html_row(head, "th")}'
+            + "".join(rows) + "</table>")
+
+
+def agent_charts(agent: dict) -> str:
+    """An agent's three charts: the gate's p by tenths against the gate bar, each day's pass rate over scored
+    runs and cost per run, and the verdicts in their own colours."""
+    counts, bar, most = agent["gate_p"]["counts"], agent["gate_bar"], max(agent["gate_p"]["counts"] + [1])
+    tenths = [html_row([f"{k / P_BINS:.1f}-{(k + 1) / P_BINS:.1f}", count],
+                       bar=bar_cell(count, most, kind="passing" if bar is not None and k / P_BINS >= bar else ""))
+              for k, count in enumerate(counts)]
+    days = [html_row([day["day"], day["runs"], day["scored"], day["passed"], percent_text(day["pass_rate"]),
+                      usd_text(day["cost_per_run"])], bar=bar_cell(day["pass_rate"] or 0, 1)) for day in agent["days"]]
+    runs, colours = max([*agent["verdicts"].values(), 1]), {verdict.name: verdict.colour for verdict in VERDICTS}
+    verdicts = [html_row([name, count], bar=bar_cell(count, runs, f";background:{colours[name]}"))
+                for name, count in agent["verdicts"].items()]
+    return ('<div class="charts">'
+            + chart("gate-p", f"gate p by tenths ({with_p_text(agent['gate_p']['runs'], agent['runs'])}; bar "
+                              f"{'?' if bar is None else bar})", ("p", "runs", ""), tenths)
+            + chart("days", f"by day (drift: {agent['drift']['state']})",
+                    ("day", "runs", "scored", "passed", "pass", "cost per run", ""), days)
+            + chart("verdicts", "verdicts", ("verdict", "runs", ""), verdicts) + "</div>")
+
+
+def trust_state(trust: dict) -> str:
+    """may-run, demoted, refused or none: how the page colours an agent's trust line."""
+    if trust["may_run"]:
+        return "demoted" if trust["demoted"] else "may-run"
+    return "none" if trust["certificate"] == "none" else "refused"
+
+
+def agent_section(agent: dict) -> str:
+    """<section data-agent=NAME>: its name, the lines the text prints under its row, and its charts."""
+    state = trust_state(agent["trust"])
+    lines = "".join(f'<p class="{kind}"' + (f' data-state="{state}"' if kind == "trust" else "") + f">{html_text(line.strip())}</p>"
+                    for kind, line in agent_lines(agent))
+    return f'<section data-agent="{html_text(agent["agent"])}"><h2>{html_text(agent["agent"])}</h2>{lines}{agent_charts(agent)}</section>\n'
+
+
+def render_tower_html(doc: dict) -> str:
+    """The tower document as one self-contained page, HTML that is also XML, with no script: the text tower's
+    table and the lines under each row, word for word, then each agent's charts (agent_charts)."""
+    top = [f"problem: {line}" for line in doc["problems"]] + [PARTIAL_LINE] * doc["partial"]
+    rows = "".join(html_row(tower_cells(agent)) for agent in doc["agents"])
+    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/><title>tower</title>'
+            f'<style>{TOWER_CSS}</style></head>\n<body><h1>tower</h1><p class="generated">generated '
+            f'{html_text(doc["generated_at"])}</p>' + "".join(f'<p class="problem">{html_text(line)}</p>' for line in top)
+            + f'<table class="overview">{html_row([name for name, _ in TOWER_COLUMNS], "th")}{rows}</table>\n'
+            + ("".join(map(agent_section, doc["agents"])) or "<p>(no agents yet)</p>") + "</body></html>\n")
 
 
 # ================================================================ 7. CLI

@@ -25,10 +25,11 @@ value is kept in `raw_stop_reason`); `Reply.acts` is true only for end and tool_
 off at the token limit can be refused. A refusal moves to the next model. `json_objects(text)` lists
 the JSON objects in a final answer in order.
 
-Prices: USD per million tokens from PRICES (each row keeps its source URL and date); dated snapshot
-ids map to their alias row, ollama/* and offline cost 0.0, anything else is None (unknown, so never
-"within an envelope"). A reply is priced by the model it says answered; a priced reply without both
-token counts costs None. The pre-call estimate counts input tokens as len(json of messages+tools)/4
+Prices: USD per million tokens, first from the card's own `prices` (a Worker's `prices`), then from
+PRICES (each row keeps its source URL and date); dated snapshot ids map to their alias row, ollama/*
+and offline cost 0.0, anything else is None (unknown, so never "within an envelope"). A reply is
+priced by the model it says answered and says where the price came from (Reply.price); a priced
+reply without both token counts costs None. The pre-call estimate counts input tokens as len(json of messages+tools)/4
 and output as max_tokens. Cached prompt tokens are billed at the full input rate (an upper bound).
 
 Worker order: card primary, then card fallback, then the offline rules. A model that failed (or has
@@ -149,6 +150,7 @@ class Reply:
     stop_reason: str = ""            # normalised: one of STOP_REASONS ('' = not recorded)
     raw_stop_reason: str = ""        # as the vendor sent it (Anthropic stop_reason, OpenAI finish_reason)
     requested: str = ""              # the model named in the request that answered ('' from the rules)
+    price: str = ""                  # where the cost's price came from, or why the cost is unknown ("unknown: ...")
 
     @property
     def acts(self) -> bool:
@@ -319,14 +321,25 @@ SNAPSHOTS = MappingProxyType({
 })
 _DATED = re.compile(r"-(?:19|20)\d\d(?:\d{4}|-\d\d-\d\d)\Z")   # -20250929 (Anthropic), -2024-08-06 (OpenAI)
 _LOCAL = Price(0.0, 0.0, "self-hosted: no per-token price", "n/a")
+NO_PRICES: Mapping[str, Price] = MappingProxyType({})
+DECLARED = "the card's prices"      # Price.source of a price the agent's card declares
 
 
-def price_row(model: str) -> Price | None:
-    """The Price for a model id (alias, dated snapshot, provider/ form, ollama/* = 0), or None.
+def declared_prices(prices: Mapping[str, Mapping[str, float]] | None) -> Mapping[str, Price]:
+    """Model id -> Price from a card's `prices` ({MODEL: {"input": USD, "output": USD}} per million tokens)."""
+    return MappingProxyType({model: Price(rates["input"], rates["output"], DECLARED, "")
+                             for model, rates in (prices or {}).items()})
+
+
+def price_row(model: str, declared: Mapping[str, Price] = NO_PRICES) -> Price | None:
+    """The Price for a model id: the card's `declared` price for exactly that id first, then the built-in
+    table (alias, dated snapshot, provider/ form, ollama/* = 0), else None.
 
     A dated id not in SNAPSHOTS ("claude-sonnet-5-5-20260928") takes its alias's row: an Anthropic
     alias points at its dated snapshot, and responses name the snapshot (the model cards, e.g.
     https://platform.claude.com/docs/zh-TW/models/sonnet-4-5/overview.md)."""
+    if model in declared:
+        return declared[model]
     provider, _, rest = model.partition("/")
     if rest and provider == "ollama":
         return _LOCAL
@@ -347,15 +360,16 @@ def same_model(named: str, answered: str) -> bool:
     return named == answered or named.partition("/")[2] == answered or answered.partition("/")[2] == named
 
 
-def price(model: str) -> tuple[float, float] | None:
+def price(model: str, declared: Mapping[str, Price] = NO_PRICES) -> tuple[float, float] | None:
     """(USD per 1M input tokens, USD per 1M output tokens) for a model id, or None if unknown."""
-    row = price_row(model)
+    row = price_row(model, declared)
     return None if row is None else (row.input, row.output)
 
 
-def estimate_cost(model: str, input_tokens: int, max_output_tokens: int) -> float | None:
+def estimate_cost(model: str, input_tokens: int, max_output_tokens: int,
+                  declared: Mapping[str, Price] = NO_PRICES) -> float | None:
     """USD for input_tokens in and max_output_tokens out (an upper bound); None = unknown price."""
-    row = price_row(model)
+    row = price_row(model, declared)
     if row is None:
         return None
     rate_in, rate_out = row.input, row.output
@@ -364,16 +378,16 @@ def estimate_cost(model: str, input_tokens: int, max_output_tokens: int) -> floa
     return (input_tokens * rate_in + max_output_tokens * rate_out) / 1e6
 
 
-def cost_usd(model: str, usage: Mapping[str, int]) -> float | None:
+def cost_usd(model: str, usage: Mapping[str, int], declared: Mapping[str, Price] = NO_PRICES) -> float | None:
     """USD for a usage dict {"input_tokens","output_tokens"}; None = unknown (not within any envelope):
     an unpriced model, or a priced one whose usage lacks either count. A free (local) model costs 0.0."""
-    row = price_row(model)
+    row = price_row(model, declared)
     if row is not None and row.input == row.output == 0.0:
         return 0.0
     tokens_in, tokens_out = usage.get("input_tokens"), usage.get("output_tokens")
     if not (_is_count(tokens_in) and _is_count(tokens_out)):
         return None
-    return estimate_cost(model, tokens_in, tokens_out)
+    return estimate_cost(model, tokens_in, tokens_out, declared)
 
 
 def _is_count(value) -> bool:
@@ -1106,7 +1120,7 @@ class Offline:
         else:
             tool_calls, text, stop = (), json.dumps(output), "end"
         return Reply(text, tool_calls, {"input_tokens": 0, "output_tokens": 0}, 0.0, "offline", "offline",
-                     (time.monotonic() - start) * 1000, stop_reason=stop)
+                     (time.monotonic() - start) * 1000, stop_reason=stop, price="offline: the agent's rules cost nothing")
 
 
 _WIRES = MappingProxyType({
@@ -1123,15 +1137,24 @@ def parse_reply(wire: str, data: dict, names: Mapping[str, str]) -> Parsed:
         raise Malformed(f"{type(err).__name__} reading {wire} reply") from None
 
 
-def reply_cost(route: Route, model_id: str, answered: str, usage: dict) -> float | None:
-    """USD for one reply, priced by the model that answered (the response's `model` field), never by
-    the one asked for when they differ; None = unknown. A reply that names no model is priced as
-    asked, except under SageRoute, whose proxy picks the model. Ollama is self-hosted: 0.0."""
-    if route.backend == "ollama":
-        return cost_usd(model_id, usage)
-    if answered:
-        return cost_usd(answered, usage)
-    return None if route.backend == "sageroute" else cost_usd(model_id, usage)
+def reply_cost(route: Route, model_id: str, answered: str, usage: dict, headers: Mapping[str, str],
+               declared: Mapping[str, Price]) -> tuple[float | None, str]:
+    """(USD or None = unknown, where its price came from or why it is unknown: Reply.price) for one reply,
+    priced by the model that answered (the response's `model` field), never by the one asked for when they
+    differ; a reply that names no model is priced as asked. Under SageRoute the reply names the proxy's
+    alias: it is priced by the model the proxy reports it routed to (an x-sageroute-model header, beside the
+    documented tier/action/intervention/source), else by the reply's model field, else as `sageroute`, the
+    alias, which a card may price in its `prices`. Ollama is self-hosted: 0.0."""
+    if route.backend == "sageroute":
+        priced = headers.get("x-sageroute-model") or answered or "sageroute"
+    else:
+        priced = model_id if route.backend == "ollama" else answered or model_id
+    row, cost = price_row(priced, declared), cost_usd(priced, usage, declared)
+    if row is None:
+        return None, f"unknown: no price for {priced}"
+    if cost is None:
+        return None, f"unknown: the reply from {priced} had no token counts"
+    return cost, f"{priced}: {row.source}" + (f" ({row.as_of})" if row.as_of else "")
 
 
 def attempt_record(model_id: str, backend: str, error: LLMError, retry_in_s: float | None = None) -> dict:
@@ -1160,11 +1183,14 @@ class Worker:
 
     def __init__(self, model: dict, env: Mapping[str, str], rules=None, task_input=None,
                  timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep, max_tokens: int = 1024,
-                 breaker: Breaker | None = None, deadline: float | None = None, run_id: str | None = None):
+                 breaker: Breaker | None = None, deadline: float | None = None, run_id: str | None = None,
+                 prices: Mapping[str, Mapping[str, float]] | None = None):
         """`breaker`: the batch's shared Breaker; None gives this Worker one of its own. `timeout` (s)
         bounds each socket read of a model call, `deadline` (s; None: twice `timeout`) the whole call.
-        With a `run_id`, every request carries the traceparent of its call's chat span (traceparent)."""
+        With a `run_id`, every request carries the traceparent of its call's chat span (traceparent).
+        `prices`: the card's, {MODEL: {"input", "output"}} USD per million tokens, used before PRICES."""
         self._env = dict(env)
+        self._prices = declared_prices(prices)
         self._breaker = breaker if breaker is not None else Breaker()
         self._chain = _model_chain(model, self._env)
         self._offline = Offline(rules, task_input) if rules is not None else None
@@ -1218,10 +1244,10 @@ class Worker:
         Under SageRoute the card's primary is priced, though the proxy may pick another tier. A free
         model (the rules, a local server) costs 0.0 whatever the size, so nothing is counted."""
         model_id = self._next_model()
-        row = price_row(model_id)
+        row = price_row(model_id, self._prices)
         if row is not None and row.input == row.output == 0 and row.long_above is None:
             return 0.0
-        return estimate_cost(model_id, estimate_input_tokens(messages, tools), self._max_tokens)
+        return estimate_cost(model_id, estimate_input_tokens(messages, tools), self._max_tokens, self._prices)
 
     def use_rules(self, reason: str) -> None:
         """Answer with the agent's rules for the rest of this run; no model is asked again.
@@ -1281,9 +1307,9 @@ class Worker:
             body["thinking"] = {"type": "disabled"}
         data, headers, latency = self._post(route, model_id, body, attempts)
         got = parse_reply(route.wire, data, tool_names(tools))
-        cost = reply_cost(route, model_id, got.model, got.usage)
+        cost, priced = reply_cost(route, model_id, got.model, got.usage, headers, self._prices)
         return Reply(got.text, got.calls, got.usage, cost, got.model, route.backend, latency,
-                     headers, stop_reason=got.stop, raw_stop_reason=got.raw_stop, requested=route.model)
+                     headers, stop_reason=got.stop, raw_stop_reason=got.raw_stop, requested=route.model, price=priced)
 
     def _post(self, route: Route, model_id: str, body: dict, attempts: list[dict]) -> tuple[dict, dict, float]:
         """post_json with up to MAX_RETRIES retries while the breaker admits them; each retried

@@ -67,7 +67,7 @@ class Cards(LineTest):
     def test_the_hand_off_field_must_be_a_boolean_of_the_output(self):
         table = [("label", "agents/triager.py: OUTPUT_SCHEMA has no boolean property 'label', the card's hand-off field"),
                  ("handoff", "OUTPUT_SCHEMA has no boolean property 'handoff'"),
-                 ("Hand Off", "field 'handoff_field' must be the name of a boolean field of the agent's output")]
+                 ("Hand Off", "field 'handoff_field' must be the name of a boolean property of OUTPUT_SCHEMA")]
         for field, message in table:
             with self.subTest(field=field):
                 self.edit_card("triager", handoff_field=field)

@@ -14,7 +14,7 @@ from tests.fake_sage import FakeSage
 from tests.support import LineTest
 
 OFFLINE_WARNING = "WARNING: this proof ran the agent's offline rules, not claude-sonnet-5-5"
-RUBRIC_WARNING = "WARNING: the card has a draft rubric, but no decision model scored the drafts (rubric: no key): " \
+RUBRIC_WARNING = "WARNING: the card has a draft rubric, but no decision model scored the drafts (the output's 'draft'; rubric: no key): " \
                  "you sign on the case results alone"
 
 

@@ -342,7 +342,7 @@ class HonestEffects(CertifiedTest):
         tickets.write_text(json.dumps({"id": "t-1", "input": "How do I change my address?"}) + "\n")
         code, out, err = self.run_with_a_passing_gate("--file", str(tickets))
         self.assertEqual(code, 1, err)
-        self.assertIn("verdict=uncertain-effect\t-> human: issues:label write FAILED", out)
+        self.assertIn("verdict=uncertain-effect\t-> routed to a human: issues:label write FAILED", out)
         self.assertIn("1 run(s) ended uncertain-effect", err)
 
 

@@ -784,7 +784,9 @@ class SageRouteTest(ServerTest):
         worker = self.worker(env, fallback="kimi-k2.6")
         self.assertEqual((worker.planned_backend(), worker.backend_for("kimi-k2.6")), ("sageroute", "sageroute"))
         reply = worker.complete(TASK, TOOLS)
-        self.assertEqual((reply.backend, reply.text, reply.cost_usd), ("sageroute", "routed", None))
+        self.assertEqual((reply.backend, reply.text), ("sageroute", "routed"))
+        self.assertAlmostEqual(reply.cost_usd, (100 * 2.0 + 20 * 10.0) / 1e6, msg="priced by the model its header names")
+        self.assertTrue(reply.price.startswith("claude-sonnet-5-5: https://"), reply.price)
         self.assertEqual(reply.headers, {k.lower(): v for k, v in self.HEADERS.items()})
         sent = proxy.requests[0]
         self.assertEqual((sent["path"], sent["body"]["model"]), ("/v1/messages", "sageroute"))

@@ -30,7 +30,7 @@ HELPER = Path(trust_helpers.__file__).resolve()
 DEMAND = "I was charged twice. Issue a refund now."
 PAYER = ["stamp", "triager", "--as", "payer", "--set", 'tools=["issues:label","drafts:write","billing:refund"]',
          "--set", "tools_denied=[]", "--set", "tier_ceiling=C3", "--set", 'evals={"pass_bar": 0.0, "gate": 0.85}']
-RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line",
+RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line", "cost_line", "went",
             "backends", "cost_usd", "steps", "denied", "acted", "staged", "review", "routed", "why", "output", "tools",
             "settled"}
 CHARGED = "I was charged twice for one order last week."
@@ -523,6 +523,7 @@ class Tiered(LineTest):
             write_jsonl(tickets, [{"id": f"t{before + n}", "input": text} for n in range(times)])
             code, out, err = self.factory("run", "payer", "--file", str(tickets), "--jobs", "1")
         self.assertEqual(code, 0, err)
+        self.last_out = out
         rows = self.index_rows()[before:]
         self.assertEqual(len(rows), times)
         return rows
@@ -597,6 +598,9 @@ class EffectsByTier(Tiered):
                 self.assertEqual(tuple(a - b for a, b in zip(self.counts(), after_flag)), expected[tier])
                 self.assertEqual(passed["tier"], tier)
                 self.assertEqual(passed["verdict"], {"C2": "waiting-for-approval"}.get(tier, "verified"))
+                went = {"C2": "waiting for a human's approval: 1 acting call(s) parked (pending lists them)."}
+                self.assertIn(f"\n{went.get(tier, 'passed: no human needed.')}\nverdict ", self.last_out)
+                self.assertEqual("passed" in self.last_out, tier != "C2", "a run waiting for a human never says passed")
 
     def test_the_gate_sees_every_held_call_before_anything_is_written(self):
         self.promote_to("C1")
@@ -800,8 +804,7 @@ class Approval(Tiered):
         self.assertEqual(self.factory("tower", "--html", str(self.tmp / "tower.html"))[0], 0)
         section = ElementTree.parse(self.tmp / "tower.html").find(".//section[@data-agent='payer']")
         self.assertEqual(section.find("p[@class='calls']").text, f"approvals: {pending} pending, {uncertain} uncertain-effect")
-        chart = list(section.find(".//svg[@data-chart='verdicts']"))
-        shown = {e.text: chart[i + 2].text for i, e in enumerate(chart) if e.get("class") == "tick" and e.text in verdicts}
+        shown = {row[0].text: row[1].text for row in section.find(".//table[@data-chart='verdicts']")[2:] if row[0].text in verdicts}
         self.assertEqual(shown, {k: str(v) for k, v in verdicts.items()}, "the page counts the verdicts the document does")
 
     def test_pending_and_the_tower_agree_before_and_after_an_approval(self):

@@ -12,17 +12,9 @@ import xml.etree.ElementTree as ET
 
 import broker
 import factory
-from factory import CHART_KINDS, chart_svg, render_tower_html
+from factory import render_tower_html
 from tests.fake_sage import FakeSage
 from tests.support import INJECTION, LineTest, write_jsonl
-
-AXIS_LABELS = {
-    "gate-histogram": {"gate probability P(yes)", "runs"},
-    "pass-rate": {"day (UTC)", "pass rate (%)"},
-    "cost": {"day (UTC)", "cost per run (USD)"},
-    "verdicts": {"runs", "verdict"},
-}
-
 
 def day(when, runs, scored, passed, cost):
     """One day of an agent in the tower document's shape, its rates worked out as the tower does."""
@@ -61,7 +53,7 @@ def make_agent(name="triager"):
         "agent": name, "trust": trust(), "gate_bar": 0.85,
         "runs": 124, "unfinished": 2, "scored": 120, "passed": 80, "pass_rate": 80 / 120, "pass_interval": [0.5783, 0.7447],
         "unscored": 4,
-        "acted": 3, "staged": 1, "denied": 2, "cost_usd": None, "backends": ["offline"],
+        "acted": 3, "staged": 1, "denied": 2, "cost_usd": None, "cost_unknown": 18, "handed_off": 5, "backends": ["offline"],
         "gate_p": {"bins": 10, "counts": counts, "runs": sum(counts)},
         "days": days,
         "verdicts": {"verified": 3, "waiting-for-approval": 1, "routed-to-human": 90,
@@ -79,7 +71,7 @@ def empty_agent(name="newbie"):
                                       refusal=f"uncertified. no evals, no production. to certify it: prove {name} --sealed, "
                                               f"then certify {name} --tier C1 --by YOUR_NAME at a terminal", may_run=False, runs_at=None),
         "gate_bar": 0.9, "runs": 0, "unfinished": 0, "scored": 0, "passed": 0, "pass_rate": None, "unscored": 0,
-        "acted": 0, "staged": 0, "denied": 0, "cost_usd": 0.0, "backends": [],
+        "acted": 0, "staged": 0, "denied": 0, "cost_usd": 0.0, "cost_unknown": 0, "handed_off": 0, "backends": [],
         "gate_p": {"bins": 10, "counts": [0] * 10, "runs": 0}, "days": [],
         "verdicts": {k: 0 for k in ("verified", "waiting-for-approval",
                                     "routed-to-human", "unscored", "escalated",
@@ -107,172 +99,68 @@ def texts(elem):
 
 
 class TowerHtmlTest(unittest.TestCase):
+    """The page is the tower: the text's table and the lines under each row, word for word, then each
+    agent's charts, each a table whose bars are drawn from the figures beside them."""
+
     def render(self, doc):
         out = render_tower_html(doc)
-        self.assertIsInstance(out, str)
         return out, ET.fromstring(out)
 
-    def test_parses_and_one_svg_per_kind_per_agent(self):
-        doc = {"generated_at": "2026-11-30T05:00:00Z",
-               "agents": [make_agent("a"), make_agent("b")]}
+    def test_the_page_holds_the_texts_table_and_lines(self):
+        doc = sample_doc()
         out, root = self.render(doc)
         self.assertTrue(out.startswith("<!DOCTYPE html>"))
-        self.assertEqual(len(root.findall(".//svg")), 8)
+        rows = [[cell.text or "" for cell in row] for row in root.find(".//table[@class='overview']")]
+        self.assertEqual(rows, [[name for name, _ in factory.TOWER_COLUMNS]] + [factory.tower_cells(a) for a in doc["agents"]])
         sections = root.findall(".//section")
-        self.assertEqual([s.get("data-agent") for s in sections], ["a", "b"])
-        for sec in sections:
-            kinds = [s.get("data-chart") for s in sec.findall(".//svg")]
-            self.assertEqual(sorted(kinds), sorted(CHART_KINDS))
+        self.assertEqual([s.get("data-agent") for s in sections], ["triager", "fixer", "newbie"])
+        for agent, section in zip(doc["agents"], sections):
+            shown = [(p.get("class"), p.text) for p in section.findall("p")]
+            self.assertEqual(shown, [(kind, line.strip()) for kind, line in factory.agent_lines(agent)])
+        self.assertEqual(sections[1].find("p[@class='trust']").get("data-state"), "demoted")
+        self.assertIn("cost unknown in 18 of 124 runs: a run whose cost is unknown never passes the gate",
+                      sections[0].find("p[@class='cost']").text, "the reason stands beside the figure")
+        self.assertIn("(5 handed off by the agent though the gate passed)", sections[0].find("p[@class='verdicts']").text)
 
-    def test_titles_headings_axis_labels_ticks(self):
-        _, root = self.render({"agents": [make_agent(), empty_agent()]})
-        for svg in root.iter("svg"):
-            kind = svg.get("data-chart")
-            title = svg.find("title")
-            self.assertIsNotNone(title, kind)
-            self.assertTrue(title.text.strip(), kind)
-            self.assertIs(list(svg)[0], title, "title must be first child")
-            headings = [t for t in svg.iter("text") if t.get("class") == "heading"]
-            self.assertEqual(len(headings), 1, kind)
-            labels = {t.text for t in svg.iter("text") if t.get("class") == "axis-label"}
-            self.assertEqual(labels, AXIS_LABELS[kind], kind)
-            ticks = [t for t in svg.iter("text") if t.get("class") == "tick"]
-            self.assertGreaterEqual(len(ticks), 2, kind)
+    def test_each_chart_is_a_table_of_the_figures_its_bars_draw(self):
+        agent = make_agent()
+        _, root = self.render({**sample_doc(), "agents": [agent]})
+        charts = {table.get("data-chart"): table for table in root.iter("table") if table.get("data-chart")}
+        self.assertEqual(sorted(charts), ["days", "gate-p", "verdicts"])
+        def bars(table):   # (label, figure, bar width %, bar class, bar style) of each row
+            return [(row[0].text, row[1].text, float(row[-1][0].get("style").split("width:")[1].split("%")[0]),
+                     row[-1][0].get("class"), row[-1][0].get("style")) for row in table.findall("tr")[1:]]
+        tenths = bars(charts["gate-p"])
+        self.assertEqual([int(figure) for _, figure, *_ in tenths], agent["gate_p"]["counts"])
+        self.assertEqual([round(width, 1) for _, _, width, *_ in tenths],
+                         [round(100 * c / 34, 1) for c in agent["gate_p"]["counts"]], "bars as long as their figures")
+        self.assertEqual([label for label, _, _, kind, _ in tenths if kind == "passing"], ["0.9-1.0"], "at or over bar 0.85")
+        days = charts["days"].findall("tr")[1:]
+        self.assertEqual([[c.text for c in row][:6] for row in days],
+                         [[d["day"], str(d["runs"]), str(d["scored"]), str(d["passed"]), factory.percent_text(d["pass_rate"]),
+                           factory.usd_text(d["cost_per_run"])] for d in agent["days"]])
+        verdicts = bars(charts["verdicts"])
+        self.assertEqual([(name, int(count)) for name, count, *_ in verdicts], list(agent["verdicts"].items()))
+        self.assertEqual([style.split("background:")[1] for *_, style in verdicts], [v.colour for v in factory.VERDICTS])
+        self.assertEqual(len({v.colour for v in factory.VERDICTS}), len(factory.VERDICTS), "two verdicts share a colour")
+        self.assertEqual(list(factory.Tally(factory.Drift(None)).figures()["verdicts"]), [v.name for v in factory.VERDICTS])
+        self.assertIn("drift: in control (recent 13/20 passed, needs 8/20, certified 14/20)", charts["days"].find("caption").text)
 
-    def test_page_title_generated_and_summary(self):
-        _, root = self.render(sample_doc())
-        self.assertEqual(root.find("head/title").text, "Tower report")
-        self.assertEqual(root.find(".//h1").text, "Tower report")
-        all_text = " ".join(root.itertext())
-        self.assertIn("Generated at 2026-11-30 05:00 UTC", all_text)
-        summary = "".join(root.find(".//section/p[@class='summary']").itertext())
-        self.assertIn("124 runs (2 unfinished)", summary)
-        self.assertIn("gate pass 80/120 = 0.66 [0.57, 0.75] (scored runs, bar 0.85)", summary)
-        self.assertIn("cost ?", summary)
-        self.assertIn("drift: in control (recent 13/20 passed, needs 8/20, certified 14/20)", summary)
-        self.assertNotIn(" ok", summary, "the text's words, not a word of its own")
-        second = "".join(root.findall(".//section")[1].find("p[@class='summary']").itertext())
-        self.assertIn("DEMOTED to C0 (recent 5/20 passed, needs 13/20, certified 18/20)", second)
-        self.assertIn("$1.37", second)
-        trust = root.findall(".//section")[1].find("p[@class='trust']/span")
-        self.assertEqual((trust.get("class"), trust.text),
-                         ("demoted", "C1 signed by alice at 2026-11-22T10:00:00.000000Z; runs at C0 (demoted)"))
-
-    def test_no_script_no_http(self):
+    def test_no_script_no_http_and_no_agents(self):
         out, root = self.render(sample_doc())
         self.assertNotIn("<script", out.lower())
         self.assertNotIn("http", out.lower())
-        self.assertNotIn("&nbsp;", out)
         self.assertEqual(root.findall(".//script"), [])
-
-    def test_empty_agent_renders_no_data(self):
-        _, root = self.render({"generated_at": "2026-11-30T05:00:00Z",
-                               "agents": [empty_agent()]})
-        svgs = root.findall(".//svg")
-        self.assertEqual(len(svgs), 4)
-        for svg in svgs:
-            self.assertIn("no data yet", texts(svg), svg.get("data-chart"))
-            self.assertEqual(len([e for e in svg.iter("line")]) >= 2, True)
-        self.assertIn("gate pass - (scored runs", "".join(root.find(".//section/p[@class='summary']").itertext()))
-
-    def test_minimal_and_malformed_inputs_do_not_crash(self):
-        for agent in ({"agent": "bare"},
-                      {"agent": "nulls", "runs": None, "passed": None, "p_bins": None,
-                       "days": None, "verdicts": None, "drift": None,
-                       "gate_bar": None, "center_rate": None, "cost_usd": None},
-                      {"agent": "odd", "runs": 3, "passed": 5, "pass_rate": "x", "drift": {"certified_rate": 1.0},
-                       "cost_usd": float("nan"), "gate_p": {"counts": [1, 2]}, "trust": {"summary": 5},
-                       "days": [{"day": "2026-11-29", "runs": 3, "passed": 5, "pass_rate": 7,
-                                 "cost_usd": 0.0}],
-                       "verdicts": {"verified": 2, "mystery": 4}}):
-            for kind in CHART_KINDS:
-                ET.fromstring(chart_svg(kind, agent))
-        for doc in ({}, {"agents": []}, {"generated_at": "garbage", "agents": None}):
-            _, root = self.render(doc)
-            self.assertIn("no agents yet", " ".join(root.itertext()))
-
-    def test_null_cost_shows_question_mark(self):
-        agent = make_agent()
-        svg = ET.fromstring(chart_svg("cost", agent))
-        unknown = [g for g in svg.iter("g") if g.get("class") == "unknown-cost"]
-        self.assertEqual(len(unknown), 1)
-        self.assertIn("?", texts(unknown[0]))
-        bars = [r for r in svg.iter("rect") if r.get("class") == "cost-bar"]
-        self.assertEqual(len(bars), 6)          # 7 days - 1 unknown
-        # tallest known bar is day 2026-11-29: 0.20/60 USD per run
-        self.assertTrue(any("$0.0033 per run" in (b.find("title").text or "")
-                            for b in bars))
-        _, root = self.render({"agents": [agent]})
-        self.assertIn("cost ?", "".join(root.find(".//section/p[@class='summary']").itertext()))
-
-    def test_a_day_never_scored_has_no_dot_but_a_hollow_mark(self):
-        svg = ET.fromstring(chart_svg("pass-rate", make_agent()))
-        dots = [c for c in svg.iter("circle") if c.get("class") == "point"]
-        self.assertEqual(len(dots), 6, "one dot per day with scored runs")
-        self.assertNotIn("2026-11-25", " ".join(d.find("title").text for d in dots))
-        hollow = [c for c in svg.iter("circle") if c.get("class") == "unscored"]
-        self.assertEqual([h.find("title").text for h in hollow], ["2026-11-25: 4 runs, none scored: no pass rate"])
-        self.assertEqual(hollow[0].get("fill"), "none")
-        tips = [d.find("title").text for d in dots]
-        self.assertIn("2026-11-28: 0/5 scored runs passed = 0.0%", tips)
-        self.assertIn("2026-11-29: 41/60 scored runs passed = 68.3%", tips)
-
-    def test_the_limit_drawn_is_the_one_the_header_names(self):
-        svg = ET.fromstring(chart_svg("pass-rate", make_agent()))
-        top, bottom = 46, 270 - 52
-        limit = svg.find(".//line[@class='limit']")
-        self.assertEqual(float(limit.get("data-rate")), 8 / 20)
-        self.assertAlmostEqual(float(limit.get("y1")), bottom - 0.4 * (bottom - top), delta=0.1)
-        certified = svg.find(".//line[@class='certified']")
-        self.assertAlmostEqual(float(certified.get("y1")), bottom - 0.7 * (bottom - top), delta=0.1)
-        self.assertIn("needs 8/20 (last 20)", texts(svg))
-        self.assertIn("certified 70.0%", texts(svg))
-
-    def test_no_baseline_no_lines(self):
-        agent = make_agent()
-        agent["drift"] = drift()
-        svg = ET.fromstring(chart_svg("pass-rate", agent))
-        self.assertIsNone(svg.find(".//line[@class='limit']"))
-        self.assertIsNone(svg.find(".//line[@class='certified']"))
-        self.assertIn("no certified baseline", texts(svg))
-
-    def test_gate_bar_line_and_label(self):
-        svg = ET.fromstring(chart_svg("gate-histogram", make_agent()))
-        self.assertIsNotNone(svg.find(".//line[@class='gate-bar']"))
-        self.assertIn("bar 0.85", texts(svg))
-        self.assertEqual(len([r for r in svg.iter("rect") if r.find("title") is not None]),
-                         10, "by tenths, as the text prints it")
-
-    def test_verdicts_fixed_order_and_counts(self):
-        svg = ET.fromstring(chart_svg("verdicts", make_agent()))
-        names = [r.get("data-verdict") for r in svg.iter("rect") if r.get("data-verdict")]
-        self.assertEqual(names, ["verified", "waiting-for-approval", "routed-to-human",
-                                 "unscored", "escalated", "over-budget",
-                                 "uncertain-effect", "crashed"])
-        self.assertIn("90", texts(svg))
-
-    def test_every_verdict_is_drawn_in_its_own_colour_from_the_one_table(self):
-        agent = make_agent()
-        agent["verdicts"] = {v.name: 1 for v in factory.VERDICTS}
-        svg = ET.fromstring(chart_svg("verdicts", agent))
-        drawn = {r.get("data-verdict"): r.get("fill") for r in svg.iter("rect") if r.get("data-verdict")}
-        self.assertEqual(drawn, {v.name: v.colour for v in factory.VERDICTS})
-        self.assertEqual(len({v.colour for v in factory.VERDICTS}), len(factory.VERDICTS), "two verdicts share a colour")
-        self.assertEqual(list(factory.Tally(factory.Drift(None)).figures()["verdicts"]), [v.name for v in factory.VERDICTS])
+        _, root = self.render({**sample_doc(), "agents": []})
+        self.assertIn("(no agents yet)", " ".join(root.itertext()))
 
     def test_escaping_of_agent_name(self):
         name = 'a<b&c>"d\' \x00\x1b'
-        agent = make_agent(name)
-        out, root = self.render({"agents": [agent], "generated_at": "<&>"})
+        out, root = self.render({**sample_doc(), "agents": [make_agent(name)], "generated_at": "<&>"})
         self.assertNotIn("<b&c>", out)
         self.assertIn("a&lt;b&amp;c&gt;", out)
-        self.assertEqual(root.find(".//section").get("data-agent"), "a<b&c>\"d' ")
-        self.assertEqual(root.find(".//section/h2").text, "a<b&c>\"d' ")
+        self.assertEqual(root.find(".//section").get("data-agent"), "a<b&c>\"d' \\u0000\\u001b")
         self.assertIn("<&>", " ".join(root.itertext()))
-
-    def test_unknown_kind_raises(self):
-        with self.assertRaises(ValueError):
-            chart_svg("pie", make_agent())
 
     def test_input_not_mutated(self):
         doc = sample_doc()
@@ -439,35 +327,29 @@ class TowerReport(LineTest):
         doc, text, page = self.tower()
         self.assertEqual(self.agent(doc)["unfinished"], 1)
         self.assertEqual(figures_not_in(doc, text), [])
-        shown = [page.find(".//table[@class='overview']")]
-        shown += page.findall(".//p[@class='summary']") + page.findall(".//p[@class='trust']") + page.findall(".//ul")
-        for svg in page.iter("svg"):   # labels, legends, dots and bars; axis ticks are a scale, not figures
-            shown += [e for e in svg.iter() if e.tag in ("text", "title") and e.get("class") not in ("tick", "axis-label")]
-        html = " | ".join(" ".join(e.itertext()) for e in shown)
+        html = " | ".join(" ".join(e.itertext()) for e in page.find("body") if e.get("class") != "generated")
         bin_edges = tuple(k / 10 for k in range(11))   # a bin's edges, from the document's bins = 10
         self.assertEqual(figures_not_in(doc, html, bin_edges), [], html)
-        self.assertIn("45 runs (1 unfinished)", html)
+        self.assertIn("unfinished: 1 (started, never closed)", html)
 
     def test_the_html_says_what_the_text_says(self):
         doc, text, page = self.tower()
         triager = self.agent(doc)
         section = page.find(".//section[@data-agent='triager']")
-        summary = "".join(section.find("p[@class='summary']").itertext())
-        self.assertIn("gate pass 37/40 = 0.92 [0.80, 0.98] (scored runs, bar 0.85)", summary)
         self.assertIn("gate pass over scored runs: 37/40 = 0.92 [0.80, 0.98]", text)
-        dots = [c.find("title").text for c in section.iter("circle") if c.get("class") == "point"]
-        self.assertEqual(dots, [f"{triager['days'][0]['day']}: 37/40 scored runs passed = 92.5%"],
-                         "the day's dot and the header share one denominator: scored runs")
+        lines = [line.strip() for line in text.split("\ntriager ", 1)[1].split("\n")[1:] if line.startswith(" " * 17)]
+        self.assertEqual([p.text for p in section.findall("p")], lines, "the page says what the text says, line for line")
+        row = next(line for line in text.splitlines() if line.startswith("triager "))
+        cells = [td.text for td in page.find(".//table[@class='overview']")[2]]
+        self.assertEqual(cells, factory.tower_cells(triager))
+        self.assertEqual(row.split(), [word for cell in cells for word in cell.split()])
+        day = section.find(".//table[@data-chart='days']")[2]
+        self.assertEqual([td.text for td in day][1:5], ["45", "40", "37", "92.5%"], "one denominator: scored runs")
         state = triager["drift"]["state"]
         self.assertEqual(state, "in control (recent 17/20 passed, needs 16/20, certified 20/20)")
-        self.assertIn(f"drift: {state}", summary)
         self.assertIn(f"drift: {state}", text)
-        limit = section.find(".//svg[@data-chart='pass-rate']//line[@class='limit']")
-        self.assertEqual(float(limit.get("data-rate")), 16 / 20, "the limit drawn is the one the header names")
-        histogram = section.find(".//svg[@data-chart='gate-histogram']")
-        bars = [int(r.find("title").text.rsplit(": ", 1)[1].split()[0]) for r in histogram.iter("rect") if r.find("title") is not None]
-        self.assertEqual(bars, triager["gate_p"]["counts"])
-        self.assertIn(f"gate p by tenths 0->1: {' '.join(map(str, bars))} ", text, "the same bins in the text")
+        histogram = section.find(".//table[@data-chart='gate-p']")
+        self.assertEqual([int(row[1].text) for row in histogram[2:]], triager["gate_p"]["counts"])
         self.assertNotIn(">ok", ET.tostring(page, encoding="unicode"))
 
     def test_an_agent_with_a_card_and_no_runs_is_shown_with_its_trust(self):
@@ -480,7 +362,7 @@ class TowerReport(LineTest):
         evalsmith = self.agent(doc, "evalsmith")
         self.assertEqual(evalsmith["trust"]["tier"], "C1")
         self.assertTrue(evalsmith["trust"]["may_run"])
-        self.assertEqual(page.find(".//section[@data-agent='faq']/p[@class='trust']/span").text, "uncertified")
+        self.assertEqual(page.find(".//section[@data-agent='faq']/p[@class='trust']").text, "trust: uncertified")
 
     def test_a_recalled_stale_agent_looks_recalled_and_stale_everywhere(self):
         self.assertEqual(self.factory("recall", "triager", "--reason", "drafted refunds it may not promise")[0], 0)
@@ -496,7 +378,7 @@ class TowerReport(LineTest):
         self.assertIn(f"trust: {trust['summary']}", text)
         self.assertIn(f"  {trust['recalled']}", text)
         self.assertIn(f"  {trust['stale']}", text)
-        why = [li.text for li in page.find(".//section[@data-agent='triager']/ul[@class='why']")]
+        why = [p.text for p in page.findall(".//section[@data-agent='triager']/p[@class='why']")]
         self.assertEqual(why, [trust["recalled"], trust["stale"]])
         self.assertTrue(self.agent(doc, "evalsmith")["trust"]["may_run"], "the other agent is untouched")
 
@@ -610,8 +492,8 @@ class PartialTower(LineTest):
         self.assertEqual(code, 1, err)
         page = ET.fromstring((self.tmp / "t.html").read_text())
         section = page.find(".//section[@data-agent='triager']")
-        self.assertIn(f"cost {factory.usd_text(triager['cost_usd'])} ", "".join(section.find("p[@class='summary']").itertext()))
-        self.assertIn("0 of 3 runs with a gate p", " ".join(section.find(".//svg[@data-chart='gate-histogram']").itertext()))
+        self.assertEqual([td.text for td in page.find(".//table[@class='overview']")[2]][5], factory.usd_text(triager["cost_usd"]))
+        self.assertIn("0 of 3 runs with a gate p", section.find(".//table[@data-chart='gate-p']/caption").text)
         self.assertEqual(len(section.findall("p[@class='problem']")), len(odd))
 
     def test_a_torn_log_line_is_named_and_the_runs_are_still_counted(self):
