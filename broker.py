@@ -774,3 +774,44 @@ def leaf_change(path: str, old, new, tiers: tuple) -> str:
     if _is_number(old) and _is_number(new):
         return f"{'raised' if new > old else 'lowered'} {path} {old} -> {new}"
     return f"changed {path}: {json.dumps(old)} -> {json.dumps(new)}"
+
+
+# ---- sharded proofs: a half proved in K/N slices (one per CI runner), merged into one proof
+
+SHARD_FORMAT = "factory-shard-1"
+OUTCOME = ("passed", "status", "denied", "unexpected_denials", "draft_score", "backends", "models", "answered", "seconds")
+OPEN_OUTCOME = ("reason", "wrong", "unknown_tools")   # why an open case failed; a sealed shard keeps OUTCOME alone
+RUBRIC_ORDER = ("failed", "no key", "none", "scored", "unscored")   # a merge's rubric state: the first any shard had
+
+
+def in_shard(case_id: str, shard: tuple[int, int] | None) -> bool:
+    """True when the case is in slice (K, N) of its half (None: the whole half), by a hash of its id alone:
+    a case stays in its slice as cases are added."""
+    import hashlib
+    return shard is None or int(hashlib.sha256(case_id.encode("utf-8", "replace")).hexdigest()[:16], 16) % shard[1] == shard[0] - 1
+
+
+def merge_shards(records: list[tuple[str, dict]], want: dict, slice_of: Callable[[int, int], set]) -> tuple[dict, str, str]:
+    """(case key -> outcome over the whole half, rubric state, its note: '' for scored) from (where, record)
+    pairs, each record's MAC already verified. ValueError, one line naming the record, for one whose fields
+    differ from `want` (another agent, digest, half or suite bytes), that repeats a slice, or whose cases are
+    not those slice_of(K, N) holds (a set of case keys); and naming each slice no record covers."""
+    taken, outcomes, rubrics = {}, {}, {}
+    for where, record in records:
+        wrong = [key for key, value in want.items() if record.get(key) != value]
+        if wrong:
+            raise ValueError(f"{where}: not a shard of this proof ({', '.join(wrong)} differ)")
+        k, n = record["shard"]
+        if taken.setdefault("n", n) != n or k in taken:
+            raise ValueError(f"{where}: shard {k}/{n}" + (f", but the others are of {taken['n']}" if taken["n"] != n
+                                                           else f" again (also {taken[k]})"))
+        taken[k] = where
+        if set(record["cases"]) != slice_of(k, n):
+            raise ValueError(f"{where}: shard {k}/{n} did not run the cases of its slice")
+        outcomes.update(record["cases"])
+        rubrics.setdefault(record["rubric"], record["draft_check"])
+    missing = [f"{k}/{taken['n']}" for k in range(1, taken["n"] + 1) if k not in taken]
+    if missing:
+        raise ValueError(f"shard {', '.join(missing)} missing: merge needs every shard of the {taken['n']}")
+    rubric = next(state for state in RUBRIC_ORDER if state in rubrics)
+    return outcomes, rubric, "" if rubric == "scored" else rubrics[rubric]

@@ -88,7 +88,8 @@ from broker import (  # noqa: E402
     Broker, Outcome, Policy, args_digest, call_state, check_args, outcome_of, refused_in, run_verdict, settle, verdict_after)
 from broker import (  # noqa: E402   a proof's figures and statistics, and the certify prompt's card diff
     LABEL_SOURCES, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts, label_source_problem,
-    label_text, lower_tail, part, part_text, proof_verdict, share, shares_by)
+    label_text, lower_tail, part, part_text, proof_verdict, share, shares_by,
+    SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -211,10 +212,8 @@ def visible(text: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """text from outside (a name, a path) made fit to stand inside a one-line message: `\n` written as the
-    two characters `\\n` and what printable() escapes (the other controls but tab, bidi marks, lone
-    surrogates) as `\\uXXXX`. A tab, U+2028 and U+2029 are kept: visible() is for a value that must not
-    move to another column or line."""
+    """text from outside (a name, a path) made fit to stand inside a one-line message: a line break written
+    as `\\n`, what printable() escapes as `\\uXXXX`; a tab, U+2028 and U+2029 are kept (see visible())."""
     return printable(text).replace("\n", "\\n")
 
 
@@ -408,10 +407,8 @@ class Chain:
 
 @dataclass(frozen=True)
 class Factory:
-    """Every path of one factory, computed from its root; asking for a path creates nothing.
-    `store` does every read and write under these paths; `code` loads the modules under agents/. The
-    sealed folder is read from `env` when first asked for, so only a station that uses it reads
-    FACTORY_SEALED_DIR (what its --help lists); every station checks where the keys folder is."""
+    """Every path of one factory, computed from its root; asking for a path creates nothing. `store` does
+    every read and write, `code` loads agents/. The sealed folder is read from `env` when first asked."""
     root: Path
     sealed_given: str | None   # --sealed-dir, when given
     keys_dir: Path
@@ -913,10 +910,9 @@ class Store:
         return self.locked_append(path, lambda handle: (self.line(obj, path), None))[0]
 
     def append_chained(self, path: Path, make) -> dict:
-        """Append make(chain) to a hash-chained log, with `prev` set to the hash of its last entry, all
-        under the log's exclusive lock: the log is read and verified first (a broken or torn log is
-        refused, never extended), and `make(chain) -> dict` sees every entry before it and may raise
-        Refusal, so a check and its append are one step across processes. Returns the entry written."""
+        """Append make(chain) to a hash-chained log, `prev` the hash of its last entry, all under the log's
+        lock: the log is verified first (a broken one is never extended), and make may raise Refusal,
+        so a check and its append are one step across processes. Returns the entry written."""
         def compose(handle: int) -> tuple[bytes, dict]:
             chain = self.chain(path, read_all(handle))
             entry = {**make(chain), "prev": chain.head["hash"]}
@@ -1425,9 +1421,7 @@ def card_problems(card: dict, name: str | None = None) -> list[str]:
 
 def card_check(fac: Factory, card: dict, name: str | None = None) -> list[str]:
     """Every problem with a card, one line each: its fields (card_problems) and each tool it names that no
-    tool module defines, with the nearest one (tool_check: read from the modules' source, never executed).
-    The one check of a card every station makes, so prove, run, certify and the tower name the same
-    problems with it; a problem with a module's code is the code's, named where that code is read."""
+    tool module defines, with the nearest (tool_check). The one card check every station makes."""
     return card_problems(card, name) + tool_check(fac, card)[1]
 
 
@@ -1538,11 +1532,9 @@ CODE_FILE = re.compile(r".*\.py[cow]?")   # a literal path to Python source or b
 
 
 def code_loading(nodes) -> list[tuple[int, str]]:
-    """(line, construct as written) of each place a module's syntax tree (`nodes`: every node of it, see
-    Code.nodes) reaches for code the digest does not cover: an import of LOADING_MODULES, a use of
-    LOADING_NAMES or LOADING_ATTRIBUTES (also named as text: getattr(sys, 'modules'), '__code__'), sys's
-    IMPORT_STATE, a literal path to a Python file handed to a call (open('x.py'), open(file='x.py')).
-    Sorted by line; [] for none."""
+    """(line, construct as written) of each place a module's syntax tree (`nodes`) reaches for code the
+    digest does not cover: an import of LOADING_MODULES, a use of LOADING_NAMES or LOADING_ATTRIBUTES (also
+    as text), sys's IMPORT_STATE, a literal path to a Python file handed to a call. Sorted by line."""
     import ast
     found, state, sys_names = [], [], {"sys"}   # state: (line, attribute, the name it is read from)
     for node in nodes:   # one pass: a module is scanned each time it is loaded
@@ -1761,10 +1753,8 @@ def plain_imports(nodes) -> list[str]:
 
 
 def not_python(relative: str, error: Exception) -> Refusal:
-    """The refusal for agents/RELATIVE that Python will not parse or compile (a SyntaxError, or the
-    ValueError of a null byte), naming the line when the error does; for source nested deeper than the
-    parser's recursion limit (RecursionError), or whose tree does not fit in memory (MemoryError, which a
-    few kilobytes of nested operators can cause), it says so."""
+    """The refusal for agents/RELATIVE that Python will not parse or compile, naming the line when the
+    error does; also for source nested past the recursion limit or too big for memory."""
     if isinstance(error, (RecursionError, MemoryError)):
         return Refusal(f"agents/{relative}: too {'deeply nested' if isinstance(error, RecursionError) else 'large'} to parse")
     line = f", line {error.lineno}" if getattr(error, "lineno", None) else ""
@@ -1947,10 +1937,9 @@ def tool_problems(fac: Factory, card: dict) -> list[str]:
 
 
 def tool_check(fac: Factory, card: dict) -> tuple[list[str], list[str]]:
-    """(one line per tool module that cannot be read or is malformed, one line per granted or denied tool
-    that no module defines, with the nearest tool: a denial of a tool nothing defines would deny nothing).
-    A tool of a module with a problem is not named again; a field that is not a list of names is left to
-    the card's own checks."""
+    """(one line per tool module that cannot be read or is malformed, one per granted or denied tool no
+    module defines, with the nearest: denying an undefined tool denies nothing). A field that is not a
+    list of names is the card's own checks'."""
     named = {key: card[key] for key in ("tools", "tools_denied") if _tool_list(card.get(key))}
     problems, contracts, broken = [], {}, set()
     for relative in tool_families(tool for tools in named.values() for tool in tools):
@@ -1965,10 +1954,9 @@ def tool_check(fac: Factory, card: dict) -> tuple[list[str], list[str]]:
 
 
 def family_problems(fac: Factory, card: dict, relative: str) -> tuple[dict, list[str]]:
-    """(the contracts of the tool module agents/RELATIVE, its problems): the module cannot be read or is
-    refused (Code.check), or a contract is missing or malformed; no contracts when it has a problem. A
-    module that does not exist has neither: each tool named from it has no contract. Read, never
-    executed: what the module's code makes is checked when it runs (toolbox_code_problems)."""
+    """(the contracts of the tool module agents/RELATIVE, its problems): unreadable or refused (Code.check),
+    a contract missing or malformed (then no contracts). A missing module has neither. Read, never
+    executed (what it makes is checked when it runs: toolbox_code_problems)."""
     if not (fac.agents / relative).is_file():
         return {}, []
     try:
@@ -2002,9 +1990,8 @@ def refuse_to_write(path: Path, row: dict) -> dict:
 
 def made_tools_problems(fac: Factory, card: dict, relative: str, contracts: dict) -> list[str]:
     """The problem, in one line, when make_tools of agents/RELATIVE does not return a callable for exactly
-    each tool the card grants that the module defines: the granted names it misses, and the names it
-    returns that no contract there defines (a typo). The tools are made, never called: prove records
-    every call, so a tool's own code first runs in production."""
+    each granted tool the module defines (missed names, and names no contract there defines). Made,
+    never called: a tool's own code first runs in production."""
     where = f"agents/{relative}"
     try:
         made = fac.code.module(relative).make_tools(fac.root, card.get("agent"), new_run_id(), refuse_to_write)
@@ -2236,10 +2223,9 @@ def card_parents(fac: Factory) -> dict:
 
 
 def lineage_problem(fac: Factory, name: str, card: dict) -> str | None:
-    """The refusal line when NAME's card and the lineage log disagree about its master, else None. The card's
-    own stamped_from must be the parent of the log's first entry for NAME; a card with neither is a master.
-    A card naming a parent the log has no entry for is a stamp that stopped half-way (or a card written by
-    hand), finished by stamping it again; any other disagreement is an edit a human must undo."""
+    """The refusal line when NAME's card and the lineage log disagree about its master, else None: the
+    card's stamped_from must be the parent of the log's first entry for NAME (neither: a master). A parent
+    the log does not know is a stamp stopped half-way, finished by stamping again; any other, a human's."""
     said, first = card.get("stamped_from"), lineage_entries(fac).get(name)
     where, log = fac.shown(fac.card_path(name)), fac.shown(fac.lineage)
     if first is None:
@@ -2288,10 +2274,9 @@ def recall_reach(fac: Factory) -> tuple[dict, dict]:
 
 def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
     """(the variants of MASTER, transitively, parents first, whose card changes when re-derived as their
-    parent's current card plus their own overrides: name -> new card, each validated and loadable; the
-    variants skipped: those the lineage log knows that have no card, and their own variants). Every card
-    reached, by the lineage log or by its own stamped_from, must agree with the log (lineage_problem): a
-    master is never re-derived."""
+    parent's card plus their own overrides: name -> new card, validated; the variants skipped: those the
+    lineage log knows that have no card, and their own). Every card reached must agree with the lineage
+    log (lineage_problem): a master is never re-derived."""
     parent_of, latest, changed, skipped = parents(fac), {master: read_agent(fac, master)}, {}, []
     for name in descendants(fac, master, recall_reach(fac)):
         if parent_of.get(name) in skipped or not fac.store.exists(fac.card_path(name)):
@@ -2393,11 +2378,9 @@ def case_problem(case, first_line: dict, contract: Contract) -> str | None:
 
 
 def expect_problem(ident: str, expect, contract: Contract) -> str | None:
-    """What is wrong with one case's `expect`, or None: it must be an object naming at least one property
-    of the output contract (else the case checks nothing the agent answers), each with a value the
-    contract allows (its JSON type and enum: a value no output can have fails every time), and optionally
-    `denied`, the tools the broker may refuse in this case without failing it (denied_problem). The
-    expected values are never quoted: a sealed case's stay sealed."""
+    """What is wrong with one case's `expect`, or None: an object naming at least one property of the output
+    contract, each with a value the contract allows (type, enum), and optionally `denied` (denied_problem).
+    The expected values are never quoted: a sealed case's stay sealed."""
     case, properties = f"case {json.dumps(ident)}", sorted(contract.properties)
     if not isinstance(expect, dict):
         return f"{case}: expect must be an object (output field -> the value wanted)"
@@ -2722,10 +2705,9 @@ def files_to_write(fac: Factory, name: str, files: list[NewFile]) -> list[NewFil
 
 
 def name_taken(fac: Factory, name: str, files: list[NewFile]) -> str | None:
-    """Why NAME cannot be a new agent: the lineage log already gives it a master, its card exists (the card
-    is written last: the agent is whole), or a file it needs (its module, tool module or either half of its
-    suite) exists holding anything but what `new` writes there (a user's edit is never overwritten);
-    None when it is free, or only a `new` stopped part-way has written there."""
+    """Why NAME cannot be a new agent: the lineage log gives it a master, its card exists, or a file it
+    needs holds anything but what `new` writes there; None when it is free (or a `new` stopped part-way
+    wrote there)."""
     earlier = parents(fac).get(name)
     if earlier is not None:
         return f"{name} was stamped from {earlier} before ({fac.shown(fac.lineage)}); pick a new name"
@@ -2861,9 +2843,8 @@ def signature_problem(fac: Factory, signer: str, obj: dict, unsigned: tuple = UN
 
 def trusted_signers_problem(fac: Factory) -> str | None:
     """None when the allowed-signers file (KEYS_DIR/allowed_signers, or $FACTORY_ALLOWED_SIGNERS) can be
-    trusted: it is there, outside the factory root, and no other user may write it; else why not. It is
-    the trust root of ssh signatures: whoever edits it may add a signer, so registry/allowed_signers,
-    which anyone who writes the registry controls, is never read."""
+    trusted: there, outside the factory root, written by no other user; else why not (it is the trust
+    root of ssh signatures)."""
     path = fac.allowed_signers
     if any(place.is_relative_to(fac.root) for place in (path, Path(os.path.realpath(path)))):
         return (f"the allowed signers file {path} is inside the factory root, where anyone who writes the registry "
@@ -2918,10 +2899,9 @@ def allowed_signer(line: str) -> tuple[list[str], str]:
 
 
 def signer_lines(fac: Factory, signer: str) -> str:
-    """The lines of the trusted allowed-signers file whose principals name SIGNER exactly, each rewritten to
-    name SIGNER alone: the file one `ssh-keygen -Y verify -I SIGNER` is given. ssh-keygen matches -I against
-    patterns too (a `*` line would add its key to every signer), so no pattern line is ever passed to it:
-    a signer is trusted by name only. Refusal when those lines are longer than one check reads (PIPE_TEXT)."""
+    """The trusted allowed-signers lines whose principals name SIGNER exactly, each rewritten to name SIGNER
+    alone (ssh-keygen matches -I against patterns too: a `*` line would trust its key for every signer).
+    Refusal when they are longer than one check reads (PIPE_TEXT)."""
     path = fac.allowed_signers
     text = fac.store.read_bytes(path, confined=False).decode("utf-8", "replace")
     lines = "".join(f"{signer} {rest}\n" for principals, rest in map(allowed_signer, text.splitlines())
@@ -2932,11 +2912,9 @@ def signer_lines(fac: Factory, signer: str) -> str:
 
 
 def ssh_verifies(fac: Factory, signer: str, data: bytes, signature: str) -> bool:
-    """True when `ssh-keygen -Y verify` accepts signature over data as signer's (the principal) under
-    the agent-factory namespace, by a key listed for signer, by name, in the trusted allowed-signers file
-    (the format git uses for signed commits: `PRINCIPAL KEYTYPE BASE64`; see `man ssh-keygen`, ALLOWED
-    SIGNERS), checked against those lines alone (signer_lines). Refusal when that file cannot be trusted
-    (trusted_signers_problem) or there is no ssh-keygen."""
+    """True when `ssh-keygen -Y verify` accepts signature over data as signer's under the agent-factory
+    namespace, by a key listed for signer by name in the trusted allowed-signers file (signer_lines).
+    Refusal when that file cannot be trusted (trusted_signers_problem) or there is no ssh-keygen."""
     problem = trusted_signers_problem(fac)
     if problem:
         raise Refusal(problem)
@@ -2956,6 +2934,12 @@ def evidence_key(fac: Factory, create: bool) -> bytes | None:
     this machine has none. Read and checked once per station (Store.evidence): a batch seals two
     index rows per run with it."""
     if fac.store.evidence is not None:
+        return fac.store.evidence
+    given = fac.env.get("FACTORY_EVIDENCE_KEY")
+    if given is not None:   # CI's secret: runners that share it make records that verify on each other
+        refuse_if(not re.fullmatch(r"[0-9a-f]{64}", given.strip()) and "FACTORY_EVIDENCE_KEY is not an evidence key "
+                  "(64 hex characters, as KEYS_DIR/_evidence.key holds)")
+        fac.store.evidence = given.strip().encode()
         return fac.store.evidence
     path = fac.evidence_key_path
     if create and not path.exists() and fac.store.keys_writable() \
@@ -3098,10 +3082,9 @@ def newer(old, new: dict, key: str) -> bool:
 
 
 def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | None = None) -> None:
-    """Record in this machine's anchor the log heads (name -> {"count", "hash"}) and certificates (agent ->
-    the certificate) this machine wrote, or whose signature it verified, now; each only where it is newer
-    than what the anchor holds (more entries, a later signed_at): the anchor never moves back. Nothing is
-    written when nothing is newer; when the keys folder cannot be written, a note says so (update_anchor)."""
+    """Record in this machine's anchor the log heads and certificates this machine wrote or verified now,
+    each only where newer than the anchor holds: the anchor never moves back. Nothing is written when
+    nothing is newer; a keys folder that cannot be written is noted (update_anchor)."""
     logs = {name: dict(head) for name, head in (logs or {}).items()}
     certificates = {name: {"signature": cert["signature"], "signed_at": cert["signed_at"]}
                     for name, cert in (certificates or {}).items()}
@@ -3116,10 +3099,9 @@ def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | No
 
 
 def count_sealed_attempt(fac: Factory, name: str, suite_digest: str | None = None, certified: str | None = None) -> None:
-    """Count one more sealed proof of NAME on the sealed suite whose digest is `suite_digest`, in the keys
-    folder, where the tree's writers cannot lower it (records/ is theirs) and where every copy of the tree
-    on this machine counts with the original; with `certified` (a certificate's signed_at, written here),
-    count none but mark where that certification left the counts. See sealed_attempts."""
+    """Count one more sealed proof of NAME on the suite of `suite_digest` in the keys folder, where the
+    tree's writers cannot lower it and every copy of the tree on this machine counts with the original;
+    with `certified` (a signed_at), count none but mark the counts at that certification."""
     def count(agents: dict) -> bool:
         mine = attempts_of(agents, name)
         if certified:
@@ -3256,10 +3238,9 @@ GATED = ("pass", "flag", "unsure")
 
 @dataclass(frozen=True)
 class Production:
-    """The production evidence in the index for one agent's digest: gated runs whose row's MAC verifies
-    under the evidence key, each run id counted once, and their gate passes; the lines of rows that would
-    have counted but whose MAC does not verify (forged, edited, or written without the key), and of rows
-    that repeat a run already counted (a genuine row copied): neither is counted."""
+    """The production evidence in the index for one agent's digest: gated runs whose row's MAC verifies,
+    each run id once, and their gate passes; and the lines of rows that would have counted but do not
+    verify, or repeat a run already counted."""
     runs: int
     passes: int
     unverified: tuple = ()        # line numbers in traces/index.jsonl
@@ -3327,10 +3308,9 @@ def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Pat
 
 def replace_certificate(fac: Factory, name: str, cert: dict) -> None:
     """Put a newly signed certificate in place of NAME's current one, in an order a kill cannot break:
-    the old one is kept under registry/history/NAME/ (still valid where it is); the new one replaces it
-    (the one step that switches: a kill before it leaves the old certificate valid, after it the new one
-    in place); this machine's anchor records the new one, so the old one copied back is refused; then
-    the old one is revoked in the log ("superseded", true by then), the anchor raised to that entry too."""
+    the old one is kept under registry/history/NAME/; the new one replaces it (the one switching step);
+    this machine's anchor records it (the old one copied back is refused); then the old one is revoked
+    ("superseded") in the log, the anchor raised to that entry too."""
     current = fac.cert_path(name)
     old = fac.store.read_bytes(current) if current.exists() else None
     if old is not None:
@@ -3350,11 +3330,9 @@ def replace_certificate(fac: Factory, name: str, cert: dict) -> None:
 
 @dataclass
 class DriftFeed:
-    """Which closed index rows feed the drift watch of one certificate: gated rows of the agent and the
-    digest it certifies, closed after it was signed, whose evidence MAC verifies, each run id once (the
-    first such row: a copy of a genuine row moves nothing). `start` is where the index ended when the
-    certificate was signed (bytes, lines; (0, 0) for a certificate that did not record it): no row
-    before it is read. Anyone can append a row to the index; none of theirs passes this."""
+    """Which closed index rows feed the drift watch of one certificate: gated rows of its agent and digest,
+    closed after it was signed, whose evidence MAC verifies, each run id once (a copied row moves
+    nothing). `start` is where the index ended at signing (bytes, lines): no row before it is read."""
     key: bytes | None
     agent: str
     digest: str
@@ -3870,11 +3848,9 @@ def signature_verifies(claim: Claim) -> str | None:
 
 
 def logs_unchanged(claim: Claim) -> str | None:
-    """Every hash-chained log still begins with the entries it held when this certificate was signed,
-    and when every other certificate in the registry that verifies here was: the newest signature of
-    any agent anchors every entry made before it (a recall of a master, say, and its variants); and
-    with every entry this machine wrote or verified in it (its anchor, then raised to the heads those
-    verified certificates record: what a signature covers, never an entry anyone appended since)."""
+    """Every hash-chained log still begins with the entries it held when this certificate, and every other
+    certificate that verifies here, was signed (the newest signature anchors every entry before it), and
+    with every entry this machine wrote or verified in it (its anchor)."""
     chains, signed = claim.chains, [claim.cert.get("chains")]
     problem = heads_problem(chains, signed[0], claim.where)
     for where, heads in ([] if problem else anchors(claim.fac, claim.name)):
@@ -4041,11 +4017,9 @@ def parked_call_sealed(claim: Claim) -> str | None:
 
 
 def staging_of(fac: Factory, entry: dict) -> str:
-    """How the run that staged a parked call ended, from the index read from its end (the staging run is
-    usually recent): `closed` (a closed row of the same agent, whose evidence MAC verifies, that parked
-    at least this many calls), `started` (its started row, and no such closed row: the run was stopped
-    after it parked the call), or `none` (no row of it at all: a trace and parked file copied under a
-    new run id)."""
+    """How the run that staged a parked call ended, from the index read from its end: `closed` (a closed
+    row of that agent, its MAC verified, that parked at least this many calls), `started` (only its
+    started row: stopped after it parked the call), or `none` (no row: copied under a new run id)."""
     key, started = evidence_key(fac, create=False), False
     rows = fac.store.read_jsonl_backwards(fac.index) if fac.index.exists() else ()
     for row in (row for row in rows if row.get("run_id") == entry["run_id"] and row.get("agent") == entry["agent"]):
@@ -4361,12 +4335,9 @@ def parse_output(text: str, schema: dict) -> dict:
 
 @dataclass
 class Loop:
-    """One run of the worker: ask, carry out each tool call through the broker, until a Stop.
-
-    `worker` is a Worker (complete, estimate_next_cost, tier, switch_model, use_rules); `record`
-    appends a trace event; `spill(name, text) -> str` keeps a text too long to send whole (the
-    input, a tool result) and returns its path; `router` (the run gate) reviews the run after every
-    step when given."""
+    """One run of the worker: ask, carry out each tool call through the broker, until a Stop. `record`
+    appends a trace event; `spill(name, text) -> path` keeps a text too long to send whole; `router`
+    (the run gate) reviews the run after every step when given."""
     worker: Worker | None
     broker: Broker
     agent: Agent
@@ -4442,10 +4413,9 @@ class Loop:
         return reply
 
     def fit_envelope(self, schemas: list[dict]) -> None:
-        """OverBudget when the next call would pass the card's cost envelope. Before the run's first
-        call that means the envelope cannot fit one model call: the agent's rules answer the whole
-        run instead (backend offline-over-envelope) and the trace says why. An unknown estimate or
-        cost is let through; it never counts as within the envelope at the gate."""
+        """OverBudget when the next call would pass the card's cost envelope; before the first call, the
+        agent's rules answer the whole run instead (offline-over-envelope) and the trace says why. An
+        unknown estimate is let through; it never counts as within the envelope at the gate."""
         envelope = self.agent.card["cost_envelope_usd"]
         estimate = self.worker.estimate_next_cost(self.messages, schemas)
         if self.cost is None or estimate is None or self.cost + estimate <= envelope:
@@ -4595,10 +4565,9 @@ class Router:
     signs: list = field(default_factory=list)   # the Sign of each broker outcome so far, in call order
 
     def review(self, loop: "Loop") -> None:
-        """Look at the run so far; do nothing, or switch model, restart clean, or escalate. The broker only
-        appends outcomes, and a Sign reads what of one is fixed when it is made (the args digest, taken
-        then, and the result text), not its args dict, which the agent may still mutate after the ruling:
-        so only the calls made since the last review get their Sign here."""
+        """Look at the run so far; do nothing, or switch model, restart clean, or escalate. Only the calls made
+        since the last review get their Sign here: a Sign reads what of an outcome is fixed when it is made
+        (the args digest, the result text), never its args dict, which the agent may still mutate."""
         self.signs += signs_of(loop.broker.outcomes[len(self.signs):])
         signs = self.signs
         fired = detect(signs, loop.cost, loop.agent.card["cost_envelope_usd"])
@@ -4647,10 +4616,8 @@ class Router:
 # ---- the output gate (Sage)
 
 class Clients:
-    """The network clients one station invocation shares across all its runs, so a batch of tickets
-    builds none per ticket: the gate's Sage client (one attempt, 8 s deadline; also the run gate's when
-    it can reach Sage) and the llm circuit breaker that every Worker of the batch shares (it rests a
-    backend for every ticket once it keeps answering 429/5xx)."""
+    """The network clients one station shares across its runs: the gate's Sage client (one attempt, 8 s;
+    the run gate's too) and the llm circuit breaker every Worker of the batch shares."""
 
     def __init__(self, env: Mapping[str, str]):
         self.gate = sage.Sage.from_env(env, timeout=8.0)
@@ -4664,12 +4631,9 @@ class Clients:
 
 def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: list, cost: str | None) -> dict:
     """Ask Sage the card's gate question, in one decision, about the input, the output and every held
-    call (tool and exact arguments): {result, p, answer, bar, line, shown, effects}.
-
-    result is pass | flag | unsure | unscored | failed; only `pass` lets a held call be committed.
-    `shown` is the sha256 of exactly the content put to the gate and `effects` the (seq, tool, args
-    digest) of each held call in it: settling commits only calls listed there. One attempt with an
-    8 s deadline, no retry: a run waits for its gate, never for a retry loop."""
+    call (tool and exact arguments): {result, p, answer, bar, line, shown, effects}. Only result `pass`
+    lets a held call be committed, and only one listed in `effects` ((seq, tool, args digest) of each
+    call shown; `shown` is the sha256 of the content). One attempt, 8 s deadline: no retry loop."""
     bar, content = agent.card["evals"]["gate"], gate_content(task, output, held)
     seen = {"shown": sha256(utf8(content)), "effects": [[o.seq, o.tool, args_digest(o.args)] for o in held]}
     try:
@@ -4770,11 +4734,10 @@ class Recorded:
 
 
 class Trace:
-    """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its rows in traces/index.jsonl, written in
-    this order: the `started` index row, the header line, one event per line as it happens, the end
-    event, and the `closed` index row. A run killed in between is visibly unfinished (started, never
-    closed); a run still going holds its trace's lock until its closed row is written. `read` gives a
-    trace back, refusing a malformed one in this one place."""
+    """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its rows in traces/index.jsonl, written in this
+    order: the `started` row, the header, one event per line as it happens, the end event, the `closed`
+    row. A run killed in between is started, never closed; a run still going holds its trace's lock.
+    `read` gives a trace back, refusing a malformed one in this one place."""
 
     def __init__(self, fac: Factory, agent: str, run_id: str):
         self.fac, self.agent, self.run_id = fac, agent, run_id
@@ -4878,10 +4841,9 @@ def find_trace(fac: Factory, run_id: str) -> Path:
 
 
 def index_lines(fac: Factory, start: tuple[int, int] = (0, 0)) -> Iterator[tuple[int, dict]]:
-    """(line number, row) for every row of traces/index.jsonl, streamed, each checked against the shape
-    of its state: a `started` row (STARTED_SHAPE) or a closed one (INDEX_SHAPE; a row with no state was
-    written before runs were opened first, and is a closed row); nothing when there is no index yet.
-    From `start` (byte offset, lines before it) when given: the rows after a recorded length."""
+    """(line number, row) for every row of traces/index.jsonl, streamed, each checked against its state's
+    shape (STARTED_SHAPE, else INDEX_SHAPE: an old row with no state is closed); nothing with no index.
+    From `start` (byte offset, lines before it) when given."""
     if not fac.index.exists():
         return
     where = fac.shown(fac.index)
@@ -4962,10 +4924,9 @@ class ToolsOnFirstUse(Mapping):
 def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *, tier: str = "C0",
                run_id: str | None = None, worker: Worker | None = None, tools: dict | None = None,
                clients: Clients | None = None) -> Loop:
-    """A loop for one of MODES: its broker at `tier` with the agent's policy and contracts, the tools
-    (the agent's own for run and approve, else `tools` or none), the worker (`worker`, else the
-    agent's llm.Worker when the mode asks one, through the station's `clients`: else new ones), and
-    for a run, spills and the run gate; every event goes to `record`."""
+    """A loop for one of MODES: its broker at `tier` with the agent's policy and contracts, the tools (the
+    agent's own for run and approve, else `tools`), the worker (else the agent's llm.Worker through the
+    station's `clients`), and for a run, spills and the run gate; every event goes to `record`."""
     how = MODES[mode]
     if clients is None and (how.watched or how.asks and worker is None):
         clients = Clients(fac.env)
@@ -4992,9 +4953,8 @@ def is_blank(text: str) -> bool:
 def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
             tier: str | None = None, clients: Clients | None = None, effect_tags: dict | None = None) -> dict:
     """Run a certified agent on one input at `tier` (default: the certificate's) with the station's
-    `clients` (else new ones): loop, gate, held calls settled, verdict, trace and index rows; returns
-    the row. Every effect it commits carries `effect_tags` (what only the line knows, e.g. the flagged
-    run a harvest proposal comes from). Refusal for a blank input, before a run id is made."""
+    `clients`: loop, gate, settling, verdict, trace and index rows; the row. Each effect it commits
+    carries `effect_tags`. Refusal for a blank input, before a run id is made."""
     if is_blank(task_text(task_input)):
         raise Refusal(NO_VISIBLE_TEXT)
     tier, clients = tier or cert["tier"], clients or Clients(fac.env)
@@ -5177,15 +5137,22 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
     unexpected = sorted(set(denied) - allowed)
     known = sorted({*agent.contracts, *agent.card["tools"]})
     unknown = {tool: closest(tool, known) for tool in unexpected if tool not in agent.contracts}   # a typo in the rules
-    result = {"id": case["id"], "passed": status == "done" and not wrong and not unexpected,
+    result = {**case_fields(agent, case), "passed": status == "done" and not wrong and not unexpected,
             "status": status, "reason": loop.reason, "wrong": wrong, "denied": denied,
             "unexpected_denials": unexpected, "unknown_tools": unknown, "draft": got.get(agent.draft_field),
             "backends": sorted(set(loop.backends)),
             "models": sorted({m for b, m in zip(loop.backends, loop.models) if not b.startswith("offline")}),
-            "synthetic": case.get("source") == "synthetic", "source": str(case.get("source") or "unnamed").split(":")[0],
-            "labels": {key: value for key, value in expect.items() if "enum" in agent.module.OUTPUT_SCHEMA["properties"][key]},
-            "label_source": case.get("label_source", UNRECORDED), "draft_score": None, "seconds": time.monotonic() - started}
+            "draft_score": None, "seconds": time.monotonic() - started}
     return {**result, "answered": answered_by_card_models(agent.card, result)}
+
+
+def case_fields(agent: Agent, case: dict) -> dict:
+    """What a case's result takes from the case itself: id, synthetic, source, and `labels`, the values it
+    expects of the output's enum fields."""
+    return {"id": case["id"], "synthetic": case.get("source") == "synthetic",
+            "source": str(case.get("source") or "unnamed").split(":")[0], "label_source": case.get("label_source", UNRECORDED),
+            "labels": {key: value for key, value in case["expect"].items()
+                       if key != "denied" and "enum" in agent.module.OUTPUT_SCHEMA["properties"][key]}}
 
 
 def draft_items(agent: Agent, cases: list[dict], results: list[dict], indices: list[int]) -> list:
@@ -5250,12 +5217,17 @@ def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], 
         if not isinstance(answer, sage.SageError) and answer.expectation is not None:
             results[i]["draft_score"] = answer.expectation
             results[i]["passed"] = results[i]["passed"] and answer.expectation >= minimum
-    scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
     if failures:
         return "failed", f"scoring FAILED ({len(failures)} of {len(answered)}: {failures[0]})"
-    if not scores:
+    if not any(r["draft_score"] is not None for r in results):
         return "unscored", f"unscored (no output held '{field_name}', the rubric's field, as text)"
-    return "scored", f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}"
+    return "scored", scored_note(results)
+
+
+def scored_note(results: list[dict]) -> str:
+    """The draft note of scored drafts: their mean score and how many."""
+    scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
+    return f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}"
 
 
 # ---- the proof's record: exit status, summary line, --json and --junit all read its verdict (broker.proof_verdict)
@@ -5302,6 +5274,42 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
              "model_answered": sum(r["answered"] for r in results)}
     verdict = proof_verdict(proof)
     return {"format": RECORD_FORMAT, "verdict": verdict, "passed": verdict == "PASS", **proof}
+
+
+# ---- sharded proofs: a slice of a half per CI runner (broker.merge_shards decides the merge)
+
+def blinded(fac: Factory, case_id: str) -> str:
+    """A case id as a shard record names it: its HMAC under the evidence key, so a record CI uploads says
+    nothing of which sealed case passed."""
+    key = evidence_key(fac, create=True)
+    refuse_if(key is None and f"a shard needs the evidence key (FACTORY_EVIDENCE_KEY, or {fac.evidence_key_path})")
+    return hmac_hex(key, utf8(f"case {case_id}"))
+
+
+def shard_record(fac: Factory, agent: Agent, half: str, suite: str, suite_digest: str, shard: tuple[int, int],
+                 results: list, rubric: str, draft: str) -> dict:
+    """A shard's record (SHARD_FORMAT): what it proved and each case's outcome by blinded id; no verdict."""
+    keep = OUTCOME + (OPEN_OUTCOME if half == "open" else ())
+    return {"format": SHARD_FORMAT, "agent": agent.name, "half": half, "suite": suite, "suite_digest": suite_digest,
+            "digest": agent.digest, "shard": list(shard), "at": utc_now(), "rubric": rubric, "draft_check": draft,
+            "cases": {blinded(fac, r["id"]): {key: r[key] for key in keep} for r in results}}
+
+
+def merged_results(fac: Factory, agent: Agent, half: str, suite_digest: str, cases: list[dict],
+                   paths: list[Path]) -> tuple[list[dict], str, str]:
+    """(results in suite order, rubric state, draft note) of the whole half from its shard records;
+    Refusal naming a record that does not verify, or as merge_shards says."""
+    records = [(fac.shown(path), fac.store.read_json(path)) for path in paths]
+    for where, record in records:
+        refuse_if(evidence_problem(fac, record) and f"{where}: {evidence_problem(fac, record)}")
+    keyed = {blinded(fac, case["id"]): case for case in cases}
+    want = {"format": SHARD_FORMAT, "agent": agent.name, "half": half, "digest": agent.digest, "suite_digest": suite_digest}
+    try:
+        outcomes, rubric, note = merge_shards(records, want, lambda k, n: {b for b, c in keyed.items() if in_shard(c["id"], (k, n))})
+    except ValueError as problem:
+        raise Refusal(str(problem)) from None
+    results = [{**case_fields(agent, c), "reason": "", "wrong": {}, "unknown_tools": {}, **outcomes[b]} for b, c in keyed.items()]
+    return results, rubric, note or scored_note(results)
 
 
 # ---- replay: a recorded run against today's code
@@ -5362,10 +5370,9 @@ def arg(*flags: str, **options) -> tuple:
 
 def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str], env: tuple[str, ...],
             more_exits: tuple[tuple[int, str], ...] = ()):
-    """Mark cmd_NAME as the station NAME taking these arguments (each from arg(), each with its help),
-    and give what its --help shows after them: example command lines, what exit statuses 0 and 1 mean
-    for it (2 is always a usage error, 130 an interrupt), any other status it has (`more_exits`:
-    (status, what it means)), and the environment variables it reads (names in ENVIRONMENT)."""
+    """Mark cmd_NAME as the station NAME taking these arguments (each from arg()), and give what its --help
+    shows after them: examples, what exit statuses 0 and 1 mean for it, any other (`more_exits`), and
+    the environment variables it reads (names in ENVIRONMENT)."""
     def mark(func):
         func.station_arguments = arguments
         func.station_help = {"examples": examples, "exits": exits, "env": env, "more_exits": more_exits}
@@ -5420,6 +5427,7 @@ ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
     "FACTORY_SEALED_DIR": "where sealed halves live: DIR/SUITE/sealed.jsonl",
     "FACTORY_KEYS_DIR": "signers' and evidence keys (~/.config/agent-factory/keys)",
     "FACTORY_ALLOWED_SIGNERS": "trusted ssh signers (KEYS_DIR/allowed_signers)",
+    "FACTORY_EVIDENCE_KEY": "the evidence key itself (a CI secret), not KEYS_DIR's",
     "ANTHROPIC_API_KEY": "claude-* models; with no model key, the agent's own rules",
     "ANTHROPIC_BASE_URL": "another server speaking the Anthropic Messages API",
     "OPENAI_API_KEY": "OpenAI-compatible chat completions",
@@ -5453,7 +5461,7 @@ WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPEN
               "MOONSHOT_BASE_URL", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL", "SAGEROUTE_URL", "SAGEROUTE_TOKEN")
 GATE_ENV = ("SAGE_API_KEY", "SAGE_ENDPOINT", "SAGE_PROTOCOL", "SAGE_MODEL", "SAGE_REASONING")
 OTEL_ENV = tuple(name for name in ENVIRONMENT if name.startswith("OTEL_"))
-ROOT_ENV = ("FACTORY_ROOT", "FACTORY_KEYS_DIR")   # every station: the root, and the keys folder it checks lies outside it
+ROOT_ENV = ("FACTORY_ROOT", "FACTORY_KEYS_DIR", "FACTORY_EVIDENCE_KEY")   # every station: the root, and the keys folder it checks lies outside it
 ENV_COLUMN = 19   # a longer variable name goes on its own line in --help, so every line fits 80 columns
 KEYS_ENV = ("FACTORY_ALLOWED_SIGNERS",)   # stations that sign or check a signature (the keys folder is in ROOT_ENV)
 MODEL_ENV = (*WORKER_ENV, *GATE_ENV, *PROXY_ENV)   # stations that ask a worker model and Sage
@@ -5477,6 +5485,14 @@ def at_least_one(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def shard_text(text: str) -> tuple[int, int]:
+    """An argparse type: K/N, 1 <= K <= N."""
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not K/N with 1 <= K <= N (e.g. 2/3)")
+    return int(k), int(n)
 
 
 def jobs_argument(what: str, default: int | None = DEFAULT_JOBS, note: str = "") -> tuple:
@@ -5641,9 +5657,8 @@ def write_new_agent(fac: Factory, name: str, files: list[NewFile]) -> None:
 def cmd_stamp(fac: Factory, args) -> int:
     """Derive a variant from a master, with overrides.
 
-    Writes masters/NEW.json: the master's card with each --set applied, plus stamped_from,
-    master_digest and the overrides (so restamp can re-derive it when the master changes), and
-    appends the lineage log. The variant is an agent of its own: prove and certify it before it runs.
+    Writes masters/NEW.json, the master's card with each --set applied plus stamped_from, master_digest
+    and the overrides (restamp re-derives it), and appends the lineage log. Prove and certify it.
     """
     try:
         overrides = dict(parse_setting(text) for text in args.set or [])
@@ -5739,23 +5754,28 @@ def cmd_restamp(fac: Factory, args) -> int:
          arg("--require-model", action="store_true",
              help="fail the proof (verdict MODEL UNANSWERED) unless the card's models answered every case: a "
                   "missing or bogus key, or a model that is down, would otherwise prove the agent's offline rules"),
+         arg("--shard", type=shard_text, metavar="K/N", help="prove the K-th of N slices of the half (by case id) and "
+             "write a shard record: no verdict, the merge judges the whole"),
+         arg("--merge", nargs="+", type=Path, metavar="RECORD", help="the verdict over the whole half from the shard "
+             "records of every slice (each once, this digest and suite), written as the one proof record"),
          jobs_argument("cases"),
          examples=("python3 factory.py prove triager",
-                   "python3 factory.py prove triager --sealed --require-model --junit prove.xml"),
+                   "python3 factory.py prove triager --sealed --require-model --junit prove.xml",
+                   "python3 factory.py prove triager --sealed --shard 2/3",
+                   "python3 factory.py prove triager --sealed --merge s1.json s2.json s3.json"),
          exits=("verdict PASS: at or above the pass bar, and the draft rubric scored",
                 "verdict UNDER BAR, RUBRIC UNSCORED or MODEL UNANSWERED, or refused"),
          env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *MODEL_ENV))
 def cmd_prove(fac: Factory, args) -> int:
     """Prove an agent on its open or sealed suite.
 
-    Runs every case of the suite's open half (evals/SUITE/cases.jsonl) or, with --sealed, its sealed
-    half (SEALED_DIR/SUITE/sealed.jsonl) with every tool a recorder: no effect is written, only the
-    proof record under records/AGENT/. The suite is the card's evals.suite, else the first of the
-    agent's own and its masters' (nearest first) that has that half. The worker is the card's model
-    when its key is set, else the agent's own offline rules (the summary's backends say which);
-    drafts are scored by Sage against the card's draft rubric. Prints the verdict (PASS, UNDER BAR,
-    RUBRIC UNSCORED, or with --require-model MODEL UNANSWERED), the exact score against the bar, real
-    tickets and synthetic ones apart, and why each case failed (sealed failures by case id only).
+    Runs every case of the open half (evals/SUITE/cases.jsonl) or, with --sealed, the sealed half
+    (SEALED_DIR/SUITE/sealed.jsonl) with every tool a recorder, and writes the proof record under
+    records/AGENT/. The suite is the card's evals.suite, else the agent's own or its nearest master's.
+    The worker is the card's model when its key is set, else the agent's offline rules; Sage scores
+    drafts against the card's rubric. Prints the verdict, the score and its interval against the bar,
+    its parts, and why each case failed (sealed ones by id only). --shard K/N proves one slice and writes
+    a shard record; --merge judges the whole half from every slice's record.
     """
     agent = load_agent(fac, args.agent)
     refuse_if(lineage_problem(fac, agent.name, agent.card))   # the suite may be a master's: its lineage must hold
@@ -5763,15 +5783,21 @@ def cmd_prove(fac: Factory, args) -> int:
     suite = suite_name(fac, agent, args.sealed)
     path = fac.suite_path(suite, args.sealed)
     cases = load_cases(fac, path, agent)
+    if args.shard and (args.merge or args.junit):
+        raise Usage("--shard proves a slice, which has no verdict: --merge and --junit go with the merge", "prove")
     if args.junit:   # before any case runs or any record is written
         if os.path.isdir(args.junit) and not os.path.islink(args.junit):
             raise Refusal(f"--junit {args.junit}: is a folder; --junit names the report's file, e.g. "
                           f"{Path(args.junit) / 'prove.xml'}")
         fac.store.check_report(Path(args.junit))
-    started = time.monotonic()
-    results, rubric, draft = prove_all(fac, agent, cases, args.jobs)
-    proof = proof_record(agent, half, suite, sha256(fac.store.read_bytes(path, limit=1 << 40)), results, rubric, draft,
-                         args.require_model)
+    started, suite_digest = time.monotonic(), sha256(fac.store.read_bytes(path, limit=1 << 40))
+    if args.merge:
+        results, rubric, draft = merged_results(fac, agent, half, suite_digest, cases, args.merge)
+    else:
+        results, rubric, draft = prove_all(fac, agent, [c for c in cases if in_shard(c["id"], args.shard)], args.jobs)
+    if args.shard:
+        return write_shard(fac, shard_record(fac, agent, half, suite, suite_digest, args.shard, results, rubric, draft), args.json)
+    proof = proof_record(agent, half, suite, suite_digest, results, rubric, draft, args.require_model)
     fac.store.write_json(fac.record_path(agent.name, half), sealed_evidence(fac, proof))   # certify checks the MAC
     if args.sealed:
         count_sealed_attempt(fac, agent.name, proof["suite_digest"])   # where deleting records cannot lower the count
@@ -5779,6 +5805,18 @@ def cmd_prove(fac: Factory, args) -> int:
         fac.store.write_report(Path(args.junit), junit_xml(proof, results, time.monotonic() - started))
     print_block(json.dumps(proof, indent=2)) if args.json else print_proof(proof)
     return 0 if proof["passed"] else 1
+
+
+def write_shard(fac: Factory, record: dict, as_json: bool) -> int:
+    """Write a shard record, sealed, beside the proof records (never read as one); say where. Exit 0."""
+    k, n = record["shard"]
+    path = fac.record_path(record["agent"], f"{record['half']}-shard-{k}-of-{n}")
+    fac.store.write_json(path, sealed_evidence(fac, record))
+    passed = sum(case["passed"] for case in record["cases"].values())
+    print_block(json.dumps(record, indent=2)) if as_json else \
+        print(f"{record['agent']} [{record['half']} half of {record['suite']}, shard {k}/{n}] {passed}/{len(record['cases'])} "
+              f"cases passed, judged with the other shards: prove {record['agent']}{' --sealed' * (record['half'] == 'sealed')} --merge ... {fac.shown(path)}")
+    return 0
 
 
 def print_proof(proof: dict) -> None:
@@ -6087,10 +6125,9 @@ TICKET_FIELDS = ("id", "input", "source")
 
 
 def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str | Refusal]]:
-    """(id, input) for each line of a tickets file `{"id", "input"}`, or (its id or `line N`, the Refusal
-    naming what is wrong with that line): one bad ticket is refused alone and the others still run; a
-    blank line is skipped, as in every JSONL file.
-    Refusal for the file as a whole: missing, a sealed half, a byte-order mark, no tickets at all."""
+    """(id, input) for each line of a tickets file, or (its id or `line N`, the Refusal naming what is
+    wrong with it): a bad ticket is refused alone. Refusal for the file as a whole: missing, a sealed
+    half, a byte-order mark, no tickets."""
     if path.resolve().name == "sealed.jsonl" or path.resolve().is_relative_to(fac.sealed_dir) and fac.sealed_dir != fac.evals:
         raise Refusal(f"{fac.shown(path)}: is a sealed half; sealed cases are never run as tickets")
     tickets = []
@@ -6198,10 +6235,9 @@ def waits_on_nothing(fac: Factory, agent: Agent, clients: Clients) -> bool:
 
 @dataclass
 class Batch:
-    """What run_tickets did: the rows of the runs that crashed or ended uncertain-effect and of the tickets
-    refused (`failed`), how many tickets were run (a refused one is not), how many drafts went to the
-    human review queue (`reviewed`, from `reviewing` runs) and how many results were written before stdout was closed (`shown`,
-    with `closed` true), if it was."""
+    """What run_tickets did: the rows of crashed, uncertain-effect and refused tickets (`failed`), how many
+    were run, how many drafts went to the review queue (`reviewed`), and how many results were written
+    before stdout closed (`shown`, `closed`)."""
     failed: list = field(default_factory=list)
     ran: int = 0
     reviewed: int = 0
@@ -6253,10 +6289,8 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
 
 
 class Done:
-    """A call that has finished, read as a finished Future is: result() returns its value or raises the
-    Exception it raised. Not a concurrent.futures.Future: making one means importing concurrent.futures
-    (about 8 ms cold, `python3 -X importtime`), which a one-at-a-time batch (Inline) need not pay only to
-    hand back a value it already has."""
+    """A finished call read as a finished Future: result() returns its value or raises its Exception. Not
+    a concurrent.futures.Future: that import (~8 ms cold) is not worth paying one at a time (Inline)."""
 
     def __init__(self, value=None, error: Exception | None = None):
         self.value, self.error = value, error
@@ -6440,10 +6474,8 @@ class Harvested:
 
 
 def harvest_flagged(fac: Factory, name: str, smith: Agent, smith_cert: dict) -> Harvested:
-    """Run evalsmith once per flagged run of NAME not harvested yet (the caller holds the harvest lock). A
-    run whose proposal is already written (a harvest killed before it recorded the run) is recorded as
-    harvested instead of proposed again. Each proposal's source_run is the flagged run's id (evalsmith's
-    run is started on it as its ticket)."""
+    """Run evalsmith once per flagged run of NAME not harvested yet (the caller holds the harvest lock); a
+    run whose proposal is already written is recorded as harvested. source_run is the flagged run's id."""
     log = fac.records / name / "harvested.jsonl"
     done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
     todo, result = harvest_candidates(fac, name, done)
@@ -6468,10 +6500,9 @@ def harvest_flagged(fac: Factory, name: str, smith: Agent, smith_cert: dict) -> 
 
 
 def harvest_candidates(fac: Factory, name: str, done: set) -> tuple[list[dict], Harvested]:
-    """(NAME's runs to harvest, in index order, none of them in `done`; a Harvested counting the unfinished
-    runs left for later). A run to harvest is a flagged closed run, or an unfinished one (started, never
-    closed) whose trace no process is writing any more: killed mid-way (one still being written is
-    counted and left; one killed before its trace began has no input to propose from, and is left too)."""
+    """(NAME's runs to harvest, in index order, none in `done`; a Harvested counting the unfinished runs
+    left). A flagged closed run, or an unfinished one no process is writing any more (one still being
+    written, or killed before its trace began, is left)."""
     entries = [row for row in index_entries(fac) if row["agent"] == name and row["run_id"] not in done]
     closed, todo, result = {row["run_id"] for row in entries if row.get("state") != "started"}, [], Harvested()
     for row in entries:
@@ -6589,10 +6620,9 @@ def gate_report(fac: Factory) -> list[str]:
 def cmd_doctor(fac: Factory, args) -> int:
     """Say which models and gate each agent would use, and why.
 
-    Per agent: the worker backend it would use (a model, or its own offline rules), its gate
-    threshold and whether it may run now. Then which keys are set (never their values), the gate's
-    protocol, endpoint and User-Agent, and a live check of the gate: it answers "why is every run
-    routed to a human?".
+    Per agent: its worker backend (a model, or its offline rules), gate threshold and whether it may
+    run. Then the keys set (never their values), the gate's protocol, endpoint and User-Agent, and a
+    live check of the gate: "why is every run routed to a human?".
     """
     present = [name for name in KEY_NAMES if fac.env.get(name)]
     print(f"root {fac.root}")
@@ -7148,11 +7178,9 @@ def run_agent(fac: Factory, run_id: str) -> str | None:
 
 
 def tally_index(fac: Factory, problems: list[str], watch: dict) -> dict[str, Tally]:
-    """agent -> Tally, from one streamed pass over traces/index.jsonl. A line that cannot be read is
-    one line in `problems` (in its agent's tally when the line names one) and the rest is still read;
-    a file that cannot be read at all is one line, and counts what was read before it. `watch` (run
-    id -> None) gets each of its runs' verdict as the index has it. Runs once per row of a million-row
-    index: the common case first, kept flat."""
+    """agent -> Tally, from one streamed pass over traces/index.jsonl. A line that cannot be read is one
+    line in `problems` (its agent's when it names one); a file that cannot be read is one line. `watch`
+    (run id -> None) gets each of its runs' verdict. Runs once per row of a huge index: kept flat."""
     tallies: dict[str, Tally] = {}
     try:
         for number, row in (fac.store.read_jsonl(fac.index, each=True) if fac.store.exists(fac.index) else ()):
@@ -7688,10 +7716,9 @@ def station_epilog(func) -> str:
 
 
 def build_parser(built: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
-    """The argparse tree: one subparser per station, with the arguments beside it, its docstring as
-    its description and its examples, exit statuses and environment after them. Only the stations
-    named in `built` (None: every one) are built whole; any other is its name and one-line summary,
-    all the top-level help shows of it (see chosen_station)."""
+    """The argparse tree: one subparser per station, its docstring as description, its examples, exit
+    statuses and environment after. Only the stations in `built` (None: all) are built whole; any other
+    is its name and summary (chosen_station)."""
     common = argparse.ArgumentParser(add_help=False)  # accepted before or after the station name
     common.add_argument("--root", type=folder_text, default=argparse.SUPPRESS, metavar="DIR",
                         help="the factory root (default: $FACTORY_ROOT, else the folder of factory.py)")

@@ -519,7 +519,7 @@ class StationTable(unittest.TestCase):
 
 
 README_TABLE = re.compile(r"^\| (`[a-z]+[^|]*`) \|", re.MULTILINE)   # the first cell of a station's row
-README_FLAG = re.compile(r"(\[?)(--[a-z-]+)(?: ([A-Z][A-Za-z0-9_.=]*|C0\.\.C3|read,draft))?\]?(?:\.\.\.)?")
+README_FLAG = re.compile(r"(\[?)(--[a-z-]+)(?: ([A-Z][A-Za-z0-9_.=/]*|C0\.\.C3|read,draft))?\]?(?:\.\.\.)?")
 
 
 def value_name(action: argparse.Action) -> str | None:
