@@ -621,7 +621,7 @@ class SuitePerHalf(LineTest):
         self.assertEqual(self.factory("stamp", "triager", "--as", "tri-eu")[0], 0)
         code, out, _ = self.factory("prove", "tri-eu", "--sealed")
         self.assertEqual(code, 1)
-        self.assertIn("tri-eu [sealed half of tri-eu] 0/3 = 0.00 [0.00, 0.57] (bar 0.7) UNDER BAR", out)
+        self.assertIn("tri-eu [sealed half of tri-eu] 0/3 = 0.00 [0.00, 0.57] (bar 0.6) UNDER BAR", out)
         code, out, _ = self.factory("prove", "tri-eu")
         self.assertIn("tri-eu [open half of triager] ", out.splitlines()[0])
         code, out, _ = self.factory("prove", "triager", "--sealed", "--json")
