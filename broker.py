@@ -84,6 +84,8 @@ class Outcome:
     ms: float
     result: str = ""
     receipt: dict | None = None
+    call_id: str | None = None        # the id the model's provider gave the call (None offline, or unsent)
+    repeats: int | None = None        # the seq of an earlier call of the run that carried the same call id
     digest: str = field(init=False)   # args_digest of args, taken once when the outcome is made
 
     def __post_init__(self):
@@ -269,8 +271,9 @@ class Broker:
         if odd:
             raise ValueError(f"contracts with an effect outside {EFFECTS}: {odd}")
 
-    def carry_out(self, tool: str, args) -> Outcome:
-        """Rule on one call and act on the ruling; a denial comes back as the result, never raised."""
+    def carry_out(self, tool: str, args, call_id: str | None = None) -> Outcome:
+        """Rule on one call (`call_id`: its provider's id) and act on the ruling; a denial comes back as the
+        result, never raised."""
         started = self.clock()
         ruling = rule_on(self.policy, self.contracts, tool, args, self.mode)
         effect = self.contracts.get(tool, {}).get("effect")
@@ -278,6 +281,8 @@ class Broker:
             outcome = self._execute(tool, args, effect, started, self.tools)
         else:
             outcome = self._not_now(tool, args, ruling, effect, started)
+        outcome.call_id = call_id
+        outcome.repeats = next((o.seq for o in self.outcomes if call_id is not None and o.call_id == call_id), None)
         self.outcomes.append(outcome)
         self.record(outcome.entry())
         return outcome
@@ -348,8 +353,8 @@ class Verdict:
 VERDICTS = (  # in display order
     Verdict("verified", "the gate passed and every executed effect was read back", "#2e7d32"),
     Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
-    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the envelope, or the agent "
-                               "handed off", "#1565c0"),
+    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the envelope, an acting "
+                               "call repeated, or the agent handed off", "#1565c0"),
     Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
     Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00"),
     Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a"),
@@ -358,23 +363,25 @@ VERDICTS = (  # in display order
 )
 
 
-def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertain: list[str], parked: int) -> str:
+def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertain: list[str], parked: int,
+                repeated: bool = False) -> str:
     """The run's one verdict (a VERDICTS name), from separate evidence: status, what is uncertain about its
-    effects (the factory's effect_problems), the gate, the agent's hand-off, acting calls parked for approval."""
+    effects (the factory's effect_problems), the gate, the agent's hand-off, an acting call it repeated (a
+    duplicate), acting calls parked for approval."""
     if status in ("crashed", "over-budget", "escalated"):   # the status is the verdict
         return status
     if uncertain:
         return "uncertain-effect"
     if gate in ("unscored", "failed"):
         return "unscored"
-    if gate != "pass" or not within or handed_off:
+    if gate != "pass" or not within or handed_off or repeated:
         return "routed-to-human"
     return "waiting-for-approval" if parked else "verified"
 
 
 # ---- settling: what becomes of each held call once the gate has answered
 
-SETTLEMENTS = ("commit", "park", "review", "would-have")
+SETTLEMENTS = ("commit", "park", "review", "would-have", "duplicate")
 
 
 @dataclass(frozen=True)
@@ -407,7 +414,9 @@ class Settlement:
     commit      write it now (the tool executes)
     park        keep it for one human's approval of exactly this call
     review      a draft goes to the human's review queue instead of out, marked routed to a human
-    would-have  written nowhere; the trace records what the run would have done"""
+    would-have  written nowhere; the trace records what the run would have done
+    duplicate   written nowhere: an acting call the run already committed or parked, or one carrying an
+                earlier call's provider id; the run goes to a human"""
     call: Outcome
     decision: str
     why: str
@@ -428,6 +437,8 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
         C1, act                               -> would-have  (C1 does not act)
         draft at C1..C3, gate clear           -> commit
         draft at C1..C3, otherwise            -> review
+        act at C2..C3, gate clear, committed or parked already in the run (the same tool and canonical
+          arguments), or carrying an earlier call's provider id -> duplicate, and the run goes to a human
         act at C2..C3, gate clear, beyond the act envelope -> park, and the run goes to a human
         act at C2, gate clear                 -> park
         act at C3, gate clear                 -> commit
@@ -436,13 +447,15 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
     "Gate clear" means the gate passed, the agent did not hand off, and the gate saw this call with
     these exact arguments: a call changed after the gate answered is never committed or parked. The
     envelope counts, in call order, the acting calls committed or parked within it."""
-    seen, done, calls, usd = frozenset(tuple(item) for item in gated), [], 0, 0.0
+    seen, done, acted, calls, usd = frozenset(tuple(item) for item in gated), [], {}, 0, 0.0
     for call in held:
         settlement = _settlement(call, args_digest(call.args), tier, result, handed_off, seen)
         if call.effect == "act" and settlement.decision in ("commit", "park"):
-            beyond = envelope.beyond(call, calls, usd)
-            if beyond:
-                settlement = Settlement(call, "park", beyond, settlement.digest, beyond)
+            same, beyond = acted.setdefault((call.tool, settlement.digest), call.seq), envelope.beyond(call, calls, usd)
+            twice = (f"a duplicate of call {same}: the same tool and arguments" if same != call.seq else
+                     f"a duplicate of call {call.repeats}: it carries the same provider call id" if call.repeats else None)
+            if twice or beyond:
+                settlement = Settlement(call, "duplicate" if twice else "park", twice or beyond, settlement.digest, twice or beyond)
             else:
                 calls, usd = calls + 1, usd + envelope.usd_of(call)
         done.append(settlement)

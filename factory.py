@@ -3474,15 +3474,14 @@ DECISION_UNSIGNED = ("signature", "prev")      # `prev` is set by the log as the
 
 @dataclass(frozen=True)
 class Decision:
-    """A human's signed decision on one parked call (an approvals-log entry not yet appended), and the
-    Signer who made it, who also signs the result of executing it."""
+    """A human's signed decision on a parked call, not yet appended, and its Signer (who signs its result)."""
     entry: dict
     signer: Signer
 
 
 def load_pending(fac: Factory, run_id: str, call: int) -> dict:
-    """The stored staged call RUN_ID/CALL, shape-checked; Refusal when the id is odd, nothing waits there,
-    or the file holds another run's or call's entry (copied under this name)."""
+    """The stored staged call RUN_ID/CALL, shape-checked; Refusal for an odd id, no such file, or one
+    holding another call's entry (copied under this name)."""
     if not RUN_ID.fullmatch(run_id or "") or call < 1:
         raise Refusal(f"{run_id!r} --call {call} does not name a staged call (see `pending`)")
     path = fac.pending_path(run_id, call)
@@ -4381,7 +4380,7 @@ class Loop:
         calls = [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]
         self.messages.append({"role": "assistant", "content": reply.text, "tool_calls": calls})
         for call in reply.tool_calls:
-            outcome = self.broker.carry_out(call.name, call.args)
+            outcome = self.broker.carry_out(call.name, call.args, call.id)
             content = self.clip(outcome.result, f"tool-{outcome.seq}")
             self.record({"event": "tool_result", "seq": outcome.seq, "tool_call_id": call.id, "content": content})
             self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
@@ -4671,8 +4670,8 @@ def judge(answer: str | None, p: float | None, bar: float, cost: str | None) -> 
 # ---- verdicts: how a run ends, from separate evidence
 
 def effect_problems(fac: Factory, committed: list, settled: "Settled") -> list[str]:
-    """One line per effect of the run that is uncertain, naming the call, the path and the cause: a committed
-    write that failed or is not where its receipt says, and a review-queue row that could not be written."""
+    """One line per uncertain effect of the run, naming the call, path and cause: a committed write that
+    failed or is not where its receipt says, a review-queue row not written."""
     problems = [f"{o.tool} write FAILED ({o.error})" for o in committed if not o.ok]
     problems += [f"{o.tool} wrote no effect that reads back (receipt {json.dumps(o.receipt)})"
                  for o in committed if o.ok and not read_back(fac, o.receipt)]
@@ -4689,10 +4688,10 @@ def read_back(fac: Factory, receipt: dict | None) -> bool:
 
 
 def routing_reasons(status: str, loop: Loop, gate: dict, handed_off: bool, uncertain: list[str],
-                    cost: str | None) -> list[str]:
-    """Why this run goes to a human (empty when it does not): what is uncertain about its effects, run status,
-    gate, its cost (cost_problem), the agent's own hand-off."""
-    reasons = list(uncertain)
+                    cost: str | None, routes: list) -> list[str]:
+    """Why this run goes to a human (empty when it does not): its uncertain effects, each call's reason
+    (Settlement.route: a duplicate, the act envelope) once, status, gate, cost (cost_problem), hand-off."""
+    reasons = uncertain + list(dict.fromkeys(routes))
     if status != "done":
         reasons.append(f"run {status}: {loop.reason}")
     elif gate["result"] != "pass":
@@ -4981,8 +4980,9 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
              "output_digest": recorded_digest(fac, loop.output)}           # checks what it shows against them
     settled = settle_held(fac, agent, cert, trace, loop.broker, tier, {**gate, **shown}, handed_off)
     uncertain = effect_problems(fac, loop.broker.committed, settled)
-    verdict = run_verdict(status, gate["result"], cost is None, handed_off, uncertain, settled.parked)
-    reasons = routing_reasons(status, loop, gate, handed_off, uncertain, cost) + list(dict.fromkeys(settled.routes))
+    verdict = run_verdict(status, gate["result"], cost is None, handed_off, uncertain, settled.parked,
+                          any(row[1] == "duplicate" for row in settled.rows))
+    reasons = routing_reasons(status, loop, gate, handed_off, uncertain, cost, settled.routes)
     row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
            "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["result"], "p": gate["p"],
            "gate_line": gate["line"], "cost_line": cost, "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
@@ -5018,7 +5018,7 @@ class Settled:
     parked: int = 0      # acting calls parked for a human's approval
     review: int = 0      # drafts put in the human's review queue
     lost: list = field(default_factory=list)   # one line per review-queue row that could not be written
-    routes: list = field(default_factory=list)   # why the run goes to a human because of a call (Settlement.route)
+    routes: list = field(default_factory=list)   # each call's Settlement.route
     rows: list = field(default_factory=list)   # [tool, decision, problem] per held call, in order: see settled_phrase
 
 
@@ -6368,7 +6368,8 @@ def settled_phrase(decision: str, outcome: str | None) -> str:
     if decision == "review" and outcome:
         return f"review queue write FAILED ({outcome})"
     return {"park": "parked for a human's approval", "review": "sent to the human review queue",
-            "would-have": "not written (recorded what it would have done)"}[decision]
+            "would-have": "not written (recorded what it would have done)",
+            "duplicate": "not written: a duplicate of an earlier call of the run"}[decision]
 
 
 TICKET_COLUMNS = "ticket\tHANDOFF=\tgate=\tverdict=\t-> where it went"   # run --file's lines, as --help and the header name them
@@ -6678,8 +6679,8 @@ def cmd_pending(fac: Factory, args) -> int:
 
 
 def state_column(state: str, decisions: list[dict]) -> list[str]:
-    """The last column of a parked call's line in `pending`: none for a call waiting for a human, else
-    its state (see STUCK) and that reject closes it, or who approved the call being executed now."""
+    """pending's last column for a parked call: none while it waits, else its state (STUCK) and that
+    reject closes it, or who approved the call being executed now."""
     if state == "pending":
         return []
     if state == "unknown":
@@ -6724,9 +6725,8 @@ def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
 
 @dataclass(frozen=True)
 class Parked:
-    """The parked calls as `pending` and `tower` both see them: every one that reads well, its state
-    (broker.CALL_STATES, one of STUCK, or unknown while the approvals log cannot be read), the verified
-    decisions on each (see Decisions), the entries not believed, and what could not be read."""
+    """The parked calls as `pending` and `tower` both see them: each that reads, its state (CALL_STATES,
+    STUCK, or unknown while the log cannot be read), its verified decisions, and what was not believed or read."""
     entries: list[dict]
     states: dict                        # (run id, call) -> state
     decided: dict | None                # (run id, call) -> [entry, ...], verified; None when the log cannot be read
@@ -7153,8 +7153,8 @@ class ParkedCounts:
 
 
 def calls_by_agent(fac: Factory, calls: Parked, problems: list[str]) -> dict[str, ParkedCounts]:
-    """agent -> its ParkedCounts; a parked file that does not read is counted under the agent whose
-    trace folder holds its run, or in the tower's own `problems` when no trace names one."""
+    """agent -> its ParkedCounts; a parked file that does not read counts under the agent whose trace
+    holds its run, else in the tower's own `problems`."""
     found: dict[str, ParkedCounts] = {}
     for entry in calls.entries:
         state = calls.states[entry["run_id"], entry["call"]]

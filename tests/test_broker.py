@@ -228,6 +228,34 @@ class Settle(unittest.TestCase):
         flagged = broker.settle(calls, "C3", "flag", False, shown(calls), broker.ActEnvelope(0, 0, amounts))
         self.assertEqual({s.decision for s in flagged[1:]}, {"would-have"}, "a call the gate did not clear is no one's to approve")
 
+    def test_an_acting_call_repeated_in_the_run_is_a_duplicate_whatever_the_gate_said(self):
+        """The same refund twice (tool and canonical arguments, keys in another order), and another refund
+        carrying the provider call id of an earlier call of the run (a read here): each recorded as a
+        duplicate, committed nowhere, and the run routed; drafts repeated are not acting calls."""
+        contracts = {"a:pay": {"effect": "act", "params": {"type": "object"}}, "a:read": {"effect": "read", "params": {}},
+                     "a:draft": {"effect": "draft", "params": {}}}
+        desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C3"), contracts,
+                             {"a:read": lambda args: "ok"}, "run", [].append)
+        desk.carry_out("a:read", {}, "id-1")
+        desk.carry_out("a:pay", {"amount_usd": 40, "reason": "twice"}, "id-2")
+        desk.carry_out("a:pay", {"reason": "twice", "amount_usd": 40}, "id-3")
+        desk.carry_out("a:pay", {"amount_usd": 5, "reason": "other"}, "id-1")
+        desk.carry_out("a:draft", {"text": "hi"}, "id-4")
+        desk.carry_out("a:draft", {"text": "hi"}, "id-5")
+        calls, wide = list(desk.held), broker.ActEnvelope(10, 1000)
+        self.assertEqual([c.repeats for c in desk.outcomes], [None, None, None, 1, None, None])
+        for result in ("pass", "flag"):
+            settled = broker.settle(calls, "C3", result, False, shown(calls), wide)
+            decisions = [s.decision for s in settled]
+            self.assertEqual(decisions, ["commit", "duplicate", "duplicate", "commit", "commit"] if result == "pass"
+                             else ["would-have"] * 3 + ["review"] * 2)
+        settled = broker.settle(calls, "C3", "pass", False, shown(calls), wide)
+        self.assertEqual([s.route for s in settled[1:3]], ["a duplicate of call 2: the same tool and arguments",
+                                                           "a duplicate of call 1: it carries the same provider call id"])
+        self.assertEqual([s.decision for s in broker.settle(calls, "C2", "pass", False, shown(calls), wide)][:3],
+                         ["park", "duplicate", "duplicate"], "a parked call is not parked again")
+        self.assertIn("duplicate", broker.SETTLEMENTS)
+
     def test_settle_decides_only(self):
         calls = held_calls()
         before = [(c.seq, c.ruling, dict(c.args)) for c in calls]

@@ -669,6 +669,24 @@ class AtC3(Tiered):
         prompt = self.certify("payer", "C3", answer=b"n\n")
         self.assertIn("  act envelope 1 acting call(s), $100 a run\n", prompt.stderr)
 
+    def test_an_acting_call_repeated_in_a_run_is_committed_once_whatever_the_gate_said(self):
+        """The refund asked for again in a later turn under the same provider call id, then five times in
+        one turn: written once, each repeat recorded as a duplicate (nothing parked), the run routed to a
+        human naming the duplicate, though the gate passed it."""
+        again = ("m2", "billing__refund", dict(REFUND_CALL[2]))
+        five = [(f"m{n}", "billing__refund", dict(REFUND_CALL[2])) for n in range(3, 8)]
+        server = FakeServer(*(Answer(body=anthropic_message(tool_uses=uses)) for uses in ([LABEL_CALL, REFUND_CALL], [again], five)),
+                            Answer(body=anthropic_message(CALM))).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        row = self.run_payer(CHARGED)[0]
+        self.offline()
+        self.assertEqual((len(self.effects("refunds")), row["acted"], row["staged"], row["gate"]), (1, 1, 0, "pass"))
+        settled = [e for e in self.traces("payer")[-1] if e.get("event") == "settled" and e["tool"] == "billing:refund"]
+        self.assertEqual([e["decision"] for e in settled], ["commit"] + ["duplicate"] * 6)
+        self.assertEqual(row["verdict"], "routed-to-human")
+        self.assertIn("a duplicate of call 2: the same tool and arguments", row["why"])
+
     def test_replay_of_a_run_that_moved_money_reports_no_difference(self):
         row = self.refund_run()
         self.assertEqual(row["acted"], 1)
