@@ -188,13 +188,16 @@ def readme_block(start: str) -> str:
     return found[0]
 
 
+# the first major of each action that runs on Node 24 (their release notes: checkout v5, setup-python v6,
+# upload-artifact v6 and download-artifact v7; upload v7 shares download v7's artifact backend)
+NODE24 = {"actions/checkout": 5, "actions/setup-python": 6, "actions/upload-artifact": 7, "actions/download-artifact": 7}
 PULL_REQUESTS = ("pull_request", "pull_request_target")   # events that run code no one has reviewed yet
 ON_MAIN = ("github.event_name == 'push'", "github.ref == 'refs/heads/main'")
 
 
 def workflow_problems(doc) -> list[str]:
     """What keeps a parsed workflow from proving a sealed half in CI as written, or lets code under review
-    reach the sealed half or a secret; [] when nothing."""
+    reach the sealed half or a secret, or lets the public download what names sealed cases; [] when nothing."""
     if not isinstance(doc, dict):
         return ["the workflow is not a mapping"]
     problems = [] if isinstance(doc.get("on"), (dict, list, str)) and doc.get("on") else ["no `on:` trigger"]
@@ -208,39 +211,68 @@ def workflow_problems(doc) -> list[str]:
     for name in sealed:
         if not jobs[name].get("environment"):
             problems.append(f"job {name} holds the sealed half outside a protected environment")
-    steps = jobs[sealed[0]].get("steps", []) if sealed else [s for job in jobs.values() for s in job.get("steps", [])]
-    return problems + sealed_job_problems(steps, bool(sealed))
+    return problems + action_problems(jobs) + proof_problems(jobs, sealed)
 
 
-def sealed_job_problems(steps: list, restored: bool) -> list[str]:
-    """What keeps the steps of the job holding the sealed half from proving it as the README says."""
-    problems = []
-    uses = [step.get("uses", "").split("@")[0] for step in steps]
-    for action in ("actions/checkout", "actions/setup-python", "actions/upload-artifact"):
-        if action not in uses:
-            problems.append(f"no {action} step")
+def action_problems(jobs: dict) -> list[str]:
+    """Each action a step needs that no step uses, and each used at a major that does not run on Node 24."""
+    steps = [s for job in jobs.values() for s in job.get("steps", [])]
+    used = [s["uses"].split("@") for s in steps if "@" in s.get("uses", "")]
+    problems = [f"no {action} step" for action in NODE24 if action != "actions/download-artifact"
+                and action not in {name for name, _ in used}]
+    return problems + [f"{name}@{version} does not run on Node 24 (use v{NODE24[name]})" for name, version in used
+                       if name in NODE24 and not (version.startswith("v") and version[1:].split(".")[0].isdigit()
+                                                  and int(version[1:].split(".")[0]) >= NODE24[name])]
+
+
+def proof_problems(jobs: dict, sealed: list[str]) -> list[str]:
+    """What keeps the jobs that hold the sealed half from proving it as the README says: a matrix of
+    `prove AGENT --sealed --require-model --shard "$SHARD/N"` steps, each shard record uploaded, and a job
+    that needs them, downloads them and merges them with `--merge`; every key from secrets; nothing
+    uploaded from those jobs but shard records (which name cases by their HMAC)."""
+    problems = [] if sealed else ["no step restores the sealed half from a secret into FACTORY_SEALED_DIR"]
+    steps = [s for name in (sealed or jobs) for s in jobs[name].get("steps", [])]
     python = next((s.get("with", {}).get("python-version") for s in steps if "setup-python" in s.get("uses", "")), None)
     if not (isinstance(python, str) and tuple(map(int, python.split("."))) >= (3, 11)):
         problems.append(f"python-version {python!r} is not a quoted version >= 3.11")
-    restore = [i for i, s in enumerate(steps) if restores(s)]
-    prove = [i for i, s in enumerate(steps) if "factory.py prove" in s.get("run", "")]
-    if not restored:
-        problems.append("no step restores the sealed half from a secret into FACTORY_SEALED_DIR")
-    if not prove:
-        return problems + ["no step runs factory.py prove"]
-    if restore and restore[0] > prove[0]:
-        problems.append("the sealed half is restored after the proof")
-    step = steps[prove[0]]
-    args = factory.parse(factory.build_parser(), prove_argv(step["run"]))
-    if not (args.sealed and args.require_model and args.junit):
-        problems.append("the proof is not `prove AGENT --sealed --require-model --junit FILE`")
-    for key in model_keys(args.agent) + ["SAGE_API_KEY"]:
-        if step.get("env", {}).get(key) != f"${{{{ secrets.{key} }}}}":
-            problems.append(f"the prove step does not pass {key} from secrets")
-    upload = next((s for s in steps if "upload-artifact" in s.get("uses", "")), {})
-    if upload.get("if") != "always()" or upload.get("with", {}).get("path") != args.junit:
-        problems.append("the JUnit report is not uploaded with `if: always()`")
-    return problems
+    proofs = {}
+    for name in sealed or jobs:
+        job_steps = jobs[name].get("steps", [])
+        for i, step in enumerate(job_steps):
+            if "factory.py prove" in step.get("run", ""):
+                args = factory.parse(factory.build_parser(), prove_argv(step["run"]))
+                kind = "shard" if args.shard else "merge" if args.merge else "whole"
+                proofs[kind] = (name, step, args)
+                if any(restores(s) for s in job_steps[i:]):
+                    problems.append("the sealed half is restored after the proof")
+        for upload in (s for s in job_steps if "upload-artifact" in s.get("uses", "") and name in sealed):
+            if "-shard-" not in upload.get("with", {}).get("path", ""):
+                problems.append(f"job {name} uploads {upload.get('with', {}).get('path')}, which names sealed cases")
+    if not ("shard" in proofs and "merge" in proofs):
+        return problems + ["the sealed half is not proved as `prove AGENT --sealed --require-model --shard K/N` "
+                           "in a matrix and merged with `--merge`"] + key_problems(proofs.get("whole"), ["SAGE_API_KEY"])
+    (shard_job, shard, args), (merge_job, merge, merged) = proofs["shard"], proofs["merge"]
+    if not (args.sealed and args.require_model and merged.sealed and merged.require_model):
+        problems.append("the shards and the merge are not `--sealed --require-model`")
+    if jobs[shard_job].get("strategy", {}).get("matrix", {}).get("shard") != list(range(1, args.shard[1] + 1)):
+        problems.append(f"the matrix of {shard_job} is not the shards 1..{args.shard[1]}")
+    if "-shard-" not in str([s.get("with", {}).get("path") for s in jobs[shard_job]["steps"] if "upload" in s.get("uses", "")]):
+        problems.append(f"job {shard_job} does not upload its shard record")
+    merge_steps = jobs[merge_job]["steps"]
+    download = [i for i, s in enumerate(merge_steps) if "download-artifact" in s.get("uses", "")]
+    if jobs[merge_job].get("needs") != shard_job or not download or download[0] > merge_steps.index(merge):
+        problems.append(f"job {merge_job} does not need {shard_job} and download its shard records before the merge")
+    return problems + key_problems((shard_job, shard, args), ["SAGE_API_KEY", "FACTORY_EVIDENCE_KEY"]) + \
+        key_problems((merge_job, merge, merged), ["FACTORY_EVIDENCE_KEY"], models=False)
+
+
+def key_problems(proof, keys: list[str], models: bool = True) -> list[str]:
+    """Each key the prove step does not take from secrets: the card's model's (with `models`) and `keys`."""
+    if proof is None:
+        return []
+    _, step, args = proof
+    return [f"the prove step does not pass {key} from secrets" for key in (model_keys(args.agent) if models else []) + keys
+            if step.get("env", {}).get(key) != f"${{{{ secrets.{key} }}}}"]
 
 
 def restores(step: dict) -> bool:
@@ -254,8 +286,8 @@ def secret_env(step: dict) -> bool:
 
 
 def prove_argv(script: str) -> list[str]:
-    """The arguments after `factory.py` of the script's prove command."""
-    line = next(line for line in script.splitlines() if "factory.py prove" in line)
+    """The arguments after `factory.py` of the script's prove command (the matrix's $SHARD read as 1)."""
+    line = next(line for line in script.splitlines() if "factory.py prove" in line).replace("$SHARD", "1")
     words = shlex.split(line)
     return words[words.index("factory.py") + 1:]
 
@@ -341,9 +373,31 @@ class Workflow(unittest.TestCase):
 
     def test_the_old_workflow_is_caught(self):
         self.assertEqual(workflow_problems(parse_yaml(OLD_WORKFLOW)), [
-            "no `on:` trigger", "no step restores the sealed half from a secret into FACTORY_SEALED_DIR",
-            "the proof is not `prove AGENT --sealed --require-model --junit FILE`",
-            "the prove step does not pass ANTHROPIC_API_KEY from secrets"])
+            "no `on:` trigger", "actions/checkout@v4 does not run on Node 24 (use v5)",
+            "actions/setup-python@v5 does not run on Node 24 (use v6)",
+            "actions/upload-artifact@v4 does not run on Node 24 (use v7)",
+            "no step restores the sealed half from a secret into FACTORY_SEALED_DIR",
+            "the sealed half is not proved as `prove AGENT --sealed --require-model --shard K/N` in a matrix and "
+            "merged with `--merge`", "the prove step does not pass ANTHROPIC_API_KEY from secrets"])
+
+    def test_nothing_naming_sealed_cases_is_uploaded_and_every_shard_is_merged(self):
+        """The README's workflow with one thing changed at a time: each change is named."""
+        def changed(change) -> list[str]:
+            doc = parse_yaml(self.text)
+            change(doc["jobs"])
+            return workflow_problems(doc)
+        merge = lambda jobs: jobs["sealed-half"]["steps"]  # noqa: E731
+        junit = {"uses": "actions/upload-artifact@v7", "if": "always()", "with": {"name": "prove-junit", "path": "prove.xml"}}
+        self.assertEqual(changed(lambda jobs: merge(jobs).append(junit)),
+                         ["job sealed-half uploads prove.xml, which names sealed cases"])
+        self.assertEqual(changed(lambda jobs: jobs["sealed-shard"]["strategy"]["matrix"].update(shard=[1, 2])),
+                         ["the matrix of sealed-shard is not the shards 1..3"])
+        self.assertEqual(changed(lambda jobs: jobs["sealed-half"].pop("needs")),
+                         ["job sealed-half does not need sealed-shard and download its shard records before the merge"])
+        self.assertEqual(changed(lambda jobs: jobs["sealed-half"]["steps"][-1]["env"].clear()),
+                         ["the prove step does not pass FACTORY_EVIDENCE_KEY from secrets"])
+        self.assertEqual(changed(lambda jobs: jobs["open-half"]["steps"][0].update(uses="actions/checkout@v4")),
+                         ["actions/checkout@v4 does not run on Node 24 (use v5)"])
 
     def test_the_prove_step_stops_before_proving_without_a_key(self):
         """Run the prove step's script with bash, `python3` a stand-in that only notes it ran: an empty
