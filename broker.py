@@ -535,7 +535,8 @@ REFUSED_IN = MappingProxyType({
                 "rejected": "{call} was rejected by {by} at {at} ({reason}); it will not be executed.",
                 "executing": "{call} is being executed now: approved by {by} at {at}; see `pending` once it is done.",
                 "uncertain-effect": "{call} was approved by {by} and its effect is uncertain ({found}): it will not be "
-                                    "executed again. reconcile it by hand, then close it with `reject`.",
+                                    "executed again until reading it back proves nothing was written; or check it by "
+                                    "hand and close it with `reject`.",
                 "expired": "{call} expired at {expires} without approval; run the ticket again."},
     "reject": {"executed": "{call} was already executed at {at} (approved by {by}); reject closes only a call not "
                            "carried out.",
@@ -544,11 +545,12 @@ REFUSED_IN = MappingProxyType({
                             "effect is written (see `pending` once it is done)."}})
 
 
-def refused_in(station: str, state: str, **facts) -> str | None:
+def refused_in(station: str, state: str, unwritten: bool = False, **facts) -> str | None:
     """The one-line refusal of `station` (approve or reject) for a call in `state` (CALL_STATES), worded
-    from `facts` (call, by, at, reason, expires, found: one-line texts); None when the station may act."""
+    from `facts` (call, by, at, reason, expires, found: one-line texts); None when the station may act:
+    approve retries an uncertain effect whose trace proves nothing was written (`unwritten`)."""
     wording = REFUSED_IN[station].get(state)
-    return None if wording is None else wording.format(**facts)
+    return None if wording is None or unwritten and (station, state) == ("approve", "uncertain-effect") else wording.format(**facts)
 
 
 OUTCOMES = ("verified", "routed-to-human", "uncertain-effect")   # what a decided call makes of its run, worst last

@@ -992,8 +992,7 @@ class Store:
 
     @contextlib.contextmanager
     def holding(self, path: Path) -> Iterator[Callable[[], bool]]:
-        """A block handed take() -> bool, which takes the exclusive lock of the readable file at path
-        without waiting (False when another handle holds it); let go when the block ends."""
+        """A block handed take() -> bool: path's exclusive lock taken without waiting, held to the end."""
         with self.opened(path) as reader:
             yield partial(lock_now, reader, fcntl.LOCK_EX)
 
@@ -3531,9 +3530,8 @@ def decision_problem(fac: Factory, entry: dict) -> str | None:
 
 
 def verified_entries(fac: Factory, chain: Chain, wanted=None) -> tuple[list[tuple[int, dict]], dict]:
-    """((line number, entry) of each entry whose signature verifies, (run id, call) -> lines naming each
-    that does not), over the entries wanted(entry) selects (every entry when None): each is checked once.
-    An entry not shaped as a decision is none (a log read for a decision refuses it; see DECISION_SHAPE)."""
+    """((line number, entry) of each entry wanted(entry) selects (default: all) whose signature verifies,
+    (run id, call) -> a line naming each that does not); an entry not of DECISION_SHAPE is none."""
     verified, doubted = [], {}
     for number, entry in chain.entries:
         if not DECISION_SHAPE.fits(entry) or (wanted is not None and not wanted(entry)):
@@ -4048,9 +4046,9 @@ def not_open(station: str):
     (broker.refused_in, over call_record read once), or None."""
     def check(claim: Claim) -> str | None:
         state, last = claim.record.state, claim.record.last or {}
-        return refused_in(station, state, call=claim.call, by=last.get("by"), at=last.get("at"),
-                          reason=one_line(str(last.get("reason"))), expires=claim.entry["expires_at"],
-                          found=claim.read_back[1] if state == "uncertain-effect" else "")
+        written, found = claim.read_back if state == "uncertain-effect" else (None, "")
+        return refused_in(station, state, written is False, call=claim.call, by=last.get("by"), at=last.get("at"),
+                          reason=one_line(str(last.get("reason"))), expires=claim.entry["expires_at"], found=found)
     return check
 
 
@@ -4219,9 +4217,8 @@ def refusal_line(refusal: Refusal) -> str:
 
 
 def check_guards(claim: Claim, guards: tuple, unread: set | None = None) -> list[tuple[str, str | None]]:
-    """(guard name, refusal line or None) for each guard in order, up to and including the first that
-    refuses (the ones after it rely on it). A file the guard reads that is malformed refuses too, and
-    the guard's name is added to `unread` when given (the tower tells a broken file from a refusal)."""
+    """(guard name, refusal line or None) for each guard in order, up to the first that refuses (the
+    ones after it rely on it). A malformed file refuses too, and adds the guard's name to `unread`."""
     results = []
     for name, check in guards:
         try:
@@ -6789,12 +6786,14 @@ def cmd_approve(fac: Factory, args) -> int:
     FACTORY_KEYS_DIR, never created here, or --ssh-key) and kept, with the result and the run's verdict
     before and after, in registry/approvals.jsonl. Refused when NAME has no key here, stdin is not a
     terminal, the call was decided already or is being executed, it expired, its agent was recalled,
-    re-certified or changed since, or its trace changed.
+    re-certified or changed since, or its trace changed. An uncertain effect (see pending) is retried
+    only when reading it back proves nothing was written.
     """
-    entry, signer, _ = decider(fac, args, APPROVE_GUARDS)
+    entry, signer, claim = decider(fac, args, APPROVE_GUARDS)
     if not sys.stdin.isatty():
         raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
-    for line in approval_brief(fac, entry):
+    retry = ["retry: " + uncertain_column(fac, entry, claim.record.decisions)] if claim.record.state == "uncertain-effect" else []
+    for line in approval_brief(fac, entry) + retry:
         print(line, file=sys.stderr)
     sys.stderr.write("approve? [y/N] ")
     sys.stderr.flush()

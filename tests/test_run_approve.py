@@ -1348,6 +1348,64 @@ class Approval(Tiered):
         self.assertEqual(self.effects("refunds"), [])
         self.assertEqual([e["kind"] for e in self.decisions()], ["rejected"])
 
+    # ---- an uncertain effect's path: retried when its trace proves nothing was written, else closed by hand
+
+    def test_a_commit_that_failed_is_uncertain_listed_counted_and_retried_once_its_cause_is_fixed(self):
+        """The payments queue cannot be written (a folder stands where it goes): approve says the write
+        failed; pending lists the call as an uncertain effect and the tower counts it; approve refuses it
+        while reading back cannot prove nothing was written, retries it (signed, once) after the cause is
+        removed, and the records then agree: one refund, executed, verified, acted once."""
+        verified = self.tower()["verdicts"]["verified"]
+        queue = self.root / "outbox" / "payer" / "refunds.jsonl"
+        queue.mkdir(parents=True)
+        failed = self.approve()
+        self.assertEqual(failed.returncode, 1, failed.stderr)
+        self.assertIn("executed billing:refund for run", failed.stdout)
+        self.assertIn("StoreError", failed.stdout)
+        code, out, _ = self.factory("pending")
+        self.assertEqual(code, 0)
+        line, = [line for line in out.split("\n") if self.run_id in line]
+        self.assertIn("\tUNCERTAIN-EFFECT: approved by bob at ", line)
+        self.assertIn(", its write failed (error: StoreError: outbox/payer/refunds.jsonl", line)
+        self.assertIn("read back: cannot be read back (outbox/payer/refunds.jsonl: is a folder, not a file)", line)
+        self.agree(0, 1, {"waiting-for-approval": 0, "uncertain-effect": 1, "verified": verified})
+        refused = self.approve()
+        self.assertEqual(refused.returncode, 1, refused.stdout)
+        self.assertNotIn("approve? [y/N]", refused.stderr)
+        self.assertIn("its effect is uncertain (cannot be read back", refused.stderr)
+        queue.rmdir()
+        self.assertIn("read back: the effect was NOT written: outbox/payer/refunds.jsonl holds no effect ", self.factory("pending")[1])
+        self.assertIn("approve retries it once the cause is fixed, or reject closes it", self.factory("pending")[1])
+        retried = self.approve()
+        self.assertEqual(retried.returncode, 0, retried.stderr)
+        self.assertIn("retry: UNCERTAIN-EFFECT: approved by bob at ", retried.stderr)
+        self.assertIn("run verdict uncertain-effect -> verified", retried.stdout)
+        self.assertEqual(len(self.effects("refunds")), 1)
+        self.assertEqual([e["kind"] for e in self.decisions()], ["intent", "result", "intent", "result"])
+        self.agree(0, 0, {"waiting-for-approval": 0, "uncertain-effect": 0, "verified": verified + 1})
+        self.assertEqual(self.tower()["acted"], 1)
+        self.assertIn("was already executed", self.approve().stderr)
+        self.assertEqual(len(self.effects("refunds")), 1)
+
+    def test_an_uncertain_effect_checked_by_hand_is_closed_by_reject_with_what_reading_back_found(self):
+        """A failed write closed by reject with a reason: signed, with what reading it back found, and no
+        longer listed or counted as uncertain; the run is routed to a human."""
+        queue = self.root / "outbox" / "payer" / "refunds.jsonl"
+        queue.mkdir(parents=True)
+        self.assertEqual(self.approve().returncode, 1)
+        queue.rmdir()
+        code, out, err = self.factory("reject", self.run_id, "--by", "bob", "--reason", "checked the bank: nothing paid")
+        self.assertEqual(code, 0, err)
+        self.assertIn("run verdict uncertain-effect -> routed-to-human", out)
+        rejected = self.decisions()[-1]
+        self.assertEqual((rejected["kind"], rejected["by"], rejected["reason"], rejected["written"]),
+                         ("rejected", "bob", "checked the bank: nothing paid", False))
+        self.assertIn("the effect was NOT written", rejected["found"])
+        self.agree(0, 0, {"waiting-for-approval": 0, "uncertain-effect": 0, "routed-to-human": 1})
+        self.assertIn("was already rejected by bob", self.refused("was already rejected", "reject", self.run_id, "--by", "bob",
+                                                                  "--reason", "again"))
+        self.assertEqual(self.effects("refunds"), [])
+
     # ---- a kill between the intent and the result
 
     def kill_while_approving(self, hold: Path, wait_for) -> None:
@@ -1369,24 +1427,26 @@ class Approval(Tiered):
         """The run's trace says where the approved call's effect is about to be written."""
         return any(e.get("event") == "effect_started" for e in self.traces("payer")[-1])
 
-    def test_killed_before_the_effect_is_uncertain_and_not_executed_again(self):
+    def test_killed_before_the_effect_is_uncertain_and_retried_once_since_nothing_was_written(self):
+        """Killed at the refund's own lock, after the trace's effect_started: uncertain, and as reading it
+        back proves nothing was written, approve retries it (the retry shows why) and it is written once."""
         refunds = self.root / "outbox" / "payer" / "refunds.jsonl"
         self.kill_while_approving(refunds, self.effect_started)               # blocked at the refund's own lock
         self.assertEqual([e["kind"] for e in self.decisions()], ["intent"])
         code, out, _ = self.factory("pending")
         self.assertEqual(code, 0)
         self.assertIn(f"{self.run_id} --call 1\tpayer\tbilling:refund", out)
-        self.assertIn("UNCERTAIN-EFFECT: approved by bob", out)
-        self.assertIn("read back: the effect was NOT written: outbox/payer/refunds.jsonl holds no effect", out)
+        self.assertIn("UNCERTAIN-EFFECT: approved by bob at ", out)
+        self.assertIn(", no result recorded; read back: the effect was NOT written: outbox/payer/refunds.jsonl holds no "
+                      "effect ", out)
         again = self.approve()
-        self.assertEqual(again.returncode, 1)
-        self.assertIn("was approved by bob and its effect is uncertain (the effect was NOT written: outbox/payer/refunds.jsonl "
-                      "holds no effect ", again.stderr)
-        self.assertIn("): it will not be executed again.", again.stderr)
-        self.assertEqual(self.effects("refunds"), [])
-        code, out, _ = self.factory("reject", self.run_id, "--by", "bob", "--reason", "reconciled: no refund went out")
-        self.assertEqual(code, 0)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertIn("retry: UNCERTAIN-EFFECT: approved by bob at ", again.stderr)
+        self.assertIn("run verdict waiting-for-approval -> verified", again.stdout)
+        self.assertEqual(len(self.effects("refunds")), 1)
+        self.assertEqual([e["kind"] for e in self.decisions()], ["intent", "intent", "result"])
         self.assertIn("(nothing waits for approval)", self.factory("pending")[1])
+        self.assertIn("was already executed", self.approve().stderr)
 
     def test_killed_after_the_effect_reads_it_back(self):
         refunds = self.root / "outbox" / "payer" / "refunds.jsonl"
