@@ -6435,9 +6435,10 @@ def cmd_harvest(fac: Factory, args) -> int:
 
     Flagged: the gate said no or unsure, a tool was denied, or the run did not finish (a killed run is
     read from its trace header; one still being written waits). The certified evalsmith writes one
-    proposed case per run into evals/AGENT/proposed.jsonl, each run once; promotion is a human edit.
+    proposed case per run into evals/AGENT/proposed.jsonl, each run once, in AGENT's own output contract
+    (AGENT's own rules, run on each input, are its reference); promotion is a human edit.
     """
-    load_card(fac, args.agent)
+    target = read_agent(fac, args.agent)
     try:
         smith, smith_cert = certified_agent(fac, "evalsmith")
     except Refusal as why:
@@ -6446,7 +6447,7 @@ def cmd_harvest(fac: Factory, args) -> int:
                           "certify evalsmith --tier C1 --by YOUR_NAME at a terminal") from None
         raise Refusal(f"evalsmith, which writes the proposed cases, may not run: {why}") from None
     with fac.store.locked(fac.records / args.agent):   # two harvests at once never propose one run twice
-        done = harvest_flagged(fac, args.agent, smith, smith_cert)
+        done = harvest_flagged(fac, loaded(fac, target), smith, smith_cert)
     review = f"; {done.reviewed} held back for a human in {fac.shown(fac.review_path(smith.name))} " \
              f"(evalsmith's gate did not pass them)" if done.reviewed else ""
     found = f"; {done.found} already proposed by a harvest that stopped half-way (now recorded as harvested)" \
@@ -6471,15 +6472,15 @@ class Harvested:
     failed: list = field(default_factory=list)   # evalsmith run ids whose proposal could not be written
 
 
-def harvest_flagged(fac: Factory, name: str, smith: Agent, smith_cert: dict) -> Harvested:
-    """Run evalsmith once per flagged run of NAME not harvested yet (the caller holds the harvest lock); a
+def harvest_flagged(fac: Factory, target: Agent, smith: Agent, smith_cert: dict) -> Harvested:
+    """Run evalsmith once per flagged run of `target` not harvested yet (the caller holds the harvest lock); a
     run whose proposal is already written is recorded as harvested. source_run is the flagged run's id."""
-    log = fac.records / name / "harvested.jsonl"
+    name, log = target.name, fac.records / target.name / "harvested.jsonl"
     done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
     todo, result = harvest_candidates(fac, name, done)
     written = proposed_before(fac, name, smith.name)
     found, todo = [row for row in todo if row["run_id"] in written], [row for row in todo if row["run_id"] not in written]
-    inputs = [flagged_input(fac, row) for row in todo]  # every trace read before anything is written
+    inputs = [flagged_input(fac, row, target) for row in todo]  # every trace read before anything is written
     for row in found:
         fac.store.append_jsonl(log, {"run_id": row["run_id"], "by_run": None, "status": "found proposed"})
     result.found, result.flagged = len(found), len(todo)
@@ -6542,10 +6543,11 @@ def harvest_run_of(case_id) -> list[str]:
     return [case_id.removeprefix("harvest-")] if isinstance(case_id, str) and case_id.startswith("harvest-") else []
 
 
-def flagged_input(fac: Factory, row: dict) -> dict:
-    """What evalsmith sees of one flagged run: its input (from the trace header), output (none for an
-    unfinished run, whose header is all that is read: a killed run may have left its last line torn),
-    gate and denials."""
+def flagged_input(fac: Factory, row: dict, target: Agent) -> dict:
+    """What evalsmith sees of one flagged run of `target`: its input (from the trace header), output (none for
+    an unfinished run, whose header is all that is read: a killed run may have left its last line torn), gate,
+    denials, the agent's output contract (its properties, hand-off field, and the tools a case may list as
+    denied) and its reference, what the agent's own rules answer for the input (None when they raise)."""
     if row.get("state") == "started":
         header, output = trace_header(fac, row["agent"], row["run_id"]), None
     else:
@@ -6553,7 +6555,18 @@ def flagged_input(fac: Factory, row: dict) -> dict:
         header, output = recorded.header, recorded.end.get("output") if recorded.end else None
     return {"run_id": row["run_id"], "agent": row["agent"], "input": header.get("input"), "output": output,
             "gate": {"verdict": row.get("gate"), "p": row.get("p")},
-            "denials": row.get("denied", []), "why": "; ".join(row.get("why", []))}
+            "denials": row.get("denied", []), "why": "; ".join(row.get("why", [])),
+            "contract": {"properties": target.module.OUTPUT_SCHEMA.get("properties", {}), "handoff": target.handoff_field,
+                         "tools": sorted({*target.card["tools"], *target.card["tools_denied"], *target.contracts})},
+            "reference": rules_answer(target, header.get("input"))}
+
+
+def rules_answer(agent: Agent, task_input) -> dict | None:
+    """What the agent's own offline rules answer for one input, or None when they raise (or exit)."""
+    try:
+        return agent.rules(task_input)[1]
+    except (Exception, SystemExit):   # the agent's code: its failure is no answer, and harvest goes on
+        return None
 
 
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to recall, with every variant stamped from it"),

@@ -337,17 +337,16 @@ class CodeThatRuns(CertifiedTest):
 
     def test_evalsmith_imports_the_roots_triager_not_the_install_folders(self):
         triager = self.root / "agents" / "triager.py"
-        triager.write_text(triager.read_text() + "\n_rules = rules\n\n\ndef rules(ticket):\n"
-                           "    calls, output = _rules(ticket)\n    return calls, {**output, 'label': 'other'}\n")
+        triager.write_text(triager.read_text() + "\n\ndef is_injection(ticket):\n    return True\n")
         code, out, err = self.factory("prove", "evalsmith", "--json")
-        got = {failure["wrong"].get("label", {}).get("got") for failure in json.loads(out)["failures"]}
-        self.assertIn("other", got, "evalsmith ran the install folder's triager, not the root's")
+        got = [failure["wrong"]["expect"]["got"]["escalate"] for failure in json.loads(out)["failures"]]
+        self.assertTrue(got and all(got), "evalsmith ran the install folder's triager, not the root's")
         self.assertIn("module agents/triager.py", self.factory("digest", "evalsmith", "--explain")[1])
 
     def test_an_import_the_source_does_not_name_is_refused_in_one_line(self):
         smith = self.root / "agents" / "evalsmith.py"
         smith.write_text(smith.read_text().replace("from agents import triager", "triager = __import__('agents.triager')"))
-        self.refused("agents/evalsmith.py line 27: __import__ loads code the digest does not cover", "digest", "evalsmith")
+        self.refused("agents/evalsmith.py line 31: __import__ loads code the digest does not cover", "digest", "evalsmith")
         smith.write_text(smith.read_text().replace("triager = __import__('agents.triager')", "from agents import nosuch"))
         self.refused("agents/evalsmith.py imports agents.nosuch, and there is no agents/nosuch.py", "digest", "evalsmith")
 
