@@ -1354,8 +1354,7 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
     CardField("draft_rubric.levels", "list", REQUIRED, "exactly five levels 0..4 in order, each {level, description}",
               "what each level means", _levels),
     CardField("prices", "object", "none: llm.py's built-in prices", 'an object {MODEL: {"input": USD, "output": USD}}',
-              "what a model costs per million tokens, used before llm.py's built-in prices (a reply is priced by the "
-              "model it names: `sageroute` for a proxy that did not say where it routed)", _prices),
+              "per million tokens, used before llm.py's prices (a proxy that names no routed model: `sageroute`)", _prices),
     CardField("cost_envelope_usd", "number", REQUIRED, "a number >= 0",
               "the most one run may spend, checked before every model call", lambda v: _is_number(v) and v >= 0),
     CardField("act_envelope", "object", "its fields' defaults", 'an object {"calls", "usd"}',
@@ -2081,9 +2080,7 @@ OUTPUT_FIELDS = (  # card field naming an output property -> (the JSON type it m
 
 
 def output_field_problems(card: dict, schema, where: str) -> list[str]:
-    """One problem for each card field naming an output property (OUTPUT_FIELDS) that is not a property of that
-    JSON type in the output contract (OUTPUT_SCHEMA), naming the properties of that type it does have: the
-    line must know for sure when an agent hands a run to a human, and which field a rubric scores."""
+    """A problem for each card field (OUTPUT_FIELDS) naming no OUTPUT_SCHEMA property of its type, naming those it has."""
     props = schema.get("properties") if isinstance(schema, dict) else None
     props, problems = props if isinstance(props, dict) else {}, []
     for path, kind, what in OUTPUT_FIELDS:
@@ -4650,8 +4647,7 @@ def gate_content(task: str, output: dict, held: list) -> str:
 
 
 def judge(answer: str | None, p: float | None, bar: float, cost: str | None) -> dict:
-    """passed = answer == yes and p >= bar and the cost known and within the envelope (`cost`: why not, from
-    cost_problem, else None); null answer is `unsure`, not `no`."""
+    """passed = answer == yes and p >= bar and no `cost` problem (cost_problem); null answer is `unsure`, not `no`."""
     shown = "?" if p is None else f"{p:.3f}"
     if answer is None:
         result, note = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag"
@@ -4991,8 +4987,7 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
 
 
 def cost_problem(fac: Factory, agent: Agent, loop: Loop) -> str | None:
-    """Why the run's cost does not count as within its envelope (unknown: why, and where a price is declared;
-    or over it), else None: an unknown cost is never within an envelope, nor said to be outside it."""
+    """Why the run's cost is not within its envelope (unknown, and why; or over it), else None."""
     envelope = agent.card["cost_envelope_usd"]
     if loop.cost is None:
         hint = f"; declare one in {fac.shown(fac.card_path(agent.name))} (prices)" * loop.unpriced.startswith("no price")
@@ -6373,8 +6368,7 @@ TICKET_COLUMNS = "ticket\tHANDOFF=\tgate=\tverdict=\t-> where it went"   # run -
 
 
 def went(row: dict) -> str:
-    """Where a run went, in the one wording `run`, `run --file` and `--json` all use: not run (a refused
-    ticket), routed to a human, waiting for a human's approval, or passed (verified: no human needed)."""
+    """Where a run went, in the one wording `run`, `run --file` and `--json` all use."""
     if row["status"] == "refused":
         return f"not run: {row['why'][0]}"
     if row["routed"]:
@@ -6433,10 +6427,9 @@ def flagged(row: dict) -> bool:
 def cmd_harvest(fac: Factory, args) -> int:
     """Turn an agent's flagged runs into proposed eval cases.
 
-    Flagged: the gate said no or unsure, a tool was denied, or the run did not finish (a killed run is
-    read from its trace header; one still being written waits). The certified evalsmith writes one
-    proposed case per run into evals/AGENT/proposed.jsonl, each run once, in AGENT's own output contract
-    (AGENT's own rules, run on each input, are its reference); promotion is a human edit.
+    Flagged: the gate said no or unsure, a tool was denied, or the run did not finish. The certified
+    evalsmith writes one case per run into evals/AGENT/proposed.jsonl in AGENT's output contract (AGENT's
+    own rules are its reference); promotion is a human edit.
     """
     target = read_agent(fac, args.agent)
     try:
@@ -6448,13 +6441,13 @@ def cmd_harvest(fac: Factory, args) -> int:
         raise Refusal(f"evalsmith, which writes the proposed cases, may not run: {why}") from None
     with fac.store.locked(fac.records / args.agent):   # two harvests at once never propose one run twice
         done = harvest_flagged(fac, loaded(fac, target), smith, smith_cert)
-    review = f"; {done.reviewed} held back for a human in {fac.shown(fac.review_path(smith.name))} " \
-             f"(evalsmith's gate did not pass them)" if done.reviewed else ""
-    found = f"; {done.found} already proposed by a harvest that stopped half-way (now recorded as harvested)" \
-        if done.found else ""
-    running = f"; {done.running} unfinished run(s) still being written, left for a later harvest" if done.running else ""
+    also = ((done.reviewed, f"held back for a human in {fac.shown(fac.review_path(smith.name))} (evalsmith's gate did not "
+                            f"pass them)"), (done.found, "already proposed by a harvest that stopped half-way (now "
+                                                         "recorded as harvested)"),
+            (done.running, "unfinished run(s) still being written, left for a later harvest"))
     print(f"harvested {done.flagged} flagged run(s) of {args.agent}; proposed {done.proposed} case(s) into "
-          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them){review}{found}{running}")
+          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them)"
+          + "".join(f"; {count} {what}" for count, what in also if count))
     if done.failed:
         print(f"factory harvest: the proposal for {len(done.failed)} run(s) could not be written (evalsmith run(s) "
               f"{', '.join(done.failed)}: see their traces); they stay flagged for the next harvest", file=sys.stderr)
@@ -6544,10 +6537,8 @@ def harvest_run_of(case_id) -> list[str]:
 
 
 def flagged_input(fac: Factory, row: dict, target: Agent) -> dict:
-    """What evalsmith sees of one flagged run of `target`: its input (from the trace header), output (none for
-    an unfinished run, whose header is all that is read: a killed run may have left its last line torn), gate,
-    denials, the agent's output contract (its properties, hand-off field, and the tools a case may list as
-    denied) and its reference, what the agent's own rules answer for the input (None when they raise)."""
+    """What evalsmith sees of one flagged run of `target` (agents/evalsmith.py says each field): its input, from
+    the trace header (all an unfinished run's trace is read for), output, gate, denials, contract, reference."""
     if row.get("state") == "started":
         header, output = trace_header(fac, row["agent"], row["run_id"]), None
     else:
@@ -7433,11 +7424,10 @@ def usd_text(amount: float | None) -> str:
 # ---- the page: the text tower's table and lines, and each agent's charts as tables whose bars are their own figures
 
 HTML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"})  # html.escape's
-TOWER_CSS = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}"
-             "table{border-collapse:collapse;margin:0 1em 1em 0}th,td{border:1px solid #ccc;padding:.15em .6em;"
-             "text-align:right}th:first-child,td:first-child{text-align:left}caption{text-align:left;font-weight:bold}"
-             "section{background:#fff;border:1px solid #ddd;padding:.5em 1em;margin-bottom:1em}p{margin:.2em 0}"
-             ".charts{display:flex;flex-wrap:wrap;align-items:flex-start;margin-top:.6em}td.bar{width:10em;text-align:left}"
+TOWER_CSS = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:0 1em 1em 0}"
+             "th,td{border:1px solid #ccc;padding:.15em .6em;text-align:right}th:first-child,td:first-child,caption"
+             "{text-align:left}section{border:1px solid #ddd;padding:0 1em;margin-bottom:1em}p{margin:.2em 0}"
+             ".charts{display:flex;flex-wrap:wrap;align-items:flex-start}td.bar{width:10em;text-align:left}"
              "td.bar span{display:inline-block;height:.9em;background:#78909c}td.bar span.passing{background:#2e7d32}"
              ".problem,.why,[data-state=refused],[data-state=demoted]{color:#c62828}[data-state=may-run]{color:#2e7d32}")
 
