@@ -530,12 +530,10 @@ def lock_now(handle, kind: int) -> bool:
 
 
 class Store:
-    """Every read and write of one factory's files, in one place.
-
-    Reads are strict: a regular file inside the root or the sealed folder unless the user named it,
-    of bounded size, UTF-8 JSON of the expected shape; a refusal names the file (and line). Writes go
-    through real folders inside the root (O_NOFOLLOW); JSON writes are atomic, appends locked and whole
-    lines; secrets are scrubbed from every string written; the machine's refusals are StoreErrors."""
+    """Every read and write of one factory's files, in one place. Reads are strict (a regular file inside
+    the root or the sealed folder unless the user named it, bounded, UTF-8 JSON of the expected shape;
+    a refusal names file and line); writes go through real folders (O_NOFOLLOW), atomic or appended
+    whole under a lock, secrets scrubbed; the machine's refusals are StoreErrors."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
@@ -1572,11 +1570,10 @@ def call_loading(call) -> list[tuple[int, str]]:
 
 
 class Code:
-    """The agent and tool modules of one factory for one station invocation. Each file under agents/ is
-    read once through the Store, hashed, and executed from exactly those bytes: no bytecode cache, and
-    an agent module's imports of other agent modules resolve to this root's agents/NAME.py (only those
-    its source names: what the digest covers), never through sys.path. Refusal naming the file for a
-    module that is missing, not valid Python, or fails to load."""
+    """The agent and tool modules of one factory for one station. Each file under agents/ is read once,
+    hashed, and executed from exactly those bytes (no bytecode cache); its imports of agent modules
+    resolve to this root's agents/NAME.py, never sys.path. Refusal naming a module that is missing, not
+    valid Python, or fails to load."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
@@ -5487,6 +5484,16 @@ def shard_text(text: str) -> tuple[int, int]:
     return int(k), int(n)
 
 
+JSON_LINES = arg("--json", action="store_true", help="print JSON instead: one object per line (see README)")
+
+
+def printed_json(args, *objects: dict) -> bool:
+    """With --json, print each object as one line of JSON and say so (True); else print nothing (False)."""
+    for obj in objects if args.json else ():
+        print(json.dumps(obj, ensure_ascii=False))
+    return args.json
+
+
 def jobs_argument(what: str, default: int | None = DEFAULT_JOBS, note: str = "") -> tuple:
     """--jobs N: how many cases or tickets at a time (`default` None: the station decides; `note` says how)."""
     return arg("--jobs", type=at_least_one, default=default, metavar="N",
@@ -5569,12 +5576,10 @@ def example_tools(text: str) -> tuple[str, ...]:
 def cmd_new(fac: Factory, args) -> int:
     """Create your own agent, ready to prove, certify and run.
 
-    Writes its card (masters/NAME.json, a default in every field), its module (agents/NAME.py: SYSTEM,
-    OUTPUT_SCHEMA, offline rules), its tool module (agents/tools/NAME.py: NAME:lookup, NAME:draft) and
-    an open and a sealed half whose cases pass; --from AGENT copies AGENT's module, card and open half.
-    All files or none, the card last; an existing card, or a file there that `new` did not write, is
-    refused first; a `new` stopped part-way is finished by running it again.
-    Then: prove NAME, prove NAME --sealed, certify NAME, run NAME.
+    Writes its card, its module, its tool module (NAME:lookup, NAME:draft) and an open and a sealed half
+    whose cases pass; --from AGENT copies AGENT's module, card and open half. All or none, the card last;
+    a `new` stopped part-way is finished by running it again. Then: prove NAME, prove NAME --sealed,
+    certify NAME, run NAME.
     """
     family = module_name(args.name)
     if args.source is not None and args.tools is not None:
@@ -5712,7 +5717,7 @@ def finish_stamp(fac: Factory, master: str, name: str, overrides: dict, earlier:
     return 0
 
 
-@station(arg("master", type=agent_name, metavar="MASTER", help="the master whose variants to re-derive"),
+@station(arg("master", type=agent_name, metavar="MASTER", help="the master whose variants to re-derive"), JSON_LINES,
          examples=("python3 factory.py restamp triager",),
          exits=("done, also when no variant changed", "refused: no such master, or a variant's card is invalid"),
          env=ROOT_ENV)
@@ -5728,6 +5733,8 @@ def cmd_restamp(fac: Factory, args) -> int:
     revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]
     for name, card in changed.items():
         fac.store.write_json(fac.card_path(name), card)
+    if printed_json(args, {"master": args.master, "restamped": list(changed), "revoked": revoked, "skipped": skipped}):
+        return 0
     print(f"restamped {len(changed)} variant(s) from {args.master}: {list(changed)}")
     print(f"revoked {len(revoked)} certificate(s): {revoked}")
     if skipped:
@@ -5761,13 +5768,10 @@ def cmd_restamp(fac: Factory, args) -> int:
 def cmd_prove(fac: Factory, args) -> int:
     """Prove an agent on its open or sealed suite.
 
-    Runs every case of the open half (evals/SUITE/cases.jsonl) or, with --sealed, the sealed half
-    (SEALED_DIR/SUITE/sealed.jsonl) with every tool a recorder, and writes the proof record under
-    records/AGENT/. The suite is the card's evals.suite, else the agent's own or its nearest master's.
-    The worker is the card's model when its key is set, else the agent's offline rules; Sage scores
-    drafts against the card's rubric. Prints the verdict, the score and its interval against the bar,
-    its parts, and why each case failed (sealed ones by id only). --shard K/N proves one slice and writes
-    a shard record; --merge judges the whole half from every slice's record.
+    Runs every case of the open half (evals/SUITE/cases.jsonl) or the sealed one (--sealed) with every
+    tool a recorder, on the card's model when its key is set, else the agent's offline rules; writes the
+    proof record under records/AGENT/ and prints the verdict, the score and its interval against the bar,
+    and why each case failed (sealed ones by id). --shard K/N proves a slice; --merge judges the whole.
     """
     agent = load_agent(fac, args.agent)
     refuse_if(lineage_problem(fac, agent.name, agent.card))   # the suite may be a master's: its lineage must hold
@@ -5849,29 +5853,25 @@ def unanswered_text(proof: dict) -> str:
 
 def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
     """JUnit XML for one proof (Jenkins/Surefire schema, times in s): properties carry verdict, score and
-    bar; a testcase per case, and `pass bar`, which fails exactly when the verdict is not PASS. Only a
-    failed proof fails cases (a miss a <failure>; a crash or, with --require-model, an unanswered case an
-    <error>); a passing proof's or a shard's misses are in <system-out> and the `missed` property. A shard
-    skips its pass bar: the merge judges it."""
+    bar; a testcase per case and `pass bar`, which fails exactly when the verdict is not PASS. Only a
+    failed proof fails cases (a miss a <failure>, a crash or an unanswered case an <error>); a passing
+    proof's misses are in <system-out> and `missed`."""
     from xml.etree import ElementTree as ET
-    name, shard = f"{proof['agent']}.{proof['half']}", proof.get("shard")
+    name = f"{proof['agent']}.{proof['half']}"
     suites = ET.Element("testsuites", name="factory prove", time=f"{seconds:.3f}")
-    suite = ET.SubElement(suites, "testsuite", name=name + (f".shard-{shard[0]}-of-{shard[1]}" if shard else ""),
-                          time=f"{seconds:.3f}", timestamp=proof["at"])
+    suite = ET.SubElement(suites, "testsuite", name=name, time=f"{seconds:.3f}", timestamp=proof["at"])
     properties, missed = ET.SubElement(suite, "properties"), []
     for result in results:
         case = ET.SubElement(suite, "testcase", classname=f"factory.{name}", name=result["id"], time=f"{result['seconds']:.3f}")
         kind, why = failure_type(proof, result), failure_message(proof["half"], result)
-        if kind and (proof["passed"] or shard):
+        if kind and proof["passed"]:
             missed.append(f"{result['id']} ({kind}): {why}")
         elif kind:
             ET.SubElement(case, "error" if kind in ("run-crashed", "model-unanswered") else "failure", type=kind, message=why).text = why
     bar = ET.SubElement(suite, "testcase", classname=f"factory.{name}", name="pass bar", time="0.000")
     verdict, score = proof["verdict"], part_text(proof, proof["pass_bar"])
     why = f"{verdict}: {score} (bar {proof['pass_bar']}), draft:{proof['draft_check']}"
-    if shard:
-        ET.SubElement(bar, "skipped", message=f"shard {shard[0]}/{shard[1]}: the verdict is the merge's")
-    elif not proof["passed"]:
+    if not proof["passed"]:
         why += f"; {unanswered_text(proof)}" if verdict == "MODEL UNANSWERED" else ""
         ET.SubElement(bar, "failure", type=verdict.lower().replace(" ", "-"), message=why).text = why
     parts = [("real", proof["real"]), ("synthetic", proof["synthetic"])] + \
@@ -5950,12 +5950,10 @@ def failure_message(half: str, result: dict) -> str:
 def cmd_certify(fac: Factory, args) -> int:
     """Sign an agent's certificate, as a human at a terminal.
 
-    Refused without a sealed proof of the agent as it is now whose MAC verifies and verdict is PASS,
-    after the sealed suite changed, above the card's tier_ceiling, after a recall with no sealed proof
-    since, at C2 or C3 without production evidence at the tier below, or when stdin is not a terminal.
-    Otherwise it shows what you sign and the evidence behind it and asks `sign it? [y/N]`. It signs with
-    the signer's HMAC key (FACTORY_KEYS_DIR/SIGNER.key, made on first use) or, with --ssh-key, with
-    `ssh-keygen -Y sign`, checked against the trusted allowed signers first.
+    Refused without a verified sealed proof of the agent as it is now whose verdict is PASS, and for each
+    other guard (suite changed, tier ceiling, recall, production evidence at C2/C3, stdin not a
+    terminal). Otherwise it shows what you sign and asks `sign it? [y/N]`; it signs with the signer's
+    HMAC key (made on first use) or, with --ssh-key, with `ssh-keygen -Y sign`.
     """
     signer = signer_of(fac, args)
     claim = enforce(Claim(fac, args.agent, "certify", tier=args.tier), CERTIFY_GUARDS)
@@ -5985,10 +5983,9 @@ def cmd_certify(fac: Factory, args) -> int:
 
 
 def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
-    """What the signer sees before `sign it?`: agent, tier, digest; a variant's changes from its master;
-    the sealed proof and its evidence, its backend (warning for offline rules or unscored drafts); the
-    sealed attempts since the last certification; the production evidence; the certificate it replaces
-    and any recall since; the grants and both envelopes; which answers sign."""
+    """What the signer sees before `sign it?`: agent, tier, digest; a variant's changes; the sealed proof,
+    its evidence and backend (with warnings); sealed attempts; production evidence; the certificate it
+    replaces and any recall; grants and envelopes; which answers sign."""
     agent = claim.agent
     how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
     lines = [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
@@ -6170,10 +6167,9 @@ def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
 
     The certificate is verified first. Reads execute; drafts and acting calls are held until the output
-    gate (Sage) has seen the input, the output and every held call, then settled by tier, gate and the
-    agent's hand-off. Each run leaves a trace and its index rows (and is exported when an OTLP endpoint
-    is set); one the gate does not pass, or the agent hands off, is routed to a human with the reason.
-    A run whose effect could not be written or read back ends uncertain-effect: exit 1.
+    gate (Sage) has seen them, then settled by tier, gate and hand-off. Each run leaves a trace and its
+    index rows (and is exported with an OTLP endpoint set); one not passed is routed to a human, saying
+    why. An effect not written or not read back ends uncertain-effect: exit 1.
     """
     if (args.input is None) == (args.file is None):
         raise Usage("one input: TEXT or --file TICKETS.jsonl, not both and not neither")
@@ -6396,11 +6392,9 @@ def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
 def cmd_tower(fac: Factory, args) -> int:
     """Show per agent its trust, runs, gate results and verdicts.
 
-    Every agent with runs, a card or a certificate: its certificate's tier and signer, whether it may run
-    (and why not), drift; from traces/index.jsonl its runs (and unfinished ones), gate pass %, acted,
-    staged, cost, denials, verdicts, backends and the gate's p by tenths. --json prints the document the
-    text and --html (one offline page of charts) are drawn from. What cannot be read is named, and the
-    tower says it is partial.
+    Trust (tier, signer, may it run and why not, drift) and, from traces/index.jsonl, runs, gate pass %,
+    acted, staged, cost, denials, verdicts, backends and the gate's p by tenths. --json prints the document
+    the text and --html (an offline page of charts) are drawn from; what cannot be read is named (partial).
     """
     doc = tower_document(fac)
     if args.json:
@@ -6420,7 +6414,7 @@ def flagged(row: dict) -> bool:
     return row.get("gate") in ("flag", "unsure") or bool(row.get("denied")) or row.get("status") != "done"
 
 
-@station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose flagged runs to harvest"),
+@station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose flagged runs to harvest"), JSON_LINES,
          examples=("python3 factory.py harvest triager",),
          exits=("done, also when nothing was flagged", "refused: no such agent, or evalsmith is not certified"),
          env=(*ROOT_ENV, *KEYS_ENV, *MODEL_ENV, *OTEL_ENV))
@@ -6445,9 +6439,10 @@ def cmd_harvest(fac: Factory, args) -> int:
                             f"pass them)"), (done.found, "already proposed by a harvest that stopped half-way (now "
                                                          "recorded as harvested)"),
             (done.running, "unfinished run(s) still being written, left for a later harvest"))
-    print(f"harvested {done.flagged} flagged run(s) of {args.agent}; proposed {done.proposed} case(s) into "
-          f"{fac.shown(fac.evals / args.agent / 'proposed.jsonl')} (a human promotes them)"
-          + "".join(f"; {count} {what}" for count, what in also if count))
+    proposals = fac.shown(fac.evals / args.agent / "proposed.jsonl")
+    printed_json(args, {"agent": args.agent, **vars(done), "proposals": proposals}) or print(
+        f"harvested {done.flagged} flagged run(s) of {args.agent}; proposed {done.proposed} case(s) into {proposals} "
+        f"(a human promotes them)" + "".join(f"; {count} {what}" for count, what in also if count))
     if done.failed:
         print(f"factory harvest: the proposal for {len(done.failed)} run(s) could not be written (evalsmith run(s) "
               f"{', '.join(done.failed)}: see their traces); they stay flagged for the next harvest", file=sys.stderr)
@@ -6562,7 +6557,7 @@ def rules_answer(agent: Agent, task_input) -> dict | None:
 
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to recall, with every variant stamped from it"),
          arg("--reason", type=reason_text, required=True, metavar="TEXT",
-             help="why: kept in the recall log and shown in every refusal it causes"),
+             help="why: kept in the recall log and shown in every refusal it causes"), JSON_LINES,
          examples=('python3 factory.py recall triager --reason "drafts promised refunds"',),
          exits=("recalled", "refused: no such agent"),
          env=(*ROOT_ENV, "USER"))
@@ -6577,6 +6572,8 @@ def cmd_recall(fac: Factory, args) -> int:
     variants = descendants(fac, args.agent, recall_reach(fac))   # read (and checked) before anything is written
     entry = {"agent": args.agent, "reason": args.reason, "at": utc_now(), "by": user_name(fac.env)}
     append_to_log(fac, "recalls", lambda chain: entry)
+    if printed_json(args, {**entry, "variants": variants}):
+        return 0
     print(f"recalled {args.agent} and {len(variants)} variant(s): {variants}")
     print("every new run of these is refused until a fresh sealed proof and a new signature; runs already underway finish and are gated.")
     return 0
@@ -6616,7 +6613,7 @@ def gate_report(fac: Factory) -> list[str]:
     return lines
 
 
-@station(examples=("python3 factory.py doctor",),
+@station(JSON_LINES, examples=("python3 factory.py doctor",),
          exits=("done, whatever it found", "refused: the root is no folder, or a key or endpoint no request can use"),
          env=(*ROOT_ENV, *KEYS_ENV, *MODEL_ENV))
 def cmd_doctor(fac: Factory, args) -> int:
@@ -6627,24 +6624,34 @@ def cmd_doctor(fac: Factory, args) -> int:
     live check of the gate: "why is every run routed to a human?".
     """
     present = [name for name in KEY_NAMES if fac.env.get(name)]
+    agents, gate = [doctor_row(fac, path.stem) for path in sorted(fac.masters.glob("*.json"))], gate_report(fac)
+    if printed_json(args, {"root": str(fac.root), "keys_present": present, "agents": agents, "gate": gate}):
+        return 0
     print(f"root {fac.root}")
     print(f"keys present: {', '.join(present) or 'none'} (values are never printed)")
-    for path in sorted(fac.masters.glob("*.json")):
-        name = path.stem
-        try:
-            card = load_card(fac, name)
-        except Refusal as why:
-            print(f"{name}: card does not load: {why}")
-            continue
-        worker = llm.Worker(model=card["model"], env=fac.env)
-        print(f"{name}: worker {worker.planned_backend()} (primary {card['model']['primary']}, "
-              f"fallback {card['model'].get('fallback', '-')}); gate bar {card['evals']['gate']}; {certificate_state(fac, name)}")
-    for line in gate_report(fac):
+    for row in agents:
+        print(f"{row['agent']}: card does not load: {row['problem']}" if "problem" in row else
+              f"{row['agent']}: worker {row['worker']} (primary {row['primary']}, fallback {row['fallback'] or '-'}); "
+              f"gate bar {row['gate_bar']}; {row['state']}")
+    for line in gate:
         print(line)
     return 0
 
 
-@station(examples=("python3 factory.py pending",),
+def doctor_row(fac: Factory, name: str) -> dict:
+    """What doctor says of one agent: its worker backend, models, gate bar and whether it may run, or why
+    its card does not load."""
+    try:
+        card = load_card(fac, name)
+    except Refusal as why:
+        return {"agent": name, "problem": str(why)}
+    return {"agent": name, "worker": llm.Worker(model=card["model"], env=fac.env).planned_backend(),
+            "primary": card["model"]["primary"], "fallback": card["model"].get("fallback"),
+            "gate_bar": card["evals"]["gate"], "state": certificate_state(fac, name)}
+
+
+
+@station(JSON_LINES, examples=("python3 factory.py pending",),
          exits=("done, also when nothing waits", "a parked file or log entry does not read or verify: named"),
          env=(*ROOT_ENV, *KEYS_ENV, "PATH"))
 def cmd_pending(fac: Factory, args) -> int:
@@ -6664,12 +6671,13 @@ def cmd_pending(fac: Factory, args) -> int:
     shown = sorted((e for e in calls.entries if states[e["run_id"], e["call"]] in ("pending", "unknown", "executing", *STUCK)),
                    key=lambda e: e["staged_at"])
     uncertain = [e for e in calls.entries if states[e["run_id"], e["call"]] == "uncertain-effect"]
-    for e in shown:
-        print(*call_columns(e), f"staged {e['staged_at']}", f"expires {e['expires_at']}",
-              *state_column(states[e["run_id"], e["call"]], decided.get((e["run_id"], e["call"]), [])), sep="\t")
-    for e in uncertain:
-        print(*call_columns(e), uncertain_column(fac, e, decided[e["run_id"], e["call"]]), sep="\t")
-    if not shown and not uncertain:
+    for e in shown + uncertain:
+        call, state = (e["run_id"], e["call"]), states[e["run_id"], e["call"]]
+        why = [uncertain_column(fac, e, decided[call])] if e in uncertain else state_column(state, decided.get(call, []))
+        if not printed_json(args, {**{key: e[key] for key in PENDING_FIELDS}, "state": state, "why": (why or [None])[0]}):
+            print(*call_columns(e), *([] if e in uncertain else [f"staged {e['staged_at']}", f"expires {e['expires_at']}"]),
+                  *why, sep="\t")
+    if not shown and not uncertain and not args.json:
         print("(nothing waits for approval)")
     problems = [line for _, line in calls.unread] + calls.doubted
     if calls.log_problem:
@@ -6677,6 +6685,9 @@ def cmd_pending(fac: Factory, args) -> int:
     for problem in problems:
         print(f"factory pending: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+PENDING_FIELDS = ("run_id", "call", "agent", "tool", "args", "staged_at", "expires_at")   # of pending --json
 
 
 def state_column(state: str, decisions: list[dict]) -> list[str]:
@@ -6910,9 +6921,8 @@ def cmd_replay(fac: Factory, args) -> int:
 def cmd_export(fac: Factory, args) -> int:
     """Send stored runs to an OpenTelemetry backend (OTLP/HTTP).
 
-    Each run is one trace: the run, its model calls, tool calls and gate decisions. A run sends itself
-    as it ends and notes in its trace when that failed; this station sends the runs not sent yet (made
-    offline, failed, or before the backend was set), or those named. One line per run: sent, or FAILED.
+    Each run is one trace of spans: the run, its model calls, tool calls and gate decisions. A run sends
+    itself as it ends; this station sends the runs not sent yet, or those named: sent, or FAILED and why.
     """
     if fac.otlp is None:
         raise Refusal("no OTLP endpoint: set OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://localhost:4318)")
@@ -6946,6 +6956,7 @@ def export_run(fac: Factory, agent: str, run_id: str) -> str:
 
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose digest to print"),
          arg("--explain", action="store_true", help="print each component's digest, marking what changed since certification"),
+         JSON_LINES,
          examples=("python3 factory.py digest triager", "python3 factory.py digest triager --explain"),
          exits=("done", "refused: no such agent, or its card or code does not load"),
          env=ROOT_ENV)
@@ -6955,15 +6966,15 @@ def cmd_digest(fac: Factory, args) -> int:
     One sha256 over everything that decides the agent's behaviour: its card, its entrypoint module and
     the agent modules it imports, the tool code, and each granted or denied tool's contract.
     """
-    agent = read_agent(fac, args.agent)   # hashed and checked, never executed
+    agent, path = read_agent(fac, args.agent), fac.cert_path(args.agent)   # hashed and checked, never executed
+    certified = fac.store.read_json(path).get("components") if path.exists() and (args.explain or args.json) else None
+    certified = certified if isinstance(certified, dict) or certified is None else {}
+    changed = {label: None if certified is None else certified.get(label) != value for label, value in agent.components.items()}
+    if printed_json(args, {"agent": agent.name, "digest": agent.digest, "components": agent.components, "changed": changed}):
+        return 0
     print(agent.digest)
-    if args.explain:
-        path = fac.cert_path(agent.name)
-        certified = fac.store.read_json(path).get("components") if path.exists() else None
-        certified = certified if isinstance(certified, dict) or certified is None else {}
-        for label, value in agent.components.items():
-            note = "" if certified is None or certified.get(label) == value else "   <- changed since certification"
-            print(f"  {value}  {label}{note}")
+    for label, value in agent.components.items() if args.explain else ():
+        print(f"  {value}  {label}{'   <- changed since certification' if changed[label] else ''}")
     return 0
 
 
@@ -7084,9 +7095,8 @@ def rate_of(part: int, whole: int) -> float | None:
 
 def tower_document(fac: Factory) -> dict:
     """Everything the tower shows (the --json shape, TOWER_FORMAT): per agent with runs, a card or a
-    certificate, its run figures (one streamed pass over the index, the humans' decisions on its parked
-    calls folded in) and its trust. What cannot be read is a line in `problems` (the agent's, or the
-    tower's) and the document is `partial`; it never hides the other agents."""
+    certificate, its run figures (the humans' decisions on its parked calls folded in) and its trust.
+    What cannot be read is a line in `problems` and the document is `partial`."""
     problems: list[str] = []
     calls = parked(fac)
     watch = dict.fromkeys({e["run_id"] for e in calls.entries} | {run for run, _ in calls.decided or {}})
@@ -7523,10 +7533,9 @@ def print_columns(*cells: str) -> None:
 
 
 class SafeStream:
-    """stdout or stderr as the stations print to it: secrets scrubbed out, and what a terminal would act
-    on or the encoding cannot hold written as a visible `\\uXXXX` escape. One print is one line: a line
-    break or tab inside a printed value is escaped (`visible`). `unfiltered` is the stream underneath,
-    for the progress line's own carriage returns."""
+    """stdout or stderr as the stations print to it: secrets scrubbed, and what a terminal would act on or
+    the encoding cannot hold written as a visible `\\uXXXX`. One print is one line (`visible`).
+    `unfiltered` is the stream underneath, for the progress line's carriage returns."""
 
     def __init__(self, stream, hidden: tuple[tuple[str, str], ...]):
         self.unfiltered, self.hidden = stream, hidden

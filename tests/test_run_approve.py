@@ -479,6 +479,30 @@ class RecallAndHarvest(LineTest):
         self.assertEqual([(r["tool"], r["routed"], r["gate"]) for r in review], [("evals:propose", "human", "unscored")])
         self.assertIn("harvested 0 flagged run(s)", self.factory("harvest", "triager")[1])
 
+    def test_each_station_that_reports_says_it_as_json_with_json(self):
+        """--json: one JSON object per line, saying what the text says (harvest, restamp, recall, digest, doctor)."""
+        def json_of(*argv: str) -> list[dict]:
+            code, out, err = self.factory(*argv, "--json")
+            self.assertEqual(code, 0, err)
+            return [json.loads(line) for line in out.splitlines()]
+        self.factory("run", "triager", INJECTION)
+        [harvest] = json_of("harvest", "triager")
+        self.assertEqual({k: harvest[k] for k in ("agent", "flagged", "proposed", "reviewed", "proposals")},
+                         {"agent": "triager", "flagged": 1, "proposed": 0, "reviewed": 1, "proposals": "evals/triager/proposed.jsonl"})
+        [digest] = json_of("digest", "triager")
+        self.assertEqual(digest["digest"], self.cert()["digest"])
+        self.assertEqual(set(digest["changed"].values()), {False}, "nothing changed since certification")
+        [doctor] = json_of("doctor")
+        self.assertEqual({row["agent"]: row["state"] for row in doctor["agents"]}["triager-eu"], "certified C1")
+        self.assertEqual((doctor["keys_present"], doctor["root"]), ([], str(self.root)))
+        self.edit_card("triager", max_steps=7)   # a master fix: the variant is re-derived and its certificate revoked
+        [restamp] = json_of("restamp", "triager")
+        self.assertEqual(restamp, {"master": "triager", "restamped": ["triager-eu"], "revoked": ["triager-eu"], "skipped": []})
+        self.assertTrue(json_of("digest", "triager")[0]["changed"]["card"])
+        [recall] = json_of("recall", "triager", "--reason", "leaked drafts")
+        self.assertEqual({k: recall[k] for k in ("agent", "reason", "variants", "by")},
+                         {"agent": "triager", "reason": "leaked drafts", "variants": ["triager-eu"], "by": "tester"})
+
     def outbox_of_evals(self, agent: str) -> list[dict]:
         """Rows of evals/AGENT/proposed.jsonl."""
         path = self.root / "evals" / agent / "proposed.jsonl"
@@ -824,6 +848,13 @@ class Approval(Tiered):
         self.assertEqual(section.find("p[@class='calls']").text, f"approvals: {pending} pending, {uncertain} uncertain-effect")
         shown = {row[0].text: row[1].text for row in section.find(".//table[@data-chart='verdicts']")[2:] if row[0].text in verdicts}
         self.assertEqual(shown, {k: str(v) for k, v in verdicts.items()}, "the page counts the verdicts the document does")
+
+    def test_pending_json_is_one_object_per_call(self):
+        code, out, err = self.factory("pending", "--json")
+        [call] = [json.loads(line) for line in out.splitlines()]
+        self.assertEqual((code, call["run_id"], call["call"], call["agent"], call["tool"], call["state"], call["why"]),
+                         (0, self.run_id, 1, "payer", "billing:refund", "pending", None))
+        self.assertEqual(call["args"], json.loads(next(self.root.glob("registry/pending/*.json")).read_text())["args"])
 
     def test_pending_and_the_tower_agree_before_and_after_an_approval(self):
         verified = self.tower()["verdicts"]["verified"]
