@@ -6235,10 +6235,9 @@ class Batch:
 
 
 def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit, clients: Clients) -> Batch:
-    """Run tickets `jobs` at a time with the station's `clients`, results emitted in input order; a ticket
-    whose text is a Refusal is emitted as refused. When stdout closes (emit raises BrokenPipeError), no
-    ticket starts after it and those started finish unseen. The drift watch is asked before each ticket
-    and fed with each result."""
+    """Run tickets `jobs` at a time with the station's `clients`, results emitted in input order (a ticket
+    that is a Refusal emitted as refused). Once stdout closes (BrokenPipeError), no ticket starts and
+    those started finish unseen. The drift watch is asked before each ticket and fed each result."""
     drift, progress, inflight = Drift.of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
     batch = Batch()
     def finish():
