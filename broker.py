@@ -23,7 +23,8 @@ a call through `Broker.commit`.
 Settling also bounds a run's acting calls by its act envelope (`ActEnvelope`). Beside it sit the
 other decisions about a run that need no I/O: its verdict (`VERDICTS`, `run_verdict`), and the state
 of a parked call from its humans' signed decisions (`CALL_STATES`, `call_state`) with what approve
-and reject answer in each (`refused_in`).
+and reject answer in each (`refused_in`), and the tower's figures counted from rows the factory reads
+(`Tally`, `fold_decisions`).
 
 The broker never prints and never reads environment variables; the caller hands it the policy,
 the contracts, the tool implementations and a `record` callable that appends to the trace.
@@ -830,3 +831,145 @@ def merge_shards(records: list[tuple[str, dict]], want: dict, slice_of: Callable
         raise ValueError(f"shard {', '.join(missing)} missing: merge needs every shard of the {taken['n']}")
     rubric = next(state for state in RUBRIC_ORDER if state in rubrics)
     return outcomes, rubric, "" if rubric == "scored" else rubrics[rubric]
+
+
+# ---- the tower's figures: one agent's index rows counted as they stream by, and the humans' decisions
+# folded in (the factory reads the rows and the decisions; `calls` is its Parked: entries, states, decided)
+
+MAX_FIGURE = 2 ** 53 - 1   # no count or cost of one run comes near it; every JSON reader holds integers up to it exactly (RFC 8259 section 6)
+GATED = ("pass", "flag", "unsure")   # the gate results that score a run
+P_BINS = 10                  # the gate's p by tenths, in the text and the HTML alike
+
+
+@dataclass
+class Tally:
+    """Tower figures for one agent, accumulated row by row in a few small tables (runs per day, gate
+    result, verdict and tenth of the gate's p; cost per day; sums), so memory does not grow with the
+    number of runs and each row costs a handful of operations; `figures` works out the rest once."""
+    drift: object                        # the drift watch: observe(row) and figures()
+    signed_at: str = ""                  # drift counts only runs after the certificate was signed
+    feed: object = None                  # which rows the drift watch counts: admits(row) (None: no baseline)
+    outcomes: dict = field(default_factory=dict)   # (day, gate, verdict, p tenth or None) -> runs
+    spent: dict = field(default_factory=dict)      # day -> USD, None once a run's cost is unknown
+    acted: int = 0
+    staged: int = 0
+    denied: int = 0
+    cost_unknown: int = 0                # runs whose cost is unknown (no price, or no token counts)
+    backends: set = field(default_factory=set)
+    unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
+    problems: list = field(default_factory=list)  # one line per index row of this agent that is misshapen
+    watch: dict = field(default_factory=dict)     # run id with a parked call -> its verdict in the index (shared)
+    moved: dict = field(default_factory=dict)     # verdict -> runs a human's decision moved into (+) or out of (-) it
+
+    def add(self, row: dict) -> bool:
+        """Count one index row (one that fits the factory's INDEX_SHAPE); False, counting nothing, when its figures are
+        ones no run can have (figure_problem says which; a comparison with NaN is false, so no infinite
+        or NaN figure is counted). Runs a million times: kept flat."""
+        p, cost, acted, staged, backends = row.get("p"), row.get("cost_usd"), row["acted"], row["staged"], row["backends"]
+        if not (0 <= acted | staged <= MAX_FIGURE and (cost is None or 0 <= cost <= MAX_FIGURE) and (p is None or 0 <= p <= 1)):
+            return False
+        for name in backends:
+            if type(name) is not str:
+                return False
+        day = row["at"][:10]
+        key = (day, row["gate"], row["verdict"], None if p is None else int(p * P_BINS))
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        self.unclosed.discard(row["run_id"])
+        self.acted += acted
+        self.staged += staged
+        self.denied += len(row["denied"])
+        self.cost_unknown += cost is None
+        self.backends.update(backends)
+        spent = self.spent.get(day, 0.0)
+        self.spent[day] = None if cost is None or spent is None else spent + cost
+        if self.feed is not None and self.feed.admits(row):
+            self.drift.observe(row)
+        if row["run_id"] in self.watch:
+            self.watch[row["run_id"]] = row["verdict"]
+        return True
+
+    def move(self, before: str, after: str) -> None:
+        """Count a run's verdict moved by a human's decision on one of its parked calls."""
+        if before != after:
+            self.moved[before] = self.moved.get(before, 0) - 1
+            self.moved[after] = self.moved.get(after, 0) + 1
+
+    def figures(self) -> dict:
+        """The agent's run figures for the tower document, every rate worked out here (renderers only format)."""
+        days = {day: [0, 0, 0] for day in sorted(self.spent)}            # runs, scored, passed
+        verdicts = dict.fromkeys((v.name for v in VERDICTS), 0)
+        p_bins, unscored = [0] * P_BINS, 0
+        for (day, gate, verdict, tenth), runs in self.outcomes.items():
+            counts = days[day]
+            counts[0] += runs
+            counts[1] += runs * (gate in GATED)
+            counts[2] += runs * (gate == "pass")
+            unscored += runs * (gate in ("unscored", "failed"))
+            if verdict in verdicts:
+                verdicts[verdict] += runs
+            if tenth is not None:
+                p_bins[min(tenth, P_BINS - 1)] += runs
+        for verdict, runs in self.moved.items():
+            if verdict in verdicts:
+                verdicts[verdict] += runs
+        runs, scored, passed = (sum(counts[k] for counts in days.values()) for k in range(3))
+        handed_off = sum(runs for (_, gate, verdict, _), runs in self.outcomes.items()   # the gate passed, the agent handed off
+                         if gate == "pass" and verdict == "routed-to-human")
+        cost = 0.0 if None not in self.spent.values() else None
+        return {"runs": runs, "unfinished": len(self.unclosed), "scored": scored, "passed": passed,
+                "pass_rate": rate_of(passed, scored), "pass_interval": part(passed, scored)["interval"] if scored else None,
+                "unscored": unscored, "acted": self.acted,
+                "staged": self.staged, "denied": self.denied, "cost_unknown": self.cost_unknown, "handed_off": handed_off,
+                "cost_usd": None if cost is None else sum(self.spent.values(), cost),
+                "backends": sorted(self.backends),
+                "gate_p": {"bins": P_BINS, "counts": p_bins, "runs": sum(p_bins)},
+                "days": [{"day": day, "runs": n, "scored": s, "passed": k, "pass_rate": rate_of(k, s),
+                          "cost_usd": self.spent[day], "cost_per_run": None if self.spent[day] is None else self.spent[day] / n}
+                         for day, (n, s, k) in days.items()],
+                "verdicts": verdicts, "drift": self.drift.figures()}
+
+
+def rate_of(part: int, whole: int) -> float | None:
+    """part / whole, or None when whole is 0 (a rate over nothing is no rate)."""
+    return part / whole if whole else None
+
+
+def fold_decisions(tallies: dict, calls, watch: dict, problems: list[str]) -> None:
+    """Fold the verified decisions on parked calls into the runs the index counted (each other one is a
+    problem line): each result or rejected entry moves its run's verdict (from -> to); a call a human
+    acted on (DECIDED) no longer waits, and acted when a result (ok) or its rejection says it was written;
+    a run whose approver stopped before its result moves as that result would have (uncertain_moves)."""
+    if calls.decided is None:
+        problems.append(f"{calls.log_problem}; approvals and rejections are not counted until it is restored")
+        return
+    problems.extend(calls.doubted)
+    for key, decided in calls.decided.items():
+        tally, closing = tallies.get(decided[0]["agent"]), [e for e in decided if e["kind"] != "intent"]
+        if tally is None or not watch.get(key[0]) or calls.states.get(key, "executed" if closing else None) not in DECIDED:
+            continue
+        for entry in closing:
+            tally.move(str(entry.get("verdict_from")), str(entry.get("verdict_to")))
+        tally.staged -= 1
+        tally.acted += any(e.get("ok" if e["kind"] == "result" else "written") is True for e in closing)
+    for agent, before, after in uncertain_moves(calls, watch):
+        if agent in tallies:
+            tallies[agent].move(before, after)
+
+
+def uncertain_moves(calls, watch: dict) -> list[tuple[str, str, str]]:
+    """(agent, verdict before, verdict after) for each run the index counted with a call whose approver
+    stopped before its result: from its last closing entry's verdict (else its row's) to verdict_after."""
+    runs: dict[str, list[tuple]] = {}
+    for entry in calls.entries:
+        runs.setdefault(entry["run_id"], []).append((entry["agent"], (entry["run_id"], entry["call"])))
+    moves = []
+    for run_id, keys in runs.items():
+        states, decided = [calls.states[key] for _, key in keys], [calls.decided.get(key, []) for _, key in keys]
+        if not watch.get(run_id) or not any(s == "uncertain-effect" and d[-1]["kind"] == "intent" for s, d in zip(states, decided)):
+            continue
+        closed = [e for entries in decided for e in entries if e["kind"] != "intent"]
+        before = max(closed, key=itemgetter("at")).get("verdict_to") if closed else watch[run_id]
+        after = verdict_after(watch[run_id], [STATE_OUTCOMES[s] for s in states if s in STATE_OUTCOMES],
+                              any(s not in DECIDED for s in states))
+        moves.append((keys[0][0], str(before), after))
+    return moves

@@ -84,8 +84,9 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # the import below then finds it registered and reads no file of its own
 from broker import (  # noqa: E402
-    CANONICAL, DECIDED, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, STATE_OUTCOMES, VERDICTS, ActEnvelope,
+    CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, VERDICTS, ActEnvelope,
     Broker, Outcome, Policy, args_digest, call_state, check_args, outcome_of, refused_in, run_verdict, settle, verdict_after)
+from broker import GATED, MAX_FIGURE, P_BINS, Tally, fold_decisions  # noqa: E402   the tower's figures
 from broker import (  # noqa: E402   a proof's figures and statistics, and the certify prompt's card diff
     LABEL_SOURCES, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts, label_source_problem,
     label_text, lower_tail, part, part_text, proof_verdict, share, shares_by,
@@ -102,7 +103,6 @@ SIGNER = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 TIERS = ("C0", "C1", "C2", "C3")
 MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
-MAX_FIGURE = 2 ** 53 - 1   # no count or cost of one run comes near it; every JSON reader holds integers up to it exactly (RFC 8259 section 6)
 CLIP_CHARS = 8000              # ~2,000 tokens of a tool result or of the input go to the worker
 TRACE_FORMAT = "factory-trace-3"
 RECORD_FORMAT = "factory-proof-2"
@@ -3226,7 +3226,6 @@ SEALED_COUNTS = ("passing_cases", "cases", "interval", "real", "synthetic", "by_
 PROMOTION_RUNS = 20          # gated production runs at the tier below, since the agent (its digest) last changed
 
 
-GATED = ("pass", "flag", "unsure")
 
 
 @dataclass(frozen=True)
@@ -6994,102 +6993,8 @@ def cmd_schema(fac: Factory, args) -> int:
 # Owns the tower: one document computed in one streamed pass over the index (the --json shape), and
 # the text table and the self-contained HTML page drawn from that document alone.
 
-P_BINS = 10                  # the gate's p by tenths, in the text and the HTML alike
 PARTIAL_LINE = "partial: what is marked 'problem' could not be read; everything else is counted"
 FIGURE_RANGES = (("acted", MAX_FIGURE), ("staged", MAX_FIGURE), ("cost_usd", MAX_FIGURE), ("p", 1))   # field, highest; lowest 0
-
-
-@dataclass
-class Tally:
-    """Tower figures for one agent, accumulated row by row in a few small tables (runs per day, gate
-    result, verdict and tenth of the gate's p; cost per day; sums), so memory does not grow with the
-    number of runs and each row costs a handful of operations; `figures` works out the rest once."""
-    drift: Drift
-    signed_at: str = ""                  # drift counts only runs after the certificate was signed
-    feed: DriftFeed | None = None        # which rows the drift watch counts (None: no baseline)
-    outcomes: dict = field(default_factory=dict)   # (day, gate, verdict, p tenth or None) -> runs
-    spent: dict = field(default_factory=dict)      # day -> USD, None once a run's cost is unknown
-    acted: int = 0
-    staged: int = 0
-    denied: int = 0
-    cost_unknown: int = 0                # runs whose cost is unknown (no price, or no token counts)
-    backends: set = field(default_factory=set)
-    unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
-    problems: list = field(default_factory=list)  # one line per index row of this agent that is misshapen
-    watch: dict = field(default_factory=dict)     # run id with a parked call -> its verdict in the index (shared)
-    moved: dict = field(default_factory=dict)     # verdict -> runs a human's decision moved into (+) or out of (-) it
-
-    def add(self, row: dict) -> bool:
-        """Count one index row (one that fits INDEX_SHAPE); False, counting nothing, when its figures are
-        ones no run can have (figure_problem says which; a comparison with NaN is false, so no infinite
-        or NaN figure is counted). Runs a million times: kept flat."""
-        p, cost, acted, staged, backends = row.get("p"), row.get("cost_usd"), row["acted"], row["staged"], row["backends"]
-        if not (0 <= acted | staged <= MAX_FIGURE and (cost is None or 0 <= cost <= MAX_FIGURE) and (p is None or 0 <= p <= 1)):
-            return False
-        for name in backends:
-            if type(name) is not str:
-                return False
-        day = row["at"][:10]
-        key = (day, row["gate"], row["verdict"], None if p is None else int(p * P_BINS))
-        self.outcomes[key] = self.outcomes.get(key, 0) + 1
-        self.unclosed.discard(row["run_id"])
-        self.acted += acted
-        self.staged += staged
-        self.denied += len(row["denied"])
-        self.cost_unknown += cost is None
-        self.backends.update(backends)
-        spent = self.spent.get(day, 0.0)
-        self.spent[day] = None if cost is None or spent is None else spent + cost
-        if self.feed is not None and self.feed.admits(row):
-            self.drift.observe(row)
-        if row["run_id"] in self.watch:
-            self.watch[row["run_id"]] = row["verdict"]
-        return True
-
-    def move(self, before: str, after: str) -> None:
-        """Count a run's verdict moved by a human's decision on one of its parked calls."""
-        if before != after:
-            self.moved[before] = self.moved.get(before, 0) - 1
-            self.moved[after] = self.moved.get(after, 0) + 1
-
-    def figures(self) -> dict:
-        """The agent's run figures for the tower document, every rate worked out here (renderers only format)."""
-        days = {day: [0, 0, 0] for day in sorted(self.spent)}            # runs, scored, passed
-        verdicts = dict.fromkeys((v.name for v in VERDICTS), 0)
-        p_bins, unscored = [0] * P_BINS, 0
-        for (day, gate, verdict, tenth), runs in self.outcomes.items():
-            counts = days[day]
-            counts[0] += runs
-            counts[1] += runs * (gate in GATED)
-            counts[2] += runs * (gate == "pass")
-            unscored += runs * (gate in ("unscored", "failed"))
-            if verdict in verdicts:
-                verdicts[verdict] += runs
-            if tenth is not None:
-                p_bins[min(tenth, P_BINS - 1)] += runs
-        for verdict, runs in self.moved.items():
-            if verdict in verdicts:
-                verdicts[verdict] += runs
-        runs, scored, passed = (sum(counts[k] for counts in days.values()) for k in range(3))
-        handed_off = sum(runs for (_, gate, verdict, _), runs in self.outcomes.items()   # the gate passed, the agent handed off
-                         if gate == "pass" and verdict == "routed-to-human")
-        cost = 0.0 if None not in self.spent.values() else None
-        return {"runs": runs, "unfinished": len(self.unclosed), "scored": scored, "passed": passed,
-                "pass_rate": rate_of(passed, scored), "pass_interval": part(passed, scored)["interval"] if scored else None,
-                "unscored": unscored, "acted": self.acted,
-                "staged": self.staged, "denied": self.denied, "cost_unknown": self.cost_unknown, "handed_off": handed_off,
-                "cost_usd": None if cost is None else sum(self.spent.values(), cost),
-                "backends": sorted(self.backends),
-                "gate_p": {"bins": P_BINS, "counts": p_bins, "runs": sum(p_bins)},
-                "days": [{"day": day, "runs": n, "scored": s, "passed": k, "pass_rate": rate_of(k, s),
-                          "cost_usd": self.spent[day], "cost_per_run": None if self.spent[day] is None else self.spent[day] / n}
-                         for day, (n, s, k) in days.items()],
-                "verdicts": verdicts, "drift": self.drift.figures()}
-
-
-def rate_of(part: int, whole: int) -> float | None:
-    """part / whole, or None when whole is 0 (a rate over nothing is no rate)."""
-    return part / whole if whole else None
 
 
 def tower_document(fac: Factory) -> dict:
@@ -7112,47 +7017,6 @@ def tower_document(fac: Factory) -> dict:
                        "problems": tally.problems + trouble + counts.problems})
     partial = bool(problems) or any(a["problems"] for a in agents)
     return {"format": TOWER_FORMAT, "generated_at": utc_now(), "partial": partial, "problems": problems, "agents": agents}
-
-
-def fold_decisions(tallies: dict[str, Tally], calls: Parked, watch: dict, problems: list[str]) -> None:
-    """Fold the verified decisions on parked calls into the runs the index counted (each other one is a
-    problem line): each result or rejected entry moves its run's verdict (from -> to); a call a human
-    acted on (DECIDED) no longer waits, and acted when a result (ok) or its rejection says it was written;
-    a run whose approver stopped before its result moves as that result would have (uncertain_moves)."""
-    if calls.decided is None:
-        problems.append(f"{calls.log_problem}; approvals and rejections are not counted until it is restored")
-        return
-    problems.extend(calls.doubted)
-    for key, decided in calls.decided.items():
-        tally, closing = tallies.get(decided[0]["agent"]), [e for e in decided if e["kind"] != "intent"]
-        if tally is None or not watch.get(key[0]) or calls.states.get(key, "executed" if closing else None) not in DECIDED:
-            continue
-        for entry in closing:
-            tally.move(str(entry.get("verdict_from")), str(entry.get("verdict_to")))
-        tally.staged -= 1
-        tally.acted += any(e.get("ok" if e["kind"] == "result" else "written") is True for e in closing)
-    for agent, before, after in uncertain_moves(calls, watch):
-        if agent in tallies:
-            tallies[agent].move(before, after)
-
-
-def uncertain_moves(calls: Parked, watch: dict) -> list[tuple[str, str, str]]:
-    """(agent, verdict before, verdict after) for each run the index counted with a call whose approver
-    stopped before its result: from its last closing entry's verdict (else its row's) to verdict_after."""
-    runs: dict[str, list[tuple]] = {}
-    for entry in calls.entries:
-        runs.setdefault(entry["run_id"], []).append((entry["agent"], (entry["run_id"], entry["call"])))
-    moves = []
-    for run_id, keys in runs.items():
-        states, decided = [calls.states[key] for _, key in keys], [calls.decided.get(key, []) for _, key in keys]
-        if not watch.get(run_id) or not any(s == "uncertain-effect" and d[-1]["kind"] == "intent" for s, d in zip(states, decided)):
-            continue
-        closed = [e for entries in decided for e in entries if e["kind"] != "intent"]
-        before = max(closed, key=itemgetter("at")).get("verdict_to") if closed else watch[run_id]
-        after = verdict_after(watch[run_id], [STATE_OUTCOMES[s] for s in states if s in STATE_OUTCOMES],
-                              any(s not in DECIDED for s in states))
-        moves.append((keys[0][0], str(before), after))
-    return moves
 
 
 @dataclass
