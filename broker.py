@@ -703,6 +703,26 @@ def label_text(counts: dict) -> str:
     return ", ".join(f"{kind} {n}" for kind, n in counts.items() if n) or "no cases"
 
 
+# ---- the sealed half stays sealed: no input in both halves, none harvested into the open half
+
+def normalised(value) -> str:
+    """An input as two are compared for sameness: its text (a structured input as canonical JSON, keys
+    sorted) in Unicode NFKC, case-folded, each run of white space one space and none at either end; so
+    "Ｃard  LOST" and "card lost" are one input (https://unicode.org/reports/tr15/)."""
+    import unicodedata
+    text = value if isinstance(value, str) else CANONICAL.encode(value)
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def shared_inputs(open_half: list[dict], sealed_half: list[dict]) -> list[tuple[str, str]]:
+    """(open case id, sealed case id) for each open case whose normalised input is a sealed case's, in the
+    open half's order (each case a dict with `id` and `input`)."""
+    sealed = {}
+    for case in sealed_half:
+        sealed.setdefault(normalised(case["input"]), case["id"])
+    return [(case["id"], sealed[key]) for case in open_half if (key := normalised(case["input"])) in sealed]
+
+
 # ---- a proof's verdict, from its counts alone (prove's exit status, summary, --json and --junit; certify)
 
 # PASS              at or above the pass bar, and a draft rubric on the card was scored
@@ -973,3 +993,74 @@ def uncertain_moves(calls, watch: dict) -> list[tuple[str, str, str]]:
                               any(s not in DECIDED for s in states))
         moves.append((keys[0][0], str(before), after))
     return moves
+
+
+# ---- the detectors of a run going nowhere: what the router looks at, from signs of its tool calls alone
+
+NO_PROGRESS_STEPS = 5        # tool calls without one successful execution before detector 5 fires
+BURN_ALERT = 0.85            # share of the cost envelope spent that counts as a signal
+
+
+@dataclass(frozen=True)
+class Sign:
+    """What the detectors see of one tool call: digests and classes, never the model's reasoning."""
+    action: str          # tool + argument digest
+    observation: str     # digest of the result handed back
+    error: str | None    # denial verdict or failure class; None when it went through
+    effect: str | None
+    executed: bool       # progress: a call that executed ok, or a write the broker accepted and holds
+
+
+def repeated_observation(signs: list[Sign]) -> bool:
+    """1. the same action returned the same observation 3 times."""
+    seen: dict = {}
+    for sign in signs:
+        seen[sign.action, sign.observation] = seen.get((sign.action, sign.observation), 0) + 1
+    return max(seen.values(), default=0) >= 3
+
+
+def repeated_error(signs: list[Sign]) -> bool:
+    """2. the same error class 3 times in a row (a success resets)."""
+    last = [s.error for s in signs[-3:]]
+    return len(last) == 3 and last[0] is not None and len(set(last)) == 1
+
+
+def ping_pong(signs: list[Sign]) -> bool:
+    """3. two actions alternating at least 4 times within the last 8 calls."""
+    tail, run = [s.action for s in signs[-8:]], 0
+    for i in range(2, len(tail)):
+        run = run + 1 if tail[i] == tail[i - 2] and tail[i] != tail[i - 1] else 0
+    return run + 2 >= 4
+
+
+def write_check_cycles(signs: list[Sign]) -> bool:
+    """4. write -> failing check -> write -> failing check: two writes each followed by a failure."""
+    cycles = sum(1 for a, b in zip(signs, signs[1:]) if a.effect in ("draft", "act") and a.error is None and b.error)
+    return cycles >= 2
+
+
+def no_progress(signs: list[Sign], steps: int = NO_PROGRESS_STEPS) -> bool:
+    """5. no progress in the last `steps` calls: a call that executed and returned ok counts as progress,
+    and so does a write the broker accepted and holds for the gate; denied, recorded and failed calls do not."""
+    return len(signs) >= steps and not any(s.executed for s in signs[-steps:])
+
+
+DETECTORS = {"repeat": repeated_observation, "error_streak": repeated_error, "ping_pong": ping_pong,
+             "write_check_cycle": write_check_cycles, "no_progress": no_progress}
+
+
+def detect(signs: list[Sign], cost: float | None, envelope: float) -> list[str]:
+    """Names of the detectors that fire on these signs, plus `budget_burn` at >= 85% of the envelope."""
+    fired = [name for name, check in DETECTORS.items() if check(signs)]
+    if cost is not None and envelope > 0 and cost >= BURN_ALERT * envelope:
+        fired.append("budget_burn")
+    return fired
+
+
+def evidence(signs: list[Sign], fired: list[str], cost: float | None) -> str:
+    """The one-line evidence summary the router shows Sage: counts, classes and digests only."""
+    since = next((i for i, s in enumerate(reversed(signs)) if s.executed), len(signs))
+    errors = [s.error for s in signs if s.error]
+    return (f"tool_calls={len(signs)} tool_errors={len(errors)} loop_detected={str(bool(fired)).lower()} "
+            f"loop_kind={','.join(fired) or 'none'} steps_since_progress={since} "
+            f"error_classes={','.join(sorted(set(errors))) or 'none'} cost_usd={'?' if cost is None else round(cost, 4)}")

@@ -87,9 +87,10 @@ from broker import (  # noqa: E402
     CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, VERDICTS, ActEnvelope,
     Broker, Outcome, Policy, args_digest, call_state, check_args, outcome_of, refused_in, run_verdict, settle, verdict_after)
 from broker import GATED, MAX_FIGURE, P_BINS, Tally, fold_decisions  # noqa: E402   the tower's figures
-from broker import (  # noqa: E402   a proof's figures and statistics, and the certify prompt's card diff
+from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
+    DETECTORS, Sign, detect, evidence, no_progress, ping_pong, repeated_error, repeated_observation, write_check_cycles,
     LABEL_SOURCES, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts, label_source_problem,
-    label_text, lower_tail, part, part_text, proof_verdict, share, shares_by,
+    label_text, lower_tail, normalised, part, part_text, proof_verdict, share, shared_inputs, shares_by,
     SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards)
 
 llm = own_module("llm", lazy=True)
@@ -2285,16 +2286,36 @@ def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
     return changed, skipped
 
 
-def suite_name(fac: Factory, agent: Agent, sealed: bool) -> str:
-    """The suite an agent is proved on for one half: evals.suite, else the first of its own and its
-    masters' (nearest first) that has that half, so a variant with only its own sealed half is proved
-    on it."""
-    if "suite" in agent.card["evals"]:
-        return agent.card["evals"]["suite"]
-    for candidate in [agent.name] + ancestors(fac, agent.name):
+def suite_name(fac: Factory, card: dict, sealed: bool) -> str:
+    """The suite an agent (its card) is proved on for one half: evals.suite, else the first of its own
+    and its masters' (nearest first) that has that half, so a variant with only its own sealed half is
+    proved on it."""
+    if "suite" in card["evals"]:
+        return card["evals"]["suite"]
+    for candidate in [card["agent"]] + ancestors(fac, card["agent"]):
         if fac.suite_path(candidate, sealed).exists():
             return candidate
-    return agent.name
+    return card["agent"]
+
+
+def inputs_of(fac: Factory, card: dict, sealed: bool) -> list[dict]:
+    """{id, input} of the cases of one half of an agent's suite as prove would choose it, read leniently (a
+    line that is not a case is skipped: proving that half names it); [] when the half is not here."""
+    path = fac.suite_path(suite_name(fac, card, sealed), sealed)
+    rows = (row for _, row in fac.store.read_jsonl(path, each=True)) if fac.store.exists(path) else ()
+    return [row for row in rows if isinstance(row, dict) and isinstance(row.get("id"), str) and "input" in row]
+
+
+def overlap_problem(fac: Factory, card: dict) -> str | None:
+    """The refusal when the open and the sealed half share an input once normalised (broker.normalised),
+    naming each pair of case ids; None when they share none or a half is not here."""
+    shared = shared_inputs(inputs_of(fac, card, False), inputs_of(fac, card, True))
+    if not shared:
+        return None
+    pairs = ", ".join(f"{one_line(a)} is {one_line(b)}" for a, b in shared[:10]) + \
+        (f" and {len(shared) - 10} more" if len(shared) > 10 else "")
+    return (f"the open and the sealed half share {len(shared)} input(s) once normalised (NFKC, case-folded, white space "
+            f"collapsed): {pairs}; a sealed case whose input the open half holds is sealed no more: take it out of one half")
 
 
 CASE_FIELDS = ("id", "input", "expect", "source", "label_source")
@@ -2679,7 +2700,7 @@ def copied_files(fac: Factory, source: Agent, name: str, owner: str) -> list[New
     module = entry_module(source.card)
     note = f"# copied from agents/{module} by `python3 factory.py new {name} --from {source.name}`\n".encode()
     files = [NewFile(fac.agents / f"{module_name(name)}.py", note + fac.code.source(module), f"a copy of agents/{module}")]
-    open_half = fac.suite_path(suite_name(fac, source, False), False)
+    open_half = fac.suite_path(suite_name(fac, source.card, False), False)
     if fac.store.exists(open_half):
         files.append(NewFile(fac.suite_path(name, False), fac.store.read_bytes(open_half, limit=1 << 40),
                              f"the open half, a copy of {fac.shown(open_half)}"))
@@ -4457,87 +4478,16 @@ def run_loop(loop: Loop) -> str:
 
 # ---- the run gate: local detectors every step; only when one fires, Sage decides
 
-NO_PROGRESS_STEPS = 5        # tool calls without one successful execution before detector 5 fires
-
-
-BURN_ALERT = 0.85            # share of the cost envelope spent that counts as a signal
-
-
 INTERVENE_P = 0.6            # P(needs intervention) at which the router asks which intervention
 
 
 ROUTER_ACTIONS = ("continue", "switch_model", "restart_clean", "escalate_human")
 
 
-@dataclass(frozen=True)
-class Sign:
-    """What the detectors see of one tool call: digests and classes, never the model's reasoning."""
-    action: str          # tool + argument digest
-    observation: str     # digest of the result handed back
-    error: str | None    # denial verdict or failure class; None when it went through
-    effect: str | None
-    executed: bool       # progress: a call that executed ok, or a write the broker accepted and holds
-
-
 def signs_of(outcomes: list) -> list[Sign]:
     """Signs for the broker outcomes of a run so far."""
     return [Sign(f"{o.tool} {o.digest}", sha256(utf8(o.result)), None if o.ok else o.ruling,
                  o.effect, o.ruling in ("ok", HELD)) for o in outcomes]
-
-
-def repeated_observation(signs: list[Sign]) -> bool:
-    """1. the same action returned the same observation 3 times."""
-    seen: dict = {}
-    for sign in signs:
-        seen[sign.action, sign.observation] = seen.get((sign.action, sign.observation), 0) + 1
-    return max(seen.values(), default=0) >= 3
-
-
-def repeated_error(signs: list[Sign]) -> bool:
-    """2. the same error class 3 times in a row (a success resets)."""
-    last = [s.error for s in signs[-3:]]
-    return len(last) == 3 and last[0] is not None and len(set(last)) == 1
-
-
-def ping_pong(signs: list[Sign]) -> bool:
-    """3. two actions alternating at least 4 times within the last 8 calls."""
-    tail, run = [s.action for s in signs[-8:]], 0
-    for i in range(2, len(tail)):
-        run = run + 1 if tail[i] == tail[i - 2] and tail[i] != tail[i - 1] else 0
-    return run + 2 >= 4
-
-
-def write_check_cycles(signs: list[Sign]) -> bool:
-    """4. write -> failing check -> write -> failing check: two writes each followed by a failure."""
-    cycles = sum(1 for a, b in zip(signs, signs[1:]) if a.effect in ("draft", "act") and a.error is None and b.error)
-    return cycles >= 2
-
-
-def no_progress(signs: list[Sign], steps: int = NO_PROGRESS_STEPS) -> bool:
-    """5. no progress in the last `steps` calls: a call that executed and returned ok counts as progress,
-    and so does a write the broker accepted and holds for the gate; denied, recorded and failed calls do not."""
-    return len(signs) >= steps and not any(s.executed for s in signs[-steps:])
-
-
-DETECTORS = {"repeat": repeated_observation, "error_streak": repeated_error, "ping_pong": ping_pong,
-             "write_check_cycle": write_check_cycles, "no_progress": no_progress}
-
-
-def detect(signs: list[Sign], cost: float | None, envelope: float) -> list[str]:
-    """Names of the detectors that fire on these signs, plus `budget_burn` at >= 85% of the envelope."""
-    fired = [name for name, check in DETECTORS.items() if check(signs)]
-    if cost is not None and envelope > 0 and cost >= BURN_ALERT * envelope:
-        fired.append("budget_burn")
-    return fired
-
-
-def evidence(signs: list[Sign], fired: list[str], cost: float | None) -> str:
-    """The one-line evidence summary the router shows Sage: counts, classes and digests only."""
-    since = next((i for i, s in enumerate(reversed(signs)) if s.executed), len(signs))
-    errors = [s.error for s in signs if s.error]
-    return (f"tool_calls={len(signs)} tool_errors={len(errors)} loop_detected={str(bool(fired)).lower()} "
-            f"loop_kind={','.join(fired) or 'none'} steps_since_progress={since} "
-            f"error_classes={','.join(sorted(set(errors))) or 'none'} cost_usd={'?' if cost is None else round(cost, 4)}")
 
 
 @dataclass
@@ -5775,9 +5725,10 @@ def cmd_prove(fac: Factory, args) -> int:
     agent = load_agent(fac, args.agent)
     refuse_if(lineage_problem(fac, agent.name, agent.card))   # the suite may be a master's: its lineage must hold
     half = "sealed" if args.sealed else "open"
-    suite = suite_name(fac, agent, args.sealed)
+    suite = suite_name(fac, agent.card, args.sealed)
     path = fac.suite_path(suite, args.sealed)
     cases = load_cases(fac, path, agent)
+    refuse_if(overlap_problem(fac, agent.card))
     if args.shard and (args.merge or args.junit):
         raise Usage("--shard proves a slice, which has no verdict: --merge and --junit go with the merge", "prove")
     if args.junit:   # before any case runs or any record is written
@@ -6436,7 +6387,9 @@ def cmd_harvest(fac: Factory, args) -> int:
     also = ((done.reviewed, f"held back for a human in {fac.shown(fac.review_path(smith.name))} (evalsmith's gate did not "
                             f"pass them)"), (done.found, "already proposed by a harvest that stopped half-way (now "
                                                          "recorded as harvested)"),
-            (done.running, "unfinished run(s) still being written, left for a later harvest"))
+            (done.running, "unfinished run(s) still being written, left for a later harvest"),
+            (done.sealed, "held back: their input is a sealed case's once normalised (NFKC, case-folded, white space "
+                          "collapsed), and a sealed case never enters the open half"))
     proposals = fac.shown(fac.evals / args.agent / "proposed.jsonl")
     printed_json(args, {"agent": args.agent, **vars(done), "proposals": proposals}) or print(
         f"harvested {done.flagged} flagged run(s) of {args.agent}; proposed {done.proposed} case(s) into {proposals} "
@@ -6455,18 +6408,23 @@ class Harvested:
     reviewed: int = 0     # proposals held back in evalsmith's review queue for a human
     found: int = 0        # runs already proposed by a harvest killed before recording them: recorded now
     running: int = 0      # unfinished runs whose trace a process is still writing: left for a later harvest
+    sealed: int = 0       # flagged runs whose input is a sealed case's: never proposed
     failed: list = field(default_factory=list)   # evalsmith run ids whose proposal could not be written
 
 
 def harvest_flagged(fac: Factory, target: Agent, smith: Agent, smith_cert: dict) -> Harvested:
-    """Run evalsmith once per flagged run of `target` not harvested yet (the caller holds the harvest lock); a
-    run whose proposal is already written is recorded as harvested. source_run is the flagged run's id."""
+    """Run evalsmith once per flagged run of `target` not harvested yet (the caller holds the harvest lock) but
+    those whose input is a sealed case's (normalised: counted, never proposed); a run whose proposal is
+    already written is recorded as harvested. source_run is the flagged run's id."""
     name, log = target.name, fac.records / target.name / "harvested.jsonl"
     done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
     todo, result = harvest_candidates(fac, name, done)
     written = proposed_before(fac, name, smith.name)
     found, todo = [row for row in todo if row["run_id"] in written], [row for row in todo if row["run_id"] not in written]
     inputs = [flagged_input(fac, row, target) for row in todo]  # every trace read before anything is written
+    sealed = {normalised(case["input"]) for case in inputs_of(fac, target.card, True)}
+    kept = [i for i, given in enumerate(inputs) if normalised(given["input"]) not in sealed]
+    result.sealed, todo, inputs = len(todo) - len(kept), [todo[i] for i in kept], [inputs[i] for i in kept]
     for row in found:
         fac.store.append_jsonl(log, {"run_id": row["run_id"], "by_run": None, "status": "found proposed"})
     result.found, result.flagged = len(found), len(todo)

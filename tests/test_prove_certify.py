@@ -197,9 +197,9 @@ class Concurrency(LineTest):
 
 
 def banking_suite(root, passing: int, cases: int, half: str = "open", suite: str = "triager") -> None:
-    """A half of `cases` banking questions the offline triager labels account; the first `passing`
-    expect account, the rest bug (so exactly `passing` pass)."""
-    rows = [{"id": f"c{i}", "input": f"How do I order a new card? ({i})", "source": "synthetic",
+    """A half of `cases` banking questions the offline triager labels account (each half its own: no input
+    in both); the first `passing` expect account, the rest bug (so exactly `passing` pass)."""
+    rows = [{"id": f"c{i}", "input": f"How do I order a new card? ({half} {i})", "source": "synthetic",
              "expect": {"label": "account" if i < passing else "bug"}} for i in range(cases)]
     write_jsonl(root / suite / ("cases.jsonl" if half == "open" else "sealed.jsonl"), rows)
 
@@ -279,7 +279,7 @@ class ProofVerdicts(VerdictOutputs):
         banking_suite(self.root / "evals", 3, 3)
         self.set_bar("triager", 0.5)
         def answer(question, content):
-            return Fail("overloaded") if "(1)" in json.dumps(content) else None
+            return Fail("overloaded") if "(open 1)" in json.dumps(content) else None
         with FakeSage(answer=answer) as fake:
             self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
             record = self.assert_agree("RUBRIC UNSCORED")
@@ -421,6 +421,37 @@ class LabelProvenance(VerdictOutputs):
                 self.assertEqual(f"  WARNING: {unrecorded} of the {4 + unrecorded} {warning}: a score on labels of unknown "
                                  f"provenance compares with nothing\n" in prompt, warned, prompt)
                 self.assertEqual(self.cert()["sealed_counts"]["label_sources"]["unrecorded"], unrecorded)
+
+
+class SealedStaysSealed(LineTest):
+    """prove refuses a suite whose open and sealed halves share an input once normalised (NFKC, case
+    folded, white space collapsed), naming the case ids, whichever half it proves."""
+
+    def test_a_shared_input_is_refused_naming_both_ids(self):
+        card = {"id": "o-card", "input": "How do I order a new card?", "expect": {"label": "account"}}
+        sealed = [{"id": "s-card", "input": "  how do I ORDER a new\tcard?  ", "expect": {"label": "account"}},
+                  {"id": "s-wide", "input": "\uff37here is my refund?", "expect": {"label": "billing"}},
+                  {"id": "s-own", "input": "Only in the sealed half", "expect": {"label": "other"}}]
+        opened = [card, {"id": "o-wide", "input": "where IS my refund?", "expect": {"label": "billing"}},
+                  {"id": "o-own", "input": "Only in the open half", "expect": {"label": "other"}}]
+        write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", opened)
+        write_jsonl(self.root / "evals" / "triager" / "sealed.jsonl", sealed)
+        for argv in (("prove", "triager"), ("prove", "triager", "--sealed")):
+            with self.subTest(argv=argv):
+                self.refused_writing_nothing(
+                    "factory prove: the open and the sealed half share 2 input(s) once normalised (NFKC, case-folded, "
+                    "white space collapsed): o-card is s-card, o-wide is s-wide; a sealed case whose input the open half "
+                    "holds is sealed no more: take it out of one half\n", *argv)
+        write_jsonl(self.root / "evals" / "triager" / "sealed.jsonl", sealed[2:])
+        code, out, err = self.factory("prove", "triager")
+        self.assertTrue(out.startswith("triager [open half of triager] 3/3 = 1.00 "), out + err)   # proved: nothing shared
+
+    def test_normalised_is_nfkc_case_folded_and_white_space_collapsed(self):
+        import broker
+        self.assertEqual(broker.normalised(" Stra\u00dfe \n\uff21BC\u00a0 "), "strasse abc")
+        self.assertEqual(broker.normalised({"b": 1, "a": "X"}), broker.normalised({"a": "x", "b": 1}))
+        self.assertNotEqual(broker.normalised("card lost"), broker.normalised("cardlost"))
+        self.assertEqual(broker.shared_inputs([{"id": "o", "input": "A  b"}], [{"id": "s", "input": "a B"}]), [("o", "s")])
 
 
 class RequireModel(VerdictOutputs):

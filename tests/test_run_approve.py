@@ -468,6 +468,20 @@ class RecallAndHarvest(LineTest):
         self.assertIn("source_run", proposed[0])
         self.assertIn("harvested 0 flagged run(s)", self.factory("harvest", "triager")[1])
 
+    def test_harvest_never_proposes_a_sealed_cases_input(self):
+        sealed = self.root / "evals" / "triager" / "sealed.jsonl"
+        case = {"id": "s-injection", "input": f"  {INJECTION.upper()}\t", "expect": {"escalate": True}, "source": "synthetic"}
+        sealed.write_text(sealed.read_text() + json.dumps(case) + "\n")   # the same input, once normalised
+        self.factory("run", "triager", INJECTION)
+        with FakeSage(yes_p=0.95) as gate:
+            self.env.update(SAGE_ENDPOINT=gate.url, SAGE_API_KEY="sage-key")
+            code, out, err = self.factory("harvest", "triager")
+        self.assertEqual(code, 0, err)
+        self.assertIn("harvested 0 flagged run(s) of triager; proposed 0 case(s) into evals/triager/proposed.jsonl (a human "
+                      "promotes them); 1 held back: their input is a sealed case's once normalised (NFKC, case-folded, white "
+                      "space collapsed), and a sealed case never enters the open half\n", out)
+        self.assertEqual((self.outbox_of_evals("triager"), gate.requests), ([], []), "evalsmith never ran on it")
+
     def test_without_a_gate_a_proposal_waits_for_a_human(self):
         self.factory("run", "triager", INJECTION)
         code, out, err = self.factory("harvest", "triager")
