@@ -233,6 +233,14 @@ class ExportTest(CertifiedTest):
         spans = [decode_request(r["raw"])["spans"] for r in up.requests]
         self.assertEqual(spans[0], spans[1], "a run sent again is the same trace, ids and times")
 
+    def test_an_endpoint_that_does_not_answer_costs_the_run_its_timeout_alone(self):
+        silent = self.receiver(Answer(200, {}, delay=30))   # answers long after the export gave up
+        self.env.update(OTEL_EXPORTER_OTLP_ENDPOINT=silent.url, OTEL_EXPORTER_OTLP_TIMEOUT="250")
+        self.runs_ok("triager", TICKET)
+        last = self.traces()[-1][-1]
+        self.assertEqual((last["event"], last["ok"], last["error"]), ("export", False, "timeout after 0.25s"))
+        self.assertEqual(self.index_rows()[-1]["verdict"], "unscored", "the run is what it was without the endpoint")
+
     def test_an_export_that_cannot_be_sent_fails_the_station_naming_why(self):
         self.runs_ok("triager", TICKET)   # no endpoint: nothing sent, nothing noted
         self.assertNotIn("export", [e.get("event") for e in self.traces()[-1]])
