@@ -380,6 +380,31 @@ def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertai
     return "waiting-for-approval" if parked else "verified"
 
 
+def judge(answer: str | None, p: float | None, bar: float, cost: str | None) -> dict:
+    """passed = answer == yes and p >= bar and no `cost` problem (the factory's cost_problem); null answer is `unsure`, not `no`."""
+    shown = "?" if p is None else f"{p:.3f}"
+    if answer is None:
+        result, note = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag"
+    elif answer == "yes" and p is not None and p >= bar and not cost:
+        result, note = "pass", f"gate: p={shown} bar={bar} -> pass"
+    else:
+        result = "flag"
+        why = f" ({cost.partition(':')[0]})" if cost else ""
+        note = f"gate: {answer} p={shown} bar={bar} -> flag{why}"
+    return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note}
+
+
+def went(row: dict) -> str:
+    """Where a run went, in the one wording `run`, `run --file` and `--json` all use."""
+    if row["status"] == "refused":
+        return f"not run: {row['why'][0]}"
+    if row["routed"]:
+        return "routed to a human: " + "; ".join(row["why"])
+    if row["verdict"] == "waiting-for-approval":
+        return f"waiting for a human's approval: {row['staged']} acting call(s) parked (pending lists them)"
+    return "passed: no human needed"
+
+
 # ---- settling: what becomes of each held call once the gate has answered
 
 SETTLEMENTS = ("commit", "park", "review", "would-have", "duplicate")
@@ -642,6 +667,32 @@ def part_text(share: dict, bar=None, whole: bool = True) -> str:
     places = max(2, decimals(bar)) if bar is not None else 2
     score, (low, high) = part(k, n, places)["score"], part(k, n, places)["interval"]
     return f"{k}/{n} = {score:.{places}f} [{low:.{places}f}, {high:.{places}f}]"
+
+
+def rate_text(agent: dict) -> str:
+    """The gate pass rate over scored runs with its 95% interval, '37/40 = 0.92 [0.80, 0.98]' ('-' when none
+    were scored)."""
+    if not agent["scored"]:
+        return "-"
+    low, high = agent["pass_interval"]
+    return f"{agent['passed']}/{agent['scored']} = {cut(agent['pass_rate'], 2):.2f} [{cut(low, 2):.2f}, {cut(high, 2, up=True):.2f}]"
+
+
+def percent_text(rate: float | None) -> str:
+    """A rate in 0..1 as '66.7%', or '-' when there is none (nothing was scored)."""
+    return "-" if rate is None else f"{100 * rate:.1f}%"
+
+
+def usd_text(amount: float | None) -> str:
+    """USD as '$0.42' or '$0.0035' (enough places to show the first significant digits); '$0' for
+    nothing; '?' when unknown."""
+    if amount is None:
+        return "?"
+    if amount == 0:
+        return "$0"
+    decimals = max(2, min(6, 1 - math.floor(math.log10(abs(amount)))))
+    whole, _, frac = f"{amount:,.{decimals}f}".partition(".")
+    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"
 
 
 def lower_tail(certified: tuple[int, int], passes: int, window: int) -> "Fraction":

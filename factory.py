@@ -36,6 +36,7 @@ import errno
 import fcntl
 import importlib.machinery
 import importlib.util
+import io
 import json
 import math
 import os
@@ -84,13 +85,15 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # the import below then finds it registered and reads no file of its own
 from broker import (  # noqa: E402
-    CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, VERDICTS, ActEnvelope,
-    Broker, Outcome, Policy, args_digest, call_state, check_args, outcome_of, refused_in, run_verdict, settle, verdict_after)
+    CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, RULINGS, VERDICTS, ActEnvelope,
+    Broker, Outcome, Policy, args_digest, call_state, check_args, judge, outcome_of, refused_in, run_verdict, settle,
+    verdict_after, went)
 from broker import GATED, MAX_FIGURE, P_BINS, Tally, fold_decisions  # noqa: E402   the tower's figures
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
     DETECTORS, Sign, detect, evidence, no_progress, ping_pong, repeated_error, repeated_observation, write_check_cycles,
     LABEL_SOURCES, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts, label_source_problem,
-    label_text, lower_tail, normalised, part, part_text, proof_verdict, share, shared_inputs, shares_by,
+    label_text, lower_tail, normalised, part, part_text, percent_text, proof_verdict, rate_text, share, shared_inputs,
+    shares_by, usd_text,
     SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards)
 
 llm = own_module("llm", lazy=True)
@@ -618,14 +621,15 @@ class Store:
         if bad:
             raise Refusal(f"{where}: holds {bad}, half of a utf-16 pair, which is not text; remove it")
 
-    def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True,
-                   each: bool = False, start: tuple[int, int] = (0, 0)) -> Iterator[tuple[int, dict]]:
+    def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True, each: bool = False,
+                   start: tuple[int, int] = (0, 0), piped: bytes | None = None) -> Iterator[tuple[int, dict]]:
         """(line number, object) for each non-blank line, streamed, each of `shape` when given; Refusal
         naming file and line for a torn, oversized, non-object, misshapen or non-text line. With `each`, a
         bad line is yielded as its Refusal and the lines after it are still read (a leading byte-order mark
-        still refuses the file). `start` is (byte offset, lines before it), a line boundary (starts_line)."""
+        still refuses the file). `start` is (byte offset, lines before it), a line boundary (starts_line); `piped`
+        the bytes read instead (standard input's)."""
         where, scan = self.fac.shown(path), self.decoder.scan_once
-        with self.opened(path, confined) as lines, self.machine(path, "read"):
+        with (self.opened(path, confined) if piped is None else io.BytesIO(piped)) as lines, self.machine(path, "read"):
             lines.seek(start[0])
             for number, raw in enumerate(iter(partial(lines.readline, MAX_LINE_BYTES + 1), b""), start[1] + 1):
                 try:  # the common case fast: one object filling the line (a BOM, NaN, a key given twice or
@@ -2797,7 +2801,7 @@ class Signer:
     def ready(self, fac: Factory, station: str) -> None:
         """Refusal, before anything is shown or written, when this signer cannot sign here: no HMAC key of
         theirs on this machine (it is not created: a decision is signed by a key the person already
-        has), a key others may read, or an ssh key file that is not there."""
+        has), a key others may read, or an ssh key not there or not listed for them as a trusted signer."""
         if self.ssh_key is not None:
             fac.store.ssh_program()
             if not self.ssh_key.is_file():
@@ -2805,6 +2809,13 @@ class Signer:
             problem = trusted_signers_problem(fac)
             if problem:
                 raise Refusal(f"{station} with --ssh-key: {problem}")
+            pub = self.ssh_key.with_name(self.ssh_key.name + ".pub")   # else ssh-keygen derives it (perhaps asking)
+            public = " ".join((pub.read_text() if pub.is_file() else fac.store.ssh_keygen(
+                ["-y", "-f", str(self.ssh_key)], b"").stdout.decode("ascii", "replace")).split()[:2])
+            if f" {public} " not in f" {' '.join(signer_lines(fac, self.name).split())} ":
+                raise Refusal(f"--ssh-key {self.ssh_key}: its public key is not listed for {self.name} in the trusted "
+                              f"allowed signers ({fac.allowed_signers}), so nothing it signs verifies; add "
+                              f"`{self.name} {public}` to it")
             return
         path = fac.key_path(self.name)
         if not path.exists():
@@ -2971,16 +2982,21 @@ def mac_verifies(key: bytes, obj: dict) -> bool:
         and same_text(hmac_hex(key, signed_part(obj, ("mac",))), mac)
 
 
-def sealed_evidence(fac: Factory, obj: dict) -> dict:
-    """obj with its `mac` under the evidence key (the key made on first use); obj as it is, with a note
-    saying so, when no key can be had: it then counts as no evidence."""
+def sealed_evidence(fac: Factory, obj: dict, named: bool = False) -> dict:
+    """obj with its `mac` under the evidence key (made on first use), and with `named` the key's id (mac_key); obj
+    as it is, with a note saying so, when no key can be had: it then counts as no evidence."""
     key = evidence_key(fac, create=True)
     if key is None:
         note(fac, f"no factory evidence key at {fac.evidence_key_path} and the keys folder cannot be written: "
                   f"proof records and index rows are written without a MAC and count as no evidence")
         return obj
-    obj = redact(obj, fac.store.hidden)   # as the store will write it, so the MAC verifies when read back
+    obj = redact({**obj, "mac_key": key_id(key)} if named else obj, fac.store.hidden)   # as the store writes it
     return {**obj, "mac": hmac_hex(key, signed_part(obj, ("mac",)))}
+
+
+def key_id(key: bytes) -> str:
+    """A key's public id: 16 hex of a sha256 over a label and the key."""
+    return sha256(b"factory evidence key id\n" + key)[7:23]
 
 
 def evidence_problem(fac: Factory, obj: dict) -> str | None:
@@ -2990,7 +3006,12 @@ def evidence_problem(fac: Factory, obj: dict) -> str | None:
     key = evidence_key(fac, create=False)
     if key is None:
         return f"cannot be checked: the factory evidence key is not on this machine ({fac.evidence_key_path})"
-    return None if mac_verifies(key, obj) else "does not verify with the factory evidence key: it was changed after it was written"
+    if mac_verifies(key, obj):
+        return None
+    if obj.get("mac_key", key_id(key)) != key_id(key):
+        return (f"was sealed with another factory evidence key (key id {one_line(str(obj['mac_key']))}, this one's "
+                f"{key_id(key)}): it was made under another keys folder (FACTORY_KEYS_DIR) or on another machine")
+    return "does not verify with the factory evidence key: it was changed after it was written"
 
 
 # ---- the hash-chained logs and their heads
@@ -4268,31 +4289,9 @@ def staged_call_claim(fac: Factory, entry: dict, approval: Decision | None = Non
 
 
 # ================================================================ 4. Runs
-# Owns what happens inside one run of an agent, in every mode: the Worker protocol, the loop and its
+# Owns what happens inside one run of an agent, in every mode: the loop (its worker: llm.AnyWorker) and its
 # Stop family, the run gate (detectors, then Sage), the output gate, the verdicts, the trace (header,
 # events, end, index row) and the one function that assembles a broker and a loop for a mode.
-
-class Worker:
-    """The protocol of what the loop needs of a model, written down (a worker has these four methods;
-    it need not inherit from this class): llm.Worker (the card's models, then the agent's own rules)
-    and llm.Scripted (given replies: replay and tests) both have them."""
-
-    def complete(self, messages: list[dict], tools: list[dict]) -> "llm.Reply":
-        """One answer to the conversation so far, offered these tool schemas."""
-
-    def estimate_next_cost(self, messages: list[dict], tools: list[dict]) -> float | None:
-        """Upper bound in USD of the next complete(); None when unknown (never within an envelope)."""
-
-    def tier(self) -> str:
-        """Which model the next call goes to (primary, fallback, offline, ...), for run-gate records."""
-
-    def switch_model(self) -> bool:
-        """Stop asking the current model (the run gate's switch_model); True when another one remains."""
-
-    def use_rules(self, reason: str) -> None:
-        """Answer the rest of the run with the agent's rules (backend offline-REASON); ValueError when
-        there are none."""
-
 
 class Stop(Exception):
     """A loop exit; `status` is the closed-set status recorded in the trace."""
@@ -4348,7 +4347,7 @@ class Loop:
     """One run of the worker: ask, carry out each tool call through the broker, until a Stop. `record`
     appends a trace event; `spill(name, text) -> path` keeps a text too long to send whole; `router`
     (the run gate) reviews the run after every step when given."""
-    worker: Worker | None
+    worker: "llm.AnyWorker | None"
     broker: Broker
     agent: Agent
     task: str
@@ -4590,20 +4589,6 @@ def gate_content(task: str, output: dict, held: list) -> str:
                         for n, o in enumerate(held, 1))
     return (f"Input:\n{task}\n\nAgent output:\n{json.dumps(output, ensure_ascii=False)}\n\n"
             f"Calls held until this decision (each is written only if the answer is yes):\n{effects or '(none)'}")
-
-
-def judge(answer: str | None, p: float | None, bar: float, cost: str | None) -> dict:
-    """passed = answer == yes and p >= bar and no `cost` problem (cost_problem); null answer is `unsure`, not `no`."""
-    shown = "?" if p is None else f"{p:.3f}"
-    if answer is None:
-        result, note = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag"
-    elif answer == "yes" and p is not None and p >= bar and not cost:
-        result, note = "pass", f"gate: p={shown} bar={bar} -> pass"
-    else:
-        result = "flag"
-        why = f" ({cost.partition(':')[0]})" if cost else ""
-        note = f"gate: {answer} p={shown} bar={bar} -> flag{why}"
-    return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note}
 
 
 # ---- verdicts: how a run ends, from separate evidence
@@ -4860,7 +4845,7 @@ class ToolsOnFirstUse(Mapping):
 
 
 def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *, tier: str = "C0",
-               run_id: str | None = None, worker: Worker | None = None, tools: dict | None = None,
+               run_id: str | None = None, worker: "llm.AnyWorker | None" = None, tools: dict | None = None,
                clients: Clients | None = None) -> Loop:
     """A loop for one of MODES: its broker at `tier` with the agent's policy and contracts, the tools (the
     agent's own for run and approve, else `tools`), the worker (else the agent's llm.Worker through the
@@ -5269,14 +5254,22 @@ def recorded_reply(event: dict) -> "llm.Reply":
 
 
 def recorder_tools(events: list[dict], contracts: dict) -> dict:
-    """Tools that hand back the results recorded in the trace, in order per tool; nothing executes."""
-    results: dict[str, list[str]] = {}
+    """Tools that do what each executed call of the trace did, in order per tool: hand back its result, or raise its
+    failure again under its recorded class name; nothing executes."""
+    done: dict[str, list[dict]] = {}
     by_seq = {e["seq"]: e["content"] for e in events if e.get("event") == "tool_result"}
     for event in events:
-        if event.get("event") == "tool" and event.get("ruling") == "ok":
-            results.setdefault(event["tool"], []).append(by_seq.get(event["seq"], ""))
+        if event.get("event") == "tool" and event.get("ruling") not in RULINGS:   # ok, or a failure's class
+            done.setdefault(event["tool"], []).append({**event, "content": by_seq.get(event["seq"], "")})
     def recorder(name):
-        return lambda args: results.get(name, []).pop(0) if results.get(name) else "replay: no recorded result"
+        def replayed(args):
+            if not done.get(name):
+                return "replay: no recorded result"
+            call = done[name].pop(0)
+            if call["ruling"] != "ok":
+                raise type(call["ruling"], (Exception,), {})(str(call.get("error")).partition(": ")[2])
+            return call["content"]
+        return replayed
     return {name: recorder(name) for name in contracts}
 
 
@@ -5744,7 +5737,7 @@ def cmd_prove(fac: Factory, args) -> int:
     if args.shard:
         return write_shard(fac, shard_record(fac, agent, half, suite, suite_digest, args.shard, results, rubric, draft), args.json)
     proof = proof_record(agent, half, suite, suite_digest, results, rubric, draft, args.require_model)
-    fac.store.write_json(fac.record_path(agent.name, half), sealed_evidence(fac, proof))   # certify checks the MAC
+    fac.store.write_json(fac.record_path(agent.name, half), sealed_evidence(fac, proof, named=True))
     if args.sealed:
         count_sealed_attempt(fac, agent.name, proof["suite_digest"])   # where deleting records cannot lower the count
     if args.junit:
@@ -5941,7 +5934,8 @@ def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
     lines = [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
              *variant_lines(fac, claim), *proof_lines(fac, claim), *attempts_lines(claim), production_line(fac, claim),
              *replaced_lines(fac, claim),
-             f"  grants {agent.card['tools']}  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}  "
+             f"  grants {agent.card['tools']}  of them acting {[t for t in agent.card['tools'] if agent.contracts[t]['effect'] == 'act']}"
+             f"  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}  "
              f"act envelope {agent.act_envelope.calls} acting call(s), ${agent.act_envelope.usd:g} a run",
              "y or yes signs; anything else declines and nothing is signed."]
     for line in lines:
@@ -6063,14 +6057,13 @@ def variant_lines(fac: Factory, claim: Claim) -> list[str]:
 TICKET_FIELDS = ("id", "input", "source")
 
 
-def load_tickets(fac: Factory, path: Path) -> list[tuple[str, str | Refusal]]:
-    """(id, input) for each line of a tickets file, or (its id or `line N`, the Refusal naming what is
-    wrong with it): a bad ticket is refused alone. Refusal for the file as a whole: missing, a sealed
-    half, a byte-order mark, no tickets."""
+def load_tickets(fac: Factory, path: Path, piped: bytes | None = None) -> list[tuple[str, str | Refusal]]:
+    """(id, input) for each line of a tickets file (or `piped` bytes), or (its id or `line N`, the Refusal naming
+    what is wrong with it). Refusal for the file as a whole: missing, a sealed half, a byte-order mark, no tickets."""
     if path.resolve().name == "sealed.jsonl" or path.resolve().is_relative_to(fac.sealed_dir) and fac.sealed_dir != fac.evals:
         raise Refusal(f"{fac.shown(path)}: is a sealed half; sealed cases are never run as tickets")
     tickets = []
-    for number, row in fac.store.read_jsonl(path, confined=False, each=True):
+    for number, row in fac.store.read_jsonl(path, confined=False, each=True, piped=piped):
         problem = row if isinstance(row, Refusal) else ticket_problem(row, f"{fac.shown(path)} line {number}")
         named = isinstance(row, dict) and isinstance(row.get("id"), str) and row["id"].isprintable() and row["id"]
         tickets.append((row["id"] if named else f"line {number}", problem or row["input"]))
@@ -6097,13 +6090,12 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
 
 
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the certified agent to run"),
-         arg("input", nargs="?", metavar="TEXT", help="the input, one ticket's text (quote it); or --file"),
+         arg("input", nargs="?", metavar="TEXT", help="the input, one ticket's text (quote it); - reads it from standard input; or --file"),
          arg("--file", metavar="TICKETS.jsonl",
-             help='run each line {"id": ..., "input": ...} of a tickets file (blank lines are skipped); prints one '
-                  "line per ticket, tab-separated: the ticket id, HANDOFF=true|false (the agent's hand-off field), "
+             help='run each line {"id": ..., "input": ...} of a tickets file (- : standard input; blank lines are '
+                  "skipped); prints one line per ticket, tab-separated: the ticket id, HANDOFF=true|false (the agent's hand-off field), "
                   "gate=RESULT, verdict=VERDICT, and -> where it went (passed, routed to a human, waiting for a human's "
-                  "approval, not run: each with why); on a "
-                  "terminal a header line names them"),
+                  "approval, not run: each with why); on a terminal a header line names them"),
          arg("--json", action="store_true", help="one JSON object per run: the index row, ticket, output, tools, gate line"),
          jobs_argument("tickets", default=None, note="; 1 when the agent's models and the gate are all offline, "
                                                    "since such runs wait on nothing"),
@@ -6125,8 +6117,11 @@ def cmd_run(fac: Factory, args) -> int:
         raise Usage("one input: TEXT or --file TICKETS.jsonl, not both and not neither")
     if args.input is not None and is_blank(args.input):   # wrong whatever the factory holds: a usage error
         raise Usage(NO_VISIBLE_TEXT)
+    piped = piped_in(one=True) if args.input == "-" else piped_in(one=False) if args.file == "-" else None
+    args.input = piped if args.input == "-" else args.input
     agent, cert = certified_agent(fac, args.agent)
-    tickets = [(None, args.input)] if args.file is None else load_tickets(fac, Path(args.file))
+    tickets = [(None, args.input)] if args.file is None else \
+        load_tickets(fac, Path("stdin") if args.file == "-" else Path(args.file), piped)
     clients = Clients(fac.env)
     # threads only help runs that wait on a network; offline ones would contend for the interpreter
     jobs = args.jobs or (1 if waits_on_nothing(fac, agent, clients) else DEFAULT_JOBS)
@@ -6151,6 +6146,22 @@ def cmd_run(fac: Factory, args) -> int:
               f"reader stopped, e.g. head): {batch.ran} ticket(s) ran, {len(tickets) - batch.ran} did not", file=sys.stderr)
         return STDOUT_CLOSED
     return 1 if batch.failed else 0
+
+
+def piped_in(one: bool) -> bytes | str:
+    """All of standard input (`--file -`), or with `one` as one input's text, its last line break dropped (`run
+    AGENT -`); Usage when that cannot be."""
+    raw = sys.stdin.buffer.read() if sys.stdin is not None else b""
+    if is_blank(raw.decode("utf-8", "replace")):
+        raise Usage("standard input is empty: pipe the input in (echo TEXT | run AGENT -)")
+    if not one:
+        return raw
+    if len(raw) > MAX_LINE_BYTES // 2:
+        raise Usage(f"standard input is over {MAX_LINE_BYTES // 2 >> 10} kib, more than one input: pipe tickets to --file -")
+    try:
+        return decode(raw, "standard input").removesuffix("\n").removesuffix("\r")
+    except Refusal as why:
+        raise Usage(str(why)) from None
 
 
 def batch_problems(failed: list, tickets: int) -> list[str]:
@@ -6310,17 +6321,6 @@ def settled_phrase(decision: str, outcome: str | None) -> str:
 
 
 TICKET_COLUMNS = "ticket\tHANDOFF=\tgate=\tverdict=\t-> where it went"   # run --file's lines, as --help and the header name them
-
-
-def went(row: dict) -> str:
-    """Where a run went, in the one wording `run`, `run --file` and `--json` all use."""
-    if row["status"] == "refused":
-        return f"not run: {row['why'][0]}"
-    if row["routed"]:
-        return "routed to a human: " + "; ".join(row["why"])
-    if row["verdict"] == "waiting-for-approval":
-        return f"waiting for a human's approval: {row['staged']} acting call(s) parked (pending lists them)"
-    return "passed: no human needed"
 
 
 def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
@@ -6488,27 +6488,23 @@ def harvest_run_of(case_id) -> list[str]:
 
 
 def flagged_input(fac: Factory, row: dict, target: Agent) -> dict:
-    """What evalsmith sees of one flagged run of `target` (agents/evalsmith.py says each field): its input, from
-    the trace header (all an unfinished run's trace is read for), output, gate, denials, contract, reference."""
+    """What evalsmith sees of one flagged run of `target` (agents/evalsmith.py says each field); of an unfinished
+    run, only its trace header is read."""
     if row.get("state") == "started":
         header, output = trace_header(fac, row["agent"], row["run_id"]), None
     else:
         recorded = Trace.read(fac, row["run_id"], row["agent"])
         header, output = recorded.header, recorded.end.get("output") if recorded.end else None
+    try:
+        reference = target.rules(header.get("input"))[1]
+    except (Exception, SystemExit):   # the agent's code: its failure is no answer, and harvest goes on
+        reference = None
     return {"run_id": row["run_id"], "agent": row["agent"], "input": header.get("input"), "output": output,
             "gate": {"verdict": row.get("gate"), "p": row.get("p")},
             "denials": row.get("denied", []), "why": "; ".join(row.get("why", [])),
             "contract": {"properties": target.module.OUTPUT_SCHEMA.get("properties", {}), "handoff": target.handoff_field,
                          "tools": sorted({*target.card["tools"], *target.card["tools_denied"], *target.contracts})},
-            "reference": rules_answer(target, header.get("input"))}
-
-
-def rules_answer(agent: Agent, task_input) -> dict | None:
-    """What the agent's own offline rules answer for one input, or None when they raise (or exit)."""
-    try:
-        return agent.rules(task_input)[1]
-    except (Exception, SystemExit):   # the agent's code: its failure is no answer, and harvest goes on
-        return None
+            "reference": reference}
 
 
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to recall, with every variant stamped from it"),
@@ -6586,9 +6582,9 @@ def cmd_doctor(fac: Factory, args) -> int:
     print(f"root {fac.root}")
     print(f"keys present: {', '.join(present) or 'none'} (values are never printed)")
     for row in agents:
+        calls = "; ".join(f"{model} -> {where}" for model, where in row.get("calls", {}).items())
         print(f"{row['agent']}: card does not load: {row['problem']}" if "problem" in row else
-              f"{row['agent']}: worker {row['worker']} (primary {row['primary']}, fallback {row['fallback'] or '-'}); "
-              f"gate bar {row['gate_bar']}; {row['state']}")
+              f"{row['agent']}: worker {row['worker']} ({calls}); gate bar {row['gate_bar']}; {row['state']}")
     for line in gate:
         print(line)
     return 0
@@ -6603,6 +6599,7 @@ def doctor_row(fac: Factory, name: str) -> dict:
         return {"agent": name, "problem": str(why)}
     return {"agent": name, "worker": llm.Worker(model=card["model"], env=fac.env).planned_backend(),
             "primary": card["model"]["primary"], "fallback": card["model"].get("fallback"),
+            "calls": {model: llm.calls_to(model, fac.env) for model in card_models(card)},
             "gate_bar": card["evals"]["gate"], "state": certificate_state(fac, name)}
 
 
@@ -6842,9 +6839,9 @@ def run_reference(text: str) -> tuple[str | None, str]:
 def cmd_replay(fac: Factory, args) -> int:
     """Replay a recorded run against today's code.
 
-    Feeds the run's recorded model replies (with --live, the model again) to the agent as it is now,
-    with recorder tools (nothing is written), and prints what differs: tool calls and their rulings,
-    the status, the output.
+    Feeds the run's recorded model replies (a run its offline rules answered: today's rules; with --live,
+    the model again) to the agent as it is now, with tools that hand back what each call did then (nothing
+    is written), and prints what differs: tool calls and their rulings, the status, the output.
     """
     agent_name, run_id = args.run
     recorded = Trace.read(fac, run_id)
@@ -6853,15 +6850,17 @@ def cmd_replay(fac: Factory, args) -> int:
     if recorded.end is None:
         raise Refusal(f"{fac.shown(recorded.path)}: not a finished {TRACE_FORMAT} trace")
     header, agent = recorded.header, load_agent(fac, recorded.header["agent"])
-    replies = [recorded_reply(e) for e in recorded.events if e.get("event") == "model"]
+    models = [e for e in recorded.events if e.get("event") == "model"]
     ran_out = lambda: Diverged("today's code asked the model again after the recorded run ended")  # noqa: E731
+    rules = not args.live and models and all(e.get("backend", "").startswith("offline") for e in models)
+    worker = (llm.Worker({"primary": "offline"}, {}, agent.rules, header["input"]) if rules
+              else None if args.live else llm.Scripted(map(recorded_reply, models), ran_out))
     now: list[dict] = []
     loop = build_loop(fac, agent, "replay", now.append, header["input"], tier=header.get("tier", "C0"),
-                      worker=None if args.live else llm.Scripted(replies, ran_out),
-                      tools=recorder_tools(recorded.events, agent.contracts))
+                      worker=worker, tools=recorder_tools(recorded.events, agent.contracts))
     status = run_loop(loop)
     differences = replay_differences(recorded.events, now, recorded.end, loop, status)
-    mode = "live" if args.live else "recorded replies"
+    mode = "live" if args.live else "the agent's rules, as offline" if rules else "recorded replies"
     print(f"replay {run_id} ({agent.name}, {mode}): " + (f"{len(differences)} difference(s)" if differences else "no differences"))
     for line in differences:
         print(f"  {line}")
@@ -7120,6 +7119,9 @@ def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
 
 
 REFUSED_AS = {"revocation": "revoked", "recall": "recalled", "digest": "stale"}   # a run guard -> its word
+UNVERIFIED_AS = {"signer key": "cannot be checked here (its signer's key, ssh-keygen or the trusted signers file is missing)",
+                 "logs": "rests on a log that changed since it was signed", "newest certificate": "is older than one "
+                 "signed since"}   # a certificate guard that refused -> the tower's words (else: does not verify)
 
 
 def unverified_kind(claim: Claim, lines: dict) -> str:
@@ -7133,7 +7135,8 @@ def trust_summary(trust: dict) -> str:
     if trust["certificate"] == "unreadable":
         return f"not checked ({', '.join(trust['refused_by'])})"
     if trust["certificate"] != "verified":
-        return "uncertified" if trust["certificate"] == "none" else "certificate does not verify"
+        return "uncertified" if trust["certificate"] == "none" else \
+            f"certificate {UNVERIFIED_AS.get(trust['refused_by'][0], 'does not verify')}"
     signed = f"{trust['tier']} signed by {trust['signer']} at {trust['signed_at']}"
     if not trust["may_run"]:
         return f"{signed}; may not run ({', '.join(trust['refused_by'])})"
@@ -7182,14 +7185,20 @@ def print_tower(doc: dict) -> None:
 
 
 def agent_lines(agent: dict) -> list[tuple[str, str]]:
-    """(kind, line) of each line under an agent's row, the text's and the page's alike: trust (and why it
-    may not run), parked calls, verdicts, drift, the gate's p, runs of unknown cost, unfinished runs, problems."""
+    """(kind, line) of each line under an agent's row, the text's and the page's alike: trust, and the run
+    station's refusal lines behind it (each once, but those its problems show; none for an uncertified
+    agent); its parked calls as `pending` lists them; the sealed score; gate pass; verdicts; drift; the
+    gate's p; runs of unknown cost; unfinished runs; problems."""
     trust, gate_p, bar = agent["trust"], agent["gate_p"], agent["gate_bar"]
+    why = [] if trust.get("certificate") in ("none", None) else [line for line in dict.fromkeys(
+        trust.get(k) for k in ("refusal", "revoked", "recalled", "stale")) if line and line not in agent["problems"]]
+    stuck = "".join(f", {count} {state}" for state, count in sorted((trust.get("stuck") or {}).items()))
     shown = " ".join(f"{k}:{v}" for k, v in agent["verdicts"].items() if v)
     shown += f" ({agent['handed_off']} handed off by the agent though the gate passed)" * bool(agent["handed_off"])
     sealed = trust.get("sealed")
-    lines = [("trust", f"trust: {trust['summary']}"), *(("why", f"  {line}") for line in why_lines(agent)),
-             ("calls", calls_line(trust)), *([("sealed", f"certified on its sealed half: {part_text(sealed)}")] if sealed else []),
+    lines = [("trust", f"trust: {trust['summary']}"), *(("why", f"  {line}") for line in why),
+             ("calls", f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect{stuck}"),
+             *([("sealed", f"certified on its sealed half: {part_text(sealed)}")] if sealed else []),
              ("pass", f"gate pass over scored runs: {rate_text(agent)}"), ("verdicts", f"verdicts {shown or '-'}"),
              ("drift", f"drift: {agent['drift']['state']}"),
              ("gate-p", f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
@@ -7208,50 +7217,6 @@ def with_p_text(with_p: int, runs: int) -> str:
     return f"{with_p} of {runs} runs with a gate p"
 
 
-def calls_line(trust: dict) -> str:
-    """The agent's parked calls as `pending` lists them: waiting, uncertain, and each state of those that
-    can no longer be approved."""
-    stuck = "".join(f", {count} {state}" for state, count in sorted((trust.get("stuck") or {}).items()))
-    return f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect{stuck}"
-
-
-def why_lines(agent: dict) -> list[str]:
-    """The run station's refusal lines behind an agent's trust, each once, but for those its problems
-    show (none for an uncertified agent: its phrase says it all)."""
-    trust = agent["trust"]
-    if trust.get("certificate") in ("none", None):
-        return []
-    shown = set(agent["problems"])
-    return [line for line in dict.fromkeys(trust.get(k) for k in ("refusal", "revoked", "recalled", "stale"))
-            if line and line not in shown]
-
-
-def rate_text(agent: dict) -> str:
-    """The gate pass rate over scored runs with its 95% interval, '37/40 = 0.92 [0.80, 0.98]' ('-' when none
-    were scored)."""
-    if not agent["scored"]:
-        return "-"
-    low, high = agent["pass_interval"]
-    return f"{agent['passed']}/{agent['scored']} = {cut(agent['pass_rate'], 2):.2f} [{cut(low, 2):.2f}, {cut(high, 2, up=True):.2f}]"
-
-
-def percent_text(rate: float | None) -> str:
-    """A rate in 0..1 as '66.7%', or '-' when there is none (nothing was scored)."""
-    return "-" if rate is None else f"{100 * rate:.1f}%"
-
-
-def usd_text(amount: float | None) -> str:
-    """USD as '$0.42' or '$0.0035' (enough places to show the first significant digits); '$0' for
-    nothing; '?' when unknown."""
-    if amount is None:
-        return "?"
-    if amount == 0:
-        return "$0"
-    decimals = max(2, min(6, 1 - math.floor(math.log10(abs(amount)))))
-    whole, _, frac = f"{amount:,.{decimals}f}".partition(".")
-    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"
-
-
 # ---- the page: the text tower's table and lines, and each agent's charts as tables whose bars are their own figures
 
 HTML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"})  # html.escape's
@@ -7264,12 +7229,12 @@ TOWER_CSS = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:col
 
 
 def html_text(value) -> str:
-    """value as text inside HTML that is also XML: escaped, and what XML 1.0 forbids written as \\uXXXX."""
+    """value as text inside HTML that is also XML (xml_safe, then escaped)."""
     return xml_safe(str(value)).translate(HTML_ESCAPES)
 
 
 def html_row(cells, tag: str = "td", bar: str = "") -> str:
-    """One table row of cells (each made text), ending with `bar`, a bar cell when given."""
+    """One table row of cells (each made text), then `bar`, a bar cell."""
     return "<tr>" + "".join(f"<{tag}>{html_text(cell)}</{tag}>" for cell in cells) + bar + "</tr>"
 
 
@@ -7305,16 +7270,11 @@ def agent_charts(agent: dict) -> str:
             + chart("verdicts", "verdicts", ("verdict", "runs", ""), verdicts) + "</div>")
 
 
-def trust_state(trust: dict) -> str:
-    """may-run, demoted, refused or none: how the page colours an agent's trust line."""
-    if trust["may_run"]:
-        return "demoted" if trust["demoted"] else "may-run"
-    return "none" if trust["certificate"] == "none" else "refused"
-
-
 def agent_section(agent: dict) -> str:
     """<section data-agent=NAME>: its name, the lines the text prints under its row, and its charts."""
-    state = trust_state(agent["trust"])
+    trust = agent["trust"]
+    state = ("demoted" if trust["demoted"] else "may-run") if trust["may_run"] else \
+        "none" if trust["certificate"] == "none" else "refused"
     lines = "".join(f'<p class="{kind}"' + (f' data-state="{state}"' if kind == "trust" else "") + f">{html_text(line.strip())}</p>"
                     for kind, line in agent_lines(agent))
     return f'<section data-agent="{html_text(agent["agent"])}"><h2>{html_text(agent["agent"])}</h2>{lines}{agent_charts(agent)}</section>\n'
@@ -7510,8 +7470,12 @@ class Parser(argparse.ArgumentParser):
         """argparse's own output (help, usage, version), one print per line through SafeStream. A private
         method of argparse, overridden knowingly: all of its output goes through it, and no public hook
         does the same (the --help tests would show an argparse that stopped calling it)."""
-        for line in message.rstrip("\n").split("\n") if message else []:
-            print(line, file=file or sys.stderr)
+        try:
+            for line in message.rstrip("\n").split("\n") if message else []:
+                print(line, file=file or sys.stderr)
+            (file or sys.stderr).flush()
+        except BrokenPipeError:   # `--help | head -1`: the reader had what it wanted, which is no error
+            stdout_closed()
 
 
 START_HERE = """\

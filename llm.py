@@ -445,6 +445,19 @@ def route_for(model_id: str, env: Mapping[str, str]) -> Route:
     return route
 
 
+def calls_to(model_id: str, env: Mapping[str, str]) -> str:
+    """Where calls of a model id go under env, for a person: 'BACKEND URL', with the key it lacks when it
+    lacks one (its calls are then not made), or 'offline'; the reason when its base url is bad."""
+    if backend_for(model_id, env) == "offline":
+        return "offline (the agent's rules)"
+    try:
+        return f"{backend_for(model_id, env)} {route_for(model_id, env).url}"
+    except NoKey as missing:
+        return f"{calls_to(model_id, {**env, missing.name: 'set'})} (not asked: no {missing.name})"
+    except LLMError as error:
+        return str(error)
+
+
 def _need(env: Mapping[str, str], name: str) -> str:
     """env[name] without the white space around it, or NoKey(name) when unset or empty."""
     value = (env.get(name) or "").strip()
@@ -1346,7 +1359,27 @@ class Worker:
 
 
 # ---------------------------------------------------------------------------------------------
-# The scripted twin of a Worker
+# What the loop asks of a worker, and the scripted twin of a Worker
+
+
+class AnyWorker:
+    """What the factory's loop needs of a worker, written down (it need not inherit from this class): Worker
+    (the card's models, then the agent's own rules) and Scripted (given replies: replay and tests) have it."""
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Reply:
+        """One answer to the conversation so far, offered these tool schemas."""
+
+    def estimate_next_cost(self, messages: list[dict], tools: list[dict]) -> float | None:
+        """Upper bound in USD of the next complete(); None when unknown (never within an envelope)."""
+
+    def tier(self) -> str:
+        """Which model the next call goes to (primary, fallback, offline, ...), for run-gate records."""
+
+    def switch_model(self) -> bool:
+        """Stop asking the current model (the run gate's switch_model); True when another one remains."""
+
+    def use_rules(self, reason: str) -> None:
+        """Answer the rest of the run with the agent's rules (backend offline-REASON); ValueError when none."""
 
 
 class Scripted:

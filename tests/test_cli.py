@@ -726,6 +726,18 @@ class ClosedStdout(unittest.TestCase):
             os.close(writer)
         self.assertEqual((child.returncode, child.stderr), (1, self.LINE))
 
+    def test_help_to_a_reader_that_stopped_is_no_error(self):
+        """`factory.py --help | head -1` exited 1 with the line above, or 0, as the pipe's timing fell."""
+        for argv in (["--help"], ["run", "--help"]):
+            reader, writer = os.pipe()
+            os.close(reader)
+            try:
+                child = subprocess.run([sys.executable, str(REPO / "factory.py"), *argv], stdout=writer,
+                                       stderr=subprocess.PIPE, text=True, timeout=60, cwd=str(REPO))
+            finally:
+                os.close(writer)
+            self.assertEqual((child.returncode, child.stderr), (0, ""), argv)
+
     def test_a_stdout_never_open(self):
         child = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} factory.py schema >&-"],
                                capture_output=True, text=True, timeout=60, cwd=str(REPO))

@@ -996,13 +996,18 @@ class SshCertificates(LineTest):
         self.refused_writing_nothing("does not verify with bob's ssh key", "run", "triager", "hi")
 
     def test_certify_with_a_key_that_is_not_allowed_signs_nothing(self):
-        mallory, _ = ssh_key(self.tmp / "ssh", "mallory")
+        """It is refused before the prompt: answering y to a signature that could never verify was for nothing."""
+        mallory, public = ssh_key(self.tmp / "ssh", "mallory")
         before = self.cert()
         signed = self.at_terminal("certify", "triager", "--tier", "C1", "--by", "alice", "--ssh-key", str(mallory))
         self.assertEqual(signed.returncode, 1, signed.stderr)
-        self.assertIn(f"unsigned: the ssh signature does not verify with alice's ssh key in {self.tmp / 'keys' / 'allowed_signers'}",
-                      signed.stderr)
+        self.assertEqual(signed.stderr, f"factory certify: --ssh-key {mallory}: its public key is not listed for alice in "
+                                        f"the trusted allowed signers ({self.tmp / 'keys' / 'allowed_signers'}), so nothing "
+                                        f"it signs verifies; add `alice {public}` to it\n")
         self.assertEqual(self.cert(), before)
+        mallory.with_suffix(".pub").unlink()   # the public key derived from the private one (ssh-keygen -y)
+        signed = self.at_terminal("certify", "triager", "--tier", "C1", "--by", "alice", "--ssh-key", str(mallory))
+        self.assertIn(f"add `alice {public}` to it", signed.stderr)
 
     def test_without_allowed_signers_it_cannot_be_verified_here(self):
         (self.tmp / "keys" / "allowed_signers").unlink()
@@ -1081,7 +1086,8 @@ class SshForgery(CertifiedTest):
         signed = self.at_terminal("certify", "triager", "--tier", "C1", "--by", "alice", "--ssh-key",
                                   str(mallory.with_suffix("")))
         self.assertEqual(signed.returncode, 1, signed.stdout)
-        self.assertIn("unsigned: the ssh signature does not verify with alice's ssh key", signed.stderr)
+        self.assertIn("its public key is not listed for alice in the trusted allowed signers", signed.stderr,
+                      "refused before the prompt: the pattern line lists no key for alice")
         trusted.write_text(f"alice {alices}\n# a comment\n\nalice,bob namespaces=\"agent-factory\" {public} mallory\n")
         self.runs_ok()                                     # a second key listed for alice by name: trusted
 
