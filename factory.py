@@ -1765,10 +1765,9 @@ def not_python(relative: str, error: Exception) -> Refusal:
 
 @dataclass(frozen=True)
 class Agent:
-    """One agent as the line sees it, read once per station: the validated card, the contracts of the tools
-    it grants or denies (read from the tool modules' source), and its digest's components. Only the
-    stations that run it execute its code (`loaded`): the entrypoint module and the tool modules; elsewhere
-    they are None and ()."""
+    """One agent as the line sees it, read once per station: the validated card, its tools' contracts (read
+    from source) and its digest's components. Only the stations that run it execute its code (`loaded`);
+    elsewhere module is None and tools ()."""
     name: str
     card: dict
     contracts: dict               # tool name -> contract (name, effect, description, params, failure_modes) of
@@ -1821,10 +1820,9 @@ class Agent:
 
 
 def effect_writer(fac: Factory, run_id: str, tags: dict, announce=None):
-    """The `write(path, row) -> receipt` a tool module's make_tools is handed: the row, tagged with the run
-    id, a fresh effect id and `tags`, appended as one locked line under the root; the receipt {"path",
-    "offset", "effect_id"} is how the line reads the effect back. `announce(path, effect_id)`, when
-    given, is called first (an approved call's trace says where its effect is about to be written)."""
+    """The `write(path, row) -> receipt` make_tools is handed: the row, tagged with the run id, a fresh
+    effect id and `tags`, appended as one locked line; the receipt {"path", "offset", "effect_id"} is how
+    the line reads it back. `announce(path, effect_id)`, when given, is called first."""
     def write(path: Path, row: dict) -> dict:
         # lexically (a link is not followed here): ValueError outside the root, before writing; the Store
         # refuses a link on the way with a line naming it
@@ -1858,10 +1856,9 @@ TOOL_MODULE_IS = ("a tool module assigns CONTRACTS (tool name -> contract) once,
 
 
 def toolbox_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
-    """(the CONTRACTS of the tool module agents/RELATIVE, every problem with them, one line each). The
-    contracts are read from the source as a literal, never from the executed module: what the broker
-    rules on is what a reader sees, digested without running code. Refusal when the module cannot be
-    read or reaches for code the digest does not cover (Code.check)."""
+    """(the CONTRACTS of the tool module agents/RELATIVE, every problem with them, one line each), read
+    from the source as a literal, never executed. Refusal when the module cannot be read or reaches for
+    code the digest does not cover (Code.check)."""
     import ast
     fac.code.check(relative)
     family, where = Path(relative).stem, f"agents/{relative}"
@@ -4709,7 +4706,8 @@ class Trace:
         self.fac.store.append_jsonl(self.fac.index, sealed_evidence(self.fac, closed))   # counted as evidence
         self.release()   # after the closed row: until then the run is still being written (harvest asks)
         if self.fac.otlp:
-            export_run(self.fac, self.agent, self.run_id)
+            with contextlib.suppress(Refusal):   # a trace moved away mid-run is not sent (its reason says so)
+                export_run(self.fac, Trace.read(self.fac, self.run_id, self.agent))
 
     @staticmethod
     def read(fac: Factory, run_id: str, agent: str | None = None) -> Recorded:
@@ -6885,27 +6883,30 @@ def cmd_export(fac: Factory, args) -> int:
            [(row["agent"], row["run_id"]) for row in index_rows(fac)]
     failed = 0
     for agent, run_id in runs:
-        later = Trace.read(fac, run_id, agent).later
-        if not (args.all or args.runs) and [e.get("ok") for e in later if e.get("event") == "export"][-1:] == [True]:
-            continue   # sent before
-        problem = export_run(fac, agent, run_id)
+        try:   # a trace gone or torn is named, and the other runs are still sent
+            recorded = Trace.read(fac, run_id, agent)
+        except Refusal as why:
+            problem = str(why)
+        else:
+            if not (args.all or args.runs) and [e.get("ok") for e in recorded.later if e.get("event") == "export"][-1:] == [True]:
+                continue   # sent before
+            problem = export_run(fac, recorded)
         failed += bool(problem)
         print(run_id, f"FAILED ({problem})" if problem else "sent", sep="\t")
     return 1 if failed else 0
 
 
-def export_run(fac: Factory, agent: str, run_id: str) -> str:
+def export_run(fac: Factory, recorded: Recorded) -> str:
     """Send one finished run's spans to fac.otlp and note in its trace how that went (an `export` event
     after its end); '' when sent, else why not. Never raises for the endpoint."""
-    recorded = Trace.read(fac, run_id, agent)
     try:
-        body = llm.otlp_body(fac.otlp, run_id, llm.run_spans(recorded.events, fac.otlp.content))
+        body = llm.otlp_body(fac.otlp, recorded.header["run_id"], llm.run_spans(recorded.events, fac.otlp.content))
         llm.send_otlp(llm.build_opener(fac.env), fac.otlp, body)
         problem = ""
     except llm.LLMError as error:
         problem = str(error)   # names no header value (llm.send_otlp); the trace is written scrubbed
-    Trace(fac, agent, run_id).record({"event": "export", "to": fac.otlp.url, "ok": not problem,
-                                      **({"error": problem} if problem else {})})
+    Trace(fac, recorded.header["agent"], recorded.header["run_id"]).record(
+        {"event": "export", "to": fac.otlp.url, "ok": not problem, **({"error": problem} if problem else {})})
     return problem
 
 

@@ -39,6 +39,11 @@ or "offline-<reason>" after `Worker.use_rules(reason)`, e.g. "offline-over-envel
 factory finds that the cost envelope cannot fit one model call. A `Breaker` shared by a batch's
 Workers rests a backend after repeated 429/5xx answers; while it rests, Workers skip it.
 
+OpenTelemetry (the last section): `otlp_settings(env)` reads the OTEL_* exporter settings, `run_spans`
+turns one run's trace events into spans (a root `invoke_agent`, `chat`, `execute_tool`, `gate`),
+`otlp_body` encodes them as OTLP protobuf or JSON, `send_otlp` posts them within the export timeout;
+a Worker given a run id sends each request the W3C `traceparent` of its call's `chat` span.
+
 Keys are read only from the `env` mapping given to the Worker; this module never reads os.environ,
 keeps no module-level mutable state and does nothing on import. Tool names travel as `issues__label`
 on the wire (":" is not allowed there) and come back as `issues:label`.

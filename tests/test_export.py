@@ -232,6 +232,13 @@ class ExportTest(CertifiedTest):
         self.assertEqual((code, out, len(up.requests)), (0, f"{row['run_id']}\tsent\n", 2))
         spans = [decode_request(r["raw"])["spans"] for r in up.requests]
         self.assertEqual(spans[0], spans[1], "a run sent again is the same trace, ids and times")
+        self.runs_ok("triager", TICKET)   # sent as it ends: the third request
+        (self.root / "traces" / "triager" / f"{row['run_id']}.jsonl").unlink()
+        code, out, err = self.factory("export", "--all")
+        gone, sent = out.splitlines()
+        self.assertEqual((code, len(up.requests)), (1, 4), "the run whose trace is gone is named; the other is sent")
+        self.assertRegex(gone, rf"^{row['run_id']}\tFAILED \(.*{row['run_id']}\.jsonl")
+        self.assertEqual(sent, f"{self.index_rows()[-1]['run_id']}\tsent")
 
     def test_an_endpoint_that_does_not_answer_costs_the_run_its_timeout_alone(self):
         silent = self.receiver(Answer(200, {}, delay=30))   # answers long after the export gave up
