@@ -612,6 +612,19 @@ def shows(expected: list[str], actual: list[str]) -> str | None:
     return shows(expected[1:], actual[1:])
 
 
+class FirstAgentsCard(unittest.TestCase):
+    """The card fields the tutorial's first step shows are the card's: a rubric field and a price that validate."""
+
+    def test_the_rubric_field_and_the_price_it_shows_are_valid_card_fields(self):
+        step = (REPO / "README.md").read_text().split("\n**1. Make it.**", 1)[1].split("```console", 1)[0]
+        card = factory.new_card("faq", ["faq:draft"], "alice")
+        field = json.loads("{" + re.search(r'`("field": "[a-z]+")`', step).group(1) + "}")
+        prices = json.loads("{" + re.search(r'`("prices": \{.*?\}\})`', step, re.S).group(1).replace("\n", " ") + "}")
+        self.assertEqual(field, {"field": card["draft_rubric"]["field"]}, "new's rubric scores the field the step names")
+        self.assertEqual(factory.card_problems({**card, **prices}, "faq"), [])
+        self.assertIn(f"no price for {next(iter(prices['prices']))}", step)
+
+
 class FirstAgent(unittest.TestCase):
     """"Your first agent" works as written: each command run in its order, at a terminal, in a fresh copy
     of the repo with no keys, prints what the README shows (abridged where it says so) and exits 0, or
