@@ -141,11 +141,15 @@ class Labeler(LineTest):
                                  (0, "PASS", proof["cases"], 6 if not half else 4), err)
 
     def test_the_rubric_scores_the_note(self):
+        """The rubric scored only a field named `draft`: the labeler's proof printed PASS ... draft:0 scored."""
         with FakeSage(expectation=3.0) as sage:
             self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY="sage-key")
             code, out, err = self.factory("prove", "labeler")
+            sealed = self.factory("prove", "labeler", "--sealed")
         self.assertEqual(code, 0, out + err)
         self.assertIn("draft:3.0/4 on 6", out)
+        self.assertEqual(sealed[0], 0, sealed[2])
+        self.assertIn(" PASS   denials:0   draft:3.0/4 on 4", sealed[1])
         contents = [q for q in sage.requests if q.path == "/decide/batch"][0].body["requests"]
         self.assertIn("Labelled bugfix.", contents[0]["content"])
 
