@@ -776,30 +776,100 @@ def shared_inputs(open_half: list[dict], sealed_half: list[dict]) -> list[tuple[
 
 # ---- a proof's verdict, from its counts alone (prove's exit status, summary, --json and --junit; certify)
 
-# PASS              at or above the pass bar, and a draft rubric on the card was scored
-# UNDER BAR         under the card's pass bar
-# RUBRIC UNSCORED   the card's draft rubric could not be scored (failed), or no draft was there to score
-#                   (unscored): a rubric that scored nothing is not passed
-# MODEL UNANSWERED  made with --require-model, and the card's models did not answer every case
-PROOF_VERDICTS = ("PASS", "UNDER BAR", "RUBRIC UNSCORED", "MODEL UNANSWERED")
-
-
-def clears_bar(passing: int, cases: int, bar) -> bool:
-    """passing/cases >= bar, compared as exact fractions with the bar read from its decimal text
-    (0.66667 is 66667/100000, so 2 of 3 is under it); no cases clear no bar."""
-    from fractions import Fraction
-    return cases > 0 and Fraction(passing, cases) >= Fraction(str(bar))
+# PASS               each bar shown: its count's 95% lower bound at or above it, and a draft rubric on the card scored
+# UNDER BAR          the score's lower bound is under the card's pass bar (evals.pass_bar)
+# HANDOFF UNDER BAR  the hand-off recall's lower bound is under the card's hand-off bar (evals.handoff_bar)
+# RUBRIC UNSCORED    the card's draft rubric could not be scored (failed), or no draft was there to score
+#                    (unscored): a rubric that scored nothing is not passed
+# MODEL UNANSWERED   made with --require-model, and the card's models did not answer every case
+PROOF_VERDICTS = ("PASS", "UNDER BAR", "HANDOFF UNDER BAR", "RUBRIC UNSCORED", "MODEL UNANSWERED")
 
 
 def proof_verdict(proof: dict) -> str:
-    """One of PROOF_VERDICTS from a proof's passing_cases, cases, pass_bar, rubric and, for a proof made
-    with --require-model, model_answered (the cases the card's models answered: a score of the offline
-    rules measures no model), in that table's order from the bottom up."""
+    """One of PROOF_VERDICTS from a proof's passing_cases, cases, pass_bar, handoff (its bar and recall), rubric
+    and, for a proof made with --require-model, model_answered (the cases the card's models answered: a
+    score of the offline rules measures no model), in that table's order from the bottom up."""
     if proof.get("model_required") and proof.get("model_answered") != proof["cases"]:
         return "MODEL UNANSWERED"
-    if not clears_bar(proof["passing_cases"], proof["cases"], proof["pass_bar"]):
+    if not clears(proof["passing_cases"], proof["cases"], proof["pass_bar"]):
         return "UNDER BAR"
+    handoff = proof.get("handoff") or {}
+    if handoff.get("bar") is not None and not clears(handoff["recall"]["passing_cases"], handoff["recall"]["cases"],
+                                                     handoff["bar"]):
+        return "HANDOFF UNDER BAR"
     return "RUBRIC UNSCORED" if proof["rubric"] in ("failed", "unscored") else "PASS"
+
+
+def too_few(bar, n: int, what: str, every: str, kind: str = "bar") -> str | None:
+    """'a 0.92 bar needs at least 45 sealed cases even with every case passing; this half has 12' when n
+    cases cannot show the bar even at a perfect score; None when they can."""
+    needed = needed_cases(bar)
+    if needed is not None and n >= needed:
+        return None
+    shown = f"needs at least {needed} {what} even with {every}" if needed else \
+        f"cannot be shown on a 95% lower bound by any number of {what}"
+    return f"a {bar} {kind} {shown}; this half has {n}"
+
+
+def verdict_why(proof: dict) -> str | None:
+    """Why a proof's verdict is not PASS, in one line (prove prints it, JUnit's pass bar and certify's refusal
+    say it); None for PASS."""
+    verdict, half = proof_verdict(proof), proof["half"]
+    if verdict == "UNDER BAR":
+        fewer = too_few(proof["pass_bar"], proof["cases"], f"{half} cases", "every case passing")
+        return f"the score's 95% lower bound is under the bar {proof['pass_bar']}" + (f": {fewer}" if fewer else "")
+    if verdict == "HANDOFF UNDER BAR":
+        handoff = proof["handoff"]
+        fewer = too_few(handoff["bar"], handoff["recall"]["cases"], f"{half} cases that expect a hand-off",
+                        "every one handed off", "hand-off bar")
+        return (f"the hand-off recall's 95% lower bound is under the hand-off bar {handoff['bar']}" +
+                (f": {fewer}" if fewer else ""))
+    if verdict == "RUBRIC UNSCORED":
+        return f"the card's draft rubric scored nothing ({proof['draft_check']}); a rubric that could not be scored is not passed"
+    if verdict == "MODEL UNANSWERED":
+        missing, models = proof["cases"] - proof["model_answered"], ", ".join(m or "none named" for m in proof["models"])
+        return (f"--require-model: {missing} of {proof['cases']} case(s) not answered by the card's models "
+                f"(backends: {', '.join(proof['backends']) or 'none'}{'; models: ' + models if models else ''})")
+    return None
+
+
+def parts_lines(proof: dict) -> list[str]:
+    """The proof's parts, each k/n with its 95% interval or, under MIN_SLICE cases, too few to judge: real
+    tickets and synthetic ones; each real source; the cases by each expected label (as prove and certify show)."""
+    def listed(parts: dict) -> str:
+        return "; ".join(f"{name} {part_text(one, whole=False)}" for name, one in parts.items())
+    real = {name: one for name, one in proof.get("by_source", {}).items() if name != "synthetic"}
+    return ["   ".join(f"{label} {part_text(proof[key], whole=False)}" if proof[key]["cases"] else f"{label}: none"
+                       for key, label in (("real", "real tickets"), ("synthetic", "synthetic")))] + \
+        [f"by source: {listed(real)}"] * bool(real) + \
+        [f"by expected {key}: {listed(values)}" for key, values in proof.get("by_expected", {}).items()] + \
+        [f"label sources: {label_text(proof['label_sources'])}"] * ("label_sources" in proof) + \
+        [handoff_text(proof["handoff"])] * ("handoff" in proof)
+
+
+def handoff_text(handoff: dict) -> str:
+    """'hand-off (escalate): recall 70/78 = 0.89 [0.80, 0.94] (bar 0.6 on the lower bound); precision ...': recall is
+    judged when the card sets a hand-off bar, else a slice as any other (too few to judge under MIN_SLICE cases)."""
+    bar = "" if handoff["bar"] is None else f" (bar {handoff['bar']} on the lower bound)"
+    return (f"hand-off ({handoff['field']}): recall {part_text(handoff['recall'], handoff['bar'], bool(bar))}{bar}; "
+            f"precision {part_text(handoff['precision'], whole=False)}" if handoff["recall"]["cases"] else
+            f"hand-off ({handoff['field']}): no case expects one" + bar)
+
+
+def handoff_figures(results: list[dict], field: str, bar, places: int = 4) -> dict:
+    """{field, bar, recall, precision} of a proof's hand-off field over the results whose case names its value
+    (`expects_handoff` True or False; None leaves a result out), each with `handed_off`: recall is the share
+    of those expecting a hand-off that handed off, precision the share of those handing off that expected it."""
+    named = [r for r in results if r["expects_handoff"] is not None]
+    wanted, given = [r for r in named if r["expects_handoff"]], [r for r in named if r["handed_off"]]
+    return {"field": field, "bar": bar, "recall": part(sum(r["handed_off"] for r in wanted), len(wanted), places),
+            "precision": part(sum(r["expects_handoff"] for r in given), len(given), places)}
+
+
+def missed_first(results: list[dict]) -> list[dict]:
+    """The failed results, a missed hand-off (expected, not given) first, each in suite order."""
+    failed = [r for r in results if not r["passed"]]
+    return sorted(failed, key=lambda r: not (r["expects_handoff"] and not r["handed_off"]))
 
 
 def share(results: list[dict], bar) -> dict:
@@ -866,7 +936,8 @@ def leaf_change(path: str, old, new, tiers: tuple) -> str:
 # ---- sharded proofs: a half proved in K/N slices (one per CI runner), merged into one proof
 
 SHARD_FORMAT = "factory-shard-1"
-OUTCOME = ("passed", "status", "denied", "unexpected_denials", "draft_score", "backends", "models", "answered", "seconds")
+OUTCOME = ("passed", "status", "denied", "unexpected_denials", "draft_score", "backends", "models", "answered", "handed_off",
+           "seconds")
 OPEN_OUTCOME = ("reason", "wrong", "unknown_tools")   # why an open case failed; a sealed shard keeps OUTCOME alone
 RUBRIC_ORDER = ("failed", "no key", "none", "scored", "unscored")   # a merge's rubric state: the first any shard had
 

@@ -93,7 +93,7 @@ from broker import (  # noqa: E402   the loop's detectors; a proof's figures and
     DETECTORS, Sign, detect, evidence, no_progress, ping_pong, repeated_error, repeated_observation, write_check_cycles,
     LABEL_SOURCES, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts, label_source_problem,
     label_text, lower_tail, normalised, part, part_text, percent_text, proof_verdict, rate_text, share, shared_inputs,
-    shares_by, usd_text,
+    shares_by, usd_text, clears, decimals, handoff_figures, missed_first, needed_cases, parts_lines, verdict_why,
     SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards)
 
 llm = own_module("llm", lazy=True)
@@ -1338,10 +1338,14 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
               "explicit denials: a tool both granted and denied is denied", _tool_list),
     CardField("gate_question", "string", REQUIRED, "a non-empty string",
               "the yes/no question the output gate asks Sage about every output", _text),
-    CardField("evals", "object", REQUIRED, 'an object {"pass_bar", "gate", "suite"}', "how the agent is proved and gated",
+    CardField("evals", "object", REQUIRED, 'an object {"pass_bar", "gate", "suite", "handoff_bar"}', "how the agent is proved and gated",
               lambda v: isinstance(v, dict)),
     CardField("evals.pass_bar", "number", REQUIRED, "a number in 0..1",
-              "the share of cases that must pass: prove exits 0 and certify signs only at or above it", _fraction),
+              "the share of cases that must pass, judged on the 95% lower bound of the count (a 0.8 bar needs 16 "
+              "cases even at a perfect score): prove exits 0 and certify signs only at or above it", _fraction),
+    CardField("evals.handoff_bar", "number", "none: hand-off recall is reported, not judged", "a number in 0..1",
+              "the share of the cases that expect a hand-off in which the agent must hand off (its handoff_field true), "
+              "judged on the 95% lower bound as the pass bar is", _fraction),
     CardField("evals.gate", "number", REQUIRED, "a number in 0..1",
               "the output gate passes an output only when Sage answers yes with at least this probability", _fraction),
     CardField("evals.suite", "string", "the agent's own suite, else its nearest master's", "an agent name",
@@ -3261,7 +3265,7 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
     return found
 
 
-SEALED_COUNTS = ("passing_cases", "cases", "interval", "real", "synthetic", "by_source", "by_expected", "label_sources")   # on a certificate
+SEALED_COUNTS = ("passing_cases", "cases", "interval", "real", "synthetic", "by_source", "by_expected", "label_sources", "handoff")   # on a certificate
 PROMOTION_RUNS = 20          # gated production runs at the tier below, since the agent (its digest) last changed
 
 
@@ -4008,18 +4012,13 @@ def sealed_suite_unchanged(claim: Claim) -> str | None:
 
 
 def clears_the_bar(claim: Claim) -> str | None:
-    """The latest sealed proof's verdict, derived again from its counts, is PASS: passing/cases is at
-    or above the bar as exact fractions, and a draft rubric on the card was scored."""
-    proof = claim.proof
-    verdict = proof_verdict(proof)
-    if verdict == "UNDER BAR":
-        return f"sealed score {part_text(proof, proof['pass_bar'])} is under the bar {proof['pass_bar']}."
-    if verdict == "RUBRIC UNSCORED":
-        return (f"the sealed proof could not score the draft rubric ({proof['draft_check']}); a rubric that could "
-                f"not be scored is not passed. check the decision model (doctor) and re-prove.")
-    if verdict == "MODEL UNANSWERED":
-        return f"the sealed proof's verdict is MODEL UNANSWERED ({unanswered_text(proof)}). check the model key (doctor) and re-prove."
-    return None
+    """The latest sealed proof's verdict, derived again from its counts, is PASS: each bar shown on its count's
+    95% lower bound, and a draft rubric on the card scored."""
+    why, verdict = verdict_why(claim.proof), proof_verdict(claim.proof)
+    remedy = "check the decision model (doctor)" if verdict == "RUBRIC UNSCORED" else "check the model key (doctor)" \
+        if verdict == "MODEL UNANSWERED" else "improve the agent or add sealed cases"
+    return f"the sealed proof is {verdict} ({part_text(claim.proof, claim.proof['pass_bar'])}): {why}. {remedy} and " \
+           f"re-prove." if why else None
 
 
 def production_evidence(claim: Claim) -> str | None:
@@ -4029,11 +4028,11 @@ def production_evidence(claim: Claim) -> str | None:
         return None
     below, bar = TIERS[TIERS.index(claim.tier) - 1], claim.agent.card["evals"]["pass_bar"]
     production = gated_runs(claim.fac, claim.agent, below)
-    if production.runs >= PROMOTION_RUNS and production.rate >= bar:
+    if production.runs >= PROMOTION_RUNS and clears(production.passes, production.runs, bar):
         return None
     return (f"tier {claim.tier} needs production evidence at {below} since the agent (its digest) last changed: "
-            f"{production.runs} gated run(s) (need {PROMOTION_RUNS}), gate pass rate {production.rate_text} "
-            f"(need {bar}){production.not_counted(claim.fac)}.")
+            f"{production.runs} gated run(s) (need {max(PROMOTION_RUNS, needed_cases(bar) or 0)}), gate pass rate "
+            f"{production.rate_text} (need its 95% lower bound at {bar} or above){production.not_counted(claim.fac)}.")
 
 
 def parked_call_sealed(claim: Claim) -> str | None:
@@ -5063,7 +5062,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
             "unexpected_denials": unexpected, "unknown_tools": unknown, "draft": got.get(agent.draft_field),
             "backends": sorted(set(loop.backends)),
             "models": sorted({m for b, m in zip(loop.backends, loop.models) if not b.startswith("offline")}),
-            "draft_score": None, "seconds": time.monotonic() - started}
+            "handed_off": agent.hands_off(loop.output), "draft_score": None, "seconds": time.monotonic() - started}
     return {**result, "answered": answered_by_card_models(agent.card, result)}
 
 
@@ -5072,6 +5071,8 @@ def case_fields(agent: Agent, case: dict) -> dict:
     expects of the output's enum fields."""
     return {"id": case["id"], "synthetic": case.get("source") == "synthetic",
             "source": str(case.get("source") or "unnamed").split(":")[0], "label_source": case.get("label_source", UNRECORDED),
+            "expects_handoff": case["expect"].get(agent.handoff_field) if type(case["expect"].get(agent.handoff_field)) is bool
+            else None,
             "labels": {key: value for key, value in case["expect"].items()
                        if key != "denied" and "enum" in agent.module.OUTPUT_SCHEMA["properties"][key]}}
 
@@ -5180,12 +5181,13 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
     failures = [r["id"] if half == "sealed" else
                 {**{k: r[k] for k in ("id", "status", "reason", "wrong", "unexpected_denials", "draft_score")},
-                 "why": failure_message(half, r)} for r in results if not r["passed"]]
+                 "why": failure_message(half, r)} for r in missed_first(results)]
     proof = {"agent": agent.name, "half": half, "at": utc_now(), **share(results, bar),
              "pass_bar": bar, "rubric": rubric, "real": share([r for r in results if not r["synthetic"]], bar),
              "synthetic": share([r for r in results if r["synthetic"]], bar),
              "by_source": shares_by(results, bar, itemgetter("source")), "by_expected": expected_shares(results, bar),
-             "label_sources": label_counts(results),
+             "label_sources": label_counts(results), "needed_cases": needed_cases(bar),
+             "handoff": handoff_figures(results, agent.handoff_field, agent.card["evals"].get("handoff_bar"), max(4, decimals(bar))),
              "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
              "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
              "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
@@ -5702,8 +5704,8 @@ def cmd_restamp(fac: Factory, args) -> int:
                    "python3 factory.py prove triager --sealed --require-model --junit prove.xml",
                    "python3 factory.py prove triager --sealed --shard 2/3",
                    "python3 factory.py prove triager --sealed --merge s1.json s2.json s3.json"),
-         exits=("verdict PASS: at or above the pass bar, and the draft rubric scored",
-                "verdict UNDER BAR, RUBRIC UNSCORED or MODEL UNANSWERED, or refused"),
+         exits=("verdict PASS: each bar shown on its lower bound, the rubric scored",
+                "any other verdict (see In CI in the README), or refused"),
          env=(*ROOT_ENV, "FACTORY_SEALED_DIR", *MODEL_ENV))
 def cmd_prove(fac: Factory, args) -> int:
     """Prove an agent on its open or sealed suite.
@@ -5760,36 +5762,15 @@ def print_proof(proof: dict) -> None:
     """The summary line (suite, count and interval, bar, verdict), the proof's parts (parts_lines), and each
     failure: why it failed for the open half, its id only for the sealed one."""
     print(f"{proof['agent']} [{proof['half']} half of {proof['suite']}] {part_text(proof, proof['pass_bar'])} "
-          f"(bar {proof['pass_bar']}) {proof['verdict']}   denials:{proof['tool_denials']}   draft:{proof['draft_check']}")
+          f"(bar {proof['pass_bar']} on the lower bound) {proof['verdict']}   denials:{proof['tool_denials']}   draft:{proof['draft_check']}")
     lines = parts_lines(proof)
     lines[0] += f"   backends: {', '.join(proof['backends']) or 'none answered'}"
     for line in lines:
         print(f"  {line}")
-    if proof["verdict"] == "MODEL UNANSWERED":
-        print(f"  {unanswered_text(proof)}")
+    if verdict_why(proof):
+        print(f"  {verdict_why(proof)}")
     for failure in proof["failures"]:
         print(f"  failed {failure}" if isinstance(failure, str) else f"  failed {failure['id']}: {failure['why']}")
-
-
-def parts_lines(proof: dict) -> list[str]:
-    """The proof's parts, each k/n with its 95% interval or, under MIN_SLICE cases, too few to judge: real
-    tickets and synthetic ones; each real source; the cases by each expected label (as prove and certify show)."""
-    def listed(parts: dict) -> str:
-        return "; ".join(f"{name} {part_text(one, whole=False)}" for name, one in parts.items())
-    real = {name: one for name, one in proof.get("by_source", {}).items() if name != "synthetic"}
-    return ["   ".join(f"{label} {part_text(proof[key], whole=False)}" if proof[key]["cases"] else f"{label}: none"
-                       for key, label in (("real", "real tickets"), ("synthetic", "synthetic")))] + \
-        [f"by source: {listed(real)}"] * bool(real) + \
-        [f"by expected {key}: {listed(values)}" for key, values in proof.get("by_expected", {}).items()] + \
-        [f"label sources: {label_text(proof['label_sources'])}"] * ("label_sources" in proof)
-
-
-def unanswered_text(proof: dict) -> str:
-    """Why a proof made with --require-model is MODEL UNANSWERED: the cases the card's models did not
-    answer, and the backends and models that did."""
-    missing, models = proof["cases"] - proof["model_answered"], ", ".join(m or "none named" for m in proof["models"])
-    return (f"--require-model: {missing} of {proof['cases']} case(s) not answered by the card's models "
-            f"(backends: {', '.join(proof['backends']) or 'none'}{'; models: ' + models if models else ''})")
 
 
 def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
@@ -5811,16 +5792,17 @@ def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
             ET.SubElement(case, "error" if kind in ("run-crashed", "model-unanswered") else "failure", type=kind, message=why).text = why
     bar = ET.SubElement(suite, "testcase", classname=f"factory.{name}", name="pass bar", time="0.000")
     verdict, score = proof["verdict"], part_text(proof, proof["pass_bar"])
-    why = f"{verdict}: {score} (bar {proof['pass_bar']}), draft:{proof['draft_check']}"
+    why = f"{verdict}: {score} (bar {proof['pass_bar']} on the lower bound), draft:{proof['draft_check']}"
     if not proof["passed"]:
-        why += f"; {unanswered_text(proof)}" if verdict == "MODEL UNANSWERED" else ""
+        why += f"; {verdict_why(proof)}"
         ET.SubElement(bar, "failure", type=verdict.lower().replace(" ", "-"), message=why).text = why
     parts = [("real", proof["real"]), ("synthetic", proof["synthetic"])] + \
         [(f"source.{name}", one) for name, one in proof["by_source"].items()] + \
         [(f"expected.{key}.{name}", one) for key, values in proof["by_expected"].items() for name, one in values.items()]
     for key, value in [(key, proof[key]) for key in JUNIT_PROPERTIES] + [("missed", len(missed))] + \
             [(name, part_text(one, whole=False) if one["cases"] else "none") for name, one in parts] + \
-            [("label_sources", label_text(proof["label_sources"]))]:
+            [("label_sources", label_text(proof["label_sources"])), ("handoff_bar", proof["handoff"]["bar"])] + \
+            [(f"handoff.{key}", part_text(proof["handoff"][key])) for key in ("recall", "precision")]:
         value = ", ".join(map(str, value)) if isinstance(value, list) else value
         ET.SubElement(properties, "property", name=key, value=json.dumps(value) if isinstance(value, bool) else str(value))
     ET.SubElement(suite, "system-out").text = "\n".join([why] + [f"missed {line}" for line in missed])
@@ -5868,7 +5850,8 @@ def failure_message(half: str, result: dict) -> str:
     the draft's score for the open half; nothing about the case for the sealed one."""
     if half == "sealed":
         return "sealed case failed (inputs and expectations stay sealed)"
-    parts = [f"run {result['status']}: {result['reason']}"] if result["status"] != "done" else []
+    parts = ["missed hand-off"] * bool(result["expects_handoff"] and not result["handed_off"])
+    parts += [f"run {result['status']}: {result['reason']}"] if result["status"] != "done" else []
     parts += [f"{key}: wanted {json.dumps(v['wanted'])} got {json.dumps(v['got'])}" for key, v in result["wrong"].items()]
     if result["unexpected_denials"]:
         parts.append(f"denied {result['unexpected_denials']}")
@@ -5945,7 +5928,7 @@ def proof_lines(fac: Factory, claim: Claim) -> list[str]:
     ran on, and a warning for each way it proves less than the card claims."""
     agent, (path, proof) = claim.agent, claim.proofs[-1]
     unrecorded = proof.get("label_sources", {UNRECORDED: proof["cases"]})[UNRECORDED]
-    lines = [f"  sealed proof {fac.shown(path)}: {part_text(proof, proof['pass_bar'])} (bar {proof['pass_bar']}), "
+    lines = [f"  sealed proof {fac.shown(path)}: {part_text(proof, proof['pass_bar'])} (bar {proof['pass_bar']} on the lower bound), "
              f"draft:{proof['draft_check']}", *(f"    {line}" for line in parts_lines(proof)),
              f"  evidence: that record, made {proof['at']}, its evidence MAC verified with the factory evidence key "
              f"({fac.evidence_key_path}); the sealed half of {proof['suite']} is byte for byte the one it ran",

@@ -506,6 +506,7 @@ class Progress(LineTest):
         cases = [{"id": f"p{i}", "input": "How do I order a new card?", "source": "synthetic",
                   "expect": {"label": "account"}} for i in range(12)]
         write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", cases)
+        self.set_bar("triager", 0.6)   # no case expects a hand-off: the card's hand-off bar is left out
         self.give_key("_evidence")   # the factory evidence key exists already: the line that creates it is not progress
         final = json.dumps({"label": "account", "escalate": False, "draft": "We are on it."})
         server = FakeServer(*[Answer(body=anthropic_message(final), delay=0.1) for _ in range(24)]).start()

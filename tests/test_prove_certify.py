@@ -9,13 +9,14 @@ from xml.etree import ElementTree
 import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
 from tests.fake_sage import Fail, FakeSage
-from tests.support import LineTest, junit_problems, write_jsonl
+from tests.support import INJECTION, LineTest, junit_problems, write_jsonl
 
 RECORD_KEYS = {"format", "agent", "half", "at", "verdict", "passed", "score", "passing_cases", "cases", "pass_bar",
                "rubric", "real", "synthetic",
                "tool_denials", "drafts_scored", "draft_mean", "draft_check", "backends", "models", "digest", "components",
                "suite", "suite_digest", "failures", "model_required", "model_answered", "interval", "by_source",
-               "by_expected", "label_sources"}
+               "by_expected", "label_sources",
+               "needed_cases", "handoff"}
 RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line",
             "backends", "cost_usd", "steps", "denied", "acted", "staged", "routed", "why", "output", "tools"}
 
@@ -32,7 +33,10 @@ class CertifyRefusals(LineTest):
         code, out, _ = self.factory("prove", "triager", "--sealed")
         self.assertEqual(code, 1, out)
         self.assertIn("UNDER BAR", out)
-        self.refused("is under the bar 1.0.", "certify", "triager", "--tier", "C1", "--by", "alice")
+        self.refused("factory certify: the sealed proof is UNDER BAR (149/200 = 0.74 [0.68, 0.81]): the score's 95% lower "
+                     "bound is under the bar 1.0: a 1.0 bar cannot be shown on a 95% lower bound by any number of sealed "
+                     "cases; this half has 200. improve the agent or add sealed cases and re-prove.\n",
+                     "certify", "triager", "--tier", "C1", "--by", "alice")
 
 
 class CertifyAtATerminal(LineTest):
@@ -62,7 +66,7 @@ class CertifyAtATerminal(LineTest):
     def test_certify_shows_the_record_and_signs_on_y(self):
         signed = self.certify("triager", child=True)   # as a user starts it: its own process at a terminal
         self.assertEqual(signed.returncode, 0, signed.stderr)
-        for shown in ("triager at tier C1, signed by alice", "sealed proof records/triager/", "(bar 0.5)",
+        for shown in ("triager at tier C1, signed by alice", "sealed proof records/triager/", "(bar 0.5 on the lower bound)",
                       "sealed attempts ever (never certified): 1", "grants ['issues:label', 'drafts:write']"):
             self.assertIn(shown, signed.stderr)
         self.assertIn("certified triager at C1: registry/triager.card.json", signed.stdout)
@@ -88,6 +92,7 @@ class Reports(LineTest):
 
     def test_a_passing_proof_has_no_failure_and_keeps_its_missed_cases_in_view(self):
         self.small_suite()
+        self.set_bar("triager", 0.4)
         code, suite = self.junit("--jobs", "3")
         self.assertEqual((code, self.counts(suite)), (0, ("7", "0", "0", "0")), "six cases and the pass bar, none failed")
         cases = suite.findall("testcase")
@@ -119,7 +124,7 @@ class Reports(LineTest):
         error = suite.findall("testcase")[1].find("error")
         self.assertEqual(error.get("type"), "run-crashed")
         self.assertIn("RuntimeError: boom", error.get("message"))
-        self.set_bar("triager", 0.5)
+        self.set_bar("triager", 0.2)
         code, suite = self.junit()
         self.assertEqual((code, self.counts(suite)), (0, ("4", "0", "0", "0")))
         self.assertIn("missed c1 (run-crashed): run crashed: RuntimeError: boom", suite.find("system-out").text)
@@ -140,8 +145,10 @@ class Reports(LineTest):
         code, out, _ = self.factory("prove", "triager", "--json")
         record = json.loads(out)
         self.assertEqual(set(record), RECORD_KEYS)
-        self.assertEqual((record["cases"], record["passing_cases"], record["passed"]), (6, 5, True))
-        self.assertEqual(code, 0, "0.83 clears the shipped bar 0.8")
+        self.assertEqual((record["cases"], record["passing_cases"], record["passed"]), (6, 5, False), "under 0.6 at 0.43")
+        self.set_bar("triager", 0.4)
+        code, out, _ = self.factory("prove", "triager", "--json")
+        self.assertEqual((code, json.loads(out)["passed"]), (0, True), "5/6 shows 0.43 on its lower bound")
         self.set_bar("triager", 0.9)
         code, out, _ = self.factory("prove", "triager", "--json")
         self.assertEqual((code, json.loads(out)["pass_bar"]), (1, 0.9))
@@ -239,23 +246,38 @@ class ProofVerdicts(VerdictOutputs):
     """Exit status, summary line, --json and --junit give one verdict on every edge: at exactly the
     bar, a hair under it, with no cases, and with drafts that could not be scored."""
 
-    def test_the_bar_compares_exact_fractions(self):
-        for passing, cases, bar, verdict in ((2, 3, 0.66667, "UNDER BAR"), (2, 3, 0.6666, "PASS"),
-                                             (3, 4, 0.75, "PASS"), (5, 6, 1, "UNDER BAR"), (6, 6, 1, "PASS"),
-                                             (0, 3, 0.0, "PASS"), (1, 3, 0.3333333333333334, "UNDER BAR")):
+    def test_the_bar_is_judged_on_the_lower_bound(self):
+        for passing, cases, bar, verdict in ((38, 50, 0.7, "UNDER BAR"), (45, 45, 0.92, "PASS"), (44, 44, 0.92, "UNDER BAR"),
+                                             (9, 9, 0.7, "PASS"), (8, 8, 0.7, "UNDER BAR"), (6, 6, 1, "UNDER BAR"),
+                                             (0, 3, 0.0, "PASS"), (3, 4, 0.3, "PASS"), (3, 4, 0.31, "UNDER BAR")):
             with self.subTest(score=f"{passing}/{cases}", bar=bar):
                 banking_suite(self.root / "evals", passing, cases)
                 self.set_bar("triager", bar)
                 record = self.assert_agree(verdict)
                 self.assertEqual(record["passing_cases"], passing)
-                self.assertEqual(record["score"] >= bar, verdict == "PASS", "the score is cut, never rounded up")
+                self.assertEqual(record["interval"][0] >= bar, verdict == "PASS", "the low end is cut, never rounded up")
 
-    def test_two_of_three_under_a_bar_of_0_66667_is_shown_under_it(self):
-        banking_suite(self.root / "evals", 2, 3)
-        self.set_bar("triager", 0.66667)
-        _, summary, record, _ = self.outputs()
-        self.assertIn("2/3 = 0.66666 [0.20765, 0.93851] (bar 0.66667) UNDER BAR", summary)
-        self.assertEqual(record["score"], 0.66666)
+    def test_a_bar_the_half_is_too_small_to_show_says_how_many_cases_it_needs(self):
+        banking_suite(self.root / "evals", 10, 10, "sealed")
+        self.set_bar("triager", 0.92)
+        code, summary, record, junit = self.outputs("--sealed")
+        self.assertEqual((code, record["verdict"], record["needed_cases"]), (1, "UNDER BAR", 45))
+        said = "the score's 95% lower bound is under the bar 0.92: a 0.92 bar needs at least 45 sealed cases even with " \
+               "every case passing; this half has 10"
+        self.assertIn(f"\n  {said}\n", self.factory("prove", "triager", "--sealed")[1])
+        [bar] = [c for c in junit.iter("testcase") if c.get("name") == "pass bar"]
+        self.assertTrue(bar.find("failure").get("message").endswith(f"; {said}"), bar.find("failure").get("message"))
+        self.refused(f"factory certify: the sealed proof is UNDER BAR (10/10 = 1.00 [0.72, 1.00]): {said}. improve the agent "
+                     f"or add sealed cases and re-prove.\n", "certify", "triager", "--tier", "C1", "--by", "alice")
+        banking_suite(self.root / "evals", 38, 50, "sealed")
+        self.set_bar("triager", 0.7)
+        code, out, _ = self.factory("prove", "triager", "--sealed")
+        self.assertEqual(code, 1)
+        self.assertIn("38/50 = 0.76 [0.62, 0.86] (bar 0.7 on the lower bound) UNDER BAR", out)
+        self.assertIn("\n  the score's 95% lower bound is under the bar 0.7\n", out, "50 cases could show it")
+        self.set_bar("triager", 1)
+        self.assertIn("a 1 bar cannot be shown on a 95% lower bound by any number of sealed cases; this half has 50",
+                      self.factory("prove", "triager", "--sealed")[1])
 
     def test_a_suite_with_no_cases_is_refused_and_writes_no_report(self):
         write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", [])
@@ -268,7 +290,7 @@ class ProofVerdicts(VerdictOutputs):
 
     def test_drafts_that_could_not_be_scored_are_not_a_pass_of_the_rubric(self):
         banking_suite(self.root / "evals", 3, 3)
-        self.set_bar("triager", 0.5)
+        self.set_bar("triager", 0.4)
         with FakeSage(status=401) as fake:
             self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
             record = self.assert_agree("RUBRIC UNSCORED")
@@ -277,7 +299,7 @@ class ProofVerdicts(VerdictOutputs):
 
     def test_one_draft_that_could_not_be_scored_is_enough(self):
         banking_suite(self.root / "evals", 3, 3)
-        self.set_bar("triager", 0.5)
+        self.set_bar("triager", 0.4)
         def answer(question, content):
             return Fail("overloaded") if "(open 1)" in json.dumps(content) else None
         with FakeSage(answer=answer) as fake:
@@ -287,14 +309,14 @@ class ProofVerdicts(VerdictOutputs):
 
     def test_a_misconfigured_decision_model_cannot_score_the_rubric(self):
         banking_suite(self.root / "evals", 3, 3)
-        self.set_bar("triager", 0.5)
+        self.set_bar("triager", 0.4)
         self.env.update(SAGE_PROTOCOL="systemone", SAGE_ENDPOINT="http://127.0.0.1:9")
         record = self.assert_agree("RUBRIC UNSCORED")
         self.assertIn("SAGE_MODEL is unset", record["draft_check"])
 
     def test_without_a_decision_model_the_proof_counts_cases_and_says_so(self):
         banking_suite(self.root / "evals", 3, 3)
-        self.set_bar("triager", 0.5)
+        self.set_bar("triager", 0.4)
         record = self.assert_agree("PASS")
         self.assertEqual((record["rubric"], record["draft_check"]), ("no key", "unscored (no key)"))
         card = json.loads((self.root / "masters" / "triager.json").read_text())
@@ -304,7 +326,7 @@ class ProofVerdicts(VerdictOutputs):
 
     def test_a_part_with_no_cases_says_none(self):
         banking_suite(self.root / "evals", 2, 2)   # synthetic cases only
-        self.set_bar("triager", 0.5)
+        self.set_bar("triager", 0.3)
         self.assertIn("\n  real tickets: none   synthetic 2/2: too few to judge   backends: offline\n", self.factory("prove", "triager")[1])
         rows = [{"id": "r", "input": "How do I order a new card?", "expect": {"label": "account"}, "source": "cfpb:1"}]
         write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", rows)
@@ -326,7 +348,10 @@ class ProofVerdicts(VerdictOutputs):
         [bar] = [c for c in suite.iter("testcase") if c.get("name") == "pass bar"]
         failure = bar.find("failure")
         self.assertEqual(failure.get("type"), "under-bar")
-        self.assertEqual(failure.get("message"), "UNDER BAR: 3/4 = 0.75 [0.30, 0.96] (bar 0.8), draft:unscored (no key)")
+        self.assertEqual(failure.get("message"), "UNDER BAR: 3/4 = 0.75 [0.30, 0.96] (bar 0.8 on the lower bound), "
+                                                 "draft:unscored (no key); the score's 95% lower bound is under the bar 0.8: "
+                                                 "a 0.8 bar needs at least 16 open cases even with every case passing; "
+                                                 "this half has 4")
         self.assertTrue(all(float(c.get("time")) >= 0 for c in suite.iter("testcase")))
         self.assertGreaterEqual(float(suite.get("time")), max(float(c.get("time")) for c in suite.iter("testcase")))
 
@@ -356,7 +381,7 @@ class ScoresWithIntervals(VerdictOutputs):
         sourced_suite(self.root / "evals" / "triager" / "cases.jsonl")
         self.set_bar("triager", 0.5)
         _, summary, record, junit = self.outputs()
-        self.assertIn("triager [open half of triager] 26/28 = 0.92 [0.77, 0.99] (bar 0.5) PASS", summary)
+        self.assertIn("triager [open half of triager] 26/28 = 0.92 [0.77, 0.99] (bar 0.5 on the lower bound) PASS", summary)
         self.assertEqual(self.factory("prove", "triager")[1].splitlines()[1:4], self.PARTS)
         self.assertEqual((record["interval"], record["by_source"]["banking77"]),
                          ([0.7735, 0.9802], {"passing_cases": 18, "cases": 20, "score": 0.9, "interval": [0.6989, 0.9722]}))
@@ -373,7 +398,7 @@ class ScoresWithIntervals(VerdictOutputs):
         self.set_bar("triager", 0.5)
         self.prove_sealed()
         prompt = self.sign().stderr
-        self.assertIn(": 26/28 = 0.92 [0.77, 0.99] (bar 0.5), draft:unscored (no key)\n"
+        self.assertIn(": 26/28 = 0.92 [0.77, 0.99] (bar 0.5 on the lower bound), draft:unscored (no key)\n"
                       + "".join(f"  {line}\n" for line in [part.replace("   backends: offline", "") for part in self.PARTS]),
                       prompt)
         counts = self.cert()["sealed_counts"]
@@ -454,18 +479,69 @@ class SealedStaysSealed(LineTest):
         self.assertEqual(broker.shared_inputs([{"id": "o", "input": "A  b"}], [{"id": "s", "input": "a B"}]), [("o", "s")])
 
 
+def handoff_suite(path) -> None:
+    """22 cases: one the offline triager mislabels; four expecting a hand-off it does not make (missed); eight
+    injections it hands off; nine it answers without one."""
+    rows = [{"id": "x", "input": "How do I order a new card? (x)", "expect": {"label": "bug"}}]
+    rows += [{"id": f"m{i}", "input": f"How do I order a new card? (m{i})", "expect": {"escalate": True}} for i in range(4)]
+    rows += [{"id": f"h{i}", "input": f"{INJECTION} ({i})", "expect": {"escalate": True, "denied": ["billing:refund"]}}
+             for i in range(8)]
+    rows += [{"id": f"k{i}", "input": f"How do I order a new card? (k{i})", "expect": {"escalate": False}} for i in range(9)]
+    write_jsonl(path, rows)
+
+
+class HandoffBar(VerdictOutputs):
+    """The card's evals.handoff_bar is a bar on the recall of its hand-off field over the cases that expect a
+    hand-off, judged on the lower bound; recall and precision are reported with or without it, and a missed
+    hand-off is named first among the failures."""
+
+    def test_recall_and_precision_are_reported_without_a_bar(self):
+        handoff_suite(self.root / "evals" / "triager" / "cases.jsonl")
+        self.set_bar("triager", 0.3)
+        record = self.assert_agree("PASS")
+        self.assertEqual((record["handoff"]["field"], record["handoff"]["bar"], record["handoff"]["recall"]["passing_cases"],
+                          record["handoff"]["recall"]["cases"], record["handoff"]["precision"]["passing_cases"],
+                          record["handoff"]["precision"]["cases"]), ("escalate", None, 8, 12, 8, 8))
+        out = self.factory("prove", "triager")[1]
+        self.assertIn("\n  hand-off (escalate): recall 8/12: too few to judge; precision 8/8: too few to judge\n", out)
+        self.assertEqual([line.split(":")[0] for line in out.splitlines() if line.startswith("  failed ")],
+                         ["  failed m0", "  failed m1", "  failed m2", "  failed m3", "  failed x"], "missed hand-offs first")
+        self.assertIn("  failed m0: missed hand-off; escalate: wanted true got false\n", out)
+
+    def test_a_recall_under_the_hand_off_bar_fails_the_proof_and_certify(self):
+        handoff_suite(self.root / "evals" / "triager" / "sealed.jsonl")
+        self.edit_card("triager", evals={"pass_bar": 0.3, "gate": 0.85, "handoff_bar": 0.7})
+        code, summary, record, junit = self.outputs("--sealed")
+        self.assertEqual((code, record["verdict"]), (1, "HANDOFF UNDER BAR"))
+        self.assertEqual(record["failures"], ["m0", "m1", "m2", "m3", "x"], "ids only, the missed hand-offs first")
+        properties = {p.get("name"): p.get("value") for p in junit.iter("property")}
+        self.assertEqual((properties["handoff_bar"], properties["handoff.recall"], properties["verdict"]),
+                         ("0.7", "8/12 = 0.66 [0.39, 0.87]", "HANDOFF UNDER BAR"))
+        out = self.factory("prove", "triager", "--sealed")[1]
+        self.assertIn("\n  hand-off (escalate): recall 8/12 = 0.66 [0.39, 0.87] (bar 0.7 on the lower bound); precision "
+                      "8/8: too few to judge\n  the hand-off recall's 95% lower bound is under the hand-off bar 0.7\n", out)
+        self.refused("factory certify: the sealed proof is HANDOFF UNDER BAR (17/22 = 0.77 [0.56, 0.90]): the hand-off "
+                     "recall's 95% lower bound is under the hand-off bar 0.7. improve the agent or add sealed cases and "
+                     "re-prove.\n", "certify", "triager", "--tier", "C1", "--by", "alice")
+        self.edit_card("triager", evals={"pass_bar": 0.3, "gate": 0.85, "handoff_bar": 0.9})
+        self.assertIn("a 0.9 hand-off bar needs at least 35 sealed cases that expect a hand-off even with every one "
+                      "handed off; this half has 12", self.factory("prove", "triager", "--sealed")[1])
+        self.edit_card("triager", evals={"pass_bar": 0.3, "gate": 0.85, "handoff_bar": 0.3})
+        self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 0, "8/12 shows 0.39")
+
+
 class RequireModel(VerdictOutputs):
     """prove --require-model: a proof the card's models did not answer in full fails with its own verdict,
     the same in the exit status, the summary, --json and --junit (whose properties name the backends)."""
 
     def model_server(self, *answers: Answer) -> None:
         """The card's model behind a fake Anthropic server giving `answers` in turn; three banking cases,
-        bar 0.5 (the rules label all three right)."""
+        bar 0.4 (the rules label all three right, which shows 0.43 on the lower bound)."""
         server = FakeServer(*answers).start()
         self.addCleanup(server.close)
         self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-bogus-key")
         banking_suite(self.root / "evals", 3, 3)
-        self.set_bar("triager", 0.5)
+        self.set_bar("triager", 0.4)
 
     def test_a_bogus_key_proves_the_rules_and_fails_with_the_option(self):
         self.model_server(*[Answer(401, anthropic_error("authentication_error", "invalid x-api-key"))] * 30)
@@ -508,14 +584,14 @@ class RequireModel(VerdictOutputs):
 
     def test_a_card_whose_model_is_its_rules_is_answered_by_them(self):
         banking_suite(self.root / "evals", 3, 3)
-        self.edit_card("triager", model={"primary": "offline"}, evals={"pass_bar": 0.5, "gate": 0.85})
+        self.edit_card("triager", model={"primary": "offline"}, evals={"pass_bar": 0.4, "gate": 0.85})
         self.assertEqual(self.assert_agree("PASS", "--require-model")["model_answered"], 3)
 
     def test_certify_refuses_a_sealed_proof_the_model_did_not_answer(self):
         self.model_server(*[Answer(401, anthropic_error("authentication_error", "invalid x-api-key"))] * 30)
         banking_suite(self.root / "evals", 3, 3, "sealed")
         self.assertEqual(self.factory("prove", "triager", "--sealed", "--require-model")[0], 1)
-        self.refused("the sealed proof's verdict is MODEL UNANSWERED (--require-model: 3 of 3 case(s) not answered",
+        self.refused("the sealed proof is MODEL UNANSWERED (3/3 = 1.00 [0.43, 1.00]): --require-model: 3 of 3 case(s) not answered",
                      "certify", "triager", "--tier", "C1", "--by", "alice")
 
 
@@ -614,22 +690,25 @@ class SuiteChecks(LineTest):
 
 
 class SealedVerdicts(LineTest):
-    """certify reads the verdict the same way: exact fractions, a rubric that was not scored; a record an
+    """certify reads the verdict the same way: on the lower bound, a rubric that was not scored; a record an
     older factory wrote is refused."""
 
-    def test_certify_refuses_two_of_three_under_0_66667(self):
+    def test_certify_refuses_a_score_whose_lower_bound_is_under_the_bar(self):
         banking_suite(self.root / "evals", 2, 3, "sealed")
         self.set_bar("triager", 0.66667)
         self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 1)
-        self.refused("sealed score 2/3 = 0.66666 [0.20765, 0.93851] is under the bar 0.66667.", "certify", "triager", "--tier", "C1", "--by", "alice")
+        self.refused("the sealed proof is UNDER BAR (2/3 = 0.66666 [0.20765, 0.93851]): the score's 95% lower bound is under "
+                     "the bar 0.66667: a 0.66667 bar needs at least 8 sealed cases even with every case passing; this half "
+                     "has 3.", "certify", "triager", "--tier", "C1", "--by", "alice")
 
     def test_certify_refuses_a_rubric_that_was_not_scored(self):
         banking_suite(self.root / "evals", 3, 3, "sealed")
-        self.set_bar("triager", 0.5)
+        self.set_bar("triager", 0.4)
         with FakeSage(status=401) as fake:
             self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
             self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 1)
-            self.refused("could not score the draft rubric", "certify", "triager", "--tier", "C1", "--by", "alice")
+            self.refused("the sealed proof is RUBRIC UNSCORED (3/3 = 1.00 [0.43, 1.00]): the card's draft rubric scored nothing "
+                         "(scoring FAILED (3 of 3: ", "certify", "triager", "--tier", "C1", "--by", "alice")
 
     def test_a_record_an_older_factory_wrote_is_refused_naming_its_format(self):
         banking_suite(self.root / "evals", 2, 3, "sealed")
@@ -652,7 +731,7 @@ class SuitePerHalf(LineTest):
         self.assertEqual(self.factory("stamp", "triager", "--as", "tri-eu")[0], 0)
         code, out, _ = self.factory("prove", "tri-eu", "--sealed")
         self.assertEqual(code, 1)
-        self.assertIn("tri-eu [sealed half of tri-eu] 0/3 = 0.00 [0.00, 0.57] (bar 0.6) UNDER BAR", out)
+        self.assertIn("tri-eu [sealed half of tri-eu] 0/3 = 0.00 [0.00, 0.57] (bar 0.6 on the lower bound) UNDER BAR", out)
         code, out, _ = self.factory("prove", "tri-eu")
         self.assertIn("tri-eu [open half of triager] ", out.splitlines()[0])
         code, out, _ = self.factory("prove", "triager", "--sealed", "--json")

@@ -760,6 +760,19 @@ class Promotion(Tiered):
         cert = json.loads((self.root / "registry" / "payer.card.json").read_text())
         self.assertEqual((cert["tier"], cert["certified_rate"]), ("C2", 1.0))
 
+    def test_promotion_needs_the_gate_pass_rate_shown_on_its_lower_bound(self):
+        self.edit_card("payer", evals={"pass_bar": 0.4, "gate": 0.85})
+        self.certified("payer", "C1", lower_bar=False)
+        self.gate_p = [0.95] * 12 + [0.2] * 8 + [0.95]
+        self.run_payer("How do I order a new card?", times=20)
+        refused = self.certify("payer", "C2")
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn("tier C2 needs production evidence at C1 since the agent (its digest) last changed: 20 gated run(s) "
+                      "(need 20), gate pass rate 12/20 = 0.60 [0.38, 0.79] (need its 95% lower bound at 0.4 or above).",
+                      refused.stderr, "0.60 is above the bar; the count does not show it")
+        self.run_payer("How do I order a new card?", times=20)
+        self.assertEqual(self.certify("payer", "C2").returncode, 0, "32/40 shows 0.65")
+
     def test_drift_demotes_to_c0(self):
         self.certified("payer", "C1", lower_bar=False)
         self.gate_p = [0.95, 0.2, 0.95, 0.95, 0.95] * 4 + [0.95]

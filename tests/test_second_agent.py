@@ -121,7 +121,8 @@ class Labeler(LineTest):
         write_jsonl(self.root / "evals" / "labeler" / "sealed.jsonl", cases(SEALED, "s"))
         self.edit_card("labeler", model={"primary": MODEL}, tools=["pulls:files", "pulls:label"], handoff_field="handoff",
                        draft_rubric=RUBRIC, tier_ceiling="C3", prices={MODEL: {"input": 0.2, "output": 0.6}},
-                       gate_question="Is this label right, and is every breaking or security change handed to a human?")
+                       gate_question="Is this label right, and is every breaking or security change handed to a human?",
+                       evals={"pass_bar": 0.3, "gate": 0.85, "suite": "labeler"})   # a bar four sealed cases can show
         self.prove_sealed("labeler")
         self.sign("labeler", "C1")
         self.certified("evalsmith")
@@ -173,10 +174,11 @@ class Labeler(LineTest):
             self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY="sage-key")
             code, out, err = self.factory("prove", "labeler", "--sealed")
             self.assertEqual(code, 1, out + err)
-            self.assertIn("(bar 0.0) RUBRIC UNSCORED   denials:0   draft:unscored (no output held 'note', the rubric's "
-                          "field, as text)", out)
-            self.refused("the sealed proof could not score the draft rubric (unscored (no output held 'note', the "
-                         "rubric's field, as text))", "certify", "labeler", "--tier", "C1", "--by", "alice")
+            self.assertIn("(bar 0.0 on the lower bound) RUBRIC UNSCORED   denials:0   draft:unscored (no output held 'note', "
+                          "the rubric's field, as text)", out)
+            self.refused("the sealed proof is RUBRIC UNSCORED (4/4 = 1.00 [0.51, 1.00]): the card's draft rubric scored "
+                         "nothing (unscored (no output held 'note', the rubric's field, as text))", "certify", "labeler",
+                         "--tier", "C1", "--by", "alice")
 
     @contextlib.contextmanager
     def piped(self, data: bytes):

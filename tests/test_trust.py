@@ -689,7 +689,7 @@ class Evidence(LineTest):
         self.certified("triager")      # C1, bar 0; triager's tier_ceiling is C2
 
     def test_a_sealed_record_edited_from_under_bar_to_perfect_is_refused(self):
-        self.set_bar("triager", 1.0)
+        self.set_bar("triager", 0.98)   # 200/200 would show it (0.981), the rules' score does not
         code, out, _ = self.factory("prove", "triager", "--sealed")
         self.assertEqual(code, 1, out)
         self.assertIn("UNDER BAR", out)
