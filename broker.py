@@ -36,7 +36,9 @@ import json
 import math
 import re
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Callable, Mapping
 
@@ -1115,6 +1117,87 @@ def uncertain_moves(calls, watch: dict) -> list[tuple[str, str, str]]:
                               any(s not in DECIDED for s in states))
         moves.append((keys[0][0], str(before), after))
     return moves
+
+
+# ---- the drift watch on a certified agent (the factory feeds it the index rows its DriftFeed admits)
+
+DRIFT_WINDOW = 20            # recent gated runs compared against the certified pass rate
+DRIFT_SIGNIFICANCE = (1, 20)  # demoted when a drop this unlikely or less would happen by chance (as a fraction)
+
+
+@dataclass
+class Drift:
+    """The drift watch on a certified agent: its last DRIFT_WINDOW gated runs against the gated runs its
+    certified rate was measured on (`certified`: passes, runs), by a one-sided Fisher exact test at
+    DRIFT_SIGNIFICANCE. It works at the extremes: certified at 20/20 it demotes at 15 passes of 20,
+    not at one flag; certified at 7/40 it demotes at 0 of 20 (a 3-sigma chart could do neither).
+
+    Without a certified rate (fewer than 20 gated runs when it was signed) there is no baseline."""
+    certified: tuple[int, int] | None
+    recent: deque = field(default_factory=lambda: deque(maxlen=DRIFT_WINDOW))   # True for a pass, oldest first
+
+    @classmethod
+    def of_certificate(cls, cert: dict) -> "Drift":
+        """The watch for a certificate's certified_rate over certified_rate_runs; no baseline without both."""
+        rate, runs = cert.get("certified_rate"), cert.get("certified_rate_runs")
+        if not (_is_number(rate) and 0 <= rate <= 1 and type(runs) is int and 0 < runs <= MAX_FIGURE):   # unverified in the tower
+            return cls(None)
+        return cls((round(rate * runs), runs))   # the rate is stored to 4 places: the count it came from
+
+    def observe(self, row: dict) -> None:
+        """Count one run (only gated runs count), keeping the last DRIFT_WINDOW."""
+        if row["gate"] in GATED:
+            self.recent.append(row["gate"] == "pass")
+
+    @property
+    def certified_rate(self) -> float | None:
+        """The certified gate pass rate (0..1), or None without a baseline."""
+        return None if self.certified is None else self.certified[0] / self.certified[1]
+
+    @cached_property
+    def limit(self) -> int | None:
+        """The fewest passes in a full window that keep the agent in control (the tail chance of that
+        many or fewer is at least DRIFT_SIGNIFICANCE); None without a baseline."""
+        from fractions import Fraction
+        if self.certified is None:
+            return None
+        return next(k for k in range(DRIFT_WINDOW + 1) if k == DRIFT_WINDOW
+                    or lower_tail(self.certified, k, DRIFT_WINDOW) >= Fraction(*DRIFT_SIGNIFICANCE))
+
+    @property
+    def passes(self) -> int | None:
+        """Gate passes in the recent window, once the window is full."""
+        return sum(self.recent) if len(self.recent) >= DRIFT_WINDOW else None
+
+    @property
+    def rate(self) -> float | None:
+        """The recent gate pass rate, once the window is full."""
+        return None if self.passes is None else self.passes / DRIFT_WINDOW
+
+    @property
+    def demoted(self) -> bool:
+        """True when the full recent window holds fewer passes than the limit."""
+        return self.passes is not None and self.limit is not None and self.passes < self.limit
+
+    def figures(self) -> dict:
+        """The watch for the tower document: the test, the certified and recent counts and rates, the
+        limit (fewest passes in a full window that stay in control, and as a rate), demoted, the phrase."""
+        certified, limit = self.certified or (None, None), self.limit
+        return {"test": "one-sided Fisher exact", "significance": DRIFT_SIGNIFICANCE[0] / DRIFT_SIGNIFICANCE[1], "window": DRIFT_WINDOW,
+                "certified_passes": certified[0], "certified_runs": certified[1], "certified_rate": self.certified_rate,
+                "recent_runs": len(self.recent), "recent_passes": self.passes, "recent_rate": self.rate,
+                "limit_passes": limit, "limit_rate": None if limit is None else limit / DRIFT_WINDOW,
+                "demoted": self.demoted, "state": self.describe()}
+
+    def describe(self) -> str:
+        """One phrase for the drift state, the same in the tower's text, JSON and HTML and at `run`."""
+        if self.certified is None:
+            return "no baseline"
+        if self.passes is None:
+            return f"watching ({len(self.recent)}/{DRIFT_WINDOW})"
+        state = "DEMOTED to C0" if self.demoted else "in control"
+        return (f"{state} (recent {self.passes}/{DRIFT_WINDOW} passed, needs {self.limit}/{DRIFT_WINDOW}, "
+                f"certified {self.certified[0]}/{self.certified[1]})")
 
 
 # ---- the detectors of a run going nowhere: what the router looks at, from signs of its tool calls alone

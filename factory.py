@@ -88,7 +88,7 @@ from broker import (  # noqa: E402
     CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, RULINGS, VERDICTS, ActEnvelope,
     Broker, Outcome, Policy, args_digest, call_state, check_args, judge, outcome_of, refused_in, run_verdict, settle,
     verdict_after, went)
-from broker import GATED, MAX_FIGURE, P_BINS, Tally, fold_decisions  # noqa: E402   the tower's figures
+from broker import DRIFT_WINDOW, DRIFT_SIGNIFICANCE, GATED, MAX_FIGURE, P_BINS, Drift, Tally, fold_decisions  # noqa: E402
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
     DETECTORS, Sign, detect, evidence, no_progress, ping_pong, repeated_error, repeated_observation, write_check_cycles,
     LABEL_SOURCES, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts, label_source_problem,
@@ -3395,100 +3395,21 @@ class DriftFeed:
         return True
 
 
-DRIFT_WINDOW = 20            # recent gated runs compared against the certified pass rate
-DRIFT_SIGNIFICANCE = (1, 20)  # demoted when a drop this unlikely or less would happen by chance (as a fraction)
-
-
-@dataclass
-class Drift:
-    """The drift watch on a certified agent: its last DRIFT_WINDOW gated runs against the gated runs its
-    certified rate was measured on (`certified`: passes, runs), by a one-sided Fisher exact test at
-    DRIFT_SIGNIFICANCE. It works at the extremes: certified at 20/20 it demotes at 15 passes of 20,
-    not at one flag; certified at 7/40 it demotes at 0 of 20 (a 3-sigma chart could do neither).
-
-    Without a certified rate (fewer than 20 gated runs when it was signed) there is no baseline."""
-    certified: tuple[int, int] | None
-    recent: deque = field(default_factory=lambda: deque(maxlen=DRIFT_WINDOW))   # True for a pass, oldest first
-
-    @classmethod
-    def of_certificate(cls, cert: dict) -> "Drift":
-        """The watch for a certificate's certified_rate over certified_rate_runs; no baseline without both."""
-        rate, runs = cert.get("certified_rate"), cert.get("certified_rate_runs")
-        if not (_fraction(rate) and type(runs) is int and 0 < runs <= MAX_FIGURE):   # unverified in the tower
-            return cls(None)
-        return cls((round(rate * runs), runs))   # the rate is stored to 4 places: the count it came from
-
-    @classmethod
-    def of(cls, fac: Factory, name: str, cert: dict) -> "Drift":
-        """The watch for NAME's current certificate, fed with the rows DriftFeed admits, read from where
-        the index ended when it was signed (a run pays for the rows since, not for all of history).
-        Refusal when the index no longer holds what it held then: rows were removed or rewritten."""
-        drift = cls.of_certificate(cert)
-        if drift.certified is None:
-            return drift
-        feed = DriftFeed.of(fac, cert)
-        if not fac.store.starts_line(fac.index, feed.start[0]):
-            raise Refusal(f"{fac.shown(fac.index)}: holds less than it did when {fac.shown(fac.cert_path(name))} was "
-                          f"signed ({feed.start[0]} bytes), or was rewritten: rows were removed; restore it from a copy")
-        for _, row in index_lines(fac, feed.start):
-            if row.get("state") != "started" and feed.admits(row):   # an unfinished run is not a run
-                drift.observe(row)
+def drift_of(fac: Factory, name: str, cert: dict) -> Drift:
+    """The drift watch for NAME's current certificate, fed with the rows DriftFeed admits, read from where
+    the index ended when it was signed (a run pays for the rows since, not for all of history).
+    Refusal when the index no longer holds what it held then: rows were removed or rewritten."""
+    drift = Drift.of_certificate(cert)
+    if drift.certified is None:
         return drift
-
-    def observe(self, row: dict) -> None:
-        """Count one run (only gated runs count), keeping the last DRIFT_WINDOW."""
-        if row["gate"] in GATED:
-            self.recent.append(row["gate"] == "pass")
-
-    @property
-    def certified_rate(self) -> float | None:
-        """The certified gate pass rate (0..1), or None without a baseline."""
-        return None if self.certified is None else self.certified[0] / self.certified[1]
-
-    @cached_property
-    def limit(self) -> int | None:
-        """The fewest passes in a full window that keep the agent in control (the tail chance of that
-        many or fewer is at least DRIFT_SIGNIFICANCE); None without a baseline."""
-        from fractions import Fraction
-        if self.certified is None:
-            return None
-        return next(k for k in range(DRIFT_WINDOW + 1) if k == DRIFT_WINDOW
-                    or lower_tail(self.certified, k, DRIFT_WINDOW) >= Fraction(*DRIFT_SIGNIFICANCE))
-
-    @property
-    def passes(self) -> int | None:
-        """Gate passes in the recent window, once the window is full."""
-        return sum(self.recent) if len(self.recent) >= DRIFT_WINDOW else None
-
-    @property
-    def rate(self) -> float | None:
-        """The recent gate pass rate, once the window is full."""
-        return None if self.passes is None else self.passes / DRIFT_WINDOW
-
-    @property
-    def demoted(self) -> bool:
-        """True when the full recent window holds fewer passes than the limit."""
-        return self.passes is not None and self.limit is not None and self.passes < self.limit
-
-    def figures(self) -> dict:
-        """The watch for the tower document: the test, the certified and recent counts and rates, the
-        limit (fewest passes in a full window that stay in control, and as a rate), demoted, the phrase."""
-        certified, limit = self.certified or (None, None), self.limit
-        return {"test": "one-sided Fisher exact", "significance": DRIFT_SIGNIFICANCE[0] / DRIFT_SIGNIFICANCE[1], "window": DRIFT_WINDOW,
-                "certified_passes": certified[0], "certified_runs": certified[1], "certified_rate": self.certified_rate,
-                "recent_runs": len(self.recent), "recent_passes": self.passes, "recent_rate": self.rate,
-                "limit_passes": limit, "limit_rate": None if limit is None else limit / DRIFT_WINDOW,
-                "demoted": self.demoted, "state": self.describe()}
-
-    def describe(self) -> str:
-        """One phrase for the drift state, the same in the tower's text, JSON and HTML and at `run`."""
-        if self.certified is None:
-            return "no baseline"
-        if self.passes is None:
-            return f"watching ({len(self.recent)}/{DRIFT_WINDOW})"
-        state = "DEMOTED to C0" if self.demoted else "in control"
-        return (f"{state} (recent {self.passes}/{DRIFT_WINDOW} passed, needs {self.limit}/{DRIFT_WINDOW}, "
-                f"certified {self.certified[0]}/{self.certified[1]})")
+    feed = DriftFeed.of(fac, cert)
+    if not fac.store.starts_line(fac.index, feed.start[0]):
+        raise Refusal(f"{fac.shown(fac.index)}: holds less than it did when {fac.shown(fac.cert_path(name))} was "
+                      f"signed ({feed.start[0]} bytes), or was rewritten: rows were removed; restore it from a copy")
+    for _, row in index_lines(fac, feed.start):
+        if row.get("state") != "started" and feed.admits(row):   # an unfinished run is not a run
+            drift.observe(row)
+    return drift
 
 
 # ---- parked calls, and the approvals log that decides them
@@ -6180,7 +6101,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
     """Run tickets `jobs` at a time with the station's `clients`, results emitted in input order (a ticket
     that is a Refusal emitted as refused). Once stdout closes (BrokenPipeError), no ticket starts and
     those started finish unseen. The drift watch is asked before each ticket and fed each result."""
-    drift, progress, inflight = Drift.of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
+    drift, progress, inflight = drift_of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
     batch = Batch()
     def finish():
         ticket_id, future = inflight.popleft()

@@ -491,49 +491,49 @@ class Replay(CertifiedTest):
 
 def sign(action="a", observation="o", error=None, effect="read", executed=True):
     """A detector input with readable defaults."""
-    return factory.Sign(action, observation, error, effect, executed and error is None)
+    return broker.Sign(action, observation, error, effect, executed and error is None)
 
 
 class Detectors(unittest.TestCase):
     """Each detector fires on its pattern and stays quiet on legitimate repeats."""
 
     def test_same_action_same_observation_three_times(self):
-        self.assertTrue(factory.repeated_observation([sign(), sign(), sign()]))
-        self.assertFalse(factory.repeated_observation([sign(), sign()]))
+        self.assertTrue(broker.repeated_observation([sign(), sign(), sign()]))
+        self.assertFalse(broker.repeated_observation([sign(), sign()]))
         # the same tool with different arguments is a legitimate repeat
-        self.assertFalse(factory.repeated_observation([sign("a 1"), sign("a 2"), sign("a 3")]))
-        self.assertFalse(factory.repeated_observation([sign(observation=str(i)) for i in range(3)]))
+        self.assertFalse(broker.repeated_observation([sign("a 1"), sign("a 2"), sign("a 3")]))
+        self.assertFalse(broker.repeated_observation([sign(observation=str(i)) for i in range(3)]))
 
     def test_same_error_class_three_in_a_row_and_a_success_resets(self):
         error = sign(error="TimeoutError")
-        self.assertTrue(factory.repeated_error([error, error, error]))
-        self.assertFalse(factory.repeated_error([error, error, sign(), error]))
-        self.assertFalse(factory.repeated_error([error, sign(error="OSError"), error]))
+        self.assertTrue(broker.repeated_error([error, error, error]))
+        self.assertFalse(broker.repeated_error([error, error, sign(), error]))
+        self.assertFalse(broker.repeated_error([error, sign(error="OSError"), error]))
 
     def test_two_actions_alternating(self):
         a, b, c = sign("a"), sign("b"), sign("c")
-        self.assertTrue(factory.ping_pong([a, b, a, b]))
-        self.assertTrue(factory.ping_pong([c, c, c, c, a, b, a, b]))
-        self.assertFalse(factory.ping_pong([a, b, a]))
-        self.assertFalse(factory.ping_pong([a, b, c, a, b, c]))
-        self.assertFalse(factory.ping_pong([a, a, a, a]))
+        self.assertTrue(broker.ping_pong([a, b, a, b]))
+        self.assertTrue(broker.ping_pong([c, c, c, c, a, b, a, b]))
+        self.assertFalse(broker.ping_pong([a, b, a]))
+        self.assertFalse(broker.ping_pong([a, b, c, a, b, c]))
+        self.assertFalse(broker.ping_pong([a, a, a, a]))
 
     def test_write_then_failing_check_cycles(self):
         write, check = sign("w", effect="draft"), sign("c", error="CheckFailed")
-        self.assertTrue(factory.write_check_cycles([write, check, write, check]))
-        self.assertFalse(factory.write_check_cycles([write, check, write, sign("c")]))
+        self.assertTrue(broker.write_check_cycles([write, check, write, check]))
+        self.assertFalse(broker.write_check_cycles([write, check, write, sign("c")]))
 
     def test_no_successful_execution_for_n_steps(self):
         denied = sign(error="DENIED_UNGRANTED")
         staged = sign(executed=False)
-        self.assertTrue(factory.no_progress([denied] * 3 + [staged] * 2))
-        self.assertFalse(factory.no_progress([denied] * 4 + [sign()]))
-        self.assertFalse(factory.no_progress([denied] * 4))
+        self.assertTrue(broker.no_progress([denied] * 3 + [staged] * 2))
+        self.assertFalse(broker.no_progress([denied] * 4 + [sign()]))
+        self.assertFalse(broker.no_progress([denied] * 4))
 
     def test_budget_burn_and_evidence_line(self):
-        self.assertEqual(factory.detect([], 0.86, 1.0), ["budget_burn"])
-        self.assertEqual(factory.detect([], 0.5, 1.0), [])
-        line = factory.evidence([sign(error="X"), sign()], ["repeat"], 0.41)
+        self.assertEqual(broker.detect([], 0.86, 1.0), ["budget_burn"])
+        self.assertEqual(broker.detect([], 0.5, 1.0), [])
+        line = broker.evidence([sign(error="X"), sign()], ["repeat"], 0.41)
         self.assertEqual(line, "tool_calls=2 tool_errors=1 loop_detected=true loop_kind=repeat "
                                "steps_since_progress=0 error_classes=X cost_usd=0.41")
 
