@@ -39,6 +39,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Callable, Mapping
 
@@ -514,6 +515,43 @@ def _decide(call: Outcome, tier: str, result: str, handed_off: bool, seen: bool)
     return "commit", f"the gate passed at {tier}"
 
 
+
+@dataclass
+class Settled:
+    """What settling did with one run's held calls."""
+    acted: int = 0       # acting calls committed, ok
+    parked: int = 0      # acting calls parked for a human's approval
+    review: int = 0      # drafts put in the human's review queue
+    lost: list = field(default_factory=list)   # one line per review-queue row that could not be written
+    routes: list = field(default_factory=list)   # each call's Settlement.route
+    rows: list = field(default_factory=list)   # [tool, decision, problem] per held call, in order: see settled_phrase
+
+
+def settled_phrase(decision: str, outcome: str | None) -> str:
+    """What became of one held call, for the terminal; `outcome` is a commit's ruling (ok or the failure's
+    class) or why a review-queue row could not be written (None when it was)."""
+    if decision == "commit":
+        return "written" if outcome == "ok" else f"write FAILED ({outcome})"
+    if decision == "review" and outcome:
+        return f"review queue write FAILED ({outcome})"
+    return {"park": "parked for a human's approval", "review": "sent to the human review queue",
+            "would-have": "not written (recorded what it would have done)",
+            "duplicate": "not written: a duplicate of an earlier call of the run"}[decision]
+
+
+def routing_reasons(status: str, loop, gate: dict, handed_off: bool, uncertain: list[str],
+                    cost: str | None, routes: list) -> list[str]:
+    """Why this run goes to a human (empty when it does not): its uncertain effects, each call's reason
+    (Settlement.route: a duplicate, the act envelope) once, status, gate, cost (cost_problem), hand-off."""
+    reasons = uncertain + list(dict.fromkeys(routes))
+    if status != "done":
+        reasons.append(f"run {status}: {loop.reason}")
+    elif gate["result"] != "pass":
+        reasons += [gate["line"].removeprefix("gate: ")] + [cost] * bool(cost)
+    if handed_off:
+        reasons.append(f"the agent handed it off ({loop.agent.handoff_field}: true)")
+    return reasons
+
 # ---- a parked call's state: what its signed decisions make of it, for every reader alike
 
 CALL_STATES = MappingProxyType({
@@ -525,6 +563,18 @@ CALL_STATES = MappingProxyType({
                         "write failed or could not be read back; approve retries it when its trace proves nothing "
                         "was written, else a human checks by hand and closes it with reject",
     "rejected": "closed unexecuted by a human (also an uncertain effect a human closed after checking it)",
+})
+# A parked call that can no longer be approved, by the state `pending` and the tower show it in (the factory's
+# checks, in approve's order, so its refusal names the same state) -> what that state means.
+STUCK = MappingProxyType({
+    "unsealed": "its parked file's evidence MAC does not verify here",
+    "expired": "it was not approved in time",
+    "uncertified": "its agent has no certificate",
+    "revoked": "the certificate it was staged under was revoked",
+    "recalled": "its agent was recalled since it was staged",
+    "superseded": "its agent was re-certified since it was staged",
+    "run never closed": "its run was stopped after it parked this call",
+    "not staged": "no run of this line that closed parked it",
 })
 DECISIONS = MappingProxyType({
     "intent": "a human approved the call: appended before its effect, the approver holding the call's lock "
@@ -556,6 +606,48 @@ def call_state(decisions, *, executing: bool, expired: bool) -> tuple[str, dict 
         return "uncertain-effect", last
     return ("expired" if state == "pending" and expired else state), last
 
+
+@dataclass(frozen=True)
+class Decisions:
+    """The approvals log as every reader of decisions sees it: only entries whose signature verifies as
+    their signer's count. One anyone appended (the chain needs no key) is named by line and believed by
+    no one."""
+    decided: dict     # (run id, call) -> [its verified entries, in the log's order]
+    doubted: dict     # (run id, call) -> [one line per entry on that call that does not verify]
+
+    def of(self, run_id: str, call: int) -> list[dict]:
+        """The verified decisions on one call, in the log's order."""
+        return self.decided.get((run_id, call), [])
+
+    @property
+    def lines(self) -> list[str]:
+        """The line of every entry that does not verify, in the log's order."""
+        return sorted((line for lines in self.doubted.values() for line in lines), key=line_number)
+
+
+def line_number(line: str) -> int:
+    """The N of a `... line N: ...` problem line (what orders them as the log does)."""
+    found = re.search(r" line ([0-9]+): ", line)
+    return int(found.group(1)) if found else 0
+
+
+def decisions_in(entries, item=itemgetter("run_id", "call")) -> dict:
+    """What each entry decides on (item(entry): a parked call's run id and number) -> [entry, ...] in the
+    log's order, from (line number, entry) pairs."""
+    found: dict = {}
+    for _, entry in entries:
+        found.setdefault(item(entry), []).append(entry)
+    return found
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One parked call as every decider reads it: its state (broker.call_state), the decision that put it
+    there (None while it waits) and its verified decisions, in the log's order."""
+    state: str
+    last: dict | None
+    decisions: list
+
 # what approve and reject answer a call in each state they may not act on, naming what decided it: the
 # decision that put it there (by, at, reason), its expiry, what reading its effect back finds
 REFUSED_IN = MappingProxyType({
@@ -579,6 +671,29 @@ def refused_in(station: str, state: str, unwritten: bool = False, **facts) -> st
     approve retries an uncertain effect whose trace proves nothing was written (`unwritten`)."""
     wording = REFUSED_IN[station].get(state)
     return None if wording is None or unwritten and (station, state) == ("approve", "uncertain-effect") else wording.format(**facts)
+
+
+# what a human did with a draft held for them in the review queue (outbox/AGENT/review.jsonl)
+REVIEW_DECISIONS = MappingProxyType({
+    "accepted": "sent as the agent wrote it",
+    "edited": "sent after a human changed it: the text actually sent is kept with the decision",
+    "discarded": "thrown away: nothing of it was sent",
+})
+
+
+def review_counts(items, decided: dict, runs=None) -> dict:
+    """{"waiting": drafts no decision closed, then a count per REVIEW_DECISIONS} over `items` and `decided`
+    (both keyed by (run id, seq); decided -> a decision {"decision", ...}), of the runs in `runs` when given."""
+    counts = dict.fromkeys(("waiting", *REVIEW_DECISIONS), 0)
+    for key in {*items, *decided}:
+        if runs is None or key[0] in runs:
+            counts[decided[key]["decision"] if key in decided else "waiting"] += 1
+    return counts
+
+
+def reviews_text(counts: dict | None) -> str:
+    """review_counts in words: '2 waiting, 1 accepted, 0 edited, 0 discarded' ('unknown' for None)."""
+    return ", ".join(f"{number} {kind}" for kind, number in counts.items()) if counts else "unknown"
 
 
 OUTCOMES = ("verified", "routed-to-human", "uncertain-effect")   # what a decided call makes of its run, worst last

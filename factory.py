@@ -2,7 +2,7 @@
 """The agent factory: a job card (ABOM) goes in, a certified agent comes out.
 
 Stations: new, stamp, restamp, prove, certify, run, tower, harvest, recall, doctor, pending, approve,
-reject, replay, export, digest, schema. This module is the only one that wires the parts together and the only one
+reject, review, replay, export, digest, schema. This module is the only one that wires the parts together and the only one
 that prints; it reads in seven sections: store and layout, cards and agents, trust, runs, stations,
 tower, command line. Exit statuses: 0 done, 1 refused or failed verdict, 2 usage error, 130
 interrupted. A refusal is one lowercase line on stderr; results go to stdout.
@@ -85,10 +85,11 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # the import below then finds it registered and reads no file of its own
 from broker import (  # noqa: E402
-    CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, RULINGS, VERDICTS, ActEnvelope,
-    Broker, Outcome, Policy, args_digest, call_state, check_args, judge, outcome_of, refused_in, run_verdict, settle,
-    verdict_after, went)
+    CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, REVIEW_DECISIONS, RULINGS, STUCK, VERDICTS, ActEnvelope, Broker,
+    Outcome, Policy, args_digest, call_state, check_args, judge, outcome_of, refused_in, review_counts, reviews_text,
+    run_verdict, settle, verdict_after, went)
 from broker import DRIFT_WINDOW, DRIFT_SIGNIFICANCE, GATED, MAX_FIGURE, P_BINS, Drift, Tally, fold_decisions  # noqa: E402
+from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons, settled_phrase  # noqa: E402
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
     DETECTORS, Sign, detect, evidence, no_progress, ping_pong, repeated_error, repeated_observation, write_check_cycles,
     LABEL_SOURCES, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts, label_source_problem,
@@ -117,7 +118,7 @@ GENESIS = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b8
 ANCHOR_FORMAT = "factory-anchor-1"
 ATTEMPTS_FORMAT = "factory-attempts-1"
 CERTIFIED_MARKS = 20            # certifications per agent whose sealed-attempt counts are kept
-CHAINED_LOGS = ("recalls", "revocations", "lineage", "approvals")   # Factory properties of the hash-chained logs
+CHAINED_LOGS = ("recalls", "revocations", "lineage", "approvals", "reviews")   # Factory properties of the hash-chained logs
 STDOUT_CLOSED = 141            # run's exit status when stdout's reader stopped: 128 + SIGPIPE, as a shell reports it
 DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage calls are network waits
 
@@ -461,6 +462,7 @@ class Factory:
     revocations = cached_property(lambda self: self.registry / "revocations.jsonl")
     pending = cached_property(lambda self: self.registry / "pending")
     approvals = cached_property(lambda self: self.registry / "approvals.jsonl")
+    reviews = cached_property(lambda self: self.registry / "reviews.jsonl")
     # the trust root of ssh signatures lives where someone who writes the registry cannot write
     allowed_signers = cached_property(lambda self: Path(self.env.get("FACTORY_ALLOWED_SIGNERS")
                                                         or self.keys_dir / "allowed_signers").absolute())
@@ -3031,12 +3033,13 @@ def chain_heads(fac: Factory) -> dict:
 def heads_problem(chains: dict[str, Chain], heads, where: str) -> str | None:
     """None when every log in `chains` still begins with the entries it held when `heads` were recorded
     (a log may have grown since); else one line naming the log that lost or changed an entry."""
-    if not isinstance(heads, dict) or set(heads) != set(CHAINED_LOGS):
+    if not isinstance(heads, dict) or not heads or not set(heads) <= set(CHAINED_LOGS):
         return f"{where}: records no log heads (signed before the logs were hash-chained)"
     for name in CHAINED_LOGS:
-        if not isinstance(heads[name], dict):
+        head = heads.get(name, {"count": 0})   # signed (the heads are) before that log existed: it was empty
+        if not isinstance(head, dict):
             return f"{where}: its head of {chains[name].where} is malformed"
-        problem = head_problem(chains[name], heads[name], f"{where} was signed")
+        problem = head_problem(chains[name], head, f"{where} was signed")
         if problem:
             return problem
     return None
@@ -3280,6 +3283,7 @@ class Production:
     passes: int
     unverified: tuple = ()        # line numbers in traces/index.jsonl
     repeated: tuple = ()          # line numbers in traces/index.jsonl
+    ids: frozenset = field(default=frozenset(), compare=False)   # every run of the digest that verifies, gated or not
 
     @property
     def rate(self) -> float:
@@ -3307,19 +3311,22 @@ def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> Productio
     """The closed, gated runs of this agent with its current digest (at `tier` when given) that the
     index holds, each row's MAC checked under the evidence key and each run id counted once (a copy of
     a genuine row verifies as well as the row itself)."""
-    key, passes, counted, unverified, repeated = evidence_key(fac, create=False), 0, set(), [], []
+    key, passes, counted, unverified, repeated, ours = evidence_key(fac, create=False), 0, set(), [], [], set()
     for number, row in index_lines(fac):
-        if row.get("state") == "started" or row["agent"] != agent.name or row.get("digest") != agent.digest \
-                or row["gate"] not in GATED or (tier is not None and row.get("tier") != tier):
+        if row.get("state") == "started" or row["agent"] != agent.name or row.get("digest") != agent.digest:
             continue
-        if key is None or not mac_verifies(key, row):
+        verified = key is not None and mac_verifies(key, row)
+        ours |= {row["run_id"]} if verified else set()
+        if row["gate"] not in GATED or (tier is not None and row.get("tier") != tier):
+            continue
+        if not verified:
             unverified.append(number)
         elif row["run_id"] in counted:
             repeated.append(number)
         else:
             counted.add(row["run_id"])
             passes += row["gate"] == "pass"
-    return Production(len(counted), passes, tuple(unverified), tuple(repeated))
+    return Production(len(counted), passes, tuple(unverified), tuple(repeated), frozenset(ours))
 
 
 # ---- signing a certificate
@@ -3426,6 +3433,11 @@ PENDING_SHAPE = Shape.of({"format": str, "run_id": str, "call": int, "agent": st
 # who made it. What the verified ones make of a call is broker.call_state, read alike by every decider.
 DECISION_SHAPE = Shape.of({"kind": str, "run_id": str, "call": int, "agent": str, "by": str, "at": str, "signature": str})
 DECISION_UNSIGNED = ("signature", "prev")      # `prev` is set by the log as the entry is appended
+# registry/reviews.jsonl, hash-chained the same way: what a human did with a held draft (broker.REVIEW_DECISIONS)
+REVIEW_SHAPE = Shape.of({"kind": str, "decision": str, "agent": str, "run_id": str, "seq": int, "by": str, "at": str,
+                         "signature": str})
+# the logs of humans' signed decisions: name -> (its entries' shape, what an entry decides on)
+DECISION_LOGS = {"approvals": (DECISION_SHAPE, itemgetter("run_id", "call")), "reviews": (REVIEW_SHAPE, itemgetter("run_id", "seq"))}
 
 
 @dataclass(frozen=True)
@@ -3450,30 +3462,6 @@ def load_pending(fac: Factory, run_id: str, call: int) -> dict:
     return entry
 
 
-@dataclass(frozen=True)
-class Decisions:
-    """The approvals log as every reader of decisions sees it: only entries whose signature verifies as
-    their signer's count. One anyone appended (the chain needs no key) is named by line and believed by
-    no one."""
-    decided: dict     # (run id, call) -> [its verified entries, in the log's order]
-    doubted: dict     # (run id, call) -> [one line per entry on that call that does not verify]
-
-    def of(self, run_id: str, call: int) -> list[dict]:
-        """The verified decisions on one call, in the log's order."""
-        return self.decided.get((run_id, call), [])
-
-    @property
-    def lines(self) -> list[str]:
-        """The line of every entry that does not verify, in the log's order."""
-        return sorted((line for lines in self.doubted.values() for line in lines), key=line_number)
-
-
-def line_number(line: str) -> int:
-    """The N of a `... line N: ...` problem line (what orders them as the log does)."""
-    found = re.search(r" line ([0-9]+): ", line)
-    return int(found.group(1)) if found else 0
-
-
 def decision_problem(fac: Factory, entry: dict) -> str | None:
     """None when a decision's signature verifies as the signer it names (`by`), else why not, in words.
     A key that cannot be read (open to others, no ssh-keygen, ...) leaves the entry unchecked: not believed."""
@@ -3486,65 +3474,47 @@ def decision_problem(fac: Factory, entry: dict) -> str | None:
         return f"cannot be checked ({why})"
 
 
-def verified_entries(fac: Factory, chain: Chain, wanted=None) -> tuple[list[tuple[int, dict]], dict]:
-    """((line number, entry) of each entry wanted(entry) selects (default: all) whose signature verifies,
-    (run id, call) -> a line naming each that does not); an entry not of DECISION_SHAPE is none."""
-    verified, doubted = [], {}
+def verified_entries(fac: Factory, chain: Chain, wanted=None, log: str = "approvals") -> tuple[list[tuple[int, dict]], dict]:
+    """((line number, entry) of each entry of the decision log (DECISION_LOGS) wanted(entry) selects (default:
+    all) whose signature verifies, what it decides on -> a line naming each that does not); an entry not of
+    the log's shape is none."""
+    (shape, item), verified, doubted = DECISION_LOGS[log], [], {}
     for number, entry in chain.entries:
-        if not DECISION_SHAPE.fits(entry) or (wanted is not None and not wanted(entry)):
+        if not shape.fits(entry) or (wanted is not None and not wanted(entry)):
             continue
         problem = decision_problem(fac, entry)
         if problem is None:
             verified.append((number, entry))
         else:
-            doubted.setdefault((entry["run_id"], entry["call"]), []).append(
+            doubted.setdefault(item(entry), []).append(
                 f"{chain.where} line {number}: the {one_line(entry['kind'])} entry by {one_line(entry['by'])} {problem}; not counted")
     return verified, doubted
 
 
-def decisions_of(fac: Factory, wanted=None) -> Decisions:
-    """The approvals log read, chain verified, each entry wanted(entry) selects (default: all) checked:
-    see Decisions. Refusal when it holds less than this machine wrote or verified in it (emptied, it would
-    reopen calls). Read whole, it raises this machine's anchor to its last entry that verifies."""
-    chain = fac.store.read_chain(fac.approvals, DECISION_SHAPE)
-    problem = anchor_problem(fac, {"approvals": chain})
+def decisions_of(fac: Factory, wanted=None, log: str = "approvals") -> Decisions:
+    """A decision log (DECISION_LOGS) read, chain verified, each entry wanted(entry) selects (default: all)
+    checked: see Decisions. Refusal when it holds less than this machine wrote or verified in it (emptied,
+    it would reopen calls). Read whole, it raises this machine's anchor to its last entry that verifies."""
+    chain = fac.store.read_chain(getattr(fac, log), DECISION_LOGS[log][0])
+    problem = anchor_problem(fac, {log: chain})
     if problem:
         raise Refusal(problem)
-    verified, doubted = verified_entries(fac, chain, wanted)
+    verified, doubted = verified_entries(fac, chain, wanted, log)
     if wanted is None and verified:
         last = verified[-1][0]
-        raise_anchor(fac, logs={"approvals": {"count": last, "hash": chain.hashes[last - 1]}})
-    return Decisions(decisions_in(verified), doubted)
-
-
-def decisions_in(entries) -> dict:
-    """(run id, call) -> [entry, ...] in the log's order, from (line number, entry) pairs."""
-    found: dict = {}
-    for _, entry in entries:
-        found.setdefault((entry["run_id"], entry["call"]), []).append(entry)
-    return found
-
-
-@dataclass(frozen=True)
-class CallRecord:
-    """One parked call as every decider reads it: its state (broker.call_state), the decision that put it
-    there (None while it waits) and its verified decisions, in the log's order."""
-    state: str
-    last: dict | None
-    decisions: list
+        raise_anchor(fac, logs={log: {"count": last, "hash": chain.hashes[last - 1]}})
+    return Decisions(decisions_in(verified, DECISION_LOGS[log][1]), doubted)
 
 
 def call_record(fac: Factory, entry: dict, decisions: list) -> CallRecord:
-    """The CallRecord of a parked call from its verified decisions, its expiry and its lock (its approver
-    holds the parked file's lock from intent to result: execute_staged_call)."""
+    """The CallRecord of a parked call: its verified decisions, its expiry and its lock (execute_staged_call)."""
     executing = bool(decisions) and fac.store.being_written(fac.pending_path(entry["run_id"], entry["call"]))
     return CallRecord(*call_state(decisions, executing=executing, expired=utc_now() > entry["expires_at"]), decisions)
 
 
 def deciding(claim: "Claim", guards: tuple, compose):
-    """make(chain) for the approvals log: under its lock, the claim read again from the log as it is now,
-    `guards` enforced on it, then compose(that claim) -> the entry appended. Every decision on a parked
-    call is appended so: of two racing, the first wins and the other is refused by the state it made."""
+    """make(chain) for the approvals log: under its lock, `guards` enforced on the claim read again from
+    the log as it is, then compose(that claim) -> the entry appended. Of two deciders racing, the first wins."""
     def make(chain: Chain) -> dict:
         return compose(enforce(with_fields(claim, chain=chain), guards))
     return make
@@ -3574,9 +3544,9 @@ def closing(signer: Signer, body: dict, outcome: str):
 
 
 def read_back_attempts(fac: Factory, entry: dict) -> tuple[bool | None, str]:
-    """(written, what reading back finds) of a parked call's effect, from each `effect_started` event of
-    it in the run's trace: True when a file it names holds its effect id, None when one cannot be read,
-    False when the trace proves nothing was written (no attempt began a write, or none holds its effect)."""
+    """(written, what reading back finds) of a parked call's effect, from each `effect_started` event of it
+    in its trace: True when a file one names holds its effect id, None when one cannot be read, False when
+    the trace proves nothing was written."""
     try:
         started = [e for _, e in fac.store.read_jsonl(fac.trace_path(entry["agent"], entry["run_id"]))
                    if e.get("event") == "effect_started" and e.get("call") == entry["call"]]
@@ -4102,16 +4072,6 @@ def approved_these_arguments(claim: Claim) -> str | None:
 
 
 # Each chain is (name, check) in order; a check returns None or the one refusal line.
-# A parked call that can no longer be approved, by the state `pending` and the tower show it in (the same
-# checks as approve's, in its order, so its refusal names the same state) -> what that state means.
-STUCK = {"unsealed": "its parked file's evidence MAC does not verify here",
-         "expired": "it was not approved in time",
-         "uncertified": "its agent has no certificate",
-         "revoked": "the certificate it was staged under was revoked",
-         "recalled": "its agent was recalled since it was staged",
-         "superseded": "its agent was re-certified since it was staged",
-         "run never closed": "its run was stopped after it parked this call",
-         "not staged": "no run of this line that closed parked it"}
 CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
                       ("signature", signature_verifies), ("figures", figures_in_range), ("agent", for_this_agent), ("logs", logs_unchanged),
                       ("newest certificate", newest_certificate))
@@ -4528,20 +4488,6 @@ def read_back(fac: Factory, receipt: dict | None) -> bool:
         return False
 
 
-def routing_reasons(status: str, loop: Loop, gate: dict, handed_off: bool, uncertain: list[str],
-                    cost: str | None, routes: list) -> list[str]:
-    """Why this run goes to a human (empty when it does not): its uncertain effects, each call's reason
-    (Settlement.route: a duplicate, the act envelope) once, status, gate, cost (cost_problem), hand-off."""
-    reasons = uncertain + list(dict.fromkeys(routes))
-    if status != "done":
-        reasons.append(f"run {status}: {loop.reason}")
-    elif gate["result"] != "pass":
-        reasons += [gate["line"].removeprefix("gate: ")] + [cost] * bool(cost)
-    if handed_off:
-        reasons.append(f"the agent handed it off ({loop.agent.handoff_field}: true)")
-    return reasons
-
-
 # ---- the trace: one transcript per run, and its row in the index
 
 END_FIELDS = ("status", "reason", "verdict", "gate", "routed", "why", "output", "cost_usd")   # of the row, in the end event
@@ -4850,17 +4796,6 @@ def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, cost: str 
         return gate_output(clients, agent, loop.task, loop.output, loop.broker.held, cost)
     return {"result": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
             "line": f"gate: not run (run {status}: {loop.reason})", "shown": None, "effects": []}
-
-
-@dataclass
-class Settled:
-    """What settling did with one run's held calls."""
-    acted: int = 0       # acting calls committed, ok
-    parked: int = 0      # acting calls parked for a human's approval
-    review: int = 0      # drafts put in the human's review queue
-    lost: list = field(default_factory=list)   # one line per review-queue row that could not be written
-    routes: list = field(default_factory=list)   # each call's Settlement.route
-    rows: list = field(default_factory=list)   # [tool, decision, problem] per held call, in order: see settled_phrase
 
 
 def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Broker, tier: str, gate: dict,
@@ -5908,7 +5843,7 @@ def production_line(fac: Factory, claim: Claim) -> str:
     """The production evidence the index holds for this digest: verified gated runs counted, the rest named."""
     production = gated_runs(fac, claim.agent)
     return (f"  production evidence since the agent (its digest) last changed: {production.runs} verified gated run(s), gate pass "
-            f"rate {production.rate_text}{production.not_counted(fac)}")
+            f"rate {production.rate_text}{production.not_counted(fac)}; its held drafts {reviews_text(review_figures(fac, claim.name, production.ids)[0])}")
 
 
 def replaced_lines(fac: Factory, claim: Claim) -> list[str]:
@@ -6208,18 +6143,6 @@ def print_run(row: dict) -> None:
     print(f"{went(row)}.")
     print(f"verdict {row['verdict']}  tier {row['tier']}  status {row['status']}  backend {', '.join(row['backends']) or 'none'}"
           f"  trace {row['agent']}/{row['run_id']}")
-
-
-def settled_phrase(decision: str, outcome: str | None) -> str:
-    """What became of one held call, for the terminal; `outcome` is a commit's ruling (ok or the failure's
-    class) or why a review-queue row could not be written (None when it was)."""
-    if decision == "commit":
-        return "written" if outcome == "ok" else f"write FAILED ({outcome})"
-    if decision == "review" and outcome:
-        return f"review queue write FAILED ({outcome})"
-    return {"park": "parked for a human's approval", "review": "sent to the human review queue",
-            "would-have": "not written (recorded what it would have done)",
-            "duplicate": "not written: a duplicate of an earlier call of the run"}[decision]
 
 
 TICKET_COLUMNS = "ticket\tHANDOFF=\tgate=\tverdict=\t-> where it went"   # run --file's lines, as --help and the header name them
@@ -6546,8 +6469,7 @@ PENDING_FIELDS = ("run_id", "call", "agent", "tool", "args", "staged_at", "expir
 
 
 def state_column(state: str, decisions: list[dict]) -> list[str]:
-    """pending's last column for a parked call: none while it waits, else its state (STUCK) and that
-    reject closes it, or who approved the call being executed now."""
+    """pending's last column: none while a call waits, else its state (STUCK) or who is executing it."""
     if state == "pending":
         return []
     if state == "unknown":
@@ -6559,8 +6481,7 @@ def state_column(state: str, decisions: list[dict]) -> list[str]:
 
 
 def uncertain_column(fac: Factory, entry: dict, decisions: list[dict]) -> str:
-    """pending's last column for an uncertain effect: who approved it, what its result said, what reading
-    it back finds, what closes it."""
+    """pending's last column for an uncertain effect: who approved it, its result, its read-back, what closes it."""
     intent, last = [e for e in decisions if e["kind"] == "intent"][-1], decisions[-1]
     said = ("no result recorded" if last["kind"] == "intent" else "its effect was not read back" if last.get("ok") is True
             else f"its write failed ({one_line(str(last.get('result')))[:300]})")
@@ -6571,8 +6492,7 @@ def uncertain_column(fac: Factory, entry: dict, decisions: list[dict]) -> str:
 
 
 def call_columns(entry: dict) -> list[str]:
-    """The first columns of a parked call's line in `pending`: RUN_ID --call N, the agent, the tool and
-    its exact arguments."""
+    """pending's first columns for a parked call: RUN_ID --call N, agent, tool and exact arguments."""
     return [f"{entry['run_id']} --call {entry['call']}", entry["agent"],
             f"{entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}"]
 
@@ -6702,8 +6622,7 @@ def cmd_reject(fac: Factory, args) -> int:
 
 
 def reconciled(signer: Signer, body: dict):
-    """compose(claim) for a rejection: closing's, and for an uncertain effect what reading it back finds
-    (`found`; `written`: true, false, or null when it cannot be read)."""
+    """compose(claim) for a rejection: closing's, and for an uncertain effect what reading it back finds."""
     def compose(claim: Claim) -> dict:
         written, found = claim.read_back if claim.record.state == "uncertain-effect" else (None, None)
         checked = {"written": written, "found": found} if found else {}
@@ -6712,14 +6631,127 @@ def reconciled(signer: Signer, body: dict):
 
 
 def decider(fac: Factory, args, guards: tuple) -> tuple[dict, Signer, Claim]:
-    """(the staged call, its decider's Signer, its Claim) for approve and reject: the guards enforced, each
-    log entry on the call that does not verify named on stderr, the signer's key ready."""
+    """(the staged call, its decider's Signer, its Claim) for approve and reject, the guards enforced, each
+    entry on the call that does not verify noted, the key ready."""
     entry, signer = load_pending(fac, args.run_id, args.call), signer_of(fac, args)
     claim = enforce(staged_call_claim(fac, entry), guards)
     for line in claim.decisions.doubted.get((entry["run_id"], entry["call"]), []):
         note(fac, line)
     signer.ready(fac, args.command)
     return entry, signer, claim
+
+
+# ---- the review queue: the drafts held for a human, and what the human did with each
+
+QUEUE_ROW = Shape.of({"run_id": str, "seq": int, "tool": str, "args": dict, "at": str})
+
+
+def review_queue(fac: Factory, agent: str) -> tuple[dict, dict, list[str]]:
+    """(AGENT's held drafts by (run id, seq), each its first row in outbox/AGENT/review.jsonl, which nothing
+    rewrites; the first verified decision on each in registry/reviews.jsonl; a line per one that does not)."""
+    path, items, problems = fac.review_path(agent), {}, []
+    for _, row in fac.store.read_jsonl(path, QUEUE_ROW, each=True) if fac.store.exists(path) else ():
+        (problems.append(f"{row}; not listed") if isinstance(row, Refusal) else items.setdefault((row["run_id"], row["seq"]), row))
+    decisions = decisions_of(fac, lambda e: e["agent"] == agent, "reviews")
+    return items, {key: entries[0] for key, entries in decisions.decided.items()}, problems + decisions.lines
+
+
+def review_figures(fac: Factory, agent: str, runs=None) -> tuple[dict | None, list[str]]:
+    """(AGENT's review_counts, of `runs` when given, None when unread; the lines of what could not be read)."""
+    try:
+        items, decided, problems = review_queue(fac, agent)
+    except Refusal as why:
+        return None, [str(why)]
+    return review_counts(items, decided, runs), problems
+
+
+@station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose review queue to list or decide on"),
+         arg("run_id", nargs="?", type=run_id_text, metavar="RUN_ID", help="the run of the held draft you decide on"),
+         arg("--seq", type=at_least_one, metavar="N", help="which of that run's held drafts (when several wait)"),
+         arg("--accept", action="store_true", help="you sent it as the agent wrote it"),
+         arg("--edit", metavar="TEXT", help="you sent it changed: the text you actually sent"),
+         arg("--discard", action="store_true", help="you threw it away"),
+         arg("--by", type=signer_name, metavar="NAME", help="who decided: their signing key must be here"),
+         arg("--reason", type=reason_text, metavar="TEXT", help="why (needed with --edit and --discard)"),
+         SSH_KEY, arg("--json", action="store_true", help="list the queue as one JSON document"),
+         examples=("python3 factory.py review triager --json",
+                   "python3 factory.py review faq 20261130T041500123456Z-1a2b3c --accept --by al"),
+         exits=("listed, or the decision recorded", "refused, or a line that does not read or verify (named)"),
+         env=(*ROOT_ENV, *KEYS_ENV, "PATH"))
+def cmd_review(fac: Factory, args) -> int:
+    """List drafts waiting for a human, or record what was done.
+
+    AGENT alone lists each held draft no one decided on, by run, oldest first: the run's input and output,
+    why it went to a human and how long ago, each held call. RUN_ID [--seq N] with --accept, --edit TEXT
+    (the text actually sent) or --discard, and --by NAME, records that decision once per draft, signed
+    with NAME's own key in the hash-chained registry/reviews.jsonl.
+    """
+    chosen = [kind for kind, on in zip(REVIEW_DECISIONS, (args.accept, args.edit is not None, args.discard)) if on]
+    if (args.run_id is None) != (not chosen) or len(chosen) > 1 or chosen and not (args.by and (args.reason or args.accept)) \
+            or is_blank(args.edit or "x"):
+        raise Usage("list with review AGENT, or decide with review AGENT RUN_ID [--seq N] and one of --accept, "
+                    "--edit TEXT (not blank) or --discard (with --reason TEXT), and --by NAME", "review")
+    items, decided, problems = review_queue(fac, args.agent)
+    if not chosen:
+        return list_queue(fac, args.agent, items, decided, problems, args.json)
+    signer, item = signer_of(fac, args), review_item(items, decided, args.agent, args.run_id, args.seq)
+    signer.ready(fac, "review")
+    body = {"kind": "review", "decision": chosen[0], "agent": args.agent, "run_id": item["run_id"], "seq": item["seq"],
+            "tool": item["tool"], "args_digest": args_digest(item["args"]), "by": signer.name, "at": utc_now(),
+            **{key: value for key, value in (("reason", args.reason), ("sent", args.edit)) if value is not None}}
+
+    def make(chain: Chain) -> dict:   # under the log's lock: the first decision on a draft is its only one
+        first = verified_entries(fac, chain, lambda e: (e["run_id"], e["seq"]) == (item["run_id"], item["seq"]), "reviews")[0]
+        refuse_if(first and f"run {item['run_id']} --seq {item['seq']} was already {first[0][1]['decision']} by "
+                  f"{first[0][1]['by']} at {first[0][1]['at']} ({one_line(str(first[0][1].get('reason', 'no reason')))}).")
+        return signer.signed(fac, body, DECISION_UNSIGNED)
+    append_to_log(fac, "reviews", make)
+    print(f"{chosen[0]} {item['tool']} of run {item['run_id']} (--seq {item['seq']}) by {signer.name}")
+    return 0
+
+
+def review_item(items: dict, decided: dict, agent: str, run_id: str, seq: int | None) -> dict:
+    """The held draft RUN_ID --seq N, else the run's one waiting draft; Refusal for none, or several."""
+    mine = [item for (run, number), item in items.items() if run == run_id and seq in (None, number)]
+    waiting = [item for item in mine if (run_id, item["seq"]) not in decided] if seq is None else mine
+    if len(waiting) != 1:
+        raise Refusal(f"run {run_id} has {len(waiting)} held drafts waiting (--seq {', '.join(str(i['seq']) for i in waiting)}): "
+                      f"name one" if waiting else f"no held draft{f' --seq {seq}' * bool(seq)} of run {run_id} waits in "
+                      f"outbox/{agent}/review.jsonl (see `review {agent}`)")
+    return waiting[0]
+
+
+def list_queue(fac: Factory, agent: str, items: dict, decided: dict, problems: list[str], as_json: bool) -> int:
+    """review AGENT: the waiting drafts by run, each run's input, output and why read from its trace."""
+    runs: dict = {}
+    for item in (item for key, item in items.items() if key not in decided):
+        runs.setdefault(item["run_id"], {"run_id": item["run_id"], "age_hours": hours_since(item["at"]), "items": []})["items"].append(item)
+    for run in runs.values():
+        try:
+            recorded = Trace.read(fac, run["run_id"], agent)
+            run.update(input=recorded.header["input"], output=(recorded.end or {}).get("output"), why=(recorded.end or {}).get("why"))
+        except Refusal as why:
+            problems.append(str(why))
+    counts = review_counts(items, decided)
+    lines = [json.dumps({"format": "factory-review-1", "agent": agent, "runs": list(runs.values()), "counts": counts,
+                         "problems": problems}, ensure_ascii=False)] if as_json else [line for run in runs.values() for line in (
+        f"{run['run_id']}  queued {run['age_hours']}h ago  routed: {one_line('; '.join(run.get('why') or ['?']))}",
+        f"  input: {one_line(task_text(run.get('input', '?')))[:BRIEF_CHARS]}",
+        f"  output: {json.dumps(run.get('output'), ensure_ascii=False)}",
+        *(f"  --seq {i['seq']}  {i['tool']} {json.dumps(i['args'], ensure_ascii=False)}" for i in run["items"]))] + [
+        f"{len(runs)} run(s) wait in {fac.shown(fac.review_path(agent))}: {reviews_text(counts)}"]
+    for line in lines:
+        print(line)
+    for problem in problems:
+        print(f"factory review: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def hours_since(at: str) -> float | None:
+    """Hours from an ISO time to now, to a tenth; None for a time that is none."""
+    with contextlib.suppress(ValueError, TypeError):
+        return round((datetime.now(timezone.utc) - datetime.fromisoformat(at)).total_seconds() / 3600, 1)
+    return None
 
 
 def run_reference(text: str) -> tuple[str | None, str]:
@@ -6875,8 +6907,9 @@ def tower_document(fac: Factory) -> dict:
         trust, trouble = trust_of(fac, name, tally.drift)
         counts = waiting.get(name) or ParkedCounts()
         trust.update(pending=counts.pending, uncertain_effect=counts.uncertain_effect, stuck=counts.stuck)
-        agents.append({"agent": name, "trust": trust, "gate_bar": gate_bar(fac, name), **tally.figures(),
-                       "problems": tally.problems + trouble + counts.problems})
+        reviews, unread = review_figures(fac, name)
+        agents.append({"agent": name, "trust": trust, "gate_bar": gate_bar(fac, name), **tally.figures(), "reviews": reviews,
+                       "problems": tally.problems + trouble + counts.problems + unread})
     partial = bool(problems) or any(a["problems"] for a in agents)
     return {"format": TOWER_FORMAT, "generated_at": utc_now(), "partial": partial, "problems": problems, "agents": agents}
 
@@ -7103,6 +7136,7 @@ def agent_lines(agent: dict) -> list[tuple[str, str]]:
     sealed = trust.get("sealed")
     lines = [("trust", f"trust: {trust['summary']}"), *(("why", f"  {line}") for line in why),
              ("calls", f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect{stuck}"),
+             ("reviews", f"reviews: {reviews_text(agent.get('reviews'))}"),
              *([("sealed", f"certified on its sealed half: {part_text(sealed)}")] if sealed else []),
              ("pass", f"gate pass over scored runs: {rate_text(agent)}"), ("verdicts", f"verdicts {shown or '-'}"),
              ("drift", f"drift: {agent['drift']['state']}"),

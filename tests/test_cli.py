@@ -43,7 +43,7 @@ class Parser(unittest.TestCase):
     def test_every_station_is_in_the_parser_with_its_docstring_as_help(self):
         names = [func.__name__.removeprefix("cmd_") for func in factory.stations()]
         self.assertEqual(names, ["new", "stamp", "restamp", "prove", "certify", "run", "tower", "harvest", "recall", "doctor",
-                                 "pending", "approve", "reject", "replay", "export", "digest", "schema"])
+                                 "pending", "approve", "reject", "review", "replay", "export", "digest", "schema"])
         self.assertEqual(sorted(names), sorted(n.removeprefix("cmd_") for n in dir(factory) if n.startswith("cmd_")))
         parser = factory.build_parser()
         choices = next(a for a in parser._actions if a.dest == "command").choices

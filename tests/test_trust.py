@@ -779,9 +779,22 @@ class Chains(GrandVariant):
 
     def test_certificates_record_every_log_head(self):
         heads = self.cert("b")["chains"]
-        self.assertEqual(sorted(heads), ["approvals", "lineage", "recalls", "revocations"])
+        self.assertEqual(sorted(heads), ["approvals", "lineage", "recalls", "reviews", "revocations"])
         self.assertEqual(heads["lineage"], {"count": 2, "hash": factory.sha256(self.log("lineage").read_bytes().splitlines()[-1])})
         self.assertEqual(heads["recalls"], {"count": 0, "hash": factory.GENESIS})
+
+    def test_a_certificate_signed_before_a_log_existed_holds_it_empty_then(self):
+        """Its signed heads name no `reviews` log: that log held nothing at signing, so the certificate still
+        runs while the log holds entries since, and is refused once an entry it did record is gone."""
+        key = (self.tmp / "keys" / "alice.key").read_text().strip().encode()
+        cert = self.cert("b")
+        chains = {name: head for name, head in cert["chains"].items() if name != "reviews"}
+        body = {k: v for k, v in {**cert, "chains": chains}.items() if k not in factory.UNSIGNED_FIELDS}
+        signature = "hmac-sha256:" + hmac.new(key, factory.canonical(body), hashlib.sha256).hexdigest()
+        (self.root / "registry" / "b.card.json").write_text(json.dumps({**body, "signature": signature}))
+        self.assertEqual(self.factory("run", "b", "hi")[0], 0)
+        self.log("lineage").write_text("")
+        self.refused("registry/lineage.jsonl: has 0 entries but had 2 when registry/b.card.json was signed", "run", "b", "hi")
 
     def test_a_recall_deleted_after_a_later_signature_is_detected(self):
         self.factory("recall", "triager", "--reason", "drafts promised refunds")
