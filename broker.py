@@ -20,11 +20,13 @@ input, the output and every held call, `settle` decides what becomes of each hel
 gate result x the agent's hand-off x effect), and the caller carries the decision out, committing
 a call through `Broker.commit`.
 
-Settling also bounds a run's acting calls by its act envelope (`ActEnvelope`). Beside it sit the
-other decisions about a run that need no I/O: its verdict (`VERDICTS`, `run_verdict`), and the state
-of a parked call from its humans' signed decisions (`CALL_STATES`, `call_state`) with what approve
-and reject answer in each (`refused_in`), and the tower's figures counted from rows the factory reads
-(`Tally`, `fold_decisions`).
+Settling also bounds a run's acting calls by its act envelope (`ActEnvelope`) and records an acting
+call the run repeats as a `duplicate`. Beside it sit the other decisions about a run that need no
+I/O: its verdict (`VERDICTS`, `run_verdict`); the state of a parked call from its humans' signed
+decisions (`CALL_STATES`, `STUCK`, `call_state`) with what approve and reject answer in each
+(`refused_in`); what a human did with a held draft (`REVIEW_DECISIONS`, `review_counts`); the
+tower's figures counted from rows the factory reads (`Tally`, `fold_decisions`), the drift watch
+(`Drift`) and the run gate's detectors; and the statistics they rest on.
 
 The broker never prints and never reads environment variables; the caller hands it the policy,
 the contracts, the tool implementations and a `record` callable that appends to the trace.
