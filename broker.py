@@ -39,6 +39,7 @@ import math
 import re
 import time
 from collections import deque
+from fractions import Fraction
 from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
@@ -359,7 +360,7 @@ class Verdict:
 VERDICTS = (  # in display order
     Verdict("verified", "the gate passed and every executed effect was read back", "#2e7d32"),
     Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
-    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the envelope, an acting "
+    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the cost envelope, an acting "
                                "call repeated, or the agent handed off", "#1565c0"),
     Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
     Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00"),
@@ -418,22 +419,79 @@ SETTLEMENTS = ("commit", "park", "review", "would-have", "duplicate")
 @dataclass(frozen=True)
 class ActEnvelope:
     """What one run's acting calls may do without a human (the card's act_envelope): at most `calls` of
-    them, moving at most `usd` dollars in all, summed over the arguments each tool's contract marks as an
-    amount in USD (`amounts`: tool -> those argument names, from its contract's `amounts_usd`)."""
+    them, moving at most `usd` dollars in all, counted exactly (int and Fraction, never through a float)
+    at the paths each tool's contract marks as an amount in USD (`amounts`: tool -> its contract's
+    `amounts_usd`; `[]` says it moves no money). An acting call whose money cannot be counted (its tool
+    marks no amounts, or a marked amount is missing or not a number) is beyond the envelope."""
     calls: int = 1
     usd: float = 100
     amounts: Mapping = field(default_factory=dict)
 
-    def usd_of(self, call: Outcome) -> float:
-        """The dollars one call moves: its amount arguments' absolute values (a negative one moves money too)."""
-        return sum(abs(value) for name in self.amounts.get(call.tool, ()) if _is_number(value := call.args.get(name)))
-
-    def beyond(self, call: Outcome, calls: int, usd: float) -> str | None:
-        """Why the call is beyond the envelope after `calls` acting calls moving `usd` within it; None when within."""
-        if calls < self.calls and usd + self.usd_of(call) <= self.usd:
+    def usd_of(self, call: Outcome) -> Fraction | None:
+        """The dollars one call moves: the sum of its amounts' absolute values (a negative one moves money
+        too); None when they cannot be counted."""
+        paths = self.amounts.get(call.tool)
+        found = None if paths is None else [amounts_at(call.args, path) for path in paths]
+        if found is None or None in found:
             return None
-        return (f"beyond the act envelope ({self.calls} acting call(s) and ${self.usd:g} a run; this would make "
-                f"{calls + 1} and ${usd + self.usd_of(call):g}): parked for a human")
+        return sum((abs(Fraction(value)) for values in found for value in values), Fraction(0))
+
+    def counted(self, tool: str) -> str:
+        """How the envelope counts one acting tool's money, in words (the certify prompt shows each)."""
+        paths = self.amounts.get(tool)
+        if paths is None:
+            return f"{tool} not counted (its contract marks no amounts_usd): each call is parked for a human"
+        return f"{tool} {' + '.join(paths)}" if paths else f"{tool} moves no money"
+
+    def beyond(self, call: Outcome, calls: int, usd: Fraction) -> str | None:
+        """Why the call is beyond the envelope after `calls` acting calls moving `usd` within it; None when within."""
+        moved = self.usd_of(call)
+        if moved is None:
+            why = ("its contract marks no amounts_usd" if call.tool not in self.amounts else
+                   f"{', '.join(self.amounts[call.tool])}: missing or not a number")
+            return f"beyond the act envelope: the money a {call.tool} call moves cannot be counted ({why}): parked for a human"
+        if calls < self.calls and usd + moved <= Fraction(self.usd):
+            return None
+        return (f"beyond the act envelope ({self.calls} acting call(s) and {exact_usd(self.usd)} a run; this would "
+                f"make {calls + 1} and {exact_usd(usd + moved)}): parked for a human")
+
+
+def amounts_at(args, path: str) -> list | None:
+    """The numbers at one amounts_usd path of a call's arguments (`amount_usd`; `refund.total`; `items[].usd`:
+    that field of each item of the list `items`), or None when the path leads to something else or nowhere."""
+    values = [args]
+    for step in path.split("."):
+        name, each, found = step.removesuffix("[]"), step.endswith("[]"), []
+        for value in values:
+            item = value.get(name, MISSING) if isinstance(value, dict) else MISSING
+            if each and not isinstance(item, list) or item is MISSING:
+                return None
+            found += item if each else [item]
+        values = found
+    finite = all(_is_number(v) and (type(v) is int or math.isfinite(v)) for v in values)
+    return values if finite else None
+
+
+def amount_schema(params, path: str) -> bool:
+    """True when an amounts_usd path (see amounts_at) leads through a params schema to a number."""
+    schema = params
+    for step in path.split("."):
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        schema = props.get(step.removesuffix("[]")) if isinstance(props, dict) else None
+        if step.endswith("[]"):
+            schema = schema.get("items") if isinstance(schema, dict) and schema.get("type") == "array" else None
+    return isinstance(schema, dict) and schema.get("type") in ("number", "integer")
+
+
+def exact_usd(amount) -> str:
+    """An exact amount of USD (int, float or Fraction) as '$40' or '$100.0000001' (to nine places), or its
+    first digits and how many it has past fifteen: never through a float, so no amount overflows."""
+    amount = Fraction(amount)
+    sign, amount = "-" * (amount < 0), abs(amount)
+    whole, places = divmod(round(amount * 10 ** 9), 10 ** 9)
+    if whole >= 10 ** 15:
+        return f"{sign}${str(whole)[:3]}... ({len(str(whole))} digits)"
+    return f"{sign}${whole}" + (f".{places:09d}".rstrip("0") if places else "")
 
 
 @dataclass(frozen=True)
@@ -478,7 +536,7 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
     "Gate clear" means the gate passed, the agent did not hand off, and the gate saw this call with
     these exact arguments: a call changed after the gate answered is never committed or parked. The
     envelope counts, in call order, the acting calls committed or parked within it."""
-    seen, done, acted, calls, usd = frozenset(tuple(item) for item in gated), [], {}, 0, 0.0
+    seen, done, acted, calls, usd = frozenset(tuple(item) for item in gated), [], {}, 0, Fraction(0)
     for call in held:
         settlement = _settlement(call, args_digest(call.args), tier, result, handed_off, seen)
         if call.effect == "act" and settlement.decision in ("commit", "park"):

@@ -86,8 +86,8 @@ def own_module(name: str, lazy: bool = False):
 own_module("broker")   # the import below then finds it registered and reads no file of its own
 from broker import (  # noqa: E402
     CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, REVIEW_DECISIONS, RULINGS, STUCK, VERDICTS, ActEnvelope, Broker,
-    Outcome, Policy, args_digest, call_state, check_args, judge, outcome_of, refused_in, review_counts, reviews_text,
-    run_verdict, settle, verdict_after, went)
+    Outcome, Policy, amount_schema, args_digest, call_state, check_args, exact_usd, judge, outcome_of, refused_in,
+    review_counts, reviews_text, run_verdict, settle, verdict_after, went)
 from broker import DRIFT_WINDOW, DRIFT_SIGNIFICANCE, GATED, MAX_FIGURE, P_BINS, Drift, Tally, fold_decisions  # noqa: E402
 from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons, settled_phrase  # noqa: E402
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
@@ -1373,7 +1373,7 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
               "acting calls one run may commit (C3) or park for approval (C2)", lambda v: _integer(v, 0)),
     CardField("act_envelope.usd", "number", str(ActEnvelope.usd), "a number >= 0",
               "USD one run's acting calls may move, summed over the arguments each tool's contract lists in "
-              "`amounts_usd`", lambda v: _is_number(v) and v >= 0),
+              "`amounts_usd` (a call whose money cannot be counted is beyond it)", lambda v: _is_number(v) and 0 <= v < math.inf),
     CardField("max_steps", "integer", "8", "an integer >= 1",
               "model calls a run may make before it is escalated", lambda v: _integer(v, 1)),
     CardField("tier_ceiling", "string", REQUIRED, "one of C0 C1 C2 C3",
@@ -1794,7 +1794,7 @@ class Agent:
     @property
     def act_envelope(self) -> ActEnvelope:
         """The card's act_envelope, with its contracts' amounts_usd."""
-        amounts = {tool: tuple(contract.get("amounts_usd", ())) for tool, contract in self.contracts.items()}
+        amounts = {tool: tuple(contract["amounts_usd"]) for tool, contract in self.contracts.items() if "amounts_usd" in contract}
         return ActEnvelope(**self.card.get("act_envelope", {}), amounts=amounts)
 
     def policy_at(self, tier: str) -> Policy:
@@ -1816,9 +1816,8 @@ class Agent:
         return isinstance(output, dict) and output.get(self.handoff_field) is True
 
     def tools_for(self, fac: Factory, run_id: str, tags: dict | None = None, announce=None) -> dict:
-        """Tool name -> callable(args) writing this run's effects under the root, for the tools the card
-        grants; every row written also carries `tags` when given (the gate's result and p, for a committed
-        call), and `announce(path, effect_id)` is told where each is about to be written (see effect_writer)."""
+        """Tool name -> callable(args) for the tools the card grants, writing this run's effects through
+        effect_writer (`tags`: a committed call's gate result and p)."""
         made, write = {}, effect_writer(fac, run_id, tags or {}, announce)
         for toolbox in self.toolboxes:
             made.update(toolbox.make_tools(fac.root, self.name, run_id, write))
@@ -1898,23 +1897,16 @@ def contract_problems(family: str, name, contract) -> list[str]:
     if not isinstance(contract, dict):
         return [f"contract {name} is {type(contract).__name__}, not an object {{name, effect, description, params, "
                 f"failure_modes}}"]
-    problems = [] if contract.get("name") == name else [
-        f"contract {name}: its name is {contract.get('name')!r}, which differs from its key {name!r}"]
-    if contract.get("effect") not in EFFECTS:
-        problems.append(f"contract {name}: effect {contract.get('effect')!r} is not one of {', '.join(EFFECTS)}")
-    if not isinstance(contract.get("description"), str):
-        problems.append(f"contract {name}: missing description (a string: what the tool does, as the model is told)")
-    if not isinstance(contract.get("params"), dict):
-        problems.append(f"contract {name}: params is not a schema (a JSON-schema object for the arguments, e.g. "
-                        f'{{"type": "object", "properties": {{...}}}})')
     amounts, params = contract.get("amounts_usd", []), contract.get("params")
-    props = params.get("properties") if isinstance(params, dict) else None
-    numbers = [key for key, value in props.items() if isinstance(value, dict) and value.get("type") in
-               ("number", "integer")] if isinstance(props, dict) else []
-    if not (isinstance(amounts, list) and all(amount in numbers for amount in amounts)):
-        problems.append(f"contract {name}: amounts_usd is not a list of its number arguments (those that are an "
-                        f"amount of money in USD)")
-    return problems
+    checks = ((contract.get("name") == name, f"its name is {contract.get('name')!r}, which differs from its key {name!r}"),
+              (contract.get("effect") in EFFECTS, f"effect {contract.get('effect')!r} is not one of {', '.join(EFFECTS)}"),
+              (isinstance(contract.get("description"), str), "missing description (a string: what the tool does, as the model is told)"),
+              (isinstance(params, dict), 'params is not a schema (a JSON-schema object for the arguments, e.g. {"type": '
+                                         '"object", "properties": {...}})'),
+              (isinstance(amounts, list) and all(isinstance(path, str) and amount_schema(params, path) for path in amounts),
+               "amounts_usd is not a list of paths to its number arguments that are an amount of money in USD "
+               "(amount_usd, refund.total, items[].amount_usd)"))
+    return [f"contract {name}: {problem}" for fits, problem in checks if not fits]
 
 
 def known_tools(fac: Factory) -> tuple[list[str], list[str]]:
@@ -4306,7 +4298,7 @@ class Loop:
         estimate = self.worker.estimate_next_cost(self.messages, schemas)
         if self.cost is None or estimate is None or self.cost + estimate <= envelope:
             return
-        why = f"next call (~${estimate:.4f}) would pass the ${envelope} envelope at ${self.cost:.4f}"
+        why = f"next call (~${estimate:.4f}) would pass the ${envelope} cost envelope at ${self.cost:.4f}"
         if self.steps:
             raise OverBudget(why)
         try:
@@ -4787,7 +4779,7 @@ def cost_problem(fac: Factory, agent: Agent, loop: Loop) -> str | None:
     if loop.cost is None:
         hint = f"; declare one in {fac.shown(fac.card_path(agent.name))} (prices)" * loop.unpriced.startswith("no price")
         return f"cost unknown: {loop.unpriced}{hint}"
-    return f"cost outside the envelope: ${loop.cost:.4f} of ${envelope}" if loop.cost > envelope else None
+    return f"cost outside the cost envelope: ${loop.cost:.4f} of ${envelope}" if loop.cost > envelope else None
 
 
 def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, cost: str | None) -> dict:
@@ -5765,15 +5757,19 @@ def cmd_certify(fac: Factory, args) -> int:
 def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
     """What the signer sees before `sign it?`: agent, tier, digest; a variant's changes; the sealed proof,
     its evidence and backend (with warnings); sealed attempts; production evidence; the certificate it
-    replaces and any recall; grants and envelopes; which answers sign."""
-    agent = claim.agent
+    replaces and any recall; grants, the cost envelope, the act envelope and how each acting tool's money
+    is counted; which answers sign."""
+    agent, envelope = claim.agent, claim.agent.act_envelope
+    acting = [tool for tool in agent.card["tools"] if agent.contracts[tool]["effect"] == "act"]
+    counted = "; ".join(envelope.counted(tool) for tool in acting)
     how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
     lines = [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
              *variant_lines(fac, claim), *proof_lines(fac, claim), *attempts_lines(claim), production_line(fac, claim),
              *replaced_lines(fac, claim),
-             f"  grants {agent.card['tools']}  of them acting {[t for t in agent.card['tools'] if agent.contracts[t]['effect'] == 'act']}"
-             f"  denied {agent.card['tools_denied']}  envelope ${agent.card['cost_envelope_usd']}  "
-             f"act envelope {agent.act_envelope.calls} acting call(s), ${agent.act_envelope.usd:g} a run",
+             f"  grants {agent.card['tools']}  of them acting {acting}"
+             f"  denied {agent.card['tools_denied']}  cost envelope ${agent.card['cost_envelope_usd']}  act envelope "
+             f"{envelope.calls} acting call(s) and {exact_usd(envelope.usd)} a run"
+             + (f", money counted from: {counted}" if counted else ""),
              "y or yes signs; anything else declines and nothing is signed."]
     for line in lines:
         print(line, file=sys.stderr)

@@ -143,6 +143,9 @@ def held_calls() -> list:
     return list(desk.held)
 
 
+COUNTED = broker.ActEnvelope(amounts={"a:act": ("amount",)})   # held_calls' acting call: within it
+
+
 def shown(calls) -> list:
     """What the gate saw of these calls: (seq, tool, args digest) each."""
     return [(c.seq, c.tool, broker.args_digest(c.args)) for c in calls]
@@ -170,7 +173,7 @@ class Settle(unittest.TestCase):
         for tier in ("C0", "C1", "C2", "C3"):
             for result in self.RESULTS:
                 for handed_off in (False, True):
-                    settled = broker.settle(calls, tier, result, handed_off, shown(calls))
+                    settled = broker.settle(calls, tier, result, handed_off, shown(calls), COUNTED)
                     for call, settlement in zip(calls, settled, strict=True):
                         with self.subTest(tier=tier, result=result, handed_off=handed_off, effect=call.effect):
                             clear, otherwise = self.TABLE[tier, call.effect]
@@ -186,7 +189,7 @@ class Settle(unittest.TestCase):
         why = {s.call.effect: s.why for s in broker.settle([draft, act], "C3", "flag", True, shown([draft, act]))}
         self.assertEqual(why["draft"], "the agent handed off to a human; the gate result is flag")
         self.assertEqual(broker.settle([act], "C1", "pass", False, shown([act]))[0].why, "tier C1 does not act")
-        self.assertEqual(broker.settle([act], "C2", "pass", False, shown([act]))[0].why,
+        self.assertEqual(broker.settle([act], "C2", "pass", False, shown([act]), COUNTED)[0].why,
                          "the gate passed at C2: waiting for a human's approval")
 
     def test_a_call_changed_after_the_gate_saw_it_is_not_committed(self):
@@ -221,12 +224,53 @@ class Settle(unittest.TestCase):
         money = broker.settle(calls, "C3", "pass", False, shown(calls), broker.ActEnvelope(5, 100, amounts))
         self.assertEqual([s.decision for s in money][:5], ["commit", "commit", "commit", "park", "park"])
         self.assertIn("this would make 3 and $120", money[3].why)
-        unmarked = broker.settle(calls, "C3", "pass", False, shown(calls), broker.ActEnvelope(3, 0))
-        self.assertEqual([s.decision for s in unmarked].count("commit"), 4, "no amount marked: only the count bounds it")
+        free = broker.settle(calls, "C3", "pass", False, shown(calls), broker.ActEnvelope(3, 0, {"a:pay": ()}))
+        self.assertEqual([s.decision for s in free].count("commit"), 4, "a tool that moves no money: only the count bounds it")
         none = broker.settle(calls, "C3", "pass", False, shown(calls), broker.ActEnvelope(0, 0, amounts))
         self.assertEqual([s.decision for s in none], ["commit"] + ["park"] * 30)
         flagged = broker.settle(calls, "C3", "flag", False, shown(calls), broker.ActEnvelope(0, 0, amounts))
         self.assertEqual({s.decision for s in flagged[1:]}, {"would-have"}, "a call the gate did not clear is no one's to approve")
+
+    def test_money_the_envelope_cannot_count_is_beyond_it_and_every_amount_is_counted_exactly(self):
+        """An acting call is beyond the envelope (parked, the run routed) when its money cannot be counted: its
+        contract marks no amounts_usd, or an amount it marks is missing, not a number, or not where its path
+        leads; `[]` moves no money. Amounts nested in lists are reached by their path and summed exactly: a
+        401-digit amount, $100.0000001, 40 + 60.5, all without a float."""
+        contracts = {name: {"effect": "act", "params": {"type": "object"}} for name in ("a:pay", "a:batch", "a:label", "a:credit")}
+        desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C3"), contracts, {}, "run", [].append)
+        envelope = broker.ActEnvelope(1, 100, {"a:pay": ("amount_usd",), "a:batch": ("items[].amount_usd", "fee.usd"), "a:label": ()})
+        def one(tool, args):
+            desk.carry_out(tool, args)
+            [settled] = broker.settle([desk.held[-1]], "C3", "pass", False, shown([desk.held[-1]]), envelope)
+            return settled.decision, settled.route
+        beyond = "beyond the act envelope: the money a {} call moves cannot be counted ({}): parked for a human"
+        for tool, args, why in (("a:credit", {"amount_usd": 10 ** 6}, "its contract marks no amounts_usd"),
+                                ("a:pay", {"reason": "the whole order"}, "amount_usd: missing or not a number"),
+                                ("a:pay", {"amount_usd": "1000"}, "amount_usd: missing or not a number"),
+                                ("a:pay", {"amount_usd": True}, "amount_usd: missing or not a number"),
+                                ("a:batch", {"items": [{"amount_usd": 5}, {"usd": 5}], "fee": {"usd": 1}},
+                                 "items[].amount_usd, fee.usd: missing or not a number"),
+                                ("a:batch", {"items": {"amount_usd": 5}, "fee": {"usd": 1}}, "items[].amount_usd, fee.usd: missing or not a number")):
+            with self.subTest(tool=tool, args=args):
+                self.assertEqual(one(tool, args), ("park", beyond.format(tool, why)))
+        self.assertEqual(one("a:label", {"label": "x"}), ("commit", ""), "a tool whose contract says it moves no money")
+        self.assertEqual(one("a:batch", {"items": [{"amount_usd": 40}, {"amount_usd": -20}], "fee": {"usd": 40}}), ("commit", ""))
+        self.assertEqual(one("a:batch", {"items": [{"amount_usd": 40}, {"amount_usd": 60.5}], "fee": {"usd": 0}})[1],
+                         "beyond the act envelope (1 acting call(s) and $100 a run; this would make 1 and $100.5): parked for a human")
+        self.assertIn("this would make 1 and $100.0000001)", one("a:pay", {"amount_usd": 100.0000001})[1])
+        huge = one("a:pay", {"amount_usd": 10 ** 400})
+        self.assertEqual(huge[0], "park")
+        self.assertIn("this would make 1 and $100... (401 digits))", huge[1])
+        self.assertEqual(broker.exact_usd(0.1 + 0.2), "$0.3", "nine places, rounded")
+        items = {"type": "object", "properties": {"items": {"type": "array", "items": {
+            "type": "object", "properties": {"amount_usd": {"type": "number"}, "note": {"type": "string"}}}}}}
+        self.assertEqual([broker.amount_schema(items, path) for path in ("items[].amount_usd", "items[].note", "items.amount_usd",
+                                                                           "items[]", "amount_usd")], [True, False, False, False, False])
+        self.assertFalse(broker.amount_schema({"type": "object", "properties": {"items": {"type": "array"}}}, "items[].amount_usd"),
+                         "a list whose items the schema does not describe")
+        self.assertEqual([envelope.counted(t) for t in ("a:pay", "a:batch", "a:label", "a:credit")],
+                         ["a:pay amount_usd", "a:batch items[].amount_usd + fee.usd", "a:label moves no money",
+                          "a:credit not counted (its contract marks no amounts_usd): each call is parked for a human"])
 
     def test_an_acting_call_repeated_in_the_run_is_a_duplicate_whatever_the_gate_said(self):
         """The same refund twice (tool and canonical arguments, keys in another order), and another refund
@@ -242,7 +286,7 @@ class Settle(unittest.TestCase):
         desk.carry_out("a:pay", {"amount_usd": 5, "reason": "other"}, "id-1")
         desk.carry_out("a:draft", {"text": "hi"}, "id-4")
         desk.carry_out("a:draft", {"text": "hi"}, "id-5")
-        calls, wide = list(desk.held), broker.ActEnvelope(10, 1000)
+        calls, wide = list(desk.held), broker.ActEnvelope(10, 1000, {"a:pay": ("amount_usd",)})
         self.assertEqual([c.repeats for c in desk.outcomes], [None, None, None, 1, None, None])
         for result in ("pass", "flag"):
             settled = broker.settle(calls, "C3", result, False, shown(calls), wide)

@@ -202,8 +202,8 @@ class Cards(LineTest):
             "model is told)",
             '  agents/tools/faq.py: contract faq:lookup: params is not a schema (a JSON-schema object for the '
             'arguments, e.g. {"type": "object", "properties": {...}})',
-            "  agents/tools/faq.py: contract faq:lookup: amounts_usd is not a list of its number arguments (those that "
-            "are an amount of money in USD)"])
+            "  agents/tools/faq.py: contract faq:lookup: amounts_usd is not a list of paths to its number arguments that "
+            "are an amount of money in USD (amount_usd, refund.total, items[].amount_usd)"])
 
     def faq_card(self) -> None:
         """masters/faq.json: the triager's card granting faq:lookup (agents/tools/faq.py) and drafts:write."""

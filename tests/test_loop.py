@@ -164,7 +164,7 @@ class Loop(LineTest):
         self.assertEqual(server.requests, [])
         self.assertEqual((events[-1]["status"], events[-1]["output"]["label"]), ("done", "billing"))
         [envelope] = [e for e in events if e.get("event") == "envelope"]
-        self.assertIn("would pass the $0.0001 envelope", envelope["why"])
+        self.assertIn("would pass the $0.0001 cost envelope", envelope["why"])
         self.assertIn("the agent's rules answer this run", envelope["why"])
         self.assertEqual({e["backend"] for e in events if e.get("event") == "model"}, {"offline-over-envelope"})
         self.assertEqual(self.index_rows()[-1]["backends"], ["offline-over-envelope"])
@@ -175,7 +175,7 @@ class Loop(LineTest):
         out, events = self.run_triager()
         self.assertEqual(len(server.requests), 1)
         self.assertEqual(events[-1]["status"], "over-budget")
-        self.assertIn("would pass the $0.05 envelope at $0.0600", events[-1]["reason"])
+        self.assertIn("would pass the $0.05 cost envelope at $0.0600", events[-1]["reason"])
         self.assertIn("routed to a human", out)
 
     def test_a_long_ticket_is_clipped_for_the_model_and_kept_whole(self):

@@ -705,7 +705,24 @@ class AtC3(Tiered):
         self.assertIn("parked: beyond the act envelope (1 acting call(s) and $100 a run; this would make 2 and $80)",
                       shown.stderr)
         prompt = self.certify("payer", "C3", answer=b"n\n")
-        self.assertIn("  act envelope 1 acting call(s), $100 a run\n", prompt.stderr)
+        self.assertIn("  cost envelope $0.05  act envelope 1 acting call(s) and $100 a run, money counted from: "
+                      "billing:refund amount_usd\n", prompt.stderr)
+
+    def test_a_refund_whose_money_cannot_be_counted_is_parked_and_a_huge_amount_closes_the_run(self):
+        """A refund naming no amount (billing:refund makes amount_usd optional) and one of a 401-digit amount,
+        at C3: neither is written, both are parked as beyond the act envelope, and the run closes."""
+        huge = ("m3", "billing__refund", {"reason": "charged twice", "amount_usd": 10 ** 400})
+        server = FakeServer(Answer(body=anthropic_message(tool_uses=[LABEL_CALL, ("m2", "billing__refund", {"reason": "the whole order"})])),
+                            Answer(body=anthropic_message(tool_uses=[huge])), Answer(body=anthropic_message(CALM))).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        row = self.run_payer(CHARGED)[0]
+        self.offline()
+        self.assertEqual((len(self.effects("refunds")), row["acted"], row["staged"], row["verdict"]), (0, 0, 2, "waiting-for-approval"))
+        self.assertIn("beyond the act envelope: the money a billing:refund call moves cannot be counted (amount_usd: missing or "
+                      "not a number): parked for a human", row["why"])
+        self.assertIn("beyond the act envelope (1 acting call(s) and $100 a run; this would make 1 and $100... (401 digits)): "
+                      "parked for a human", row["why"])
 
     def test_an_acting_call_repeated_in_a_run_is_committed_once_whatever_the_gate_said(self):
         """The refund asked for again in a later turn under the same provider call id, then five times in

@@ -307,6 +307,8 @@ class Labeler(LineTest):
     def test_certify_names_the_acting_grants_and_doctor_the_urls_it_calls(self):
         prompt = self.certify("labeler", answer=b"n\n").stderr
         self.assertIn("  grants ['pulls:files', 'pulls:label']  of them acting ['pulls:label']  denied []", prompt)
+        self.assertIn("money counted from: pulls:label not counted (its contract marks no amounts_usd): each call is parked "
+                      "for a human\n", prompt)
         self.env["OPENAI_BASE_URL"] = "http://127.0.0.1:9/v1"
         out = self.factory("doctor")[1]
         self.assertIn(f"labeler: worker offline ({MODEL} -> openai http://127.0.0.1:9/v1/chat/completions (not asked: "
