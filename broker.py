@@ -884,6 +884,29 @@ def lower_tail(certified: tuple[int, int], passes: int, window: int) -> "Fractio
     return Fraction(ways, math.comb(runs, window))
 
 
+def paired(before: dict, after: dict) -> dict:
+    """What changed between two proofs on the cases both ran (each proof's `ran`, its case ids, and
+    `failures`, ids or dicts with an id): {both, fixed, broke, p}, fixed and broke the ids in `after`'s
+    order, p the exact McNemar p-value of the split."""
+    def passed(proof: dict) -> dict:
+        failed = {failure if isinstance(failure, str) else failure["id"] for failure in proof["failures"]}
+        return {case: case not in failed for case in proof["ran"]}
+    then, now = passed(before), passed(after)
+    both = [case for case in now if case in then]
+    fixed, broke = [c for c in both if now[c] and not then[c]], [c for c in both if then[c] and not now[c]]
+    return {"both": len(both), "fixed": fixed, "broke": broke, "p": mcnemar_exact(len(fixed), len(broke))}
+
+
+def paired_text(before: dict, after: dict) -> str:
+    """'on the 200 sealed cases both ran, this version fixes 3 and breaks 1 (McNemar exact p = 0.625); broke:
+    t-314' for two proofs (see paired), saying so when their sealed suites differ (compared by case id)."""
+    change = paired(before, after)
+    moved = "" if before.get("suite_digest") == after["suite_digest"] else ", the sealed suite changed between them"
+    return (f"on the {change['both']} sealed cases both ran{moved}, this version fixes {len(change['fixed'])} and breaks "
+            f"{len(change['broke'])} (McNemar exact p = {change['p']:.3f})" +
+            (f"; broke: {', '.join(change['broke'])}" if change["broke"] else ""))
+
+
 def mcnemar_exact(fixed: int, broke: int) -> float:
     """The two-sided exact McNemar p-value of a paired comparison: of the cases whose result changed, `fixed`
     went fail -> pass and `broke` pass -> fail; the chance of a split this uneven or more if either way were
@@ -1031,6 +1054,38 @@ def handoff_text(handoff: dict) -> str:
     return (f"hand-off ({handoff['field']}): recall {part_text(handoff['recall'], handoff['bar'], bool(bar))}{bar}; "
             f"precision {part_text(handoff['precision'], whole=False)}" if handoff["recall"]["cases"] else
             f"hand-off ({handoff['field']}): no case expects one" + bar)
+
+
+def failure_type(proof: dict, result: dict) -> str:
+    """'' for a case that passed; else what kind of miss, JUnit's `type`: run-STATUS (run-crashed among them),
+    model-unanswered (with --require-model), wrong-output, tool-denied or draft-under-min; `sealed` for a
+    sealed case that failed (its cases stay sealed; a crash is still one)."""
+    if proof.get("model_required") and not result["answered"]:
+        return "model-unanswered"
+    if result["passed"]:
+        return ""
+    if result["status"] != "done":
+        return f"run-{result['status']}"
+    if proof["half"] == "sealed":
+        return "sealed"
+    return "wrong-output" if result["wrong"] else "tool-denied" if result["unexpected_denials"] else "draft-under-min"
+
+
+def failure_message(half: str, result: dict) -> str:
+    """Why a case failed, in one line: the run's status and reason, wanted/got, unexpected denials and
+    the draft's score for the open half; nothing about the case for the sealed one."""
+    if half == "sealed":
+        return "sealed case failed (inputs and expectations stay sealed)"
+    parts = ["missed hand-off"] * bool(result["expects_handoff"] and not result["handed_off"])
+    parts += [f"run {result['status']}: {result['reason']}"] if result["status"] != "done" else []
+    parts += [f"{key}: wanted {json.dumps(v['wanted'])} got {json.dumps(v['got'])}" for key, v in result["wrong"].items()]
+    if result["unexpected_denials"]:
+        parts.append(f"denied {result['unexpected_denials']}")
+    for tool, near in result.get("unknown_tools", {}).items():   # the agent called a tool it has no contract for
+        parts.append(f"{tool!r} is no tool of this agent" + (f" (did you mean {near!r}?)" if near else ""))
+    if result["draft_score"] is not None:
+        parts.append(f"draft {result['draft_score']:.1f}/4")
+    return "; ".join(parts) or "failed"
 
 
 def handoff_figures(results: list[dict], field: str, bar, places: int = 4) -> dict:

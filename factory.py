@@ -94,7 +94,7 @@ from broker import (  # noqa: E402   the loop's detectors; a proof's figures and
     DETECTORS, Sign, detect, evidence, no_progress, ping_pong, repeated_error, repeated_observation, write_check_cycles,
     LABEL_SOURCES, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts, label_source_problem,
     label_text, lower_tail, normalised, part, part_text, percent_text, proof_verdict, rate_text, share, shared_inputs,
-    shares_by, usd_text, clears, decimals, handoff_figures, missed_first, needed_cases, parts_lines, verdict_why,
+    shares_by, usd_text, clears, decimals, failure_message, failure_type, paired_text, handoff_figures, missed_first, needed_cases, parts_lines, verdict_why,
     SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards)
 
 llm = own_module("llm", lazy=True)
@@ -5040,6 +5040,7 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
              "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
              "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
              "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures,
+             "ran": [r["id"] for r in results],
              "model_required": require_model,
              "models": sorted({m for r in results for m in r["models"]}),
              "model_answered": sum(r["answered"] for r in results)}
@@ -5678,38 +5679,6 @@ JUNIT_PROPERTIES = ("verdict", "passed", "score", "interval", "passing_cases", "
                     "backends", "model_required", "model_answered", "suite", "half", "digest")
 
 
-def failure_type(proof: dict, result: dict) -> str:
-    """'' for a case that passed; else what kind of miss, JUnit's `type`: run-STATUS (run-crashed among them),
-    model-unanswered (with --require-model), wrong-output, tool-denied or draft-under-min; `sealed` for a
-    sealed case that failed (its cases stay sealed; a crash is still one)."""
-    if proof.get("model_required") and not result["answered"]:
-        return "model-unanswered"
-    if result["passed"]:
-        return ""
-    if result["status"] != "done":
-        return f"run-{result['status']}"
-    if proof["half"] == "sealed":
-        return "sealed"
-    return "wrong-output" if result["wrong"] else "tool-denied" if result["unexpected_denials"] else "draft-under-min"
-
-
-def failure_message(half: str, result: dict) -> str:
-    """Why a case failed, in one line: the run's status and reason, wanted/got, unexpected denials and
-    the draft's score for the open half; nothing about the case for the sealed one."""
-    if half == "sealed":
-        return "sealed case failed (inputs and expectations stay sealed)"
-    parts = ["missed hand-off"] * bool(result["expects_handoff"] and not result["handed_off"])
-    parts += [f"run {result['status']}: {result['reason']}"] if result["status"] != "done" else []
-    parts += [f"{key}: wanted {json.dumps(v['wanted'])} got {json.dumps(v['got'])}" for key, v in result["wrong"].items()]
-    if result["unexpected_denials"]:
-        parts.append(f"denied {result['unexpected_denials']}")
-    for tool, near in result.get("unknown_tools", {}).items():   # the agent called a tool it has no contract for
-        parts.append(f"{tool!r} is no tool of this agent" + (f" (did you mean {near!r}?)" if near else ""))
-    if result["draft_score"] is not None:
-        parts.append(f"draft {result['draft_score']:.1f}/4")
-    return "; ".join(parts) or "failed"
-
-
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to sign for (its latest sealed proof must clear the bar)"),
          arg("--tier", choices=TIERS, required=True,
              help="C0 observe, C1 draft, C2 act with approval, C3 act alone; at most the card's tier_ceiling"),
@@ -5757,7 +5726,8 @@ def cmd_certify(fac: Factory, args) -> int:
 def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
     """What the signer sees before `sign it?`: agent, tier, digest; a variant's changes; the sealed proof,
     its evidence and backend (with warnings); sealed attempts; production evidence; the certificate it
-    replaces and any recall; grants, the cost envelope, the act envelope and how each acting tool's money
+    replaces and any recall; what this version fixes and breaks against the proof certified before; grants,
+    the cost envelope, the act envelope and how each acting tool's money
     is counted; which answers sign."""
     agent, envelope = claim.agent, claim.agent.act_envelope
     acting = [tool for tool in agent.card["tools"] if agent.contracts[tool]["effect"] == "act"]
@@ -5765,7 +5735,7 @@ def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
     how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
     lines = [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
              *variant_lines(fac, claim), *proof_lines(fac, claim), *attempts_lines(claim), production_line(fac, claim),
-             *replaced_lines(fac, claim),
+             *replaced_lines(fac, claim), *paired_lines(fac, claim),
              f"  grants {agent.card['tools']}  of them acting {acting}"
              f"  denied {agent.card['tools_denied']}  cost envelope ${agent.card['cost_envelope_usd']}  act envelope "
              f"{envelope.calls} acting call(s) and {exact_usd(envelope.usd)} a run"
@@ -5859,6 +5829,31 @@ def replaced_lines(fac: Factory, claim: Claim) -> list[str]:
     recalls = [r for r in recalls_of(fac, claim.name) if r["at"] > since]
     lines += [f"  recalled since: {r['at']} ({r['agent']}, by {r.get('by', 'unknown')}): {r['reason']}" for r in recalls]
     return lines + ([] if recalls else ["  recalled since: never" if since else "  recalled: never"])
+
+
+def paired_lines(fac: Factory, claim: Claim) -> list[str]:
+    """On the sealed cases both ran, how many this proof fixes and breaks against the one certified before (the
+    agent's certificate, else its master's), with the exact McNemar p-value and the ids it broke; a line why
+    not when that proof cannot be read or checked; none without an earlier certificate."""
+    master = parents(fac).get(claim.name)
+    try:
+        cert = claim.cert or (fac.store.read_json(fac.cert_path(master)) if master and fac.cert_path(master).exists() else None)
+    except Refusal:
+        return []   # replaced_lines names a certificate that cannot be read
+    if not isinstance(cert, dict) or not NAME.fullmatch(str(cert.get("agent"))) or \
+            not re.fullmatch(r"[0-9A-Za-z-]+\.sealed\.json", str(cert.get("sealed_record"))):
+        return []
+    path = fac.records / cert["agent"] / cert["sealed_record"]
+    head = f"  against the proof certified before ({fac.shown(path)}, {cert['agent']}'s {cert.get('tier')} of {cert.get('signed_at')})"
+    try:
+        before = fac.store.read_json(path)
+    except Refusal as why:
+        return [f"{head}: no paired comparison, it cannot be read ({why})"]
+    problem = evidence_problem(fac, before) or ("" if isinstance(before.get("ran"), list) else
+                                               "does not list the cases it ran (made by an older factory)")
+    if problem:
+        return [f"{head}: no paired comparison, that record {problem}"]
+    return [f"{head}: {paired_text(before, claim.proof)}"]
 
 
 def suite_moved(old: dict, proof: dict) -> list[str]:

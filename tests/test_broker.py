@@ -351,6 +351,14 @@ class Intervals(unittest.TestCase):
             with self.subTest(fixed=fixed, broke=broke):
                 self.assertAlmostEqual(broker.mcnemar_exact(fixed, broke), p, places=12)
 
+    def test_a_paired_comparison_counts_the_cases_both_proofs_ran(self):
+        before = {"ran": ["a", "b", "c", "d", "gone"], "failures": ["b", "c"], "suite_digest": "x"}
+        after = {"ran": ["d", "c", "b", "a", "new"], "failures": ["a", {"id": "d"}, "new"], "suite_digest": "x"}
+        self.assertEqual(broker.paired(before, after), {"both": 4, "fixed": ["c", "b"], "broke": ["d", "a"], "p": 1.0})
+        self.assertEqual(broker.paired_text(before, {**after, "suite_digest": "y"}),
+                         "on the 4 sealed cases both ran, the sealed suite changed between them, this version fixes 2 and "
+                         "breaks 2 (McNemar exact p = 1.000); broke: d, a")
+
     def test_a_score_is_printed_with_its_n_and_interval(self):
         self.assertEqual(broker.part_text({"passing_cases": 38, "cases": 50}), "38/50 = 0.76 [0.62, 0.86]")
         self.assertEqual(broker.part_text({"passing_cases": 2, "cases": 3}, 0.66667), "2/3 = 0.66666 [0.20765, 0.93851]")

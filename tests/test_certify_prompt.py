@@ -7,6 +7,7 @@ sign."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 from tests.fake_llm import Answer, FakeServer, anthropic_message
@@ -129,6 +130,38 @@ class Prompt(LineTest):
         self.assertIn(f"\n  the sealed suite changed since that certificate: it was proved on {before}, this proof ran "
                       f"{after} (the sealed half of faq)\n", prompt)
         self.assertEqual(self.cert("faq")["suite_digest"], after)
+
+    def keywords(self, contact: str) -> None:
+        """faq's contact topic answers to these words only (space-separated); the bar lowered to 0."""
+        module = self.root / "agents" / "faq.py"
+        words = ", ".join(f'"{word}"' for word in contact.split())
+        module.write_text(re.sub(r'"contact": \([^)]*\),', f'"contact": ({words},),', module.read_text(), count=1))
+        self.set_bar("faq", 0.0)
+
+    def test_a_recertification_shows_what_the_new_version_fixes_and_breaks(self):
+        self.keywords("contact email e-mail address")             # s-10 "What is your phone number?" fails
+        self.prove_sealed("faq")
+        self.assertNotIn("against the proof certified before", self.signed())
+        first = self.cert("faq")
+        self.keywords("contact e-mail phone")                      # s-10 passes; s-9, s-11, s-12 fail
+        self.prove_sealed("faq")
+        prompt = self.signed()
+        self.assertIn(f"\n  against the proof certified before (records/faq/{first['sealed_record']}, faq's C1 of "
+                      f"{first['signed_at']}): on the 20 sealed cases both ran, this version fixes 1 and breaks 3 (McNemar "
+                      f"exact p = 0.625); broke: s-9, s-11, s-12\n", prompt)
+        second = self.cert("faq")
+        self.assertEqual(self.factory("stamp", "faq", "--as", "faq-eu")[0], 0)   # a variant compares with its master
+        self.prove_sealed("faq-eu")
+        self.assertIn(f"\n  against the proof certified before (records/faq/{second['sealed_record']}, faq's C1 of "
+                      f"{second['signed_at']}): on the 20 sealed cases both ran, this version fixes 0 and breaks 0 "
+                      f"(McNemar exact p = 1.000)\n", self.signed("faq-eu"))
+        record = self.root / "records" / "faq" / second["sealed_record"]
+        record.write_text(json.dumps({**json.loads(record.read_text()), "ran": []}))
+        self.keywords("contact")
+        self.prove_sealed("faq")
+        self.assertIn(f"\n  against the proof certified before (records/faq/{second['sealed_record']}, faq's C1 of "
+                      f"{second['signed_at']}): no paired comparison, that record does not verify with the factory evidence "
+                      f"key: it was changed after it was written\n", self.signed())
 
     def test_sealed_attempts_count_every_proof_since_the_last_certification(self):
         """After a recall and four sealed proofs with a code tweak between each, the prompt counts four."""

@@ -16,7 +16,7 @@ RECORD_KEYS = {"format", "agent", "half", "at", "verdict", "passed", "score", "p
                "tool_denials", "drafts_scored", "draft_mean", "draft_check", "backends", "models", "digest", "components",
                "suite", "suite_digest", "failures", "model_required", "model_answered", "interval", "by_source",
                "by_expected", "label_sources",
-               "needed_cases", "handoff"}
+               "needed_cases", "handoff", "ran"}
 RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line",
             "backends", "cost_usd", "steps", "denied", "acted", "staged", "routed", "why", "output", "tools"}
 
