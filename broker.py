@@ -38,9 +38,10 @@ import json
 import math
 import re
 import time
+import unicodedata
 from collections import deque
-from fractions import Fraction
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cached_property
 from operator import itemgetter
 from types import MappingProxyType
@@ -120,6 +121,21 @@ def args_digest(args: dict) -> str:
     import hashlib   # here: the factory's --help imports the broker but need not load OpenSSL
     blob = CANONICAL.encode(args)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def by_value(args: dict) -> str:
+    """The canonical JSON by which two calls' arguments are the same effect: numbers by value (40, 40.0,
+    4e1 and 40.00 are one number, as are 0 and -0.0) and text in Unicode NFC (canonically equivalent
+    strings, which show a human the same characters, are one string; compatibility forms such as a
+    full-width digit, and white space, still differ)."""
+    text = unicodedata.normalize("NFC", CANONICAL.encode(args))
+    return CANONICAL.encode(json.loads(text, parse_float=_by_value))
+
+
+def _by_value(text: str):
+    """parse_float hook of by_value (text: a float as CANONICAL wrote it): a whole one as that integer, exactly."""
+    number = float(text)
+    return int(number) if number.is_integer() else number
 
 
 # U+D800..U+DFFF alone: half of a UTF-16 pair, which a JSON string may hold as an escape (`"\\ud800"`) but
@@ -526,8 +542,8 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
         C1, act                               -> would-have  (C1 does not act)
         draft at C1..C3, gate clear           -> commit
         draft at C1..C3, otherwise            -> review
-        act at C2..C3, gate clear, committed or parked already in the run (the same tool and canonical
-          arguments), or carrying an earlier call's provider id -> duplicate, and the run goes to a human
+        act at C2..C3, gate clear, committed or parked already in the run (the same tool and arguments,
+          by_value), or carrying an earlier call's provider id -> duplicate, and the run goes to a human
         act at C2..C3, gate clear, beyond the act envelope -> park, and the run goes to a human
         act at C2, gate clear                 -> park
         act at C3, gate clear                 -> commit
@@ -540,9 +556,10 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
     for call in held:
         settlement = _settlement(call, args_digest(call.args), tier, result, handed_off, seen)
         if call.effect == "act" and settlement.decision in ("commit", "park"):
-            same, beyond = acted.setdefault((call.tool, settlement.digest), call.seq), envelope.beyond(call, calls, usd)
-            twice = (f"a duplicate of call {same}: the same tool and arguments" if same != call.seq else
-                     f"a duplicate of call {call.repeats}: it carries the same provider call id" if call.repeats else None)
+            same, beyond = acted.setdefault((call.tool, by_value(call.args)), call.seq), envelope.beyond(call, calls, usd)
+            twice = (f"a duplicate of call {same}: the same tool and arguments (by value)" if same != call.seq else
+                     f"a repeated provider call id: call {call.repeats} of the run carried {call.call_id!r} already"
+                     if call.repeats else None)
             if twice or beyond:
                 settlement = Settlement(call, "duplicate" if twice else "park", twice or beyond, settlement.digest, twice or beyond)
             else:

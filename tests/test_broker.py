@@ -294,11 +294,39 @@ class Settle(unittest.TestCase):
             self.assertEqual(decisions, ["commit", "duplicate", "duplicate", "commit", "commit"] if result == "pass"
                              else ["would-have"] * 3 + ["review"] * 2)
         settled = broker.settle(calls, "C3", "pass", False, shown(calls), wide)
-        self.assertEqual([s.route for s in settled[1:3]], ["a duplicate of call 2: the same tool and arguments",
-                                                           "a duplicate of call 1: it carries the same provider call id"])
+        self.assertEqual([s.route for s in settled[1:3]], ["a duplicate of call 2: the same tool and arguments (by value)",
+                                                           "a repeated provider call id: call 1 of the run carried 'id-1' already"])
         self.assertEqual([s.decision for s in broker.settle(calls, "C2", "pass", False, shown(calls), wide)][:3],
                          ["park", "duplicate", "duplicate"], "a parked call is not parked again")
         self.assertIn("duplicate", broker.SETTLEMENTS)
+
+    def test_arguments_equal_by_value_are_duplicates(self):
+        """40, 40.0, 4e1 and 40.00 are one amount and 0 and -0.0 another; a reason in NFC and in NFD is one text
+        (canonically equivalent: the same characters to a human): each later call is a duplicate of the first,
+        not a second refund, nor parked as beyond the envelope. White space and compatibility forms differ."""
+        import json
+        contracts = {"a:pay": {"effect": "act", "params": {"type": "object"}}}
+        def settled(*bodies):
+            desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C3"), contracts, {}, "run", [].append)
+            for body in bodies:
+                desk.carry_out("a:pay", json.loads(body))
+            calls = list(desk.held)
+            return [s.decision for s in broker.settle(calls, "C3", "pass", False, shown(calls),
+                                                      broker.ActEnvelope(10, 1000, {"a:pay": ("amount_usd",)}))]
+        for spellings in (("40", "40.0", "4e1", "40.00", "4.0E+1"), ("0", "-0.0", "0e5")):
+            with self.subTest(spellings=spellings):
+                self.assertEqual(settled(*(f'{{"amount_usd": {n}, "reason": "twice"}}' for n in spellings)),
+                                 ["commit"] + ["duplicate"] * (len(spellings) - 1))
+        self.assertEqual(settled('{"amount_usd": 40, "reason": "caf\\u00e9"}', '{"amount_usd": 40, "reason": "cafe\\u0301"}'),
+                         ["commit", "duplicate"])
+        self.assertEqual(settled('{"amount_usd": 40, "reason": "x"}', '{"amount_usd": 40, "reason": "x "}',
+                                 '{"amount_usd": 40, "reason": "\\uff58"}', '{"amount_usd": 40.5, "reason": "x"}'), ["commit"] * 4)
+        desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C2"), contracts, {}, "run", [].append)
+        desk.carry_out("a:pay", {"amount_usd": 40})
+        desk.carry_out("a:pay", {"amount_usd": 40.0})
+        pair = broker.settle(desk.held, "C2", "pass", False, shown(desk.held))[1]
+        self.assertEqual((pair.decision, pair.route), ("duplicate", "a duplicate of call 1: the same tool and arguments (by value)"),
+                         "a 40/40.0 pair under the default envelope is a duplicate, not parked as beyond it")
 
     def test_settle_decides_only(self):
         calls = held_calls()

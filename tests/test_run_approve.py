@@ -740,7 +740,7 @@ class AtC3(Tiered):
         settled = [e for e in self.traces("payer")[-1] if e.get("event") == "settled" and e["tool"] == "billing:refund"]
         self.assertEqual([e["decision"] for e in settled], ["commit"] + ["duplicate"] * 6)
         self.assertEqual(row["verdict"], "routed-to-human")
-        self.assertIn("a duplicate of call 2: the same tool and arguments", row["why"])
+        self.assertIn("a duplicate of call 2: the same tool and arguments (by value)", row["why"])
 
     def test_replay_of_a_run_that_moved_money_reports_no_difference(self):
         row = self.refund_run()
