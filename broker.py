@@ -865,7 +865,7 @@ def part_text(share: dict, bar=None, whole: bool = True) -> str:
 
 def rate_text(agent: dict) -> str:
     """The gate pass rate over scored runs with its 95% interval, '37/40 = 0.92 [0.80, 0.98]' ('-' when none
-    were scored)."""
+    were scored), of an agent or of one of its days."""
     if not agent["scored"]:
         return "-"
     low, high = agent["pass_interval"]
@@ -1315,6 +1315,7 @@ class Tally:
                 "backends": sorted(self.backends),
                 "gate_p": {"bins": P_BINS, "counts": p_bins, "runs": sum(p_bins)},
                 "days": [{"day": day, "runs": n, "scored": s, "passed": k, "pass_rate": rate_of(k, s),
+                          "pass_interval": part(k, s)["interval"] if s else None,
                           "cost_usd": self.spent[day], "cost_per_run": None if self.spent[day] is None else self.spent[day] / n}
                          for day, (n, s, k) in days.items()],
                 "verdicts": verdicts, "drift": self.drift.figures()}

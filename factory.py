@@ -7187,7 +7187,7 @@ def agent_charts(agent: dict) -> str:
     tenths = [html_row([f"{k / P_BINS:.1f}-{(k + 1) / P_BINS:.1f}", count],
                        bar=bar_cell(count, most, kind="passing" if bar is not None and k / P_BINS >= bar else ""))
               for k, count in enumerate(counts)]
-    days = [html_row([day["day"], day["runs"], day["scored"], day["passed"], percent_text(day["pass_rate"]),
+    days = [html_row([day["day"], day["runs"], day["scored"], day["passed"], rate_text(day),
                       usd_text(day["cost_per_run"])], bar=bar_cell(day["pass_rate"] or 0, 1)) for day in agent["days"]]
     runs, colours = max([*agent["verdicts"].values(), 1]), {verdict.name: verdict.colour for verdict in VERDICTS}
     verdicts = [html_row([name, count], bar=bar_cell(count, runs, f";background:{colours[name]}"))

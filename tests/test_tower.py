@@ -19,7 +19,8 @@ from tests.support import INJECTION, LineTest, write_jsonl
 def day(when, runs, scored, passed, cost):
     """One day of an agent in the tower document's shape, its rates worked out as the tower does."""
     return {"day": when, "runs": runs, "scored": scored, "passed": passed,
-            "pass_rate": passed / scored if scored else None, "cost_usd": cost,
+            "pass_rate": passed / scored if scored else None,
+            "pass_interval": broker.part(passed, scored)["interval"] if scored else None, "cost_usd": cost,
             "cost_per_run": None if cost is None else cost / runs}
 
 
@@ -137,7 +138,7 @@ class TowerHtmlTest(unittest.TestCase):
         self.assertEqual([label for label, _, _, kind, _ in tenths if kind == "passing"], ["0.9-1.0"], "at or over bar 0.85")
         days = charts["days"].findall("tr")[1:]
         self.assertEqual([[c.text for c in row][:6] for row in days],
-                         [[d["day"], str(d["runs"]), str(d["scored"]), str(d["passed"]), factory.percent_text(d["pass_rate"]),
+                         [[d["day"], str(d["runs"]), str(d["scored"]), str(d["passed"]), factory.rate_text(d),
                            factory.usd_text(d["cost_per_run"])] for d in agent["days"]])
         verdicts = bars(charts["verdicts"])
         self.assertEqual([(name, int(count)) for name, count, *_ in verdicts], list(agent["verdicts"].items()))
@@ -344,7 +345,8 @@ class TowerReport(LineTest):
         self.assertEqual(cells, factory.tower_cells(triager))
         self.assertEqual(row.split(), [word for cell in cells for word in cell.split()])
         day = section.find(".//table[@data-chart='days']")[2]
-        self.assertEqual([td.text for td in day][1:5], ["45", "40", "37", "92.5%"], "one denominator: scored runs")
+        self.assertEqual([td.text for td in day][1:5], ["45", "40", "37", "37/40 = 0.92 [0.80, 0.98]"],
+                         "one denominator: scored runs, and its interval")
         state = triager["drift"]["state"]
         self.assertEqual(state, "in control (recent 17/20 passed, needs 16/20, certified 20/20)")
         self.assertIn(f"drift: {state}", text)
