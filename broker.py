@@ -383,6 +383,7 @@ VERDICTS = (  # in display order
     Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a"),
     Verdict("uncertain-effect", "a write failed or could not be read back: a human reconciles", "#8d6e63"),
     Verdict("crashed", "the agent's code or its model raised; the trace keeps the traceback", "#c62828"),
+    Verdict("interrupted", "a signal (Ctrl-C, SIGTERM) stopped the run; nothing it held was settled", "#455a64"),
 )
 
 
@@ -391,7 +392,7 @@ def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertai
     """The run's one verdict (a VERDICTS name), from separate evidence: status, what is uncertain about its
     effects (the factory's effect_problems), the gate, the agent's hand-off, an acting call it repeated (a
     duplicate), acting calls parked for approval."""
-    if status in ("crashed", "over-budget", "escalated"):   # the status is the verdict
+    if status in ("crashed", "over-budget", "escalated", "interrupted"):   # the status is the verdict
         return status
     if uncertain:
         return "uncertain-effect"

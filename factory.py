@@ -5,7 +5,7 @@ Stations: new, stamp, restamp, prove, certify, run, tower, harvest, recall, doct
 reject, review, replay, export, digest, schema. This module is the only one that wires the parts together and the only one
 that prints; it reads in seven sections: store and layout, cards and agents, trust, runs, stations,
 tower, command line. Exit statuses: 0 done, 1 refused or failed verdict, 2 usage error, 130
-interrupted. A refusal is one lowercase line on stderr; results go to stdout.
+interrupted, 143 terminated. A refusal is one lowercase line on stderr; results go to stdout.
 """
 
 import sys   # a builtin module, loaded before any script runs: no file is looked for
@@ -25,6 +25,22 @@ if sys.version_info < (3, 11):
 if __name__ == "__main__" and __spec__ is None and not sys.flags.safe_path:
     del sys.path[0]
 
+import os
+import signal
+
+
+def quit_now(signum: int, frame=None) -> None:
+    """End the process at once for a signal, in one line, exit 128 + the signal (130 SIGINT, 143 SIGTERM):
+    while the script loads (nothing is written yet), and at a second signal once a station is stopping."""
+    os.write(2, b"factory: interrupted\n")
+    os._exit(128 + signum)
+
+
+HALTING = (signal.SIGINT, signal.SIGTERM)   # Ctrl-C; what docker stop, systemd and CI send
+if __name__ == "__main__":   # until main() takes over (Halt)
+    for halting in HALTING:
+        signal.signal(halting, quit_now)
+
 
 # What --help and every station need. A module only some stations use (ast, decimal, difflib, fractions,
 # hashlib, hmac, subprocess, traceback, concurrent.futures, xml) is imported inside the function that
@@ -39,7 +55,6 @@ import importlib.util
 import io
 import json
 import math
-import os
 import re
 import shutil
 import stat
@@ -144,6 +159,68 @@ class Usage(Exception):
     def __init__(self, message: str, station: str = ""):
         super().__init__(message)
         self.station = station
+
+
+class Signalled(KeyboardInterrupt):
+    """A signal of HALTING stopped the station; `signum` says which (its exit status is 128 + signum)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class Halt:
+    """How a station stops at a signal of HALTING while main runs it (catching): the main thread gets it
+    as Signalled, except while it closes a run (`held`: raised once the run is closed whole); a batch's
+    other runs see `signum` and stop at their next step. A second signal ends the process at once."""
+    signum: int = 0
+    holding: int = 0     # held blocks open in the main thread
+    runs: dict = field(default_factory=dict)   # run id -> (its Trace, what closes it as interrupted): runs going
+
+    def catch(self, signum: int, frame) -> None:
+        """The signal handler: see the class."""
+        self.signum = signum
+        for halting in HALTING:
+            signal.signal(halting, quit_now)
+        if not self.holding:
+            raise Signalled(signum)
+
+    @contextlib.contextmanager
+    def catching(self) -> Iterator[None]:
+        """The block with this Halt catching HALTING (in the main thread only: no other may), the
+        handlers before it put back after."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        before = [signal.signal(halting, self.catch) for halting in HALTING]
+        try:
+            yield
+        finally:
+            for halting, handler in zip(HALTING, before):
+                signal.signal(halting, handler)
+
+    def close_runs(self) -> None:
+        """Close every run still going in another thread as interrupted, each once it is not settling (its
+        pen), and keep their pens: nothing they do later is written (the station then ends without them)."""
+        self.holding += 1   # the signal is being acted on: no close raises it again
+        for trace, close in list(self.runs.values()):
+            trace.pen.acquire()
+            close()
+        self.holding -= 1
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A block a signal does not cut (a run started, or settled and closed): one that comes during it is
+        raised as it ends."""
+        main = threading.current_thread() is threading.main_thread()
+        self.holding += main
+        try:
+            yield
+        finally:
+            self.holding -= main
+            if main and self.signum and not self.holding:
+                raise Signalled(self.signum)
 
 
 class StoreError(Refusal, OSError):
@@ -418,6 +495,7 @@ class Factory:
     sealed_given: str | None   # --sealed-dir, when given
     keys_dir: Path
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
+    halt: Halt = field(default_factory=Halt, compare=False, repr=False)   # the station's, when main runs it
     store: "Store" = field(init=False, compare=False, repr=False)
     code: "Code" = field(init=False, compare=False, repr=False)
 
@@ -426,7 +504,7 @@ class Factory:
         object.__setattr__(self, "code", Code(self))   # the agent and tool modules, each read and run once
 
     @classmethod
-    def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str]) -> "Factory":
+    def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str], halt: Halt | None = None) -> "Factory":
         """The factory at --root, else $FACTORY_ROOT, else the folder of factory.py. An empty --root or
         --sealed-dir (`--root "$UNSET"`) is refused rather than read as "not given", and so is a keys folder
         ($FACTORY_KEYS_DIR, else ~/.config/agent-factory/keys) inside the root."""
@@ -441,7 +519,7 @@ class Factory:
             # whoever writes the tree could read its keys there, and rewrite this machine's anchor
             raise Refusal(f"the keys folder {keys} is inside the factory root {base}: it must live outside the factory "
                           f"root (set FACTORY_KEYS_DIR to a folder of your own)")
-        return cls(base, sealed_dir, keys, env)
+        return cls(base, sealed_dir, keys, env, halt or Halt())
 
     @cached_property
     def sealed_dir(self) -> Path:
@@ -4187,6 +4265,11 @@ class Diverged(Stop):
     status = "diverged"
 
 
+class Interrupted(Stop):
+    """A signal stopped the station (Halt): this run of its batch stops before its next step."""
+    status = "interrupted"
+
+
 CUT_OFF_NOTE = ("Your last reply stopped before it was complete (stop reason: {stop}), so none of its tool "
                 "calls was carried out and its text was not taken as an answer. Answer again, completely.")
 
@@ -4231,6 +4314,7 @@ class Loop:
     unpriced: str = ""               # why the cost is unknown, from the first reply whose cost is (llm.Reply.price)
     backends: list = field(default_factory=list)
     models: list = field(default_factory=list)   # the model each reply names ('' for none)
+    halt: Halt = field(default_factory=Halt)     # the station's: a signal stops the loop before its next step
     messages: list = field(default_factory=list)
 
     def run(self) -> str:
@@ -4270,6 +4354,8 @@ class Loop:
     def ask(self) -> "llm.Reply":
         """Check the step budget and the envelope *before* spending, then call the worker."""
         max_steps = self.agent.card.get("max_steps", 8)
+        if self.halt.signum:
+            raise Interrupted(f"interrupted by {signal.Signals(self.halt.signum).name}")
         if self.steps >= max_steps:
             last = f" (a turn stopped for {self.cut_off}; none of its tool calls ran)" if self.cut_off else ""
             raise Escalated(f"step budget of {max_steps} spent without an answer{last}")
@@ -4513,9 +4599,10 @@ class Recorded:
 
 class Trace:
     """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its rows in traces/index.jsonl, written in this
-    order: the `started` row, the header, one event per line as it happens, the end event, the `closed`
+    order: the header, the `started` row, one event per line as it happens, the end event, the `closed`
     row. A run killed in between is started, never closed; a run still going holds its trace's lock.
-    `read` gives a trace back, refusing a malformed one in this one place."""
+    Whoever writes its lines holds its `pen`: the run, or the station closing it at a signal
+    (Halt.close_runs). `read` gives a trace back, refusing a malformed one in this one place."""
 
     def __init__(self, fac: Factory, agent: str, run_id: str):
         self.fac, self.agent, self.run_id = fac, agent, run_id
@@ -4523,27 +4610,35 @@ class Trace:
         self.effect_tags: dict = {}   # fields every effect the run commits carries besides the gate's
         self.header: dict = {}        # the header it was started with (a trace opened later has none)
         self.log = None
+        self.closed = False
+        self.pen = threading.RLock()
 
     @classmethod
     def start(cls, fac: Factory, header: dict) -> "Trace":
-        """A new trace for header's agent and run id: first the run's `started` row in the index, then
-        the trace's first line, the header with the format tag. The run is its trace's only writer, so
-        its events go through one open handle, locked once, at its first line (Store.open_log)."""
+        """A new trace for header's agent and run id: its first line, the header with the format tag, then
+        the run's `started` row in the index (a run refused at either, a link on the way, never counts: its
+        trace is removed). The run is its trace's only writer, so its events go through one open handle,
+        locked once, at its first line (Store.open_log)."""
         trace = cls(fac, header["agent"], header["run_id"])
-        trace.header = header
-        fac.store.append_jsonl(fac.index, {"state": "started", **{key: header[key] for key in STARTED_FIELDS}})
-        trace.log = fac.store.open_log(trace.path)
+        trace.header, trace.log = header, fac.store.open_log(trace.path)
         trace.record({"format": TRACE_FORMAT, **header})
+        try:
+            fac.store.append_jsonl(fac.index, {"state": "started", **{key: header[key] for key in STARTED_FIELDS}})
+        except BaseException:
+            trace.release()
+            fac.store.discard(trace.path)
+            raise
         return trace
 
     def record(self, event: dict) -> None:
         """Append one event, with the time it is written unless it has its own `at`: through the run's own
         handle, or, for a trace opened later (an approval, in another process), under the lock."""
         event = {"at": utc_now(), **event}
-        if self.log is not None:
-            self.log.append(event)
-        else:
-            self.fac.store.append_jsonl(self.path, event)
+        with self.pen:
+            if self.log is not None:
+                self.log.append(event)
+            else:
+                self.fac.store.append_jsonl(self.path, event)
 
     def release(self) -> None:
         """Let go of the run's handle, if any (idempotent; later events append under the lock)."""
@@ -4562,6 +4657,7 @@ class Trace:
         self.record({"event": "end", **{key: row[key] for key in END_FIELDS}})
         closed = {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}}
         self.fac.store.append_jsonl(self.fac.index, sealed_evidence(self.fac, closed))   # counted as evidence
+        self.closed, self.row = True, row
         self.release()   # after the closed row: until then the run is still being written (harvest asks)
         if self.fac.otlp:
             with contextlib.suppress(Refusal):   # a trace moved away mid-run is not sent (its reason says so)
@@ -4716,7 +4812,7 @@ def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *
         worker = make_worker(fac, agent, task_input, clients, run_id)
     spill = (lambda name, text: fac.store.spill(agent.name, run_id, name, text)) if how.spills else None
     router = Router(clients.router, record) if how.watched else None
-    return Loop(worker, broker, agent, task_text(task_input), record, spill=spill, router=router)
+    return Loop(worker, broker, agent, task_text(task_input), record, spill=spill, router=router, halt=fac.halt)
 
 
 # ---- one production run
@@ -4737,28 +4833,46 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
     if is_blank(task_text(task_input)):
         raise Refusal(NO_VISIBLE_TEXT)
     tier, clients = tier or cert["tier"], clients or Clients(fac.env)
-    run_id = new_run_id()
-    trace = Trace.start(fac, {"run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
-                              "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
-    trace.effect_tags = dict(effect_tags or {})
+    run_id, trace, interrupted = new_run_id(), None, None
     try:
-        loop = build_loop(fac, agent, "run", trace.record, task_input, tier=tier, run_id=run_id, clients=clients)
+        with fac.halt.held():   # a run is counted whole or not at all
+            trace = Trace.start(fac, {"run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
+                                      "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
+            trace.effect_tags = dict(effect_tags or {})
+            loop = build_loop(fac, agent, "run", trace.record, task_input, tier=tier, run_id=run_id, clients=clients)
+            interrupted = partial(close_run, fac, clients, agent, cert, trace, loop, "interrupted", tier)
+            fac.halt.runs[run_id] = (trace, interrupted)
         return close_run(fac, clients, agent, cert, trace, loop, run_loop(loop), tier)
+    except KeyboardInterrupt:   # in this thread, before it was settled: closed as interrupted
+        if interrupted is not None:
+            interrupted()
+        raise
     finally:
-        trace.release()
+        fac.halt.runs.pop(run_id, None)
+        if trace is not None:
+            trace.release()
 
 
 def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: Trace, loop: Loop, status: str,
               tier: str) -> dict:
     """Gate the output and every held call, settle each held call, derive the verdict, close the trace;
     the run's row. Nothing outside traces/ is written before the gate has answered."""
+    if status == "interrupted":
+        loop.reason = f"interrupted by {signal.Signals(fac.halt.signum).name}" if fac.halt.signum else "interrupted"
     cost = cost_problem(fac, agent, loop)
     gate = gate_run(clients, agent, loop, status, cost)
+    with trace.pen, fac.halt.held():   # from the gate's answer on, the run is settled and closed whole
+        return trace.row if trace.closed else settle_run(fac, agent, cert, trace, loop, status, tier, cost, gate)
+
+
+def settle_run(fac: Factory, agent: Agent, cert: dict, trace: Trace, loop: Loop, status: str, tier: str, cost, gate: dict) -> dict:
+    """close_run's part after the gate answered (an interrupted run settles nothing); the run's row."""
     trace.record({"event": "gate", **gate})
     handed_off = agent.hands_off(loop.output)
     shown = {"input_digest": recorded_digest(fac, trace.header["input"]),   # sealed with a parked call: approve
              "output_digest": recorded_digest(fac, loop.output)}           # checks what it shows against them
-    settled = settle_held(fac, agent, cert, trace, loop.broker, tier, {**gate, **shown}, handed_off)
+    settled = Settled() if status == "interrupted" else \
+        settle_held(fac, agent, cert, trace, loop.broker, tier, {**gate, **shown}, handed_off)
     uncertain = effect_problems(fac, loop.broker.committed, settled)
     verdict = run_verdict(status, gate["result"], cost is None, handed_off, uncertain, settled.parked,
                           any(row[1] == "duplicate" for row in settled.rows))
@@ -4864,7 +4978,7 @@ def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision
     `uncertain-effect`."""
     claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call), approval), EXECUTE_GUARDS)
     entry, agent = claim.entry, loaded(fac, claim.agent)
-    with fac.store.holding(fac.pending_path(run_id, call)) as take:
+    with fac.halt.held(), fac.store.holding(fac.pending_path(run_id, call)) as take:   # a signal waits for the result
         append_to_log(fac, "approvals", deciding(claim, DECIDING_GUARDS, claiming(take, approval.entry)))
         trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
         broker = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
@@ -4964,7 +5078,8 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
     progress, clients = Progress(f"prove {agent.name}", len(cases)), Clients(fac.env)
     results, ready, batches = [], [], []
     from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=jobs) as pool, ThreadPoolExecutor(max_workers=2) as scorer:
+    pool, scorer = ThreadPoolExecutor(max_workers=jobs), ThreadPoolExecutor(max_workers=2)
+    try:
         for future in [pool.submit(prove_case, fac, agent, case, clients) for case in cases]:
             results.append(future.result())
             progress.tick()
@@ -4974,6 +5089,9 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
                 batches.append((ready, scorer.submit(client.batch, draft_items(agent, cases, results, ready))))
                 ready = []
         answered = [(i, answer) for indices, future in batches for i, answer in zip(indices, future.result())]
+    finally:   # at a signal, the cases and scores still waiting are dropped (nothing is written)
+        for each in (pool, scorer):
+            each.shutdown(wait=not fac.halt.signum, cancel_futures=True)
     progress.close()
     return (results, *(problem or apply_draft_scores(results, answered, rubric["min"], agent.draft_field)))
 
@@ -5151,8 +5269,8 @@ def arg(*flags: str, **options) -> tuple:
 def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str], env: tuple[str, ...],
             more_exits: tuple[tuple[int, str], ...] = ()):
     """Mark cmd_NAME as the station NAME taking these arguments (each from arg()), and give what its --help
-    shows after them: examples, what exit statuses 0 and 1 mean for it, any other (`more_exits`), and
-    the environment variables it reads (names in ENVIRONMENT)."""
+    shows after them: examples, what exit statuses 0 and 1 mean for it (2, 130 and 143 are every station's),
+    any other (`more_exits`), and the environment variables it reads (names in ENVIRONMENT)."""
     def mark(func):
         func.station_arguments = arguments
         func.station_help = {"examples": examples, "exits": exits, "env": env, "more_exits": more_exits}
@@ -5951,8 +6069,8 @@ def cmd_run(fac: Factory, args) -> int:
     tickets = [(None, args.input)] if args.file is None else \
         load_tickets(fac, Path("stdin") if args.file == "-" else Path(args.file), piped)
     clients = Clients(fac.env)
-    # threads only help runs that wait on a network; offline ones would contend for the interpreter
-    jobs = args.jobs or (1 if waits_on_nothing(fac, agent, clients) else DEFAULT_JOBS)
+    # threads only help a batch whose runs wait on a network; offline ones would contend for the interpreter
+    jobs = args.jobs or (1 if len(tickets) == 1 or waits_on_nothing(fac, agent, clients) else DEFAULT_JOBS)
     def emit(ticket_id, row):
         if args.json:
             print(json.dumps({"ticket": ticket_id, **row, "went": went(row)}, ensure_ascii=False))
@@ -6044,7 +6162,8 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
             except BrokenPipeError:
                 batch.closed = True
         progress.tick()
-    with pool_of(jobs) as pool:
+    pool = pool_of(jobs)
+    try:
         for ticket_id, text in tickets:
             if len(inflight) >= jobs:
                 finish()
@@ -6060,6 +6179,11 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
             inflight.append((ticket_id, pool.submit(run_one, fac, agent, cert, text, ticket_id, tier, clients)))
         while inflight:
             finish()
+    except KeyboardInterrupt:
+        fac.halt.close_runs()   # the runs its threads still have, which may be waiting for a model for a minute
+        raise
+    finally:
+        pool.shutdown(wait=not fac.halt.signum)
     progress.close()
     return batch
 
@@ -6083,11 +6207,8 @@ class Inline:
     and hands back Done (an Exception kept for result(), as a pool keeps it; an interrupt goes up). No
     thread, and no concurrent.futures import: --jobs 1 is exactly sequential."""
 
-    def __enter__(self) -> "Inline":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
+    def shutdown(self, wait: bool = True) -> None:
+        """Nothing to wait for: every call ended as it was made."""
 
     @staticmethod
     def submit(fn, *args) -> Done:
@@ -7436,7 +7557,7 @@ def station_epilog(func) -> str:
     width = min(max(len(name) for name in about["env"]), ENV_COLUMN) + 2
     return "\n".join(["examples:", *(f"  {line}" for line in about["examples"]), "",
                       "exit status:", f"  0    {done}", f"  1    {failed}", "  2    usage error (one line on stderr)",
-                      "  130  interrupted", *(f"  {status:<4} {what}" for status, what in about["more_exits"]), "",
+                      "  130  interrupted (SIGINT)", "  143  terminated (SIGTERM)", *(f"  {status:<4} {what}" for status, what in about["more_exits"]), "",
                       "environment:", *(f"  {name:<{width}}{ENVIRONMENT[name]}" if len(name) <= ENV_COLUMN
                                         else f"  {name}\n  {'':<{width}}{ENVIRONMENT[name]}" for name in about["env"])])
 
@@ -7502,13 +7623,13 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     one line and exit 2. With no arguments at all, the help goes to stderr (exit 2)."""
     # a snapshot: Code.execute takes FACTORY_SEALED_DIR out of the process environment before agent code
     # loads, and the station still reads the environment it was started with (the sealed folder, when first used)
-    env = dict(os.environ) if env is None else env
-    with safe_streams(env):
-        return run_station(argv, env)
+    env, halt = dict(os.environ) if env is None else env, Halt()
+    with safe_streams(env), halt.catching():
+        return run_station(argv, env, halt)
 
 
-def run_station(argv: list[str] | None, env: Mapping[str, str]) -> int:
-    """main, inside the safe streams. Only the station argv names has its parser built."""
+def run_station(argv: list[str] | None, env: Mapping[str, str], halt: Halt) -> int:
+    """main, inside the safe streams, `halt` catching signals. Only the station argv names has its parser built."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         build_parser(built=()).print_help(sys.stderr)
@@ -7522,7 +7643,7 @@ def run_station(argv: list[str] | None, env: Mapping[str, str]) -> int:
             raise Usage(bad, station)
         refuse_if(setting_problem(env, args.func.station_help["env"]))   # before anything is written
         llm.Worker, sage.Sage  # noqa: B018 - load the lazy clients now, before any thread (LazyLoader is not thread-safe on 3.11)
-        fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), env)
+        fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), env, halt)
         return args.func(fac, args)
     except Usage as usage:
         station = usage.station or station
@@ -7535,9 +7656,14 @@ def run_station(argv: list[str] | None, env: Mapping[str, str]) -> int:
         for line in more:
             print(line, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"factory {station}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        print(f"factory{' ' + station if station else ''}: interrupted", file=sys.stderr)
+        status = 128 + getattr(stop, "signum", signal.SIGINT)
+        if isinstance(stop, Signalled) and threading.active_count() > 1:   # a thread may wait a minute for a model:
+            for stream in (sys.stdout, sys.stderr):                        # the station ends without it (its runs
+                stream.flush()                                             # were closed, Halt.close_runs)
+            os._exit(status)
+        return status
     except BrokenPipeError:
         raise
     except OSError as error:   # the machine refused something outside the Store's reads and writes

@@ -59,7 +59,7 @@ def make_agent(name="triager"):
         "days": days,
         "verdicts": {"verified": 3, "waiting-for-approval": 1, "routed-to-human": 90,
                      "unscored": 20, "escalated": 2, "over-budget": 1,
-                     "uncertain-effect": 0, "crashed": 0},
+                     "uncertain-effect": 0, "crashed": 0, "interrupted": 0},
         "drift": drift((14, 20), (13, 20), 8, state="in control (recent 13/20 passed, needs 8/20, certified 14/20)"),
         "problems": [],
     }
@@ -76,7 +76,7 @@ def empty_agent(name="newbie"):
         "gate_p": {"bins": 10, "counts": [0] * 10, "runs": 0}, "days": [],
         "verdicts": {k: 0 for k in ("verified", "waiting-for-approval",
                                     "routed-to-human", "unscored", "escalated",
-                                    "over-budget", "uncertain-effect", "crashed")},
+                                    "over-budget", "uncertain-effect", "crashed", "interrupted")},
         "drift": drift(), "problems": [],
     }
 
