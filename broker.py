@@ -40,7 +40,7 @@ import re
 import time
 import unicodedata
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
 from functools import cached_property
 from operator import itemgetter
@@ -1225,23 +1225,88 @@ def merge_shards(records: list[tuple[str, dict]], want: dict, slice_of: Callable
     return outcomes, rubric, "" if rubric == "scored" else rubrics[rubric]
 
 
-# ---- the tower's figures: one agent's index rows counted as they stream by, and the humans' decisions
-# folded in (the factory reads the rows and the decisions; `calls` is its Parked: entries, states, decided)
+# ---- the tower's figures: one agent's index rows counted as they stream by, its digests' evidence, and the
+# humans' decisions folded in (the factory reads the rows and the decisions; `calls` is its Parked: entries, states,
+# decided); every tally is JSON (json_state), so the factory keeps it as a checkpoint
 
 MAX_FIGURE = 2 ** 53 - 1   # no count or cost of one run comes near it; every JSON reader holds integers up to it exactly (RFC 8259 section 6)
 GATED = ("pass", "flag", "unsure")   # the gate results that score a run
 P_BINS = 10                  # the gate's p by tenths, in the text and the HTML alike
 
 
+# ---- a hash-chained log as read (the factory reads it): its entries, their hashes, and how it compares with a
+# head recorded earlier (a certificate's, this machine's anchor)
+
+@dataclass(frozen=True)
+class Chain:
+    """A hash-chained JSONL log as read and verified: each entry with its line number, and the sha256
+    of each entry's line (the `prev` of the entry after it). Empty when the log does not exist yet."""
+    where: str
+    entries: tuple = ()       # ((line number, entry), ...) in order
+    hashes: tuple = ()        # 'sha256:<hex>' of each entry's line, in order
+
+    @property
+    def head(self) -> dict:
+        """{"count": entries, "hash": the last entry's hash, GENESIS when empty}: what a certificate records."""
+        return {"count": len(self.hashes), "hash": self.hashes[-1] if self.hashes else GENESIS}
+
+
+def heads_problem(chains: dict[str, Chain], heads, where: str) -> str | None:
+    """None when every log in `chains` still begins with the entries it held when `heads` were recorded
+    (a log may have grown since); else one line naming the log that lost or changed an entry."""
+    if not isinstance(heads, dict) or not heads or not set(heads) <= set(chains):
+        return f"{where}: records no log heads (signed before the logs were hash-chained)"
+    for name in chains:
+        head = heads.get(name, {"count": 0})   # signed (the heads are) before that log existed: it was empty
+        if not isinstance(head, dict):
+            return f"{where}: its head of {chains[name].where} is malformed"
+        problem = head_problem(chains[name], head, f"{where} was signed")
+        if problem:
+            return problem
+    return None
+
+
+def head_problem(chain: Chain, head: dict, when: str, copy: str = "a copy") -> str | None:
+    """None when the log still begins with the `count` entries it held `when` (ending in `hash`); else one
+    line naming the log: entries removed, or the entry at the head rewritten; restore it from `copy`."""
+    count = head.get("count")
+    if not isinstance(count, int) or count < 0:
+        return f"{chain.where}: its head recorded when {when} is malformed"
+    if len(chain.hashes) < count:
+        return (f"{chain.where}: has {len(chain.hashes)} entries but had {count} when {when}: entries were removed "
+                f"since; restore the log from {copy}")
+    if count and chain.hashes[count - 1] != head.get("hash"):
+        return (f"{chain.where}: entry {count} is not the one it held when {when}: the log was rewritten since; "
+                f"restore it from {copy}")
+    return None
+
+
+def json_state(obj) -> dict:
+    """A tally dataclass as JSON: every field but the `passing` ones, a set as a sorted list, a nested tally
+    as its own state."""
+    return {f.name: sorted(v) if isinstance(v := getattr(obj, f.name), set) else
+            {k: json_state(x) for k, x in v.items()} if f.metadata.get("of") else v
+            for f in fields(obj) if not f.metadata.get("passing")}
+
+
+def from_state(cls, state: dict):
+    """The tally dataclass `cls` json_state gave `state`; KeyError or TypeError when it is not one."""
+    made = {}
+    for f in (f for f in fields(cls) if not f.metadata.get("passing")):
+        value = state[f.name]
+        made[f.name] = set(value) if f.default_factory is set else \
+            {k: from_state(f.metadata["of"], x) for k, x in value.items()} if f.metadata.get("of") else value
+    return cls(**made)
+
+
 @dataclass
 class Tally:
     """Tower figures for one agent, accumulated row by row in a few small tables (runs per day, gate
     result, verdict and tenth of the gate's p; cost per day; sums), so memory does not grow with the
-    number of runs and each row costs a handful of operations; `figures` works out the rest once."""
-    drift: object                        # the drift watch: observe(row) and figures()
-    signed_at: str = ""                  # drift counts only runs after the certificate was signed
-    feed: object = None                  # which rows the drift watch counts: admits(row) (None: no baseline)
-    outcomes: dict = field(default_factory=dict)   # (day, gate, verdict, p tenth or None) -> runs
+    number of runs and each row costs a handful of operations; `figures` works out the rest once. Every
+    field is JSON (a set is kept as a list) and is kept in the checkpoint (json_state): a field added here
+    is checkpointed with it."""
+    outcomes: dict = field(default_factory=dict)   # "day\tgate\tverdict\tp tenth or ''" -> runs
     spent: dict = field(default_factory=dict)      # day -> USD, None once a run's cost is unknown
     acted: int = 0
     staged: int = 0
@@ -1250,11 +1315,10 @@ class Tally:
     backends: set = field(default_factory=set)
     unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
     problems: list = field(default_factory=list)  # one line per index row of this agent that is misshapen
-    watch: dict = field(default_factory=dict)     # run id with a parked call -> its verdict in the index (shared)
     moved: dict = field(default_factory=dict)     # verdict -> runs a human's decision moved into (+) or out of (-) it
 
     def add(self, row: dict) -> bool:
-        """Count one index row (one that fits the factory's INDEX_SHAPE); False, counting nothing, when its figures are
+        """Count one index row (one that fits INDEX_SHAPE); False, counting nothing, when its figures are
         ones no run can have (figure_problem says which; a comparison with NaN is false, so no infinite
         or NaN figure is counted). Runs a million times: kept flat."""
         p, cost, acted, staged, backends = row.get("p"), row.get("cost_usd"), row["acted"], row["staged"], row["backends"]
@@ -1264,7 +1328,7 @@ class Tally:
             if type(name) is not str:
                 return False
         day = row["at"][:10]
-        key = (day, row["gate"], row["verdict"], None if p is None else int(p * P_BINS))
+        key = f"{day}\t{row['gate']}\t{row['verdict']}\t{'' if p is None else int(p * P_BINS)}"
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
         self.unclosed.discard(row["run_id"])
         self.acted += acted
@@ -1274,10 +1338,6 @@ class Tally:
         self.backends.update(backends)
         spent = self.spent.get(day, 0.0)
         self.spent[day] = None if cost is None or spent is None else spent + cost
-        if self.feed is not None and self.feed.admits(row):
-            self.drift.observe(row)
-        if row["run_id"] in self.watch:
-            self.watch[row["run_id"]] = row["verdict"]
         return True
 
     def move(self, before: str, after: str) -> None:
@@ -1286,27 +1346,27 @@ class Tally:
             self.moved[before] = self.moved.get(before, 0) - 1
             self.moved[after] = self.moved.get(after, 0) + 1
 
-    def figures(self) -> dict:
+    def figures(self, drift: "Drift") -> dict:
         """The agent's run figures for the tower document, every rate worked out here (renderers only format)."""
         days = {day: [0, 0, 0] for day in sorted(self.spent)}            # runs, scored, passed
         verdicts = dict.fromkeys((v.name for v in VERDICTS), 0)
-        p_bins, unscored = [0] * P_BINS, 0
-        for (day, gate, verdict, tenth), runs in self.outcomes.items():
+        p_bins, unscored, handed_off = [0] * P_BINS, 0, 0
+        for key, runs in self.outcomes.items():
+            day, gate, verdict, tenth = key.split("\t")
             counts = days[day]
             counts[0] += runs
             counts[1] += runs * (gate in GATED)
             counts[2] += runs * (gate == "pass")
             unscored += runs * (gate in ("unscored", "failed"))
+            handed_off += runs * (gate == "pass" and verdict == "routed-to-human")   # the gate passed, the agent handed off
             if verdict in verdicts:
                 verdicts[verdict] += runs
-            if tenth is not None:
-                p_bins[min(tenth, P_BINS - 1)] += runs
+            if tenth:
+                p_bins[min(int(tenth), P_BINS - 1)] += runs
         for verdict, runs in self.moved.items():
             if verdict in verdicts:
                 verdicts[verdict] += runs
         runs, scored, passed = (sum(counts[k] for counts in days.values()) for k in range(3))
-        handed_off = sum(runs for (_, gate, verdict, _), runs in self.outcomes.items()   # the gate passed, the agent handed off
-                         if gate == "pass" and verdict == "routed-to-human")
         cost = 0.0 if None not in self.spent.values() else None
         return {"runs": runs, "unfinished": len(self.unclosed), "scored": scored, "passed": passed,
                 "pass_rate": rate_of(passed, scored), "pass_interval": part(passed, scored)["interval"] if scored else None,
@@ -1319,7 +1379,136 @@ class Tally:
                           "pass_interval": part(k, s)["interval"] if s else None,
                           "cost_usd": self.spent[day], "cost_per_run": None if self.spent[day] is None else self.spent[day] / n}
                          for day, (n, s, k) in days.items()],
-                "verdicts": verdicts, "drift": self.drift.figures()}
+                "verdicts": verdicts, "drift": drift.figures()}
+
+
+@dataclass
+class GatedRuns:
+    """The production evidence of one agent's digest: its gated closed rows whose MAC verifies, by tier;
+    the rows that would have counted but do not verify; its last DRIFT_WINDOW verified ones (the drift
+    watch takes those after a certificate's signing)."""
+    tiers: dict = field(default_factory=dict)      # tier -> [runs, gate passes]
+    unverified: int = 0
+    unverified_lines: list = field(default_factory=list)   # the first five line numbers
+    recent: list = field(default_factory=list)     # [byte offset after the row, its `at`, passed], oldest first
+
+
+GENESIS = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"   # sha256 of nothing: the `prev` of a chain's first entry
+MAC_TAIL = len(',"mac":"hmac-sha256:') + 64 + len('"}')   # how a sealed index row ends
+
+
+def seal_line(key: bytes, line: bytes) -> bytes:
+    """A JSONL line (an object, then a newline) with a last field `mac`: the HMAC of the line as it was, so
+    a reader checks it on the bytes it read (line_verifies), never encoding the row again."""
+    import hmac
+    return line[:-2] + f',"mac":"hmac-sha256:{hmac.digest(key, line[:-1], "sha256").hex()}"}}\n'.encode()
+
+
+def line_verifies(key: bytes, line: bytes) -> bool:
+    """True when a line (without its newline) ends in the `mac` seal_line gives it, under key."""
+    import hmac
+    return line[-MAC_TAIL:-MAC_TAIL + 20] == b',"mac":"hmac-sha256:' and \
+        hmac.compare_digest(hmac.digest(key, line[:-MAC_TAIL] + b"}", "sha256").hex().encode(), line[-MAC_TAIL + 20:-2])
+
+
+@dataclass(frozen=True)
+class Production:
+    """The production evidence in the index for one agent's digest: gated runs whose row's MAC verifies, and
+    their gate passes; and the rows that would have counted but do not verify."""
+    runs: int
+    passes: int
+    unverified: tuple = ()        # line numbers in traces/index.jsonl (the first five)
+    unsealed: int = 0             # rows that do not verify
+
+    @property
+    def rate(self) -> float:
+        """The gate pass rate of the verified runs (0.0 with none)."""
+        return self.passes / self.runs if self.runs else 0.0
+
+    @property
+    def rate_text(self) -> str:
+        """The rate as printed: '19/20 = 0.95 [0.76, 0.99]' with its 95% interval, or '-' over no runs (a rate
+        of nothing is not 0.00), as the tower says."""
+        return part_text({"passing_cases": self.passes, "cases": self.runs}) if self.runs else "-"
+
+    def not_counted(self, where: str) -> str:
+        """'; N row(s) of WHERE (the index) not counted (...)' for the rows left out, or ''."""
+        shown = ", ".join(map(str, self.unverified[:5])) + (", ..." if self.unsealed > 5 else "")
+        return (f"; {self.unsealed} row(s) of {where} not counted: their evidence MAC does not verify "
+                f"(line {shown})") if self.unsealed else ""
+
+
+@dataclass
+class IndexTally:
+    """What is counted of traces/index.jsonl up to `head` (its bytes, lines and chain head there): per agent
+    its Tally and per agent digest its GatedRuns; the run ids that parked calls with their row's verdict; the
+    index's own problem lines (rows that name no agent, each place the hash chain is broken, with its
+    offset in `breaks`). It grows by the rows after `head` (the factory's count_index) and is kept, sealed,
+    as a checkpoint (traces/tally.json), so a count reads only the rows since."""
+    head: dict = field(default_factory=lambda: {"bytes": 0, "lines": 0, "hash": GENESIS})
+    agents: dict = field(default_factory=dict, metadata={"of": Tally})
+    evidence: dict = field(default_factory=dict, metadata={"of": GatedRuns})   # "agent\tdigest" -> GatedRuns
+    parked: dict = field(default_factory=dict)     # run id -> [verdict, calls parked, its MAC verified]
+    problems: list = field(default_factory=list)
+    breaks: list = field(default_factory=list)     # [byte offset, line number] where the chain breaks
+    torn: str = field(default="", metadata={"passing": True})   # bytes after the last whole line no writer holds
+
+    def count(self, row: dict, fits: bool, line: bytes, number: int, end: int, prev: str, key: bytes | None) -> bool:
+        """Count index line `number` (its object `row`, whether it `fits` the shape of its state, its bytes
+        `line` ending at byte `end`), whose `prev` must be `prev`; False when it cannot be counted (the caller
+        names why). Runs once per row of a huge index: kept flat."""
+        if row.get("prev") != prev:
+            self.breaks.append([end - len(line), number, "prev" in row])
+        if type(agent := row.get("agent")) is not str:
+            return False
+        tally = self.agents.get(agent) or self.agents.setdefault(agent, Tally())
+        if not fits:
+            return False
+        if row.get("state") == "started":   # all an unfinished run is counted by
+            tally.unclosed.add(row["run_id"])
+            return True
+        return tally.add(row) and self.seal(row, agent, number, end, line, key)
+
+    def seal(self, row: dict, agent: str, number: int, end: int, raw: bytes, key: bytes | None) -> bool:
+        """Count a closed row as evidence (gated) and note its parked calls, each with its MAC checked."""
+        gated, staged = row["gate"] in GATED, row["staged"]
+        if not (gated or staged):
+            return True
+        verified = key is not None and line_verifies(key, raw[:-1])
+        if staged:
+            self.parked[row["run_id"]] = [row["verdict"], staged, verified]
+        if gated:
+            found = self.evidence.get(digest := f"{agent}\t{row.get('digest')}") or self.evidence.setdefault(digest, GatedRuns())
+            if verified:
+                counts = found.tiers.setdefault(str(row.get("tier")), [0, 0])
+                counts[0] += 1
+                counts[1] += row["gate"] == "pass"
+                found.recent.append([end, row["at"], row["gate"] == "pass"])
+                del found.recent[:-DRIFT_WINDOW]
+            else:
+                found.unverified += 1
+                found.unverified_lines += [number] if len(found.unverified_lines) < 5 else []
+        return True
+
+    def chain_problem(self, where: str, offset: int = 0) -> str | None:
+        """The line naming the first break in the chain of the index (shown as `where`) at or after byte
+        `offset`, and how many follow; None when there is none."""
+        after = [(number, chained) for at, number, chained in self.breaks if at >= offset]
+        if not after:
+            return None
+        more = f" (and {len(after) - 1} more break(s) after it)" if len(after) > 1 else ""
+        return f"{where} line {after[0][0]}: " + (
+            f"the hash chain is broken here{more}: a row before it was removed, edited or moved; restore the index from a copy"
+            if after[0][1] else f"not a row of the hash-chained index (no 'prev'){more}: written by hand, or by an older factory")
+
+
+def signed_index(cert: dict) -> dict:
+    """Where the index ended when a certificate was signed, {"bytes", "lines", "hash"}; its start when the
+    certificate does not say."""
+    index = cert.get("index") if isinstance(cert.get("index"), dict) else {}
+    head = {"bytes": index.get("bytes"), "lines": index.get("lines"), "hash": index.get("hash")}
+    return head if type(head["bytes"]) is int and type(head["lines"]) is int and type(head["hash"]) is str \
+        else {"bytes": 0, "lines": 0, "hash": GENESIS}
 
 
 def rate_of(part: int, whole: int) -> float | None:

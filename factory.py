@@ -30,8 +30,7 @@ import signal
 
 
 def quit_now(signum: int, frame=None) -> None:
-    """End the process at once for a signal, in one line, exit 128 + the signal (130 SIGINT, 143 SIGTERM):
-    while the script loads (nothing is written yet), and at a second signal once a station is stopping."""
+    """Exit 128 + signum, saying so in one line: a signal while the script loads, or a second one."""
     os.write(2, b"factory: interrupted\n")
     os._exit(128 + signum)
 
@@ -64,7 +63,6 @@ import textwrap
 import time
 import types
 import unicodedata
-import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace as with_fields
@@ -103,7 +101,9 @@ from broker import (  # noqa: E402
     CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, REVIEW_DECISIONS, RULINGS, STUCK, VERDICTS, ActEnvelope, Broker,
     Outcome, Policy, amount_schema, args_digest, call_state, check_args, exact_usd, judge, outcome_of, refused_in,
     review_counts, reviews_text, run_verdict, settle, verdict_after, went)
-from broker import DRIFT_WINDOW, DRIFT_SIGNIFICANCE, GATED, MAX_FIGURE, P_BINS, Drift, Tally, fold_decisions  # noqa: E402
+from broker import (  # noqa: E402   the tower's figures and the index's tally
+    DRIFT_WINDOW, DRIFT_SIGNIFICANCE, GATED, GENESIS, MAX_FIGURE, P_BINS, Drift, GatedRuns, IndexTally, Production, Tally,
+    fold_decisions, from_state, json_state, line_verifies, seal_line, signed_index, Chain, heads_problem, head_problem)
 from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons, settled_phrase  # noqa: E402
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
     DETECTORS, Sign, detect, evidence, no_progress, ping_pong, repeated_error, repeated_observation, write_check_cycles,
@@ -129,7 +129,6 @@ RECORD_FORMAT = "factory-proof-2"
 CERT_FORMAT = "factory-certificate-1"
 TOWER_FORMAT = "factory-tower-2"       # printed by tower --json
 SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
-GENESIS = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"   # sha256 of nothing: the `prev` of a log's first entry
 ANCHOR_FORMAT = "factory-anchor-1"
 ATTEMPTS_FORMAT = "factory-attempts-1"
 CERTIFIED_MARKS = 20            # certifications per agent whose sealed-attempt counts are kept
@@ -162,24 +161,20 @@ class Usage(Exception):
 
 
 class Signalled(KeyboardInterrupt):
-    """A signal of HALTING stopped the station; `signum` says which (its exit status is 128 + signum)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+    """A signal of HALTING, args[0], stopped the station (exit 128 + it)."""
 
 
 @dataclass
 class Halt:
-    """How a station stops at a signal of HALTING while main runs it (catching): the main thread gets it
-    as Signalled, except while it closes a run (`held`: raised once the run is closed whole); a batch's
-    other runs see `signum` and stop at their next step. A second signal ends the process at once."""
+    """How a station stops at a signal of HALTING (main catches them): Signalled in the main thread unless
+    `held` (then as the block ends); other runs stop before their next step, or are closed by the station
+    (run_tickets); a second signal ends the process at once."""
     signum: int = 0
-    holding: int = 0     # held blocks open in the main thread
-    runs: dict = field(default_factory=dict)   # run id -> (its Trace, what closes it as interrupted): runs going
+    holding: int = 0     # held blocks open
+    runs: dict = field(default_factory=dict)   # run id -> (its Trace, closing it as interrupted)
 
     def catch(self, signum: int, frame) -> None:
-        """The signal handler: see the class."""
+        """The signal handler."""
         self.signum = signum
         for halting in HALTING:
             signal.signal(halting, quit_now)
@@ -187,32 +182,8 @@ class Halt:
             raise Signalled(signum)
 
     @contextlib.contextmanager
-    def catching(self) -> Iterator[None]:
-        """The block with this Halt catching HALTING (in the main thread only: no other may), the
-        handlers before it put back after."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        before = [signal.signal(halting, self.catch) for halting in HALTING]
-        try:
-            yield
-        finally:
-            for halting, handler in zip(HALTING, before):
-                signal.signal(halting, handler)
-
-    def close_runs(self) -> None:
-        """Close every run still going in another thread as interrupted, each once it is not settling (its
-        pen), and keep their pens: nothing they do later is written (the station then ends without them)."""
-        self.holding += 1   # the signal is being acted on: no close raises it again
-        for trace, close in list(self.runs.values()):
-            trace.pen.acquire()
-            close()
-        self.holding -= 1
-
-    @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """A block a signal does not cut (a run started, or settled and closed): one that comes during it is
-        raised as it ends."""
+        """A block no signal cuts (a run started, or settled and closed)."""
         main = threading.current_thread() is threading.main_thread()
         self.holding += main
         try:
@@ -252,10 +223,9 @@ SEPARATORS = ("\n", "\t")   # print's end, and the column separator of a tab-sep
 
 
 def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """(variable name, text) for every configured secret in env (a name ending in KEY, TOKEN, SECRET or
-    PASSWORD, a value of at least MIN_SECRET characters) and every way it reads once escaped into text
-    (JSON, Python's repr of it as text or as bytes, our visible escapes: a line break in it as the two
-    characters `\\n`), longest first."""
+    """(variable name, text) for each configured secret in env (a name ending in KEY, TOKEN, SECRET or
+    PASSWORD, at least MIN_SECRET characters) as it is and as escaped into text (JSON, repr, visible: a
+    line break as `\\n`), longest first."""
     found = set()
     for name, value in env.items():
         if SECRET_NAME.search(name) and isinstance(value, str) and len(value := value.strip()) >= MIN_SECRET:
@@ -474,20 +444,6 @@ class Shape:
 
 
 @dataclass(frozen=True)
-class Chain:
-    """A hash-chained JSONL log as read and verified: each entry with its line number, and the sha256
-    of each entry's line (the `prev` of the entry after it). Empty when the log does not exist yet."""
-    where: str
-    entries: tuple = ()       # ((line number, entry), ...) in order
-    hashes: tuple = ()        # 'sha256:<hex>' of each entry's line, in order
-
-    @property
-    def head(self) -> dict:
-        """{"count": entries, "hash": the last entry's hash, GENESIS when empty}: what a certificate records."""
-        return {"count": len(self.hashes), "hash": self.hashes[-1] if self.hashes else GENESIS}
-
-
-@dataclass(frozen=True)
 class Factory:
     """Every path of one factory, computed from its root; asking for a path creates nothing. `store` does
     every read and write, `code` loads agents/. The sealed folder is read from `env` when first asked."""
@@ -495,7 +451,7 @@ class Factory:
     sealed_given: str | None   # --sealed-dir, when given
     keys_dir: Path
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
-    halt: Halt = field(default_factory=Halt, compare=False, repr=False)   # the station's, when main runs it
+    halt: Halt = field(default_factory=Halt, compare=False, repr=False)
     store: "Store" = field(init=False, compare=False, repr=False)
     code: "Code" = field(init=False, compare=False, repr=False)
 
@@ -626,6 +582,8 @@ class Store:
         self.hidden = secret_values(fac.env)
         self.noted: set[str] = set()      # notes printed by this station
         self.evidence: bytes | None = None   # the evidence key, once this station has read it (evidence_key)
+        self.heads: dict = {}             # path -> {"bytes", "hash"}: its head after our last row
+        self.tally = None                 # the index's tally, once counted (index_tally)
 
     def machine(self, path: Path, doing: str) -> "Store.Machine":
         """A block that turns the machine's OSError while `doing` something to path into a StoreError naming both."""
@@ -702,29 +660,33 @@ class Store:
             raise Refusal(f"{where}: holds {bad}, half of a utf-16 pair, which is not text; remove it")
 
     def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True, each: bool = False,
-                   start: tuple[int, int] = (0, 0), piped: bytes | None = None) -> Iterator[tuple[int, dict]]:
+                   start: tuple[int, int] = (0, 0), whole: bool = False, piped: bytes | None = None) -> Iterator[tuple]:
         """(line number, object) for each non-blank line, streamed, each of `shape` when given; Refusal
-        naming file and line for a torn, oversized, non-object, misshapen or non-text line. With `each`, a
-        bad line is yielded as its Refusal and the lines after it are still read (a leading byte-order mark
-        still refuses the file). `start` is (byte offset, lines before it), a line boundary (starts_line); `piped`
-        the bytes read instead (standard input's)."""
-        where, scan = self.fac.shown(path), self.decoder.scan_once
+        naming file and line for a torn, oversized, non-object, misshapen or non-text line (with `each`,
+        yielded, and the lines after it still read). `start` is (byte offset, lines before it); `piped` the
+        bytes read instead (standard input's). With `whole`, each is (number, byte offset after it, its
+        bytes, object), and what follows the last newline (a line being written, or torn) is not read."""
+        where, scan, end = self.fac.shown(path), self.decoder.scan_once, start[0]
         with (self.opened(path, confined) if piped is None else io.BytesIO(piped)) as lines, self.machine(path, "read"):
             lines.seek(start[0])
             for number, raw in enumerate(iter(partial(lines.readline, MAX_LINE_BYTES + 1), b""), start[1] + 1):
+                if whole and raw[-1:] != b"\n" and len(raw) <= MAX_LINE_BYTES:
+                    return
                 try:  # the common case fast: one object filling the line (a BOM, NaN, a key given twice or
                     text = raw.decode("utf-8")       # anything else fails here and is named on the slow path)
-                    value, end = scan(text, 0)
-                    value = value if end == len(text) or text[end:] == "\n" else None
+                    value, stop = scan(text, 0)
+                    value = value if stop == len(text) or text[stop:] == "\n" else None
                 except (ValueError, RecursionError, StopIteration):   # decode, json and NaN errors
                     value = None
                 if type(value) is not dict or len(raw) > MAX_LINE_BYTES or b"\\u" in raw and (b"\\ud" in raw or b"\\uD" in raw):
                     if not raw.strip():
+                        end += len(raw)
                         continue
                     value = self.line_or_problem(raw, lines, f"{where} line {number}", number, each)
                 if type(value) is dict and shape is not None and not shape.fits(value):
                     value = self.misshapen(shape, value, f"{where} line {number}", each)
-                yield number, value
+                end = end + len(raw) if len(raw) <= MAX_LINE_BYTES else lines.tell()
+                yield (number, end, raw, value) if whole else (number, value)
 
     def line_or_problem(self, raw: bytes, lines, at: str, number: int, each: bool):
         """The object on one JSONL line, or (with `each`) the Refusal naming what is wrong with it; the
@@ -748,46 +710,6 @@ class Store:
             return problem
         return value
 
-    def length(self, path: Path) -> tuple[int, int]:
-        """(bytes, lines) of a JSONL file up to and including its last newline (a torn last line is not
-        yet a line); (0, 0) when there is no file."""
-        if not self.exists(path):
-            return 0, 0
-        size, count, done = 0, 0, 0
-        with self.opened(path) as reader, self.machine(path, "read"):
-            for block in iter(lambda: reader.read(1 << 20), b""):
-                if b"\n" in block:
-                    size, count = done + block.rindex(b"\n") + 1, count + block.count(b"\n")
-                done += len(block)
-        return size, count
-
-    def starts_line(self, path: Path, offset: int) -> bool:
-        """True when a file holds at least `offset` bytes and a line starts there (the byte before it is a
-        newline): what a reader that resumes at a recorded length relies on."""
-        if offset == 0:
-            return True
-        if not self.exists(path):
-            return False
-        with self.opened(path) as reader, self.machine(path, "read"):
-            reader.seek(offset - 1)
-            return reader.read(1) == b"\n"
-
-    def read_jsonl_backwards(self, path: Path, shape: Shape | None = None, block: int = 1 << 16) -> Iterator[dict]:
-        """The objects of a JSONL file newest (last) first, read in blocks from the end, each of
-        `shape` when given; Refusal naming the file for a malformed line."""
-        where = self.fac.shown(path)
-        with self.opened(path) as rows, self.machine(path, "read"):
-            end, tail = rows.seek(0, os.SEEK_END), b""
-            while end > 0:
-                start = max(0, end - block)
-                rows.seek(start)
-                lines = (rows.read(end - start) + tail).split(b"\n")
-                tail, end = (lines.pop(0) if start > 0 else b""), start
-                for raw in reversed(lines):
-                    if raw.strip():
-                        value = as_object(parse_json(decode(raw, where, first=False), where), where)
-                        yield shape.check(value, where) if shape else value
-
     def line_problem(self, raw: bytes, at: str, number: int) -> dict:
         """The object on one JSONL line; Refusal naming what is wrong with it (the slow path of read_jsonl)."""
         if len(raw) > MAX_LINE_BYTES:
@@ -795,6 +717,41 @@ class Store:
         value = as_object(parse_json(decode(raw, at, first=number == 1), at), at)
         self.check_text(value, at)
         return value
+
+    def head_at(self, path: Path, offset: int) -> str | None:
+        """The chain's head at byte `offset` of a chained file (sha256 of its last line before it, GENESIS at
+        0): the next line's `prev`; None when no line ends there."""
+        if not offset:
+            return GENESIS
+        if not self.exists(path):
+            return None
+        with self.opened(path) as reader, self.machine(path, "read"):
+            ends = os.fstat(reader.fileno()).st_size >= offset and os.pread(reader.fileno(), 1, offset - 1) == b"\n"
+            return sha256(self.last_line(reader.fileno(), offset)) if ends else None
+
+    @staticmethod
+    def last_line(handle: int, end: int) -> bytes:
+        """The last line not blank before byte `end` of an open file, without its newline, or b""."""
+        size = 1 << 12
+        while True:
+            start = max(0, end - size)
+            lines = os.pread(handle, end - start, start).split(b"\n")
+            for line in reversed(lines[1:] if start else lines):   # the first may be cut
+                if line.strip():
+                    return line
+            if not start:
+                return b""
+            size <<= 2
+
+    def append_row(self, path: Path, obj: dict, key: bytes | None = None) -> None:
+        """Append obj to a chained file too long to read whole (the index), under its lock: `prev` the sha256
+        of its last line, read from its end; sealed with `key` (seal_line). `heads` keeps the head."""
+        def compose(handle: int) -> tuple[bytes, bytes]:
+            line = self.line({**obj, "prev": sha256(self.last_line(handle, os.lseek(handle, 0, os.SEEK_END)))}, path)
+            line = seal_line(key, line) if key is not None else line
+            return line, line
+        offset, line = self.locked_append(path, compose)
+        self.heads[path] = {"bytes": offset + len(line), "hash": sha256(line[:-1])}
 
     def read_chain(self, path: Path, shape: Shape | None = None) -> Chain:
         """The hash-chained log at path, every entry and link verified (see `chain`), read under a shared
@@ -937,12 +894,14 @@ class Store:
 
     # ---- writes
 
-    def write_json(self, path: Path, obj, exclusive: bool = False) -> None:
-        """Write obj as JSON atomically (temp file, fsync, rename); `exclusive` raises FileExistsError
-        instead of replacing a file that is already there (two stamps of one name: one wins, one is told)."""
+    def write_json(self, path: Path, obj, exclusive: bool = False, private: bool = False) -> None:
+        """Write obj as JSON atomically (write_text), secrets scrubbed; with `private`, a file of the keys folder
+        (mode 0600, keys sorted, as it is); `exclusive` raises FileExistsError instead of replacing a file
+        already there (two stamps of one name: one wins, one is told)."""
         with self.writable(path):
-            text = json.dumps(redact(obj, self.hidden), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-        self.write_text(path, text, exclusive)
+            text = json.dumps(obj if private else redact(obj, self.hidden), indent=2, sort_keys=private, ensure_ascii=False,
+                              allow_nan=False) + "\n"
+        self.write_text(path, utf8(text) if private else text, exclusive, 0o600 if private else 0o644, private)
 
     @contextlib.contextmanager
     def writable(self, path: Path) -> Iterator[None]:
@@ -956,11 +915,13 @@ class Store:
             raise StoreError(f"{self.fac.shown(path)}: cannot write it (a number in it is nan or infinity, "
                              f"which json has no way to write)") from None
 
-    def write_text(self, path: Path, text: str | bytes, exclusive: bool = False, mode: int = 0o644) -> None:
-        """Write a file under the root atomically: temp file in the same folder, fsync, then os.replace
-        (old or new, never torn) or, when `exclusive`, os.link (FileExistsError if the path exists). A new
-        file gets `mode`; a replaced one keeps its own. Text has the secrets scrubbed out."""
-        with self.machine(path, "write"), self.folder(path) as folder:
+    def write_text(self, path: Path, text: str | bytes, exclusive: bool = False, mode: int = 0o644,
+                   outside: bool = False) -> None:
+        """Write a file atomically: temp file in the same folder, fsync, then os.replace (old or new, never
+        torn) or, when `exclusive`, os.link (FileExistsError if the path exists). A new file gets `mode`; a
+        replaced one keeps its own. Text has the secrets scrubbed out. Under the root through real folders,
+        or `outside` it in a folder the user named (a report) or the keys folder (report_folder)."""
+        with self.machine(path, "write"), (self.report_folder(path) if outside else self.folder(path)) as folder:
             self.write_atomic(folder, path, self.encoded(text), exclusive, mode)
 
     def encoded(self, text: str | bytes) -> bytes:
@@ -987,9 +948,8 @@ class Store:
                 os.unlink(temp, dir_fd=folder)
 
     def append_jsonl(self, path: Path, obj: dict) -> int:
-        """Append obj as one whole JSON line under an exclusive fcntl lock (O_APPEND, looped write);
-        returns the byte offset where the line starts, so the effect can be read back. A write the
-        machine stops half-way (no space, a size limit) is cut back: the file never keeps a torn line of ours."""
+        """Append obj as one whole JSON line under an exclusive fcntl lock (locked_append); the byte offset
+        where it starts, so the effect can be read back. A write the machine stops half-way is cut back."""
         return self.locked_append(path, lambda handle: (self.line(obj, path), None))[0]
 
     def append_chained(self, path: Path, make) -> dict:
@@ -1062,9 +1022,8 @@ class Store:
         return offset
 
     def open_log(self, path: Path) -> "Store.Log":
-        """An append handle on a JSONL file that this process alone writes while it is open (a run's own
-        trace): each line is one whole O_APPEND write, and the file's exclusive lock is held from the first
-        line until close(), so another process can tell it is still being written (being_written)."""
+        """An append handle on a JSONL file this process alone writes while it is open (a run's own trace),
+        its lock held from the first line until close() (being_written)."""
         return Store.Log(self, path)
 
     def being_written(self, path: Path) -> bool:
@@ -1197,12 +1156,6 @@ class Store:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder))
             os.unlink(probe, dir_fd=folder)
 
-    def write_report(self, path: Path, text: str) -> None:
-        """Write a report the user asked for (JUnit, HTML) where they named it, possibly outside the root,
-        atomically and with the secrets scrubbed out; StoreError naming the path when it cannot be written."""
-        with self.report_folder(path) as folder, self.machine(path, "write"):
-            self.write_atomic(folder, path, self.encoded(text), False, 0o644)
-
     # ---- signing keys (outside the root, in the keys folder)
 
     def read_key(self, path: Path) -> str:
@@ -1236,8 +1189,7 @@ class Store:
         with self.machine(path, "write"):
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
-            with self.report_folder(path) as folder, self.machine(path, "write"):
-                self.write_atomic(folder, path, text.encode("ascii"), True, 0o600)
+            self.write_text(path, text.encode("ascii"), True, 0o600, outside=True)
         except FileExistsError:
             return False
         return True
@@ -1282,14 +1234,6 @@ class Store:
         self.check_private(path)
         where = str(path)
         return as_object(parse_json(decode(self.read_bytes(path, confined=False), where), where), where)
-
-    def write_private(self, path: Path, obj: dict) -> None:
-        """Write a JSON object to a file of the keys folder atomically (temporary file, fsync, rename), mode 0600."""
-        with self.writable(path):
-            text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
-        data = utf8(text + "\n")
-        with self.report_folder(path) as folder, self.machine(path, "write"):
-            self.write_atomic(folder, path, data, False, 0o600)
 
     @contextlib.contextmanager
     def keys_locked(self) -> Iterator[None]:
@@ -3027,10 +2971,9 @@ def ssh_verifies(fac: Factory, signer: str, data: bytes, signature: str) -> bool
 # ---- the factory evidence key: MACs on what certify relies on
 
 def evidence_key(fac: Factory, create: bool) -> bytes | None:
-    """The factory evidence key (KEYS_DIR/_evidence.key, 64 hex like a signing key, kept and checked
-    the same way), created on first use when `create` and the keys folder can be written; None when
-    this machine has none. Read and checked once per station (Store.evidence): a batch seals two
-    index rows per run with it."""
+    """The factory evidence key (KEYS_DIR/_evidence.key, 64 hex, kept and checked like a signing key),
+    created on first use when `create` and the keys folder can be written; None when this machine has
+    none. Read once per station (Store.evidence)."""
     if fac.store.evidence is not None:
         return fac.store.evidence
     given = fac.env.get("FACTORY_EVIDENCE_KEY")
@@ -3055,13 +2998,20 @@ def mac_verifies(key: bytes, obj: dict) -> bool:
         and same_text(hmac_hex(key, signed_part(obj, ("mac",))), mac)
 
 
-def sealed_evidence(fac: Factory, obj: dict, named: bool = False) -> dict:
-    """obj with its `mac` under the evidence key (made on first use), and with `named` the key's id (mac_key); obj
-    as it is, with a note saying so, when no key can be had: it then counts as no evidence."""
+def sealing_key(fac: Factory) -> bytes | None:
+    """The evidence key to seal with (made on first use); None, noted, when there is none."""
     key = evidence_key(fac, create=True)
     if key is None:
         note(fac, f"no factory evidence key at {fac.evidence_key_path} and the keys folder cannot be written: "
                   f"proof records and index rows are written without a MAC and count as no evidence")
+    return key
+
+
+def sealed_evidence(fac: Factory, obj: dict, named: bool = False) -> dict:
+    """obj with its `mac` under the evidence key, and with `named` the key's id (mac_key); obj as it is when
+    there is none (sealing_key): it then counts as no evidence."""
+    key = sealing_key(fac)
+    if key is None:
         return obj
     obj = redact({**obj, "mac_key": key_id(key)} if named else obj, fac.store.hidden)   # as the store writes it
     return {**obj, "mac": hmac_hex(key, signed_part(obj, ("mac",)))}
@@ -3100,60 +3050,27 @@ def chain_heads(fac: Factory) -> dict:
     return {name: chain.head for name, chain in chained_logs(fac).items()}
 
 
-def heads_problem(chains: dict[str, Chain], heads, where: str) -> str | None:
-    """None when every log in `chains` still begins with the entries it held when `heads` were recorded
-    (a log may have grown since); else one line naming the log that lost or changed an entry."""
-    if not isinstance(heads, dict) or not heads or not set(heads) <= set(CHAINED_LOGS):
-        return f"{where}: records no log heads (signed before the logs were hash-chained)"
-    for name in CHAINED_LOGS:
-        head = heads.get(name, {"count": 0})   # signed (the heads are) before that log existed: it was empty
-        if not isinstance(head, dict):
-            return f"{where}: its head of {chains[name].where} is malformed"
-        problem = head_problem(chains[name], head, f"{where} was signed")
-        if problem:
-            return problem
-    return None
+# ---- this machine's anchor: the newest state of the registry and index it has written or verified
+# A registry put back to an older, self-consistent state (an approvals log emptied, a superseded certificate
+# copied back; the index's newest rows cut off) passes every check it can make of itself. So the keys
+# folder, which the tree's writers cannot write, keeps per root the newest head of each chained log and of
+# the index and the newest certificate of each agent, and every verifier refuses an older one. It is raised
+# only by what this machine wrote, and by what a signature that verifies here covers: never to an entry
+# anyone could have appended, which would pin it.
 
-
-def head_problem(chain: Chain, head: dict, when: str, copy: str = "a copy") -> str | None:
-    """None when the log still begins with the `count` entries it held `when` (ending in `hash`); else one
-    line naming the log: entries removed, or the entry at the head rewritten; restore it from `copy`."""
-    count = head.get("count")
-    if not isinstance(count, int) or count < 0:
-        return f"{chain.where}: its head recorded when {when} is malformed"
-    if len(chain.hashes) < count:
-        return (f"{chain.where}: has {len(chain.hashes)} entries but had {count} when {when}: entries were removed "
-                f"since; restore the log from {copy}")
-    if count and chain.hashes[count - 1] != head.get("hash"):
-        return (f"{chain.where}: entry {count} is not the one it held when {when}: the log was rewritten since; "
-                f"restore it from {copy}")
-    return None
-
-
-# ---- this machine's anchor: the newest state of the registry it has written or verified
-# A registry put back to an older, self-consistent state (an approvals log emptied, a revocation cut with
-# the certificate it anchored, a superseded certificate copied back) passes every check the registry can
-# make of itself. So the keys folder, which the registry's writers cannot write, keeps per factory root the
-# newest head of each hash-chained log and the newest certificate of each agent this machine has written
-# or verified, and every verifier refuses a registry older than it. It is raised only by what this machine
-# wrote itself (an append, a certificate) and by what a signature that verifies here covers (a certificate,
-# the log heads it records, a decision): never to an entry anyone could have appended, which would pin it
-# (taking it out again would be refused for good).
-
-ANCHOR_PARTS = ("logs", "certificates")
+ANCHOR_PARTS = ("logs", "certificates", "index")
 
 
 def read_anchor(fac: Factory) -> dict:
     """This machine's anchor for this root: {"logs": {name: {"count", "hash"}}, "certificates": {agent:
-    {"signature", "signed_at"}}}; empty parts when it has none yet."""
+    {"signature", "signed_at"}}, "index": {"bytes", "hash"}}; empty parts when it has none yet."""
     anchor = fac.store.read_private(fac.anchor_path)
     return {part: anchor.get(part) if isinstance(anchor.get(part), dict) else {} for part in ANCHOR_PARTS}
 
 
 def update_anchor(fac: Factory, change) -> None:
     """Apply change(anchor) -> bool (True when it changed something) to this machine's anchor and write it
-    back, under the keys folder's lock; when the keys folder cannot be written, a note says this machine
-    keeps no anchor (nothing else is refused: the anchor protects, it never blocks its own station)."""
+    back, under the keys folder's lock; a keys folder that cannot be written is noted, never refused."""
     update_private(fac, fac.anchor_path, lambda: read_anchor(fac), change, {"format": ANCHOR_FORMAT, "root": str(fac.root)},
                    "this machine's anchor of the registry is not kept up to date, so a registry put back to an older "
                    "state may go unnoticed here")
@@ -3169,7 +3086,7 @@ def update_private(fac: Factory, path: Path, read, change, head: dict, unkept: s
     with fac.store.keys_locked():
         state = read()
         if change(state):
-            fac.store.write_private(path, {**head, **state})
+            fac.store.write_json(path, {**head, **state}, private=True)
 
 
 def anchor_problem(fac: Factory, chains: dict[str, Chain]) -> str | None:
@@ -3190,16 +3107,17 @@ def newer(old, new: dict, key: str) -> bool:
     return not isinstance(old, dict) or not isinstance(old.get(key), type(new[key])) or new[key] > old[key]
 
 
-def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | None = None) -> None:
-    """Record in this machine's anchor the log heads and certificates this machine wrote or verified now,
-    each only where newer than the anchor holds: the anchor never moves back. Nothing is written when
-    nothing is newer; a keys folder that cannot be written is noted (update_anchor)."""
+def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | None = None, index: dict | None = None) -> None:
+    """Record in this machine's anchor the log heads, certificates and the index's head ({"bytes", "hash"})
+    it wrote or verified now, each only where newer: the anchor never moves back (nothing newer: no write)."""
     logs = {name: dict(head) for name, head in (logs or {}).items()}
     certificates = {name: {"signature": cert["signature"], "signed_at": cert["signed_at"]}
                     for name, cert in (certificates or {}).items()}
+    index = {key: index[key] for key in ("bytes", "hash")} if index else {}
     def merge(anchor: dict) -> bool:
         fresh = {"logs": {n: h for n, h in logs.items() if newer(anchor["logs"].get(n), h, "count")},
-                 "certificates": {n: c for n, c in certificates.items() if newer(anchor["certificates"].get(n), c, "signed_at")}}
+                 "certificates": {n: c for n, c in certificates.items() if newer(anchor["certificates"].get(n), c, "signed_at")},
+                 "index": index if index and newer(anchor["index"] or None, index, "bytes") else {}}
         for part, newest in fresh.items():
             anchor[part].update(newest)
         return any(fresh.values())
@@ -3344,59 +3262,33 @@ PROMOTION_RUNS = 20          # gated production runs at the tier below, since th
 
 
 
-@dataclass(frozen=True)
-class Production:
-    """The production evidence in the index for one agent's digest: gated runs whose row's MAC verifies,
-    each run id once, and their gate passes; and the lines of rows that would have counted but do not
-    verify, or repeat a run already counted."""
-    runs: int
-    passes: int
-    unverified: tuple = ()        # line numbers in traces/index.jsonl
-    repeated: tuple = ()          # line numbers in traces/index.jsonl
-    ids: frozenset = field(default=frozenset(), compare=False)   # every run of the digest that verifies, gated or not
-
-    @property
-    def rate(self) -> float:
-        """The gate pass rate of the verified runs (0.0 with none)."""
-        return self.passes / self.runs if self.runs else 0.0
-
-    @property
-    def rate_text(self) -> str:
-        """The rate as printed: '19/20 = 0.95 [0.76, 0.99]' with its 95% interval, or '-' over no runs (a rate
-        of nothing is not 0.00), as the tower says."""
-        return part_text({"passing_cases": self.passes, "cases": self.runs}) if self.runs else "-"
-
-    def not_counted(self, fac: Factory) -> str:
-        """'; N row(s) of traces/index.jsonl not counted (...)' for each kind of row left out, or ''."""
-        said = ""
-        for lines, why in ((self.unverified, "their evidence MAC does not verify"),
-                           (self.repeated, "they repeat a run already counted")):
-            if lines:
-                shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
-                said += f"; {len(lines)} row(s) of {fac.shown(fac.index)} not counted: {why} (line {shown})"
-        return said
-
-
 def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> Production:
-    """The closed, gated runs of this agent with its current digest (at `tier` when given) that the
-    index holds, each row's MAC checked under the evidence key and each run id counted once (a copy of
-    a genuine row verifies as well as the row itself)."""
-    key, passes, counted, unverified, repeated, ours = evidence_key(fac, create=False), 0, set(), [], [], set()
-    for number, row in index_lines(fac):
-        if row.get("state") == "started" or row["agent"] != agent.name or row.get("digest") != agent.digest:
-            continue
-        verified = key is not None and mac_verifies(key, row)
-        ours |= {row["run_id"]} if verified else set()
-        if row["gate"] not in GATED or (tier is not None and row.get("tier") != tier):
-            continue
-        if not verified:
-            unverified.append(number)
-        elif row["run_id"] in counted:
-            repeated.append(number)
-        else:
-            counted.add(row["run_id"])
-            passes += row["gate"] == "pass"
-    return Production(len(counted), passes, tuple(unverified), tuple(repeated), frozenset(ours))
+    """The gated runs of this agent's digest (at `tier`) whose row verifies (index_tally)."""
+    found = index_tally(fac).evidence.get(f"{agent.name}\t{agent.digest}") or GatedRuns()
+    counts = [found.tiers.get(tier, [0, 0])] if tier is not None else found.tiers.values()
+    return Production(sum(c[0] for c in counts), sum(c[1] for c in counts), tuple(found.unverified_lines), found.unverified)
+
+
+def verified_runs(fac: Factory, agent: Agent) -> frozenset:
+    """The runs of this agent's digest whose closed row verifies, gated or not (a full read, for certify)."""
+    key = evidence_key(fac, create=False)
+    return frozenset() if key is None or not fac.store.exists(fac.index) else frozenset(
+        row["run_id"] for _, _, raw, row in fac.store.read_jsonl(fac.index, each=True, whole=True) if type(row) is dict
+        and row.get("state") == "closed" and (row.get("agent"), row.get("digest")) == (agent.name, agent.digest)
+        and line_verifies(key, raw[:-1]))
+
+
+def index_problem(fac: Factory, cert: dict | None = None) -> str | None:
+    """Why the index cannot be counted on (after where it ended when `cert` was signed): it no longer holds
+    that head, its chain breaks, or it lost the head this machine anchored; None when none."""
+    start, anchored, where = signed_index(cert or {}), read_anchor(fac)["index"], fac.shown(fac.index)
+    if fac.store.head_at(fac.index, start["bytes"]) != start["hash"]:
+        return (f"{where}: holds less than it did when {fac.shown(fac.cert_path(cert['agent']))} was signed "
+                f"({start['bytes']} bytes), or was rewritten: rows were removed; restore it from a copy")
+    gone = type(anchored.get("bytes")) is int and fac.store.head_at(fac.index, anchored["bytes"]) != anchored.get("hash")
+    return index_tally(fac).chain_problem(where, start["bytes"]) or (
+        f"{where}: no longer holds the rows this machine wrote or verified up to byte {anchored['bytes']} ({fac.anchor_path}): "
+        f"rows were removed or rewritten since; restore it from a copy that holds them" if gone else None)
 
 
 # ---- signing a certificate
@@ -3414,7 +3306,7 @@ def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Pat
     cert["certified_rate"] = round(production.rate, 4) if production.runs >= PROMOTION_RUNS else None
     cert["certified_rate_runs"] = production.runs
     cert["chains"] = chain_heads(fac)
-    cert["index"] = dict(zip(("bytes", "lines"), fac.store.length(fac.index)))   # drift reads only what follows
+    cert["index"] = index_tally(fac).head   # drift counts only the rows after it
     return signer.signed(fac, cert, UNSIGNED_FIELDS)
 
 
@@ -3428,7 +3320,7 @@ def replace_certificate(fac: Factory, name: str, cert: dict) -> None:
     if old is not None:
         fac.store.write_text(fac.history_path(name), old)
     fac.store.write_json(current, cert)
-    raise_anchor(fac, logs=cert["chains"], certificates={name: cert})
+    raise_anchor(fac, logs=cert["chains"], certificates={name: cert}, index=cert["index"])
     try:
         signature = json.loads(old).get("signature") if old is not None else None
     except (ValueError, AttributeError, RecursionError):
@@ -3439,55 +3331,6 @@ def replace_certificate(fac: Factory, name: str, cert: dict) -> None:
 
 
 # ---- drift: a certified rate watched in production
-
-@dataclass
-class DriftFeed:
-    """Which closed index rows feed the drift watch of one certificate: gated rows of its agent and digest,
-    closed after it was signed, whose evidence MAC verifies, each run id once (a copied row moves
-    nothing). `start` is where the index ended at signing (bytes, lines): no row before it is read."""
-    key: bytes | None
-    agent: str
-    digest: str
-    signed_at: str
-    start: tuple = (0, 0)
-    seen: set = field(default_factory=set)
-
-    @classmethod
-    def of(cls, fac: Factory, cert: dict) -> "DriftFeed":
-        """The feed of a certificate (its agent, digest, signing time and index length)."""
-        index = cert.get("index") if isinstance(cert.get("index"), dict) else {}
-        start = (index.get("bytes"), index.get("lines"))
-        start = start if all(type(n) is int and n >= 0 for n in start) else (0, 0)
-        return cls(evidence_key(fac, create=False), str(cert.get("agent")), str(cert.get("digest")),
-                   str(cert.get("signed_at", "")), start)
-
-    def admits(self, row: dict) -> bool:
-        """True when this closed row (of INDEX_SHAPE) is one the watch counts; each run id is admitted once."""
-        if row["agent"] != self.agent or row["gate"] not in GATED or row.get("digest") != self.digest \
-                or row["at"] <= self.signed_at or row["run_id"] in self.seen:
-            return False
-        if self.key is None or not mac_verifies(self.key, row):
-            return False
-        self.seen.add(row["run_id"])
-        return True
-
-
-def drift_of(fac: Factory, name: str, cert: dict) -> Drift:
-    """The drift watch for NAME's current certificate, fed with the rows DriftFeed admits, read from where
-    the index ended when it was signed (a run pays for the rows since, not for all of history).
-    Refusal when the index no longer holds what it held then: rows were removed or rewritten."""
-    drift = Drift.of_certificate(cert)
-    if drift.certified is None:
-        return drift
-    feed = DriftFeed.of(fac, cert)
-    if not fac.store.starts_line(fac.index, feed.start[0]):
-        raise Refusal(f"{fac.shown(fac.index)}: holds less than it did when {fac.shown(fac.cert_path(name))} was "
-                      f"signed ({feed.start[0]} bytes), or was rewritten: rows were removed; restore it from a copy")
-    for _, row in index_lines(fac, feed.start):
-        if row.get("state") != "started" and feed.admits(row):   # an unfinished run is not a run
-            drift.observe(row)
-    return drift
-
 
 # ---- parked calls, and the approvals log that decides them
 
@@ -3988,12 +3831,14 @@ def production_evidence(claim: Claim) -> str | None:
     if claim.tier not in ("C2", "C3"):
         return None
     below, bar = TIERS[TIERS.index(claim.tier) - 1], claim.agent.card["evals"]["pass_bar"]
+    if problem := index_problem(claim.fac):
+        return f"tier {claim.tier} needs production evidence, which the index cannot give until it is whole: {problem}"
     production = gated_runs(claim.fac, claim.agent, below)
     if production.runs >= PROMOTION_RUNS and clears(production.passes, production.runs, bar):
         return None
     return (f"tier {claim.tier} needs production evidence at {below} since the agent (its digest) last changed: "
             f"{production.runs} gated run(s) (need {max(PROMOTION_RUNS, needed_cases(bar) or 0)}), gate pass rate "
-            f"{production.rate_text} (need its 95% lower bound at {bar} or above){production.not_counted(claim.fac)}.")
+            f"{production.rate_text} (need its 95% lower bound at {bar} or above){production.not_counted(claim.fac.shown(claim.fac.index))}.")
 
 
 def parked_call_sealed(claim: Claim) -> str | None:
@@ -4006,17 +3851,13 @@ def parked_call_sealed(claim: Claim) -> str | None:
 
 
 def staging_of(fac: Factory, entry: dict) -> str:
-    """How the run that staged a parked call ended, from the index read from its end: `closed` (a closed
-    row of that agent, its MAC verified, that parked at least this many calls), `started` (only its
-    started row: stopped after it parked the call), or `none` (no row: copied under a new run id)."""
-    key, started = evidence_key(fac, create=False), False
-    rows = fac.store.read_jsonl_backwards(fac.index) if fac.index.exists() else ()
-    for row in (row for row in rows if row.get("run_id") == entry["run_id"] and row.get("agent") == entry["agent"]):
-        if row.get("state") == "started":
-            started = True
-        elif type(row.get("staged")) is int and row["staged"] >= entry["call"] and key is not None and mac_verifies(key, row):
-            return "closed"
-    return "started" if started else "none"
+    """How the run of a parked call ended (index_tally): `closed` (a verified row parked this many calls),
+    `started` (only its started row), or `none` (no row: copied under a new run id)."""
+    tally = index_tally(fac)
+    verdict, staged, verified = tally.parked.get(entry["run_id"], (None, 0, False))
+    if verified and staged >= entry["call"]:
+        return "closed"
+    return "started" if entry["run_id"] in getattr(tally.agents.get(entry["agent"]), "unclosed", ()) else "none"
 
 
 def staged_by_its_run(claim: Claim) -> str | None:
@@ -4266,7 +4107,7 @@ class Diverged(Stop):
 
 
 class Interrupted(Stop):
-    """A signal stopped the station (Halt): this run of its batch stops before its next step."""
+    """A signal stopped the station (Halt): this run stops before its next step."""
     status = "interrupted"
 
 
@@ -4314,7 +4155,7 @@ class Loop:
     unpriced: str = ""               # why the cost is unknown, from the first reply whose cost is (llm.Reply.price)
     backends: list = field(default_factory=list)
     models: list = field(default_factory=list)   # the model each reply names ('' for none)
-    halt: Halt = field(default_factory=Halt)     # the station's: a signal stops the loop before its next step
+    halt: Halt = field(default_factory=Halt)     # the station's
     messages: list = field(default_factory=list)
 
     def run(self) -> str:
@@ -4355,7 +4196,7 @@ class Loop:
         """Check the step budget and the envelope *before* spending, then call the worker."""
         max_steps = self.agent.card.get("max_steps", 8)
         if self.halt.signum:
-            raise Interrupted(f"interrupted by {signal.Signals(self.halt.signum).name}")
+            raise Interrupted("")   # close_run says by which signal
         if self.steps >= max_steps:
             last = f" (a turn stopped for {self.cut_off}; none of its tool calls ran)" if self.cut_off else ""
             raise Escalated(f"step budget of {max_steps} spent without an answer{last}")
@@ -4600,9 +4441,8 @@ class Recorded:
 class Trace:
     """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its rows in traces/index.jsonl, written in this
     order: the header, the `started` row, one event per line as it happens, the end event, the `closed`
-    row. A run killed in between is started, never closed; a run still going holds its trace's lock.
-    Whoever writes its lines holds its `pen`: the run, or the station closing it at a signal
-    (Halt.close_runs). `read` gives a trace back, refusing a malformed one in this one place."""
+    row. A run killed in between is started, never closed; a run still going holds its trace's lock, and
+    whoever writes its lines its `pen` (run_tickets). `read` refuses a malformed one in this one place."""
 
     def __init__(self, fac: Factory, agent: str, run_id: str):
         self.fac, self.agent, self.run_id = fac, agent, run_id
@@ -4615,15 +4455,13 @@ class Trace:
 
     @classmethod
     def start(cls, fac: Factory, header: dict) -> "Trace":
-        """A new trace for header's agent and run id: its first line, the header with the format tag, then
-        the run's `started` row in the index (a run refused at either, a link on the way, never counts: its
-        trace is removed). The run is its trace's only writer, so its events go through one open handle,
-        locked once, at its first line (Store.open_log)."""
+        """A new trace: its header line, then the run's `started` row (a run refused at either is not counted:
+        its trace is removed); events go through one handle, locked once (open_log)."""
         trace = cls(fac, header["agent"], header["run_id"])
         trace.header, trace.log = header, fac.store.open_log(trace.path)
         trace.record({"format": TRACE_FORMAT, **header})
         try:
-            fac.store.append_jsonl(fac.index, {"state": "started", **{key: header[key] for key in STARTED_FIELDS}})
+            fac.store.append_row(fac.index, {"state": "started", **{key: header[key] for key in STARTED_FIELDS}})
         except BaseException:
             trace.release()
             fac.store.discard(trace.path)
@@ -4632,7 +4470,7 @@ class Trace:
 
     def record(self, event: dict) -> None:
         """Append one event, with the time it is written unless it has its own `at`: through the run's own
-        handle, or, for a trace opened later (an approval, in another process), under the lock."""
+        handle, or, for a trace opened later (an approval), under the lock."""
         event = {"at": utc_now(), **event}
         with self.pen:
             if self.log is not None:
@@ -4647,16 +4485,15 @@ class Trace:
             self.log = None
 
     def close(self, row: dict) -> None:
-        """End the run: the end event (END_FIELDS of the row), then the `closed` row in the index (all
-        but NOT_INDEXED). When the trace was moved while the run wrote it, the row's reason says so, a
-        note on stderr too; the verdict stays what the run did."""
+        """End the run: the end event (END_FIELDS of the row), then the sealed `closed` row (all but
+        NOT_INDEXED). A trace moved while the run wrote it is said in the row's reason and a note."""
         if self.log is not None and self.log.moved():
             moved = f"the trace was moved away from {self.fac.shown(self.path)} while the run wrote it"
             row["reason"] = "; ".join(filter(None, (row.get("reason"), moved)))
             note(self.fac, f"run {self.run_id}: {moved}; its later events went to the file that was moved, or were lost with it if it was deleted or replaced")
         self.record({"event": "end", **{key: row[key] for key in END_FIELDS}})
         closed = {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}}
-        self.fac.store.append_jsonl(self.fac.index, sealed_evidence(self.fac, closed))   # counted as evidence
+        self.fac.store.append_row(self.fac.index, closed, sealing_key(self.fac))   # counted as evidence
         self.closed, self.row = True, row
         self.release()   # after the closed row: until then the run is still being written (harvest asks)
         if self.fac.otlp:
@@ -4685,8 +4522,7 @@ class Trace:
 
 
 def check_header(header: dict, where: str) -> None:
-    """Refusal unless the first line of a trace is one of our headers, of today's format (formats are not
-    migrated before 1.0: a trace an older factory wrote is refused, naming its format)."""
+    """Refusal unless the first line of a trace is our header, of today's format (not migrated before 1.0)."""
     if header.get("format") != TRACE_FORMAT and str(header.get("format")).startswith("factory-trace-"):
         raise Refusal(f"{where}: a {visible(header['format'])} trace, not {TRACE_FORMAT}: written by an older factory")
     if not (header.get("format") == TRACE_FORMAT and isinstance(header.get("agent"), str)
@@ -4716,9 +4552,8 @@ def find_trace(fac: Factory, run_id: str) -> Path:
 
 
 def index_lines(fac: Factory, start: tuple[int, int] = (0, 0)) -> Iterator[tuple[int, dict]]:
-    """(line number, row) for every row of traces/index.jsonl, streamed, each checked against its state's
-    shape (STARTED_SHAPE, else INDEX_SHAPE: an old row with no state is closed); nothing with no index.
-    From `start` (byte offset, lines before it) when given."""
+    """(line number, row) for every row of the index from `start` (byte offset, lines before it), streamed,
+    each checked against its state's shape; nothing with no index."""
     if not fac.index.exists():
         return
     where = fac.shown(fac.index)
@@ -4727,17 +4562,6 @@ def index_lines(fac: Factory, start: tuple[int, int] = (0, 0)) -> Iterator[tuple
         if not shape.fits(row):
             shape.check(row, f"{where} line {number}")
         yield number, row
-
-
-def index_entries(fac: Factory) -> Iterator[dict]:
-    """Every row of traces/index.jsonl, started and closed (see index_lines)."""
-    return (row for _, row in index_lines(fac))
-
-
-def index_rows(fac: Factory) -> Iterator[dict]:
-    """The runs: the closed rows of traces/index.jsonl, streamed and shape-checked (a started row with
-    no closed row is an unfinished run, never counted as a run)."""
-    return (row for row in index_entries(fac) if row.get("state") != "started")
 
 
 # ---- assembling a loop: the one place a broker and a loop are put together
@@ -4835,7 +4659,7 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
     tier, clients = tier or cert["tier"], clients or Clients(fac.env)
     run_id, trace, interrupted = new_run_id(), None, None
     try:
-        with fac.halt.held():   # a run is counted whole or not at all
+        with fac.halt.held():   # counted whole or not at all
             trace = Trace.start(fac, {"run_id": run_id, "agent": agent.name, "ticket": ticket_id, "at": utc_now(),
                                       "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
             trace.effect_tags = dict(effect_tags or {})
@@ -4843,7 +4667,7 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
             interrupted = partial(close_run, fac, clients, agent, cert, trace, loop, "interrupted", tier)
             fac.halt.runs[run_id] = (trace, interrupted)
         return close_run(fac, clients, agent, cert, trace, loop, run_loop(loop), tier)
-    except KeyboardInterrupt:   # in this thread, before it was settled: closed as interrupted
+    except KeyboardInterrupt:   # in this thread, before it settled
         if interrupted is not None:
             interrupted()
         raise
@@ -4861,12 +4685,12 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
         loop.reason = f"interrupted by {signal.Signals(fac.halt.signum).name}" if fac.halt.signum else "interrupted"
     cost = cost_problem(fac, agent, loop)
     gate = gate_run(clients, agent, loop, status, cost)
-    with trace.pen, fac.halt.held():   # from the gate's answer on, the run is settled and closed whole
+    with trace.pen, fac.halt.held():   # after the gate, the run is settled and closed whole
         return trace.row if trace.closed else settle_run(fac, agent, cert, trace, loop, status, tier, cost, gate)
 
 
 def settle_run(fac: Factory, agent: Agent, cert: dict, trace: Trace, loop: Loop, status: str, tier: str, cost, gate: dict) -> dict:
-    """close_run's part after the gate answered (an interrupted run settles nothing); the run's row."""
+    """close_run after the gate (an interrupted run settles nothing); the run's row."""
     trace.record({"event": "gate", **gate})
     handed_off = agent.hands_off(loop.output)
     shown = {"input_digest": recorded_digest(fac, trace.header["input"]),   # sealed with a parked call: approve
@@ -5089,7 +4913,7 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
                 batches.append((ready, scorer.submit(client.batch, draft_items(agent, cases, results, ready))))
                 ready = []
         answered = [(i, answer) for indices, future in batches for i, answer in zip(indices, future.result())]
-    finally:   # at a signal, the cases and scores still waiting are dropped (nothing is written)
+    finally:   # at a signal, the cases still waiting are dropped
         for each in (pool, scorer):
             each.shutdown(wait=not fac.halt.signum, cancel_futures=True)
     progress.close()
@@ -5126,8 +4950,8 @@ def card_models(card: dict) -> list[str]:
 
 
 def answered_by_card_models(card: dict, result: dict) -> bool:
-    """True when every worker reply of one case named a model the card names (llm.same_model), and none
-    was the agent's offline rules unless the card names `offline` and they answered from the start."""
+    """True when every reply of one case named a model the card names (llm.same_model), none the agent's
+    rules unless the card names `offline` and they answered from the start."""
     backends, rules_named = result["backends"], "offline" in card_models(card)
     return bool(backends) and all(not b.startswith("offline") or (b == "offline" and rules_named) for b in backends) \
         and not other_models(card, result["models"])
@@ -5268,9 +5092,9 @@ def arg(*flags: str, **options) -> tuple:
 
 def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str], env: tuple[str, ...],
             more_exits: tuple[tuple[int, str], ...] = ()):
-    """Mark cmd_NAME as the station NAME taking these arguments (each from arg()), and give what its --help
-    shows after them: examples, what exit statuses 0 and 1 mean for it (2, 130 and 143 are every station's),
-    any other (`more_exits`), and the environment variables it reads (names in ENVIRONMENT)."""
+    """Mark cmd_NAME as the station NAME taking these arguments (each from arg()), with what its --help
+    shows after them: examples, what exits 0 and 1 mean for it, any other (`more_exits`), and the
+    environment variables it reads (names in ENVIRONMENT)."""
     def mark(func):
         func.station_arguments = arguments
         func.station_help = {"examples": examples, "exits": exits, "env": env, "more_exits": more_exits}
@@ -5279,41 +5103,14 @@ def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str]
 
 
 def setting_problem(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
-    """Why a variable of `names` (a station's; a proxy's lower-case name too, as urllib reads it) can serve
-    no request, in one line never showing a key: a key an HTTP header cannot carry (RFC 9110 section 5.5),
-    an endpoint that is no http(s) url with a host IDNA can encode (a proxy may leave out its http://)."""
+    """Why a variable of `names` (a station's; a proxy's lower-case one too, as urllib reads it) can serve no
+    request (llm.key_problem, url_problem), in one line never showing a key."""
     for name in names + tuple(n.lower() for n in names if n.endswith("_PROXY")):
         value, secret = env.get(name) or "", SECRET_NAME.search(name)
-        problem = key_problem(value.strip()) if secret else url_problem(value, name[-6:].lower() == "_proxy") \
+        problem = llm.key_problem(value.strip()) if secret else llm.url_problem(value, name[-6:].lower() == "_proxy") \
             if ENDPOINT_NAME.search(name) and value else None
         if problem:
             return f"{name} {problem}" + ("; set it again (its value is not shown)" if secret else "")
-    return None
-
-
-def key_problem(key: str) -> str | None:
-    """What in a key no HTTP header can carry (a line break, another control, a character outside latin-1)."""
-    for at, char in enumerate(key, 1):
-        what = ("a line break" if char in "\r\n\x85\u2028\u2029" else "a control character" if UNPRINTABLE.match(char)
-                or char == "\t" else "a character outside latin-1" if ord(char) > 0xFF else None)
-        if what:
-            return f"holds {what} (character {at} of {len(key)}), which no http header can carry"
-    return None
-
-
-def url_problem(url: str, proxy: bool) -> str | None:
-    """What keeps url from being an address a request can go to, or None."""
-    try:
-        parts = urllib.parse.urlsplit(url if "://" in url or not proxy else f"http://{url}")
-        parts.port   # noqa: B018 - a port that is no number, or out of range, is a ValueError
-        if re.search("[\x00-\x20\x7f-\x9f]", url) or parts.scheme not in ("http", "https") or not parts.hostname \
-                or not "".join(parts[2:] + (parts.username or "", parts.password or "")).isascii():
-            return f"is not an http:// or https:// url with a host, free of spaces and controls, ascii but its host ({visible(url)})"
-        parts.hostname.encode("idna")
-    except UnicodeError:
-        return f"names a host IDNA cannot encode, which no name lookup can find ({url})"
-    except ValueError as error:
-        return f"is not a url ({str(error).lower()}: {visible(url)})"
     return None
 
 
@@ -5708,7 +5505,7 @@ def cmd_prove(fac: Factory, args) -> int:
     if args.sealed:
         count_sealed_attempt(fac, agent.name, proof["suite_digest"])   # where deleting records cannot lower the count
     if args.junit:
-        fac.store.write_report(Path(args.junit), junit_xml(proof, results, time.monotonic() - started))
+        fac.store.write_text(Path(args.junit), junit_xml(proof, results, time.monotonic() - started), outside=True)
     print_block(json.dumps(proof, indent=2)) if args.json else print_proof(proof)
     return 0 if proof["passed"] else 1
 
@@ -5926,8 +5723,10 @@ def attempts_lines(claim: Claim) -> list[str]:
 def production_line(fac: Factory, claim: Claim) -> str:
     """The production evidence the index holds for this digest: verified gated runs counted, the rest named."""
     production = gated_runs(fac, claim.agent)
+    problem = index_problem(fac)
     return (f"  production evidence since the agent (its digest) last changed: {production.runs} verified gated run(s), gate pass "
-            f"rate {production.rate_text}{production.not_counted(fac)}; its held drafts {reviews_text(review_figures(fac, claim.name, production.ids)[0])}")
+            f"rate {production.rate_text}{production.not_counted(fac.shown(fac.index))}; its held drafts "
+            f"{reviews_text(review_figures(fac, claim.name, verified_runs(fac, claim.agent))[0])}" + (f"; WARNING: {problem}" if problem else ""))
 
 
 def replaced_lines(fac: Factory, claim: Claim) -> list[str]:
@@ -6146,6 +5945,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
     that is a Refusal emitted as refused). Once stdout closes (BrokenPipeError), no ticket starts and
     those started finish unseen. The drift watch is asked before each ticket and fed each result."""
     drift, progress, inflight = drift_of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
+    refuse_if(drift.certified and index_problem(fac, cert))
     batch = Batch()
     def finish():
         ticket_id, future = inflight.popleft()
@@ -6179,8 +5979,11 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
             inflight.append((ticket_id, pool.submit(run_one, fac, agent, cert, text, ticket_id, tier, clients)))
         while inflight:
             finish()
-    except KeyboardInterrupt:
-        fac.halt.close_runs()   # the runs its threads still have, which may be waiting for a model for a minute
+    except KeyboardInterrupt:   # its threads' runs (perhaps waiting a minute for a model) closed once not
+        fac.halt.holding += 1   # settling; their pens kept: nothing they do later is written
+        for trace, close in list(fac.halt.runs.values()):
+            trace.pen.acquire()
+            close()
         raise
     finally:
         pool.shutdown(wait=not fac.halt.signum)
@@ -6286,7 +6089,7 @@ def cmd_tower(fac: Factory, args) -> int:
     if args.json:
         print_block(json.dumps(doc, indent=2))
     elif args.html:
-        fac.store.write_report(Path(args.html), render_tower_html(doc))
+        fac.store.write_text(Path(args.html), render_tower_html(doc), outside=True)
         print(f"wrote {args.html}")
     else:
         print_tower(doc)
@@ -6383,7 +6186,7 @@ def harvest_candidates(fac: Factory, name: str, done: set) -> tuple[list[dict], 
     """(NAME's runs to harvest, in index order, none in `done`; a Harvested counting the unfinished runs
     left). A flagged closed run, or an unfinished one no process is writing any more (one still being
     written, or killed before its trace began, is left)."""
-    entries = [row for row in index_entries(fac) if row["agent"] == name and row["run_id"] not in done]
+    entries = [row for _, row in index_lines(fac) if row["agent"] == name and row["run_id"] not in done]
     closed, todo, result = {row["run_id"] for row in entries if row.get("state") != "started"}, [], Harvested()
     for row in entries:
         if row.get("state") != "started":
@@ -6510,11 +6313,13 @@ def cmd_doctor(fac: Factory, args) -> int:
 
     Per agent: its worker backend (a model, or its offline rules), gate threshold and whether it may
     run. Then the keys set (never their values), the gate's protocol, endpoint and User-Agent, and a
-    live check of the gate: "why is every run routed to a human?".
+    live check of the gate: "why is every run routed to a human?". Last, the index: its hash chain
+    checked from its first row (the first break named), and whether it holds what this machine anchored.
     """
     present = [name for name in KEY_NAMES if fac.env.get(name)]
     agents, gate = [doctor_row(fac, path.stem) for path in sorted(fac.masters.glob("*.json"))], gate_report(fac)
-    if printed_json(args, {"root": str(fac.root), "keys_present": present, "agents": agents, "gate": gate}):
+    index = index_report(fac)
+    if printed_json(args, {"root": str(fac.root), "keys_present": present, "agents": agents, "gate": gate, "index": index}):
         return 0
     print(f"root {fac.root}")
     print(f"keys present: {', '.join(present) or 'none'} (values are never printed)")
@@ -6522,7 +6327,7 @@ def cmd_doctor(fac: Factory, args) -> int:
         calls = "; ".join(f"{model} -> {where}" for model, where in row.get("calls", {}).items())
         print(f"{row['agent']}: card does not load: {row['problem']}" if "problem" in row else
               f"{row['agent']}: worker {row['worker']} ({calls}); gate bar {row['gate_bar']}; {row['state']}")
-    for line in gate:
+    for line in gate + index:
         print(line)
     return 0
 
@@ -6539,6 +6344,14 @@ def doctor_row(fac: Factory, name: str) -> dict:
             "calls": {model: llm.calls_to(model, fac.env) for model in card_models(card)},
             "gate_bar": card["evals"]["gate"], "state": certificate_state(fac, name)}
 
+
+def index_report(fac: Factory) -> list[str]:
+    """doctor's lines on the index, counted from its first row: index_problem."""
+    fac.store.tally = tally = IndexTally()
+    if fac.store.exists(fac.index):
+        count_index(fac, tally, evidence_key(fac, create=False))
+    return [f"index: {tally.head['lines']} line(s), {len(tally.breaks)} break(s) in its hash chain",
+            f"index: {index_problem(fac) or 'whole, holding every row this machine anchored'}"]
 
 
 @station(JSON_LINES, examples=("python3 factory.py pending",),
@@ -6928,7 +6741,7 @@ def cmd_export(fac: Factory, args) -> int:
     if fac.otlp is None:
         raise Refusal("no OTLP endpoint: set OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://localhost:4318)")
     runs = [(agent or find_trace(fac, run_id).parent.name, run_id) for agent, run_id in args.runs] or \
-           [(row["agent"], row["run_id"]) for row in index_rows(fac)]
+           [(row["agent"], row["run_id"]) for _, row in index_lines(fac) if row.get("state") != "started"]
     failed = 0
     for agent, run_id in runs:
         try:   # a trace gone or torn is named, and the other runs are still sent
@@ -7003,24 +6816,108 @@ PARTIAL_LINE = "partial: what is marked 'problem' could not be read; everything 
 FIGURE_RANGES = (("acted", MAX_FIGURE), ("staged", MAX_FIGURE), ("cost_usd", MAX_FIGURE), ("p", 1))   # field, highest; lowest 0
 
 
+TALLY_FORMAT = "factory-tally-1"
+CHECKPOINT_ROWS = 1000       # a count of this many rows or more leaves a checkpoint
+
+
+def unread(fac: Factory, tally: IndexTally, row, number: int) -> None:
+    """Why index line `number` (a Refusal, or a misshapen row) is not counted, in its agent's problems."""
+    if type(row) is not dict:
+        tally.problems.append(f"{row}; not counted")
+        return
+    shape = STARTED_SHAPE if row.get("state") == "started" else INDEX_SHAPE
+    line = misshapen_row(shape, row, f"{fac.shown(fac.index)} line {number}")
+    agent = row.get("agent")
+    (tally.agents[agent].problems if agent in tally.agents else tally.problems).append(line)
+
+
+def drift_of(fac: Factory, name: str, cert: dict) -> Drift:
+    """The drift watch of NAME's certificate: the last verified gated runs of its digest after its signing."""
+    drift = Drift.of_certificate(cert)
+    found = index_tally(fac).evidence.get(f"{name}\t{cert.get('digest')}") if drift.certified else None
+    start, signed = signed_index(cert)["bytes"], str(cert.get("signed_at", ""))
+    drift.recent.extend(passed for end, at, passed in (found.recent if found else ()) if end > start and at > signed)
+    return drift
+
+
+def count_index(fac: Factory, tally: IndexTally, key: bytes | None) -> int:
+    """Count into tally the whole lines of the index after its head, each link checked (its MAC too, where
+    it is evidence); the lines read. A file that cannot be read is a problem line."""
+    import hashlib
+    head, read, sha = tally.head, 0, hashlib.sha256
+    prev, end, number = head["hash"], head["bytes"], head["lines"]
+    try:
+        for number, end, raw, row in fac.store.read_jsonl(fac.index, each=True, start=(end, number), whole=True):
+            fits = type(row) is dict and (type(row.get("run_id")) is str if row.get("state") == "started" else INDEX_SHAPE.fits(row))
+            if type(row) is not dict or not tally.count(row, fits, raw, number, end, prev, key):
+                unread(fac, tally, row, number)
+            prev, read = "sha256:" + sha(raw[:-1]).hexdigest(), read + 1
+    except Refusal as why:
+        tally.problems.append(f"{why}; runs after it are not counted")
+        return 0
+    finally:
+        tally.head = {"bytes": end, "lines": number, "hash": prev}
+    if os.path.getsize(fac.index) > end and not fac.store.being_written(fac.index):   # the next append ends it
+        tally.torn = f"{fac.shown(fac.index)} line {number + 1}: cut short (its writer was killed mid-line); not counted"
+    return read
+
+
+def index_tally(fac: Factory) -> IndexTally:
+    """The index's tally, counted once per station: from the checkpoint when it verifies, was counted by this
+    code and still matches the index at its head (else from the first row, noted), then the rows since."""
+    if fac.store.tally is not None:
+        return fac.store.tally
+    key, path = evidence_key(fac, create=False), fac.traces / "tally.json"
+    tally = checkpoint(fac, path, key) if key is not None and fac.store.exists(path) else IndexTally()
+    if isinstance(tally, str):
+        note(fac, f"{fac.shown(path)} {tally}: ignored; the tally is counted again from the index's first row")
+        tally = IndexTally()
+    if fac.store.exists(fac.index) and count_index(fac, tally, key) >= CHECKPOINT_ROWS and key is not None:
+        saved = {"format": TALLY_FORMAT, "code": code_digest(), "index": tally.head, "state": json_state(tally)}
+        with contextlib.suppress(StoreError):   # a root it may not write still gets its tower
+            fac.store.write_json(path, sealed_evidence(fac, saved))
+    fac.store.tally = tally
+    return tally
+
+
+def checkpoint(fac: Factory, path: Path, key: bytes) -> IndexTally | str:
+    """The checkpoint's tally, or why it cannot be used."""
+    try:
+        saved = fac.store.read_json(path)
+        head = saved["index"]
+        return ("does not verify with the factory evidence key" if not mac_verifies(key, saved) else
+                "was counted by another version of factory.py" if (saved["format"], saved["code"]) != (TALLY_FORMAT, code_digest())
+                else f"no longer matches {fac.shown(fac.index)} at byte {head['bytes']}: rows were removed or rewritten before it"
+                if fac.store.head_at(fac.index, head["bytes"]) != head["hash"] else from_state(IndexTally, saved["state"]))
+    except (Refusal, KeyError, TypeError, AttributeError) as error:
+        return f"cannot be read ({error})"
+
+
+def code_digest() -> str:
+    """sha256 of this file and broker.py (a tally other code counted is counted again)."""
+    here = Path(__file__).resolve()
+    return sha256(here.read_bytes() + here.with_name("broker.py").read_bytes())
+
+
 def tower_document(fac: Factory) -> dict:
     """Everything the tower shows (the --json shape, TOWER_FORMAT): per agent with runs, a card or a
-    certificate, its run figures (the humans' decisions on its parked calls folded in) and its trust.
-    What cannot be read is a line in `problems` and the document is `partial`."""
-    problems: list[str] = []
-    calls = parked(fac)
-    watch = dict.fromkeys({e["run_id"] for e in calls.entries} | {run for run, _ in calls.decided or {}})
-    tallies = tally_index(fac, problems, watch)
+    certificate, its run figures (the index's tally, the humans' decisions folded in) and its trust. What
+    cannot be read is a line in `problems` and the document is `partial`; it never hides other agents."""
+    calls, counted = parked(fac), index_tally(fac)
+    problems, tallies = list(counted.problems), {name: from_state(Tally, json_state(t)) for name, t in counted.agents.items()}
+    problems += [line for line in (index_problem(fac), counted.torn) if line]
+    watch = {run: counted.parked[run][0] for run in {e["run_id"] for e in calls.entries} | {run for run, _ in calls.decided or {}}
+             if run in counted.parked}
     fold_decisions(tallies, calls, watch, problems)
     waiting = calls_by_agent(fac, calls, problems)
     agents = []
     for name in sorted(set(tallies) | set(known_agents(fac)) | set(waiting)):
-        tally = tallies.get(name) or new_tally(fac, name)
-        trust, trouble = trust_of(fac, name, tally.drift)
+        tally, drift = tallies.get(name) or Tally(), drift_of(fac, name, current_cert(fac, name))
+        trust, trouble = trust_of(fac, name, drift)
         counts = waiting.get(name) or ParkedCounts()
         trust.update(pending=counts.pending, uncertain_effect=counts.uncertain_effect, stuck=counts.stuck)
         reviews, unread = review_figures(fac, name)
-        agents.append({"agent": name, "trust": trust, "gate_bar": gate_bar(fac, name), **tally.figures(), "reviews": reviews,
+        agents.append({"agent": name, "trust": trust, "gate_bar": gate_bar(fac, name), **tally.figures(drift), "reviews": reviews,
                        "problems": tally.problems + trouble + counts.problems + unread})
     partial = bool(problems) or any(a["problems"] for a in agents)
     return {"format": TOWER_FORMAT, "generated_at": utc_now(), "partial": partial, "problems": problems, "agents": agents}
@@ -7060,39 +6957,6 @@ def run_agent(fac: Factory, run_id: str) -> str | None:
         return None
 
 
-def tally_index(fac: Factory, problems: list[str], watch: dict) -> dict[str, Tally]:
-    """agent -> Tally, from one streamed pass over traces/index.jsonl. A line that cannot be read is one
-    line in `problems` (its agent's when it names one); a file that cannot be read is one line. `watch`
-    (run id -> None) gets each of its runs' verdict. Runs once per row of a huge index: kept flat."""
-    tallies: dict[str, Tally] = {}
-    try:
-        for number, row in (fac.store.read_jsonl(fac.index, each=True) if fac.store.exists(fac.index) else ()):
-            if type(row) is dict and type(agent := row.get("agent")) is str:
-                tally = tallies.get(agent) or tallies.setdefault(agent, new_tally(fac, agent, watch))
-                if row.get("state") != "started":
-                    if INDEX_SHAPE.fits(row) and tally.add(row):
-                        continue
-                elif type(row.get("run_id")) is str:   # all an unfinished run is counted by
-                    tally.unclosed.add(row["run_id"])
-                    continue
-            unread(fac, tallies, problems, row, number)
-    except Refusal as why:
-        problems.append(f"{why}; runs after it are not counted")
-    return tallies
-
-
-def unread(fac: Factory, tallies: dict[str, Tally], problems: list[str], row, number: int) -> None:
-    """Put the line saying why index line `number` is not counted with its agent, or the tower's own
-    problems when it names none (row: the Refusal of a line that did not read, or a misshapen object)."""
-    if type(row) is not dict:
-        problems.append(f"{row}; not counted")
-        return
-    shape = STARTED_SHAPE if row.get("state") == "started" else INDEX_SHAPE
-    line = misshapen_row(shape, row, f"{fac.shown(fac.index)} line {number}")
-    agent = row.get("agent")
-    (tallies[agent].problems if type(agent) is str else problems).append(line)
-
-
 def misshapen_row(shape: Shape, row: dict, where: str) -> str:
     """The line naming what is wrong with an index row that does not fit its shape, or (a closed row)
     whose figures no run can have."""
@@ -7123,24 +6987,20 @@ def figure_text(value) -> str:
     return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
+def current_cert(fac: Factory, name: str) -> dict:
+    """NAME's certificate as it reads, {} when there is none or it does not read (trust_of says which)."""
+    try:
+        path = fac.cert_path(name)
+        return fac.store.read_json(path) if fac.store.exists(path) else {}
+    except Refusal:
+        return {}
+
+
 def known_agents(fac: Factory) -> list[str]:
     """Every agent with a card or a certificate, whether or not it has run."""
     cards = [path.stem for path in fac.masters.glob("*.json")]
     certs = [path.name[:-len(".card.json")] for path in fac.registry.glob("*.card.json")]
     return [name for name in cards + certs if NAME.fullmatch(name)]
-
-
-def new_tally(fac: Factory, name: str, watch: dict | None = None) -> Tally:
-    """A tally whose drift watch is centred on NAME's certified rate (no baseline when uncertified, or
-    when the certificate cannot be read: trust_of reports that), sharing `watch` (see tally_index)."""
-    try:
-        path = fac.cert_path(name)
-        cert = fac.store.read_json(path) if fac.store.exists(path) else {}
-    except Refusal:
-        cert = {}
-    drift = Drift.of_certificate(cert)
-    feed = DriftFeed.of(fac, cert) if drift.certified is not None else None
-    return Tally(drift, signed_at=str(cert.get("signed_at", "")), feed=feed, watch={} if watch is None else watch)
 
 
 def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
@@ -7624,12 +7484,17 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     # a snapshot: Code.execute takes FACTORY_SEALED_DIR out of the process environment before agent code
     # loads, and the station still reads the environment it was started with (the sealed folder, when first used)
     env, halt = dict(os.environ) if env is None else env, Halt()
-    with safe_streams(env), halt.catching():
-        return run_station(argv, env, halt)
+    before = [signal.signal(halting, halt.catch) for halting in HALTING if threading.current_thread() is threading.main_thread()]
+    try:
+        with safe_streams(env):
+            return run_station(argv, env, halt)
+    finally:   # (only the main thread may set one)
+        for halting, handler in zip(HALTING, before):
+            signal.signal(halting, handler)
 
 
 def run_station(argv: list[str] | None, env: Mapping[str, str], halt: Halt) -> int:
-    """main, inside the safe streams, `halt` catching signals. Only the station argv names has its parser built."""
+    """main, inside the safe streams and `halt`. Only the station argv names has its parser built."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         build_parser(built=()).print_help(sys.stderr)
@@ -7644,7 +7509,10 @@ def run_station(argv: list[str] | None, env: Mapping[str, str], halt: Halt) -> i
         refuse_if(setting_problem(env, args.func.station_help["env"]))   # before anything is written
         llm.Worker, sage.Sage  # noqa: B018 - load the lazy clients now, before any thread (LazyLoader is not thread-safe on 3.11)
         fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), env, halt)
-        return args.func(fac, args)
+        try:
+            return args.func(fac, args)
+        finally:   # the index rows this station appended, anchored once
+            raise_anchor(fac, index=fac.store.heads.get(fac.index))
     except Usage as usage:
         station = usage.station or station
         print(f"factory{' ' + station if station else ''}: {usage}; see `factory.py {station + ' ' if station else ''}--help`",
@@ -7658,10 +7526,10 @@ def run_station(argv: list[str] | None, env: Mapping[str, str], halt: Halt) -> i
         return 1
     except KeyboardInterrupt as stop:
         print(f"factory{' ' + station if station else ''}: interrupted", file=sys.stderr)
-        status = 128 + getattr(stop, "signum", signal.SIGINT)
-        if isinstance(stop, Signalled) and threading.active_count() > 1:   # a thread may wait a minute for a model:
-            for stream in (sys.stdout, sys.stderr):                        # the station ends without it (its runs
-                stream.flush()                                             # were closed, Halt.close_runs)
+        status = 128 + (stop.args[0] if isinstance(stop, Signalled) else signal.SIGINT)
+        if isinstance(stop, Signalled) and threading.active_count() > 1:   # not waiting for a thread's model
+            for stream in (sys.stdout, sys.stderr):                        # call (its run is closed)
+                stream.flush()
             os._exit(status)
         return status
     except BrokenPipeError:

@@ -63,6 +63,7 @@ import random
 import re
 import threading
 import time
+import unicodedata
 import urllib.parse
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -461,6 +462,34 @@ def calls_to(model_id: str, env: Mapping[str, str]) -> str:
         return f"{calls_to(model_id, {**env, missing.name: 'set'})} (not asked: no {missing.name})"
     except LLMError as error:
         return str(error)
+
+
+def key_problem(key: str) -> str | None:
+    """What in a key no HTTP header can carry (RFC 9110 section 5.5: a line break, another control, a
+    character outside latin-1), as the rest of a line naming the key's variable; None when nothing."""
+    for at, char in enumerate(key, 1):
+        what = ("a line break" if char in "\r\n\x85\u2028\u2029" else "a control character" if unicodedata.category(char) == "Cc"
+                or char == "\t" else "a character outside latin-1" if ord(char) > 0xFF else None)
+        if what:
+            return f"holds {what} (character {at} of {len(key)}), which no http header can carry"
+    return None
+
+
+def url_problem(url: str, proxy: bool) -> str | None:
+    """What keeps url from being an address a request can go to (a proxy may leave out its http://, as
+    urllib reads it), as the rest of a line naming its variable; None when nothing."""
+    try:
+        parts = urllib.parse.urlsplit(url if "://" in url or not proxy else f"http://{url}")
+        parts.port   # noqa: B018 - a port that is no number, or out of range, is a ValueError
+        if re.search("[\x00-\x20\x7f-\x9f]", url) or parts.scheme not in ("http", "https") or not parts.hostname \
+                or not "".join(parts[2:] + (parts.username or "", parts.password or "")).isascii():
+            return f"is not an http:// or https:// url with a host, free of spaces and controls, ascii but its host ({url})"
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        return f"names a host IDNA cannot encode, which no name lookup can find ({url})"
+    except ValueError as error:
+        return f"is not a url ({str(error).lower()}: {url})"
+    return None
 
 
 def _need(env: Mapping[str, str], name: str) -> str:

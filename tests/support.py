@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import hmac
 import io
 import json
 import os
@@ -74,6 +75,17 @@ def chained_line(path: Path, entry: dict) -> str:
     registry can append one (the chain needs no key; it protects what was signed over, not appending)."""
     lines = path.read_bytes().splitlines() if path.exists() else []
     return json.dumps({**entry, "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}) + "\n"
+
+
+def index_line(path: Path, row: dict, key: bytes | None = None) -> str:
+    """row as the next line of the hash-chained index at path, as anyone who writes the tree can make one: its
+    `prev` the sha256 of the index's last line that is not blank (the genesis value for none); with `key`, the
+    evidence key, sealed as the factory seals a closed row (a last field `mac`: the HMAC of the line before it)."""
+    lines = [line for line in path.read_bytes().split(b"\n") if line.strip()] if path.exists() else []
+    body = json.dumps({**row, "prev": factory.sha256(lines[-1]) if lines else factory.GENESIS}, separators=(",", ":"))
+    if key is not None:
+        body = body[:-1] + f',"mac":"hmac-sha256:{hmac.new(key, body.encode(), hashlib.sha256).hexdigest()}"}}'
+    return body + "\n"
 
 
 def at_terminal(argv: list[str], env: dict, answer: bytes = b"y\n",
@@ -331,6 +343,14 @@ class LineTest(unittest.TestCase):
         """Every row of traces/index.jsonl, started and closed."""
         path = self.root / "traces" / "index.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def append_index(self, *rows: dict, sealed: bool = False) -> None:
+        """Append rows to traces/index.jsonl, each chained to the line before it (index_line), sealed with this
+        test's evidence key when `sealed` (as the line seals its closed rows; anyone else's would not verify)."""
+        index, key = self.root / "traces" / "index.jsonl", (self.tmp / "keys" / "_evidence.key").read_bytes().strip()
+        for row in rows:
+            with index.open("a") as out:
+                out.write(index_line(index, row, key if sealed else None))
 
     def outbox(self, agent: str, kind: str) -> list[dict]:
         """Rows of outbox/AGENT/KIND.jsonl (labels, drafts, refunds, review), [] when there is none."""

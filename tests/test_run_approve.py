@@ -133,7 +133,7 @@ class Runs(CertifiedTest):
     def test_a_run_is_written_in_order_started_first_closed_last(self):
         self.runs_ok()
         started, closed = self.index_lines()
-        self.assertEqual(set(started), {"state", "run_id", "agent", "at", "tier", "digest"})
+        self.assertEqual(set(started), {"state", "run_id", "agent", "at", "tier", "digest", "prev"})
         self.assertEqual((started["state"], closed["state"]), ("started", "closed"))
         self.assertEqual(started["run_id"], closed["run_id"])
         kinds = [e.get("event", "header") for e in self.traces()[0]]
@@ -173,7 +173,7 @@ class Runs(CertifiedTest):
         code, _, err = self.factory("run", "triager", "--file", str(tickets), "--jobs", "4")
         self.assertEqual(code, 0, err)
         self.assertLessEqual(len(server.requests), 8)
-        rows = factory.index_rows(self.fac)
+        rows = self.index_rows()
         backends = [b for row in rows for b in row["backends"]]
         self.assertEqual(len(backends), 20)
         self.assertTrue(all(b.startswith("offline-after-error: ") for b in backends), backends)
@@ -809,8 +809,9 @@ class Promotion(Tiered):
 
     def test_only_sealed_rows_of_this_certificate_feed_drift(self):
         """Drift reads the rows closed after the certificate was signed, of its agent and digest, whose
-        evidence MAC verifies, each run once: no row anyone can append lifts a demotion, and an index cut
-        below its length at signing is refused."""
+        evidence MAC verifies: no row anyone can append (chained to the last one, as anyone can) lifts a
+        demotion; a genuine row copied breaks the chain, and an index cut below its length at signing is
+        refused."""
         self.certified("payer", "C1", lower_bar=False)
         self.gate_p = [0.95, 0.2, 0.95, 0.95, 0.95] * 4 + [0.95]
         self.run_payer("How do I order a new card?", times=20)
@@ -823,19 +824,24 @@ class Promotion(Tiered):
                   "gate": "pass", "backends": [], "denied": [], "acted": 0, "staged": 0, "why": []}
         appended = {
             "an unsealed row dated before the certificate": [forged],
-            "genuine rows from before the certificate, copied": [r for r in before if r["gate"] == "pass"],
+            "genuine rows from before the certificate, chained again": [r for r in before if r["gate"] == "pass"],
             "unsealed passing rows of payer, dated later": [{**r, "run_id": factory.new_run_id(), "at": "2099-01-01T00:00:00Z",
                                                               "mac": "hmac-sha256:" + "0" * 64} for r in before[:20]],
         }
         for label, rows in appended.items():
             with self.subTest(label):
-                with index.open("a") as out:
-                    out.writelines(json.dumps(row) + "\n" for row in rows)
+                self.append_index(*rows)
                 self.assertIn("drift: DEMOTED to C0", self.factory("tower")[1])
                 code, out, err = self.factory("run", "payer", "How do I order a new card?")
                 self.assertEqual(code, 0, err)
                 self.assertIn("drift: payer DEMOTED to C0", err)
                 self.assertEqual(self.index_rows()[-1]["tier"], "C0")
+        genuine = [line for line in index.read_text().splitlines() if '"gate":"pass"' in line]
+        with index.open("a") as out:
+            out.write(genuine[-1] + "\n")   # a genuine row copied as it is: it chains to the row before the original
+        last = len(index.read_text().splitlines())
+        self.refused_writing_nothing(f"traces/index.jsonl line {last}: the hash chain is broken here",
+                                     "run", "payer", "How do I order a new card?")
         index.write_bytes(index.read_bytes()[:self.cert("payer")["index"]["bytes"] - 200])   # rows removed instead
         self.refused_writing_nothing("traces/index.jsonl: holds less than it did when registry/payer.card.json was signed",
                                      "run", "payer", "How do I order a new card?")
@@ -1680,7 +1686,7 @@ class Killed(CertifiedTest):
         tower = [a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "triager"][0]
         self.assertEqual((tower["runs"], tower["unfinished"]), (1, 1))
         self.assertIn("unfinished: 1 (started, never closed)", self.factory("tower")[1])
-        self.assertEqual(len(list(factory.index_rows(self.fac))), 1, "index readers count closed rows as runs")
+        self.assertEqual(len(self.index_rows()), 1, "a run is its closed row")
         self.assertEqual(factory.gated_runs(self.fac, factory.load_agent(self.fac, "triager")), factory.Production(0, 0))
 
 
@@ -1744,6 +1750,10 @@ class Concurrency(CertifiedTest):
         rows = [json.loads(line) for line in lines]
         self.assertEqual(sorted(r["state"] for r in rows), ["closed"] * total + ["started"] * total)
         self.assertEqual({r["run_id"] for r in rows if r["state"] == "closed"}, {p.stem for p in traces})
+        links = [r["prev"] for r in rows] == [factory.GENESIS, *map(factory.sha256, map(str.encode, lines[:-1]))]
+        self.assertTrue(links, "every row chained to the line before it, whoever appended it")
+        code, out, err = self.factory("doctor")
+        self.assertIn(f"\nindex: {2 * total} line(s), 0 break(s) in its hash chain\nindex: whole, holding every row this machine anchored\n", out)
         review = (self.root / "outbox" / "triager" / "review.jsonl").read_text().splitlines()   # no gate: a human's
         self.assertEqual(len([json.loads(line) for line in review]), 2 * total, "a label and a draft per run")
         print(f"\n  [concurrency] {total} runs in {self.PROCESSES} processes: {self.elapsed:.1f}s", file=sys.stderr)

@@ -5,6 +5,8 @@ anywhere in factory.py but through the Store."""
 from __future__ import annotations
 
 import ast
+import hashlib
+import hmac
 import json
 import os
 import random
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import factory
 from tests import trust_helpers
-from tests.support import INJECTION, REPO, CertifiedTest, LineTest, write_jsonl
+from tests.support import INJECTION, REPO, CertifiedTest, LineTest, index_line, write_jsonl
 
 HELPER = Path(trust_helpers.__file__).resolve()
 CERT = "registry/triager.card.json"
@@ -202,35 +204,43 @@ class Appends(CertifiedTest):
             log.close()
         self.assertEqual(path.read_bytes().splitlines(), [b'{"n":1}', b'{"n":2}', b'{"torn', b'{"n":3}'])
 
-    def test_the_index_reads_backwards_across_block_boundaries(self):
+    def test_every_index_row_is_chained_to_the_line_before_it_and_closed_rows_are_sealed_over_their_bytes(self):
         tickets = self.tmp / "t.jsonl"
-        write_jsonl(tickets, [{"id": f"k{i}", "input": "How do I order a new card? " * (1 + i % 4)} for i in range(12)])
+        write_jsonl(tickets, [{"id": f"k{i}", "input": "How do I order a new card? " * (1 + i % 4)} for i in range(6)])
         self.assertEqual(self.factory("run", "triager", "--file", str(tickets))[0], 0)
-        forwards = list(factory.index_rows(self.fac))
-        self.assertEqual(len(forwards), 12)
-        for block in (7, 64, 300, 1 << 16):
-            with self.subTest(block=block):
-                backwards = self.fac.store.read_jsonl_backwards(self.fac.index, block=block)
-                self.assertEqual([row for row in backwards if row["state"] == "closed"], forwards[::-1])
-
-
-    def test_a_recorded_length_resumes_reading_at_that_line(self):
         index = self.root / "traces" / "index.jsonl"
-        self.assertEqual(self.fac.store.length(index), (0, 0))
+        index.write_bytes(index.read_bytes() + b'{"run_id": "torn')   # a writer killed mid-line ...
+        self.runs_ok()                                                  # ... is ended by the next append, and chained
+        lines, key = index.read_bytes().splitlines(), (self.tmp / "keys" / "_evidence.key").read_bytes().strip()
+        self.assertEqual(len(lines), 15)
+        for before, line in zip([None, *lines], lines):
+            if line.startswith(b'{"run_id": "torn'):
+                continue
+            row = json.loads(line)
+            self.assertEqual(row["prev"], factory.sha256(before) if before else factory.GENESIS)
+            if row["state"] == "closed":
+                unsealed = line[:line.rindex(b',"mac":')] + b"}"
+                self.assertEqual(row["mac"], "hmac-sha256:" + hmac.new(key, unsealed, hashlib.sha256).hexdigest())
+            else:
+                self.assertNotIn("mac", row)
+
+    def test_the_chains_head_at_a_recorded_offset(self):
+        index = self.root / "traces" / "index.jsonl"
+        self.assertEqual(self.fac.store.head_at(index, 0), factory.GENESIS)
         self.runs_ok()
-        size, lines = self.fac.store.length(index)
-        self.assertEqual((size, lines), (len(index.read_bytes()), 2))
+        size, lines = len(index.read_bytes()), index.read_bytes().splitlines()
+        self.assertEqual(self.fac.store.head_at(index, size), factory.sha256(lines[-1]))
         self.runs_ok(text="hello")
-        with index.open("ab") as out:
-            out.write(b'{"torn')                                             # not yet a line
-        self.assertEqual(self.fac.store.length(index), (len(index.read_bytes()) - 6, 4))
-        index.write_bytes(index.read_bytes()[:-6])
-        resumed = list(factory.index_lines(self.fac, (size, lines)))
+        resumed = list(factory.index_lines(self.fac, (size, 2)))
         self.assertEqual([(number, row.get("state")) for number, row in resumed], [(3, "started"), (4, "closed")])
-        self.assertTrue(self.fac.store.starts_line(index, size))
-        self.assertFalse(self.fac.store.starts_line(index, size - 1))
+        with index.open("ab") as out:
+            out.write(b'{"torn')
+        self.assertEqual(self.fac.store.head_at(index, size), factory.sha256(lines[-1]), "rows after it change nothing")
+        self.assertIsNone(self.fac.store.head_at(index, size - 1), "no line ends there")
         index.write_bytes(index.read_bytes()[:size - 10])
-        self.assertFalse(self.fac.store.starts_line(index, size), "a cut file no longer holds the length")
+        self.assertIsNone(self.fac.store.head_at(index, size), "a cut file no longer holds it")
+        index.write_bytes(b"x" * (size - 1) + b"\n")
+        self.assertNotEqual(self.fac.store.head_at(index, size), factory.sha256(lines[-1]), "nor a rewritten one")
 
 class AtomicWrites(LineTest):
     """A SIGKILL while write_json is writing leaves the file old or new, never partial. Four kills are
@@ -327,9 +337,13 @@ class BadFiles(CertifiedTest):
             out.write(line if isinstance(line, bytes) else line.encode())
 
     def append_row(self, relative: str, **changes) -> None:
-        """Append a copy of the file's last JSONL row with some fields replaced."""
+        """Append a copy of the file's last JSONL row with some fields replaced (chained to it in the index)."""
         last = json.loads(self.path(relative).read_text().splitlines()[-1])
-        self.append(relative, json.dumps({**last, **changes}) + "\n")
+        if relative == "traces/index.jsonl":
+            line = index_line(self.path(relative), {k: v for k, v in {**last, **changes}.items() if k not in ("prev", "mac")})
+        else:
+            line = json.dumps({**last, **changes}) + "\n"
+        self.append(relative, line)
 
     def link_outside(self, relative: str) -> None:
         """Move the file out of the root and leave a symlink pointing at it."""

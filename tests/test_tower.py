@@ -14,7 +14,7 @@ import broker
 import factory
 from factory import render_tower_html
 from tests.fake_sage import FakeSage
-from tests.support import INJECTION, LineTest, write_jsonl
+from tests.support import INJECTION, LineTest, index_line, write_jsonl
 
 def day(when, runs, scored, passed, cost):
     """One day of an agent in the tower document's shape, its rates worked out as the tower does."""
@@ -144,7 +144,7 @@ class TowerHtmlTest(unittest.TestCase):
         self.assertEqual([(name, int(count)) for name, count, *_ in verdicts], list(agent["verdicts"].items()))
         self.assertEqual([style.split("background:")[1] for *_, style in verdicts], [v.colour for v in factory.VERDICTS])
         self.assertEqual(len({v.colour for v in factory.VERDICTS}), len(factory.VERDICTS), "two verdicts share a colour")
-        self.assertEqual(list(factory.Tally(factory.Drift(None)).figures()["verdicts"]), [v.name for v in factory.VERDICTS])
+        self.assertEqual(list(factory.Tally().figures(factory.Drift(None))["verdicts"]), [v.name for v in factory.VERDICTS])
         self.assertIn("drift: in control (recent 13/20 passed, needs 8/20, certified 14/20)", charts["days"].find("caption").text)
 
     def test_no_script_no_http_and_no_agents(self):
@@ -204,14 +204,14 @@ class DriftAtTheExtremes(unittest.TestCase):
         self.assertEqual(watched((14, 20), 8).limit, 8)
         self.assertFalse(watched((14, 20), 8).demoted)
         self.assertTrue(watched((14, 20), 7).demoted)
-        self.assertLess(broker.lower_tail((14, 20), 7, 20), Fraction(*factory.DRIFT_SIGNIFICANCE))
-        self.assertGreaterEqual(broker.lower_tail((14, 20), 8, 20), Fraction(*factory.DRIFT_SIGNIFICANCE))
+        self.assertLess(broker.lower_tail((14, 20), 7, 20), Fraction(*broker.DRIFT_SIGNIFICANCE))
+        self.assertGreaterEqual(broker.lower_tail((14, 20), 8, 20), Fraction(*broker.DRIFT_SIGNIFICANCE))
 
     def test_the_limit_is_exactly_where_the_test_starts_to_reject(self):
         for certified in ((20, 20), (16, 20), (14, 20), (7, 40), (1, 20), (0, 20), (100, 100), (1000, 1000)):
             limit = watched(certified, 0).limit
             for passes in range(factory.DRIFT_WINDOW + 1):
-                rejects = broker.lower_tail(certified, passes, 20) < Fraction(*factory.DRIFT_SIGNIFICANCE)
+                rejects = broker.lower_tail(certified, passes, 20) < Fraction(*broker.DRIFT_SIGNIFICANCE)
                 self.assertEqual(watched(certified, passes).demoted, rejects, (certified, passes))
                 self.assertEqual(passes < limit, rejects, (certified, passes))
 
@@ -322,9 +322,8 @@ class TowerReport(LineTest):
         self.assertEqual(triager["gate_p"]["counts"], [0, 0, 3, 0, 0, 0, 0, 0, 0, 37])
 
     def test_every_figure_in_text_and_html_comes_from_the_document(self):
-        with open(self.root / "traces" / "index.jsonl", "a") as index:   # a run killed after it started
-            index.write(json.dumps({"state": "started", "run_id": "20261130T000000Z-killed", "agent": "triager",
-                                    "at": "2026-11-30T00:00:00.000000Z", "tier": "C1", "digest": "sha256:x"}) + "\n")
+        self.append_index({"state": "started", "run_id": "20261130T000000Z-killed", "agent": "triager",   # a run killed
+                           "at": "2026-11-30T00:00:00.000000Z", "tier": "C1", "digest": "sha256:x"})     # after it started
         doc, text, page = self.tower()
         self.assertEqual(self.agent(doc)["unfinished"], 1)
         self.assertEqual(figures_not_in(doc, text), [])
@@ -442,31 +441,34 @@ class PartialTower(LineTest):
 
     def test_a_torn_index_line_is_one_line_and_the_rest_is_counted(self):
         index = self.root / "traces" / "index.jsonl"
-        lines = index.read_text().splitlines(keepends=True)
-        index.write_text("".join(lines[:2]) + '{"run_id": "x", "agen\n' + "".join(lines[2:]))
-        doc, text = self.partial("traces/index.jsonl line 3: not valid json")
+        with index.open("a") as out:
+            out.write('{"run_id": "x", "agen')   # a writer killed mid-line: named once the next append ends it
+        doc, text = self.partial("traces/index.jsonl line 5: cut short (its writer was killed mid-line); not counted")
+        self.runs_ok()
+        doc, text = self.partial("traces/index.jsonl line 5: not valid json")
         self.assertTrue(doc["problems"][0].endswith("; not counted"), doc["problems"])
-        self.triager_counted(doc)
+        triager = next(a for a in doc["agents"] if a["agent"] == "triager")
+        self.assertEqual((triager["runs"], triager["verdicts"]["unscored"]), (3, 3))
         self.assertEqual(len(doc["problems"]), 1)
         self.assertIn(f"problem: {doc['problems'][0]}", text)
 
     def test_a_misshapen_row_is_its_agents_problem(self):
-        with open(self.root / "traces" / "index.jsonl", "a") as index:
-            index.write(json.dumps({**self.index_rows()[-1], "run_id": "r-odd", "agent": "evalsmith", "acted": "x"}) + "\n")
+        self.append_index({**self.index_rows()[-1], "run_id": "r-odd", "agent": "evalsmith", "acted": "x"})
         doc, _ = self.partial("traces/index.jsonl line 5: field 'acted' has the wrong type (str); not counted")
         self.triager_counted(doc)
         evalsmith = next(a for a in doc["agents"] if a["agent"] == "evalsmith")
         self.assertEqual((evalsmith["runs"], len(evalsmith["problems"])), (0, 1))
 
     def test_figures_no_run_can_have_are_named_and_not_counted_in_every_view(self):
-        run = {key: value for key, value in self.index_rows()[-1].items() if key not in ("p", "mac")}
+        run = {key: value for key, value in self.index_rows()[-1].items() if key not in ("p", "mac", "prev")}
         odd = {"r-inf": {"cost_usd": 1e999}, "r-huge": {"cost_usd": 1e300}, "r-owed": {"cost_usd": -0.5},
                "r-minus": {"acted": -1}, "r-many": {"staged": 10 ** 400}, "r-p": {"p": 7},
                "r-backend": {"backends": [{"name": "offline"}]}}
-        with open(self.root / "traces" / "index.jsonl", "a") as index:
-            for run_id, fields in odd.items():   # 1e999 is a number token json reads as inf
-                index.write(json.dumps({**run, "run_id": run_id, **fields}).replace("Infinity", "1e999") + "\n")
-            index.write(json.dumps({**run, "run_id": "r-no-p", "gate": "pass", "verdict": "verified"}) + "\n")
+        index = self.root / "traces" / "index.jsonl"
+        for run_id, fields in odd.items():   # 1e999 is a number token json reads as inf
+            line = index_line(index, {**run, "run_id": run_id, **fields}).replace("Infinity", "1e999")
+            index.write_text(index.read_text() + line)
+        self.append_index({**run, "run_id": "r-no-p", "gate": "pass", "verdict": "verified"})
         code, out, err = self.factory("tower", "--json")
         self.assertEqual(code, 1, err)
         doc = json.loads(out, parse_constant=lambda name: self.fail(f"--json printed {name}, which is not JSON"))

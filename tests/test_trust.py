@@ -681,6 +681,62 @@ def index_row(agent: str, digest: str, tier: str, gate: str = "pass", **changes)
     return {**row, **changes}
 
 
+class PrunedIndex(LineTest):
+    """The index is tamper-evident like the logs: rows of failed runs deleted, rows moved, or the newest rows
+    cut off are named (the first gap, or the anchored head gone) by the tower, doctor and certify's count of
+    production evidence, which a pruned index once lifted from 50% to 100% silently."""
+
+    def prepare(self):
+        self.certified("triager")      # C1, bar 0; triager's tier_ceiling is C2
+        for yes_p in (0.95, 0.2, 0.95, 0.2):   # two runs pass the gate, two are flagged
+            with FakeSage(yes_p=yes_p) as gate:
+                env = {**self.env, "SAGE_ENDPOINT": gate.url, "SAGE_API_KEY": "sage-key"}
+                self.assertEqual(self.factory("run", "triager", "I was charged twice", env=env)[0], 0)
+
+    def pass_rate(self) -> tuple:
+        code, out, err = self.factory("tower", "--json")
+        triager = next(a for a in json.loads(out)["agents"] if a["agent"] == "triager")
+        return code, triager["passed"], triager["scored"], err
+
+    def keep(self, keep) -> None:
+        index = self.root / "traces" / "index.jsonl"
+        index.write_text("".join(line for line in index.read_text().splitlines(keepends=True) if keep(json.loads(line))))
+
+    def assert_named(self, line: str) -> None:
+        code, passed, scored, err = self.pass_rate()
+        self.assertEqual((code, err), (1, f"factory tower: {line}\n"))
+        self.assertIn(f"\nindex: {line}\n", self.factory("doctor")[1])
+        self.refused(f"tier C2 needs production evidence, which the index cannot give until it is whole: {line}",
+                     "certify", "triager", "--tier", "C2", "--by", "alice")
+
+    def test_the_whole_index_is_counted_as_it_was_written(self):
+        self.assertEqual(self.pass_rate()[:3], (0, 2, 4))
+        self.assertIn("\nindex: 8 line(s), 0 break(s) in its hash chain\nindex: whole, holding every row this machine anchored\n",
+                      self.factory("doctor")[1])
+
+    def test_the_rows_of_failed_runs_deleted_are_named_at_the_first_gap(self):
+        flagged = {row["run_id"] for row in self.index_rows() if row["gate"] == "flag"}
+        self.keep(lambda row: row["run_id"] not in flagged)   # 100% over what is left; and the gap named
+        self.assert_named("traces/index.jsonl line 3: the hash chain is broken here: a row before it was removed, "
+                          "edited or moved; restore the index from a copy")
+
+    def test_rows_moved_are_named(self):
+        index = self.root / "traces" / "index.jsonl"
+        lines = index.read_text().splitlines(keepends=True)
+        index.write_text("".join(lines[:3] + lines[5:7] + lines[3:5] + lines[7:]))
+        self.assert_named("traces/index.jsonl line 4: the hash chain is broken here (and 2 more break(s) after it): a row "
+                          "before it was removed, edited or moved; restore the index from a copy")
+
+    def test_the_newest_rows_cut_off_are_named_by_this_machines_anchor(self):
+        self.runs_ok()   # this machine anchors what it writes
+        index = self.root / "traces" / "index.jsonl"
+        anchored = len(index.read_bytes())
+        index.write_text("".join(index.read_text().splitlines(keepends=True)[:-6]))   # the chain is whole: a prefix
+        self.assert_named(f"traces/index.jsonl: no longer holds the rows this machine wrote or verified up to byte "
+                          f"{anchored} ({self.fac.anchor_path}): rows were removed or rewritten since; restore it from a "
+                          f"copy that holds them")
+
+
 class Evidence(LineTest):
     """What certify relies on carries a MAC under the factory evidence key: an edited sealed proof is
     refused by name, forged index rows are not counted, and the prompt shows the evidence it used."""
@@ -721,8 +777,7 @@ class Evidence(LineTest):
         self.runs_ok()                                   # one real row with a real MAC, to copy from
         real = json.loads(index.read_text().splitlines()[-1])
         fakes = [index_row("triager", digest, "C1") for _ in range(19)] + [index_row("triager", digest, "C1", mac=real.get("mac", "hmac-sha256:" + "0" * 64))]
-        with index.open("a") as out:
-            out.writelines(json.dumps(row) + "\n" for row in fakes)
+        self.append_index(*fakes)   # each chained to the line before it, as anyone who writes the tree can
         err = self.refused_writing_nothing("tier C2 needs production evidence at C1 since the agent (its digest) last changed: "
                                            "0 gated run(s) (need 20), gate pass rate - (need ", "certify", "triager", "--tier",
                                            "C2", "--by", "alice")
@@ -731,7 +786,7 @@ class Evidence(LineTest):
         self.assertEqual(signed.returncode, 1, "twenty forged rows earned C2")
         self.assertEqual(self.cert()["tier"], "C1")
 
-    def test_one_genuine_row_copied_nineteen_times_counts_once(self):
+    def test_one_genuine_row_copied_nineteen_times_breaks_the_chain_and_earns_nothing(self):
         with FakeSage(yes_p=0.95) as gate:
             self.env.update(SAGE_ENDPOINT=gate.url, SAGE_API_KEY="sage-key")
             self.runs_ok()                               # one genuine gated run, its row sealed
@@ -740,16 +795,15 @@ class Evidence(LineTest):
         self.assertEqual(json.loads(genuine)["gate"], "pass")
         with index.open("a") as out:
             out.writelines(genuine + "\n" for _ in range(19))
-        err = self.refused_writing_nothing("tier C2 needs production evidence at C1 since the agent (its digest) last "
-                                           "changed: 1 gated run(s) (need 20)", "certify", "triager", "--tier", "C2", "--by", "alice")
-        self.assertIn("19 row(s) of traces/index.jsonl not counted: they repeat a run already counted (line 3, 4, 5, 6, 7, ...)", err)
+        self.refused_writing_nothing("tier C2 needs production evidence, which the index cannot give until it is whole: "
+                                     "traces/index.jsonl line 3: the hash chain is broken here", "certify", "triager",
+                                     "--tier", "C2", "--by", "alice")
         self.assertEqual(self.certify("triager", "C2").returncode, 1, "one run copied 19 times earned C2")
 
     def test_the_prompt_shows_the_evidence_it_used(self):
         digest = self.cert()["digest"]
         self.runs_ok()
-        with (self.root / "traces" / "index.jsonl").open("a") as out:
-            out.writelines(json.dumps(index_row("triager", digest, "C1")) + "\n" for _ in range(3))
+        self.append_index(*[index_row("triager", digest, "C1") for _ in range(3)])
         signed = self.sign()
         record = sorted((self.root / "records" / "triager").glob("*.sealed.json"))[-1].relative_to(self.root).as_posix()
         self.assertIn(f"sealed proof {record}: ", signed.stderr)
@@ -762,9 +816,10 @@ class Evidence(LineTest):
         key = (self.tmp / "keys" / "_evidence.key").read_text().strip().encode()
         row = self.index_rows()[-1]
         record = json.loads(sorted((self.root / "records" / "triager").glob("*.sealed.json"))[-1].read_text())
-        for sealed in (row, record):
-            body = {k: v for k, v in sealed.items() if k != "mac"}
-            self.assertEqual(sealed["mac"], "hmac-sha256:" + hmac.new(key, factory.canonical(body), hashlib.sha256).hexdigest())
+        body = {k: v for k, v in record.items() if k != "mac"}
+        self.assertEqual(record["mac"], "hmac-sha256:" + hmac.new(key, factory.canonical(body), hashlib.sha256).hexdigest())
+        line = (self.root / "traces" / "index.jsonl").read_bytes().splitlines()[-1]   # a row: over its line as written
+        self.assertEqual(row["mac"], "hmac-sha256:" + hmac.new(key, line[:line.rindex(b',"mac":')] + b"}", hashlib.sha256).hexdigest())
         self.assertEqual(stat.S_IMODE((self.tmp / "keys" / "_evidence.key").stat().st_mode), 0o600)
 
 
