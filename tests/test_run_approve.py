@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator
 from xml.etree import ElementTree
 
+import broker
 import factory
 from tests import trust_helpers
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
@@ -428,12 +429,21 @@ class Verdicts(CertifiedTest):
 
 class RecallAndHarvest(LineTest):
     """recall reaches variants; harvest hires only a certified evalsmith. Prepared once: triager,
-    its variant triager-eu and evalsmith certified."""
+    its variant triager-eu and evalsmith certified, evalsmith at its card's own bar (as a user does)."""
 
     def prepare(self):
         self.assertEqual(self.factory("stamp", "triager", "--as", "triager-eu")[0], 0)
         for name in ("triager", "triager-eu", "evalsmith"):
-            self.certified(name)
+            self.certified(name, lower_bar=name != "evalsmith")
+
+    def test_the_shipped_evalsmith_clears_its_own_bar(self):
+        """Harvest needs evalsmith certified: its sealed half shows the card's bar on the 95% lower bound, and
+        every sealed case says where its expected values came from."""
+        cert = json.loads((self.root / "registry" / "evalsmith.card.json").read_text())
+        counts = cert["sealed_counts"]
+        self.assertEqual(json.loads((self.root / "masters" / "evalsmith.json").read_text())["evals"]["pass_bar"], 0.7)
+        self.assertGreaterEqual(broker.wilson(counts["passing_cases"], counts["cases"])[0], 0.7, counts)
+        self.assertEqual(counts["label_sources"]["unrecorded"], 0, counts)
 
     def test_recall_reaches_variants_and_needs_a_reason(self):
         self.usage_error("argument --reason: needs a reason", "recall", "triager", "--reason", "  ")
