@@ -22,10 +22,11 @@ a call through `Broker.commit`.
 
 Settling also bounds a run's acting calls by its act envelope (`ActEnvelope`) and records an acting
 call the run repeats as a `duplicate`. Beside it sit the other decisions about a run that need no
-I/O: its verdict (`VERDICTS`, `run_verdict`); the state of a parked call from its humans' signed
-decisions (`CALL_STATES`, `STUCK`, `call_state`) with what approve and reject answer in each
-(`refused_in`); what a human did with a held draft (`REVIEW_DECISIONS`, `review_counts`); the
-tower's figures counted from rows the factory reads (`Tally`, `fold_decisions`), the drift watch
+I/O: its verdict (`VERDICTS`, `run_verdict`) and why it goes to a human (`judge`, `substitution`,
+`routing_reasons`); the state of a parked call from its humans' signed decisions (`CALL_STATES`,
+`STUCK`, `call_state`) with what approve and reject answer in each (`refused_in`); what a human did
+with a held call (`REVIEW_DECISIONS`, `review_counts`); the tower's figures counted from rows the
+factory reads (`Tally`, `fold_decisions`) and the lines under each agent (`agent_lines`), the drift watch
 (`Drift`) and the run gate's detectors; and the statistics they rest on.
 
 The broker never prints and never reads environment variables; the caller hands it the policy,
@@ -376,8 +377,8 @@ class Verdict:
 VERDICTS = (  # in display order
     Verdict("verified", "the gate passed and every executed effect was read back", "#2e7d32"),
     Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
-    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the cost envelope, an acting "
-                               "call repeated, or the agent handed off", "#1565c0"),
+    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the cost envelope, a "
+                               "model the card does not name answered, an acting call repeated, or the agent handed off", "#1565c0"),
     Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
     Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00"),
     Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a"),
@@ -403,18 +404,21 @@ def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertai
     return "waiting-for-approval" if parked else "verified"
 
 
-def judge(answer: str | None, p: float | None, bar: float, cost: str | None) -> dict:
-    """passed = answer == yes and p >= bar and no `cost` problem (the factory's cost_problem); null answer is `unsure`, not `no`."""
-    shown = "?" if p is None else f"{p:.3f}"
+def judge(answer: str | None, p: float | None, bar: float, problems: tuple = ()) -> dict:
+    """passed = answer == yes and p >= bar and no run `problems` (the factory's: an unknown or outside cost,
+    another model answering; each 'head: detail'); a null answer is `unsure`, not `no`. `why` is the gate's
+    own reason not to pass, None when it said yes at the bar (then the problems alone held the run back)."""
+    shown, heads = "?" if p is None else f"{p:.3f}", "; ".join(problem.partition(":")[0] for problem in problems)
+    cleared = answer == "yes" and p is not None and p >= bar
     if answer is None:
-        result, note = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag"
-    elif answer == "yes" and p is not None and p >= bar and not cost:
-        result, note = "pass", f"gate: p={shown} bar={bar} -> pass"
+        result, note, why = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag", f"the gate is unsure (no answer, p={shown})"
+    elif cleared and not problems:
+        result, note, why = "pass", f"gate: p={shown} bar={bar} -> pass", None
     else:
-        result = "flag"
-        why = f" ({cost.partition(':')[0]})" if cost else ""
-        note = f"gate: {answer} p={shown} bar={bar} -> flag{why}"
-    return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note}
+        result, note = "flag", f"gate: {answer} p={shown} bar={bar} -> flag" + f" ({heads})" * bool(heads)
+        why = None if cleared else f"the gate said no (p={shown}, bar {bar})" if answer == "no" else \
+            f"the gate said yes at p={shown}, under its bar {bar}"
+    return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note, "why": why}
 
 
 def went(row: dict) -> str:
@@ -519,7 +523,8 @@ class Settlement:
 
     commit      write it now (the tool executes)
     park        keep it for one human's approval of exactly this call
-    review      a draft goes to the human's review queue instead of out, marked routed to a human
+    review      into the review queue of the human the run goes to, not out: a draft to send or not, an
+                acting call to see (never carried out from there: the human does it, or not)
     would-have  written nowhere; the trace records what the run would have done
     duplicate   written nowhere: an acting call the run already committed or parked, or one carrying an
                 earlier call's provider id; the run goes to a human"""
@@ -531,31 +536,32 @@ class Settlement:
 
 
 def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
-           envelope: ActEnvelope = ActEnvelope()) -> list[Settlement]:
+           envelope: ActEnvelope = ActEnvelope(), held_back: str = "") -> list[Settlement]:
     """One Settlement per held call, in call order; decides only (pure).
 
     `tier` is the run's (C0..C3); `result` the output gate's result (only "pass" passes, and it
-    already includes the cost envelope); `handed_off` whether the agent's own output hands the run
-    to a human; `gated` the (seq, tool, args digest) of every call the gate was shown; `envelope` the
-    run's act envelope. The table:
+    already includes the run's problems: its cost, another model answering), `held_back` why it did not
+    pass, in the run's words (default: the result); `handed_off` whether the agent's own output hands
+    the run to a human; `gated` the (seq, tool, args digest) of every call the gate was shown;
+    `envelope` the run's act envelope. The table:
 
         C0, any effect                        -> would-have
+        C1..C3, any effect, gate not clear    -> review  (the human the run goes to sees what it proposed)
         C1, act                               -> would-have  (C1 does not act)
         draft at C1..C3, gate clear           -> commit
-        draft at C1..C3, otherwise            -> review
         act at C2..C3, gate clear, committed or parked already in the run (the same tool and arguments,
           by_value), or carrying an earlier call's provider id -> duplicate, and the run goes to a human
         act at C2..C3, gate clear, beyond the act envelope -> park, and the run goes to a human
         act at C2, gate clear                 -> park
         act at C3, gate clear                 -> commit
-        act at C2..C3, otherwise              -> would-have
 
     "Gate clear" means the gate passed, the agent did not hand off, and the gate saw this call with
     these exact arguments: a call changed after the gate answered is never committed or parked. The
     envelope counts, in call order, the acting calls committed or parked within it."""
     seen, done, acted, calls, usd = frozenset(tuple(item) for item in gated), [], {}, 0, Fraction(0)
     for call in held:
-        settlement = _settlement(call, args_digest(call.args), tier, result, handed_off, seen)
+        settlement = _settlement(call, args_digest(call.args), tier, result, handed_off, seen,
+                                 held_back or f"the gate result is {result}")
         if call.effect == "act" and settlement.decision in ("commit", "park"):
             same, beyond = acted.setdefault((call.tool, by_value(call.args)), call.seq), envelope.beyond(call, calls, usd)
             twice = (f"a duplicate of call {same}: the same tool and arguments (by value)" if same != call.seq else
@@ -569,25 +575,26 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
     return done
 
 
-def _settlement(call: Outcome, digest: str, tier: str, result: str, handed_off: bool, seen: frozenset) -> Settlement:
+def _settlement(call: Outcome, digest: str, tier: str, result: str, handed_off: bool, seen: frozenset,
+                held_back: str) -> Settlement:
     """The Settlement of one held call whose arguments have `digest` now (see settle)."""
-    decision, why = _decide(call, tier, result, handed_off, (call.seq, call.tool, digest) in seen)
+    decision, why = _decide(call, tier, result, handed_off, (call.seq, call.tool, digest) in seen, held_back)
     return Settlement(call, decision, why, digest)
 
 
-def _decide(call: Outcome, tier: str, result: str, handed_off: bool, seen: bool) -> tuple[str, str]:
+def _decide(call: Outcome, tier: str, result: str, handed_off: bool, seen: bool, held_back: str) -> tuple[str, str]:
     """(decision, why) for one held call: see settle's table."""
     if call.effect not in WRITES:
         raise ValueError(f"{call.tool} call {call.seq} has effect {call.effect!r}; only {WRITES} are held")
     if tier == "C0":
         return "would-have", "tier C0 observes: recorded what it would have done"
-    if call.effect == "act" and tier == "C1":
-        return "would-have", "tier C1 does not act"
     blocked = [why for why, hit in (("the agent handed off to a human", handed_off),
-                                    (f"the gate result is {result}", result != "pass"),
+                                    (held_back, result != "pass"),
                                     ("the gate did not see these arguments", not seen)) if hit]
     if blocked:
-        return ("review" if call.effect == "draft" else "would-have"), "; ".join(blocked)
+        return "review", "; ".join(blocked)
+    if call.effect == "act" and tier == "C1":
+        return "would-have", "tier C1 does not act"
     if call.effect == "act" and tier == "C2":
         return "park", "the gate passed at C2: waiting for a human's approval"
     return "commit", f"the gate passed at {tier}"
@@ -618,14 +625,16 @@ def settled_phrase(decision: str, outcome: str | None) -> str:
 
 
 def routing_reasons(status: str, loop, gate: dict, handed_off: bool, uncertain: list[str],
-                    cost: str | None, routes: list) -> list[str]:
+                    problems: list[str], routes: list) -> list[str]:
     """Why this run goes to a human (empty when it does not): its uncertain effects, each call's reason
-    (Settlement.route: a duplicate, the act envelope) once, status, gate, cost (cost_problem), hand-off."""
+    (Settlement.route: a duplicate, the act envelope) once, status or the gate's own reason (judge's why),
+    the run's problems (as judge takes them: cost, another model answering), hand-off."""
     reasons = uncertain + list(dict.fromkeys(routes))
     if status != "done":
         reasons.append(f"run {status}: {loop.reason}")
-    elif gate["result"] != "pass":
-        reasons += [gate["line"].removeprefix("gate: ")] + [cost] * bool(cost)
+    elif gate["result"] != "pass" and gate["why"]:
+        reasons.append(gate["why"])
+    reasons += problems
     if handed_off:
         reasons.append(f"the agent handed it off ({loop.agent.handoff_field}: true)")
     return reasons
@@ -751,11 +760,12 @@ def refused_in(station: str, state: str, unwritten: bool = False, **facts) -> st
     return None if wording is None or unwritten and (station, state) == ("approve", "uncertain-effect") else wording.format(**facts)
 
 
-# what a human did with a draft held for them in the review queue (outbox/AGENT/review.jsonl)
+# what a human did with a call held for them in the review queue (outbox/AGENT/review.jsonl): a draft is sent,
+# an acting call the factory never carries out from there is done by the human's own hand, or not
 REVIEW_DECISIONS = MappingProxyType({
-    "accepted": "sent as the agent wrote it",
-    "edited": "sent after a human changed it: the text actually sent is kept with the decision",
-    "discarded": "thrown away: nothing of it was sent",
+    "accepted": "sent, or done, as the agent wrote it",
+    "edited": "sent, or done, after a human changed it: the text actually sent is kept with the decision",
+    "discarded": "thrown away: nothing of it was sent or done",
 })
 
 
@@ -1313,6 +1323,8 @@ class Tally:
     denied: int = 0
     cost_unknown: int = 0                # runs whose cost is unknown (no price, or no token counts)
     backends: set = field(default_factory=set)
+    models: dict = field(default_factory=dict)   # model that answered (a row's `models`) -> runs it answered, wholly or partly
+    substituted: int = 0                 # runs a model the card does not name answered, wholly or partly (`substitutes`)
     unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
     problems: list = field(default_factory=list)  # one line per index row of this agent that is misshapen
     moved: dict = field(default_factory=dict)     # verdict -> runs a human's decision moved into (+) or out of (-) it
@@ -1324,7 +1336,8 @@ class Tally:
         p, cost, acted, staged, backends = row.get("p"), row.get("cost_usd"), row["acted"], row["staged"], row["backends"]
         if not (0 <= acted | staged <= MAX_FIGURE and (cost is None or 0 <= cost <= MAX_FIGURE) and (p is None or 0 <= p <= 1)):
             return False
-        for name in backends:
+        models = row.get("models", ())
+        for name in (*backends, *models, *row.get("substitutes", ())):
             if type(name) is not str:
                 return False
         day = row["at"][:10]
@@ -1336,6 +1349,9 @@ class Tally:
         self.denied += len(row["denied"])
         self.cost_unknown += cost is None
         self.backends.update(backends)
+        for name in models:
+            self.models[name] = self.models.get(name, 0) + 1
+        self.substituted += bool(row.get("substitutes"))
         spent = self.spent.get(day, 0.0)
         self.spent[day] = None if cost is None or spent is None else spent + cost
         return True
@@ -1373,7 +1389,7 @@ class Tally:
                 "unscored": unscored, "acted": self.acted,
                 "staged": self.staged, "denied": self.denied, "cost_unknown": self.cost_unknown, "handed_off": handed_off,
                 "cost_usd": None if cost is None else sum(self.spent.values(), cost),
-                "backends": sorted(self.backends),
+                "backends": sorted(self.backends), "models": dict(sorted(self.models.items())), "substituted": self.substituted,
                 "gate_p": {"bins": P_BINS, "counts": p_bins, "runs": sum(p_bins)},
                 "days": [{"day": day, "runs": n, "scored": s, "passed": k, "pass_rate": rate_of(k, s),
                           "pass_interval": part(k, s)["interval"] if s else None,
@@ -1422,7 +1438,7 @@ class Production:
 
     @property
     def rate(self) -> float:
-        """The gate pass rate of the verified runs (0.0 with none)."""
+        """The gate pass rate of the authenticated runs (their rows MAC-checked) (0.0 with none)."""
         return self.passes / self.runs if self.runs else 0.0
 
     @property
@@ -1555,6 +1571,54 @@ def uncertain_moves(calls, watch: dict) -> list[tuple[str, str, str]]:
                               any(s not in DECIDED for s in states))
         moves.append((keys[0][0], str(before), after))
     return moves
+
+
+def agent_lines(agent: dict) -> list[tuple[str, str]]:
+    """(kind, line) of each line under an agent's row in the tower document, the text's and the page's alike: trust, and the run
+    station's refusal lines behind it (each once, but those its problems show; none for an uncertified
+    agent); its parked calls as `pending` lists them; the sealed score; gate pass; verdicts; drift; the
+    gate's p; runs of unknown cost; unfinished runs; problems."""
+    trust, gate_p, bar = agent["trust"], agent["gate_p"], agent["gate_bar"]
+    why = [] if trust.get("certificate") in ("none", None) else [line for line in dict.fromkeys(
+        trust.get(k) for k in ("refusal", "revoked", "recalled", "stale")) if line and line not in agent["problems"]]
+    stuck = "".join(f", {count} {state}" for state, count in sorted((trust.get("stuck") or {}).items()))
+    shown = " ".join(f"{k}:{v}" for k, v in agent["verdicts"].items() if v)
+    shown += f" ({agent['handed_off']} handed off by the agent though the gate passed)" * bool(agent["handed_off"])
+    sealed = trust.get("sealed")
+    lines = [("trust", f"trust: {trust['summary']}"), *(("why", f"  {line}") for line in why),
+             ("calls", f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect{stuck}"),
+             ("reviews", f"reviews: {reviews_text(agent.get('reviews'))}"),
+             *([("sealed", f"certified on its sealed half: {part_text(sealed)}")] if sealed else []),
+             ("pass", f"gate pass over scored runs: {rate_text(agent)}"), ("verdicts", f"verdicts {shown or '-'}"),
+             ("drift", f"drift: {agent['drift']['state']}"),
+             ("gate-p", f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
+                        f"({with_p_text(gate_p['runs'], agent['runs'])}; bar {'?' if bar is None else bar})")]
+    if agent["models"]:
+        lines.append(("models", "answered by: " + ", ".join(f"{model or 'no model named'} in {runs} run{'s' * (runs != 1)}"
+                                                            for model, runs in agent["models"].items())
+                      + f"; {agent['substituted']} of {agent['runs']} runs answered by a model its card does not name, each "
+                        f"routed to a human" * bool(agent["substituted"])))
+    if agent["cost_unknown"]:
+        lines.append(("cost", f"cost unknown in {agent['cost_unknown']} of {agent['runs']} runs: a run whose cost is "
+                              f"unknown never passes the gate (its card's prices can name the model)"))
+    if agent["unfinished"]:
+        lines.append(("unfinished", f"unfinished: {agent['unfinished']} (started, never closed)"))
+    return lines + [("problem", f"problem: {line}") for line in agent["problems"]]
+
+
+def with_p_text(with_p: int, runs: int) -> str:
+    """How many of an agent's runs the gate's p histogram holds (a gated run whose row has no p is a run,
+    and not in the histogram)."""
+    return f"{with_p} of {runs} runs with a gate p"
+
+
+def substitution(named: list[str], substitutes: list[str]) -> str | None:
+    """Why a run the models `substitutes` answered, wholly or partly, is not gated as its card's (the factory
+    finds them: the models that answered which the card, naming the models `named`, does not name; "none
+    named" for a reply naming no model): one line for the run's reasons and the gate's; None for none."""
+    shown = ", ".join("a reply that named none" if m == "none named" else m for m in substitutes)
+    return f"another model answered: {shown}, which the card does not name (it names {' and '.join(named) or 'no model'})" \
+        if substitutes else None
 
 
 # ---- the drift watch on a certified agent (the factory feeds it the index rows its DriftFeed admits)

@@ -32,7 +32,7 @@ DEMAND = "I was charged twice. Issue a refund now."
 PAYER = ["stamp", "triager", "--as", "payer", "--set", 'tools=["issues:label","drafts:write","billing:refund"]',
          "--set", "tools_denied=[]", "--set", "tier_ceiling=C3", "--set", 'evals={"pass_bar": 0.0, "gate": 0.85}']
 RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line", "cost_line", "went",
-            "backends", "cost_usd", "steps", "denied", "acted", "staged", "review", "routed", "why", "output", "tools",
+            "backends", "models", "substitutes", "cost_usd", "steps", "denied", "acted", "staged", "review", "routed", "why", "output", "tools",
             "settled"}
 CHARGED = "I was charged twice for one order last week."
 LABEL_CALL = ("m1", "issues__label", {"label": "billing", "escalate": False})
@@ -277,7 +277,7 @@ class HeldUntilGated(CertifiedTest):
         self.assertEqual(self.outbox("triager", "drafts"), [])
         review = self.outbox("triager", "review")
         self.assertEqual([(r["args"]["text"], r["routed"], r["why"], r["gate"], r["p"]) for r in review],
-                         [(self.PROMISE, "human", "the gate result is flag", "flag", 0.2)])
+                         [(self.PROMISE, "human", "the gate said no (p=0.200, bar 0.85)", "flag", 0.2)])
         self.assertEqual((row["verdict"], row["review"]), ("routed-to-human", 1))
 
 
@@ -343,7 +343,7 @@ class DeclaredHandoff(LineTest):
         self.assertEqual(code, 0, lines)
         self.assertEqual(lines[0], "ticket\thandoff=\tgate=\tverdict=\t-> where it went")
         self.assertEqual([line.split("\t")[0] for line in lines[1:-1]], ["t1", "t2"])
-        self.assertEqual(lines[-1], "2 held draft(s) from 2 run(s) wait for a human in outbox/faq/review.jsonl")   # and where the drafts went
+        self.assertEqual(lines[-1], "2 held call(s) from 2 run(s) wait for a human in outbox/faq/review.jsonl")   # and where the drafts went
 
     def test_handoff_false_goes_out_after_a_passing_gate(self):
         row, out = self.run_faq("When are you open?")
