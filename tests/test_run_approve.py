@@ -624,8 +624,8 @@ class EffectsByTier(Tiered):
 
     def test_tier_by_gate_table(self):
         """A model that labels and asks for a refund without handing off, at each tier: a failing gate
-        writes nothing out (the label goes to the review queue from C1 up); a passing one writes what
-        the tier allows."""
+        writes nothing out (the label and the refund go to the review queue from C1 up, for the human
+        to see; neither is carried out); a passing one writes what the tier allows."""
         expected = {  # tier -> (labels, refunds, parked, review rows) added by a passing gate
             "C0": (0, 0, 0, 0), "C1": (1, 0, 0, 0), "C2": (1, 0, 1, 0), "C3": (1, 1, 0, 0)}
         self.certified("payer", "C0", lower_bar=False)
@@ -639,7 +639,7 @@ class EffectsByTier(Tiered):
                 flagged = self.refund_run()
                 after_flag = self.counts()
                 self.assertEqual(after_flag[:3], before[:3], "a failing gate writes nothing out")
-                self.assertEqual(after_flag[3] - before[3], 0 if tier == "C0" else 1, "its label waits for a human")
+                self.assertEqual(after_flag[3] - before[3], 0 if tier == "C0" else 2, "its label and refund wait for a human")
                 self.assertEqual(flagged["verdict"], "routed-to-human")
                 self.gate_p = [0.95]
                 passed = self.refund_run()
@@ -766,7 +766,9 @@ class AtC3(Tiered):
         self.assertEqual(self.effects("refunds"), [])
         self.assertFalse(any(p.startswith("outbox/payer/refunds") for p in self.written_since(before)))
         settled = {e["tool"]: (e["decision"], e["why"]) for e in self.traces("payer")[-1] if e.get("event") == "settled"}
-        self.assertEqual(settled["billing:refund"], ("would-have", "the agent handed off to a human"))
+        self.assertEqual(settled["billing:refund"], ("review", "the agent handed off to a human"))
+        self.assertIn(("billing:refund", "act"), [(q["tool"], q["effect"]) for q in self.effects("review")],
+                      "the human it was handed to sees the refund it asked for, never carried out")
         self.assertEqual(settled["drafts:write"][0], "review")
         self.assertEqual((row["verdict"], row["acted"]), ("routed-to-human", 0))
         self.assertIn("the agent handed it off (escalate: true)", row["why"])
