@@ -644,11 +644,13 @@ def routing_reasons(status: str, loop, gate: dict, handed_off: bool, uncertain: 
 CALL_STATES = MappingProxyType({
     "pending": "parked, waiting for a human to approve or reject it",
     "expired": "parked and not approved before its expiry; reject closes it",
-    "executing": "approved: the approving process is carrying its effect out now (it holds the call's lock)",
+    "executing": "approved: the approving process its signed intent names (pid and start time) still runs, "
+                 "carrying its effect out",
     "executed": "approved, carried out and read back from where the tool wrote it",
-    "uncertain-effect": "approved, and not known to be written: its approver stopped before the result, or the "
-                        "write failed or could not be read back; approve retries it when its trace proves nothing "
-                        "was written, else a human checks by hand and closes it with reject",
+    "uncertain-effect": "approved, and not known to be written: its approver stopped before the result, its tool "
+                        "said ok but the effect was not read back, or its tool failed; approve retries it only when "
+                        "its approver's signed result says the store refused every write the tool began (nothing "
+                        "was written), else a human checks by hand and closes it with reject",
     "rejected": "closed unexecuted by a human (also an uncertain effect a human closed after checking it)",
 })
 # A parked call that can no longer be approved, by the state `pending` and the tower show it in (the factory's
@@ -664,24 +666,25 @@ STUCK = MappingProxyType({
     "not staged": "no run of this line that closed parked it",
 })
 DECISIONS = MappingProxyType({
-    "intent": "a human approved the call: appended before its effect, the approver holding the call's lock "
-              "from then until its result",
-    "result": "the effect's outcome, after it (ok and read back: executed; else uncertain-effect)",
+    "intent": "a human approved the call: appended before its tool is called, signed naming the approving "
+              "process (pid and start time), which carries the effect out until its result",
+    "result": "the effect's outcome, after it (ok and read back: executed; else uncertain-effect), with `written`: "
+              "true when a write went through, false when the store refused every write the tool began, null otherwise",
     "rejected": "a human closed the call without executing it, with a reason",
 })
 # state -> decision -> the state it leads to; a decision the table does not name changes nothing (the
 # stations read the state and append a decision under one lock, so only these are ever appended)
 STEPS = MappingProxyType({
     "pending": {"intent": "executing", "rejected": "rejected"},
-    "executing": {"intent": "executing", "result": "executed", "rejected": "rejected"},   # intent: a retry after
-    "uncertain-effect": {"intent": "executing", "rejected": "rejected"},                   # its approver stopped
+    "executing": {"intent": "executing", "result": "executed", "rejected": "rejected"},
+    "uncertain-effect": {"intent": "executing", "rejected": "rejected"},   # intent: a retry (retryable)
 })
 
 
 def call_state(decisions, *, executing: bool, expired: bool) -> tuple[str, dict | None]:
     """(state, the decision that put the call there or None): one of CALL_STATES, from a parked call's
-    verified decisions (dicts with `kind` in DECISIONS, in the log's order), whether its approver still
-    holds its lock (`executing`) and whether its expiry has passed. Decides only (pure)."""
+    verified decisions (dicts with `kind` in DECISIONS, in the log's order), whether the process its last
+    intent names still runs (`executing`) and whether its expiry has passed. Decides only (pure)."""
     state, last = "pending", None
     for entry in decisions:
         after = STEPS.get(state, {}).get(entry["kind"])
@@ -741,9 +744,8 @@ REFUSED_IN = MappingProxyType({
     "approve": {"executed": "{call} was already executed at {at} (approved by {by}).",
                 "rejected": "{call} was rejected by {by} at {at} ({reason}); it will not be executed.",
                 "executing": "{call} is being executed now: approved by {by} at {at}; see `pending` once it is done.",
-                "uncertain-effect": "{call} was approved by {by} and its effect is uncertain ({found}): it will not be "
-                                    "executed again until reading it back proves nothing was written; or check it by "
-                                    "hand and close it with `reject`.",
+                "uncertain-effect": "{call} was approved by {by} and its effect is uncertain ({said}; read back: "
+                                    "{found}): it will not be executed again; {closes}.",
                 "expired": "{call} expired at {expires} without approval; run the ticket again."},
     "reject": {"executed": "{call} was already executed at {at} (approved by {by}); reject closes only a call not "
                            "carried out.",
@@ -752,12 +754,57 @@ REFUSED_IN = MappingProxyType({
                             "effect is written (see `pending` once it is done)."}})
 
 
-def refused_in(station: str, state: str, unwritten: bool = False, **facts) -> str | None:
-    """The one-line refusal of `station` (approve or reject) for a call in `state` (CALL_STATES), worded
-    from `facts` (call, by, at, reason, expires, found: one-line texts); None when the station may act:
-    approve retries an uncertain effect whose trace proves nothing was written (`unwritten`)."""
+def refused_in(station: str, state: str, decisions: list, **facts) -> str | None:
+    """The one-line refusal of `station` (approve or reject) for a call in `state` (CALL_STATES) with these
+    verified `decisions`, worded from `facts` (call, by, at, reason, expires, found: one-line texts); None
+    when the station may act: approve retries an uncertain effect that is `retryable`."""
     wording = REFUSED_IN[station].get(state)
-    return None if wording is None or unwritten and (station, state) == ("approve", "uncertain-effect") else wording.format(**facts)
+    if wording is None or (station, state) == ("approve", "uncertain-effect") and retryable(decisions):
+        return None
+    return wording.format(**facts, said=uncertain_said(decisions), closes=closes(decisions))
+
+
+def retryable(decisions: list) -> bool:
+    """True when approve may retry an uncertain effect: its last decision is its approver's signed result
+    saying the tool failed and the store refused every write it began (`written` false). Never after a
+    result that said ok, nor after an approver that stopped before its result: its tool may have begun."""
+    last = decisions[-1] if decisions else {}
+    return last.get("kind") == "result" and last.get("ok") is False and last.get("written") is False
+
+
+def uncertain_said(decisions: list) -> str:
+    """What an uncertain effect's last decision says of it, in the words approve, pending and the tower share."""
+    last = decisions[-1] if decisions else {}
+    if last.get("kind") != "result":
+        return "no result recorded: its approver stopped while its tool ran"
+    if last.get("ok") is True:
+        return "its tool said ok, but its effect was not read back"
+    failed = str(last.get("result", "")).splitlines()[0][:300] if last.get("result") else "no result text"
+    return f"its write failed and nothing was written ({failed})" if retryable(decisions) else f"its tool failed ({failed})"
+
+
+def closes(decisions: list) -> str:
+    """What closes an uncertain effect, in the one wording approve, pending and the tower share."""
+    return ("approve retries it once the cause is fixed, or reject closes it" if retryable(decisions)
+            else "check it by hand, then close it with `reject` and a reason")
+
+
+def state_column(state: str, decisions: list[dict]) -> list[str]:
+    """pending's last column: none while a call waits, else its state (STUCK) or who is executing it."""
+    if state == "pending":
+        return []
+    if state == "unknown":
+        return ["state unknown"]
+    if state == "executing":
+        intent = [d for d in decisions if d["kind"] == "intent"][-1]
+        return [f"EXECUTING: approved by {intent['by']} at {intent['at']}; its process {intent.get('pid')} is writing its effect now"]
+    return [f"{state.upper()}: {STUCK[state]}; reject closes it"]
+
+
+def call_columns(entry: dict) -> list[str]:
+    """pending's first columns for a parked call: RUN_ID --call N, agent, tool and exact arguments."""
+    return [f"{entry['run_id']} --call {entry['call']}", entry["agent"],
+            f"{entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}"]
 
 
 # what a human did with a call held for them in the review queue (outbox/AGENT/review.jsonl): a draft is sent,

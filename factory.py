@@ -104,7 +104,8 @@ from broker import (  # noqa: E402
 from broker import (  # noqa: E402   the tower's figures and the index's tally
     DRIFT_WINDOW, DRIFT_SIGNIFICANCE, GATED, GENESIS, MAX_FIGURE, P_BINS, Drift, GatedRuns, IndexTally, Production, Tally,
     fold_decisions, from_state, json_state, line_verifies, seal_line, signed_index, Chain, heads_problem, head_problem)
-from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons, settled_phrase  # noqa: E402
+from broker import STATE_OUTCOMES, CallRecord, Decisions, Settled, decisions_in, routing_reasons, settled_phrase  # noqa: E402
+from broker import call_columns, closes, state_column, uncertain_said  # noqa: E402
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
     DETECTORS, Sign, detect, evidence, no_progress, ping_pong, repeated_error, repeated_observation, write_check_cycles,
     LABEL_SOURCES, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts, label_source_problem,
@@ -559,14 +560,31 @@ class Factory:
             return one_line(str(path))
 
 
-def lock_now(handle, kind: int) -> bool:
-    """Take an fcntl lock (LOCK_SH or LOCK_EX) on an open file without waiting; False when another handle
-    holds one it conflicts with."""
+def process_started(pid: int) -> str | None:
+    """When process `pid` started, as the kernel says (boot id and clock ticks in /proc): with the pid, a name
+    of one process no file can fake; None when none runs (a zombie neither); UNSEEN while one of that pid
+    runs whose start /proc does not show (no /proc; another user's under hidepid)."""
     try:
-        fcntl.flock(handle.fileno(), kind | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return None if fields[0] in "ZX" else f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip()} {fields[19]}"
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return UNSEEN
+
+
+UNSEEN = "runs, its start unseen"
+
+
+def approver_runs(decisions: list) -> bool:
+    """True when the process that the last intent among a call's decisions names (`pid`, `started`: claiming) runs."""
+    intent = next((d for d in reversed(decisions) if d["kind"] == "intent"), {})
+    pid = intent.get("pid")
+    return type(pid) is int and pid > 0 and (now := process_started(pid)) is not None and now in (intent.get("started"), UNSEEN)
 
 
 class Store:
@@ -1028,15 +1046,13 @@ class Store:
 
     def being_written(self, path: Path) -> bool:
         """True when a process holds the lock of the readable file at path: an open Log (a run still going,
-        never one killed: the lock goes with its process), an append under way, or a parked call's approver."""
+        never one killed: the lock goes with its process) or an append under way."""
         with self.opened(path) as reader:
-            return not lock_now(reader, fcntl.LOCK_SH)
-
-    @contextlib.contextmanager
-    def holding(self, path: Path) -> Iterator[Callable[[], bool]]:
-        """A block handed take() -> bool: path's exclusive lock taken without waiting, held to the end."""
-        with self.opened(path) as reader:
-            yield partial(lock_now, reader, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(reader.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+        return False
 
     class Log:
         """See Store.open_log; the file and its folder are made on the first line; close() is idempotent."""
@@ -1848,17 +1864,18 @@ class Agent:
 
 def effect_writer(fac: Factory, run_id: str, tags: dict, announce=None):
     """The `write(path, row) -> receipt` make_tools is handed: the row, tagged with the run id, a fresh
-    effect id and `tags`, appended as one locked line; the receipt {"path", "offset", "effect_id"} is how
-    the line reads it back. `announce(path, effect_id)`, when given, is called first."""
+    effect id and `tags`, appended as one locked line; the receipt {"path", "offset", "effect_id"} reads
+    it back. `announce(began)` is first handed {"path", "effect_id", "written": False}, made True once
+    the line is written."""
     def write(path: Path, row: dict) -> dict:
         # lexically (a link is not followed here): ValueError outside the root, before writing; the Store
         # refuses a link on the way with a line naming it
-        relative = Path(os.path.normpath(path)).relative_to(fac.root).as_posix()
-        effect_id = os.urandom(8).hex()
+        began = {"path": Path(os.path.normpath(path)).relative_to(fac.root).as_posix(), "effect_id": os.urandom(8).hex(), "written": False}
         if announce is not None:
-            announce(relative, effect_id)
-        offset = fac.store.append_jsonl(fac.root / relative, {**row, "run_id": run_id, "effect_id": effect_id, **tags})
-        return {"path": relative, "offset": offset, "effect_id": effect_id}
+            announce(began)
+        offset = fac.store.append_jsonl(fac.root / began["path"], {**row, "run_id": run_id, "effect_id": began["effect_id"], **tags})
+        began["written"] = True
+        return {"path": began["path"], "offset": offset, "effect_id": began["effect_id"]}
     return write
 
 
@@ -3419,10 +3436,11 @@ def decisions_of(fac: Factory, wanted=None, log: str = "approvals") -> Decisions
     return Decisions(decisions_in(verified, DECISION_LOGS[log][1]), doubted)
 
 
-def call_record(fac: Factory, entry: dict, decisions: list) -> CallRecord:
-    """The CallRecord of a parked call: its verified decisions, its expiry and its lock (execute_staged_call)."""
-    executing = bool(decisions) and fac.store.being_written(fac.pending_path(entry["run_id"], entry["call"]))
-    return CallRecord(*call_state(decisions, executing=executing, expired=utc_now() > entry["expires_at"]), decisions)
+def call_record(decisions: list, expires_at: str = "~") -> CallRecord:
+    """A parked call's CallRecord from its verified decisions, its expiry (default: never) and whether the
+    process its last intent names runs (approver_runs: no lock on a file anyone may replace)."""
+    state, last = call_state(decisions, executing=True, expired=utc_now() > expires_at)
+    return CallRecord("uncertain-effect" if state == "executing" and not approver_runs(decisions) else state, last, decisions)
 
 
 def deciding(claim: "Claim", guards: tuple, compose):
@@ -3433,11 +3451,12 @@ def deciding(claim: "Claim", guards: tuple, compose):
     return make
 
 
-def claiming(take, approval: dict):
-    """compose(claim) for an approval's intent, once the call's lock is taken (take() -> bool)."""
+def claiming(approval: Decision):
+    """compose(claim) for an approval's intent, signed again naming this process (`pid`, `started`)."""
     def compose(claim: "Claim") -> dict:
-        refuse_if(None if take() else f"{claim.call} is being decided now by another process; see `pending`.")
-        return approval
+        pid = os.getpid()
+        body = {key: value for key, value in approval.entry.items() if key not in DECISION_UNSIGNED}
+        return approval.signer.signed(claim.fac, {**body, "pid": pid, "started": process_started(pid)}, DECISION_UNSIGNED)
     return compose
 
 
@@ -3446,20 +3465,21 @@ def closing(signer: Signer, body: dict, outcome: str):
     closing entry, else its trace) and after it (verdict_after; this call's outcome `outcome`), signed."""
     def compose(claim: "Claim") -> dict:
         run_id, call = claim.entry["run_id"], claim.entry["call"]
-        closed = [e for _, e in verified_entries(claim.fac, claim.chain, lambda e: e["run_id"] == run_id)[0]
-                  if e["kind"] in ("result", "rejected")]
-        outcomes = {e["call"]: outcome_of(e) for e in closed} | {call: outcome}
-        waiting = any(number not in outcomes for number in claim.calls_of_run)
+        entries = verified_entries(claim.fac, claim.chain, lambda e: e["run_id"] == run_id)[0]
+        closed, decided = [e for _, e in entries if e["kind"] in ("result", "rejected")], decisions_in(entries)
+        states = [call_record(decided.get((run_id, n), [])).state
+                  for n in range(1, claim.staging[1] + 1) if n != call]   # each other call as it stands now
+        outcomes = [STATE_OUTCOMES[state] for state in states if state in STATE_OUTCOMES] + [outcome]
         before = closed[-1].get("verdict_to", claim.verdict_at_close) if closed else claim.verdict_at_close
-        after = verdict_after(claim.verdict_at_close, list(outcomes.values()), waiting)
+        after = verdict_after(claim.verdict_at_close, outcomes, any(state not in STATE_OUTCOMES for state in states))
         return signer.signed(claim.fac, {**body, "verdict_from": before, "verdict_to": after}, DECISION_UNSIGNED)
     return compose
 
 
 def read_back_attempts(fac: Factory, entry: dict) -> tuple[bool | None, str]:
-    """(written, what reading back finds) of a parked call's effect, from each `effect_started` event of it
-    in its trace: True when a file one names holds its effect id, None when one cannot be read, False when
-    the trace proves nothing was written."""
+    """(written, what reading back finds) of a parked call's effect from its trace's `effect_started` events:
+    True when a file one names holds its effect id, None when one cannot be read, else False. It informs a
+    human and never decides a retry (a trace can be edited, a queue consumed)."""
     try:
         started = [e for _, e in fac.store.read_jsonl(fac.trace_path(entry["agent"], entry["run_id"]))
                    if e.get("event") == "effect_started" and e.get("call") == entry["call"]]
@@ -3467,13 +3487,21 @@ def read_back_attempts(fac: Factory, entry: dict) -> tuple[bool | None, str]:
     except Refusal as why:
         return None, f"cannot be read back ({why})"
     if not started:
-        return False, "no effect was started (the tool never began its write)"
+        return False, "its trace records no write begun through the store"
     shown = (found or started)[-1]
     where, effect = shown.get("path"), shown.get("effect_id")
     if found:
         return True, f"the effect IS written: {where} holds effect {effect}"
     earlier = f" (nor any of {len(started) - 1} earlier attempt(s))" if len(started) > 1 else ""
-    return False, f"the effect was NOT written: {where} holds no effect {effect}{earlier}"
+    return False, f"the effect was NOT found: {where} holds no effect {effect}{earlier}"
+
+
+def found_after_all(fac: Factory, began: dict) -> bool:
+    """True when a write the store refused is in its file after all (its close failed); not in one unread."""
+    try:
+        return effect_written(fac, began)
+    except Refusal:
+        return False
 
 
 def effect_written(fac: Factory, started: dict) -> bool:
@@ -3576,8 +3604,8 @@ class Claim:
 
     @cached_property
     def record(self) -> CallRecord:
-        """The staged call's state as its decisions, lock and expiry make it (call_record)."""
-        return call_record(self.fac, self.entry, self.decisions.of(self.entry["run_id"], self.entry["call"]))
+        """The staged call's state as its decisions, approver and expiry make it (call_record)."""
+        return call_record(self.decisions.of(self.entry["run_id"], self.entry["call"]), self.entry["expires_at"])
 
     @cached_property
     def read_back(self) -> tuple[bool | None, str]:
@@ -3590,8 +3618,9 @@ class Claim:
         return Trace.read(self.fac, self.entry["run_id"], self.entry["agent"])
 
     @cached_property
-    def staging(self) -> str:
-        """How the run that staged the call ended: closed, started (never closed) or none (staging_of)."""
+    def staging(self) -> tuple[str, int]:
+        """(how the run that staged the call ended: closed, started (never closed) or none; the calls its closed
+        row says it parked): staging_of."""
         return staging_of(self.fac, self.entry)
 
     @property
@@ -3603,12 +3632,6 @@ class Claim:
         except Refusal:
             end = {}
         return end.get("verdict") if isinstance(end.get("verdict"), str) else "waiting-for-approval"
-
-    @property
-    def calls_of_run(self) -> list[int]:
-        """The call numbers parked by the staging run (registry/pending/RUN_ID.N.json)."""
-        names = (path.name.split(".") for path in self.fac.pending.glob(f"{self.entry['run_id']}.*.json"))
-        return [int(parts[1]) for parts in names if len(parts) == 3 and parts[1].isdigit()]
 
     @property
     def call(self) -> str:
@@ -3850,23 +3873,23 @@ def parked_call_sealed(claim: Claim) -> str | None:
     return f"{shown}: the parked call {problem}; {claim.remedy}"
 
 
-def staging_of(fac: Factory, entry: dict) -> str:
-    """How the run of a parked call ended (index_tally): `closed` (a verified row parked this many calls),
-    `started` (only its started row), or `none` (no row: copied under a new run id)."""
+def staging_of(fac: Factory, entry: dict) -> tuple[str, int]:
+    """(how the run of a parked call ended (index_tally): `closed` (a verified row parked this many calls),
+    `started` (only its started row), or `none` (no row: copied under a new run id); the calls it parked)."""
     tally = index_tally(fac)
     verdict, staged, verified = tally.parked.get(entry["run_id"], (None, 0, False))
     if verified and staged >= entry["call"]:
-        return "closed"
-    return "started" if entry["run_id"] in getattr(tally.agents.get(entry["agent"]), "unclosed", ()) else "none"
+        return "closed", staged
+    return ("started" if entry["run_id"] in getattr(tally.agents.get(entry["agent"]), "unclosed", ()) else "none"), 0
 
 
 def staged_by_its_run(claim: Claim) -> str | None:
     """The run the call names closed in the index with a row that verifies and parked at least this many
     calls (staging_of): not one stopped after parking it, nor a trace and parked file copied anew."""
     fac, entry = claim.fac, claim.entry
-    if claim.staging == "closed":
+    if claim.staging[0] == "closed":
         return None
-    if claim.staging == "started":
+    if claim.staging[0] == "started":
         return (f"run {entry['run_id']} never closed ({fac.shown(fac.index)} holds its started row and no closed row "
                 f"that verifies: it was stopped after it parked call {entry['call']}); {claim.call} cannot be "
                 f"approved, reject closes it; {claim.remedy}")
@@ -3879,8 +3902,8 @@ def not_open(station: str):
     (broker.refused_in, over call_record read once), or None."""
     def check(claim: Claim) -> str | None:
         state, last = claim.record.state, claim.record.last or {}
-        written, found = claim.read_back if state == "uncertain-effect" else (None, "")
-        return refused_in(station, state, written is False, call=claim.call, by=last.get("by"), at=last.get("at"),
+        found = claim.read_back[1] if state == "uncertain-effect" else ""
+        return refused_in(station, state, claim.record.decisions, call=claim.call, by=last.get("by"), at=last.get("at"),
                           reason=one_line(str(last.get("reason"))), expires=claim.entry["expires_at"], found=found)
     return check
 
@@ -4018,7 +4041,7 @@ def call_standing(fac: Factory, entry: dict, decisions: list) -> tuple[str, str 
     if evidence_problem(fac, entry):
         return "unsealed", None
     try:
-        state = call_record(fac, entry, decisions).state
+        state = call_record(decisions, entry["expires_at"]).state
     except Refusal as why:
         return "unknown", str(why)
     if state != "pending":
@@ -4028,7 +4051,7 @@ def call_standing(fac: Factory, entry: dict, decisions: list) -> tuple[str, str 
         return "pending", None
     if unread:
         return "unknown", line
-    return STANDING_STATES.get(name) or ("run never closed" if claim.staging == "started" else "not staged"), None
+    return STANDING_STATES.get(name) or ("run never closed" if claim.staging[0] == "started" else "not staged"), None
 
 
 def refusal_line(refusal: Refusal) -> str:
@@ -4810,24 +4833,24 @@ def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome
 
 
 def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision | None = None) -> dict:
-    """Execute one parked call through the broker, exactly once, on a signed approval (EXECUTE_GUARDS,
-    checked again whoever calls it); the result entry. In order: under the approvals log's lock the
-    call's state is read again, its own lock taken and the `intent` appended (deciding, claiming); the
-    trace's effect_started; the effect; the signed `result` with the run's verdict before and after; the
-    lock let go. While it is held the call is `executing`; a kill before the result leaves it
-    `uncertain-effect`."""
+    """Execute one parked call, exactly once, on a signed approval (EXECUTE_GUARDS, checked again whoever
+    calls it); the result entry. In order: under the approvals log's lock the call's state read again and
+    the `intent` naming this process appended (claiming); effect_started in the trace before each write;
+    the effect; the signed `result`, with what was written and the run's verdict before and after."""
     claim = enforce(staged_call_claim(fac, load_pending(fac, run_id, call), approval), EXECUTE_GUARDS)
-    entry, agent = claim.entry, loaded(fac, claim.agent)
-    with fac.halt.held(), fac.store.holding(fac.pending_path(run_id, call)) as take:   # a signal waits for the result
-        append_to_log(fac, "approvals", deciding(claim, DECIDING_GUARDS, claiming(take, approval.entry)))
+    entry, agent, writes = claim.entry, loaded(fac, claim.agent), []
+    with fac.halt.held():   # a signal waits for the result
+        append_to_log(fac, "approvals", deciding(claim, DECIDING_GUARDS, claiming(approval)))
         trace = Trace(fac, agent.name, run_id)   # the run's own trace: the approval is part of its story
         broker = build_loop(fac, agent, "approve", trace.record, tier="C2", run_id=run_id).broker
         held = broker.carry_out(entry["tool"], entry["args"])
         gate = entry.get("gate") if isinstance(entry.get("gate"), dict) else {}
-        tools = agent.tools_for(fac, run_id, {"gate": gate.get("result"), "p": gate.get("p")}, announcer(trace, call))
+        tools = agent.tools_for(fac, run_id, {"gate": gate.get("result"), "p": gate.get("p")}, announcer(trace, call, writes))
         done = broker.commit(held, tools) if held.ruling == HELD else held
+        refused = writes and not done.ok and not any(w["written"] or found_after_all(fac, w) for w in writes)
         outcome = {"ok": done.ok, "ruling": done.ruling, "result": done.result, "receipt": done.receipt,
-                   "read_back": read_back(fac, done.receipt)}
+                   "read_back": read_back(fac, done.receipt), "written": True if any(w["written"] for w in writes) else
+                   False if refused else None}
         body = {"kind": "result", "run_id": run_id, "call": call, "agent": agent.name, "by": approval.signer.name,
                 "at": utc_now(), **outcome}
         result = append_to_log(fac, "approvals", deciding(claim, (), closing(approval.signer, body, outcome_of(body))))
@@ -4835,11 +4858,12 @@ def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision
     return result
 
 
-def announcer(trace: "Trace", call: int):
-    """announce(path, effect_id) for an approved call's tools: records in the run's trace where the effect
-    is about to be written, so a kill before the call's result can still be read back (`pending`)."""
-    def announce(path: str, effect_id: str) -> None:
-        trace.record({"event": "effect_started", "call": call, "path": path, "effect_id": effect_id})
+def announcer(trace: "Trace", call: int, writes: list):
+    """announce(began) for an approved call's tools (effect_writer): records in the run's trace where the
+    effect is about to be written (read back by `pending` after a kill), and keeps `began` in `writes`."""
+    def announce(began: dict) -> None:
+        trace.record({"event": "effect_started", "call": call, "path": began["path"], "effect_id": began["effect_id"]})
+        writes.append(began)
     return announce
 
 
@@ -6379,12 +6403,10 @@ def cmd_pending(fac: Factory, args) -> int:
 
     Oldest first, one per line: RUN_ID --call N, the agent, the tool and its exact arguments, when it
     was staged and when it expires. approve executes one; reject closes one. A call that can no longer
-    be approved says why in its last column, in the words of approve's refusal (EXPIRED, RUN NEVER
-    CLOSED, RECALLED, SUPERSEDED, REVOKED, UNCERTIFIED, UNSEALED, NOT STAGED), and that reject closes
-    it; one being executed now says EXECUTING and who approved it. Then each uncertain effect, with who
-    approved it, what its result said, what reading it back finds and what closes it. Only decisions
-    whose signature verifies count; each other log entry, and a parked file or log that cannot be read,
-    is named on stderr (exit 1), and every other call is still listed.
+    be approved says why (EXPIRED, RECALLED, ...: approve's refusal), one being executed EXECUTING and
+    who approved it. Then each uncertain effect: who approved it, what its result said, what reading it
+    back finds, what closes it. Only decisions whose signature verifies count; any other entry, and a
+    file that cannot be read, is named on stderr (exit 1), and every other call is still listed.
     """
     calls = parked(fac)
     states, decided = calls.states, calls.decided or {}
@@ -6410,33 +6432,11 @@ def cmd_pending(fac: Factory, args) -> int:
 PENDING_FIELDS = ("run_id", "call", "agent", "tool", "args", "staged_at", "expires_at")   # of pending --json
 
 
-def state_column(state: str, decisions: list[dict]) -> list[str]:
-    """pending's last column: none while a call waits, else its state (STUCK) or who is executing it."""
-    if state == "pending":
-        return []
-    if state == "unknown":
-        return ["state unknown"]
-    if state == "executing":
-        intent = decisions[-1]
-        return [f"EXECUTING: approved by {intent['by']} at {intent['at']}; its effect is being written now"]
-    return [f"{state.upper()}: {STUCK[state]}; reject closes it"]
-
-
 def uncertain_column(fac: Factory, entry: dict, decisions: list[dict]) -> str:
     """pending's last column for an uncertain effect: who approved it, its result, its read-back, what closes it."""
-    intent, last = [e for e in decisions if e["kind"] == "intent"][-1], decisions[-1]
-    said = ("no result recorded" if last["kind"] == "intent" else "its effect was not read back" if last.get("ok") is True
-            else f"its write failed ({one_line(str(last.get('result')))[:300]})")
-    written, found = read_back_attempts(fac, entry)
-    then = ("approve retries it once the cause is fixed, or reject closes it" if written is False
-            else "check it by hand, then reject closes it")
-    return f"UNCERTAIN-EFFECT: approved by {intent['by']} at {intent['at']}, {said}; read back: {found}; {then}"
-
-
-def call_columns(entry: dict) -> list[str]:
-    """pending's first columns for a parked call: RUN_ID --call N, agent, tool and exact arguments."""
-    return [f"{entry['run_id']} --call {entry['call']}", entry["agent"],
-            f"{entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}"]
+    intent = [e for e in decisions if e["kind"] == "intent"][-1]
+    return (f"UNCERTAIN-EFFECT: approved by {intent['by']} at {intent['at']}, {one_line(uncertain_said(decisions))}; "
+            f"read back: {read_back_attempts(fac, entry)[1]}; {closes(decisions)}")
 
 
 def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
@@ -6507,19 +6507,16 @@ def approval_brief(fac: Factory, entry: dict) -> list[str]:
          SSH_KEY,
          examples=("python3 factory.py pending", "python3 factory.py approve 20261130T041500123456Z-1a2b3c --by alice",
                    "python3 factory.py approve 20261130T041500123456Z-1a2b3c --call 2 --by al"),
-         exits=("approved and executed", "refused, declined at the prompt, or the executed call failed"),
+         exits=("approved, executed and read back", "refused, declined at the prompt, or its effect is uncertain"),
          env=(*ROOT_ENV, *KEYS_ENV, "PATH"))
 def cmd_approve(fac: Factory, args) -> int:
     """Approve one staged call at a terminal and execute it.
 
     Shows the ticket and the agent's output from the run's trace (checked against the digests sealed
     with the call), the gate's result and p, and the exact call, and asks `approve? [y/N]`: y or yes
-    executes exactly that call, once. The approval is signed with NAME's own key (HMAC in
-    FACTORY_KEYS_DIR, never created here, or --ssh-key) and kept, with the result and the run's verdict
-    before and after, in registry/approvals.jsonl. Refused when NAME has no key here, stdin is not a
-    terminal, the call was decided already or is being executed, it expired, its agent was recalled,
-    re-certified or changed since, or its trace changed. An uncertain effect (see pending) is retried
-    only when reading it back proves nothing was written.
+    executes exactly that call, once, signed with NAME's own key (HMAC in FACTORY_KEYS_DIR, never made
+    here, or --ssh-key) in registry/approvals.jsonl with its result. Refused when the call is not open
+    (see pending), its agent or trace changed since, NAME has no key here or stdin is not a terminal.
     """
     entry, signer, claim = decider(fac, args, APPROVE_GUARDS)
     if not sys.stdin.isatty():
@@ -6535,10 +6532,11 @@ def cmd_approve(fac: Factory, args) -> int:
     body = {"kind": "intent", **{key: entry[key] for key in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},
             "by": signer.name, "at": utc_now()}
     result = execute_staged_call(fac, entry["run_id"], entry["call"], Decision(signer.signed(fac, body, DECISION_UNSIGNED), signer))
-    state = "read back" if result["read_back"] else "NOT read back: check it by hand"
-    print(f"executed {entry['tool']} for run {entry['run_id']}: {result['ruling']} ({state}); approved by {signer.name}; "
-          f"run verdict {result['verdict_from']} -> {result['verdict_to']}")
-    return 0 if result["ok"] else 1
+    executed = outcome_of(result) == "verified"
+    said = "ok, read back" if executed else f"{one_line(uncertain_said([result]))}; {closes([result])}"
+    print(f"{'executed' if executed else 'uncertain-effect'} {entry['tool']} for run {entry['run_id']} (call {entry['call']}): "
+          f"{said}; approved by {signer.name}; run verdict {result['verdict_from']} -> {result['verdict_to']}")
+    return 0 if executed else 1
 
 
 @station(*STAGED_CALL, arg("--by", type=signer_name, required=True, metavar="NAME", help="who rejects: their signing key must be here"),

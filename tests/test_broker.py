@@ -428,9 +428,33 @@ class CallStates(unittest.TestCase):
         for state in broker.CALL_STATES:   # every refusal names what decided the call
             for station, wording in broker.REFUSED_IN.items():
                 with self.subTest(state=state, station=station):
-                    line = broker.refused_in(station, state, call="c", by="bob", at="t", reason="r", expires="e", found="f")
+                    line = broker.refused_in(station, state, [intent], call="c", by="bob", at="t", reason="r", expires="e", found="f")
                     self.assertEqual(line is None, state not in wording)
                     self.assertTrue(line is None or "\n" not in line and line.startswith("c "))
+
+    def test_only_a_write_the_store_refused_is_retried(self):
+        """approve retries an uncertain effect only on its approver's signed result saying the tool failed and the
+        store refused every write it began (written false); never after a result that said ok (a queue consumed,
+        an effect with no receipt), nor after an approver that stopped while its tool ran, nor a failure that
+        does not say nothing was written. Each is worded once, the same for approve, pending and the tower."""
+        intent = {"kind": "intent", "by": "bob"}
+        failed = {"kind": "result", "ok": False, "read_back": False, "result": "error: StoreError: disk full\nmore"}
+        cases = [([intent], False, "no result recorded: its approver stopped while its tool ran"),
+                 ([intent, {**failed, "written": False}], True, "its write failed and nothing was written (error: StoreError: disk full)"),
+                 ([intent, {**failed, "written": None}], False, "its tool failed (error: StoreError: disk full)"),
+                 ([intent, {**failed, "written": True}], False, "its tool failed (error: StoreError: disk full)"),
+                 ([intent, {"kind": "result", "ok": True, "read_back": False, "written": False}], False,
+                  "its tool said ok, but its effect was not read back"),
+                 ([intent, {**failed, "written": False}, intent], False, "no result recorded: its approver stopped while its tool ran")]
+        for decisions, retried, said in cases:
+            with self.subTest(decisions=decisions):
+                self.assertEqual(broker.retryable(decisions), retried)
+                self.assertEqual(broker.uncertain_said(decisions), said)
+                line = broker.refused_in("approve", "uncertain-effect", decisions, call="c", by="bob", found="f")
+                self.assertEqual(line, None if retried else f"c was approved by bob and its effect is uncertain ({said}; read "
+                                 f"back: f): it will not be executed again; check it by hand, then close it with `reject` and a reason.")
+                self.assertEqual(broker.closes(decisions), "approve retries it once the cause is fixed, or reject closes it" if retried
+                                 else "check it by hand, then close it with `reject` and a reason")
 
 
 if __name__ == "__main__":

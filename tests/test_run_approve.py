@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -859,11 +860,37 @@ class Promotion(Tiered):
                                      "run", "payer", "How do I order a new card?")
 
 
+WIRE_TOOLS = '''"""wire:send sends money through a payments API (a file beside the root here): no receipt."""
+
+import json
+
+CONTRACTS = {
+    "wire:send": {
+        "name": "wire:send", "effect": "act", "description": "Send money through the payments API.",
+        "params": {"type": "object", "additionalProperties": False, "required": ["amount_usd"],
+                   "properties": {"amount_usd": {"type": "number", "minimum": 0}}},
+        "amounts_usd": ["amount_usd"], "failure_modes": ["OSError: the API could not be reached"],
+    },
+}
+
+
+def make_tools(root, agent, run_id, write):
+    def send(args):
+        with open(root.parent / "wire.jsonl", "a") as api:
+            api.write(json.dumps({"run_id": run_id, **args}) + "\\n")
+        return "sent"
+    return {"wire:send": send}
+'''
+
+
 class Approval(Tiered):
-    """The C2 pause: durable, exact, once, bound to the staged call and signed by a person who has a key."""
+    """The C2 pause: durable, exact, once, bound to the staged call and signed by a person who has a key.
+    payer may also wire money (wire:send, an effect outside the root that nothing reads back)."""
 
     def prepare(self):
         super().prepare()
+        (self.root / "agents" / "tools" / "wire.py").write_text(WIRE_TOOLS)
+        self.edit_card("payer", tools=[*json.loads((self.root / "masters" / "payer.json").read_text())["tools"], "wire:send"])
         self.promote_to("C2")
         self.refund_model()
         staged = subprocess.run([*CLI, "run", "payer", CHARGED], env={**os.environ, **self.env}, cwd=str(REPO),
@@ -1031,7 +1058,9 @@ class Approval(Tiered):
     def test_pending_lists_it_and_approve_executes_it_once_in_another_process(self):
         code, out, _ = self.factory("pending")
         self.assertIn(f"{self.run_id} --call 1\tpayer\tbilling:refund", out)
-        first = self.approve(child=True)
+        with self.pending()[0].open() as reader:                             # a reader (a backup, a sync) holds it
+            fcntl.flock(reader, fcntl.LOCK_SH)
+            first = self.approve(child=True)
         self.assertEqual(first.returncode, 0, first.stderr)
         self.assertIn("approve? [y/N]", first.stderr)
         self.assertIn(f"ticket:\n  {CHARGED}\n", first.stderr)
@@ -1039,8 +1068,7 @@ class Approval(Tiered):
         self.assertIn("gate: pass p=0.950 bar=0.85\n", first.stderr)
         self.assertIn('the exact call:\n  billing:refund {"reason": "charged twice for one order", "amount_usd": 40}\n',
                       first.stderr)
-        self.assertIn("executed billing:refund", first.stdout)
-        self.assertIn("(read back)", first.stdout)
+        self.assertIn(f"executed billing:refund for run {self.run_id} (call 1): ok, read back; approved by bob", first.stdout)
         self.assertIn("run verdict waiting-for-approval -> verified", first.stdout)
         stored = json.loads(self.pending()[0].read_text())
         self.assertEqual(len(self.effects("refunds")), 1)
@@ -1049,6 +1077,8 @@ class Approval(Tiered):
                          {"run_id": self.run_id, "gate": "pass", "p": 0.95}, "the committed row names run, gate and p")
         intent, result = self.decisions()
         self.assertEqual((intent["kind"], result["kind"], result["by"]), ("intent", "result", "bob"))
+        self.assertEqual((type(intent["pid"]), type(intent["started"]), result["written"]), (int, str, True),
+                         "the intent names its approving process; the result says the write went through")
         second = self.approve()
         self.assertEqual(second.returncode, 1)
         self.assertIn("was already executed", second.stderr)
@@ -1391,13 +1421,16 @@ class Approval(Tiered):
         self.approved = (child.returncode, out.decode(), err.decode())
 
     def test_a_call_being_executed_is_decided_by_its_approver_alone(self):
-        """While bob's approval writes the refund, a reject, a second approve and a second executor (an
-        approval signed before bob's intent) are each refused in one line naming bob's approval; then the
-        records agree with the refund written: executed, verified, acted once."""
+        """While bob's approval writes the refund, its parked file replaced by a copy of itself, a reject, a
+        second approve and a second executor (an approval signed before bob's intent) are each refused in one
+        line naming bob's approval; then the records agree with the refund written: executed, verified, acted once."""
         verified = self.tower()["verdicts"]["verified"]
         waiting = f"billing:refund from run {self.run_id} (call 1) is being executed now: approved by bob at "
         late = self.approval_by("bob")
         with self.approving():
+            parked, copy = self.pending()[0], self.tmp / "parked-copy.json"       # a restore, an rsync, a checkout:
+            shutil.copy2(parked, copy)                                          # the same bytes under a new inode
+            os.replace(copy, parked)
             code, out, err = self.factory("reject", self.run_id, "--by", "bob", "--reason", "changed my mind")
             self.assertEqual(code, 1, out)
             self.assertEqual(len(err.strip().split("\n")), 1, err)
@@ -1444,31 +1477,28 @@ class Approval(Tiered):
     # ---- an uncertain effect's path: retried when its trace proves nothing was written, else closed by hand
 
     def test_a_commit_that_failed_is_uncertain_listed_counted_and_retried_once_its_cause_is_fixed(self):
-        """The payments queue cannot be written (a folder stands where it goes): approve says the write
-        failed; pending lists the call as an uncertain effect and the tower counts it; approve refuses it
-        while reading back cannot prove nothing was written, retries it (signed, once) after the cause is
-        removed, and the records then agree: one refund, executed, verified, acted once."""
+        """The payments queue cannot be written (a folder stands where it goes): approve says the effect is
+        uncertain, its write failed and nothing was written, and exits 1; pending lists it with the same words
+        and the tower counts it; as the approver's signed result says the store refused the write, approve
+        retries it (signed, once) after the cause is removed, and the records then agree: one refund,
+        executed, verified, acted once."""
         verified = self.tower()["verdicts"]["verified"]
         queue = self.root / "outbox" / "payer" / "refunds.jsonl"
         queue.mkdir(parents=True)
         failed = self.approve()
         self.assertEqual(failed.returncode, 1, failed.stderr)
-        self.assertIn("executed billing:refund for run", failed.stdout)
-        self.assertIn("StoreError", failed.stdout)
+        said = "its write failed and nothing was written (error: StoreError: outbox/payer/refunds.jsonl"
+        self.assertIn(f"uncertain-effect billing:refund for run {self.run_id} (call 1): {said}", failed.stdout)
+        self.assertIn("; approve retries it once the cause is fixed, or reject closes it; approved by bob", failed.stdout)
+        self.assertEqual(self.decisions()[-1]["written"], False)
         code, out, _ = self.factory("pending")
         self.assertEqual(code, 0)
         line, = [line for line in out.split("\n") if self.run_id in line]
-        self.assertIn("\tUNCERTAIN-EFFECT: approved by bob at ", line)
-        self.assertIn(", its write failed (error: StoreError: outbox/payer/refunds.jsonl", line)
+        self.assertIn(f"\tUNCERTAIN-EFFECT: approved by bob at {self.decisions()[0]['at']}, {said}", line)
         self.assertIn("read back: cannot be read back (outbox/payer/refunds.jsonl: is a folder, not a file)", line)
+        self.assertTrue(line.endswith("; approve retries it once the cause is fixed, or reject closes it"), line)
         self.agree(0, 1, {"waiting-for-approval": 0, "uncertain-effect": 1, "verified": verified})
-        refused = self.approve()
-        self.assertEqual(refused.returncode, 1, refused.stdout)
-        self.assertNotIn("approve? [y/N]", refused.stderr)
-        self.assertIn("its effect is uncertain (cannot be read back", refused.stderr)
         queue.rmdir()
-        self.assertIn("read back: the effect was NOT written: outbox/payer/refunds.jsonl holds no effect ", self.factory("pending")[1])
-        self.assertIn("approve retries it once the cause is fixed, or reject closes it", self.factory("pending")[1])
         retried = self.approve()
         self.assertEqual(retried.returncode, 0, retried.stderr)
         self.assertIn("retry: UNCERTAIN-EFFECT: approved by bob at ", retried.stderr)
@@ -1493,7 +1523,7 @@ class Approval(Tiered):
         rejected = self.decisions()[-1]
         self.assertEqual((rejected["kind"], rejected["by"], rejected["reason"], rejected["written"]),
                          ("rejected", "bob", "checked the bank: nothing paid", False))
-        self.assertIn("the effect was NOT written", rejected["found"])
+        self.assertIn("the effect was NOT found", rejected["found"])
         self.agree(0, 0, {"waiting-for-approval": 0, "uncertain-effect": 0, "routed-to-human": 1})
         self.assertIn("was already rejected by bob", self.refused("was already rejected", "reject", self.run_id, "--by", "bob",
                                                                   "--reason", "again"))
@@ -1520,50 +1550,117 @@ class Approval(Tiered):
         """The run's trace says where the approved call's effect is about to be written."""
         return any(e.get("event") == "effect_started" for e in self.traces("payer")[-1])
 
-    def test_killed_before_the_effect_is_uncertain_and_retried_once_since_nothing_was_written(self):
-        """Killed at the refund's own lock, after the trace's effect_started: uncertain, and as reading it
-        back proves nothing was written, approve retries it (the retry shows why) and it is written once."""
+    def test_killed_while_its_tool_runs_is_never_retried_whatever_its_trace_says(self):
+        """Killed at the refund's own lock, after the trace's effect_started and before its write: uncertain,
+        and as its tool may have begun its write, approve never retries it, neither while reading back finds
+        no effect nor once the effect_started line is cut from the trace; reject closes it after a check by hand."""
         refunds = self.root / "outbox" / "payer" / "refunds.jsonl"
         self.kill_while_approving(refunds, self.effect_started)               # blocked at the refund's own lock
         self.assertEqual([e["kind"] for e in self.decisions()], ["intent"])
         code, out, _ = self.factory("pending")
         self.assertEqual(code, 0)
         self.assertIn(f"{self.run_id} --call 1\tpayer\tbilling:refund", out)
-        self.assertIn("UNCERTAIN-EFFECT: approved by bob at ", out)
-        self.assertIn(", no result recorded; read back: the effect was NOT written: outbox/payer/refunds.jsonl holds no "
-                      "effect ", out)
-        again = self.approve()
-        self.assertEqual(again.returncode, 0, again.stderr)
-        self.assertIn("retry: UNCERTAIN-EFFECT: approved by bob at ", again.stderr)
-        self.assertIn("run verdict waiting-for-approval -> verified", again.stdout)
-        self.assertEqual(len(self.effects("refunds")), 1)
-        self.assertEqual([e["kind"] for e in self.decisions()], ["intent", "intent", "result"])
+        self.assertIn(f"\tUNCERTAIN-EFFECT: approved by bob at {self.decisions()[0]['at']}, no result recorded: its approver "
+                      f"stopped while its tool ran; read back: the effect was NOT found: outbox/payer/refunds.jsonl holds "
+                      f"no effect ", out)
+        self.assertIn("; check it by hand, then close it with `reject` and a reason\n", out)
+        trace = self.root / "traces" / "payer" / f"{self.run_id}.jsonl"
+        trace.write_text("".join(line for line in trace.read_text().splitlines(True) if '"effect_started"' not in line))
+        for _ in range(2):
+            refused = self.approve()
+            self.assertEqual(refused.returncode, 1, refused.stdout)
+            self.assertNotIn("approve? [y/N]", refused.stderr)
+            self.assertIn("its effect is uncertain (no result recorded: its approver stopped while its tool ran; read back: "
+                          "its trace records no write begun through the store): it will not be executed again; check it by "
+                          "hand, then close it with `reject` and a reason.", refused.stderr)
+        self.assertEqual(self.effects("refunds"), [])
+        code, out, err = self.factory("reject", self.run_id, "--by", "bob", "--reason", "checked the bank: nothing paid")
+        self.assertEqual(code, 0, err)
         self.assertIn("(nothing waits for approval)", self.factory("pending")[1])
-        self.assertIn("was already executed", self.approve().stderr)
 
-    def test_killed_after_the_effect_reads_it_back(self):
-        refunds = self.root / "outbox" / "payer" / "refunds.jsonl"
-        log = self.root / "registry" / "approvals.jsonl"
+    @contextlib.contextmanager
+    def between_write_and_result(self, call: int = 1) -> Iterator[subprocess.Popen]:
+        """bob's approve of `call` in a child at a terminal, held after its refund is written and before its
+        result (this process holds the approvals log's lock) until the block ends; then it finishes, unless
+        the block killed it, and self.approved is its (exit status, stdout, stderr)."""
+        refunds, log = self.root / "outbox" / "payer" / "refunds.jsonl", self.root / "registry" / "approvals.jsonl"
+        before = len(self.effects("refunds"))
+        refunds.parent.mkdir(parents=True, exist_ok=True)
         with refunds.open("a") as effect:
             fcntl.flock(effect, fcntl.LOCK_EX)
-            child, leader = spawn_at_terminal(["approve", self.run_id, "--by", "bob"], self.env)
+            child, leader = spawn_at_terminal(["approve", self.run_id, "--call", str(call), "--by", "bob"], self.env)
             try:
                 os.write(leader, b"y\n")
                 wait_until(self.effect_started)
                 with log.open("a") as decisions:                              # the result's append will wait here
                     fcntl.flock(decisions, fcntl.LOCK_EX)
                     fcntl.flock(effect, fcntl.LOCK_UN)                        # the refund is written ...
-                    wait_until(lambda: bool(self.effects("refunds")))
-                    child.kill()                                              # ... and the result never is
-                    child.communicate()
+                    wait_until(lambda: len(self.effects("refunds")) > before)
+                    yield child
             finally:
+                out, err = child.communicate(timeout=60)
                 os.close(leader)
+        self.approved = (child.returncode, out.decode(), err.decode())
+
+    def test_killed_after_the_effect_reads_it_back(self):
+        with self.between_write_and_result() as child:
+            child.kill()                                                      # ... and the result never is
         self.assertEqual([e["kind"] for e in self.decisions()], ["intent"])
         out = self.factory("pending")[1]
         self.assertIn("UNCERTAIN-EFFECT", out)
         self.assertIn("read back: the effect IS written: outbox/payer/refunds.jsonl holds effect", out)
         self.assertIn("its effect is uncertain", self.approve().stderr)
         self.assertEqual(len(self.effects("refunds")), 1)
+
+    def test_an_effect_that_does_not_read_back_fails_approve_and_is_never_retried(self):
+        """wire:send moves money outside the root and hands back no receipt: its tool said ok but nothing
+        reads its effect back, so approve exits 1 saying it is uncertain, as the run's verdict is, in the words
+        pending uses, and approve never sends it again (a result that said ok is never retried)."""
+        server = FakeServer(Answer(body=anthropic_message(tool_uses=[LABEL_CALL, ("m2", "wire__send", {"amount_usd": 40})])),
+                            Answer(body=anthropic_message(CALM))).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        self.run_id = self.run_payer(CHARGED)[0]["run_id"]
+        self.offline()
+        sent = self.approve()
+        said = "its tool said ok, but its effect was not read back; check it by hand, then close it with `reject` and a reason"
+        self.assertEqual(sent.returncode, 1, sent.stderr)
+        self.assertIn(f"uncertain-effect wire:send for run {self.run_id} (call 1): {said}; approved by bob; run verdict "
+                      f"waiting-for-approval -> uncertain-effect", sent.stdout)
+        self.assertIn(said.replace("; check", "; read back: its trace records no write begun through the store; check"),
+                      self.factory("pending")[1])
+        refused = self.approve()
+        self.assertEqual(refused.returncode, 1, refused.stdout)
+        self.assertIn(f"wire:send from run {self.run_id} (call 1) was approved by bob and its effect is uncertain", refused.stderr)
+        self.assertIn("it will not be executed again; check it by hand", refused.stderr)
+        self.assertEqual(len((self.tmp / "wire.jsonl").read_text().splitlines()), 1, "the money went out once")
+
+    def test_a_runs_verdict_counts_each_of_its_calls_as_it_stands(self):
+        """A run that parked two refunds: call 2's approver is killed after its refund was written and before
+        its result, then call 1 is approved: the run's verdict is uncertain-effect, not waiting-for-approval,
+        in the log and the tower alike; reject closes call 2 once checked by hand (it was paid) and the run
+        is routed to a human, both refunds counted as acted."""
+        before = self.tower()["verdicts"]
+        server = FakeServer(Answer(body=anthropic_message(tool_uses=[LABEL_CALL, REFUND_CALL, (
+            "m3", "billing__refund", {"reason": "another order", "amount_usd": 41})])), Answer(body=anthropic_message(CALM))).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        first_run, self.run_id = self.run_id, self.run_payer(CHARGED)[0]["run_id"]
+        self.offline()
+        self.assertEqual(len(self.pending()), 3)
+        with self.between_write_and_result(call=2) as child:
+            child.kill()
+        approved = self.approve()
+        self.assertEqual(approved.returncode, 0, approved.stderr)
+        self.assertIn("run verdict waiting-for-approval -> uncertain-effect", approved.stdout)
+        self.agree(1, 1, {"waiting-for-approval": before["waiting-for-approval"], "uncertain-effect": 1})
+        code, out, err = self.factory("reject", self.run_id, "--call", "2", "--by", "bob", "--reason", "checked: it was paid")
+        self.assertEqual(code, 0, err)
+        self.assertIn("run verdict uncertain-effect -> routed-to-human", out)
+        self.agree(1, 0, {"waiting-for-approval": before["waiting-for-approval"], "uncertain-effect": 0,
+                          "routed-to-human": before["routed-to-human"] + 1})
+        self.assertEqual((self.tower()["acted"], len(self.effects("refunds"))), (2, 2))
+        self.assertEqual(first_run, self.index_rows()[-2]["run_id"])
 
     # ---- the approval guards, one by one
 
