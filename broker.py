@@ -22,11 +22,10 @@ a call through `Broker.commit`.
 
 Settling also bounds a run's acting calls by its act envelope (`ActEnvelope`) and records an acting
 call the run repeats as a `duplicate`. Beside it sit the other decisions about a run that need no
-I/O: its verdict (`VERDICTS`, `run_verdict`) and why it goes to a human (`judge`, `substitution`,
-`routing_reasons`); the state of a parked call from its humans' signed decisions (`CALL_STATES`,
-`STUCK`, `call_state`) with what approve and reject answer in each (`refused_in`); what a human did
-with a held call (`REVIEW_DECISIONS`, `review_counts`); the tower's figures counted from rows the
-factory reads (`Tally`, `fold_decisions`) and the lines under each agent (`agent_lines`), the drift watch
+I/O: its verdict (`VERDICTS`, `run_verdict`); the state of a parked call from its humans' signed
+decisions (`CALL_STATES`, `STUCK`, `call_state`) with what approve and reject answer in each
+(`refused_in`); what a human did with a held draft (`REVIEW_DECISIONS`, `review_counts`); the
+tower's figures counted from rows the factory reads (`Tally`, `fold_decisions`), the drift watch
 (`Drift`) and the run gate's detectors; and the statistics they rest on.
 
 The broker never prints and never reads environment variables; the caller hands it the policy,
@@ -377,8 +376,8 @@ class Verdict:
 VERDICTS = (  # in display order
     Verdict("verified", "the gate passed and every executed effect was read back", "#2e7d32"),
     Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
-    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the cost envelope, a "
-                               "model the card does not name answered, an acting call repeated, or the agent handed off", "#1565c0"),
+    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the cost envelope, an acting "
+                               "call repeated, or the agent handed off", "#1565c0"),
     Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
     Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00"),
     Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a"),
@@ -404,21 +403,18 @@ def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertai
     return "waiting-for-approval" if parked else "verified"
 
 
-def judge(answer: str | None, p: float | None, bar: float, problems: tuple = ()) -> dict:
-    """passed = answer == yes and p >= bar and no run `problems` (the factory's: an unknown or outside cost,
-    another model answering; each 'head: detail'); a null answer is `unsure`, not `no`. `why` is the gate's
-    own reason not to pass, None when it said yes at the bar (then the problems alone held the run back)."""
-    shown, heads = "?" if p is None else f"{p:.3f}", "; ".join(problem.partition(":")[0] for problem in problems)
-    cleared = answer == "yes" and p is not None and p >= bar
+def judge(answer: str | None, p: float | None, bar: float, cost: str | None) -> dict:
+    """passed = answer == yes and p >= bar and no `cost` problem (the factory's cost_problem); null answer is `unsure`, not `no`."""
+    shown = "?" if p is None else f"{p:.3f}"
     if answer is None:
-        result, note, why = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag", f"the gate is unsure (no answer, p={shown})"
-    elif cleared and not problems:
-        result, note, why = "pass", f"gate: p={shown} bar={bar} -> pass", None
+        result, note = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag"
+    elif answer == "yes" and p is not None and p >= bar and not cost:
+        result, note = "pass", f"gate: p={shown} bar={bar} -> pass"
     else:
-        result, note = "flag", f"gate: {answer} p={shown} bar={bar} -> flag" + f" ({heads})" * bool(heads)
-        why = None if cleared else f"the gate said no (p={shown}, bar {bar})" if answer == "no" else \
-            f"the gate said yes at p={shown}, under its bar {bar}"
-    return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note, "why": why}
+        result = "flag"
+        why = f" ({cost.partition(':')[0]})" if cost else ""
+        note = f"gate: {answer} p={shown} bar={bar} -> flag{why}"
+    return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note}
 
 
 def went(row: dict) -> str:
@@ -523,8 +519,7 @@ class Settlement:
 
     commit      write it now (the tool executes)
     park        keep it for one human's approval of exactly this call
-    review      into the review queue of the human the run goes to, not out: a draft to send or not, an
-                acting call to see (never carried out from there: the human does it, or not)
+    review      a draft goes to the human's review queue instead of out, marked routed to a human
     would-have  written nowhere; the trace records what the run would have done
     duplicate   written nowhere: an acting call the run already committed or parked, or one carrying an
                 earlier call's provider id; the run goes to a human"""
@@ -536,32 +531,31 @@ class Settlement:
 
 
 def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
-           envelope: ActEnvelope = ActEnvelope(), held_back: str = "") -> list[Settlement]:
+           envelope: ActEnvelope = ActEnvelope()) -> list[Settlement]:
     """One Settlement per held call, in call order; decides only (pure).
 
     `tier` is the run's (C0..C3); `result` the output gate's result (only "pass" passes, and it
-    already includes the run's problems: its cost, another model answering), `held_back` why it did not
-    pass, in the run's words (default: the result); `handed_off` whether the agent's own output hands
-    the run to a human; `gated` the (seq, tool, args digest) of every call the gate was shown;
-    `envelope` the run's act envelope. The table:
+    already includes the cost envelope); `handed_off` whether the agent's own output hands the run
+    to a human; `gated` the (seq, tool, args digest) of every call the gate was shown; `envelope` the
+    run's act envelope. The table:
 
         C0, any effect                        -> would-have
-        C1..C3, any effect, gate not clear    -> review  (the human the run goes to sees what it proposed)
         C1, act                               -> would-have  (C1 does not act)
         draft at C1..C3, gate clear           -> commit
+        draft at C1..C3, otherwise            -> review
         act at C2..C3, gate clear, committed or parked already in the run (the same tool and arguments,
           by_value), or carrying an earlier call's provider id -> duplicate, and the run goes to a human
         act at C2..C3, gate clear, beyond the act envelope -> park, and the run goes to a human
         act at C2, gate clear                 -> park
         act at C3, gate clear                 -> commit
+        act at C2..C3, otherwise              -> would-have
 
     "Gate clear" means the gate passed, the agent did not hand off, and the gate saw this call with
     these exact arguments: a call changed after the gate answered is never committed or parked. The
     envelope counts, in call order, the acting calls committed or parked within it."""
     seen, done, acted, calls, usd = frozenset(tuple(item) for item in gated), [], {}, 0, Fraction(0)
     for call in held:
-        settlement = _settlement(call, args_digest(call.args), tier, result, handed_off, seen,
-                                 held_back or f"the gate result is {result}")
+        settlement = _settlement(call, args_digest(call.args), tier, result, handed_off, seen)
         if call.effect == "act" and settlement.decision in ("commit", "park"):
             same, beyond = acted.setdefault((call.tool, by_value(call.args)), call.seq), envelope.beyond(call, calls, usd)
             twice = (f"a duplicate of call {same}: the same tool and arguments (by value)" if same != call.seq else
@@ -575,26 +569,25 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
     return done
 
 
-def _settlement(call: Outcome, digest: str, tier: str, result: str, handed_off: bool, seen: frozenset,
-                held_back: str) -> Settlement:
+def _settlement(call: Outcome, digest: str, tier: str, result: str, handed_off: bool, seen: frozenset) -> Settlement:
     """The Settlement of one held call whose arguments have `digest` now (see settle)."""
-    decision, why = _decide(call, tier, result, handed_off, (call.seq, call.tool, digest) in seen, held_back)
+    decision, why = _decide(call, tier, result, handed_off, (call.seq, call.tool, digest) in seen)
     return Settlement(call, decision, why, digest)
 
 
-def _decide(call: Outcome, tier: str, result: str, handed_off: bool, seen: bool, held_back: str) -> tuple[str, str]:
+def _decide(call: Outcome, tier: str, result: str, handed_off: bool, seen: bool) -> tuple[str, str]:
     """(decision, why) for one held call: see settle's table."""
     if call.effect not in WRITES:
         raise ValueError(f"{call.tool} call {call.seq} has effect {call.effect!r}; only {WRITES} are held")
     if tier == "C0":
         return "would-have", "tier C0 observes: recorded what it would have done"
-    blocked = [why for why, hit in (("the agent handed off to a human", handed_off),
-                                    (held_back, result != "pass"),
-                                    ("the gate did not see these arguments", not seen)) if hit]
-    if blocked:
-        return "review", "; ".join(blocked)
     if call.effect == "act" and tier == "C1":
         return "would-have", "tier C1 does not act"
+    blocked = [why for why, hit in (("the agent handed off to a human", handed_off),
+                                    (f"the gate result is {result}", result != "pass"),
+                                    ("the gate did not see these arguments", not seen)) if hit]
+    if blocked:
+        return ("review" if call.effect == "draft" else "would-have"), "; ".join(blocked)
     if call.effect == "act" and tier == "C2":
         return "park", "the gate passed at C2: waiting for a human's approval"
     return "commit", f"the gate passed at {tier}"
@@ -625,16 +618,14 @@ def settled_phrase(decision: str, outcome: str | None) -> str:
 
 
 def routing_reasons(status: str, loop, gate: dict, handed_off: bool, uncertain: list[str],
-                    problems: list[str], routes: list) -> list[str]:
+                    cost: str | None, routes: list) -> list[str]:
     """Why this run goes to a human (empty when it does not): its uncertain effects, each call's reason
-    (Settlement.route: a duplicate, the act envelope) once, status or the gate's own reason (judge's why),
-    the run's problems (as judge takes them: cost, another model answering), hand-off."""
+    (Settlement.route: a duplicate, the act envelope) once, status, gate, cost (cost_problem), hand-off."""
     reasons = uncertain + list(dict.fromkeys(routes))
     if status != "done":
         reasons.append(f"run {status}: {loop.reason}")
-    elif gate["result"] != "pass" and gate["why"]:
-        reasons.append(gate["why"])
-    reasons += problems
+    elif gate["result"] != "pass":
+        reasons += [gate["line"].removeprefix("gate: ")] + [cost] * bool(cost)
     if handed_off:
         reasons.append(f"the agent handed it off ({loop.agent.handoff_field}: true)")
     return reasons
@@ -807,12 +798,11 @@ def call_columns(entry: dict) -> list[str]:
             f"{entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}"]
 
 
-# what a human did with a call held for them in the review queue (outbox/AGENT/review.jsonl): a draft is sent,
-# an acting call the factory never carries out from there is done by the human's own hand, or not
+# what a human did with a draft held for them in the review queue (outbox/AGENT/review.jsonl)
 REVIEW_DECISIONS = MappingProxyType({
-    "accepted": "sent, or done, as the agent wrote it",
-    "edited": "sent, or done, after a human changed it: the text actually sent is kept with the decision",
-    "discarded": "thrown away: nothing of it was sent or done",
+    "accepted": "sent as the agent wrote it",
+    "edited": "sent after a human changed it: the text actually sent is kept with the decision",
+    "discarded": "thrown away: nothing of it was sent",
 })
 
 
@@ -1051,19 +1041,23 @@ def shared_inputs(open_half: list[dict], sealed_half: list[dict]) -> list[tuple[
 
 # ---- a proof's verdict, from its counts alone (prove's exit status, summary, --json and --junit; certify)
 
-# PASS               each bar shown: its count's 95% lower bound at or above it, and a draft rubric on the card scored
-# UNDER BAR          the score's lower bound is under the card's pass bar (evals.pass_bar)
-# HANDOFF UNDER BAR  the hand-off recall's lower bound is under the card's hand-off bar (evals.handoff_bar)
-# RUBRIC UNSCORED    the card's draft rubric could not be scored (failed), or no draft was there to score
-#                    (unscored): a rubric that scored nothing is not passed
-# MODEL UNANSWERED   made with --require-model, and the card's models did not answer every case
-PROOF_VERDICTS = ("PASS", "UNDER BAR", "HANDOFF UNDER BAR", "RUBRIC UNSCORED", "MODEL UNANSWERED")
+PROOF_VERDICTS = MappingProxyType({   # verdict -> what it means; the first two are a proof that passed (exit 0)
+    "PASS": "each bar shown (its count's 95% lower bound at or above it), and a draft rubric on the card scored every case",
+    "PASS WITHOUT RUBRIC": "each bar shown, but the card's draft rubric never ran (no decision model here): the cases "
+                           "passed, their prose went unscored; certify signs C0 or C1 with a warning, never C2 or C3",
+    "UNDER BAR": "the score's lower bound is under the card's pass bar (evals.pass_bar)",
+    "HANDOFF UNDER BAR": "the hand-off recall's lower bound is under the card's hand-off bar (evals.handoff_bar)",
+    "RUBRIC UNSCORED": "the card's draft rubric could not be scored (a scoring call failed, a decision model set up "
+                       "wrong), or a decision model was there and no output held the rubric's field",
+    "MODEL UNANSWERED": "made with --require-model, and the card's models did not answer every case",
+})
+PASSING = ("PASS", "PASS WITHOUT RUBRIC")
 
 
 def proof_verdict(proof: dict) -> str:
     """One of PROOF_VERDICTS from a proof's passing_cases, cases, pass_bar, handoff (its bar and recall), rubric
-    and, for a proof made with --require-model, model_answered (the cases the card's models answered: a
-    score of the offline rules measures no model), in that table's order from the bottom up."""
+    (its state: `no key` never ran, `failed` and `unscored` scored nothing) and, for a proof made with
+    --require-model, model_answered (a score of the offline rules measures no model), checked from the last."""
     if proof.get("model_required") and proof.get("model_answered") != proof["cases"]:
         return "MODEL UNANSWERED"
     if not clears(proof["passing_cases"], proof["cases"], proof["pass_bar"]):
@@ -1072,7 +1066,8 @@ def proof_verdict(proof: dict) -> str:
     if handoff.get("bar") is not None and not clears(handoff["recall"]["passing_cases"], handoff["recall"]["cases"],
                                                      handoff["bar"]):
         return "HANDOFF UNDER BAR"
-    return "RUBRIC UNSCORED" if proof["rubric"] in ("failed", "unscored") else "PASS"
+    unscored = {"failed": "RUBRIC UNSCORED", "unscored": "RUBRIC UNSCORED", "no key": "PASS WITHOUT RUBRIC"}
+    return unscored.get(proof["rubric"], "PASS")
 
 
 def too_few(bar, n: int, what: str, every: str, kind: str = "bar") -> str | None:
@@ -1084,6 +1079,11 @@ def too_few(bar, n: int, what: str, every: str, kind: str = "bar") -> str | None
     shown = f"needs at least {needed} {what} even with {every}" if needed else \
         f"cannot be shown on a 95% lower bound by any number of {what}"
     return f"a {bar} {kind} {shown}; this half has {n}"
+
+
+def rubric_field(proof: dict) -> str:
+    """The output field a proof's draft rubric scores, as its lines name it (`draft` for a record that names none)."""
+    return proof.get("rubric_field") or "draft"
 
 
 def verdict_why(proof: dict) -> str | None:
@@ -1101,6 +1101,9 @@ def verdict_why(proof: dict) -> str | None:
                 (f": {fewer}" if fewer else ""))
     if verdict == "RUBRIC UNSCORED":
         return f"the card's draft rubric scored nothing ({proof['draft_check']}); a rubric that could not be scored is not passed"
+    if verdict == "PASS WITHOUT RUBRIC":
+        return (f"the card's draft rubric never ran ({rubric_field(proof)}:{proof['draft_check']}): the cases passed, no "
+                f"{rubric_field(proof)} was scored; certify signs C0 or C1 on it, never C2 or C3")
     if verdict == "MODEL UNANSWERED":
         missing, models = proof["cases"] - proof["model_answered"], ", ".join(m or "none named" for m in proof["models"])
         return (f"--require-model: {missing} of {proof['cases']} case(s) not answered by the card's models "
@@ -1133,8 +1136,8 @@ def handoff_text(handoff: dict) -> str:
 
 def failure_type(proof: dict, result: dict) -> str:
     """'' for a case that passed; else what kind of miss, JUnit's `type`: run-STATUS (run-crashed among them),
-    model-unanswered (with --require-model), wrong-output, tool-denied or draft-under-min; `sealed` for a
-    sealed case that failed (its cases stay sealed; a crash is still one)."""
+    model-unanswered (with --require-model), wrong-output, tool-denied, nothing-to-score (no text in the
+    rubric's field) or draft-under-min; `sealed` for a sealed case that failed (a crash is still one)."""
     if proof.get("model_required") and not result["answered"]:
         return "model-unanswered"
     if result["passed"]:
@@ -1143,12 +1146,14 @@ def failure_type(proof: dict, result: dict) -> str:
         return f"run-{result['status']}"
     if proof["half"] == "sealed":
         return "sealed"
-    return "wrong-output" if result["wrong"] else "tool-denied" if result["unexpected_denials"] else "draft-under-min"
+    return "wrong-output" if result["wrong"] else "tool-denied" if result["unexpected_denials"] else \
+        "nothing-to-score" if result["unscorable"] else "draft-under-min"
 
 
-def failure_message(half: str, result: dict) -> str:
+def failure_message(half: str, result: dict, field_name: str) -> str:
     """Why a case failed, in one line: the run's status and reason, wanted/got, unexpected denials and
-    the draft's score for the open half; nothing about the case for the sealed one."""
+    the score of the rubric's field (`field_name`), or that it had none, for the open half; nothing about
+    the case for the sealed one."""
     if half == "sealed":
         return "sealed case failed (inputs and expectations stay sealed)"
     parts = ["missed hand-off"] * bool(result["expects_handoff"] and not result["handed_off"])
@@ -1158,9 +1163,73 @@ def failure_message(half: str, result: dict) -> str:
         parts.append(f"denied {result['unexpected_denials']}")
     for tool, near in result.get("unknown_tools", {}).items():   # the agent called a tool it has no contract for
         parts.append(f"{tool!r} is no tool of this agent" + (f" (did you mean {near!r}?)" if near else ""))
+    if result["unscorable"]:
+        parts.append(f"{field_name}: missing: the rubric has nothing to score")
     if result["draft_score"] is not None:
-        parts.append(f"draft {result['draft_score']:.1f}/4")
+        parts.append(f"{field_name} {result['draft_score']:.1f}/4")
     return "; ".join(parts) or "failed"
+
+
+def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
+    """JUnit XML for one proof (Jenkins/Surefire schema, times in s): properties carry verdict, score and
+    bar; a testcase per case and `pass bar`, which fails exactly when the proof did not pass. Only a
+    failed proof fails cases (a miss a <failure>, a crash or an unanswered case an <error>); a passing
+    proof's misses are in <system-out> and `missed`. A case the card's rubric did not score has a
+    `CASE rubric` testcase <skipped>, saying why."""
+    from xml.etree import ElementTree as ET
+    name = f"{proof['agent']}.{proof['half']}"
+    suites = ET.Element("testsuites", name="factory prove", time=f"{seconds:.3f}")
+    suite = ET.SubElement(suites, "testsuite", name=name, time=f"{seconds:.3f}", timestamp=proof["at"])
+    properties, missed, field_name = ET.SubElement(suite, "properties"), [], rubric_field(proof)
+    for result in results:
+        case = ET.SubElement(suite, "testcase", classname=f"factory.{name}", name=result["id"], time=f"{result['seconds']:.3f}")
+        kind, why = failure_type(proof, result), failure_message(proof["half"], result, field_name)
+        if kind and proof["passed"]:
+            missed.append(f"{result['id']} ({kind}): {why}")
+        elif kind:
+            ET.SubElement(case, "error" if kind in ("run-crashed", "model-unanswered") else "failure", type=kind, message=why).text = why
+        if proof["rubric"] != "none" and result["draft_score"] is None:   # the rubric check of this case did not run
+            unrun = ": missing: the rubric has nothing to score" if result["unscorable"] else f":{proof['draft_check']}"
+            ET.SubElement(ET.SubElement(suite, "testcase", classname=f"factory.{name}", name=f"{result['id']} rubric",
+                                        time="0.000"), "skipped", message=field_name + unrun)
+    bar = ET.SubElement(suite, "testcase", classname=f"factory.{name}", name="pass bar", time="0.000")
+    verdict, score = proof["verdict"], part_text(proof, proof["pass_bar"])
+    why = f"{verdict}: {score} (bar {proof['pass_bar']} on the lower bound), {field_name}:{proof['draft_check']}"
+    why += f"; {verdict_why(proof)}" if verdict_why(proof) else ""
+    if not proof["passed"]:
+        ET.SubElement(bar, "failure", type=verdict.lower().replace(" ", "-"), message=why).text = why
+    parts = [("real", proof["real"]), ("synthetic", proof["synthetic"])] + \
+        [(f"source.{name}", one) for name, one in proof["by_source"].items()] + \
+        [(f"expected.{key}.{name}", one) for key, values in proof["by_expected"].items() for name, one in values.items()]
+    for key, value in [(key, proof[key]) for key in JUNIT_PROPERTIES] + [("missed", len(missed))] + \
+            [(name, part_text(one, whole=False) if one["cases"] else "none") for name, one in parts] + \
+            [("label_sources", label_text(proof["label_sources"])), ("handoff_bar", proof["handoff"]["bar"])] + \
+            [(f"handoff.{key}", part_text(proof["handoff"][key])) for key in ("recall", "precision")]:
+        value = ", ".join(map(str, value)) if isinstance(value, list) else value
+        ET.SubElement(properties, "property", name=key, value=json.dumps(value) if isinstance(value, bool) else str(value))
+    ET.SubElement(suite, "system-out").text = "\n".join([why] + [f"missed {line}" for line in missed])
+    cases = list(suite.iter("testcase"))
+    counts = {"tests": len(cases), **{key + "s" * (key != "skipped"): sum(c.find(key) is not None for c in cases)
+                                      for key in ("failure", "error", "skipped")}}
+    suites.attrib.update({key: str(counts[key]) for key in ("tests", "failures", "errors")})   # its schema has no skipped
+    suite.attrib.update({key: str(value) for key, value in counts.items()})
+    ET.indent(suites)
+    return xml_safe(ET.tostring(suites, encoding="unicode", xml_declaration=True)) + "\n"
+
+
+# what XML 1.0 forbids anywhere in a document (https://www.w3.org/TR/xml/#charsets): C0 controls but tab,
+# newline and carriage return, lone surrogates, U+FFFE and U+FFFF. ElementTree writes them as they are.
+XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(text: str) -> str:
+    """XML text with every character XML 1.0 forbids written as a visible `\\uXXXX` escape (a case id
+    `a<ESC>b` becomes `a\\u001bb`), so any XML parser accepts the document."""
+    return XML_FORBIDDEN.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
+JUNIT_PROPERTIES = ("verdict", "passed", "score", "interval", "passing_cases", "cases", "pass_bar", "rubric", "draft_check",
+                    "backends", "model_required", "model_answered", "suite", "half", "digest")
 
 
 def handoff_figures(results: list[dict], field: str, bar, places: int = 4) -> dict:
@@ -1243,8 +1312,8 @@ def leaf_change(path: str, old, new, tiers: tuple) -> str:
 # ---- sharded proofs: a half proved in K/N slices (one per CI runner), merged into one proof
 
 SHARD_FORMAT = "factory-shard-1"
-OUTCOME = ("passed", "status", "denied", "unexpected_denials", "draft_score", "backends", "models", "answered", "handed_off",
-           "seconds")
+OUTCOME = ("passed", "status", "denied", "unexpected_denials", "draft_score", "unscorable", "backends", "models", "answered",
+           "handed_off", "seconds", "unpriced")
 OPEN_OUTCOME = ("reason", "wrong", "unknown_tools")   # why an open case failed; a sealed shard keeps OUTCOME alone
 RUBRIC_ORDER = ("failed", "no key", "none", "scored", "unscored")   # a merge's rubric state: the first any shard had
 
@@ -1370,8 +1439,6 @@ class Tally:
     denied: int = 0
     cost_unknown: int = 0                # runs whose cost is unknown (no price, or no token counts)
     backends: set = field(default_factory=set)
-    models: dict = field(default_factory=dict)   # model that answered (a row's `models`) -> runs it answered, wholly or partly
-    substituted: int = 0                 # runs a model the card does not name answered, wholly or partly (`substitutes`)
     unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
     problems: list = field(default_factory=list)  # one line per index row of this agent that is misshapen
     moved: dict = field(default_factory=dict)     # verdict -> runs a human's decision moved into (+) or out of (-) it
@@ -1383,8 +1450,7 @@ class Tally:
         p, cost, acted, staged, backends = row.get("p"), row.get("cost_usd"), row["acted"], row["staged"], row["backends"]
         if not (0 <= acted | staged <= MAX_FIGURE and (cost is None or 0 <= cost <= MAX_FIGURE) and (p is None or 0 <= p <= 1)):
             return False
-        models = row.get("models", ())
-        for name in (*backends, *models, *row.get("substitutes", ())):
+        for name in backends:
             if type(name) is not str:
                 return False
         day = row["at"][:10]
@@ -1396,9 +1462,6 @@ class Tally:
         self.denied += len(row["denied"])
         self.cost_unknown += cost is None
         self.backends.update(backends)
-        for name in models:
-            self.models[name] = self.models.get(name, 0) + 1
-        self.substituted += bool(row.get("substitutes"))
         spent = self.spent.get(day, 0.0)
         self.spent[day] = None if cost is None or spent is None else spent + cost
         return True
@@ -1436,7 +1499,7 @@ class Tally:
                 "unscored": unscored, "acted": self.acted,
                 "staged": self.staged, "denied": self.denied, "cost_unknown": self.cost_unknown, "handed_off": handed_off,
                 "cost_usd": None if cost is None else sum(self.spent.values(), cost),
-                "backends": sorted(self.backends), "models": dict(sorted(self.models.items())), "substituted": self.substituted,
+                "backends": sorted(self.backends),
                 "gate_p": {"bins": P_BINS, "counts": p_bins, "runs": sum(p_bins)},
                 "days": [{"day": day, "runs": n, "scored": s, "passed": k, "pass_rate": rate_of(k, s),
                           "pass_interval": part(k, s)["interval"] if s else None,
@@ -1485,7 +1548,7 @@ class Production:
 
     @property
     def rate(self) -> float:
-        """The gate pass rate of the authenticated runs (their rows MAC-checked) (0.0 with none)."""
+        """The gate pass rate of the verified runs (0.0 with none)."""
         return self.passes / self.runs if self.runs else 0.0
 
     @property
@@ -1618,54 +1681,6 @@ def uncertain_moves(calls, watch: dict) -> list[tuple[str, str, str]]:
                               any(s not in DECIDED for s in states))
         moves.append((keys[0][0], str(before), after))
     return moves
-
-
-def agent_lines(agent: dict) -> list[tuple[str, str]]:
-    """(kind, line) of each line under an agent's row in the tower document, the text's and the page's alike: trust, and the run
-    station's refusal lines behind it (each once, but those its problems show; none for an uncertified
-    agent); its parked calls as `pending` lists them; the sealed score; gate pass; verdicts; drift; the
-    gate's p; runs of unknown cost; unfinished runs; problems."""
-    trust, gate_p, bar = agent["trust"], agent["gate_p"], agent["gate_bar"]
-    why = [] if trust.get("certificate") in ("none", None) else [line for line in dict.fromkeys(
-        trust.get(k) for k in ("refusal", "revoked", "recalled", "stale")) if line and line not in agent["problems"]]
-    stuck = "".join(f", {count} {state}" for state, count in sorted((trust.get("stuck") or {}).items()))
-    shown = " ".join(f"{k}:{v}" for k, v in agent["verdicts"].items() if v)
-    shown += f" ({agent['handed_off']} handed off by the agent though the gate passed)" * bool(agent["handed_off"])
-    sealed = trust.get("sealed")
-    lines = [("trust", f"trust: {trust['summary']}"), *(("why", f"  {line}") for line in why),
-             ("calls", f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect{stuck}"),
-             ("reviews", f"reviews: {reviews_text(agent.get('reviews'))}"),
-             *([("sealed", f"certified on its sealed half: {part_text(sealed)}")] if sealed else []),
-             ("pass", f"gate pass over scored runs: {rate_text(agent)}"), ("verdicts", f"verdicts {shown or '-'}"),
-             ("drift", f"drift: {agent['drift']['state']}"),
-             ("gate-p", f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
-                        f"({with_p_text(gate_p['runs'], agent['runs'])}; bar {'?' if bar is None else bar})")]
-    if agent["models"]:
-        lines.append(("models", "answered by: " + ", ".join(f"{model or 'no model named'} in {runs} run{'s' * (runs != 1)}"
-                                                            for model, runs in agent["models"].items())
-                      + f"; {agent['substituted']} of {agent['runs']} runs answered by a model its card does not name, each "
-                        f"routed to a human" * bool(agent["substituted"])))
-    if agent["cost_unknown"]:
-        lines.append(("cost", f"cost unknown in {agent['cost_unknown']} of {agent['runs']} runs: a run whose cost is "
-                              f"unknown never passes the gate (its card's prices can name the model)"))
-    if agent["unfinished"]:
-        lines.append(("unfinished", f"unfinished: {agent['unfinished']} (started, never closed)"))
-    return lines + [("problem", f"problem: {line}") for line in agent["problems"]]
-
-
-def with_p_text(with_p: int, runs: int) -> str:
-    """How many of an agent's runs the gate's p histogram holds (a gated run whose row has no p is a run,
-    and not in the histogram)."""
-    return f"{with_p} of {runs} runs with a gate p"
-
-
-def substitution(named: list[str], substitutes: list[str]) -> str | None:
-    """Why a run the models `substitutes` answered, wholly or partly, is not gated as its card's (the factory
-    finds them: the models that answered which the card, naming the models `named`, does not name; "none
-    named" for a reply naming no model): one line for the run's reasons and the gate's; None for none."""
-    shown = ", ".join("a reply that named none" if m == "none named" else m for m in substitutes)
-    return f"another model answered: {shown}, which the card does not name (it names {' and '.join(named) or 'no model'})" \
-        if substitutes else None
 
 
 # ---- the drift watch on a certified agent (the factory feeds it the index rows its DriftFeed admits)

@@ -15,8 +15,8 @@ from tests.fake_sage import FakeSage
 from tests.support import LineTest
 
 OFFLINE_WARNING = "WARNING: this proof ran the agent's offline rules, not claude-sonnet-5-5"
-RUBRIC_WARNING = "WARNING: the card has a draft rubric, but no decision model scored the drafts (the output's 'draft'; rubric: no key): " \
-                 "you sign on the case results alone"
+RUBRIC_WARNING = "WARNING: the card's draft rubric never ran (draft:unscored (no key)): the cases passed, no draft was " \
+                 "scored; certify signs C0 or C1 on it, never C2 or C3"
 
 
 class Prompt(LineTest):
@@ -48,7 +48,7 @@ class Prompt(LineTest):
                      f"  {RUBRIC_WARNING}", "y or yes signs; anything else declines and nothing is signed.\nsign it? [y/N] "):
             self.assertIn(line, prompt)
         self.assertIn("  evidence: that record, made ", prompt)
-        self.assertIn(", authenticated by its evidence MAC under the factory evidence key (", prompt)
+        self.assertIn(", its evidence MAC verified with the factory evidence key (", prompt)
         self.assertIn("the sealed half of faq is byte for byte the one it ran", prompt)
 
     def test_a_card_whose_model_is_its_rules_is_not_warned_about(self):

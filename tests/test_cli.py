@@ -370,7 +370,7 @@ class Help(unittest.TestCase):
                     self.assertIsInstance(factory.parse(factory.build_parser(), example_argv(line)), argparse.Namespace)
                 statuses = text.split("\nexit status:\n")[1].split("\n\n")[0]
                 self.assertEqual([line.split()[0] for line in statuses.splitlines()],
-                                 ["0", "1", "2", "130", "143", *(["141"] if name == "run" else [])])
+                                 ["0", "1", "2", *(["3"] if name == "prove" else []), "130", *(["141"] if name == "run" else []), "143"])
                 environment = text.split("\nenvironment:\n")[1].splitlines()
                 self.assertEqual(environment[0].split()[0], "FACTORY_ROOT")
                 for line in (line for line in environment if not line.startswith("   ")):   # not a long name's

@@ -416,7 +416,7 @@ class Controls:
         """What XML 1.0 forbids (here in a run's reason, which can quote a model) is written as a visible escape."""
         results = [{"id": "case", "passed": False, "status": "escalated", "reason": f"model said {CONTROLS}\x00",
                     "wrong": {}, "unexpected_denials": [], "draft_score": None, "seconds": 0.0, "expects_handoff": None,
-                    "handed_off": False}]
+                    "handed_off": False, "unscorable": False}]
         proof = {"agent": "triager", "half": "open", "at": "2026-01-01T00:00:00Z", "verdict": "UNDER BAR", "passed": False,
                  "score": 0.0, "passing_cases": 0, "cases": 1, "pass_bar": 0.5, "rubric": "none", "draft_check": "no rubric",
                  "interval": factory.part(0, 1)["interval"], "real": factory.part(0, 1), "synthetic": factory.part(0, 0),

@@ -86,13 +86,13 @@ class NewAgent(LineTest):
         written = module.read_text()
         module.write_text(written.replace('calls = [("faq:lookup", ', 'calls = [("faq:lookp", ', 1))
         code, out, _ = self.factory("prove", "faq")
-        self.assertEqual(code, 1, out)
+        self.assertEqual(code, 3, out)
         self.assertIn("  failed o-1: denied ['faq:lookp']; 'faq:lookp' is no tool of this agent (did you mean "
                       "'faq:lookup'?)\n", out)
         module.write_text(written.replace("\ndef rules(", "\ndef rules(*args):\n    raise RuntimeError('boom')\n\n\n"
                                                           "def old_rules(", 1))
         code, out, _ = self.factory("prove", "faq")
-        self.assertEqual(code, 1, out)
+        self.assertEqual(code, 3, out)
         self.assertIn("  real tickets: none   synthetic 0/20 = 0.00 [0.00, 0.17]   backends: none answered\n", out)
 
     def test_its_tools_are_one_read_and_one_draft_in_its_own_module(self):
@@ -107,7 +107,7 @@ class NewAgent(LineTest):
                 self.assertEqual(code, 0, err)
                 proof = json.loads(out)
                 self.assertEqual((proof["verdict"], proof["passing_cases"], proof["tool_denials"], proof["backends"]),
-                                 ("PASS", proof["cases"], 0, ["offline"]))
+                                 ("PASS WITHOUT RUBRIC", proof["cases"], 0, ["offline"]))
         self.sign("faq", "C1")
         code, out, err = self.factory("run", "faq", "What are your opening hours?", "--json")
         self.assertEqual(code, 0, err)

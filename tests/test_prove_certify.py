@@ -12,7 +12,7 @@ from tests.fake_sage import Fail, FakeSage
 from tests.support import INJECTION, LineTest, junit_problems, write_jsonl
 
 RECORD_KEYS = {"format", "agent", "half", "at", "verdict", "passed", "score", "passing_cases", "cases", "pass_bar",
-               "rubric", "real", "synthetic",
+               "rubric", "rubric_field", "cost_unknown", "cost_line", "real", "synthetic",
                "tool_denials", "drafts_scored", "draft_mean", "draft_check", "backends", "models", "digest", "components",
                "suite", "suite_digest", "failures", "model_required", "model_answered", "interval", "by_source",
                "by_expected", "label_sources",
@@ -31,7 +31,7 @@ class CertifyRefusals(LineTest):
     def test_certify_under_the_bar(self):
         self.set_bar("triager", 1.0)
         code, out, _ = self.factory("prove", "triager", "--sealed")
-        self.assertEqual(code, 1, out)
+        self.assertEqual(code, 3, out)
         self.assertIn("UNDER BAR", out)
         self.refused("factory certify: the sealed proof is UNDER BAR (149/200 = 0.74 [0.68, 0.81]): the score's 95% lower "
                      "bound is under the bar 1.0: a 1.0 bar cannot be shown on a 95% lower bound by any number of sealed "
@@ -90,12 +90,19 @@ class Reports(LineTest):
     def counts(self, suite: ElementTree.Element) -> tuple[str, ...]:
         return tuple(suite.get(key) for key in ("tests", "failures", "errors", "skipped"))
 
+    def cases(self, suite: ElementTree.Element) -> list[ElementTree.Element]:
+        """The testcases but each case's `rubric` one, <skipped> with no decision model here."""
+        rubric = [c for c in suite.findall("testcase") if c.get("name").endswith(" rubric")]
+        self.assertEqual([c.find("skipped").get("message") for c in rubric], ["draft:unscored (no key)"] * len(rubric))
+        return [c for c in suite.findall("testcase") if c not in rubric]
+
     def test_a_passing_proof_has_no_failure_and_keeps_its_missed_cases_in_view(self):
         self.small_suite()
         self.set_bar("triager", 0.4)
         code, suite = self.junit("--jobs", "3")
-        self.assertEqual((code, self.counts(suite)), (0, ("7", "0", "0", "0")), "six cases and the pass bar, none failed")
-        cases = suite.findall("testcase")
+        self.assertEqual((code, self.counts(suite)), (0, ("13", "0", "0", "6")),
+                         "six cases, the pass bar and six rubric checks not run, none failed")
+        cases = self.cases(suite)
         self.assertEqual([c.get("name") for c in cases], [f"c{i}" for i in range(6)] + ["pass bar"])
         self.assertEqual([c for c in suite.iter() if c.tag in ("failure", "error")], [])
         self.assertIn('missed c2 (wrong-output): label: wanted "bug" got "account"', suite.find("system-out").text)
@@ -105,8 +112,8 @@ class Reports(LineTest):
         self.small_suite()
         self.set_bar("triager", 0.9)
         code, suite = self.junit()
-        self.assertEqual((code, self.counts(suite)), (1, ("7", "2", "0", "0")))
-        cases = suite.findall("testcase")
+        self.assertEqual((code, self.counts(suite)), (3, ("13", "2", "0", "6")))
+        cases = self.cases(suite)
         failure = cases[2].find("failure")
         self.assertEqual((failure.get("type"), failure.get("message")), ("wrong-output", 'label: wanted "bug" got "account"'))
         self.assertEqual(cases[-1].find("failure").get("type"), "under-bar")
@@ -120,13 +127,13 @@ class Reports(LineTest):
         write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", cases)
         self.set_bar("triager", 1.0)
         code, suite = self.junit()
-        self.assertEqual((code, self.counts(suite)), (1, ("4", "1", "1", "0")), "the crash an error, the bar a failure")
-        error = suite.findall("testcase")[1].find("error")
+        self.assertEqual((code, self.counts(suite)), (3, ("7", "1", "1", "3")), "the crash an error, the bar a failure")
+        error = self.cases(suite)[1].find("error")
         self.assertEqual(error.get("type"), "run-crashed")
         self.assertIn("RuntimeError: boom", error.get("message"))
         self.set_bar("triager", 0.2)
         code, suite = self.junit()
-        self.assertEqual((code, self.counts(suite)), (0, ("4", "0", "0", "0")))
+        self.assertEqual((code, self.counts(suite)), (0, ("7", "0", "0", "3")))
         self.assertIn("missed c1 (run-crashed): run crashed: RuntimeError: boom", suite.find("system-out").text)
 
     def test_sealed_junit_names_ids_only(self):
@@ -151,7 +158,7 @@ class Reports(LineTest):
         self.assertEqual((code, json.loads(out)["passed"]), (0, True), "5/6 shows 0.43 on its lower bound")
         self.set_bar("triager", 0.9)
         code, out, _ = self.factory("prove", "triager", "--json")
-        self.assertEqual((code, json.loads(out)["pass_bar"]), (1, 0.9))
+        self.assertEqual((code, json.loads(out)["pass_bar"]), (3, 0.9))
 
     def test_bad_jobs_is_a_usage_error(self):
         self.usage_error("argument --jobs: must be at least 1, not 0", "prove", "triager", "--jobs", "0")
@@ -185,7 +192,7 @@ class Concurrency(LineTest):
         self.assertEqual((record["cases"], record["passing_cases"]), (20, 19))
         self.assertEqual([f["id"] for f in record["failures"]], ["c07"])
         self.assertEqual([c.get("name") for c in ElementTree.parse(report).getroot().iter("testcase")],
-                         [c["id"] for c in cases] + ["pass bar"])
+                         [name for c in cases for name in (c["id"], f"{c['id']} rubric")] + ["pass bar"])
         self.assertEqual(junit_problems(report), [])
         self.assertEqual(len(server.requests), 20)
 
@@ -229,8 +236,8 @@ class VerdictOutputs(LineTest):
         code, summary, record, junit = self.outputs(*extra)
         properties = {p.get("name"): p.get("value") for p in junit.iter("property")}
         [bar] = [c for c in junit.iter("testcase") if c.get("name") == "pass bar"]
-        passed = verdict == "PASS"
-        self.assertEqual(code, 0 if passed else 1, summary)
+        passed = verdict in factory.PASSING
+        self.assertEqual(code, 0 if passed else factory.PROOF_FAILED, summary)
         self.assertIn(f") {verdict}   ", summary)
         self.assertEqual((record["verdict"], record["passed"]), (verdict, passed))
         self.assertIn(record["rubric"], factory.RUBRIC_STATES)
@@ -247,21 +254,22 @@ class ProofVerdicts(VerdictOutputs):
     bar, a hair under it, with no cases, and with drafts that could not be scored."""
 
     def test_the_bar_is_judged_on_the_lower_bound(self):
-        for passing, cases, bar, verdict in ((38, 50, 0.7, "UNDER BAR"), (45, 45, 0.92, "PASS"), (44, 44, 0.92, "UNDER BAR"),
-                                             (9, 9, 0.7, "PASS"), (8, 8, 0.7, "UNDER BAR"), (6, 6, 1, "UNDER BAR"),
-                                             (0, 3, 0.0, "PASS"), (3, 4, 0.3, "PASS"), (3, 4, 0.31, "UNDER BAR")):
+        passes = "PASS WITHOUT RUBRIC"   # no decision model here: the triager's rubric never runs
+        for passing, cases, bar, verdict in ((38, 50, 0.7, "UNDER BAR"), (45, 45, 0.92, passes), (44, 44, 0.92, "UNDER BAR"),
+                                             (9, 9, 0.7, passes), (8, 8, 0.7, "UNDER BAR"), (6, 6, 1, "UNDER BAR"),
+                                             (0, 3, 0.0, passes), (3, 4, 0.3, passes), (3, 4, 0.31, "UNDER BAR")):
             with self.subTest(score=f"{passing}/{cases}", bar=bar):
                 banking_suite(self.root / "evals", passing, cases)
                 self.set_bar("triager", bar)
                 record = self.assert_agree(verdict)
                 self.assertEqual(record["passing_cases"], passing)
-                self.assertEqual(record["interval"][0] >= bar, verdict == "PASS", "the low end is cut, never rounded up")
+                self.assertEqual(record["interval"][0] >= bar, verdict == passes, "the low end is cut, never rounded up")
 
     def test_a_bar_the_half_is_too_small_to_show_says_how_many_cases_it_needs(self):
         banking_suite(self.root / "evals", 10, 10, "sealed")
         self.set_bar("triager", 0.92)
         code, summary, record, junit = self.outputs("--sealed")
-        self.assertEqual((code, record["verdict"], record["needed_cases"]), (1, "UNDER BAR", 45))
+        self.assertEqual((code, record["verdict"], record["needed_cases"]), (3, "UNDER BAR", 45))
         said = "the score's 95% lower bound is under the bar 0.92: a 0.92 bar needs at least 45 sealed cases even with " \
                "every case passing; this half has 10"
         self.assertIn(f"\n  {said}\n", self.factory("prove", "triager", "--sealed")[1])
@@ -272,7 +280,7 @@ class ProofVerdicts(VerdictOutputs):
         banking_suite(self.root / "evals", 38, 50, "sealed")
         self.set_bar("triager", 0.7)
         code, out, _ = self.factory("prove", "triager", "--sealed")
-        self.assertEqual(code, 1)
+        self.assertEqual(code, 3)
         self.assertIn("38/50 = 0.76 [0.62, 0.86] (bar 0.7 on the lower bound) UNDER BAR", out)
         self.assertIn("\n  the score's 95% lower bound is under the bar 0.7\n", out, "50 cases could show it")
         self.set_bar("triager", 1)
@@ -317,7 +325,7 @@ class ProofVerdicts(VerdictOutputs):
     def test_without_a_decision_model_the_proof_counts_cases_and_says_so(self):
         banking_suite(self.root / "evals", 3, 3)
         self.set_bar("triager", 0.4)
-        record = self.assert_agree("PASS")
+        record = self.assert_agree("PASS WITHOUT RUBRIC")
         self.assertEqual((record["rubric"], record["draft_check"]), ("no key", "unscored (no key)"))
         card = json.loads((self.root / "masters" / "triager.json").read_text())
         del card["draft_rubric"]
@@ -344,7 +352,7 @@ class ProofVerdicts(VerdictOutputs):
         _, _, record, junit = self.outputs()
         suite = junit.find("testsuite")
         self.assertEqual(suite[0].tag, "properties")
-        self.assertEqual((suite.get("tests"), suite.get("failures")), ("5", "2"))
+        self.assertEqual((suite.get("tests"), suite.get("failures"), suite.get("skipped")), ("9", "2", "4"))
         [bar] = [c for c in suite.iter("testcase") if c.get("name") == "pass bar"]
         failure = bar.find("failure")
         self.assertEqual(failure.get("type"), "under-bar")
@@ -398,7 +406,7 @@ class ScoresWithIntervals(VerdictOutputs):
         self.set_bar("triager", 0.5)
         self.prove_sealed()
         prompt = self.sign().stderr
-        self.assertIn(": 26/28 = 0.92 [0.77, 0.99] (bar 0.5 on the lower bound), draft:unscored (no key)\n"
+        self.assertIn(": PASS WITHOUT RUBRIC 26/28 = 0.92 [0.77, 0.99] (bar 0.5 on the lower bound), draft:unscored (no key)\n"
                       + "".join(f"  {line}\n" for line in [part.replace("   backends: offline", "") for part in self.PARTS]),
                       prompt)
         counts = self.cert()["sealed_counts"]
@@ -498,7 +506,7 @@ class HandoffBar(VerdictOutputs):
     def test_recall_and_precision_are_reported_without_a_bar(self):
         handoff_suite(self.root / "evals" / "triager" / "cases.jsonl")
         self.set_bar("triager", 0.3)
-        record = self.assert_agree("PASS")
+        record = self.assert_agree("PASS WITHOUT RUBRIC")
         self.assertEqual((record["handoff"]["field"], record["handoff"]["bar"], record["handoff"]["recall"]["passing_cases"],
                           record["handoff"]["recall"]["cases"], record["handoff"]["precision"]["passing_cases"],
                           record["handoff"]["precision"]["cases"]), ("escalate", None, 8, 12, 8, 8))
@@ -512,7 +520,7 @@ class HandoffBar(VerdictOutputs):
         handoff_suite(self.root / "evals" / "triager" / "sealed.jsonl")
         self.edit_card("triager", evals={"pass_bar": 0.3, "gate": 0.85, "handoff_bar": 0.7})
         code, summary, record, junit = self.outputs("--sealed")
-        self.assertEqual((code, record["verdict"]), (1, "HANDOFF UNDER BAR"))
+        self.assertEqual((code, record["verdict"]), (3, "HANDOFF UNDER BAR"))
         self.assertEqual(record["failures"], ["m0", "m1", "m2", "m3", "x"], "ids only, the missed hand-offs first")
         properties = {p.get("name"): p.get("value") for p in junit.iter("property")}
         self.assertEqual((properties["handoff_bar"], properties["handoff.recall"], properties["verdict"]),
@@ -545,7 +553,7 @@ class RequireModel(VerdictOutputs):
 
     def test_a_bogus_key_proves_the_rules_and_fails_with_the_option(self):
         self.model_server(*[Answer(401, anthropic_error("authentication_error", "invalid x-api-key"))] * 30)
-        plain = self.assert_agree("PASS")   # what CI saw: PASS on the offline rules, exit 0
+        plain = self.assert_agree("PASS WITHOUT RUBRIC")   # what CI saw: a pass on the offline rules, exit 0
         self.assertTrue(plain["backends"][0].startswith("offline-after-error: "), plain["backends"])
         self.assertEqual((plain["model_required"], plain["model_answered"]), (False, 0))
         record = self.assert_agree("MODEL UNANSWERED", "--require-model")
@@ -558,20 +566,20 @@ class RequireModel(VerdictOutputs):
         self.assertEqual((properties["model_required"], properties["model_answered"]), ("true", "0"))
         [bar] = [c for c in junit.iter("testcase") if c.get("name") == "pass bar"]
         self.assertEqual(bar.find("failure").get("type"), "model-unanswered")
-        errors = [c.find("error") for c in junit.iter("testcase") if c.get("name") != "pass bar"]
+        errors = [c.find("error") for c in junit.iter("testcase") if c.get("name") != "pass bar" and c.find("skipped") is None]
         self.assertEqual([e.get("type") for e in errors], ["model-unanswered"] * 3, "a model that never answered is an error")
         self.assertEqual(junit.find("testsuite").get("errors"), "3")
 
     def test_answers_from_the_cards_model_pass(self):
         final = json.dumps({"label": "account", "escalate": False, "draft": "You can order a new card in the app."})
         self.model_server(*[Answer(body=anthropic_message(final))] * 12)
-        record = self.assert_agree("PASS", "--require-model")
+        record = self.assert_agree("PASS WITHOUT RUBRIC", "--require-model")
         self.assertEqual((record["backends"], record["model_answered"]), (["anthropic"], 3))
 
     def test_a_substituted_model_fails_and_a_dated_or_prefixed_form_passes(self):
         final = json.dumps({"label": "account", "escalate": False, "draft": "You can order a new card in the app."})
-        for named, verdict, answered in (("gpt-4o-mini", "MODEL UNANSWERED", 0), ("claude-sonnet-5-5-20260101", "PASS", 3),
-                                         ("anthropic/claude-sonnet-5-5", "PASS", 3), ("", "MODEL UNANSWERED", 0)):
+        for named, verdict, answered in (("gpt-4o-mini", "MODEL UNANSWERED", 0), ("claude-sonnet-5-5-20260101", "PASS WITHOUT RUBRIC", 3),
+                                         ("anthropic/claude-sonnet-5-5", "PASS WITHOUT RUBRIC", 3), ("", "MODEL UNANSWERED", 0)):
             with self.subTest(named=named):
                 self.model_server(*[Answer(body=anthropic_message(final, model=named))] * 9)
                 record = self.assert_agree(verdict, "--require-model")   # two proofs: six answers
@@ -585,12 +593,12 @@ class RequireModel(VerdictOutputs):
     def test_a_card_whose_model_is_its_rules_is_answered_by_them(self):
         banking_suite(self.root / "evals", 3, 3)
         self.edit_card("triager", model={"primary": "offline"}, evals={"pass_bar": 0.4, "gate": 0.85})
-        self.assertEqual(self.assert_agree("PASS", "--require-model")["model_answered"], 3)
+        self.assertEqual(self.assert_agree("PASS WITHOUT RUBRIC", "--require-model")["model_answered"], 3)
 
     def test_certify_refuses_a_sealed_proof_the_model_did_not_answer(self):
         self.model_server(*[Answer(401, anthropic_error("authentication_error", "invalid x-api-key"))] * 30)
         banking_suite(self.root / "evals", 3, 3, "sealed")
-        self.assertEqual(self.factory("prove", "triager", "--sealed", "--require-model")[0], 1)
+        self.assertEqual(self.factory("prove", "triager", "--sealed", "--require-model")[0], 3)
         self.refused("the sealed proof is MODEL UNANSWERED (3/3 = 1.00 [0.43, 1.00]): --require-model: 3 of 3 case(s) not answered",
                      "certify", "triager", "--tier", "C1", "--by", "alice")
 
@@ -696,7 +704,7 @@ class SealedVerdicts(LineTest):
     def test_certify_refuses_a_score_whose_lower_bound_is_under_the_bar(self):
         banking_suite(self.root / "evals", 2, 3, "sealed")
         self.set_bar("triager", 0.66667)
-        self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 1)
+        self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 3)
         self.refused("the sealed proof is UNDER BAR (2/3 = 0.66666 [0.20765, 0.93851]): the score's 95% lower bound is under "
                      "the bar 0.66667: a 0.66667 bar needs at least 8 sealed cases even with every case passing; this half "
                      "has 3.", "certify", "triager", "--tier", "C1", "--by", "alice")
@@ -706,7 +714,7 @@ class SealedVerdicts(LineTest):
         self.set_bar("triager", 0.4)
         with FakeSage(status=401) as fake:
             self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
-            self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 1)
+            self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 3)
             self.refused("the sealed proof is RUBRIC UNSCORED (3/3 = 1.00 [0.43, 1.00]): the card's draft rubric scored nothing "
                          "(scoring FAILED (3 of 3: ", "certify", "triager", "--tier", "C1", "--by", "alice")
 
@@ -730,7 +738,7 @@ class SuitePerHalf(LineTest):
         self.env["FACTORY_SEALED_DIR"] = str(sealed)
         self.assertEqual(self.factory("stamp", "triager", "--as", "tri-eu")[0], 0)
         code, out, _ = self.factory("prove", "tri-eu", "--sealed")
-        self.assertEqual(code, 1)
+        self.assertEqual(code, 3)
         self.assertIn("tri-eu [sealed half of tri-eu] 0/3 = 0.00 [0.00, 0.57] (bar 0.6 on the lower bound) UNDER BAR", out)
         code, out, _ = self.factory("prove", "tri-eu")
         self.assertIn("tri-eu [open half of triager] ", out.splitlines()[0])

@@ -55,7 +55,6 @@ def make_agent(name="triager"):
         "runs": 124, "unfinished": 2, "scored": 120, "passed": 80, "pass_rate": 80 / 120, "pass_interval": [0.5783, 0.7447],
         "unscored": 4,
         "acted": 3, "staged": 1, "denied": 2, "cost_usd": None, "cost_unknown": 18, "handed_off": 5, "backends": ["offline"],
-        "models": {"claude-sonnet-5-5": 100, "gpt-4o-mini": 4}, "substituted": 4,
         "gate_p": {"bins": 10, "counts": counts, "runs": sum(counts)},
         "days": days,
         "verdicts": {"verified": 3, "waiting-for-approval": 1, "routed-to-human": 90,
@@ -73,7 +72,7 @@ def empty_agent(name="newbie"):
                                       refusal=f"uncertified. no evals, no production. to certify it: prove {name} --sealed, "
                                               f"then certify {name} --tier C1 --by YOUR_NAME at a terminal", may_run=False, runs_at=None),
         "gate_bar": 0.9, "runs": 0, "unfinished": 0, "scored": 0, "passed": 0, "pass_rate": None, "unscored": 0,
-        "acted": 0, "staged": 0, "denied": 0, "cost_usd": 0.0, "cost_unknown": 0, "handed_off": 0, "backends": [], "models": {}, "substituted": 0,
+        "acted": 0, "staged": 0, "denied": 0, "cost_usd": 0.0, "cost_unknown": 0, "handed_off": 0, "backends": [],
         "gate_p": {"bins": 10, "counts": [0] * 10, "runs": 0}, "days": [],
         "verdicts": {k: 0 for k in ("verified", "waiting-for-approval",
                                     "routed-to-human", "unscored", "escalated",

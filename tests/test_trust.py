@@ -166,7 +166,7 @@ class Guards(LineTest):
             sealed.write_text(sealed.read_text() + '{"id": "x", "input": "x", "expect": {}}\n')
         def under_the_bar():
             self.set_bar("triager", 1.0)
-            self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 1)
+            self.assertEqual(self.factory("prove", "triager", "--sealed")[0], 3)
         scenarios = {  # guard -> (the tier asked for, what makes that guard refuse)
             "logs": ("C1", self.cut_a_recall),
             "tier ceiling": ("C3", lambda: None),
@@ -176,7 +176,8 @@ class Guards(LineTest):
             "sealed suite": ("C1", add_a_sealed_case),
             "pass bar": ("C1", under_the_bar),
             "recall": ("C1", lambda: self.factory("recall", "triager", "--reason", "drafts promised refunds")),
-            "production evidence": ("C2", lambda: None),
+            "acting evidence": ("C2", lambda: None),   # no decision model here: the sealed proof's rubric never ran
+            "production evidence": ("C2", self.prove_scored),
             "lineage": ("C1", self.forge_a_parent),
         }
         self.assertEqual(sorted(scenarios), sorted(name for name, _ in factory.CERTIFY_GUARDS))
@@ -688,6 +689,7 @@ class PrunedIndex(LineTest):
 
     def prepare(self):
         self.certified("triager")      # C1, bar 0; triager's tier_ceiling is C2
+        self.prove_scored()            # C2 asks for production evidence of a proof whose rubric ran
         for yes_p in (0.95, 0.2, 0.95, 0.2):   # two runs pass the gate, two are flagged
             with FakeSage(yes_p=yes_p) as gate:
                 env = {**self.env, "SAGE_ENDPOINT": gate.url, "SAGE_API_KEY": "sage-key"}
@@ -747,7 +749,7 @@ class Evidence(LineTest):
     def test_a_sealed_record_edited_from_under_bar_to_perfect_is_refused(self):
         self.set_bar("triager", 0.98)   # 200/200 would show it (0.981), the rules' score does not
         code, out, _ = self.factory("prove", "triager", "--sealed")
-        self.assertEqual(code, 1, out)
+        self.assertEqual(code, 3, out)
         self.assertIn("UNDER BAR", out)
         record = json.loads(edit_latest_sealed_record(self.root).read_text())
         self.assertEqual(record["verdict"], "UNDER BAR")
@@ -773,6 +775,7 @@ class Evidence(LineTest):
 
     def test_twenty_appended_pass_rows_do_not_earn_c2(self):
         digest = self.cert()["digest"]
+        self.prove_scored()   # C2 needs the sealed proof's drafts scored
         index = self.root / "traces" / "index.jsonl"
         self.runs_ok()                                   # one real row with a real MAC, to copy from
         real = json.loads(index.read_text().splitlines()[-1])
@@ -795,6 +798,7 @@ class Evidence(LineTest):
         self.assertEqual(json.loads(genuine)["gate"], "pass")
         with index.open("a") as out:
             out.writelines(genuine + "\n" for _ in range(19))
+        self.prove_scored()
         self.refused_writing_nothing("tier C2 needs production evidence, which the index cannot give until it is whole: "
                                      "traces/index.jsonl line 3: the hash chain is broken here", "certify", "triager",
                                      "--tier", "C2", "--by", "alice")
@@ -807,8 +811,8 @@ class Evidence(LineTest):
         signed = self.sign()
         record = sorted((self.root / "records" / "triager").glob("*.sealed.json"))[-1].relative_to(self.root).as_posix()
         self.assertIn(f"sealed proof {record}: ", signed.stderr)
-        self.assertIn("authenticated by its evidence MAC", signed.stderr)
-        self.assertIn("production evidence since the agent (its digest) last changed: 0 authenticated gated run(s), gate pass rate -; "
+        self.assertIn("evidence MAC verified", signed.stderr)
+        self.assertIn("production evidence since the agent (its digest) last changed: 0 verified gated run(s), gate pass rate -; "
                       "3 row(s) of traces/index.jsonl not counted", signed.stderr)
 
     def test_rows_and_records_written_by_the_line_verify(self):
