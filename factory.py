@@ -583,7 +583,7 @@ UNSEEN = "runs, its start unseen"
 
 
 def approver_runs(decisions: list) -> bool:
-    """True when the process that the last intent among a call's decisions names (`pid`, `started`: claiming) runs."""
+    """True when the process the last intent among a call's decisions names (`pid`, `started`) runs."""
     intent = next((d for d in reversed(decisions) if d["kind"] == "intent"), {})
     pid = intent.get("pid")
     return type(pid) is int and pid > 0 and (now := process_started(pid)) is not None and now in (intent.get("started"), UNSEEN)
@@ -3380,8 +3380,7 @@ class Decision:
 
 
 def load_pending(fac: Factory, run_id: str, call: int) -> dict:
-    """The stored staged call RUN_ID/CALL, shape-checked; Refusal for an odd id, no such file, or one
-    holding another call's entry (copied under this name)."""
+    """The stored staged call RUN_ID/CALL, shape-checked; Refusal for an odd id, no such file, or another call's."""
     if not RUN_ID.fullmatch(run_id or "") or call < 1:
         raise Refusal(f"{run_id!r} --call {call} does not name a staged call (see `pending`)")
     path = fac.pending_path(run_id, call)
@@ -3395,8 +3394,8 @@ def load_pending(fac: Factory, run_id: str, call: int) -> dict:
 
 
 def decision_problem(fac: Factory, entry: dict) -> str | None:
-    """None when a decision's signature verifies as the signer it names (`by`), else why not, in words.
-    A key that cannot be read (open to others, no ssh-keygen, ...) leaves the entry unchecked: not believed."""
+    """None when a decision's signature verifies as its signer's (`by`), else why not; a key that cannot be
+    read (open to others, no ssh-keygen) leaves it unchecked: not believed."""
     by = entry["by"]
     if not SIGNER.fullmatch(by):
         return "names no signer"
@@ -3407,9 +3406,8 @@ def decision_problem(fac: Factory, entry: dict) -> str | None:
 
 
 def verified_entries(fac: Factory, chain: Chain, wanted=None, log: str = "approvals") -> tuple[list[tuple[int, dict]], dict]:
-    """((line number, entry) of each entry of the decision log (DECISION_LOGS) wanted(entry) selects (default:
-    all) whose signature verifies, what it decides on -> a line naming each that does not); an entry not of
-    the log's shape is none."""
+    """((line number, entry) of each entry of a decision log wanted(entry) selects (default: all) whose signature
+    verifies, what it decides on -> a line naming each that does not); one not of the log's shape is none."""
     (shape, item), verified, doubted = DECISION_LOGS[log], [], {}
     for number, entry in chain.entries:
         if not shape.fits(entry) or (wanted is not None and not wanted(entry)):
@@ -3424,9 +3422,9 @@ def verified_entries(fac: Factory, chain: Chain, wanted=None, log: str = "approv
 
 
 def decisions_of(fac: Factory, wanted=None, log: str = "approvals") -> Decisions:
-    """A decision log (DECISION_LOGS) read, chain verified, each entry wanted(entry) selects (default: all)
-    checked: see Decisions. Refusal when it holds less than this machine wrote or verified in it (emptied,
-    it would reopen calls). Read whole, it raises this machine's anchor to its last entry that verifies."""
+    """A decision log (DECISION_LOGS), chain verified, each entry wanted(entry) selects (default: all) checked
+    (Decisions). Refusal when it holds less than this machine wrote or verified in it; read whole, it
+    raises this machine's anchor to its last entry that verifies."""
     chain = fac.store.read_chain(getattr(fac, log), DECISION_LOGS[log][0])
     problem = anchor_problem(fac, {log: chain})
     if problem:
@@ -3496,14 +3494,6 @@ def read_back_attempts(fac: Factory, entry: dict) -> tuple[bool | None, str]:
         return True, f"the effect IS written: {where} holds effect {effect}"
     earlier = f" (nor any of {len(started) - 1} earlier attempt(s))" if len(started) > 1 else ""
     return False, f"the effect was NOT found: {where} holds no effect {effect}{earlier}"
-
-
-def found_after_all(fac: Factory, began: dict) -> bool:
-    """True when a write the store refused is in its file after all (its close failed); not in one unread."""
-    try:
-        return effect_written(fac, began)
-    except Refusal:
-        return False
 
 
 def effect_written(fac: Factory, started: dict) -> bool:
@@ -3888,8 +3878,8 @@ def parked_call_sealed(claim: Claim) -> str | None:
 
 
 def staging_of(fac: Factory, entry: dict) -> tuple[str, int]:
-    """(how the run of a parked call ended (index_tally): `closed` (a verified row parked this many calls),
-    `started` (only its started row), or `none` (no row: copied under a new run id); the calls it parked)."""
+    """(how a parked call's run ended (index_tally): `closed` (a verified row parked this many calls), `started`
+    (only its started row) or `none` (no row: copied under a new run id); the calls it parked)."""
     tally = index_tally(fac)
     verdict, staged, verified = tally.parked.get(entry["run_id"], (None, 0, False))
     if verified and staged >= entry["call"]:
@@ -4825,10 +4815,9 @@ def to_review(queue: Store.Log, run_id: str, settlement, tags: dict) -> dict:
 
 
 def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome, gate: dict) -> Path:
-    """Store one held acting call for approval, sealed whole with the evidence MAC (a copy under another
-    run id, or a moved expiry, no longer verifies): its run, number, exact arguments and their digest,
-    certificate, staging and expiry, the gate's answer, and the digests of the ticket and output the
-    approve prompt will show (gate's input_digest, output_digest); its path."""
+    """Store one held acting call for approval, sealed whole with the evidence MAC: its run, number, exact
+    arguments and digest, certificate, staging and expiry, the gate's answer, and the digests of the ticket
+    and output the approve prompt shows; its path."""
     staged = datetime.now(timezone.utc)
     hours = agent.card.get("approval_expiry_hours", 24)
     entry = {"format": PENDING_FORMAT, "run_id": run_id, "call": call, "agent": agent.name,
@@ -4857,7 +4846,7 @@ def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision
         gate = entry.get("gate") if isinstance(entry.get("gate"), dict) else {}
         tools = agent.tools_for(fac, run_id, {"gate": gate.get("result"), "p": gate.get("p")}, announcer(trace, call, writes))
         done = broker.commit(held, tools) if held.ruling == HELD else held
-        refused = writes and not done.ok and not any(w["written"] or found_after_all(fac, w) for w in writes)
+        refused = writes and not done.ok and not any(w["written"] for w in writes) and read_back_attempts(fac, entry)[0] is not True
         outcome = {"ok": done.ok, "ruling": done.ruling, "result": done.result, "receipt": done.receipt,
                    "read_back": read_back(fac, done.receipt), "written": True if any(w["written"] for w in writes) else
                    False if refused else None}
@@ -6382,7 +6371,7 @@ def cmd_pending(fac: Factory, args) -> int:
         if not printed_json(args, {**{key: e[key] for key in PENDING_FIELDS}, "state": state, "why": (why or [None])[0]}):
             print(*call_columns(e), *([] if e in uncertain else [f"staged {e['staged_at']}", f"expires {e['expires_at']}"]),
                   *why, sep="\t")
-    if not shown and not uncertain and not args.json:
+    if not shown and not uncertain and not calls.unread and not args.json:
         print("(nothing waits for approval)")
     problems = [line for _, line in calls.unread] + calls.doubted
     if calls.log_problem:
@@ -6403,8 +6392,7 @@ def uncertain_column(fac: Factory, entry: dict, decisions: list[dict]) -> str:
 
 
 def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
-    """(every parked call that reads well, (run id from its name, line) per parked file that does not):
-    one bad file never hides the others."""
+    """(each parked call that reads, (run id from its name, line) per parked file that does not)."""
     entries, problems = [], []
     paths = sorted(fac.pending.glob("*.json")) if fac.pending.is_dir() else []
     for path in (p for p in paths if p.name.count(".") == 2):
@@ -6417,8 +6405,8 @@ def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
 
 @dataclass(frozen=True)
 class Parked:
-    """The parked calls as `pending` and `tower` both see them: each that reads, its state (CALL_STATES,
-    STUCK, or unknown while the log cannot be read), its verified decisions, and what was not believed or read."""
+    """The parked calls as `pending` and `tower` see them: each that reads, its state (CALL_STATES, STUCK, or
+    unknown while the log cannot be read), its verified decisions, what was not believed or read."""
     entries: list[dict]
     states: dict                        # (run id, call) -> state
     decided: dict | None                # (run id, call) -> [entry, ...], verified; None when the log cannot be read
@@ -6428,7 +6416,8 @@ class Parked:
 
 
 def parked(fac: Factory) -> Parked:
-    """Every parked call and its state from the approvals log's verified decisions, read once (see Parked)."""
+    """Every parked call and its state from the approvals log's verified decisions, read once (see Parked);
+    a call its run's sealed index row parked whose file is gone, unless closed, is named in `unread`."""
     entries, unread = parked_calls(fac)
     try:
         decisions, log_problem = decisions_of(fac), None
@@ -6439,6 +6428,12 @@ def parked(fac: Factory) -> Parked:
         key = (e["run_id"], e["call"])
         states[key], problem = ("unknown", None) if decided is None else call_standing(fac, e, decided.get(key, []))
         unread += [(e["run_id"], problem)] if problem else []
+    for run_id, (_, staged, verified) in index_tally(fac).parked.items():   # sealed rows' calls
+        for call in range(1, staged + 1 if verified else 1):
+            state = "unknown" if decided is None else call_record(decided.get((run_id, call), [])).state
+            if state not in ("executed", "rejected") and not fac.pending_path(run_id, call).exists():
+                unread.append((run_id, f"{fac.shown(fac.pending_path(run_id, call))}: missing, though run {run_id}'s "
+                                       f"sealed index row parked call {call} ({state}); restore it from a copy"))
     return Parked(entries, states, decided, unread, log_problem, decisions.lines if decisions else [])
 
 
@@ -6446,9 +6441,8 @@ BRIEF_CHARS = 2000    # of a ticket shown at the approve prompt; the trace keeps
 
 
 def approval_brief(fac: Factory, entry: dict) -> list[str]:
-    """What a human needs to decide on one parked call: the ticket and the agent's output from its run's
-    trace (checked before: shows_what_was_staged), the gate's answer sealed with it, why it was parked
-    (beyond the act envelope, say), and the exact call with its digest and expiry."""
+    """What a human needs to decide on one parked call: the ticket and output from its run's trace (checked:
+    shows_what_was_staged), the gate's answer, why it was parked, the exact call, its digest and expiry."""
     recorded = Trace.read(fac, entry["run_id"], entry["agent"])
     why = [e.get("why") for e in recorded.events if (e.get("event"), e.get("decision"), e.get("call")) == ("settled", "park", entry["call"])]
     gate = entry.get("gate") or {}
@@ -6511,9 +6505,9 @@ def cmd_approve(fac: Factory, args) -> int:
 def cmd_reject(fac: Factory, args) -> int:
     """Close one staged call without executing it.
 
-    Who rejected it and why are kept, signed with NAME's own key (HMAC, or --ssh-key), in
-    registry/approvals.jsonl. Also closes an uncertain effect a human has checked by hand (what reading
-    it back finds is kept with it) and a call that can no longer be approved (see pending).
+    Who and why are kept, signed with NAME's own key (HMAC, or --ssh-key), in registry/approvals.jsonl.
+    Also closes an uncertain effect checked by hand (with what reading it back finds) and a call that
+    can no longer be approved (see pending).
     """
     entry, signer, claim = decider(fac, args, REJECT_GUARDS)
     body = {"kind": "rejected", "run_id": entry["run_id"], "call": entry["call"], "agent": entry["agent"],
@@ -6903,7 +6897,7 @@ def tower_document(fac: Factory) -> dict:
 
 @dataclass
 class ParkedCounts:
-    """One agent's parked calls as `pending` lists them, and its parked files that do not read."""
+    """One agent's parked calls as `pending` lists them, and its parked files unread or missing."""
     pending: int = 0                    # waiting: pending, or of unknown state while the log cannot be read
     uncertain_effect: int = 0
     stuck: dict = field(default_factory=dict)      # state -> calls that cannot be approved: STUCK, or executing now
@@ -6911,8 +6905,7 @@ class ParkedCounts:
 
 
 def calls_by_agent(fac: Factory, calls: Parked, problems: list[str]) -> dict[str, ParkedCounts]:
-    """agent -> its ParkedCounts; a parked file that does not read counts under the agent whose trace
-    holds its run, else in the tower's own `problems`."""
+    """agent -> its ParkedCounts; a parked file unread or missing is its run's agent's problem, else the tower's."""
     found: dict[str, ParkedCounts] = {}
     for entry in calls.entries:
         state = calls.states[entry["run_id"], entry["call"]]

@@ -1623,6 +1623,17 @@ class Approval(Tiered):
         self.assertIn("it will not be executed again; check it by hand", refused.stderr)
         self.assertEqual(len((self.tmp / "wire.jsonl").read_text().splitlines()), 1, "the money went out once")
 
+    def test_a_deleted_parked_file_is_named_by_pending_and_the_tower(self):
+        """The parked file of a call waiting for approval is deleted: pending and the tower name it from its
+        run's sealed index row (exit 1) rather than saying nothing waits."""
+        self.pending()[0].unlink()
+        line = (f"registry/pending/{self.run_id}.1.json: missing, though run {self.run_id}'s sealed index row parked "
+                f"call 1 (pending); restore it from a copy")
+        self.assertEqual(self.factory("pending"), (1, "", f"factory pending: {line}\n"))
+        code, out, err = self.factory("tower", "--json")
+        self.assertEqual(code, 1, err)
+        self.assertIn(line, [a for a in json.loads(out)["agents"] if a["agent"] == "payer"][0]["problems"])
+
     def test_a_runs_verdict_counts_each_of_its_calls_as_it_stands(self):
         """A run that parked two refunds: call 2's approver is killed after its refund was written and before
         its result, then call 1 is approved: the run's verdict is uncertain-effect, not waiting-for-approval,
