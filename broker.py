@@ -1701,12 +1701,18 @@ class Drift:
     recent: deque = field(default_factory=lambda: deque(maxlen=DRIFT_WINDOW))   # True for a pass, oldest first
 
     @classmethod
-    def of_certificate(cls, cert: dict) -> "Drift":
-        """The watch for a certificate's certified_rate over certified_rate_runs; no baseline without both."""
+    def of_certificate(cls, cert: dict, index=None) -> "Drift":
+        """The watch for a certificate's certified_rate over certified_rate_runs (no baseline without both),
+        fed from `index`'s tally (IndexTally): the last verified gated runs of the digest it certifies,
+        closed after it was signed and after where the index ended then (no row anyone else appends verifies)."""
         rate, runs = cert.get("certified_rate"), cert.get("certified_rate_runs")
         if not (_is_number(rate) and 0 <= rate <= 1 and type(runs) is int and 0 < runs <= MAX_FIGURE):   # unverified in the tower
             return cls(None)
-        return cls((round(rate * runs), runs))   # the rate is stored to 4 places: the count it came from
+        drift = cls((round(rate * runs), runs))   # the rate is stored to 4 places: the count it came from
+        found = index.evidence.get(f"{cert.get('agent')}\t{cert.get('digest')}") if index else None
+        start, signed = signed_index(cert)["bytes"], str(cert.get("signed_at", ""))
+        drift.recent.extend(passed for end, at, passed in (found.recent if found else ()) if end > start and at > signed)
+        return drift
 
     def observe(self, row: dict) -> None:
         """Count one run (only gated runs count), keeping the last DRIFT_WINDOW."""

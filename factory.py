@@ -170,8 +170,8 @@ class Signalled(KeyboardInterrupt):
 @dataclass
 class Halt:
     """How a station stops at a signal of HALTING (main catches them): Signalled in the main thread unless
-    `held` (then as the block ends); other runs stop before their next step, or are closed by the station
-    (run_tickets); a second signal ends the process at once."""
+    `held` (then as it ends); other runs stop before their next step, or are closed (run_tickets); a second
+    signal ends the process."""
     signum: int = 0
     holding: int = 0     # held blocks open
     runs: dict = field(default_factory=dict)   # run id -> (its Trace, closing it as interrupted)
@@ -204,13 +204,10 @@ class StoreError(Refusal, OSError):
 
 
 # ================================================================ 1. Store and layout
-# Owns the factory's paths (`Factory`: paths only; asking for one creates nothing) and every read and
-# write of its files (`Store`): strict reads that name the file and line of anything malformed, the
-# shape checker, atomic JSON writes, locked JSONL appends, hash-chained logs, reports the user names,
-# spilled tool output, signing keys and the ssh-keygen they are used through. Nothing else in the product opens a file for writing. Writes
-# go only through real folders inside the root (never a link), and every string written has the
-# configured secrets scrubbed out of it; the same scrubbing, plus escaping of terminal controls, is
-# applied to everything printed (`SafeStream`, in the command line section).
+# Owns the factory's paths (`Factory`: asking for one creates nothing) and every read and write of its files
+# (`Store`): strict reads, the shape checker, atomic writes, locked and chained appends, signing keys and
+# ssh-keygen. Nothing else opens a file for writing; writes go only through real folders inside the root,
+# with the configured secrets scrubbed out, as from everything printed (`SafeStream`).
 
 # ---- text that came from outside: secrets, terminal controls, bytes that are not text
 
@@ -604,6 +601,8 @@ class Store:
         self.evidence: bytes | None = None   # the evidence key, once this station has read it (evidence_key)
         self.heads: dict = {}             # path -> {"bytes", "hash"}: its head after our last row
         self.tally = None                 # the index's tally, once counted (index_tally)
+        self.rows: dict = {}              # path -> the handle append_row keeps
+        self.rows_lock = threading.Lock()
 
     def machine(self, path: Path, doing: str) -> "Store.Machine":
         """A block that turns the machine's OSError while `doing` something to path into a StoreError naming both."""
@@ -740,38 +739,64 @@ class Store:
 
     def head_at(self, path: Path, offset: int) -> str | None:
         """The chain's head at byte `offset` of a chained file (sha256 of its last line before it, GENESIS at
-        0): the next line's `prev`; None when no line ends there."""
+        0); None when no line ends there."""
         if not offset:
             return GENESIS
         if not self.exists(path):
             return None
         with self.opened(path) as reader, self.machine(path, "read"):
-            ends = os.fstat(reader.fileno()).st_size >= offset and os.pread(reader.fileno(), 1, offset - 1) == b"\n"
-            return sha256(self.last_line(reader.fileno(), offset)) if ends else None
+            last, ends = self.tail_line(reader.fileno(), offset) if os.fstat(reader.fileno()).st_size >= offset else (b"", False)
+            return sha256(last) if ends else None
 
     @staticmethod
-    def last_line(handle: int, end: int) -> bytes:
-        """The last line not blank before byte `end` of an open file, without its newline, or b""."""
-        size = 1 << 12
+    def tail_line(handle: int, end: int) -> tuple[bytes, bool]:
+        """(the last line not blank before byte `end` of an open file, without its newline; whether it ends there)."""
+        size, ends = 1 << 12, None
         while True:
             start = max(0, end - size)
             lines = os.pread(handle, end - start, start).split(b"\n")
+            ends = lines[-1] == b"" if ends is None else ends
             for line in reversed(lines[1:] if start else lines):   # the first may be cut
                 if line.strip():
-                    return line
+                    return line, ends
             if not start:
-                return b""
+                return b"", ends
             size <<= 2
 
     def append_row(self, path: Path, obj: dict, key: bytes | None = None) -> None:
         """Append obj to a chained file too long to read whole (the index), under its lock: `prev` the sha256
-        of its last line, read from its end; sealed with `key` (seal_line). `heads` keeps the head."""
-        def compose(handle: int) -> tuple[bytes, bytes]:
-            line = self.line({**obj, "prev": sha256(self.last_line(handle, os.lseek(handle, 0, os.SEEK_END)))}, path)
-            line = seal_line(key, line) if key is not None else line
-            return line, line
-        offset, line = self.locked_append(path, compose)
+        of its last line, read from its end; sealed with `key` (seal_line). `heads` keeps the head; `rows`
+        the handle, for the station's next row (unless the path names another file by then)."""
+        with self.rows_lock, self.machine(path, "write"):   # threads share the handle
+            handle = self.rows.pop(path, None)
+            if handle is not None and self.moved(path, handle):
+                os.close(handle)
+                handle = None
+            self.rows[path] = handle = self.open_append(path) if handle is None else handle
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                last, ends = self.tail_line(handle, end := os.lseek(handle, 0, os.SEEK_END))
+                line = self.line({**obj, "prev": sha256(last)}, path)
+                line = seal_line(key, line) if key is not None else line
+                offset = self.append_locked(handle, line, end if ends else 0)
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
         self.heads[path] = {"bytes": offset + len(line), "hash": sha256(line[:-1])}
+
+    def moved(self, path: Path, handle: int) -> bool:
+        """True when path no longer names the file open at handle (by device and inode, no link followed)."""
+        mine = os.fstat(handle)
+        with self.machine(path, "read"):
+            try:
+                there = os.lstat(path)
+            except FileNotFoundError:
+                return True
+        return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino)
+
+    def close(self) -> None:
+        """Let go of the handles append_row keeps."""
+        while self.rows:
+            os.close(self.rows.popitem()[1])
 
     def read_chain(self, path: Path, shape: Shape | None = None) -> Chain:
         """The hash-chained log at path, every entry and link verified (see `chain`), read under a shared
@@ -949,7 +974,7 @@ class Store:
         return text if isinstance(text, bytes) else utf8(redact(text, self.hidden))
 
     def write_atomic(self, folder: int, path: Path, data: bytes, exclusive: bool, mode: int) -> None:
-        """Write data to path.name in the open folder through a temporary file (see write_text)."""
+        """Write data to path.name in the open folder through a temporary file (write_text)."""
         kept = self.check_plain_file(folder, path.name, path)
         temp = f".{path.name}.{os.urandom(4).hex()}.tmp"
         handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
@@ -1060,7 +1085,7 @@ class Store:
         """See Store.open_log; the file and its folder are made on the first line; close() is idempotent."""
 
         def __init__(self, store: "Store", path: Path):
-            self.store, self.path, self.handle = store, path, None
+            self.store, self.path, self.handle, self.held = store, path, None, []
             self.end = 0   # where the last line written through this handle ended (0: none yet)
 
         @cached_property
@@ -1068,27 +1093,26 @@ class Store:
             """The file's path as the user is shown it (Factory.shown)."""
             return self.store.fac.shown(self.path)
 
-        def append(self, obj: dict) -> None:
-            """Write obj as one whole JSON line (cut back, never torn, when the machine stops it half-way)."""
-            line = self.store.line(obj, self.path)
+        def append(self, obj: dict, hold: bool = False) -> None:
+            """Write obj as one whole JSON line after the lines held (cut back, never torn, when the machine
+            stops it half-way), or with `hold` hold it too."""
+            self.held.append(self.store.line(obj, self.path))
+            if not hold:
+                self.flush()
+
+        def flush(self) -> None:
+            """Write the lines held in one write."""
+            data, self.held = b"".join(self.held), []
             with self.store.machine(self.path, "write"):
-                if self.handle is None:
+                if data and self.handle is None:
                     self.handle = self.store.open_append(self.path)
                     fcntl.flock(self.handle, fcntl.LOCK_EX)
-                self.end = self.store.append_locked(self.handle, line, self.end) + len(line)
+                if data:
+                    self.end = self.store.append_locked(self.handle, data, self.end) + len(data)
 
         def moved(self) -> bool:
-            """True when the path no longer names the file this handle writes to (renamed away, replaced or
-            removed; compared by device and inode, a link at the path not followed); False before the first line."""
-            if self.handle is None:
-                return False
-            mine = os.fstat(self.handle)
-            with self.store.machine(self.path, "read"):
-                try:
-                    there = os.lstat(self.path)
-                except FileNotFoundError:
-                    return True
-            return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino)
+            """Store.moved of this handle; False before the first line."""
+            return self.handle is not None and self.store.moved(self.path, self.handle)
 
         def close(self) -> None:
             """Let go of the file."""
@@ -2783,11 +2807,10 @@ def holds(fac: Factory, path: Path, data: bytes) -> bool:
 
 
 # ================================================================ 3. Trust
-# Owns what lets a certificate be believed: signing keys (HMAC, or OpenSSH through ssh-keygen), the
-# factory evidence key and the MACs it puts on proof records and index rows, the hash-chained logs
-# (revocations, recalls, lineage, approvals) and their heads, the sealed proofs and production evidence
-# behind a signature, the drift watch, the parked calls and the approvals log that decides them, and
-# the guards: named checks in ordered chains, run by one function.
+# Owns what lets a certificate be believed: signing keys (HMAC, or OpenSSH through ssh-keygen), the evidence
+# key and its MACs, the hash-chained logs and the index and their heads, the sealed proofs and production
+# evidence behind a signature, the parked calls and their decisions, and the guards: named checks in
+# ordered chains, run by one function.
 
 # ---- keys and signatures
 
@@ -3289,7 +3312,7 @@ def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> Productio
 
 
 def verified_runs(fac: Factory, agent: Agent) -> frozenset:
-    """The runs of this agent's digest whose closed row verifies, gated or not (a full read, for certify)."""
+    """The runs of this agent's digest whose closed row verifies, gated or not (certify: a full read)."""
     key = evidence_key(fac, create=False)
     return frozenset() if key is None or not fac.store.exists(fac.index) else frozenset(
         row["run_id"] for _, _, raw, row in fac.store.read_jsonl(fac.index, each=True, whole=True) if type(row) is dict
@@ -3298,8 +3321,8 @@ def verified_runs(fac: Factory, agent: Agent) -> frozenset:
 
 
 def index_problem(fac: Factory, cert: dict | None = None) -> str | None:
-    """Why the index cannot be counted on (after where it ended when `cert` was signed): it no longer holds
-    that head, its chain breaks, or it lost the head this machine anchored; None when none."""
+    """Why the index cannot be counted on (after where it ended when `cert` was signed): that head gone, its
+    chain broken, or the head this machine anchored gone; None."""
     start, anchored, where = signed_index(cert or {}), read_anchor(fac)["index"], fac.shown(fac.index)
     if fac.store.head_at(fac.index, start["bytes"]) != start["hash"]:
         return (f"{where}: holds less than it did when {fac.shown(fac.cert_path(cert['agent']))} was signed "
@@ -4183,6 +4206,7 @@ class Loop:
     backends: list = field(default_factory=list)
     models: list = field(default_factory=list)   # the model each reply names ('' for none)
     halt: Halt = field(default_factory=Halt)     # the station's
+    flush: callable = None                       # Trace.flush
     messages: list = field(default_factory=list)
 
     def run(self) -> str:
@@ -4223,13 +4247,15 @@ class Loop:
         """Check the step budget and the envelope *before* spending, then call the worker."""
         max_steps = self.agent.card.get("max_steps", 8)
         if self.halt.signum:
-            raise Interrupted("")   # close_run says by which signal
+            raise Interrupted("")
         if self.steps >= max_steps:
             last = f" (a turn stopped for {self.cut_off}; none of its tool calls ran)" if self.cut_off else ""
             raise Escalated(f"step budget of {max_steps} spent without an answer{last}")
         schemas = self.schemas()
         self.fit_envelope(schemas)
         self.steps += 1
+        if self.flush is not None and self.worker.tier() != "offline":   # a kill while it answers keeps each
+            self.flush()                                                  # step before
         reply = self.worker.complete(self.messages, schemas)
         self.cost = None if self.cost is None or reply.cost_usd is None else self.cost + reply.cost_usd
         if reply.cost_usd is None and not self.unpriced:
@@ -4487,6 +4513,7 @@ class Trace:
         trace = cls(fac, header["agent"], header["run_id"])
         trace.header, trace.log = header, fac.store.open_log(trace.path)
         trace.record({"format": TRACE_FORMAT, **header})
+        trace.flush()
         try:
             fac.store.append_row(fac.index, {"state": "started", **{key: header[key] for key in STARTED_FIELDS}})
         except BaseException:
@@ -4501,13 +4528,21 @@ class Trace:
         event = {"at": utc_now(), **event}
         with self.pen:
             if self.log is not None:
-                self.log.append(event)
+                self.log.append(event, hold=True)
             else:
                 self.fac.store.append_jsonl(self.path, event)
 
+    def flush(self) -> None:
+        """Write the run's events held so far (before a model's call and an effect)."""
+        with self.pen:
+            if self.log is not None:
+                self.log.flush()
+
     def release(self) -> None:
-        """Let go of the run's handle, if any (idempotent; later events append under the lock)."""
+        """Write what is held and let go of the run's handle (idempotent; later events append under the lock)."""
         if self.log is not None:
+            with contextlib.suppress(StoreError):   # one that failed already said why
+                self.flush()
             self.log.close()
             self.log = None
 
@@ -4519,6 +4554,7 @@ class Trace:
             row["reason"] = "; ".join(filter(None, (row.get("reason"), moved)))
             note(self.fac, f"run {self.run_id}: {moved}; its later events went to the file that was moved, or were lost with it if it was deleted or replaced")
         self.record({"event": "end", **{key: row[key] for key in END_FIELDS}})
+        self.flush()
         closed = {"state": "closed", **{k: v for k, v in row.items() if k not in NOT_INDEXED}}
         self.fac.store.append_row(self.fac.index, closed, sealing_key(self.fac))   # counted as evidence
         self.closed, self.row = True, row
@@ -4691,6 +4727,7 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
                                       "digest": agent.digest, "tier": tier, "certified_tier": cert["tier"], "input": task_input})
             trace.effect_tags = dict(effect_tags or {})
             loop = build_loop(fac, agent, "run", trace.record, task_input, tier=tier, run_id=run_id, clients=clients)
+            loop.flush = trace.flush
             interrupted = partial(close_run, fac, clients, agent, cert, trace, loop, "interrupted", tier)
             fac.halt.runs[run_id] = (trace, interrupted)
         return close_run(fac, clients, agent, cert, trace, loop, run_loop(loop), tier)
@@ -4706,36 +4743,35 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
 
 def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: Trace, loop: Loop, status: str,
               tier: str) -> dict:
-    """Gate the output and every held call, settle each held call, derive the verdict, close the trace;
-    the run's row. Nothing outside traces/ is written before the gate has answered."""
+    """Gate the output and every held call, settle each held call (none when interrupted), derive the verdict,
+    close the trace; the run's row. Nothing outside traces/ is written before the gate has answered."""
     if status == "interrupted":
         loop.reason = f"interrupted by {signal.Signals(fac.halt.signum).name}" if fac.halt.signum else "interrupted"
     cost = cost_problem(fac, agent, loop)
+    if clients.gate.usable:
+        trace.flush()
     gate = gate_run(clients, agent, loop, status, cost)
-    with trace.pen, fac.halt.held():   # after the gate, the run is settled and closed whole
-        return trace.row if trace.closed else settle_run(fac, agent, cert, trace, loop, status, tier, cost, gate)
-
-
-def settle_run(fac: Factory, agent: Agent, cert: dict, trace: Trace, loop: Loop, status: str, tier: str, cost, gate: dict) -> dict:
-    """close_run after the gate (an interrupted run settles nothing); the run's row."""
-    trace.record({"event": "gate", **gate})
-    handed_off = agent.hands_off(loop.output)
-    shown = {"input_digest": recorded_digest(fac, trace.header["input"]),   # sealed with a parked call: approve
-             "output_digest": recorded_digest(fac, loop.output)}           # checks what it shows against them
-    settled = Settled() if status == "interrupted" else \
-        settle_held(fac, agent, cert, trace, loop.broker, tier, {**gate, **shown}, handed_off)
-    uncertain = effect_problems(fac, loop.broker.committed, settled)
-    verdict = run_verdict(status, gate["result"], cost is None, handed_off, uncertain, settled.parked,
-                          any(row[1] == "duplicate" for row in settled.rows))
-    reasons = routing_reasons(status, loop, gate, handed_off, uncertain, cost, settled.routes)
-    row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
-           "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["result"], "p": gate["p"],
-           "gate_line": gate["line"], "cost_line": cost, "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
-           "steps": loop.steps, "denied": loop.broker.denials(), "acted": settled.acted, "staged": settled.parked,
-           "review": settled.review, "routed": bool(reasons), "why": reasons, "output": loop.output,
-           "tools": [[o.tool, o.ruling] for o in loop.broker.outcomes], "settled": settled.rows}
-    trace.close(row)
-    return row
+    with trace.pen, fac.halt.held():   # after the gate, settled and closed whole
+        if trace.closed:
+            return trace.row
+        trace.record({"event": "gate", **gate})
+        handed_off = agent.hands_off(loop.output)
+        shown = {"input_digest": recorded_digest(fac, trace.header["input"]),   # sealed with a parked call: approve
+                 "output_digest": recorded_digest(fac, loop.output)}           # checks what it shows against them
+        settled = Settled() if status == "interrupted" else \
+            settle_held(fac, agent, cert, trace, loop.broker, tier, {**gate, **shown}, handed_off)
+        uncertain = effect_problems(fac, loop.broker.committed, settled)
+        verdict = run_verdict(status, gate["result"], cost is None, handed_off, uncertain, settled.parked,
+                              any(row[1] == "duplicate" for row in settled.rows))
+        reasons = routing_reasons(status, loop, gate, handed_off, uncertain, cost, settled.routes)
+        row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
+               "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["result"], "p": gate["p"],
+               "gate_line": gate["line"], "cost_line": cost, "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
+               "steps": loop.steps, "denied": loop.broker.denials(), "acted": settled.acted, "staged": settled.parked,
+               "review": settled.review, "routed": bool(reasons), "why": reasons, "output": loop.output,
+               "tools": [[o.tool, o.ruling] for o in loop.broker.outcomes], "settled": settled.rows}
+        trace.close(row)
+        return row
 
 
 def cost_problem(fac: Factory, agent: Agent, loop: Loop) -> str | None:
@@ -4779,6 +4815,8 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
             call, decision = settlement.call, settlement.decision
             event = {"event": "settled", "at": utc_now(), "seq": call.seq, "tool": call.tool, "args_digest": settlement.digest,
                      "decision": decision, "why": settlement.why}
+            if decision in ("commit", "park"):   # the trace first
+                trace.flush()
             if decision == "commit":   # the tools that write committed effects, made for the first one
                 committing = committing or agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags})
                 committed = broker.commit(call, committing)
@@ -5145,21 +5183,6 @@ def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str]
         func.station_help = {"examples": examples, "exits": exits, "env": env, "more_exits": more_exits}
         return func
     return mark
-
-
-def setting_problem(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
-    """Why a variable of `names` (a station's; a proxy's lower-case one too, as urllib reads it) can serve no
-    request (llm.key_problem, url_problem), in one line never showing a key."""
-    for name in names + tuple(n.lower() for n in names if n.endswith("_PROXY")):
-        value, secret = env.get(name) or "", SECRET_NAME.search(name)
-        problem = llm.key_problem(value.strip()) if secret else llm.url_problem(value, name[-6:].lower() == "_proxy") \
-            if ENDPOINT_NAME.search(name) and value else None
-        if problem:
-            return f"{name} {problem}" + ("; set it again (its value is not shown)" if secret else "")
-    return None
-
-
-ENDPOINT_NAME = re.compile(r"_(?:URL|ENDPOINT|PROXY)$", re.I)   # ANTHROPIC_BASE_URL, SAGE_ENDPOINT, https_proxy
 
 
 ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
@@ -5936,7 +5959,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
     """Run tickets `jobs` at a time with the station's `clients`, results emitted in input order (a ticket
     that is a Refusal emitted as refused). Once stdout closes (BrokenPipeError), no ticket starts and
     those started finish unseen. The drift watch is asked before each ticket and fed each result."""
-    drift, progress, inflight = drift_of(fac, agent.name, cert), Progress(f"run {agent.name}", len(tickets)), deque()
+    drift, progress, inflight = Drift.of_certificate(cert, index_tally(fac)), Progress(f"run {agent.name}", len(tickets)), deque()
     refuse_if(drift.certified and index_problem(fac, cert))
     batch = Batch()
     def finish():
@@ -6339,7 +6362,7 @@ def doctor_row(fac: Factory, name: str) -> dict:
 
 
 def index_report(fac: Factory) -> list[str]:
-    """doctor's lines on the index, counted from its first row: index_problem."""
+    """doctor's lines on the index, counted from its first row."""
     fac.store.tally = tally = IndexTally()
     if fac.store.exists(fac.index):
         count_index(fac, tally, evidence_key(fac, create=False))
@@ -6793,7 +6816,7 @@ CHECKPOINT_ROWS = 1000       # a count of this many rows or more leaves a checkp
 
 
 def unread(fac: Factory, tally: IndexTally, row, number: int) -> None:
-    """Why index line `number` (a Refusal, or a misshapen row) is not counted, in its agent's problems."""
+    """Why index line `number` (a Refusal, a misshapen row) is not counted, in its agent's problems."""
     if type(row) is not dict:
         tally.problems.append(f"{row}; not counted")
         return
@@ -6803,18 +6826,9 @@ def unread(fac: Factory, tally: IndexTally, row, number: int) -> None:
     (tally.agents[agent].problems if agent in tally.agents else tally.problems).append(line)
 
 
-def drift_of(fac: Factory, name: str, cert: dict) -> Drift:
-    """The drift watch of NAME's certificate: the last verified gated runs of its digest after its signing."""
-    drift = Drift.of_certificate(cert)
-    found = index_tally(fac).evidence.get(f"{name}\t{cert.get('digest')}") if drift.certified else None
-    start, signed = signed_index(cert)["bytes"], str(cert.get("signed_at", ""))
-    drift.recent.extend(passed for end, at, passed in (found.recent if found else ()) if end > start and at > signed)
-    return drift
-
-
 def count_index(fac: Factory, tally: IndexTally, key: bytes | None) -> int:
-    """Count into tally the whole lines of the index after its head, each link checked (its MAC too, where
-    it is evidence); the lines read. A file that cannot be read is a problem line."""
+    """Count into tally the whole lines of the index after its head, each link checked (and MAC, where it is
+    evidence); the lines read. A file that cannot be read is a problem line."""
     import hashlib
     head, read, sha = tally.head, 0, hashlib.sha256
     prev, end, number = head["hash"], head["bytes"], head["lines"]
@@ -6836,7 +6850,7 @@ def count_index(fac: Factory, tally: IndexTally, key: bytes | None) -> int:
 
 def index_tally(fac: Factory) -> IndexTally:
     """The index's tally, counted once per station: from the checkpoint when it verifies, was counted by this
-    code and still matches the index at its head (else from the first row, noted), then the rows since."""
+    code and still matches the index at its head (else from the first row, noted)."""
     if fac.store.tally is not None:
         return fac.store.tally
     key, path = evidence_key(fac, create=False), fac.traces / "tally.json"
@@ -6866,7 +6880,7 @@ def checkpoint(fac: Factory, path: Path, key: bytes) -> IndexTally | str:
 
 
 def code_digest() -> str:
-    """sha256 of this file and broker.py (a tally other code counted is counted again)."""
+    """sha256 of this file and broker.py: a tally other code counted is counted again."""
     here = Path(__file__).resolve()
     return sha256(here.read_bytes() + here.with_name("broker.py").read_bytes())
 
@@ -6884,7 +6898,7 @@ def tower_document(fac: Factory) -> dict:
     waiting = calls_by_agent(fac, calls, problems)
     agents = []
     for name in sorted(set(tallies) | set(known_agents(fac)) | set(waiting)):
-        tally, drift = tallies.get(name) or Tally(), drift_of(fac, name, current_cert(fac, name))
+        tally, drift = tallies.get(name) or Tally(), Drift.of_certificate(current_cert(fac, name), index_tally(fac))
         trust, trouble = trust_of(fac, name, drift)
         counts = waiting.get(name) or ParkedCounts()
         trust.update(pending=counts.pending, uncertain_effect=counts.uncertain_effect, stuck=counts.stuck)
@@ -7466,7 +7480,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
 
 
 def run_station(argv: list[str] | None, env: Mapping[str, str], halt: Halt) -> int:
-    """main, inside the safe streams and `halt`. Only the station argv names has its parser built."""
+    """main, in the safe streams. Only the station argv names has its parser built."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         build_parser(built=()).print_help(sys.stderr)
@@ -7478,12 +7492,13 @@ def run_station(argv: list[str] | None, env: Mapping[str, str], halt: Halt) -> i
         bad = not_text(args)
         if bad:
             raise Usage(bad, station)
-        refuse_if(setting_problem(env, args.func.station_help["env"]))   # before anything is written
+        refuse_if(llm.setting_problem(env, args.func.station_help["env"], SECRET_NAME))   # before anything is written
         llm.Worker, sage.Sage  # noqa: B018 - load the lazy clients now, before any thread (LazyLoader is not thread-safe on 3.11)
         fac = Factory.at(getattr(args, "root", None), getattr(args, "sealed_dir", None), env, halt)
         try:
             return args.func(fac, args)
         finally:   # the index rows this station appended, anchored once
+            fac.store.close()
             raise_anchor(fac, index=fac.store.heads.get(fac.index))
     except Usage as usage:
         station = usage.station or station

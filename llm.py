@@ -464,6 +464,21 @@ def calls_to(model_id: str, env: Mapping[str, str]) -> str:
         return str(error)
 
 
+ENDPOINT_NAME = re.compile(r"_(?:URL|ENDPOINT|PROXY)$", re.I)   # ANTHROPIC_BASE_URL, SAGE_ENDPOINT, https_proxy
+
+
+def setting_problem(env: Mapping[str, str], names: tuple[str, ...], secret: re.Pattern) -> str | None:
+    """Why one of the variables `names` set in env (a proxy's lower-case one too, as urllib reads it) can
+    serve no request, in one line never showing a key (one whose name matches `secret`); None when none."""
+    for name in names + tuple(n.lower() for n in names if n.endswith("_PROXY")):
+        value, key = env.get(name) or "", secret.search(name)
+        problem = key_problem(value.strip()) if key else url_problem(value, name[-6:].lower() == "_proxy") \
+            if ENDPOINT_NAME.search(name) and value else None
+        if problem:
+            return f"{name} {problem}" + ("; set it again (its value is not shown)" if key else "")
+    return None
+
+
 def key_problem(key: str) -> str | None:
     """What in a key no HTTP header can carry (RFC 9110 section 5.5: a line break, another control, a
     character outside latin-1), as the rest of a line naming the key's variable; None when nothing."""

@@ -14,7 +14,9 @@ target is printed beside it and a figure past its target is marked `OVER`.
       a start that only compiles it      python3 -c pass                             (shown: --help cannot go under it)
     run --file, offline, per ticket      one call of the agent's rules on the ticket <= 4.0x
       (root under TMPDIR or /tmp, and again under /dev/shm when it exists)
-    tower over N index rows              reading the rows and json.loads of each     <= 1.5x
+    tower over N index rows, first call  reading the rows and json.loads of each     <= 1.5x
+      tower after 1,000 more rows        a tower over a 1,000-row index              <= 3.0x (counts from its checkpoint)
+    run --file in-process, per ticket    one call of the agent's rules on the ticket <= 2.5x (syscalls per ticket beside it)
     prove --jobs 8, model at 200 ms      ideal: cases x latency / jobs               <= 1.25x (>= 0.8 of ideal)
     broker decision + recorded call      a bare function call with the same args     (shown, no target)
     Sage requests for 64 drafts          64 / 16 per batch                           <= 1.0x
@@ -24,11 +26,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import hmac
 import io
 import json
 import os
 import pty
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -166,39 +171,95 @@ def bench_run_file(n: int, parent: str | None = None) -> tuple[Seconds, Seconds]
     return per_ticket, rules
 
 
-def write_index(path: Path, rows: int) -> None:
-    """An index of `rows` well-formed rows over 28 days, as runs write them: a `started` row, then the
-    run's `closed` row (a third flagged, p spread over 0..1)."""
+def evidence_key(keys: Path) -> bytes:
+    """A factory evidence key in the keys folder (as the first proof makes one): 64 hex, mode 0600 in 0700."""
+    keys.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (keys / "_evidence.key").write_text(os.urandom(32).hex() + "\n")
+    (keys / "_evidence.key").chmod(0o600)
+    return (keys / "_evidence.key").read_bytes().strip()
+
+
+def write_index(path: Path, rows: int, key: bytes, first: int = 0) -> None:
+    """Append `rows` well-formed rows over 28 days to the index, as runs write them: a `started` row, then the
+    run's `closed` row (a third flagged, p spread over 0..1), each chained to the line before it and each
+    closed row sealed with `key` (the factory's format, written here directly: a million runs would take
+    an hour). Run numbers start at `first`."""
     template = {"run_id": "", "agent": "triager", "at": "", "digest": "sha256:" + "0" * 64, "tier": "C1",
                 "status": "done", "reason": "answered", "verdict": "routed-to-human", "gate": "flag", "p": 0.5,
                 "backends": ["offline"], "cost_usd": 0.0, "steps": 3, "denied": [], "acted": 0, "staged": 0,
                 "routed": True, "why": ["gate flag"]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as out:
-        for i in range(rows // 2):
-            at = f"2026-11-{1 + i * 56 // rows:02}T00:00:00.000000Z"
-            out.write(json.dumps({"state": "started", "run_id": f"r{i}", "agent": "triager", "at": at, "tier": "C1",
-                                  "digest": template["digest"]}) + "\n")
-            out.write(json.dumps({"state": "closed", **template, "run_id": f"r{i}", "at": at, "p": (i % 100) / 100,
-                                  "gate": "pass" if i % 3 else "flag",
-                                  "verdict": "verified" if i % 3 else "routed-to-human"}) + "\n")
+    lines = path.read_bytes().split(b"\n") if path.exists() else []
+    prev = "sha256:" + hashlib.sha256(next((line for line in reversed(lines) if line.strip()), b"")).hexdigest()
+    with path.open("ab") as out:
+        for i in range(first, first + rows // 2):
+            at = f"2026-11-{1 + (i % rows) * 56 // rows:02}T00:00:00.000000Z"
+            for row in ({"state": "started", "run_id": f"r{i}", "agent": "triager", "at": at, "tier": "C1", "digest": template["digest"]},
+                        {"state": "closed", **template, "run_id": f"r{i}", "at": at, "p": (i % 100) / 100,
+                         "gate": "pass" if i % 3 else "flag", "verdict": "verified" if i % 3 else "routed-to-human"}):
+                line = json.dumps({**row, "prev": prev}, separators=(",", ":")).encode()
+                if row["state"] == "closed":
+                    line = line[:-1] + b',"mac":"hmac-sha256:' + hmac.new(key, line, hashlib.sha256).hexdigest().encode() + b'"}'
+                out.write(line + b"\n")
+                prev = "sha256:" + hashlib.sha256(line).hexdigest()
 
 
 READ_ROWS = "import json, sys\nfor line in open(sys.argv[1], 'rb'):\n    json.loads(line)\n"
 
 
-def bench_tower(rows: int) -> tuple[Seconds, Seconds]:
-    """`python3 factory.py tower` over an index of `rows` rows; and a child that reads the same
-    file and json.loads each line (each run twice, interleaved, the faster kept)."""
+def bench_tower(rows: int, new: int = 1000) -> tuple[tuple[Seconds, Seconds], tuple[Seconds, Seconds]]:
+    """((the first `python3 factory.py tower` over an index of `rows` rows, a child that reads the same file
+    and json.loads each line), (a second tower after `new` more rows, which counts from the first's checkpoint,
+    a tower over an index of `new` rows alone)); each run twice, interleaved, the faster kept."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root, env = fresh_root(Path(tmp) / "big")
+        small, small_env = fresh_root(Path(tmp) / "small")
+        index, small_index, key = root / "traces" / "index.jsonl", small / "traces" / "index.jsonl", evidence_key(Path(tmp) / "big" / "keys")
+        write_index(index, rows, key)
+        write_index(small_index, new, evidence_key(Path(tmp) / "small" / "keys"))
+        floors, firsts, seconds, smalls = [], [], [], []
+        tower = [*PYTHON, str(REPO / "factory.py"), "tower"]
+        for k in range(2):
+            floors.append(child([*PYTHON, "-c", READ_ROWS, str(index)]))
+            (root / "traces" / "tally.json").unlink(missing_ok=True)
+            firsts.append(child(tower, env))                 # counts every row, and leaves a checkpoint
+            write_index(index, new, key, first=rows + k * new)
+            seconds.append(child(tower, env))                # counts the new rows from the checkpoint
+            (small / "traces" / "tally.json").unlink(missing_ok=True)
+            smalls.append(child(tower, small_env))
+        return (min(firsts), min(floors)), (min(seconds), min(smalls))
+
+
+def syscalls_per_ticket(root: Path, env: dict, tickets: Path, n: int) -> float | None:
+    """System calls per ticket of `run --file` (strace -f -c: n tickets less one ticket), None without strace."""
+    if not shutil.which("strace"):
+        return None
+    one = tickets.with_name("one.jsonl")
+    one.write_text(tickets.read_text().splitlines()[0] + "\n")
+    counted = []
+    for path in (one, tickets):
+        out = tickets.with_name("strace.txt")
+        subprocess.run(["strace", "-f", "-c", "-o", str(out), *PYTHON, str(REPO / "factory.py"), "run", "triager",
+                        "--file", str(path)], env=env, capture_output=True, check=True)
+        counted.append(int(next(line for line in out.read_text().splitlines() if line.rstrip().endswith("total")).split()[3]))
+    return (counted[1] - counted[0]) / (n - 1)
+
+
+def bench_run_in_process(n: int) -> tuple[Seconds, Seconds, float | None]:
+    """Per ticket: `run --file` of n repo tickets, offline, in this process (factory.main, its start not
+    counted); one call of the triager's rules on each of the same tickets; syscalls per ticket."""
+    from agents import triager
+    tickets = repo_tickets(n)
+    rules = in_process(lambda: [triager.rules(ticket["input"]) for ticket in tickets]) / n
     with tempfile.TemporaryDirectory() as tmp:
         root, env = fresh_root(Path(tmp))
-        index = root / "traces" / "index.jsonl"
-        write_index(index, rows)
-        floors, towers = [], []
-        for _ in range(2):
-            floors.append(child([*PYTHON, "-c", READ_ROWS, str(index)]))
-            towers.append(child([*PYTHON, str(REPO / "factory.py"), "tower"], env))
-        return min(towers), min(floors)
+        certify(root, env)
+        path = Path(tmp) / "tickets.jsonl"
+        path.write_text("".join(json.dumps(t) + "\n" for t in tickets))
+        with contextlib.redirect_stdout(io.StringIO()):
+            factory.main(["run", "triager", "hello"], env=env)   # the agent's modules loaded, as in a batch
+            per_ticket = in_process(lambda: factory.main(["run", "triager", "--file", str(path)], env=env)) / n
+        return per_ticket, rules, syscalls_per_ticket(root, env, path, n)
 
 
 def bench_prove(jobs: int, n: int = 64, delay: float = 0.2) -> tuple[Seconds, Seconds, int]:
@@ -273,7 +334,12 @@ def main() -> None:
     if RAM_DISK.is_dir() and os.access(RAM_DISK, os.W_OK):
         table.append(row(f"run --file, offline, per ticket ({tickets}), root in {RAM_DISK}",
                          *bench_run_file(tickets, str(RAM_DISK)), "one rules call", 4.0))
-    table.append(row(f"tower over {rows:,} index rows", *bench_tower(rows), "read + json.loads", 1.5))
+    (first, floor), (second, small) = bench_tower(rows)
+    table.append(row(f"tower over {rows:,} index rows, first call", first, floor, "read + json.loads", 1.5))
+    table.append(row(f"  tower after 1,000 more rows (from its checkpoint)", second, small, "a tower over 1,000 rows", 3.0))
+    per_ticket, rules, calls = bench_run_in_process(tickets)
+    table.append(row(f"run --file in-process, per ticket ({tickets}), {'-' if calls is None else f'{calls:.0f}'} syscalls per ticket",
+                     per_ticket, rules, "one rules call", 2.5))
     elapsed, ideal, requests = bench_prove(8)
     table.append(row("prove 64 cases, model at 200 ms, --jobs 8", elapsed, ideal, "ideal 64 x 0.2 s / 8", 1.25))
     table.append(row("Sage requests for 64 drafts", Seconds(requests, 0), Seconds(64 / 16, 0), "64 / 16 per batch", 1.0,

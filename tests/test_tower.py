@@ -2,6 +2,8 @@
 colour come from the one VERDICTS table."""
 
 import contextlib
+import hashlib
+import hmac
 import copy
 import json
 import math
@@ -531,6 +533,114 @@ class PartialTower(LineTest):
         self.assertTrue(doc["problems"][0].endswith("; runs after it are not counted"), doc["problems"])
         self.assertEqual([(a["agent"], a["runs"], a["trust"]["tier"]) for a in doc["agents"]],
                          [("evalsmith", 0, "C1"), ("triager", 0, "C1")])
+
+
+class Checkpoint(LineTest):
+    """The tower counts from a sealed checkpoint of the index's tally, bound to the chain's head where it was
+    made, and reads only the rows after it; its answer is the full count's, on generated histories with
+    torn, unsealed and removed rows. A checkpoint that does not verify, was counted by other code, or no
+    longer matches the index is ignored, said in one note, and the tally counted again from the first row."""
+
+    def prepare(self):
+        self.certified("triager")
+
+    def history(self, rng, runs: int, first: int = 0, prev: bytes | None = None) -> list[bytes]:
+        """The lines `runs` runs leave in the index, chained from the line `prev` (none: the first): a started
+        row, then mostly a closed one (sealed with this test's evidence key, sometimes not), sometimes torn
+        (a writer killed mid-line: the next row is chained to what it left), of two agents and two digests."""
+        key, digest = (self.tmp / "keys" / "_evidence.key").read_bytes().strip(), self.cert()["digest"]
+        lines = []
+        def put(row: dict, sealed: bool) -> None:
+            body = json.dumps({**row, "prev": factory.sha256(lines[-1] if lines else prev or b"")}, separators=(",", ":")).encode()
+            if sealed:
+                body = body[:-1] + f',"mac":"hmac-sha256:{hmac.new(key, body, hashlib.sha256).hexdigest()}"}}'.encode()
+            lines.append(body)
+        for i in range(first, first + runs):
+            agent, at = rng.choice(("triager", "triager", "evalsmith")), f"2026-11-{1 + i % 28:02}T00:00:{i % 60:02}.000000Z"
+            run = {"run_id": f"r{i}", "agent": agent, "at": at, "tier": "C1", "digest": rng.choice((digest, "sha256:" + "1" * 64))}
+            put({"state": "started", **run}, False)
+            if rng.random() < 0.05:
+                continue   # unfinished
+            gate = rng.choice(("pass", "pass", "flag", "unsure", "unscored"))
+            row = {"state": "closed", **run, "status": "done", "reason": "answered", "gate": gate,
+                   "verdict": {"pass": "verified", "unscored": "unscored"}.get(gate, "routed-to-human"),
+                   "p": None if gate == "unscored" else round(rng.random(), 3), "backends": ["offline"],
+                   "cost_usd": rng.choice((0.0, 0.001, None)), "steps": 2, "denied": [], "acted": 0,
+                   "staged": int(rng.random() < 0.05), "routed": gate != "pass", "why": []}
+            put(row, rng.random() > 0.1)
+            if rng.random() < 0.02:
+                lines.append(lines[-1][:rng.randrange(1, len(lines[-1]))])   # torn: the next row is chained to it
+        return lines
+
+    def tower(self) -> tuple[dict, list[str]]:
+        """(the tower's document without its time, its stderr lines)."""
+        code, out, err = self.factory("tower", "--json")
+        self.assertIn(code, (0, 1), err)
+        return {**json.loads(out), "generated_at": None}, err.splitlines()
+
+    def full(self) -> tuple[dict, list[str]]:
+        """The tower counted from the index's first row: no checkpoint."""
+        (self.root / "traces" / "tally.json").unlink(missing_ok=True)
+        return self.tower()
+
+    def test_counted_from_its_checkpoint_it_answers_as_counted_from_the_first_row(self):
+        import random
+        for seed in range(2):
+            with self.subTest(seed=seed):
+                self.setUp()
+                index, checkpoint, rng = self.root / "traces" / "index.jsonl", self.root / "traces" / "tally.json", random.Random(seed)
+                index.parent.mkdir(exist_ok=True)
+                lines = self.history(rng, 700)
+                for _ in range(3):   # rows removed: the chain breaks where each was
+                    del lines[rng.randrange(1, len(lines))]
+                index.write_bytes(b"".join(line + b"\n" for line in lines))
+                first = self.tower()
+                self.assertTrue(checkpoint.exists(), "a count of 1000 rows or more leaves a checkpoint")
+                head = json.loads(checkpoint.read_text())["index"]
+                self.assertEqual((head["bytes"], head["lines"]), (len(index.read_bytes()), len(lines)))
+                more = self.history(rng, 300, first=700, prev=lines[-1])
+                with index.open("ab") as out:
+                    out.write(b"".join(line + b"\n" for line in more))
+                counted = self.tower()
+                self.assertFalse([line for line in counted[1] if "note:" in line], "it counted from its checkpoint")
+                self.assertEqual(counted, self.full())
+                self.assertNotEqual(counted[0], first[0], "the rows after the checkpoint were counted")
+                self.assertTrue(any("the hash chain is broken here (and 2 more break(s) after it)" in line
+                                    for line in counted[1]), counted[1])
+
+    def test_a_checkpoint_that_does_not_verify_or_no_longer_matches_is_ignored_and_said_so(self):
+        import random
+        index, path = self.root / "traces" / "index.jsonl", self.root / "traces" / "tally.json"
+        index.parent.mkdir(exist_ok=True)
+        lines = self.history(random.Random(7), 700)
+        index.write_bytes(b"".join(line + b"\n" for line in lines))
+        self.tower()
+        saved = path.read_text()
+        key = (self.tmp / "keys" / "_evidence.key").read_bytes().strip()
+        def resealed(change):
+            state = json.loads(saved)
+            change(state)
+            body = {k: v for k, v in state.items() if k != "mac"}
+            return json.dumps({**body, "mac": "hmac-sha256:" + hmac.new(key, factory.canonical(body), hashlib.sha256).hexdigest()})
+        tally = json.loads(saved)["state"]["agents"]["triager"]
+        cases = {
+            "does not verify with the factory evidence key": saved.replace(f'"acted": {tally["acted"]}', f'"acted": {tally["acted"] + 5}', 1),
+            "was counted by another version of factory.py": resealed(lambda s: s.update(code="sha256:" + "0" * 64)),
+            f"no longer matches traces/index.jsonl at byte {len(index.read_bytes())}: rows were removed or rewritten "
+            f"before it": None,
+        }
+        for why, text in cases.items():
+            with self.subTest(why):
+                path.write_text(saved)
+                if text is None:
+                    index.write_bytes(b"".join(line + b"\n" for line in lines[:5] + lines[6:]))   # a row removed
+                else:
+                    path.write_text(text)
+                counted = self.tower()
+                self.assertIn(f"factory: note: traces/tally.json {why}: ignored; the tally is counted again from the "
+                              f"index's first row", counted[1])
+                self.assertEqual((counted[0], [line for line in counted[1] if "note:" not in line]), self.full())
+                index.write_bytes(b"".join(line + b"\n" for line in lines))
 
 
 if __name__ == "__main__":
