@@ -22,6 +22,7 @@ from pathlib import Path
 import factory
 from tests import trust_helpers
 from tests.fake_sage import FakeSage
+from tests.test_readme import readme_block
 from tests.support import (FIXTURES, INJECTION, CertifiedTest, LineTest, at_terminal, chained_line, fingerprint,
                            junit_problems, own_anchor, snapshot)
 
@@ -1103,6 +1104,38 @@ class SshCertificates(LineTest):
         signed = signer.signed(self.fac, body, factory.DECISION_UNSIGNED)
         self.assertIsNone(factory.signature_problem(self.fac, "alice", {**signed, "prev": "x"}, factory.DECISION_UNSIGNED))
         self.assertIsNotNone(factory.signature_problem(self.fac, "alice", {**signed, "call": 2}, factory.DECISION_UNSIGNED))
+
+    def test_the_readme_recipe_verifies_it_with_plain_ssh_keygen(self):
+        """The README's recipe ("What a certificate's signature covers"), run with bash as written, makes the
+        signed bytes and the signature from the certificate alone, and plain `ssh-keygen -Y verify` against
+        an allowed-signers file written as the README says accepts them; one byte changed, it does not."""
+        if shutil.which("bash") is None:
+            self.skipTest("bash is not on this machine: the README's recipe cannot be run here")
+        recipe = readme_block("# verify a certificate with plain ssh-keygen")
+        verify = recipe.strip().splitlines()[-1]
+        self.assertTrue(verify.startswith("ssh-keygen -Y verify "), verify)
+        work = self.tmp / "verifier"
+        work.mkdir()
+        public = " ".join((self.tmp / "ssh" / "alice.pub").read_text().split()[:2])
+        (work / "allowed_signers").write_text(f"alice {public}\n")   # `SIGNER KEYTYPE BASE64`, as the README says
+        env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "CERT": str(self.root / CERT),
+               "SIGNERS": str(work / "allowed_signers")}
+
+        def run(script: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["bash", "-e", "-c", script], cwd=work, env=env, capture_output=True, text=True)
+        done = run(recipe)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertIn('Good "agent-factory" signature for alice', done.stdout + done.stderr)
+        signed = (work / "signed.bin").read_bytes()
+        for at in (0, len(signed) // 2, len(signed) - 1):
+            with self.subTest(changed_byte=at):
+                (work / "signed.bin").write_bytes(signed[:at] + bytes([signed[at] ^ 1]) + signed[at + 1:])
+                self.assertNotEqual(run(verify).returncode, 0, "one byte changed still verifies")
+        revoked = {**self.cert(), "revoked": {"reason": "superseded", "at": factory.utc_now()}}   # added after signing
+        (self.root / CERT).write_text(json.dumps(revoked, indent=2, ensure_ascii=False))
+        self.assertEqual(run(recipe).returncode, 0, "the signature does not cover `revoked`")
+        (self.root / CERT).write_text((self.root / CERT).read_text().replace('"tier": "C1"', '"tier": "C3"'))
+        self.assertNotEqual(run(recipe).returncode, 0, "an edited certificate still verifies")
 
 
 @unittest.skipUnless(shutil.which("ssh-keygen"), "ssh-keygen (OpenSSH) is not installed")
