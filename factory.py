@@ -2821,8 +2821,8 @@ SSH_NAMESPACE = "agent-factory"   # ssh-keygen -Y's namespace: a signature made 
 
 
 def read_key(fac: Factory, path: Path) -> bytes:
-    """The key in a key file: exactly 64 hex characters; Refusal naming the file otherwise
-    (an empty or cut key would let anyone compute a valid HMAC), or when others may read it."""
+    """The 64-hex key in a key file; Refusal naming the file otherwise (a cut key would let anyone compute a
+    valid HMAC), or when others may read it."""
     text = fac.store.read_key(path)
     if not re.fullmatch(r"[0-9a-f]{64}", text):
         raise Refusal(f"{path}: not a signing key (expected 64 hex characters); restore it or certify with a new key")
@@ -2830,7 +2830,7 @@ def read_key(fac: Factory, path: Path) -> bytes:
 
 
 def signing_key(fac: Factory, signer: str) -> bytes:
-    """The signer's key, created on first use (32 random bytes as hex, mode 0600) with a line saying where."""
+    """The signer's key, created on first use (mode 0600) with a line saying where."""
     path = fac.key_path(signer)
     if not path.exists() and fac.store.create_key(path, os.urandom(32).hex() + "\n"):
         print(f"created signing key for {signer} at {path} (mode 0600; keep it out of the repo)", file=sys.stderr)
@@ -2838,7 +2838,7 @@ def signing_key(fac: Factory, signer: str) -> bytes:
 
 
 def signed_part(obj: dict, unsigned: tuple = UNSIGNED_FIELDS) -> bytes:
-    """The canonical JSON of every field of obj but the unsigned ones: what a signature or MAC is taken over."""
+    """The canonical JSON of obj but its unsigned fields: what a signature or MAC covers."""
     return canonical({key: value for key, value in obj.items() if key not in unsigned})
 
 
@@ -2851,16 +2851,16 @@ def hmac_hex(key: bytes, data: bytes) -> str:
 
 @dataclass(frozen=True)
 class Signer:
-    """A person who signs (a certificate, or a decision on a parked call): their name, and how they sign,
-    with their HMAC key in the keys folder or, when `ssh_key` is given, with that OpenSSH key through
-    `ssh-keygen -Y sign` (verified against the trusted allowed-signers file; see `man ssh-keygen`)."""
+    """A person who signs (a certificate, a decision on a parked call): with their HMAC key in the keys folder,
+    or with the OpenSSH key `ssh_key` through `ssh-keygen -Y sign`, verified against the trusted allowed-signers
+    file (`man ssh-keygen`)."""
     name: str
     ssh_key: Path | None = None
 
     def ready(self, fac: Factory, station: str) -> None:
         """Refusal, before anything is shown or written, when this signer cannot sign here: no HMAC key of
-        theirs on this machine (it is not created: a decision is signed by a key the person already
-        has), a key others may read, or an ssh key not there or not listed for them as a trusted signer."""
+        theirs (never created here: a decision is signed by a key the person already has), a key others may
+        read, or an ssh key missing or not listed for them as a trusted signer."""
         if self.ssh_key is not None:
             fac.store.ssh_program()
             if not self.ssh_key.is_file():
@@ -2883,7 +2883,7 @@ class Signer:
         read_key(fac, path)
 
     def sign(self, fac: Factory, data: bytes) -> str:
-        """The signature of data: 'hmac-sha256:<hex>' with the signer's key, or an armoured ssh signature."""
+        """'hmac-sha256:<hex>' of data, or an armoured ssh signature."""
         if self.ssh_key is None:
             return hmac_hex(read_key(fac, fac.key_path(self.name)), data)
         made = fac.store.ssh_keygen(["-Y", "sign", "-f", str(self.ssh_key), "-n", SSH_NAMESPACE], data)
@@ -2893,26 +2893,26 @@ class Signer:
         return armour
 
     def signed(self, fac: Factory, body: dict, unsigned: tuple) -> dict:
-        """body with its `signature` by this signer (taken over every field but the unsigned ones)."""
+        """body with its `signature` over all but the unsigned fields."""
         return {**body, "signature": self.sign(fac, signed_part(body, unsigned))}
 
 
 def same_text(computed: str, given: str) -> bool:
-    """True when two ASCII signature texts are equal, compared in constant time (hmac.compare_digest)."""
+    """Constant-time equality of two ASCII texts (hmac.compare_digest)."""
     import hmac
     return hmac.compare_digest(computed.encode(), given.encode())
 
 
 def last_line(raw: bytes) -> str:
-    """The last non-blank line of a program's output, printable, for a one-line refusal."""
+    """A program output's last non-blank line, printable, for a one-line refusal."""
     lines = [line.strip() for line in raw.decode("utf-8", "replace").splitlines() if line.strip()]
     return "".join(c if c.isprintable() else "?" for c in lines[-1]) if lines else "no message"
 
 
 def signature_problem(fac: Factory, signer: str, obj: dict, unsigned: tuple = UNSIGNED_FIELDS) -> str | None:
-    """None when obj's `signature` verifies as signer's, else why not, in words: with signer's HMAC key
-    on this machine, or with `ssh-keygen -Y verify` against the trusted allowed-signers file. A signature
-    that is neither well-formed hex nor ssh armour does not verify (never an exception)."""
+    """None when obj's `signature` verifies as signer's (with signer's HMAC key here, or `ssh-keygen -Y verify`
+    against the trusted allowed signers), else why not; a signature of neither form does not verify (never an
+    exception)."""
     signature, data = obj.get("signature"), signed_part(obj, unsigned)
     if isinstance(signature, str) and HMAC_SIGNATURE.fullmatch(signature):
         key = fac.key_path(signer)
@@ -2926,9 +2926,8 @@ def signature_problem(fac: Factory, signer: str, obj: dict, unsigned: tuple = UN
 
 
 def trusted_signers_problem(fac: Factory) -> str | None:
-    """None when the allowed-signers file (KEYS_DIR/allowed_signers, or $FACTORY_ALLOWED_SIGNERS) can be
-    trusted: there, outside the factory root, written by no other user; else why not (it is the trust
-    root of ssh signatures)."""
+    """None when the allowed-signers file, the trust root of ssh signatures, can be trusted (there, outside the
+    factory root, written by no other user); else why not."""
     path = fac.allowed_signers
     if any(place.is_relative_to(fac.root) for place in (path, Path(os.path.realpath(path)))):
         return (f"the allowed signers file {path} is inside the factory root, where anyone who writes the registry "
@@ -2941,8 +2940,7 @@ def trusted_signers_problem(fac: Factory) -> str | None:
 
 
 def owner_problem(path: Path) -> str | None:
-    """Why the allowed-signers file at path is not this user's own to change: another user owns it, or
-    other users may write it (root may write anything, so a file root owns is this user's too)."""
+    """Why PATH is not this user's alone to change (a file root owns counts as ours: root may write anything)."""
     found = os.stat(path)
     if found.st_uid not in (os.geteuid(), 0):
         return f"{path} is owned by another user (uid {found.st_uid}), who may change it; use a file of your own"
@@ -2952,9 +2950,8 @@ def owner_problem(path: Path) -> str | None:
 
 
 def replaced_problem(path: Path) -> str | None:
-    """Why another user could put another file at path: the folder holding it (or, for a link, the link)
-    is writable by others without the sticky bit (which lets only a file's owner remove it), or is
-    another user's."""
+    """Why another user could put another file at PATH: its folder (or its link's) is another user's, or
+    writable by others without the sticky bit (which lets only a file's owner remove it)."""
     for folder in dict.fromkeys((path.absolute().parent, Path(os.path.realpath(path)).parent)):
         found = folder.stat()
         if found.st_uid not in (os.geteuid(), 0):
@@ -2969,9 +2966,8 @@ PIPE_TEXT = 16384   # characters ssh_keygen writes to one pipe before ssh-keygen
 
 
 def allowed_signer(line: str) -> tuple[list[str], str]:
-    """(principals, the rest: options, key type, key, comment) of one line of an allowed-signers file
-    (`man ssh-keygen`, ALLOWED SIGNERS: the principals are the first field, comma-separated, and may be
-    quoted); ([], "") for a blank line, a comment or a line with nothing after its principals."""
+    """(principals, rest) of one allowed-signers line (`man ssh-keygen`, ALLOWED SIGNERS: principals first,
+    comma-separated, maybe quoted); ([], "") for a blank line, a comment or nothing after the principals."""
     line = line.strip()
     if line.startswith('"'):
         principals, quote, rest = line[1:].partition('"')
@@ -2983,9 +2979,8 @@ def allowed_signer(line: str) -> tuple[list[str], str]:
 
 
 def signer_lines(fac: Factory, signer: str) -> str:
-    """The trusted allowed-signers lines whose principals name SIGNER exactly, each rewritten to name SIGNER
-    alone (ssh-keygen matches -I against patterns too: a `*` line would trust its key for every signer).
-    Refusal when they are longer than one check reads (PIPE_TEXT)."""
+    """The trusted allowed-signers lines naming SIGNER exactly, each rewritten to name SIGNER alone (ssh-keygen
+    also matches -I against patterns: a `*` line would trust its key for every signer); Refusal past PIPE_TEXT."""
     path = fac.allowed_signers
     text = fac.store.read_bytes(path, confined=False).decode("utf-8", "replace")
     lines = "".join(f"{signer} {rest}\n" for principals, rest in map(allowed_signer, text.splitlines())
@@ -2996,9 +2991,8 @@ def signer_lines(fac: Factory, signer: str) -> str:
 
 
 def ssh_verifies(fac: Factory, signer: str, data: bytes, signature: str) -> bool:
-    """True when `ssh-keygen -Y verify` accepts signature over data as signer's under the agent-factory
-    namespace, by a key listed for signer by name in the trusted allowed-signers file (signer_lines).
-    Refusal when that file cannot be trusted (trusted_signers_problem) or there is no ssh-keygen."""
+    """True when `ssh-keygen -Y verify` accepts signature over data as signer's, by a key signer_lines lists;
+    Refusal when the allowed signers cannot be trusted or there is no ssh-keygen."""
     problem = trusted_signers_problem(fac)
     if problem:
         raise Refusal(problem)
@@ -3013,9 +3007,8 @@ def ssh_verifies(fac: Factory, signer: str, data: bytes, signature: str) -> bool
 # ---- the factory evidence key: MACs on what certify relies on
 
 def evidence_key(fac: Factory, create: bool) -> bytes | None:
-    """The factory evidence key (KEYS_DIR/_evidence.key, 64 hex, kept and checked like a signing key),
-    created on first use when `create` and the keys folder can be written; None when this machine has
-    none. Read once per station (Store.evidence)."""
+    """The factory evidence key ($FACTORY_EVIDENCE_KEY, else KEYS_DIR/_evidence.key, checked like a signing key
+    and created when `create` and the keys folder is writable); None when there is none. Read once per station."""
     if fac.store.evidence is not None:
         return fac.store.evidence
     given = fac.env.get("FACTORY_EVIDENCE_KEY")
@@ -3034,7 +3027,7 @@ def evidence_key(fac: Factory, create: bool) -> bytes | None:
 
 
 def mac_verifies(key: bytes, obj: dict) -> bool:
-    """True when obj's `mac` is well-formed and is the HMAC of its other fields under key."""
+    """True when obj's `mac` is the HMAC of its other fields under key."""
     mac = obj.get("mac")
     return isinstance(mac, str) and HMAC_SIGNATURE.fullmatch(mac) is not None \
         and same_text(hmac_hex(key, signed_part(obj, ("mac",))), mac)
@@ -3050,8 +3043,8 @@ def sealing_key(fac: Factory) -> bytes | None:
 
 
 def sealed_evidence(fac: Factory, obj: dict, named: bool = False) -> dict:
-    """obj with its `mac` under the evidence key, and with `named` the key's id (mac_key); obj as it is when
-    there is none (sealing_key): it then counts as no evidence."""
+    """obj with its `mac` (and, when `named`, the key's id `mac_key`); as it is when there is no key (it then
+    counts as no evidence)."""
     key = sealing_key(fac)
     if key is None:
         return obj
@@ -3060,12 +3053,12 @@ def sealed_evidence(fac: Factory, obj: dict, named: bool = False) -> dict:
 
 
 def key_id(key: bytes) -> str:
-    """A key's public id: 16 hex of a sha256 over a label and the key."""
+    """A key's public id: 16 hex of a labelled sha256."""
     return sha256(b"factory evidence key id\n" + key)[7:23]
 
 
 def evidence_problem(fac: Factory, obj: dict) -> str | None:
-    """None when obj's MAC verifies under the evidence key; else why not, in words."""
+    """None when obj's MAC verifies under the evidence key; else why not."""
     if "mac" not in obj:
         return "carries no evidence MAC (written by hand, or without an evidence key)"
     key = evidence_key(fac, create=False)
@@ -3082,13 +3075,13 @@ def evidence_problem(fac: Factory, obj: dict) -> str | None:
 # ---- the hash-chained logs and their heads
 
 def chained_logs(fac: Factory) -> dict[str, Chain]:
-    """log name -> the hash-chained log as it is now, each read and verified."""
+    """log name -> its hash-chained log, read and verified."""
     return {name: fac.store.read_chain(getattr(fac, name)) for name in CHAINED_LOGS}
 
 
 def chain_heads(fac: Factory) -> dict:
-    """log name -> {"count", "hash"} of every hash-chained log now: what a certificate records, so that
-    removing or editing an entry made before it is detected."""
+    """log name -> {"count", "hash"}: what a certificate records, so an entry removed or edited before it is
+    detected."""
     return {name: chain.head for name, chain in chained_logs(fac).items()}
 
 
@@ -3105,23 +3098,21 @@ ANCHOR_PARTS = ("logs", "certificates", "index")
 
 def read_anchor(fac: Factory) -> dict:
     """This machine's anchor for this root: {"logs": {name: {"count", "hash"}}, "certificates": {agent:
-    {"signature", "signed_at"}}, "index": {"bytes", "hash"}}; empty parts when it has none yet."""
+    {"signature", "signed_at"}}, "index": {"bytes", "hash"}}, parts {} when missing."""
     anchor = fac.store.read_private(fac.anchor_path)
     return {part: anchor.get(part) if isinstance(anchor.get(part), dict) else {} for part in ANCHOR_PARTS}
 
 
 def update_anchor(fac: Factory, change) -> None:
-    """Apply change(anchor) -> bool (True when it changed something) to this machine's anchor and write it
-    back, under the keys folder's lock; a keys folder that cannot be written is noted, never refused."""
+    """Apply change(anchor) -> changed? to the anchor; an unwritable keys folder is noted, never refused."""
     update_private(fac, fac.anchor_path, lambda: read_anchor(fac), change, {"format": ANCHOR_FORMAT, "root": str(fac.root)},
                    "this machine's anchor of the registry is not kept up to date, so a registry put back to an older "
                    "state may go unnoticed here")
 
 
 def update_private(fac: Factory, path: Path, read, change, head: dict, unkept: str) -> None:
-    """Write {**head, **state} to PATH in the keys folder, where state is read() after change(state) -> bool
-    said it changed it, all under the keys folder's lock; when that folder cannot be written, a note says
-    `unkept` instead (what this machine then fails to keep) and nothing else happens."""
+    """Write {**head, **state} to PATH in the keys folder when change(state), on state read(), says it changed,
+    under the folder's lock; an unwritable folder only notes `unkept`."""
     if not fac.store.keys_writable():
         note(fac, f"the keys folder {fac.keys_dir} cannot be written: {unkept}")
         return
@@ -3132,8 +3123,8 @@ def update_private(fac: Factory, path: Path, read, change, head: dict, unkept: s
 
 
 def anchor_problem(fac: Factory, chains: dict[str, Chain]) -> str | None:
-    """None when each log in `chains` still holds every entry this machine wrote or verified in it; else one
-    line naming the log and what works: restoring it from a copy that holds those entries (see head_problem)."""
+    """None when each log in `chains` still holds every entry this machine wrote or verified in it; else the
+    line naming the log and the fix."""
     logs = read_anchor(fac)["logs"]
     for name, chain in chains.items():
         head = logs.get(name)
@@ -3145,13 +3136,13 @@ def anchor_problem(fac: Factory, chains: dict[str, Chain]) -> str | None:
 
 
 def newer(old, new: dict, key: str) -> bool:
-    """True when `new` should replace the anchored `old`: there is none, or new's `key` is greater."""
+    """True when `new` replaces the anchored `old`: none, or new[key] is greater."""
     return not isinstance(old, dict) or not isinstance(old.get(key), type(new[key])) or new[key] > old[key]
 
 
 def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | None = None, index: dict | None = None) -> None:
-    """Record in this machine's anchor the log heads, certificates and the index's head ({"bytes", "hash"})
-    it wrote or verified now, each only where newer: the anchor never moves back (nothing newer: no write)."""
+    """Record in the anchor the log heads, certificates and index head written or verified now, each only where
+    newer: it never moves back."""
     logs = {name: dict(head) for name, head in (logs or {}).items()}
     certificates = {name: {"signature": cert["signature"], "signed_at": cert["signed_at"]}
                     for name, cert in (certificates or {}).items()}
@@ -3168,9 +3159,9 @@ def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | No
 
 
 def count_sealed_attempt(fac: Factory, name: str, suite_digest: str | None = None, certified: str | None = None) -> None:
-    """Count one more sealed proof of NAME on the suite of `suite_digest` in the keys folder, where the
-    tree's writers cannot lower it and every copy of the tree on this machine counts with the original;
-    with `certified` (a signed_at), count none but mark the counts at that certification."""
+    """Count one more sealed proof of NAME on suite `suite_digest` in the keys folder (the tree's writers cannot
+    lower it; every copy of the tree on this machine counts with it); with `certified` (a signed_at), mark the
+    counts at that certification instead."""
     def count(agents: dict) -> bool:
         mine = attempts_of(agents, name)
         if certified:
@@ -3185,23 +3176,21 @@ def count_sealed_attempt(fac: Factory, name: str, suite_digest: str | None = Non
 
 
 def all_attempts(fac: Factory) -> dict:
-    """This machine's sealed-attempt file in the keys folder, for every factory root on it, as {"agents": {agent:
-    its counts (see attempts_of)}}."""
+    """The keys folder's sealed-attempt counts, every root's: {"agents": {agent: attempts_of}}."""
     agents = fac.store.read_private(fac.attempts_path).get("agents")
     return {"agents": agents if isinstance(agents, dict) else {}}
 
 
 def attempts_of(agents: dict, name: str) -> dict:
-    """NAME's entry in the sealed-attempt file's agents: {"sealed": {the sealed suite's digest: proofs run on it},
-    "certified": {a certificate's signed_at: the "sealed" counts when this machine signed it}}, parts {} when missing."""
+    """NAME's counts: {"sealed": {suite digest: proofs}, "certified": {signed_at: "sealed" then}}, parts {} when
+    missing."""
     counted = agents.get(name) if isinstance(agents.get(name), dict) else {}
     return {part: dict(counted[part]) if isinstance(counted.get(part), dict) else {} for part in ("sealed", "certified")}
 
 
 def sealed_attempts(fac: Factory, name: str, suite_digest: str, since: str | None) -> int | None:
-    """How many sealed proofs of NAME on the sealed suite whose digest is `suite_digest` this machine ran,
-    in any factory root, since its certification signed at `since` (ever, when None); None when it cannot
-    say (that certification was not signed here)."""
+    """Sealed proofs of NAME on suite `suite_digest` this machine ran, in any root, since the certification
+    signed at `since` (ever, when None); None when that one was not signed here."""
     counted = attempts_of(all_attempts(fac)["agents"], name)
     ran = counted["sealed"].get(suite_digest)
     ran = ran if type(ran) is int else 0
@@ -3215,9 +3204,8 @@ def sealed_attempts(fac: Factory, name: str, suite_digest: str, since: str | Non
 
 
 def append_to_log(fac: Factory, name: str, make) -> dict:
-    """Append make(chain) to the hash-chained log NAME (one of CHAINED_LOGS) under its lock, refused when
-    the log is older than this machine's anchor (an entry after a rollback would hide it), then raise the
-    anchor to the new head. Returns the entry written."""
+    """Append make(chain) to the chained log NAME under its lock, refused when the log is older than the anchor
+    (an entry after a rollback would hide it), then raise the anchor; the entry."""
     path, head = getattr(fac, name), {}
     def checked(chain: Chain) -> dict:
         problem = anchor_problem(fac, {name: chain})
@@ -3234,7 +3222,7 @@ def append_to_log(fac: Factory, name: str, make) -> dict:
 # ---- revocations
 
 def revocation_of(fac: Factory, cert: dict) -> dict | None:
-    """The revocation entry for this exact certificate (by signature), from the hash-chained log."""
+    """The revocation log's entry for this certificate (by signature), or None."""
     for _, row in fac.store.read_chain(fac.revocations).entries:
         if row.get("signature") == cert["signature"]:
             return row
@@ -3242,7 +3230,7 @@ def revocation_of(fac: Factory, cert: dict) -> dict | None:
 
 
 def revoke(fac: Factory, name: str, reason: str) -> bool:
-    """Mark NAME's certificate revoked (kept on disk) and log it; False when there was none to revoke."""
+    """Mark NAME's certificate revoked and log it; False when there was none to revoke."""
     path = fac.cert_path(name)
     if not path.exists():
         return False
@@ -3256,7 +3244,7 @@ def revoke(fac: Factory, name: str, reason: str) -> bool:
 
 
 def revocation_reason(fac: Factory, name: str, cert: dict) -> str | None:
-    """Why NAME's certificate is revoked (the mark on it, or the revocation log), on one line; None if it is not."""
+    """Why NAME's certificate is revoked, on one line; None if it is not."""
     revoked = cert.get("revoked") or revocation_of(fac, cert)
     if not revoked:
         return None
@@ -3272,7 +3260,7 @@ RECALL_SHAPE = Shape.of({"agent": str, "reason": str, "at": str})
 
 
 def recalls_of(fac: Factory, name: str) -> list[dict]:
-    """Recall entries that reach NAME: its own and its masters', oldest first (hash-chained log)."""
+    """The recall entries reaching NAME (its own and its masters'), oldest first."""
     reach = {name, *ancestors(fac, name, recall_reach(fac))}
     return [row for _, row in fac.store.read_chain(fac.recalls, RECALL_SHAPE).entries if row["agent"] in reach]
 
@@ -3284,7 +3272,7 @@ RECORD_SHAPE = Shape.of({"format": str, "agent": str, "half": str, "at": str, "v
 
 
 def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
-    """Every sealed proof of NAME, oldest first (run ids sort by time); history is never overwritten."""
+    """(path, record) of every sealed proof of NAME, oldest first; history is never overwritten."""
     folder = fac.records / name
     paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
     found = []
@@ -3305,14 +3293,14 @@ PROMOTION_RUNS = 20          # gated production runs at the tier below, since th
 
 
 def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> Production:
-    """The gated runs of this agent's digest (at `tier`) whose row verifies (index_tally)."""
+    """The gated runs of this agent's digest (at `tier`) whose row verifies."""
     found = index_tally(fac).evidence.get(f"{agent.name}\t{agent.digest}") or GatedRuns()
     counts = [found.tiers.get(tier, [0, 0])] if tier is not None else found.tiers.values()
     return Production(sum(c[0] for c in counts), sum(c[1] for c in counts), tuple(found.unverified_lines), found.unverified)
 
 
 def verified_runs(fac: Factory, agent: Agent) -> frozenset:
-    """The runs of this agent's digest whose closed row verifies, gated or not (certify: a full read)."""
+    """The run ids of this agent's digest whose closed row verifies, gated or not (a full read)."""
     key = evidence_key(fac, create=False)
     return frozenset() if key is None or not fac.store.exists(fac.index) else frozenset(
         row["run_id"] for _, _, raw, row in fac.store.read_jsonl(fac.index, each=True, whole=True) if type(row) is dict
@@ -3321,8 +3309,8 @@ def verified_runs(fac: Factory, agent: Agent) -> frozenset:
 
 
 def index_problem(fac: Factory, cert: dict | None = None) -> str | None:
-    """Why the index cannot be counted on (after where it ended when `cert` was signed): that head gone, its
-    chain broken, or the head this machine anchored gone; None."""
+    """Why the index cannot be counted on: the head it had when `cert` was signed is gone, its chain is broken,
+    or the head this machine anchored is gone; else None."""
     start, anchored, where = signed_index(cert or {}), read_anchor(fac)["index"], fac.shown(fac.index)
     if fac.store.head_at(fac.index, start["bytes"]) != start["hash"]:
         return (f"{where}: holds less than it did when {fac.shown(fac.cert_path(cert['agent']))} was signed "
@@ -3336,8 +3324,8 @@ def index_problem(fac: Factory, cert: dict | None = None) -> str | None:
 # ---- signing a certificate
 
 def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Path, proof: dict) -> dict:
-    """The signed certificate: what may run, at which tier, on whose word, with the heads of the
-    hash-chained logs at signing (so an entry removed or edited later is detected)."""
+    """The signed certificate, with the heads of the chained logs and of the index at signing (an entry removed
+    or edited later is detected)."""
     cert = {"format": CERT_FORMAT, "agent": agent.name, "tier": tier, "digest": agent.digest,
             "components": agent.components, "sealed_score": proof["score"], "sealed_record": path.name,
             "sealed_counts": {key: proof[key] for key in SEALED_COUNTS if key in proof},
@@ -3353,10 +3341,9 @@ def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Pat
 
 
 def replace_certificate(fac: Factory, name: str, cert: dict) -> None:
-    """Put a newly signed certificate in place of NAME's current one, in an order a kill cannot break:
-    the old one is kept under registry/history/NAME/; the new one replaces it (the one switching step);
-    this machine's anchor records it (the old one copied back is refused); then the old one is revoked
-    ("superseded") in the log, the anchor raised to that entry too."""
+    """Put a new certificate in place of NAME's in an order a kill cannot break: the old one kept in
+    registry/history/NAME/, the new one written (the one switching step) and anchored (the old one copied back
+    is refused), then the old one revoked as superseded."""
     current = fac.cert_path(name)
     old = fac.store.read_bytes(current) if current.exists() else None
     if old is not None:
@@ -4166,14 +4153,14 @@ CUT_OFF_NOTE = ("Your last reply stopped before it was complete (stop reason: {s
 
 
 def task_text(value) -> str:
-    """What the worker is asked: the ticket text, or a JSON rendering of a structured input."""
+    """The ticket text, or a structured input as JSON."""
     return value if isinstance(value, str) else json.dumps(value, indent=1, ensure_ascii=False)
 
 
 def parse_output(text: str, schema: dict) -> dict:
-    """The first JSON object in the worker's final text that the agent's OUTPUT_SCHEMA accepts (prose
-    braces before it, a code fence or a note after it do not hide it: llm.json_objects); Escalated
-    naming the first object's contract break when none is accepted, or when the text holds no object."""
+    """The first JSON object in the final text that OUTPUT_SCHEMA accepts (prose braces before it, a fence or a
+    note after it do not hide it: llm.json_objects); Escalated naming the first object's contract break, or for
+    no object."""
     found = llm.json_objects(text)
     if not found:
         raise Escalated("the answer holds no json object")
@@ -4187,9 +4174,9 @@ def parse_output(text: str, schema: dict) -> dict:
 
 @dataclass
 class Loop:
-    """One run of the worker: ask, carry out each tool call through the broker, until a Stop. `record`
-    appends a trace event; `spill(name, text) -> path` keeps a text too long to send whole; `router`
-    (the run gate) reviews the run after every step when given."""
+    """One run of the worker: ask, carry out each tool call through the broker, until a Stop. `record` appends a
+    trace event; `spill(name, text) -> path` keeps a text too long to send; `router` (the run gate) reviews
+    every step."""
     worker: "llm.AnyWorker | None"
     broker: Broker
     agent: Agent
@@ -4210,7 +4197,7 @@ class Loop:
     messages: list = field(default_factory=list)
 
     def run(self) -> str:
-        """Step until a Stop; returns its status (done | escalated | over-budget | diverged)."""
+        """Step until a Stop; its status."""
         self.messages = [{"role": "system", "content": self.agent.module.SYSTEM},
                          {"role": "user", "content": self.clip(self.task, "input")}]
         while True:
@@ -4221,9 +4208,9 @@ class Loop:
                 return stop.status
 
     def step(self) -> None:
-        """Ask the worker once; text ends the run, tool calls go through the broker. A turn that did not
-        end normally or to use tools (cut off at the token limit, say) is used for nothing: none of its
-        tool calls is carried out, its text is no answer, and the worker is asked again."""
+        """Ask once; text ends the run, tool calls go through the broker. A turn that ended otherwise (cut off
+        at the token limit) is used for nothing: none of its calls runs, its text is no answer, the worker is
+        asked again."""
         reply = self.ask()
         if not reply.acts:
             self.cut_off = reply.stop_reason or "not recorded"
@@ -4271,9 +4258,9 @@ class Loop:
         return reply
 
     def fit_envelope(self, schemas: list[dict]) -> None:
-        """OverBudget when the next call would pass the card's cost envelope; before the first call, the
-        agent's rules answer the whole run instead (offline-over-envelope) and the trace says why. An
-        unknown estimate is let through; it never counts as within the envelope at the gate."""
+        """OverBudget when the next call would pass the cost envelope; before the first call the agent's rules
+        answer the run instead (the trace says why). An unknown estimate passes here; at the gate it never
+        counts as within."""
         envelope = self.agent.card["cost_envelope_usd"]
         estimate = self.worker.estimate_next_cost(self.messages, schemas)
         if self.cost is None or estimate is None or self.cost + estimate <= envelope:
@@ -4288,18 +4275,18 @@ class Loop:
         self.record({"event": "envelope", "why": f"{why}: not one model call fits, so the agent's rules answer this run"})
 
     def restart_clean(self) -> None:
-        """Rebuild the conversation: keep the task, the tool calls and their results; drop the model's text."""
+        """Keep the task, the tool calls and their results; drop the model's text."""
         self.messages = [m if m["role"] != "assistant" else {**m, "content": ""} for m in self.messages]
 
     def schemas(self) -> list[dict]:
-        """Tool schemas for the granted, not denied tools only (the caller can never widen grants)."""
+        """Schemas of the granted, not denied tools (a caller cannot widen grants)."""
         allowed = [t for t in self.agent.card["tools"] if t not in self.agent.card["tools_denied"]]
         return [{"name": t, "description": self.agent.contracts[t]["description"],
                  "params": self.agent.contracts[t]["params"]} for t in allowed if t in self.agent.contracts]
 
     def clip(self, text: str, name: str) -> str:
-        """Text for the worker (the input, a tool result): whole when short, else head + tail + where
-        the full text is kept (traces/AGENT/RUN_ID/NAME.txt in a run; not kept in a dry run)."""
+        """Text for the worker: whole when short, else head + tail + where the whole is kept
+        (traces/AGENT/RUN_ID/NAME.txt; not in a dry run)."""
         if len(text) <= CLIP_CHARS:
             return text
         where = f"full text at {self.spill(name, text)}" if self.spill else "full text not kept (dry run)"
@@ -4308,9 +4295,8 @@ class Loop:
 
 
 def run_loop(loop: Loop) -> str:
-    """Run the loop; its status, or `crashed` (traceback kept in the trace) when the agent's code or model
-    raised, the reason naming the file and line of the agent's code where it did (agent_code_at). A
-    StoreError (the trace could not be written) is the machine's, not the agent's: it goes up."""
+    """The loop's status, or `crashed` (traceback in the trace, the reason naming the agent's file and line)
+    when the agent's code or model raised; a StoreError is the machine's and goes up."""
     try:
         return loop.run()
     except StoreError:
@@ -4333,17 +4319,16 @@ ROUTER_ACTIONS = ("continue", "switch_model", "restart_clean", "escalate_human")
 
 
 def signs_of(outcomes: list) -> list[Sign]:
-    """Signs for the broker outcomes of a run so far."""
+    """The Sign of each broker outcome."""
     return [Sign(f"{o.tool} {o.digest}", sha256(utf8(o.result)), None if o.ok else o.ruling,
                  o.effect, o.ruling in ("ok", HELD)) for o in outcomes]
 
 
 @dataclass
 class Router:
-    """The run gate: local detectors after each step; only when one fires does Sage decide.
-
-    Without Sage, a second firing ends the run as escalated. Model switches and clean restarts are
-    capped at one each. Every decision is recorded as tier / action / intervention / source."""
+    """The run gate: local detectors after each step; only when one fires does Sage decide (without Sage, a
+    second firing escalates). One model switch and one clean restart at most; each decision recorded as tier /
+    action / intervention / source."""
     sage_client: object            # sage.Sage, or None when there is no key
     record: callable
     fires: int = 0
@@ -4352,9 +4337,8 @@ class Router:
     signs: list = field(default_factory=list)   # the Sign of each broker outcome so far, in call order
 
     def review(self, loop: "Loop") -> None:
-        """Look at the run so far; do nothing, or switch model, restart clean, or escalate. Only the calls made
-        since the last review get their Sign here: a Sign reads what of an outcome is fixed when it is made
-        (the args digest, the result text), never its args dict, which the agent may still mutate."""
+        """After a step. Only the calls since the last review get their Sign, from what of an outcome is fixed
+        when made (args digest, result), never its args, which the agent may still mutate."""
         self.signs += signs_of(loop.broker.outcomes[len(self.signs):])
         signs = self.signs
         fired = detect(signs, loop.cost, loop.agent.card["cost_envelope_usd"])
@@ -4369,7 +4353,8 @@ class Router:
         self.carry_out(action, loop, fired)
 
     def decide(self, summary: str) -> tuple[str, bool, str, float | None]:
-        """(action, intervention?, source, p): Sage yesno then choice; locally, escalate on the second firing."""
+        """(action, intervention?, source, p): Sage's yesno, then its choice; locally, escalate on the second
+        firing."""
         try:
             if self.sage_client is None:
                 raise sage.NoKey()
@@ -4382,13 +4367,12 @@ class Router:
             return ("escalate_human", True, "local", None) if self.fires >= 2 else ("continue", False, "local", None)
 
     def capped(self, action: str) -> str:
-        """The action after caps: a second switch or restart becomes escalate_human."""
+        """A second switch or restart becomes escalate_human."""
         if action == "switch_model" and self.switches >= 1 or action == "restart_clean" and self.restarts >= 1:
             return "escalate_human"
         return action
 
     def carry_out(self, action: str, loop: "Loop", fired: list[str]) -> None:
-        """Make the decision take effect on the loop."""
         if action == "escalate_human":
             raise Escalated(f"run gate: {', '.join(fired)}")
         if action == "switch_model":
@@ -4403,8 +4387,8 @@ class Router:
 # ---- the output gate (Sage)
 
 class Clients:
-    """The network clients one station shares across its runs: the gate's Sage client (one attempt, 8 s;
-    the run gate's too) and the llm circuit breaker every Worker of the batch shares."""
+    """The network clients a station's runs share: the gate's Sage client (one attempt, 8 s; the run gate's too)
+    and the llm circuit breaker."""
 
     def __init__(self, env: Mapping[str, str]):
         self.gate = sage.Sage.from_env(env, timeout=8.0)
@@ -4412,15 +4396,14 @@ class Clients:
 
     @property
     def router(self):
-        """The run gate's Sage client, or None when there is no way to reach one."""
+        """The run gate's Sage client, or None when unreachable."""
         return self.gate if self.gate.usable else None
 
 
 def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: list, cost: str | None) -> dict:
-    """Ask Sage the card's gate question, in one decision, about the input, the output and every held
-    call (tool and exact arguments): {result, p, answer, bar, line, shown, effects}. Only result `pass`
-    lets a held call be committed, and only one listed in `effects` ((seq, tool, args digest) of each
-    call shown; `shown` is the sha256 of the content). One attempt, 8 s deadline: no retry loop."""
+    """Sage's gate answer on the input, the output and every held call: {result, p, answer, bar, line, shown,
+    effects}. Only `pass` lets a held call commit, and only one in `effects` ((seq, tool, args digest) each;
+    `shown` is the content's sha256). One attempt, 8 s: no retry."""
     bar, content = agent.card["evals"]["gate"], gate_content(task, output, held)
     seen = {"shown": sha256(utf8(content)), "effects": [[o.seq, o.tool, args_digest(o.args)] for o in held]}
     try:
@@ -4433,7 +4416,7 @@ def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: l
 
 
 def gate_content(task: str, output: dict, held: list) -> str:
-    """What the output gate is shown: the input, the output, and each held call as tool + exact JSON arguments."""
+    """What the gate is shown: the input, the output, each held call as tool + exact JSON arguments."""
     effects = "\n".join(f"{n}. {o.tool} {json.dumps(o.args, ensure_ascii=False, sort_keys=True)}"
                         for n, o in enumerate(held, 1))
     return (f"Input:\n{task}\n\nAgent output:\n{json.dumps(output, ensure_ascii=False)}\n\n"
@@ -4443,8 +4426,8 @@ def gate_content(task: str, output: dict, held: list) -> str:
 # ---- verdicts: how a run ends, from separate evidence
 
 def effect_problems(fac: Factory, committed: list, settled: "Settled") -> list[str]:
-    """One line per uncertain effect of the run, naming the call, path and cause: a committed write that
-    failed or is not where its receipt says, a review-queue row not written."""
+    """One line per uncertain effect: a committed write that failed or does not read back, a review row not
+    written."""
     problems = [f"{o.tool} write FAILED ({o.error})" for o in committed if not o.ok]
     problems += [f"{o.tool} wrote no effect that reads back (receipt {json.dumps(o.receipt)})"
                  for o in committed if o.ok and not read_back(fac, o.receipt)]
@@ -4452,7 +4435,7 @@ def effect_problems(fac: Factory, committed: list, settled: "Settled") -> list[s
 
 
 def read_back(fac: Factory, receipt: dict | None) -> bool:
-    """True when the effect line named by a tool's receipt is where the receipt says, with its effect id."""
+    """True when the line a receipt names is there with its effect id."""
     try:
         row = fac.store.line_at(receipt["path"], receipt["offset"])
         return row is not None and row.get("effect_id") == receipt["effect_id"]
@@ -4481,9 +4464,8 @@ CALL_SHAPE = Shape.of({"id": str, "name": str, "args": dict})
 
 @dataclass(frozen=True)
 class Recorded:
-    """A trace as read back: its header, its events up to and including the end, and the end (None
-    when the run never finished). Events appended after the end (what happened to a parked call once a
-    human approved it) are kept apart, in `later`, as they were written."""
+    """A trace read back: header, events through the end, the end (None: never finished), and `later`, the
+    events after it (a parked call's approval)."""
     path: Path
     header: dict
     events: list
@@ -4492,10 +4474,9 @@ class Recorded:
 
 
 class Trace:
-    """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its rows in traces/index.jsonl, written in this
-    order: the header, the `started` row, one event per line as it happens, the end event, the `closed`
-    row. A run killed in between is started, never closed; a run still going holds its trace's lock, and
-    whoever writes its lines its `pen` (run_tickets). `read` refuses a malformed one in this one place."""
+    """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its index rows, in order: header, `started` row,
+    events, end event, `closed` row. A run killed between is started, never closed; a running one holds its
+    trace's lock, its writers its `pen`. `read` is the one place a malformed trace is refused."""
 
     def __init__(self, fac: Factory, agent: str, run_id: str):
         self.fac, self.agent, self.run_id = fac, agent, run_id
@@ -4508,8 +4489,8 @@ class Trace:
 
     @classmethod
     def start(cls, fac: Factory, header: dict) -> "Trace":
-        """A new trace: its header line, then the run's `started` row (a run refused at either is not counted:
-        its trace is removed); events go through one handle, locked once (open_log)."""
+        """A new trace: header, then the `started` row (a run refused at either is not counted: its trace is
+        removed)."""
         trace = cls(fac, header["agent"], header["run_id"])
         trace.header, trace.log = header, fac.store.open_log(trace.path)
         trace.record({"format": TRACE_FORMAT, **header})
@@ -4523,8 +4504,8 @@ class Trace:
         return trace
 
     def record(self, event: dict) -> None:
-        """Append one event, with the time it is written unless it has its own `at`: through the run's own
-        handle, or, for a trace opened later (an approval), under the lock."""
+        """Append one event, stamped `at` unless it has one: held on the run's handle, or (a trace opened later)
+        appended under the lock."""
         event = {"at": utc_now(), **event}
         with self.pen:
             if self.log is not None:
@@ -4533,13 +4514,13 @@ class Trace:
                 self.fac.store.append_jsonl(self.path, event)
 
     def flush(self) -> None:
-        """Write the run's events held so far (before a model's call and an effect)."""
+        """Write the events held so far."""
         with self.pen:
             if self.log is not None:
                 self.log.flush()
 
     def release(self) -> None:
-        """Write what is held and let go of the run's handle (idempotent; later events append under the lock)."""
+        """Write what is held and let go of the handle (idempotent)."""
         if self.log is not None:
             with contextlib.suppress(StoreError):   # one that failed already said why
                 self.flush()
@@ -4547,8 +4528,8 @@ class Trace:
             self.log = None
 
     def close(self, row: dict) -> None:
-        """End the run: the end event (END_FIELDS of the row), then the sealed `closed` row (all but
-        NOT_INDEXED). A trace moved while the run wrote it is said in the row's reason and a note."""
+        """The end event (END_FIELDS), then the sealed `closed` row (all but NOT_INDEXED); a trace moved mid-run
+        is said in the reason and a note."""
         if self.log is not None and self.log.moved():
             moved = f"the trace was moved away from {self.fac.shown(self.path)} while the run wrote it"
             row["reason"] = "; ".join(filter(None, (row.get("reason"), moved)))
@@ -4565,9 +4546,8 @@ class Trace:
 
     @staticmethod
     def read(fac: Factory, run_id: str, agent: str | None = None) -> Recorded:
-        """The trace of a run (found by its id alone when agent is None); Refusal naming the file and line
-        for an odd run id, a missing trace, a header that is not ours, or an event replay relies on
-        that is malformed."""
+        """A run's trace (found by id alone when agent is None); Refusal naming file and line for an odd id, no
+        trace, a header not ours, or a malformed event replay relies on."""
         path = fac.trace_path(agent, run_id) if agent else find_trace(fac, run_id)
         where, events, end, later = fac.shown(path), [], None, []
         for number, event in fac.store.read_jsonl(path):   # every line is read: a torn one is refused
@@ -4585,7 +4565,7 @@ class Trace:
 
 
 def check_header(header: dict, where: str) -> None:
-    """Refusal unless the first line of a trace is our header, of today's format (not migrated before 1.0)."""
+    """Refusal unless line 1 is our header, of today's format (not migrated before 1.0)."""
     if header.get("format") != TRACE_FORMAT and str(header.get("format")).startswith("factory-trace-"):
         raise Refusal(f"{where}: a {visible(header['format'])} trace, not {TRACE_FORMAT}: written by an older factory")
     if not (header.get("format") == TRACE_FORMAT and isinstance(header.get("agent"), str)
@@ -4596,7 +4576,7 @@ def check_header(header: dict, where: str) -> None:
 
 
 def check_event(event: dict, where: str) -> None:
-    """Refusal naming the line when an event lacks what replay and harvest read from it."""
+    """Refusal naming the line for an event lacking what replay and harvest read."""
     shape = EVENT_SHAPES.get(event.get("event"))
     if shape is not None:
         shape.check(event, where)
@@ -4605,7 +4585,7 @@ def check_event(event: dict, where: str) -> None:
 
 
 def find_trace(fac: Factory, run_id: str) -> Path:
-    """traces/AGENT/RUN_ID.jsonl for a run id; Refusal when the id is odd or unknown."""
+    """traces/AGENT/RUN_ID.jsonl; Refusal for an odd or unknown id."""
     if not RUN_ID.fullmatch(run_id or ""):
         raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
     found = sorted(fac.traces.glob(f"*/{run_id}.jsonl"))
@@ -4615,8 +4595,8 @@ def find_trace(fac: Factory, run_id: str) -> Path:
 
 
 def index_lines(fac: Factory, start: tuple[int, int] = (0, 0)) -> Iterator[tuple[int, dict]]:
-    """(line number, row) for every row of the index from `start` (byte offset, lines before it), streamed,
-    each checked against its state's shape; nothing with no index."""
+    """(line number, row) of each index row from `start` (byte offset, lines before), streamed, each checked
+    against its state's shape."""
     if not fac.index.exists():
         return
     where = fac.shown(fac.index)
@@ -4648,22 +4628,19 @@ MODES = {
 
 
 def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients, run_id: str | None) -> "llm.Worker":
-    """The llm.Worker for this agent: the card's models, this factory's env, the agent's offline rules,
-    the station's circuit breaker, shared by every worker of a batch, and the run (its traceparent)."""
+    """The agent's llm.Worker, sharing the station's circuit breaker; `run_id` gives its traceparent."""
     return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input,
                       breaker=clients.breaker, run_id=run_id, prices=agent.card.get("prices"))
 
 
 class ToolsOnFirstUse(Mapping):
-    """A run's own tools (name -> callable), made by `make()` when the run first reads one: only a call
-    the broker executes at once (a read) needs them, so a run whose calls are all held, denied or
-    recorded makes none; held calls are committed later with tools of their own (settle_held)."""
+    """A run's own tools, made when first read: only a call executed at once (a read) needs them; held calls are
+    committed with tools of their own (settle_held)."""
 
     def __init__(self, make: Callable[[], dict]):
         self.make, self.made = make, None
 
     def tools(self) -> dict:
-        """The tools, made on the first call."""
         if self.made is None:
             self.made = self.make()
         return self.made
@@ -4672,8 +4649,8 @@ class ToolsOnFirstUse(Mapping):
         return self.tools()[name]
 
     def get(self, name: str, default=None):
-        """The tool, or default; what making the tools raises goes up, a KeyError too (Mapping.get would
-        take that for a missing name)."""
+        """The tool or default; an error making the tools goes up, a KeyError too (Mapping.get would take it for
+        a missing name)."""
         return self.tools().get(name, default)
 
     def __iter__(self) -> Iterator[str]:
@@ -4686,9 +4663,9 @@ class ToolsOnFirstUse(Mapping):
 def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *, tier: str = "C0",
                run_id: str | None = None, worker: "llm.AnyWorker | None" = None, tools: dict | None = None,
                clients: Clients | None = None) -> Loop:
-    """A loop for one of MODES: its broker at `tier` with the agent's policy and contracts, the tools (the
-    agent's own for run and approve, else `tools`), the worker (else the agent's llm.Worker through the
-    station's `clients`), and for a run, spills and the run gate; every event goes to `record`."""
+    """A loop for one of MODES: broker at `tier`, the agent's own tools for run and approve (else `tools`), the
+    worker (else the agent's llm.Worker via `clients`), and for a run spills and the run gate; events to
+    `record`."""
     how = MODES[mode]
     if clients is None and (how.watched or how.asks and worker is None):
         clients = Clients(fac.env)
@@ -4708,15 +4685,15 @@ NO_VISIBLE_TEXT = "the input has no visible text: a run needs a ticket with text
 
 
 def is_blank(text: str) -> bool:
-    """True when text holds nothing a reader would see: only whitespace, control and format (invisible) characters."""
+    """True when text holds only whitespace, control and format (invisible) characters."""
     return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in text)
 
 
 def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
             tier: str | None = None, clients: Clients | None = None, effect_tags: dict | None = None) -> dict:
-    """Run a certified agent on one input at `tier` (default: the certificate's) with the station's
-    `clients`: loop, gate, settling, verdict, trace and index rows; the row. Each effect it commits
-    carries `effect_tags`. Refusal for a blank input, before a run id is made."""
+    """Run a certified agent on one input at `tier` (default the certificate's): loop, gate, settling, verdict,
+    trace and index rows; the row. Committed effects carry `effect_tags`. Refusal for a blank input, before a
+    run id."""
     if is_blank(task_text(task_input)):
         raise Refusal(NO_VISIBLE_TEXT)
     tier, clients = tier or cert["tier"], clients or Clients(fac.env)
@@ -4743,8 +4720,8 @@ def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str |
 
 def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: Trace, loop: Loop, status: str,
               tier: str) -> dict:
-    """Gate the output and every held call, settle each held call (none when interrupted), derive the verdict,
-    close the trace; the run's row. Nothing outside traces/ is written before the gate has answered."""
+    """Gate the output and held calls, settle them (none when interrupted), derive the verdict, close the trace;
+    the row. Nothing outside traces/ is written before the gate answers."""
     if status == "interrupted":
         loop.reason = f"interrupted by {signal.Signals(fac.halt.signum).name}" if fac.halt.signum else "interrupted"
     cost = cost_problem(fac, agent, loop)
@@ -4775,7 +4752,7 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
 
 
 def cost_problem(fac: Factory, agent: Agent, loop: Loop) -> str | None:
-    """Why the run's cost is not within its envelope (unknown, and why; or over it), else None."""
+    """Why the cost is not within the envelope (unknown and why, or over it), else None."""
     envelope = agent.card["cost_envelope_usd"]
     if loop.cost is None:
         return unknown_cost(fac, agent.card, loop.unpriced)
@@ -4783,20 +4760,20 @@ def cost_problem(fac: Factory, agent: Agent, loop: Loop) -> str | None:
 
 
 def unknown_cost(fac: Factory, card: dict, why: str) -> str:
-    """'cost unknown: WHY', and where to declare a price when WHY is a missing one."""
+    """'cost unknown: WHY', naming where to declare a missing price."""
     return f"cost unknown: {why}" + f"; declare one in {fac.shown(fac.card_path(card['agent']))} (prices)" * why.startswith("no price")
 
 
 def unpriced(fac: Factory, card: dict) -> str | None:
-    """unknown_cost for the card's models (its rules aside) that neither its `prices` nor llm.PRICES price,
-    whose every run is routed to a human; None when each is priced."""
+    """unknown_cost for the card's models that neither its `prices` nor llm.PRICES price (each of their runs
+    goes to a human); None when all are priced."""
     declared = llm.declared_prices(card.get("prices"))
     models = [m for m in card_models(card) if m != "offline" and llm.price_row(m, declared) is None]
     return unknown_cost(fac, card, f"no price for {', '.join(models)}") if models else None
 
 
 def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, cost: str | None) -> dict:
-    """The output gate's answer for a finished run, or `not-run` for a run that did not finish."""
+    """The gate's answer for a finished run; `not-run` otherwise."""
     if status == "done":
         return gate_output(clients, agent, loop.task, loop.output, loop.broker.held, cost)
     return {"result": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
@@ -4805,9 +4782,9 @@ def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, cost: str 
 
 def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Broker, tier: str, gate: dict,
                 handed_off: bool) -> Settled:
-    """Carry out broker.settle's decision on each held call, in call order, each recorded as a `settled`
-    event: commit it (its row names the run, the gate result and p), park it, queue a draft for review
-    (one handle, locked until every call is settled), or record what the run would have done."""
+    """Carry out broker.settle on each held call in order, each a `settled` event: commit it (its row naming
+    run, gate result and p), park it, queue it for review (one handle, locked till all are settled), or record
+    what it would have done."""
     done, tags, committing = Settled(), {"gate": gate["result"], "p": gate["p"]}, None
     queue = fac.store.open_log(fac.review_path(agent.name))
     try:
@@ -4840,8 +4817,8 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
 
 
 def to_review(queue: Store.Log, run_id: str, settlement, tags: dict) -> dict:
-    """Append one held draft to the human's review queue (`queue`, outbox/AGENT/review.jsonl), marked routed
-    to a human with the reason: {"path"} where it went, or {"error"} when it could not be written."""
+    """Append a held draft to the review queue, routed to a human: {"path"}, or {"error"} when it could not be
+    written."""
     call = settlement.call
     row = {"run_id": run_id, "seq": call.seq, "tool": call.tool, "args": call.args, "routed": "human",
            "why": settlement.why, **tags, "at": utc_now()}
@@ -4853,9 +4830,9 @@ def to_review(queue: Store.Log, run_id: str, settlement, tags: dict) -> dict:
 
 
 def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome, gate: dict) -> Path:
-    """Store one held acting call for approval, sealed whole with the evidence MAC: its run, number, exact
-    arguments and digest, certificate, staging and expiry, the gate's answer, and the digests of the ticket
-    and output the approve prompt shows; its path."""
+    """Store a held acting call for approval, sealed whole: run, number, exact arguments and digest,
+    certificate, staging and expiry, the gate's answer, and the digests of the ticket and output approve shows;
+    its path."""
     staged = datetime.now(timezone.utc)
     hours = agent.card.get("approval_expiry_hours", 24)
     entry = {"format": PENDING_FORMAT, "run_id": run_id, "call": call, "agent": agent.name,
@@ -4907,8 +4884,7 @@ def announcer(trace: "Trace", call: int, writes: list):
 # ---- the proving ground: every tool a recorder
 
 def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None = None) -> dict:
-    """Run one case with every tool a recorder (dry mode) and judge it against `expect`; `seconds` is
-    its wall time."""
+    """One case, every tool a recorder, judged against `expect`; `seconds` is its wall time."""
     started, events = time.monotonic(), []
     loop = build_loop(fac, agent, "prove", events.append, case["input"], clients=clients)
     status = run_loop(loop)
@@ -4934,8 +4910,8 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
 
 
 def case_fields(agent: Agent, case: dict) -> dict:
-    """What a case's result takes from the case itself: id, synthetic, source, and `labels`, the values it
-    expects of the output's enum fields."""
+    """What a result takes from its case: id, synthetic, source, label_source, expects_handoff, and `labels`
+    (its expected enum fields)."""
     return {"id": case["id"], "synthetic": case.get("source") == "synthetic",
             "source": str(case.get("source") or "unnamed").split(":")[0], "label_source": case.get("label_source", UNRECORDED),
             "expects_handoff": case["expect"].get(agent.handoff_field) if type(case["expect"].get(agent.handoff_field)) is bool
@@ -4945,7 +4921,7 @@ def case_fields(agent: Agent, case: dict) -> dict:
 
 
 def draft_items(agent: Agent, cases: list[dict], results: list[dict], indices: list[int]) -> list:
-    """(content, scale Question) for the drafts of the cases at `indices`."""
+    """(content, scale Question) of the drafts at `indices`."""
     rubric = agent.card["draft_rubric"]
     question = sage.Question(kind="scale", instructions=rubric["instructions"], levels=rubric["levels"])
     return [(f"Input:\n{task_text(cases[i]['input'])}\n\nThe agent's {agent.draft_field}:\n{results[i]['draft']}", question)
@@ -4962,8 +4938,8 @@ RUBRIC_STATES = {   # a draft rubric's state in a proof -> what it means; `faile
 
 
 def scoring_problem(client) -> tuple[str, str] | None:
-    """(rubric state, draft note) when drafts cannot be scored at all: ('no key', 'unscored (no key)')
-    or ('failed', 'scoring FAILED (...)') for a decision model that is set up wrong; else None."""
+    """(rubric state, draft note) when no draft can be scored (no key, or a decision model set up wrong); else
+    None."""
     try:
         client.batch([])
     except sage.NoKey:
@@ -4974,9 +4950,8 @@ def scoring_problem(client) -> tuple[str, str] | None:
 
 
 def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple[list[dict], str, str]:
-    """Run every case (`jobs` at a time, results in input order, one circuit breaker for all their
-    model calls) while their drafts are scored in batches of 16 as soon as 16 are ready; returns
-    (results, rubric state, draft note)."""
+    """Run the cases `jobs` at a time (results in order, one circuit breaker) while drafts are scored in batches
+    as each fills; (results, rubric state, draft note)."""
     rubric = agent.card.get("draft_rubric")
     client = sage.Sage.from_env(fac.env, timeout=30.0, retries=2)
     problem = ("none", "no rubric") if not rubric else scoring_problem(client)
@@ -5003,8 +4978,7 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
 
 def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], minimum: int,
                        field_name: str) -> tuple[str, str]:
-    """Record each draft's score; a case under the rubric's min fails. Returns (rubric state, draft note):
-    'failed' when any scoring call failed, 'unscored' (naming the field) when there was no draft to score."""
+    """Record each score (a draft under `minimum` fails its case); (rubric state, draft note)."""
     failures = [answer for _, answer in answered if isinstance(answer, sage.SageError)]
     for i, answer in answered:
         if not isinstance(answer, sage.SageError) and answer.expectation is not None:
@@ -5018,7 +4992,7 @@ def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], 
 
 
 def scored_note(results: list[dict]) -> str:
-    """The draft note of scored drafts: their mean score and how many."""
+    """'MEAN/4 on N' of the scored drafts."""
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
     return f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}"
 
@@ -5026,29 +5000,28 @@ def scored_note(results: list[dict]) -> str:
 # ---- the proof's record: exit status, summary line, --json and --junit all read its verdict (broker.proof_verdict)
 
 def card_models(card: dict) -> list[str]:
-    """The model ids the card names, primary first (`offline` included when the card names it)."""
+    """The card's model ids, primary first (`offline` when named)."""
     return [m for m in (card["model"]["primary"], card["model"].get("fallback")) if m]
 
 
 def answered_by_card_models(card: dict, result: dict) -> bool:
-    """True when every reply of one case named a model the card names (llm.same_model), none the agent's
-    rules unless the card names `offline` and they answered from the start."""
+    """True when each reply of a case named a card model (llm.same_model), the rules only when the card names
+    `offline` and they answered from the start."""
     backends, rules_named = result["backends"], "offline" in card_models(card)
     return bool(backends) and all(not b.startswith("offline") or (b == "offline" and rules_named) for b in backends) \
         and not other_models(card, result["models"])
 
 
 def other_models(card: dict, models: list[str]) -> list[str]:
-    """Those of `models` (as replies named them; '' is none) the card does not name."""
+    """Those of `models` ('' is none) the card does not name."""
     return [m or "none named" for m in models if not any(llm.same_model(c, m) for c in card_models(card))]
 
 
 def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results: list, rubric: str, draft: str,
                  require_model: bool = False, cost_line: str | None = None) -> dict:
-    """The record of one proof (format factory-proof-2) with its verdict; a sealed record names failing
-    case ids only, an open one says why each case failed. `require_model` (prove --require-model) makes
-    a case the card's models did not answer fail the proof (model_answered counts the ones they did).
-    `cost_line` says why a production run's cost is unknown (cost_unknown counts the cases whose was)."""
+    """A proof's record (RECORD_FORMAT) with its verdict: a sealed one names failing case ids only, an open one
+    why each failed. `require_model` fails a case the card's models did not answer; `cost_line` says why a
+    production run's cost is unknown."""
     bar = agent.card["evals"]["pass_bar"]
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
     failures = [r["id"] if half == "sealed" else
@@ -5076,8 +5049,8 @@ def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results
 # ---- sharded proofs: a slice of a half per CI runner (broker.merge_shards decides the merge)
 
 def blinded(fac: Factory, case_id: str) -> str:
-    """A case id as a shard record names it: its HMAC under the evidence key, so a record CI uploads says
-    nothing of which sealed case passed."""
+    """A case id as a shard names it: its HMAC under the evidence key, so an uploaded record says nothing of
+    which sealed case passed."""
     key = evidence_key(fac, create=True)
     refuse_if(key is None and f"a shard needs the evidence key (FACTORY_EVIDENCE_KEY, or {fac.evidence_key_path})")
     return hmac_hex(key, utf8(f"case {case_id}"))
@@ -5085,7 +5058,7 @@ def blinded(fac: Factory, case_id: str) -> str:
 
 def shard_record(fac: Factory, agent: Agent, half: str, suite: str, suite_digest: str, shard: tuple[int, int],
                  results: list, rubric: str, draft: str) -> dict:
-    """A shard's record (SHARD_FORMAT): what it proved and each case's outcome by blinded id; no verdict."""
+    """A shard's record: each case's outcome by blinded id; no verdict."""
     keep = OUTCOME + (OPEN_OUTCOME if half == "open" else ())
     return {"format": SHARD_FORMAT, "agent": agent.name, "half": half, "suite": suite, "suite_digest": suite_digest,
             "digest": agent.digest, "shard": list(shard), "at": utc_now(), "rubric": rubric, "draft_check": draft,
@@ -5094,8 +5067,8 @@ def shard_record(fac: Factory, agent: Agent, half: str, suite: str, suite_digest
 
 def merged_results(fac: Factory, agent: Agent, half: str, suite_digest: str, cases: list[dict],
                    paths: list[Path]) -> tuple[list[dict], str, str]:
-    """(results in suite order, rubric state, draft note) of the whole half from its shard records;
-    Refusal naming a record that does not verify, or as merge_shards says."""
+    """(results in suite order, rubric state, draft note) of a half from its shard records; Refusal for a record
+    that does not verify, or as merge_shards says."""
     records = [(fac.shown(path), fac.store.read_json(path)) for path in paths]
     for where, record in records:
         refuse_if(evidence_problem(fac, record) and f"{where}: {evidence_problem(fac, record)}")
@@ -5112,15 +5085,13 @@ def merged_results(fac: Factory, agent: Agent, half: str, suite_digest: str, cas
 # ---- replay: a recorded run against today's code
 
 def recorded_digest(fac: Factory, value) -> str:
-    """The sha256 of value as the Store writes it into a JSONL line (secrets scrubbed, a lone surrogate as
-    U+FFFD): the value read back from that line has the same digest (how a parked call seals the ticket and
-    the output its run's trace holds)."""
+    """sha256 of value as the Store writes it in a JSONL line (secrets scrubbed, a lone surrogate as U+FFFD), so
+    the value read back has the same digest."""
     return sha256(fac.store.line({"value": value}))
 
 
 def recorded_reply(event: dict) -> "llm.Reply":
-    """An llm.Reply rebuilt from one `model` trace event, with its stop reason (a trace written before stop
-    reasons were recorded gets one from its upgrade step: tool_use with tool calls, else end)."""
+    """An llm.Reply rebuilt from a `model` trace event."""
     calls = tuple(llm.ToolCall(c["id"], c["name"], c["args"]) for c in event.get("tool_calls", []))
     return llm.Reply(event.get("text", ""), calls, event.get("usage", {}), event.get("cost_usd"),
                      event.get("model", ""), "replay", 0.0, stop_reason=event.get("stop_reason", ""),
@@ -5128,8 +5099,8 @@ def recorded_reply(event: dict) -> "llm.Reply":
 
 
 def recorder_tools(events: list[dict], contracts: dict) -> dict:
-    """Tools that do what each executed call of the trace did, in order per tool: hand back its result, or raise its
-    failure again under its recorded class name; nothing executes."""
+    """Tools doing what each executed call of the trace did, in order per tool: its result, or its failure
+    raised again under its class name."""
     done: dict[str, list[dict]] = {}
     by_seq = {e["seq"]: e["content"] for e in events if e.get("event") == "tool_result"}
     for event in events:
@@ -5148,7 +5119,7 @@ def recorder_tools(events: list[dict], contracts: dict) -> dict:
 
 
 def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loop: Loop, status: str) -> list[str]:
-    """What differs between a recorded run and its replay: tool calls and verdicts, status, output."""
+    """What differs between a recorded run and its replay: tool calls, status, output."""
     def calls(events):
         return [(e["tool"], e.get("args_digest"), e["ruling"]) for e in events if e.get("event") == "tool"]
     then, today = calls(recorded), calls(now)
@@ -6816,7 +6787,7 @@ CHECKPOINT_ROWS = 1000       # a count of this many rows or more leaves a checkp
 
 
 def unread(fac: Factory, tally: IndexTally, row, number: int) -> None:
-    """Why index line `number` (a Refusal, a misshapen row) is not counted, in its agent's problems."""
+    """Why index line `number` is not counted, in its agent's problems (else the tower's)."""
     if type(row) is not dict:
         tally.problems.append(f"{row}; not counted")
         return
@@ -6827,8 +6798,8 @@ def unread(fac: Factory, tally: IndexTally, row, number: int) -> None:
 
 
 def count_index(fac: Factory, tally: IndexTally, key: bytes | None) -> int:
-    """Count into tally the whole lines of the index after its head, each link checked (and MAC, where it is
-    evidence); the lines read. A file that cannot be read is a problem line."""
+    """Count the whole index lines after tally's head into it, each link checked (and MAC, where evidence); the
+    lines read. An unreadable file is a problem line."""
     import hashlib
     head, read, sha = tally.head, 0, hashlib.sha256
     prev, end, number = head["hash"], head["bytes"], head["lines"]
@@ -6849,8 +6820,8 @@ def count_index(fac: Factory, tally: IndexTally, key: bytes | None) -> int:
 
 
 def index_tally(fac: Factory) -> IndexTally:
-    """The index's tally, counted once per station: from the checkpoint when it verifies, was counted by this
-    code and still matches the index at its head (else from the first row, noted)."""
+    """The index's tally, once per station: from the checkpoint when it verifies, was counted by this code and
+    matches the index at its head; else from the first row, noted."""
     if fac.store.tally is not None:
         return fac.store.tally
     key, path = evidence_key(fac, create=False), fac.traces / "tally.json"
@@ -6886,9 +6857,9 @@ def code_digest() -> str:
 
 
 def tower_document(fac: Factory) -> dict:
-    """Everything the tower shows (the --json shape, TOWER_FORMAT): per agent with runs, a card or a
-    certificate, its run figures (the index's tally, the humans' decisions folded in) and its trust. What
-    cannot be read is a line in `problems` and the document is `partial`; it never hides other agents."""
+    """The tower (--json, TOWER_FORMAT): each agent with runs, a card or a certificate, its figures (the index's
+    tally, humans' decisions folded in) and trust. What cannot be read is a line in `problems`, and the document
+    is `partial`; it never hides other agents."""
     calls, counted = parked(fac), index_tally(fac)
     problems, tallies = list(counted.problems), {name: from_state(Tally, json_state(t)) for name, t in counted.agents.items()}
     problems += [line for line in (index_problem(fac), counted.torn) if line]
@@ -6911,7 +6882,7 @@ def tower_document(fac: Factory) -> dict:
 
 @dataclass
 class ParkedCounts:
-    """One agent's parked calls as `pending` lists them, and its parked files unread or missing."""
+    """One agent's parked calls as `pending` counts them, and its parked files unread or missing."""
     pending: int = 0                    # waiting: pending, or of unknown state while the log cannot be read
     uncertain_effect: int = 0
     stuck: dict = field(default_factory=dict)      # state -> calls that cannot be approved: STUCK, or executing now
@@ -6919,7 +6890,7 @@ class ParkedCounts:
 
 
 def calls_by_agent(fac: Factory, calls: Parked, problems: list[str]) -> dict[str, ParkedCounts]:
-    """agent -> its ParkedCounts; a parked file unread or missing is its run's agent's problem, else the tower's."""
+    """agent -> ParkedCounts; an unread or missing parked file is its run's agent's problem, else the tower's."""
     found: dict[str, ParkedCounts] = {}
     for entry in calls.entries:
         state = calls.states[entry["run_id"], entry["call"]]
@@ -6935,7 +6906,7 @@ def calls_by_agent(fac: Factory, calls: Parked, problems: list[str]) -> dict[str
 
 
 def run_agent(fac: Factory, run_id: str) -> str | None:
-    """The agent whose trace folder holds RUN_ID's trace; None when none does."""
+    """The agent whose folder holds RUN_ID's trace, or None."""
     try:
         return find_trace(fac, run_id).parent.name
     except Refusal:
@@ -6943,8 +6914,7 @@ def run_agent(fac: Factory, run_id: str) -> str | None:
 
 
 def misshapen_row(shape: Shape, row: dict, where: str) -> str:
-    """The line naming what is wrong with an index row that does not fit its shape, or (a closed row)
-    whose figures no run can have."""
+    """Why an index row is not counted: its shape, or (closed) figures no run can have."""
     try:
         shape.check(row, where)
     except Refusal as why:
@@ -6954,9 +6924,8 @@ def misshapen_row(shape: Shape, row: dict, where: str) -> str:
 
 
 def figure_problem(row: dict) -> str | None:
-    """What is wrong with the figures of a closed index row, naming the field (acted, staged, cost_usd in
-    0..MAX_FIGURE, p in 0..1 or null, each backend a name); None when the tower can count it, so every
-    sum stays finite."""
+    """What is wrong with a closed row's figures (FIGURE_RANGES, backends as names), naming the field, so every
+    sum stays finite; else None."""
     for name, highest in FIGURE_RANGES:
         value = row.get(name)
         if value is not None and not 0 <= value <= highest:
@@ -6967,13 +6936,13 @@ def figure_problem(row: dict) -> str | None:
 
 
 def figure_text(value) -> str:
-    """A number as a refusal shows it: itself, or how many digits it has when it is longer than 24 characters."""
+    """A number as a refusal shows it, or its digit count past 24 characters."""
     text = str(value)
     return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
 def current_cert(fac: Factory, name: str) -> dict:
-    """NAME's certificate as it reads, {} when there is none or it does not read (trust_of says which)."""
+    """NAME's certificate, {} when none or unreadable (trust_of says which)."""
     try:
         path = fac.cert_path(name)
         return fac.store.read_json(path) if fac.store.exists(path) else {}
@@ -6982,16 +6951,16 @@ def current_cert(fac: Factory, name: str) -> dict:
 
 
 def known_agents(fac: Factory) -> list[str]:
-    """Every agent with a card or a certificate, whether or not it has run."""
+    """Every agent with a card or a certificate."""
     cards = [path.stem for path in fac.masters.glob("*.json")]
     certs = [path.name[:-len(".card.json")] for path in fac.registry.glob("*.card.json")]
     return [name for name in cards + certs if NAME.fullmatch(name)]
 
 
 def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
-    """(NAME's trust for the tower document, problems): what the run station's guards say of its
-    certificate, each guard after the certificate's own asked on its own (a revoked certificate is also
-    seen to be stale); and the drift watch. A file a check could not read is a problem."""
+    """(NAME's trust, problems): what the run station's guards say of its certificate, each guard after the
+    certificate's own asked alone (a revoked one is also seen stale), and the drift watch; a file a check could
+    not read is a problem."""
     claim, unread = Claim(fac, name, "run"), set()
     results = check_guards(claim, CERTIFICATE_GUARDS, unread)
     verified = not results[-1][1]
@@ -7020,13 +6989,12 @@ UNVERIFIED_AS = {"signer key": "cannot be checked here (its signer's key, ssh-ke
 
 
 def unverified_kind(claim: Claim, lines: dict) -> str:
-    """none (there is no certificate) or unverified (it does not verify), for a certificate whose
-    guards read every file they needed."""
+    """none (no certificate) or unverified, for guards that read every file they needed."""
     return "none" if "certificate" in lines and claim.cert is None else "unverified"
 
 
 def trust_summary(trust: dict) -> str:
-    """One phrase for an agent's trust, the same in the tower's text and HTML."""
+    """One phrase for an agent's trust, the text's and the page's."""
     if trust["certificate"] == "unreadable":
         return f"not checked ({', '.join(trust['refused_by'])})"
     if trust["certificate"] != "verified":
@@ -7039,7 +7007,7 @@ def trust_summary(trust: dict) -> str:
 
 
 def gate_bar(fac: Factory, name: str) -> float | None:
-    """The gate threshold on NAME's card, or None when the card is gone or unreadable."""
+    """The gate bar on NAME's card; None when it is gone or unreadable."""
     try:
         return load_card(fac, name)["evals"]["gate"]
     except Refusal:
@@ -7051,21 +7019,20 @@ TOWER_COLUMNS = (("agent", -16), ("runs", 7), ("pass", 7), ("acted", 6), ("stage
 
 
 def tower_cells(agent: dict) -> list[str]:
-    """An agent's row of the tower table (TOWER_COLUMNS), as the text and the page both show it."""
+    """An agent's row of the table (TOWER_COLUMNS), text and page alike."""
     return [agent["agent"], *map(str, (agent["runs"], percent_text(agent["pass_rate"]), agent["acted"], agent["staged"],
                                        usd_text(agent["cost_usd"]), agent["denied"], agent["unscored"], agent["unfinished"])),
             ", ".join(agent["backends"]) or "-"]
 
 
 def table_line(cells: list[str]) -> str:
-    """One line of the text table: each cell in its column's width, the last (backends) after two spaces."""
+    """One line of the text table, each cell in its column's width."""
     fitted = [f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}" for cell, (_, width) in zip(cells, TOWER_COLUMNS)]
     return " ".join(fitted[:-1]) + "  " + cells[-1]
 
 
 def print_tower(doc: dict) -> None:
-    """The terminal table, from the tower document alone: one row per agent, then the lines under it
-    (agent_lines); then the tower's own problems."""
+    """The terminal table from the document: a row per agent and the lines under it, then the tower's problems."""
     print(table_line([name for name, _ in TOWER_COLUMNS]))
     for agent in doc["agents"]:
         print(table_line(tower_cells(agent)))
@@ -7080,10 +7047,9 @@ def print_tower(doc: dict) -> None:
 
 
 def agent_lines(agent: dict) -> list[tuple[str, str]]:
-    """(kind, line) of each line under an agent's row, the text's and the page's alike: trust, and the run
-    station's refusal lines behind it (each once, but those its problems show; none for an uncertified
-    agent); its parked calls as `pending` lists them; the sealed score; gate pass; verdicts; drift; the
-    gate's p; runs of unknown cost; unfinished runs; problems."""
+    """(kind, line) under an agent's row, text and page alike: trust and the refusals behind it (each once, none
+    its problems show, none for an uncertified agent), parked calls, reviews, sealed score, gate pass, verdicts,
+    drift, gate p, unknown costs, unfinished runs, problems."""
     trust, gate_p, bar = agent["trust"], agent["gate_p"], agent["gate_bar"]
     why = [] if trust.get("certificate") in ("none", None) else [line for line in dict.fromkeys(
         trust.get(k) for k in ("refusal", "revoked", "recalled", "stale")) if line and line not in agent["problems"]]
@@ -7108,8 +7074,7 @@ def agent_lines(agent: dict) -> list[tuple[str, str]]:
 
 
 def with_p_text(with_p: int, runs: int) -> str:
-    """How many of an agent's runs the gate's p histogram holds (a gated run whose row has no p is a run,
-    and not in the histogram)."""
+    """How many runs the gate-p histogram holds (a gated row with no p is a run, not in it)."""
     return f"{with_p} of {runs} runs with a gate p"
 
 
@@ -7125,30 +7090,30 @@ TOWER_CSS = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:col
 
 
 def html_text(value) -> str:
-    """value as text inside HTML that is also XML (xml_safe, then escaped)."""
+    """value as text in HTML that is also XML."""
     return xml_safe(str(value)).translate(HTML_ESCAPES)
 
 
 def html_row(cells, tag: str = "td", bar: str = "") -> str:
-    """One table row of cells (each made text), then `bar`, a bar cell."""
+    """A table row of cells, then the bar cell `bar`."""
     return "<tr>" + "".join(f"<{tag}>{html_text(cell)}</{tag}>" for cell in cells) + bar + "</tr>"
 
 
 def bar_cell(count: float, most: float, style: str = "", kind: str = "") -> str:
-    """A table cell whose bar is as long as count is of most: the bar and the figure beside it are one number."""
+    """A cell whose bar is count's share of most: bar and figure are one number."""
     width = 100 * count / most if most else 0
     return f'<td class="bar"><span class="{kind}" style="width:{width:.1f}%{style}"></span></td>'
 
 
 def chart(kind: str, caption: str, head: tuple, rows: list[str]) -> str:
-    """One chart: a table (data-chart=kind) with a caption, a header row and rows ending in a bar cell."""
+    """A table (data-chart=kind) with caption, header and rows ending in a bar cell."""
     return (f'<table data-chart="{kind}"><caption>{html_text(caption)}</caption>{html_row(head, "th")}'
             + "".join(rows) + "</table>")
 
 
 def agent_charts(agent: dict) -> str:
-    """An agent's three charts: the gate's p by tenths against the gate bar, each day's pass rate over scored
-    runs and cost per run, and the verdicts in their own colours."""
+    """An agent's charts: gate p by tenths against the bar, each day's pass rate and cost per run, verdicts in
+    their colours."""
     counts, bar, most = agent["gate_p"]["counts"], agent["gate_bar"], max(agent["gate_p"]["counts"] + [1])
     tenths = [html_row([f"{k / P_BINS:.1f}-{(k + 1) / P_BINS:.1f}", count],
                        bar=bar_cell(count, most, kind="passing" if bar is not None and k / P_BINS >= bar else ""))
@@ -7167,7 +7132,7 @@ def agent_charts(agent: dict) -> str:
 
 
 def agent_section(agent: dict) -> str:
-    """<section data-agent=NAME>: its name, the lines the text prints under its row, and its charts."""
+    """<section data-agent=NAME>: its name, the text's lines, its charts."""
     trust = agent["trust"]
     state = ("demoted" if trust["demoted"] else "may-run") if trust["may_run"] else \
         "none" if trust["certificate"] == "none" else "refused"
@@ -7177,8 +7142,8 @@ def agent_section(agent: dict) -> str:
 
 
 def render_tower_html(doc: dict) -> str:
-    """The tower document as one self-contained page, HTML that is also XML, with no script: the text tower's
-    table and the lines under each row, word for word, then each agent's charts (agent_charts)."""
+    """The document as one self-contained page, HTML that is also XML, no script: the text's table and lines
+    word for word, then each agent's charts."""
     top = [f"problem: {line}" for line in doc["problems"]] + [PARTIAL_LINE] * doc["partial"]
     rows = "".join(html_row(tower_cells(agent)) for agent in doc["agents"])
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/><title>tower</title>'
@@ -7194,15 +7159,14 @@ def render_tower_html(doc: dict) -> str:
 # @station functions, and main, the one place a Refusal becomes a line on stderr and an exit status.
 
 def print_block(text: str, file=None) -> None:
-    """Print text the line made itself (JSON from json.dumps, whose strings hold no raw line break) one
-    line per print: see SafeStream. Never for text holding a value from outside as it is."""
+    """Print text the factory made (json.dumps: no raw line break in its strings) one line per print (see
+    SafeStream); never an outside value as it is."""
     for line in text.split("\n"):
         print(line, file=file)
 
 
 def print_columns(*cells: str) -> None:
-    """One tab-separated line on stdout, as print(*cells, sep="\t") prints it, written at once when stdout is
-    a SafeStream (a pipe gets one write per line, not one per cell, even with PYTHONUNBUFFERED set)."""
+    """print(*cells, sep="\t"), in one write when stdout is a SafeStream (one write per line, even unbuffered)."""
     if isinstance(sys.stdout, SafeStream):
         sys.stdout.write_columns(cells)
     else:
@@ -7210,26 +7174,24 @@ def print_columns(*cells: str) -> None:
 
 
 class SafeStream:
-    """stdout or stderr as the stations print to it: secrets scrubbed, and what a terminal would act on or
-    the encoding cannot hold written as a visible `\\uXXXX`. One print is one line (`visible`).
-    `unfiltered` is the stream underneath, for the progress line's carriage returns."""
+    """stdout or stderr as stations print: secrets scrubbed, what a terminal would act on or the encoding cannot
+    hold written as `\\uXXXX`; one print is one line (`visible`). `unfiltered` is the stream underneath (the
+    progress line's carriage returns)."""
 
     def __init__(self, stream, hidden: tuple[tuple[str, str], ...]):
         self.unfiltered, self.hidden = stream, hidden
         self.target = getattr(stream, "encoding", None) or "utf-8"
 
     def write(self, text: str) -> int:
-        """Write text made safe; returns len(text) as a stream's write does."""
+        """Write text made safe; len(text)."""
         self.unfiltered.write(text if text in SEPARATORS else self.safe(text))
         return len(text)
 
     def safe(self, text: str) -> str:
-        """text as write makes it: secrets scrubbed, controls, line breaks and tabs escaped, encodable."""
         return encodable(visible(redact(text, self.hidden)), self.target)
 
     def write_columns(self, cells: tuple[str, ...]) -> None:
-        """print(*cells, sep="\t") in one write to the stream underneath: each cell made safe as write
-        makes it, so the line's tabs and its end are the only ones in it."""
+        """The cells made safe, tab-separated, in one write: its tabs and end are the only ones."""
         self.unfiltered.write("\t".join(map(self.safe, cells)) + "\n")
 
     def __getattr__(self, name: str):
@@ -7237,15 +7199,15 @@ class SafeStream:
 
 
 def print(*values, sep: str | None = " ", end: str | None = "\n", file=None, flush: bool = False) -> None:
-    """builtins.print as every station prints: a value that is exactly a line feed or a tab (SEPARATORS),
-    which SafeStream cannot tell from print's own sep and end (each is a write of its own), is escaped."""
+    """builtins.print, but a value that is exactly a line feed or a tab (SEPARATORS), which SafeStream cannot
+    tell from sep and end, is escaped."""
     shown = [visible(text) if (text := str(value)) in SEPARATORS else text for value in values]
     builtins.print(*shown, sep=sep, end=end, file=file, flush=flush)
 
 
 def encodable(text: str, encoding: str) -> str:
-    """text with each character `encoding` cannot hold written as a `\\uXXXX` escape (a UTF-16 pair
-    of them above U+FFFF, so the result stays valid inside a JSON string)."""
+    """text with each character `encoding` cannot hold as `\\uXXXX` (a UTF-16 pair above U+FFFF: valid inside a
+    JSON string)."""
     try:
         text.encode(encoding)
         return text
@@ -7265,7 +7227,7 @@ def encodable(text: str, encoding: str) -> str:
 
 @contextlib.contextmanager
 def safe_streams(env: Mapping[str, str]) -> Iterator[None]:
-    """sys.stdout and sys.stderr wrapped in SafeStream for the block, and put back after it."""
+    """sys.stdout and sys.stderr in SafeStream for the block."""
     saved, hidden = (sys.stdout, sys.stderr), secret_values(env)
     sys.stdout, sys.stderr = SafeStream(sys.stdout, hidden), SafeStream(sys.stderr, hidden)
     try:
@@ -7276,8 +7238,8 @@ def safe_streams(env: Mapping[str, str]) -> Iterator[None]:
 
 @dataclass
 class Progress:
-    """Done / total, rate and time left on one stderr line, only when stderr is a terminal and the
-    work has taken longer than a second (no colour; the line is wiped before results print)."""
+    """Done/total, rate and time left on one stderr line, only on a terminal after a second (wiped before
+    results print)."""
     label: str
     total: int
     done: int = 0
@@ -7286,7 +7248,6 @@ class Progress:
     width: int = 0
 
     def tick(self) -> None:
-        """One more item done."""
         self.done += 1
         elapsed = time.monotonic() - self.started
         if self.on_terminal and elapsed > 1.0:
@@ -7296,7 +7257,7 @@ class Progress:
             self.width = len(line)
 
     def clear(self) -> None:
-        """Wipe the progress line so the next stdout line starts clean."""
+        """Wipe the line so the next stdout line starts clean."""
         if self.width:
             self.show("\r" + " " * self.width + "\r")
             self.width = 0
@@ -7315,19 +7276,17 @@ YES = ("y", "yes")   # the answers that sign at certify's prompt and approve at 
 
 
 def answered(answer: str) -> str:
-    """What a human typed at a prompt, for the refusal that declines: quoted, or 'nothing' for enter."""
+    """What was typed at a prompt, for a decline: quoted, or 'nothing (just enter)'."""
     return json.dumps(answer[:40]) if answer else "nothing (just enter)"
 
 
 def user_name(env: Mapping[str, str]) -> str:
-    """Who runs the station, for every record that names them (the owner `new` writes on a card, who
-    recalled in the recall log): $USER, else the login name."""
+    """Who runs the station, for the records naming them: $USER, else the login name."""
     return env.get("USER") or login_name()
 
 
 def login_name() -> str:
-    """Who is at this machine when USER is unset (getpass: LOGNAME, then the password database), or
-    'unassigned' when nobody can be named."""
+    """getpass's login name (LOGNAME, then the password database), or 'unassigned'."""
     import getpass
     try:
         return getpass.getuser()
@@ -7336,25 +7295,23 @@ def login_name() -> str:
 
 
 def typed_answer() -> str:
-    """The line a human typed at a prompt, stripped and lowercased; bytes that are not text in the
-    terminal's encoding are read as U+FFFD (never an answer of `y`), never an error."""
+    """The line typed at a prompt, stripped and lowercased; undecodable bytes read as U+FFFD (never `y`)."""
     raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline().encode()
     return raw.decode(getattr(sys.stdin, "encoding", None) or "utf-8", errors="replace").strip().lower()
 
 
 def stations() -> list:
-    """The station functions (marked with @station), in the order they are defined."""
+    """The @station functions, in definition order."""
     # callable() first: hasattr on the lazily loaded llm and sage modules would load them
     return [value for value in globals().values() if callable(value) and hasattr(value, "station_arguments")]
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, except that a usage error raises Usage (one line naming the station; exit 2) instead
-    of printing the usage block and exiting: main reports it like every other error."""
+    """argparse, but a usage error raises Usage (one line naming the station, exit 2) for main to report."""
     station = ""
 
     def error(self, message: str):
-        """Raise Usage(message) for this parser's station; a mistyped station gets the nearest one's name."""
+        """Usage for this station; a mistyped station names the nearest."""
         typed = re.search(r"argument STATION: invalid choice: '([^']*)'", message)
         if typed and not self.station:
             names = [func.__name__.removeprefix("cmd_") for func in stations()]
@@ -7363,9 +7320,9 @@ class Parser(argparse.ArgumentParser):
         raise Usage(message, self.station)
 
     def _print_message(self, message: str, file=None) -> None:
-        """argparse's own output (help, usage, version), one print per line through SafeStream. A private
-        method of argparse, overridden knowingly: all of its output goes through it, and no public hook
-        does the same (the --help tests would show an argparse that stopped calling it)."""
+        """argparse's output, one print per line through SafeStream. A private argparse method overridden
+        knowingly: all its output goes through it and no public hook does (the --help tests would catch an
+        argparse that stopped calling it)."""
         try:
             for line in message.rstrip("\n").split("\n") if message else []:
                 print(line, file=file or sys.stderr)
@@ -7389,14 +7346,14 @@ progress to stderr."""
 
 
 def wrapped(text: str) -> str:
-    """Text as --help shows it: each paragraph (split at blank lines) re-wrapped to the terminal."""
+    """Text as --help shows it: each paragraph re-wrapped to the terminal."""
     width = min(shutil.get_terminal_size().columns - 2, 100)
     return "\n\n".join(textwrap.fill(" ".join(part.split()), width, break_on_hyphens=False)   # never split --ssh-key
                        for part in re.split(r"\n\s*\n", text.strip()))
 
 
 def station_epilog(func) -> str:
-    """What a station's --help shows after its arguments: examples, exit statuses, environment."""
+    """A station's --help after its arguments: examples, exit statuses, environment."""
     about = func.station_help
     done, failed = about["exits"]
     width = min(max(len(name) for name in about["env"]), ENV_COLUMN) + 2
@@ -7409,9 +7366,8 @@ def station_epilog(func) -> str:
 
 
 def build_parser(built: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
-    """The argparse tree: one subparser per station, its docstring as description, its examples, exit
-    statuses and environment after. Only the stations in `built` (None: all) are built whole; any other
-    is its name and summary (chosen_station)."""
+    """The argparse tree: a subparser per station (its docstring the description, its epilog after); only those
+    in `built` (None: all) are built whole, the rest are a name and summary."""
     common = argparse.ArgumentParser(add_help=False)  # accepted before or after the station name
     common.add_argument("--root", type=folder_text, default=argparse.SUPPRESS, metavar="DIR",
                         help="the factory root (default: $FACTORY_ROOT, else the folder of factory.py)")
@@ -7438,14 +7394,14 @@ def build_parser(built: tuple[str, ...] | None = None) -> argparse.ArgumentParse
 
 
 def version_line() -> str:
-    """What --version prints: this version, the Python running it, and the record formats it writes."""
+    """What --version prints: version, Python, the formats it writes."""
     python = ".".join(map(str, sys.version_info[:3]))
     return f"factory.py {VERSION} (Python {python}; writes {TRACE_FORMAT}, {RECORD_FORMAT}, {CERT_FORMAT})"
 
 
 def chosen_station(argv: list[str]) -> str:
-    """The station argv names, read by the top-level parser with no station built (a --root value is never
-    taken for one); Usage for none or a mistyped one. The top-level --help and --version print and exit here."""
+    """The station argv names, with none built (a --root value is never taken for one); Usage for none or a
+    mistyped one. Top-level --help and --version exit here."""
     return build_parser(built=()).parse_known_args(argv)[0].command
 
 
@@ -7464,9 +7420,8 @@ PATH_ARGUMENTS = ("root", "sealed_dir", "file", "junit", "html")
 
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    """Parse argv, build the Factory, run the station, all through safe streams (SafeStream): a
-    Refusal is one line on stderr and exit 1, a usage error (an argument that is not text included)
-    one line and exit 2. With no arguments at all, the help goes to stderr (exit 2)."""
+    """Parse argv, build the Factory, run the station, in safe streams: a Refusal is one stderr line and exit 1,
+    a usage error (an argument not text too) exit 2; no arguments: help on stderr, exit 2."""
     # a snapshot: Code.execute takes FACTORY_SEALED_DIR out of the process environment before agent code
     # loads, and the station still reads the environment it was started with (the sealed folder, when first used)
     env, halt = dict(os.environ) if env is None else env, Halt()
@@ -7480,7 +7435,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
 
 
 def run_station(argv: list[str] | None, env: Mapping[str, str], halt: Halt) -> int:
-    """main, in the safe streams. Only the station argv names has its parser built."""
+    """main inside the safe streams; only the named station's parser is built."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         build_parser(built=()).print_help(sys.stderr)
@@ -7528,8 +7483,8 @@ def run_station(argv: list[str] | None, env: Mapping[str, str], halt: Halt) -> i
 
 
 def not_text(args: argparse.Namespace) -> str | None:
-    """Why an argument cannot be used (bytes the terminal's encoding could not decode, which Python
-    keeps as lone surrogates), or None. Paths are exempt: a file name may be any bytes."""
+    """Why an argument cannot be used (undecodable bytes, kept as lone surrogates), or None; a path may be any
+    bytes."""
     for dest, value in vars(args).items():
         for text in value if isinstance(value, list) else [value]:
             if dest not in PATH_ARGUMENTS and isinstance(text, str) and LONE_SURROGATE.search(text):
@@ -7540,15 +7495,13 @@ def not_text(args: argparse.Namespace) -> str | None:
 
 
 def as_bytes_shown(text: str) -> str:
-    """An argument Python decoded with surrogateescape, each byte it could not decode (kept as U+DC80..U+DCFF)
-    written back as the byte the user typed, `\\xff`, rather than as the surrogate Python made of it."""
+    """An argument with each byte Python could not decode (U+DC80..U+DCFF) written back as `\\xff`."""
     return re.sub("[\udc80-\udcff]", lambda found: f"\\x{ord(found.group()) - 0xDC00:02x}", text)
 
 
 def closed_stdout_status(stderr) -> int:
-    """What a station that is not `run` does when stdout's reader went away mid-output (`tower | head -1`)
-    or stdout was never open (`>&-`): one line on stderr, when there is one, and exit status 1 (refused:
-    what it printed is incomplete). `run` stops its batch and exits 141 instead (STDOUT_CLOSED)."""
+    """For stdout closed mid-output (`tower | head -1`) or never open: one stderr line, when there is one, and
+    exit 1 (what it printed is incomplete). `run` exits STDOUT_CLOSED instead."""
     if stderr is not None:
         try:
             print("factory: stdout was closed before everything was written to it "
