@@ -765,11 +765,11 @@ class Store:
 
     def append_row(self, path: Path, obj: dict, key: bytes | None = None) -> None:
         """Append obj to a chained file too long to read whole (the index), under its lock: `prev` the sha256
-        of its last line, read from its end; sealed with `key` (seal_line). `heads` keeps the head; `rows`
-        the handle, for the station's next row (unless the path names another file by then)."""
+        of its last line, read from its end; sealed with `key` (seal_line). `heads` keeps the head, `rows` the
+        handle for the station's next row (unless moved)."""
         with self.rows_lock, self.machine(path, "write"):   # threads share the handle
             handle = self.rows.pop(path, None)
-            if handle is not None and self.moved(path, handle):
+            if handle is not None and self.moved(path, handle, alone=True):
                 os.close(handle)
                 handle = None
             self.rows[path] = handle = self.open_append(path) if handle is None else handle
@@ -783,15 +783,16 @@ class Store:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         self.heads[path] = {"bytes": offset + len(line), "hash": sha256(line[:-1])}
 
-    def moved(self, path: Path, handle: int) -> bool:
-        """True when path no longer names the file open at handle (by device and inode, no link followed)."""
+    def moved(self, path: Path, handle: int, alone: bool = False) -> bool:
+        """True when path names another file than handle's (device and inode, no link followed) or, `alone`,
+        one open_append refuses: with another hard link, or in a folder now a link."""
         mine = os.fstat(handle)
         with self.machine(path, "read"):
             try:
                 there = os.lstat(path)
             except FileNotFoundError:
                 return True
-        return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino)
+        return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino) or alone and (mine.st_nlink > 1 or path.parent.is_symlink())
 
     def close(self) -> None:
         """Let go of the handles append_row keeps."""
@@ -993,8 +994,7 @@ class Store:
                 os.unlink(temp, dir_fd=folder)
 
     def append_jsonl(self, path: Path, obj: dict) -> int:
-        """Append obj as one whole JSON line under an exclusive fcntl lock (locked_append); the byte offset
-        where it starts, so the effect can be read back. A write the machine stops half-way is cut back."""
+        """Append obj as one whole JSON line (locked_append); the byte offset where it starts, to read it back."""
         return self.locked_append(path, lambda handle: (self.line(obj, path), None))[0]
 
     def append_chained(self, path: Path, make) -> dict:
@@ -1008,8 +1008,8 @@ class Store:
         return self.locked_append(path, compose)[1]
 
     def locked_append(self, path: Path, compose) -> tuple[int, object]:
-        """Under an exclusive fcntl lock on path (see open_append), write the line `compose(handle) ->
-        (line bytes, value)` at its end; (the byte offset where the line starts, value)."""
+        """Write the line `compose(handle) -> (line bytes, value)` at path's end under its fcntl lock (open_append);
+        (the line's offset, value)."""
         with self.machine(path, "write"):
             handle = self.open_append(path)
             try:
@@ -1021,8 +1021,7 @@ class Store:
 
     def line(self, obj: dict, path: Path | None = None) -> bytes:
         """obj as one JSONL line: compact JSON by the store's one encoder, secrets scrubbed, UTF-8, a newline.
-        A float JSON has no number for (NaN, Infinity) is ValueError, or a StoreError naming the file when
-        `path` says where the line goes (see writable)."""
+        A float JSON has no number for (NaN, Infinity) is ValueError, a StoreError naming `path` if given."""
         with self.writable(path) if path is not None else contextlib.nullcontext():
             text = self.encoder.encode(redact(obj, self.hidden))
         return utf8(text + "\n")

@@ -13,10 +13,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import unittest
 from pathlib import Path
 
 import factory
+from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import FakeSage
 from tests.support import CLI, INJECTION, REPO, CertifiedTest, LineTest, chained_line
 
@@ -456,6 +458,46 @@ class FilesTheStoreWillNotTouch(CertifiedTest):
                 err = self.refused(f"{target.relative_to(self.root)}: has 2 hard links", *argv)
                 self.assertIn("never writes through one", err)
                 self.assertEqual(outside.read_bytes(), before, "written through the hard link")
+
+
+    def test_the_index_handle_a_station_keeps_is_let_go_once_the_file_has_another_name(self):
+        """run --file keeps the index's handle from row to row: a hard link made to the index, or traces/ moved
+        out of the root and a link left in its place, while ticket 2's model answers, and its closed row is
+        refused as a fresh open refuses it, never written through (the server holds the answer until then)."""
+        final = json.dumps({"label": "account", "escalate": False, "draft": "We are on it."})
+        tickets = self.tmp / "tickets.jsonl"
+        tickets.write_text("".join(json.dumps({"id": f"t{i}", "input": "How do I order a new card?"}) + "\n" for i in (1, 2)))
+        for how in ("hard link", "folder link"):
+            with self.subTest(how):
+                self.setUp()
+                reached, go = threading.Event(), threading.Event()
+                class Held(FakeServer):
+                    def take(self, record):
+                        if len(self.requests) == 1:   # ticket 2's call
+                            reached.set()
+                            go.wait(60)
+                        return super().take(record)
+                server = Held(*[Answer(body=anthropic_message(final)) for _ in range(2)]).start()
+                self.addCleanup(server.close)
+                env = {**os.environ, **self.env, "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "sk-test"}
+                child = subprocess.Popen([*CLI, "run", "triager", "--file", str(tickets), "--jobs", "1"], env=env, cwd=str(REPO),
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                self.addCleanup(lambda: child.poll() is None and child.kill())
+                self.assertTrue(reached.wait(60), "ticket 2 never asked its model")
+                index = self.root / "traces" / "index.jsonl"
+                if how == "hard link":
+                    other = self.tmp / "other.jsonl"
+                    os.link(index, other)
+                else:
+                    (self.root / "traces").rename(self.tmp / "elsewhere")
+                    (self.root / "traces").symlink_to(self.tmp / "elsewhere")
+                    other = self.tmp / "elsewhere" / "index.jsonl"
+                before = other.read_bytes()
+                go.set()
+                out, err = child.communicate(timeout=120)
+                self.assertEqual(other.read_bytes(), before, f"a row was written through the {how}: {err}")
+                self.assertEqual(child.returncode, 1, err)
+                self.assertIn("has 2 hard links" if how == "hard link" else "traces: is a symbolic link", err.splitlines()[-1])
 
 
 if __name__ == "__main__":
