@@ -547,7 +547,7 @@ class StationTable(unittest.TestCase):
     COMMON = {"-h", "--help", "--root", "--sealed-dir"}   # every station takes them; the README says so once
 
     def test_each_station_row_has_the_flags_its_help_has(self):
-        table = README_TABLE.findall((REPO / "README.md").read_text().split("\n## The stations\n")[1].split("\n## ")[0])
+        table = README_TABLE.findall((REPO / "README.md").read_text().split("\n## Stations in full\n")[1].split("\n## ")[0])
         forms = {}
         for cell in table:
             for form in re.findall(r"`([^`]+)`", cell):
@@ -613,10 +613,10 @@ def shows(expected: list[str], actual: list[str]) -> str | None:
 
 
 class FirstAgentsCard(unittest.TestCase):
-    """The card fields the tutorial's first step shows are the card's: a rubric field and a price that validate."""
+    """The card fields "Making an agent yours" names for the tutorial's agent are the card's: a rubric field and a price that validate."""
 
     def test_the_rubric_field_and_the_price_it_shows_are_valid_card_fields(self):
-        step = (REPO / "README.md").read_text().split("\n**1. Make it.**", 1)[1].split("```console", 1)[0]
+        step = (REPO / "README.md").read_text().split("\n## Making an agent yours\n", 1)[1].split("\n## ", 1)[0]
         card = factory.new_card("faq", ["faq:draft"], "alice")
         field = json.loads("{" + re.search(r'`("field": "[a-z]+")`', step).group(1) + "}")
         prices = json.loads("{" + re.search(r'`("prices": \{.*?\}\})`', step, re.S).group(1).replace("\n", " ") + "}")

@@ -12,6 +12,7 @@ import hmac
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -22,8 +23,8 @@ from pathlib import Path
 import factory
 from tests import trust_helpers
 from tests.fake_sage import FakeSage
-from tests.test_readme import readme_block
-from tests.support import (FIXTURES, INJECTION, CertifiedTest, LineTest, at_terminal, chained_line, fingerprint,
+from tests.test_readme import readme_block, shows
+from tests.support import (FIXTURES, INJECTION, REPO, CertifiedTest, LineTest, at_terminal, chained_line, fingerprint,
                            junit_problems, own_anchor, snapshot)
 
 CERT = "registry/triager.card.json"
@@ -1249,6 +1250,15 @@ class MainJob(LineTest):
         code, out, err = self.factory("tower")
         self.assertEqual(code, 0, err)
         self.assertIn("triager", out)
+        # the README's page one: this is its main job, and the tower ends with the lines it shows
+        section = (REPO / "README.md").read_text().split("\n## Two commands on a fresh machine\n")[1].split("\n## ")[0]
+        command, shown = (re.search(rf"^```{kind}\n(.*?)^```$", section, re.S | re.M).group(1) for kind in ("sh", "text"))
+        self.assertEqual([shlex.split(part.replace('"$(whoami)"', "alice")) for part in command.strip().split(" && ")],
+                         [["python3", "factory.py", "prove", "triager", "--sealed"],
+                          ["python3", "factory.py", "certify", "triager", "--tier", "C1", "--by", "alice"],
+                          ["python3", "factory.py", "run", "triager", "--file", "evals/triager/inbox.jsonl"],
+                          ["python3", "factory.py", "tower"]])
+        self.assertIsNone(shows(["…", *shown.splitlines()], out.splitlines()), out)
 
 
 # ---------------------------------------------------------------- a certify killed while it writes
