@@ -1268,6 +1268,75 @@ def expected_shares(results: list[dict], bar) -> dict[str, dict[str, dict]]:
     return {key: shares_by(results, bar, named(key)) for key in sorted({key for r in results for key in r["labels"]})}
 
 
+def proof_figures(agent, half: str, suite: str, suite_digest: str, results: list[dict], rubric: str, draft: str,
+                  require_model: bool, cost_line: str | None) -> dict:
+    """A proof's figures over its case results, for the factory's Agent `agent`: a sealed proof names failing
+    case ids only, an open one why each failed. `require_model` fails a case the card's models did not
+    answer; `cost_line` says why a production run's cost is unknown."""
+    bar = agent.card["evals"]["pass_bar"]
+    scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
+    failures = [r["id"] if half == "sealed" else
+                {**{k: r[k] for k in ("id", "status", "reason", "wrong", "unexpected_denials", "draft_score")},
+                 "why": failure_message(half, r, agent.draft_field)} for r in missed_first(results)]
+    return {**share(results, bar), "pass_bar": bar, "rubric": rubric, "rubric_field": agent.draft_field,
+            "real": share([r for r in results if not r["synthetic"]], bar),
+            "synthetic": share([r for r in results if r["synthetic"]], bar),
+            "by_source": shares_by(results, bar, itemgetter("source")), "by_expected": expected_shares(results, bar),
+            "label_sources": label_counts(results), "needed_cases": needed_cases(bar),
+            "handoff": handoff_figures(results, agent.handoff_field, agent.card["evals"].get("handoff_bar"),
+                                       max(4, decimals(bar))),
+            "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
+            "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
+            "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
+            "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures,
+            "ran": [r["id"] for r in results], "model_required": require_model,
+            "models": sorted({m for r in results for m in r["models"]}),
+            "model_answered": sum(r["answered"] for r in results),
+            "cost_unknown": sum(bool(r["unpriced"]) for r in results), "cost_line": cost_line}
+
+
+def case_fields(agent, case: dict) -> dict:
+    """What a result takes from its case: id, synthetic, source, label_source, expects_handoff, and `labels`
+    (its expected values of the output's enum fields)."""
+    handoff = case["expect"].get(agent.handoff_field)
+    return {"id": case["id"], "synthetic": case.get("source") == "synthetic",
+            "source": str(case.get("source") or "unnamed").split(":")[0],
+            "label_source": case.get("label_source", UNRECORDED), "expects_handoff": handoff if type(handoff) is bool else None,
+            "labels": {key: value for key, value in case["expect"].items()
+                       if key != "denied" and "enum" in agent.module.OUTPUT_SCHEMA["properties"][key]}}
+
+
+RUBRIC_STATES = MappingProxyType({   # a draft rubric's state in a proof -> what it means; `failed`, `unscored` do not pass
+    "none": "the card has no draft rubric",
+    "scored": "every draft was scored",
+    "no key": "no decision model is configured here: the proof is judged on its cases alone and says so",
+    "failed": "scoring was impossible, or a scoring call failed",
+    "unscored": "a decision model was there, but no case's output held the rubric's field as text to score",
+})
+
+
+def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], minimum: int,
+                       field_name: str) -> tuple[str, str]:
+    """Record each answer's score in results[i] (a draft under `minimum` fails its case; an answer that is an
+    exception is a failed scoring call); (rubric state, draft note)."""
+    failures = [answer for _, answer in answered if isinstance(answer, Exception)]
+    for i, answer in answered:
+        if not isinstance(answer, Exception) and answer.expectation is not None:
+            results[i]["draft_score"] = answer.expectation
+            results[i]["passed"] = results[i]["passed"] and answer.expectation >= minimum
+    if failures:
+        return "failed", f"scoring FAILED ({len(failures)} of {len(answered)}: {failures[0]})"
+    if not any(r["draft_score"] is not None for r in results):
+        return "unscored", f"unscored (no output held '{field_name}', the rubric's field, as text)"
+    return "scored", scored_note(results)
+
+
+def scored_note(results: list[dict]) -> str:
+    """'MEAN/4 on N' of the scored drafts."""
+    scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
+    return f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}"
+
+
 # ---- a variant's card against its master's, as the certify prompt names each difference
 
 MISSING = object()   # a card field that is absent, as card_changes compares them
@@ -1307,6 +1376,43 @@ def leaf_change(path: str, old, new, tiers: tuple) -> str:
     if _is_number(old) and _is_number(new):
         return f"{'raised' if new > old else 'lowered'} {path} {old} -> {new}"
     return f"changed {path}: {json.dumps(old)} -> {json.dumps(new)}"
+
+
+# ---- replay: a recorded run's trace events against today's
+
+def recorder_tools(events: list[dict], contracts: dict) -> dict:
+    """Tools doing what each executed call of the trace did, in order per tool: its result, or its failure
+    raised again under its class name."""
+    done: dict[str, list[dict]] = {}
+    by_seq = {e["seq"]: e["content"] for e in events if e.get("event") == "tool_result"}
+    for event in events:
+        if event.get("event") == "tool" and event.get("ruling") not in RULINGS:   # ok, or a failure's class
+            done.setdefault(event["tool"], []).append({**event, "content": by_seq.get(event["seq"], "")})
+    def recorder(name):
+        def replayed(args):
+            if not done.get(name):
+                return "replay: no recorded result"
+            call = done[name].pop(0)
+            if call["ruling"] != "ok":
+                raise type(call["ruling"], (Exception,), {})(str(call.get("error")).partition(": ")[2])
+            return call["content"]
+        return replayed
+    return {name: recorder(name) for name in contracts}
+
+
+def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loop, status: str) -> list[str]:
+    """What differs between a recorded run and its replay (`loop`, ended in `status`): tool calls, status, output."""
+    def calls(events):
+        return [(e["tool"], e.get("args_digest"), e["ruling"]) for e in events if e.get("event") == "tool"]
+    then, today = calls(recorded), calls(now)
+    differences = [f"tool call {i + 1}: recorded {a} / today {b}" for i, (a, b) in enumerate(zip(then, today)) if a != b]
+    if len(then) != len(today):
+        differences.append(f"tool calls: recorded {len(then)} / today {len(today)}")
+    if old_end.get("status") != status:
+        differences.append(f"status: recorded {old_end.get('status')} / today {status} ({loop.reason})")
+    if old_end.get("output") != loop.output:
+        differences.append(f"output: recorded {json.dumps(old_end.get('output'))} / today {json.dumps(loop.output)}")
+    return differences
 
 
 # ---- sharded proofs: a half proved in K/N slices (one per CI runner), merged into one proof
@@ -1358,6 +1464,26 @@ def merge_shards(records: list[tuple[str, dict]], want: dict, slice_of: Callable
 MAX_FIGURE = 2 ** 53 - 1   # no count or cost of one run comes near it; every JSON reader holds integers up to it exactly (RFC 8259 section 6)
 GATED = ("pass", "flag", "unsure")   # the gate results that score a run
 P_BINS = 10                  # the gate's p by tenths, in the text and the HTML alike
+
+FIGURE_RANGES = (("acted", MAX_FIGURE), ("staged", MAX_FIGURE), ("cost_usd", MAX_FIGURE), ("p", 1))   # field, highest; lowest 0
+
+
+def figure_problem(row: dict) -> str | None:
+    """What is wrong with a closed index row's figures (FIGURE_RANGES, backends as names), naming the field, so
+    every sum stays finite; else None."""
+    for name, highest in FIGURE_RANGES:
+        value = row.get(name)
+        if value is not None and not 0 <= value <= highest:
+            if not -math.inf < value < math.inf:
+                return f"field '{name}' is not a finite number"
+            return f"field '{name}' is {figure_text(value)}, outside 0..{highest}"
+    return None if all(type(name) is str for name in row["backends"]) else "field 'backends' holds a name that is not text"
+
+
+def figure_text(value) -> str:
+    """A number as a refusal shows it, or its digit count past 24 characters."""
+    text = str(value)
+    return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
 # ---- a hash-chained log as read (the factory reads it): its entries, their hashes, and how it compares with a

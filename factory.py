@@ -98,21 +98,23 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # the import below then finds it registered and reads no file of its own
 from broker import (  # noqa: E402
-    CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, REVIEW_DECISIONS, RULINGS, STUCK, VERDICTS, ActEnvelope, Broker,
+    CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, REVIEW_DECISIONS, STUCK, VERDICTS, ActEnvelope, Broker,
     Outcome, Policy, amount_schema, args_digest, call_state, check_args, exact_usd, judge, outcome_of, refused_in,
     review_counts, reviews_text, run_verdict, settle, verdict_after, went)
 from broker import (  # noqa: E402   the tower's figures and the index's tally
-    DRIFT_WINDOW, DRIFT_SIGNIFICANCE, GATED, GENESIS, MAX_FIGURE, P_BINS, Drift, GatedRuns, IndexTally, Production, Tally,
+    DRIFT_WINDOW, GENESIS, MAX_FIGURE, P_BINS, Drift, GatedRuns, IndexTally, Production, Tally,
     fold_decisions, from_state, json_state, line_verifies, seal_line, signed_index, Chain, heads_problem, head_problem)
 from broker import STATE_OUTCOMES, CallRecord, Decisions, Settled, decisions_in, routing_reasons, settled_phrase  # noqa: E402
 from broker import call_columns, closes, state_column, uncertain_said  # noqa: E402
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
-    DETECTORS, Sign, detect, evidence, no_progress, ping_pong, repeated_error, repeated_observation, write_check_cycles,
-    LABEL_SOURCES, PASSING, PROOF_VERDICTS, UNRECORDED, card_changes, cut, expected_shares, label_counts,
-    label_source_problem, label_text, junit_xml, xml_safe, lower_tail, normalised, part, part_text, percent_text,
-    proof_verdict, rate_text, rubric_field, share, shared_inputs, shares_by, usd_text, clears, decimals, failure_message,
-    paired_text, handoff_figures, missed_first, needed_cases, parts_lines, verdict_why,
+    Sign, detect, evidence, LABEL_SOURCES, PASSING, PROOF_VERDICTS, UNRECORDED, card_changes, cut, label_counts,
+    label_source_problem, junit_xml, xml_safe, normalised, part, part_text, percent_text,
+    proof_verdict, rate_text, rubric_field, share, shared_inputs, usd_text, clears,
+    paired_text, handoff_figures, needed_cases, parts_lines, verdict_why,
     SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards)
+from broker import (  # noqa: E402   a proof's record and its drafts' scores; replay; an index row's figures
+    RUBRIC_STATES, apply_draft_scores, case_fields, proof_figures, scored_note, recorder_tools, replay_differences,
+    figure_problem, figure_text)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -4908,32 +4910,12 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
     return {**result, "answered": answered_by_card_models(agent.card, result)}
 
 
-def case_fields(agent: Agent, case: dict) -> dict:
-    """What a result takes from its case: id, synthetic, source, label_source, expects_handoff, and `labels`
-    (its expected enum fields)."""
-    return {"id": case["id"], "synthetic": case.get("source") == "synthetic",
-            "source": str(case.get("source") or "unnamed").split(":")[0], "label_source": case.get("label_source", UNRECORDED),
-            "expects_handoff": case["expect"].get(agent.handoff_field) if type(case["expect"].get(agent.handoff_field)) is bool
-            else None,
-            "labels": {key: value for key, value in case["expect"].items()
-                       if key != "denied" and "enum" in agent.module.OUTPUT_SCHEMA["properties"][key]}}
-
-
 def draft_items(agent: Agent, cases: list[dict], results: list[dict], indices: list[int]) -> list:
     """(content, scale Question) of the drafts at `indices`."""
     rubric = agent.card["draft_rubric"]
     question = sage.Question(kind="scale", instructions=rubric["instructions"], levels=rubric["levels"])
     return [(f"Input:\n{task_text(cases[i]['input'])}\n\nThe agent's {agent.draft_field}:\n{results[i]['draft']}", question)
             for i in indices]
-
-
-RUBRIC_STATES = {   # a draft rubric's state in a proof -> what it means; `failed` and `unscored` are not passed
-    "none": "the card has no draft rubric",
-    "scored": "every draft was scored",
-    "no key": "no decision model is configured here: the proof is judged on its cases alone and says so",
-    "failed": "scoring was impossible, or a scoring call failed",
-    "unscored": "a decision model was there, but no case's output held the rubric's field as text to score",
-}
 
 
 def scoring_problem(client) -> tuple[str, str] | None:
@@ -4975,27 +4957,6 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
     return (results, *(problem or apply_draft_scores(results, answered, rubric["min"], agent.draft_field)))
 
 
-def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], minimum: int,
-                       field_name: str) -> tuple[str, str]:
-    """Record each score (a draft under `minimum` fails its case); (rubric state, draft note)."""
-    failures = [answer for _, answer in answered if isinstance(answer, sage.SageError)]
-    for i, answer in answered:
-        if not isinstance(answer, sage.SageError) and answer.expectation is not None:
-            results[i]["draft_score"] = answer.expectation
-            results[i]["passed"] = results[i]["passed"] and answer.expectation >= minimum
-    if failures:
-        return "failed", f"scoring FAILED ({len(failures)} of {len(answered)}: {failures[0]})"
-    if not any(r["draft_score"] is not None for r in results):
-        return "unscored", f"unscored (no output held '{field_name}', the rubric's field, as text)"
-    return "scored", scored_note(results)
-
-
-def scored_note(results: list[dict]) -> str:
-    """'MEAN/4 on N' of the scored drafts."""
-    scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
-    return f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}"
-
-
 # ---- the proof's record: exit status, summary line, --json and --junit all read its verdict (broker.proof_verdict)
 
 def card_models(card: dict) -> list[str]:
@@ -5018,29 +4979,9 @@ def other_models(card: dict, models: list[str]) -> list[str]:
 
 def proof_record(agent: Agent, half: str, suite: str, suite_digest: str, results: list, rubric: str, draft: str,
                  require_model: bool = False, cost_line: str | None = None) -> dict:
-    """A proof's record (RECORD_FORMAT) with its verdict: a sealed one names failing case ids only, an open one
-    why each failed. `require_model` fails a case the card's models did not answer; `cost_line` says why a
-    production run's cost is unknown."""
-    bar = agent.card["evals"]["pass_bar"]
-    scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
-    failures = [r["id"] if half == "sealed" else
-                {**{k: r[k] for k in ("id", "status", "reason", "wrong", "unexpected_denials", "draft_score")},
-                 "why": failure_message(half, r, agent.draft_field)} for r in missed_first(results)]
-    proof = {"agent": agent.name, "half": half, "at": utc_now(), **share(results, bar),
-             "pass_bar": bar, "rubric": rubric, "rubric_field": agent.draft_field, "real": share([r for r in results if not r["synthetic"]], bar),
-             "synthetic": share([r for r in results if r["synthetic"]], bar),
-             "by_source": shares_by(results, bar, itemgetter("source")), "by_expected": expected_shares(results, bar),
-             "label_sources": label_counts(results), "needed_cases": needed_cases(bar),
-             "handoff": handoff_figures(results, agent.handoff_field, agent.card["evals"].get("handoff_bar"), max(4, decimals(bar))),
-             "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
-             "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
-             "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
-             "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures,
-             "ran": [r["id"] for r in results],
-             "model_required": require_model,
-             "models": sorted({m for r in results for m in r["models"]}),
-             "model_answered": sum(r["answered"] for r in results), "cost_unknown": sum(bool(r["unpriced"]) for r in results),
-             "cost_line": cost_line}
+    """A proof's record (RECORD_FORMAT) with its verdict and figures (broker.proof_figures)."""
+    proof = {"agent": agent.name, "half": half, "at": utc_now(),
+             **proof_figures(agent, half, suite, suite_digest, results, rubric, draft, require_model, cost_line)}
     verdict = proof_verdict(proof)
     return {"format": RECORD_FORMAT, "verdict": verdict, "passed": verdict in PASSING, **proof}
 
@@ -5095,42 +5036,6 @@ def recorded_reply(event: dict) -> "llm.Reply":
     return llm.Reply(event.get("text", ""), calls, event.get("usage", {}), event.get("cost_usd"),
                      event.get("model", ""), "replay", 0.0, stop_reason=event.get("stop_reason", ""),
                      raw_stop_reason=event.get("raw_stop_reason", ""))
-
-
-def recorder_tools(events: list[dict], contracts: dict) -> dict:
-    """Tools doing what each executed call of the trace did, in order per tool: its result, or its failure
-    raised again under its class name."""
-    done: dict[str, list[dict]] = {}
-    by_seq = {e["seq"]: e["content"] for e in events if e.get("event") == "tool_result"}
-    for event in events:
-        if event.get("event") == "tool" and event.get("ruling") not in RULINGS:   # ok, or a failure's class
-            done.setdefault(event["tool"], []).append({**event, "content": by_seq.get(event["seq"], "")})
-    def recorder(name):
-        def replayed(args):
-            if not done.get(name):
-                return "replay: no recorded result"
-            call = done[name].pop(0)
-            if call["ruling"] != "ok":
-                raise type(call["ruling"], (Exception,), {})(str(call.get("error")).partition(": ")[2])
-            return call["content"]
-        return replayed
-    return {name: recorder(name) for name in contracts}
-
-
-def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loop: Loop, status: str) -> list[str]:
-    """What differs between a recorded run and its replay: tool calls, status, output."""
-    def calls(events):
-        return [(e["tool"], e.get("args_digest"), e["ruling"]) for e in events if e.get("event") == "tool"]
-    then, today = calls(recorded), calls(now)
-    differences = [f"tool call {i + 1}: recorded {a} / today {b}" for i, (a, b) in
-                   enumerate(zip(then, today)) if a != b]
-    if len(then) != len(today):
-        differences.append(f"tool calls: recorded {len(then)} / today {len(today)}")
-    if old_end.get("status") != status:
-        differences.append(f"status: recorded {old_end.get('status')} / today {status} ({loop.reason})")
-    if old_end.get("output") != loop.output:
-        differences.append(f"output: recorded {json.dumps(old_end.get('output'))} / today {json.dumps(loop.output)}")
-    return differences
 
 
 # ================================================================ 5. Stations
@@ -6778,9 +6683,6 @@ def cmd_schema(fac: Factory, args) -> int:
 # the text table and the self-contained HTML page drawn from that document alone.
 
 PARTIAL_LINE = "partial: what is marked 'problem' could not be read; everything else is counted"
-FIGURE_RANGES = (("acted", MAX_FIGURE), ("staged", MAX_FIGURE), ("cost_usd", MAX_FIGURE), ("p", 1))   # field, highest; lowest 0
-
-
 TALLY_FORMAT = "factory-tally-1"
 CHECKPOINT_ROWS = 1000       # a count of this many rows or more leaves a checkpoint
 
@@ -6920,24 +6822,6 @@ def misshapen_row(shape: Shape, row: dict, where: str) -> str:
         return f"{why}; not counted"
     problem = figure_problem(row) if shape is INDEX_SHAPE else None
     return f"{where}: {problem}; not counted" if problem else f"{where}: not counted"
-
-
-def figure_problem(row: dict) -> str | None:
-    """What is wrong with a closed row's figures (FIGURE_RANGES, backends as names), naming the field, so every
-    sum stays finite; else None."""
-    for name, highest in FIGURE_RANGES:
-        value = row.get(name)
-        if value is not None and not 0 <= value <= highest:
-            if not -math.inf < value < math.inf:
-                return f"field '{name}' is not a finite number"
-            return f"field '{name}' is {figure_text(value)}, outside 0..{highest}"
-    return None if all(type(name) is str for name in row["backends"]) else "field 'backends' holds a name that is not text"
-
-
-def figure_text(value) -> str:
-    """A number as a refusal shows it, or its digit count past 24 characters."""
-    text = str(value)
-    return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
 def current_cert(fac: Factory, name: str) -> dict:
