@@ -502,6 +502,27 @@ class ModuleContract(LineTest):
 
 
 
+class Layers(unittest.TestCase):
+    """The README's two layers: page one (everything before `# Reference`) shows at most 150 lines with its
+    transcripts folded into <details>, and every link inside the README names a heading it holds."""
+
+    def test_page_one_shows_at_most_150_lines(self):
+        page_one = (REPO / "README.md").read_text().split("\n# Reference\n")[0]
+        folded = re.sub(r"(?ms)^<details><summary>(.*?)</summary>\n.*?^</details>$", r"\1", page_one)
+        self.assertLessEqual(len(folded.splitlines()), 150, "page one grew: move the detail to the reference")
+        for section in ("Two commands on a fresh machine", "The line in one picture", "The stations", "Your first agent"):
+            self.assertIn(f"\n## {section}\n", page_one)
+
+    def test_every_link_inside_the_readme_names_one_of_its_headings(self):
+        text = re.sub(r"(?ms)^```.*?^```$", "", (REPO / "README.md").read_text())   # no headings in code
+        anchors = [re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")   # as GitHub makes them
+                   for heading in re.findall(r"(?m)^#{1,6} (.+)$", text)]
+        self.assertEqual(len(anchors), len(set(anchors)), "two headings make one anchor")
+        links = set(re.findall(r"\]\(#([^)]+)\)", text))
+        self.assertGreater(len(links), 20)
+        self.assertEqual(sorted(links - set(anchors)), [])
+
+
 class Claims(CertifiedTest):
     """What the README says the line does, each claim checked against what it does."""
 
