@@ -28,8 +28,75 @@ decisions (`CALL_STATES`, `STUCK`, `call_state`) with what approve and reject an
 tower's figures counted from rows the factory reads (`Tally`, `fold_decisions`), the drift watch
 (`Drift`) and the run gate's detectors; and the statistics they rest on.
 
-The broker never prints and never reads environment variables; the caller hands it the policy,
-the contracts, the tool implementations and a `record` callable that appends to the trace.
+The guards decide whether an agent may run, be certified, or have a parked call carried out: each
+chain is a tuple of (name, check), run in order by `guard_results` up to its first refusal (a guard
+relies on those before it having held), over a `Claim` whose evidence the caller reads lazily (the
+factory from its files), so a chain stops reading at its first refusal. The chains, in order:
+
+    certificate (CERTIFICATE_GUARDS): what run and approve ask of the certificate first
+        certificate           there is one (else: no such agent, or uncertified)
+        signer                it names a well-formed signer and carries a well-formed signature
+        signer key            what checks it is here: the signer's HMAC key, or ssh-keygen and trusted signers
+        signature             it verifies: nothing was changed after signing
+        figures               each figure is a number in its range (CERT_FIGURES)
+        agent                 it was signed for this agent, not copied from another
+        logs                  each hash-chained log still holds what it held at this and every other verified
+                              signing, and what this machine wrote or verified (its anchor, then raised)
+        newest certificate    it is not older than one of this agent this machine has seen
+    run (RUN_GUARDS): the agent may run
+        CERTIFICATE_GUARDS
+        revocation            the certificate is not revoked
+        recall                no recall reaching the agent (its own or its master's) since certification
+        digest                the code, card and contracts are the ones certified (compared before any code runs)
+        lineage               the card's stamped_from and the lineage log name the same master
+    certify (CERTIFY_GUARDS): the agent may be certified at the tier asked for
+        logs                  each hash-chained log holds what this machine wrote or verified in it
+        lineage               as for run
+        tier ceiling          the tier is at most the card's tier_ceiling
+        sealed proof          there is one
+        digest                the agent is the one the latest sealed proof proved
+        sealed suite          the sealed suite is byte for byte the one that proof ran
+        pass bar              its verdict, derived again from its counts, passes (PASSING)
+        proof evidence        it is the one prove wrote: its evidence MAC verifies
+        acting evidence       C2 and C3: the draft rubric ran on it, and every model of the card has a price
+        recall                no recall since the sealed proof
+        production evidence   C2 and C3: PROMOTION_RUNS gated runs at the tier below since the digest changed,
+                              their pass rate's 95% lower bound at the pass bar
+    approve (APPROVE_GUARDS): a parked call may be carried out
+        parked call           the parked file is the one the run wrote: its evidence MAC verifies
+        open call             its state (CALL_STATES) lets approve act (refused_in)
+        CERTIFICATE_GUARDS
+        revocation            as for run
+        recall                no recall since the call was staged
+        acting certificate    the certificate is at an acting tier (ACTING), for the digest the call was staged under
+        same certificate      it is the certificate the call was staged under
+        digest                the agent is the one the call was staged under
+        arguments             the stored arguments still match their digest
+        staged event          the run's trace holds the sealed event that parked this very call
+        shown                 the trace still holds the ticket and output whose digests the parked call seals
+        staging run           the run closed in the index with a verified row that parked the call
+        carried out           the trace records no attempt at the call that the approvals log does not know of
+    execute (EXECUTE_GUARDS): the executor, whoever calls it
+        approval              a human approved the call
+        APPROVE_GUARDS
+        approval signature    the approval is an intent signed by the approver it names
+        approved arguments    it approved exactly this call: run, call, agent, tool, arguments, certificate
+    reject (REJECT_GUARDS):
+        open call             its state lets reject act
+    deciding (DECIDING_GUARDS): asked again under the approvals log's lock, so of two deciders the first wins
+        open call             as for approve
+        carried out           as for approve
+    standing (STANDING_GUARDS): a pending call's agent may still act on it (the refusing guard: STANDING_STATES)
+        certificate           as for run
+        revocation            as for run
+        recall                as for approve
+        same certificate      as for approve
+        staging run           as for approve
+
+The broker never prints, reads environment variables, touches a file or the network, or keeps module
+state (tests/test_broker_pure.py runs it with all of them made to raise); the caller hands it the
+policy, the contracts, the tool implementations, the evidence and a `record` callable that appends to
+the trace.
 """
 
 from __future__ import annotations
@@ -663,6 +730,7 @@ DECISIONS = MappingProxyType({
               "true when a write went through, false when the store refused every write the tool began, null otherwise",
     "rejected": "a human closed the call without executing it, with a reason",
 })
+CLOSING = ("result", "rejected")   # the decisions that close a call, each with the run's verdict before and after it
 # state -> decision -> the state it leads to; a decision the table does not name changes nothing (the
 # stations read the state and append a decision under one lock, so only these are ever appended)
 STEPS = MappingProxyType({
@@ -1965,3 +2033,510 @@ def evidence(signs: list[Sign], fired: list[str], cost: float | None) -> str:
     return (f"tool_calls={len(signs)} tool_errors={len(errors)} loop_detected={str(bool(fired)).lower()} "
             f"loop_kind={','.join(fired) or 'none'} steps_since_progress={since} "
             f"error_classes={','.join(sorted(set(errors))) or 'none'} cost_usd={'?' if cost is None else round(cost, 4)}")
+
+
+# ---- the guards: what may happen, and in what order it is refused (the chains are listed in the docstring above)
+
+TIERS = ("C0", "C1", "C2", "C3")   # a certificate's tier, from observe (C0) to act alone (C3)
+ACTING = ("C2", "C3")              # the tiers whose runs act on their output (their parked calls carry out effects)
+PROMOTION_RUNS = 20   # gated production runs at the tier below, since the agent (its digest) last changed
+SIGNER = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")   # a signer's name, matched whole
+HMAC_SIGNATURE = re.compile(r"hmac-sha256:[0-9a-f]{64}")
+SSH_SIGNATURE = re.compile(r"-----BEGIN SSH SIGNATURE-----\n[A-Za-z0-9+/=\n]{1,16384}-----END SSH SIGNATURE-----\n?")
+DECISION_UNSIGNED = ("signature", "prev")   # what a decision's signature leaves out (`prev`: set by the log on append)
+CONTRACT = "contract "   # how a tool's contract is labelled among a digest's components
+# a certificate's figures: field (a dotted path), highest (lowest 0), whether it is a count, whether null is allowed
+CERT_FIGURES = (("sealed_score", 1, False, False), ("envelope_usd", MAX_FIGURE, False, False),
+                ("certified_rate", 1, False, True), ("certified_rate_runs", MAX_FIGURE, True, False),
+                ("index.bytes", MAX_FIGURE, True, True), ("index.lines", MAX_FIGURE, True, True))
+
+
+@dataclass
+class Claim:
+    """What a guard chain decides on: that agent `name` may run (kind `run`), be certified at `tier`
+    (`certify`), or have its parked call `entry` carried out (`approve`; on the signed `approval`, a
+    Decision-like object with `entry`, for the executor). A guard asks the claim for its evidence, below;
+    the caller provides each as an attribute read once, when a guard first asks (the factory reads its
+    files: ClaimOnDisk), so a chain stops reading at its first refusal. A guard may raise the caller's
+    error for a file it could not read (guard_results). Each guard relies on those before it having held.
+
+        cert              the certificate as stored, not yet verified (dict), or None
+        missing           with no certificate: the line saying there is no such agent at all, else None
+        trusted_signers   why the allowed-signers file cannot be trusted here, else None
+        ssh_keygen        why ssh-keygen cannot be run here, else None
+        hmac_key          (where the certificate's signer's HMAC key is kept, whether it is there)
+        chains            log name -> Chain: every hash-chained log as it is now
+        anchor_problem    the line when a log holds less than this machine wrote or verified in it, else None
+        anchors           [(where, log heads)] of every other certificate whose signature verifies here
+        seen              the newest certificate of `name` this machine has written or verified, or None
+        revocation        why the certificate is revoked (its mark or the revocation log), else None
+        recalls           the recalls reaching `name` (its own or its master's), oldest first
+        card, code, agent the card as it is now; its code's components, read and hashed, not executed; the
+                          agent (`digest`, `components`, `card`)
+        lineage           the line when the card's stamped_from and the lineage log disagree, else None
+        proofs            [(path, sealed proof)] of `name`, oldest first
+        suite_digest      the sha256 of the sealed suite the latest proof names, as it is now
+        unpriced          the line naming a model of the card with no price, else None
+        index_problem     the line when the index is not whole, else None
+        record            the parked call's CallRecord; read_back: (written, what reading its effect back finds)
+        staging           (how the call's run ended: closed, started or none; the calls its closed row parked)
+        recorded          the run's trace: `header`, `events`, `later` (after the parked call), `end`
+
+    and these methods: signature_problem(signer, obj, unsigned=the certificate's): None when obj's signature
+    verifies as signer's, else why not; mac_problem(obj): the same for the factory evidence MAC;
+    production(tier) -> Production at that tier; recorded_digest(value): the digest of value as a trace line
+    holds it; shown(place): a path for a refusal (certificate, index, approvals, anchor, parked call, proof,
+    sealed suite, trace); one_line(text): text from outside fit for one line; raise_anchor(logs=, certificates=):
+    what a guard found to hold, which the caller keeps as this machine's newest state."""
+    name: str
+    kind: str                   # run | certify | approve
+    tier: str | None = None     # certify: the tier asked for
+    entry: dict | None = None   # approve: the stored parked call
+    approval: object = None     # approve: the signed approval the executor was handed
+
+    @property
+    def since(self) -> str:
+        """The moment the evidence dates from, in words for a refusal."""
+        return {"run": "certification", "certify": "the sealed proof", "approve": "this call was staged"}[self.kind]
+
+    @property
+    def remedy(self) -> str:
+        """What the user does about a refusal of this kind of claim."""
+        return {"run": "re-prove and re-certify.", "certify": "re-prove before certifying.", "approve": "not executed."}[self.kind]
+
+    @property
+    def since_at(self) -> str:
+        """When the evidence dates from: the certified sealed proof, the latest sealed proof, or the staging."""
+        return {"run": lambda: self.cert["sealed_at"], "certify": lambda: self.proof["at"],
+                "approve": lambda: self.entry["staged_at"]}[self.kind]()
+
+    @property
+    def where(self) -> str:
+        """The certificate's path as shown."""
+        return self.shown("certificate")
+
+    @property
+    def proof(self) -> dict:
+        """The latest sealed proof."""
+        return self.proofs[-1][1]
+
+    @property
+    def evidence(self) -> tuple[str, dict]:
+        """(digest, components) the claim rests on: the certificate's, the proof's, or the parked call's."""
+        if self.kind == "certify":
+            return self.proof["digest"], self.proof.get("components", {})
+        signed = self.entry["digest"] if self.kind == "approve" else self.cert["digest"]
+        return signed, self.cert.get("components", {})
+
+    @property
+    def call(self) -> str:
+        """The parked call in words, for refusals."""
+        return f"{self.entry['tool']} from run {self.entry['run_id']} (call {self.entry['call']})"
+
+
+def has_certificate(claim: Claim) -> str | None:
+    """There is a certificate at all; with no card either, there is no such agent to certify."""
+    if claim.cert is not None:
+        return None
+    return claim.missing or (f"uncertified. no evals, no production. to certify it: prove {claim.name} --sealed, then "
+                             f"certify {claim.name} --tier C1 --by YOUR_NAME at a terminal")
+
+
+def figures_in_range(claim: Claim) -> str | None:
+    """Each of the certificate's figures (CERT_FIGURES) is a number in its range, so that nothing computed
+    from one (the drift watch, where drift reads from) fails on it; else one line naming the field."""
+    for name, highest, count, nullable in CERT_FIGURES:
+        value = claim.cert
+        for part in name.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None and nullable:
+            continue
+        if not (type(value) is int or (not count and type(value) is float and math.isfinite(value))):
+            return f"{claim.where}: field '{name}' is not {'a whole number' if count else 'a number'}. re-certify."
+        if not 0 <= value <= highest:   # any int is a number here: the range names a huge one
+            return f"{claim.where}: field '{name}' is {figure_text(value)}, outside 0..{highest}. re-certify."
+    return None
+
+
+def names_a_signer(claim: Claim) -> str | None:
+    """The certificate names a well-formed signer and carries a well-formed signature (hmac-sha256 hex,
+    or ssh armour): anything else does not verify."""
+    signer, signature = claim.cert.get("signer"), claim.cert.get("signature")
+    if isinstance(signer, str) and SIGNER.fullmatch(signer) and isinstance(signature, str) \
+            and (HMAC_SIGNATURE.fullmatch(signature) or SSH_SIGNATURE.fullmatch(signature)):
+        return None
+    return f"{claim.where}: the certificate does not verify (no valid signer or signature). re-certify."
+
+
+def signer_key_here(claim: Claim) -> str | None:
+    """What checks the signature is on this machine: the signer's HMAC key, or for an ssh signature
+    ssh-keygen and a trusted allowed-signers file (else it cannot be checked here)."""
+    signer = claim.cert["signer"]
+    if SSH_SIGNATURE.fullmatch(claim.cert["signature"]):
+        if claim.trusted_signers:
+            return f"{claim.where}: signed with {signer}'s ssh key, but {claim.trusted_signers}; it cannot be verified here."
+        return f"{claim.where}: signed with {signer}'s ssh key; {claim.ssh_keygen}." if claim.ssh_keygen else None
+    key, there = claim.hmac_key
+    return None if there else f"{claim.where}: signed by {signer}, whose key is not on this machine ({key}); it cannot be verified here."
+
+
+def signature_verifies(claim: Claim) -> str | None:
+    """The signature verifies with the signer's key (or ssh key in allowed_signers): nothing was changed after signing."""
+    problem = claim.signature_problem(claim.cert["signer"], claim.cert)
+    if problem is None:
+        return None
+    return f"{claim.where}: the certificate {problem}; it was changed after signing, or signed by someone else. re-certify."
+
+
+def logs_unchanged(claim: Claim) -> str | None:
+    """Every hash-chained log still begins with the entries it held when this certificate, and every other
+    certificate that verifies here, was signed (the newest signature anchors every entry before it), and
+    with every entry this machine wrote or verified in it (its anchor), which is raised to the furthest."""
+    chains, signed = claim.chains, [claim.cert.get("chains")]
+    problem = heads_problem(chains, signed[0], claim.where)
+    for where, heads in ([] if problem else claim.anchors):
+        problem = problem or heads_problem(chains, heads, where)
+        signed.append(heads)
+    if problem:
+        return f"{problem}. {claim.remedy}"
+    if claim.anchor_problem:   # its own remedy: the entries are this machine's or signed
+        return f"{claim.anchor_problem}." if claim.kind == "run" else f"{claim.anchor_problem}; {claim.remedy}"
+    claim.raise_anchor(logs=furthest_heads(signed))
+    return None
+
+
+def furthest_heads(signed: list[dict]) -> dict:
+    """log name -> the head with the most entries among sets of log heads (each name -> {"count", "hash"},
+    all checked to agree with the logs as they are)."""
+    furthest: dict = {}
+    for heads in signed:
+        for name, head in heads.items():
+            if head["count"] > furthest.get(name, {"count": -1})["count"]:
+                furthest[name] = head
+    return furthest
+
+
+def logs_as_anchored(claim: Claim) -> str | None:
+    """Every hash-chained log still holds every entry this machine wrote or verified in it: nothing is
+    signed over a registry put back to an older state."""
+    return f"{claim.anchor_problem}." if claim.anchor_problem else None
+
+
+def newest_certificate(claim: Claim) -> str | None:
+    """The certificate is not older than the newest one of this agent this machine has written or verified
+    (a superseded certificate copied back, its revocation cut or not); a newer one is recorded as seen."""
+    cert, seen = claim.cert, claim.seen
+    if isinstance(seen, dict) and seen.get("signature") != cert["signature"] \
+            and not (isinstance(cert.get("signed_at"), str) and cert["signed_at"] > str(seen.get("signed_at"))):
+        return (f"{claim.where}: superseded: this machine has seen {claim.name}'s certificate signed at {seen.get('signed_at')} "
+                f"({claim.shown('anchor')}), and this one was signed before it; an older certificate was put back. {claim.remedy}")
+    if isinstance(cert.get("signed_at"), str):
+        claim.raise_anchor(certificates={claim.name: cert})
+    return None
+
+
+def for_this_agent(claim: Claim) -> str | None:
+    """The certificate was signed for NAME, not copied from another agent."""
+    if claim.cert.get("agent") == claim.name:
+        return None
+    return f"{claim.where}: the certificate is for {claim.cert.get('agent')!r}, not {claim.name}; it does not verify here."
+
+
+def not_revoked(claim: Claim) -> str | None:
+    """The certificate is not revoked (by its mark or in the revocation log)."""
+    return f"certificate revoked: {claim.revocation}. {claim.remedy}" if claim.revocation else None
+
+
+def not_recalled(claim: Claim) -> str | None:
+    """No recall reaching NAME (its own or a master's) since the evidence was made."""
+    later = [r for r in claim.recalls if r["at"] > claim.since_at]
+    if not later:
+        return None
+    recall = later[-1]
+    if recall["agent"] != claim.name:   # a master's recall reaches its variants: say whose it was
+        return f"recalled since {claim.since} (its master {recall['agent']} was recalled: {recall['reason']}). {claim.remedy}"
+    return f"recalled since {claim.since}: {recall['reason']}. {claim.remedy}"
+
+
+def changed_components(old: dict, new: dict) -> list[str]:
+    """Labels of components that differ between two component maps (added or removed count)."""
+    return sorted(label for label in set(old) | set(new) if old.get(label) != new.get(label))
+
+
+def unchanged(claim: Claim) -> str | None:
+    """The agent's digest is the one the evidence was made for; else names the components that changed.
+    Its code is compared before any of it runs, so a changed module is refused without being executed."""
+    digest, components = claim.evidence
+    code = {label: value for label, value in components.items() if not label.startswith(CONTRACT)}
+    changed = changed_components(code, claim.code) if code else []
+    if not changed and claim.agent.digest == digest:
+        return None
+    changed = changed or changed_components(components, claim.agent.components) or ["digest"]
+    return f"the ABOM changed since {claim.since} ({', '.join(changed)}). {claim.remedy}"
+
+
+def lineage_agrees(claim: Claim) -> str | None:
+    """The card's own stamped_from and the lineage log's first entry for NAME name the same master (a
+    master: neither does)."""
+    return claim.lineage
+
+
+def within_ceiling(claim: Claim) -> str | None:
+    """The tier asked for is at most the card's tier_ceiling."""
+    ceiling = claim.card["tier_ceiling"]
+    return f"tier {claim.tier} is above the card's tier_ceiling {ceiling}." if TIERS.index(claim.tier) > TIERS.index(ceiling) else None
+
+
+def has_sealed_proof(claim: Claim) -> str | None:
+    """There is a sealed proof at all."""
+    return None if claim.proofs else f"no sealed proof. the law: no evals, no production. run: prove {claim.name} --sealed"
+
+
+def proof_verifies(claim: Claim) -> str | None:
+    """The latest sealed proof is the one prove wrote: its evidence MAC verifies."""
+    problem = claim.mac_problem(claim.proof)
+    return f"{claim.shown('proof')}: the sealed proof {problem}. {claim.remedy}" if problem else None
+
+
+def sealed_suite_unchanged(claim: Claim) -> str | None:
+    """The sealed suite is byte for byte the one the latest proof ran."""
+    if claim.suite_digest == claim.proof["suite_digest"]:
+        return None
+    return (f"the sealed suite changed since {claim.since} ({claim.shown('sealed suite')}): prove {claim.name} --sealed "
+            f"again before certifying.")
+
+
+def clears_the_bar(claim: Claim) -> str | None:
+    """The latest sealed proof's verdict, derived again from its counts, passes (PASSING): each bar shown on
+    its count's 95% lower bound, and a draft rubric on the card scored or, with no decision model, never run."""
+    why, verdict = verdict_why(claim.proof), proof_verdict(claim.proof)
+    remedy = "check the decision model (doctor)" if verdict == "RUBRIC UNSCORED" else "check the model key (doctor)" \
+        if verdict == "MODEL UNANSWERED" else "improve the agent or add sealed cases"
+    return f"the sealed proof is {verdict} ({part_text(claim.proof, claim.proof['pass_bar'])}): {why}. {remedy} and " \
+           f"re-prove." if verdict not in PASSING else None
+
+
+def acting_evidence(claim: Claim) -> str | None:
+    """C2 and C3 act on the output: they need the card's draft rubric run on the sealed proof, and a price for
+    each of the card's models (a run whose cost is unknown never passes the gate every C2/C3 run must clear)."""
+    if claim.tier not in ACTING:
+        return None
+    if proof_verdict(claim.proof) == "PASS WITHOUT RUBRIC":
+        return (f"tier {claim.tier} needs the sealed proof's {rubric_field(claim.proof)} scored by the card's draft rubric, "
+                f"which never ran ({claim.proof['draft_check']}): set up a decision model (doctor) and prove {claim.name} "
+                f"--sealed again")
+    return f"tier {claim.tier} runs must clear the gate, and one whose cost is unknown never does: {claim.unpriced}" \
+        if claim.unpriced else None
+
+
+def production_evidence(claim: Claim) -> str | None:
+    """C2 and C3 need >= PROMOTION_RUNS gated runs at the tier below since the agent (its digest) last
+    changed, their gate pass rate's 95% lower bound at the card's pass bar."""
+    if claim.tier not in ACTING:
+        return None
+    below, bar = TIERS[TIERS.index(claim.tier) - 1], claim.agent.card["evals"]["pass_bar"]
+    if claim.index_problem:
+        return f"tier {claim.tier} needs production evidence, which the index cannot give until it is whole: {claim.index_problem}"
+    production = claim.production(below)
+    if production.runs >= PROMOTION_RUNS and clears(production.passes, production.runs, bar):
+        return None
+    return (f"tier {claim.tier} needs production evidence at {below} since the agent (its digest) last changed: "
+            f"{production.runs} gated run(s) (need {max(PROMOTION_RUNS, needed_cases(bar) or 0)}), gate pass rate "
+            f"{production.rate_text} (need its 95% lower bound at {bar} or above){production.not_counted(claim.shown('index'))}.")
+
+
+def parked_call_sealed(claim: Claim) -> str | None:
+    """The parked file is the one the run wrote: its evidence MAC verifies over every field."""
+    problem = claim.mac_problem(claim.entry)
+    return f"{claim.shown('parked call')}: the parked call {problem}; {claim.remedy}" if problem else None
+
+
+def staged_by_its_run(claim: Claim) -> str | None:
+    """The run the call names closed in the index with a row that verifies and parked at least this many
+    calls (`staging`): not one stopped after parking it, nor a trace and parked file copied anew."""
+    if claim.staging[0] == "closed":
+        return None
+    entry, index = claim.entry, claim.shown("index")
+    if claim.staging[0] == "started":
+        return (f"run {entry['run_id']} never closed ({index} holds its started row and no closed row that verifies: "
+                f"it was stopped after it parked call {entry['call']}); {claim.call} cannot be approved, reject closes "
+                f"it; {claim.remedy}")
+    return (f"run {entry['run_id']} has no closed row in {index} that verifies and parked call {entry['call']}: no run "
+            f"of this line staged {claim.call}; {claim.remedy}")
+
+
+def not_open(station: str):
+    """The guard `open call` of approve or reject: the station's refusal of the call in its state
+    (refused_in, over the claim's `record`), or None."""
+    def check(claim: Claim) -> str | None:
+        state, last = claim.record.state, claim.record.last or {}
+        found = claim.read_back[1] if state == "uncertain-effect" else ""
+        return refused_in(station, state, claim.record.decisions, call=claim.call, by=last.get("by"), at=last.get("at"),
+                          reason=claim.one_line(str(last.get("reason"))), expires=claim.entry["expires_at"], found=found)
+    return check
+
+
+def not_carried_out(claim: Claim) -> str | None:
+    """The run's trace records no attempt at this call (an `effect_started` or `approved_call` event) that
+    the approvals log holds no approval for: a log emptied or lost never lets a call run twice (the attempts
+    the log knows of are judged by the open call guard)."""
+    if any(entry["kind"] == "intent" for entry in claim.record.decisions):
+        return None
+    done = [event.get("event") for event in claim.recorded.later
+            if event.get("event") in ("effect_started", "approved_call") and event.get("call") == claim.entry["call"]]
+    if not done:
+        return None
+    return (f"{claim.shown('trace')} records {claim.call} as carried out already ({done[0]}), whatever "
+            f"{claim.shown('approvals')} says; it will not be executed again (see `pending`).")
+
+
+def acting_certificate(claim: Claim) -> str | None:
+    """The certificate lets the agent act (ACTING) and is for the digest the call was staged under."""
+    if claim.cert.get("tier") not in ACTING:
+        return f"{claim.where} is at {claim.cert.get('tier')}: a parked call runs only under a certificate at C2 or above; {claim.remedy}"
+    if claim.cert.get("digest") != claim.entry["digest"]:
+        return f"{claim.where} is for another digest than the one {claim.call} was staged under; {claim.remedy}"
+    return None
+
+
+def same_certificate(claim: Claim) -> str | None:
+    """The certificate is the one the call was staged under (not re-certified since)."""
+    if claim.cert["signature"] == claim.entry["certificate"]:
+        return None
+    return f"{claim.name} was re-certified since {claim.since}; run the ticket again under the new certificate."
+
+
+def arguments_unchanged(claim: Claim) -> str | None:
+    """The stored arguments still match the digest taken when the call was staged."""
+    if args_digest(claim.entry["args"]) == claim.entry["args_digest"]:
+        return None
+    return f"the stored arguments of {claim.entry['tool']} no longer match their digest: changed after staging; {claim.remedy}"
+
+
+def staged_in_the_trace(claim: Claim) -> str | None:
+    """The run's trace is that run's and holds the sealed `settled` event that parked this call, naming
+    the same run, tool, arguments digest, certificate and digest as the parked file."""
+    where, number = claim.shown("trace"), claim.entry["call"]
+    if claim.recorded.header.get("run_id") != claim.entry["run_id"]:
+        return f"{where}: is the trace of run {claim.recorded.header.get('run_id')}, not {claim.entry['run_id']}; {claim.remedy}"
+    events = [e for e in claim.recorded.events
+              if e.get("event") == "settled" and e.get("decision") == "park" and e.get("call") == number]
+    if not events:
+        return f"{where}: no call {number} was parked by that run; {claim.remedy}"
+    problem = claim.mac_problem(events[0])
+    if problem:
+        return f"{where}: the event that parked call {number} {problem}; {claim.remedy}"
+    differs = [key for key in ("run_id", "tool", "args_digest", "certificate", "digest") if events[0].get(key) != claim.entry[key]]
+    if differs:
+        return (f"the parked {claim.call} is not what the run staged ({', '.join(differs)} differ from {where}): "
+                f"changed after staging; {claim.remedy}")
+    return None
+
+
+def shows_what_was_staged(claim: Claim) -> str | None:
+    """The run's trace still holds the ticket and the agent's output whose digests are sealed in the parked
+    call: the approve prompt shows what the gate judged (a call parked without them cannot be shown)."""
+    entry, recorded = claim.entry, claim.recorded
+    if not isinstance(entry.get("input_digest"), str) or not isinstance(entry.get("output_digest"), str):
+        return (f"{claim.call} was staged by an older factory that did not seal the ticket and output it would "
+                f"show; run the ticket again (reject closes this one); {claim.remedy}")
+    shown = (("the ticket", recorded.header.get("input"), "input_digest"),
+             ("the agent's output", (recorded.end or {}).get("output"), "output_digest"))
+    differs = [what for what, value, key in shown if claim.recorded_digest(value) != entry[key]]
+    if not differs:
+        return None
+    return (f"{claim.shown('trace')}: {' and '.join(differs)} in it {'is' if len(differs) == 1 else 'are'} not what "
+            f"call {entry['call']} was staged with (the parked call seals their digests): the trace was changed after "
+            f"the run; {claim.remedy}")
+
+
+def approved(claim: Claim) -> str | None:
+    """A human approved the call (the executor refuses without one, whoever calls it)."""
+    return None if claim.approval is not None else f"{claim.call} has no approval record; the executor refuses."
+
+
+def approval_signed(claim: Claim) -> str | None:
+    """The approval is an intent signed by the approver it names (HMAC key here, or ssh key in the allowed signers)."""
+    by = claim.approval.entry.get("by")
+    if not (isinstance(by, str) and SIGNER.fullmatch(by)) or claim.approval.entry.get("kind") != "intent":
+        return f"the approval of {claim.call} names no approver; the executor refuses."
+    problem = claim.signature_problem(by, claim.approval.entry, DECISION_UNSIGNED)
+    return f"the approval of {claim.call} by {by} {problem}; the executor refuses." if problem else None
+
+
+def approved_these_arguments(claim: Claim) -> str | None:
+    """The approval was for exactly this parked call: its run, call, tool, arguments and certificate."""
+    keys = ("run_id", "call", "agent", "tool", "args_digest", "certificate")
+    if all(claim.approval.entry.get(key) == claim.entry[key] for key in keys):
+        return None
+    return f"the approval of run {claim.entry['run_id']} (call {claim.entry['call']}) was for other arguments; {claim.remedy}"
+
+
+# Each chain is (name, check) in order; a check returns None or the one refusal line. The module docstring
+# lists them (tests/test_broker_pure.py holds it to these tuples).
+CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
+                      ("signature", signature_verifies), ("figures", figures_in_range), ("agent", for_this_agent),
+                      ("logs", logs_unchanged), ("newest certificate", newest_certificate))
+RUN_GUARDS = CERTIFICATE_GUARDS + (("revocation", not_revoked), ("recall", not_recalled), ("digest", unchanged),
+                                   ("lineage", lineage_agrees))
+CERTIFY_GUARDS = (("logs", logs_as_anchored), ("lineage", lineage_agrees), ("tier ceiling", within_ceiling),
+                  ("sealed proof", has_sealed_proof), ("digest", unchanged),
+                  ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar), ("proof evidence", proof_verifies),
+                  ("acting evidence", acting_evidence), ("recall", not_recalled), ("production evidence", production_evidence))
+OPEN_GUARDS = (("parked call", parked_call_sealed), ("open call", not_open("approve")))
+REJECT_GUARDS = (("open call", not_open("reject")),)
+DECIDING_GUARDS = (OPEN_GUARDS[1], ("carried out", not_carried_out))   # read again under the approvals log's lock
+APPROVE_GUARDS = OPEN_GUARDS + CERTIFICATE_GUARDS + (
+    ("revocation", not_revoked), ("recall", not_recalled), ("acting certificate", acting_certificate),
+    ("same certificate", same_certificate), ("digest", unchanged), ("arguments", arguments_unchanged),
+    ("staged event", staged_in_the_trace), ("shown", shows_what_was_staged), ("staging run", staged_by_its_run),
+    ("carried out", not_carried_out))
+EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (
+    ("approval signature", approval_signed), ("approved arguments", approved_these_arguments))
+# whether a pending call's agent may still act on it, in approve's order (pending and the tower): the guard
+# that refuses -> the call's state (STUCK); the staging run's refusal is `run never closed` or `not staged`
+STANDING_GUARDS = (("certificate", has_certificate), ("revocation", not_revoked), ("recall", not_recalled),
+                   ("same certificate", same_certificate), ("staging run", staged_by_its_run))
+STANDING_STATES = MappingProxyType({"certificate": "uncertified", "revocation": "revoked", "recall": "recalled",
+                                    "same certificate": "superseded"})
+CHAINS = MappingProxyType({"run": RUN_GUARDS, "certify": CERTIFY_GUARDS, "approve": APPROVE_GUARDS,
+                           "execute": EXECUTE_GUARDS, "reject": REJECT_GUARDS, "deciding": DECIDING_GUARDS,
+                           "standing": STANDING_GUARDS})
+
+
+def guard_results(claim: Claim, guards: tuple, unreadable: tuple = (), said=str, unread: set | None = None) -> list:
+    """[(guard name, refusal line or None)] for each guard in order, up to the first that refuses (the ones
+    after it rely on it). An error of the `unreadable` types a guard raises (the caller's: a file it could
+    not read) refuses too, as said(error), and adds the guard's name to `unread`; any other propagates."""
+    results = []
+    for name, check in guards:
+        try:
+            line = check(claim)
+        except unreadable as error:
+            line = said(error)
+            if unread is not None:
+                unread.add(name)
+        results.append((name, line))
+        if line:
+            break
+    return results
+
+
+def first_refusal(claim: Claim, guards: tuple) -> str | None:
+    """The first guard's refusal line, in order, or None when every guard holds; what a guard raises propagates."""
+    for _, check in guards:
+        line = check(claim)
+        if line:
+            return line
+    return None
+
+
+def closing_verdicts(at_close: str, decisions: list[dict], states: list[str], outcome: str) -> tuple[str, str]:
+    """(a run's verdict before a closing decision on one of its calls, after it): from the verdict the run
+    closed with, the run's verified decisions so far (in the log's order; the last CLOSING one's `verdict_to`
+    is its verdict now), the states of its other parked calls as they stand (CALL_STATES) and this call's
+    outcome (OUTCOMES)."""
+    closed = [entry for entry in decisions if entry["kind"] in CLOSING]
+    outcomes = [STATE_OUTCOMES[state] for state in states if state in STATE_OUTCOMES] + [outcome]
+    before = closed[-1].get("verdict_to", at_close) if closed else at_close
+    return before, verdict_after(at_close, outcomes, any(state not in STATE_OUTCOMES for state in states))

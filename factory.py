@@ -99,17 +99,21 @@ def own_module(name: str, lazy: bool = False):
 own_module("broker")   # the import below then finds it registered and reads no file of its own
 from broker import (  # noqa: E402
     CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, REVIEW_DECISIONS, STUCK, VERDICTS, ActEnvelope, Broker,
-    Outcome, Policy, amount_schema, args_digest, call_state, check_args, exact_usd, judge, outcome_of, refused_in,
-    review_counts, reviews_text, run_verdict, settle, verdict_after, went)
+    Outcome, Policy, amount_schema, args_digest, call_state, check_args, exact_usd, judge, outcome_of,
+    review_counts, reviews_text, run_verdict, settle, went)
 from broker import (  # noqa: E402   the tower's figures and the index's tally
     DRIFT_WINDOW, GENESIS, MAX_FIGURE, P_BINS, Drift, GatedRuns, IndexTally, Production, Tally,
-    fold_decisions, from_state, json_state, line_verifies, seal_line, signed_index, Chain, heads_problem, head_problem)
-from broker import STATE_OUTCOMES, CallRecord, Decisions, Settled, decisions_in, routing_reasons, settled_phrase  # noqa: E402
+    fold_decisions, from_state, json_state, line_verifies, seal_line, signed_index, Chain, head_problem)
+from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons, settled_phrase  # noqa: E402
 from broker import call_columns, closes, state_column, uncertain_said  # noqa: E402
+from broker import (  # noqa: E402   the guards and their chains, over a Claim (ClaimOnDisk reads its evidence)
+    CONTRACT, DECISION_UNSIGNED, HMAC_SIGNATURE, PROMOTION_RUNS, SIGNER, SSH_SIGNATURE, TIERS, Claim,
+    closing_verdicts, first_refusal, guard_results, APPROVE_GUARDS, CERTIFICATE_GUARDS,
+    CERTIFY_GUARDS, DECIDING_GUARDS, EXECUTE_GUARDS, REJECT_GUARDS, RUN_GUARDS, STANDING_GUARDS, STANDING_STATES)
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
     Sign, detect, evidence, LABEL_SOURCES, PASSING, PROOF_VERDICTS, UNRECORDED, card_changes, cut, label_counts,
     label_source_problem, junit_xml, xml_safe, normalised, part, part_text, percent_text,
-    proof_verdict, rate_text, rubric_field, share, shared_inputs, usd_text, clears,
+    proof_verdict, rate_text, rubric_field, share, shared_inputs, usd_text,
     paired_text, handoff_figures, needed_cases, parts_lines, verdict_why,
     SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards)
 from broker import (  # noqa: E402   a proof's record and its drafts' scores; replay; an index row's figures
@@ -123,8 +127,6 @@ VERSION = "0.1"                # what --version says; sage.py's User-Agent names
 # Name patterns are always matched whole (fullmatch): `^...$` with match() also accepts a final newline.
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{6}")
-SIGNER = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
-TIERS = ("C0", "C1", "C2", "C3")
 MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
 CLIP_CHARS = 8000              # ~2,000 tokens of a tool result or of the input go to the worker
@@ -1369,7 +1371,6 @@ def _model_id(value) -> bool:
 
 TOOL = re.compile(r"([a-z][a-z0-9_]{0,31}):[a-z][a-z0-9_-]{0,31}")   # family:verb, defined in agents/tools/FAMILY.py
 ENTRYPOINT = re.compile(r"([a-z][a-z0-9_]*):([a-z_][a-z0-9_]*)")     # module:function, the module agents/MODULE.py
-CONTRACT = "contract "                                              # how a tool's contract is labelled in a digest
 REQUIRED = "required"                                               # the default of a field that must be there
 
 
@@ -2241,11 +2242,6 @@ def digest_components(fac: Factory, card: dict, contracts: dict) -> dict:
     return {**code_components(fac, card), **{f"{CONTRACT}{tool}": sha256(canonical(contracts[tool])) for tool in named}}
 
 
-def changed_components(old: dict, new: dict) -> list[str]:
-    """Labels of components that differ between two component maps (added or removed count)."""
-    return sorted(label for label in set(old) | set(new) if old.get(label) != new.get(label))
-
-
 # ---- lineage and suites
 
 LINEAGE_SHAPE = Shape.of({"agent": str, "stamped_from": str})
@@ -2816,8 +2812,6 @@ def holds(fac: Factory, path: Path, data: bytes) -> bool:
 # ---- keys and signatures
 
 UNSIGNED_FIELDS = ("signature", "revoked")   # revocation is added later and also kept in its own log
-HMAC_SIGNATURE = re.compile(r"hmac-sha256:[0-9a-f]{64}")
-SSH_SIGNATURE = re.compile(r"-----BEGIN SSH SIGNATURE-----\n[A-Za-z0-9+/=\n]{1,16384}-----END SSH SIGNATURE-----\n?")
 SSH_NAMESPACE = "agent-factory"   # ssh-keygen -Y's namespace: a signature made for git or email never verifies here
 
 
@@ -3288,7 +3282,6 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
 
 
 SEALED_COUNTS = ("passing_cases", "cases", "interval", "real", "synthetic", "by_source", "by_expected", "label_sources", "handoff")   # on a certificate
-PROMOTION_RUNS = 20          # gated production runs at the tier below, since the agent (its digest) last changed
 
 
 
@@ -3375,7 +3368,6 @@ PENDING_SHAPE = Shape.of({"format": str, "run_id": str, "call": int, "agent": st
 # registry/approvals.jsonl, hash-chained: one entry per decision (broker.DECISIONS), each signed by the person
 # who made it. What the verified ones make of a call is broker.call_state, read alike by every decider.
 DECISION_SHAPE = Shape.of({"kind": str, "run_id": str, "call": int, "agent": str, "by": str, "at": str, "signature": str})
-DECISION_UNSIGNED = ("signature", "prev")      # `prev` is set by the log as the entry is appended
 # registry/reviews.jsonl, hash-chained the same way: what a human did with a held draft (broker.REVIEW_DECISIONS)
 REVIEW_SHAPE = Shape.of({"kind": str, "decision": str, "agent": str, "run_id": str, "seq": int, "by": str, "at": str,
                          "signature": str})
@@ -3454,7 +3446,7 @@ def call_record(decisions: list, expires_at: str = "~") -> CallRecord:
     return CallRecord("uncertain-effect" if state == "executing" and not approver_runs(decisions) else state, last, decisions)
 
 
-def deciding(claim: "Claim", guards: tuple, compose):
+def deciding(claim: "ClaimOnDisk", guards: tuple, compose):
     """make(chain) for the approvals log: under its lock, `guards` enforced on the claim read again from
     the log as it is, then compose(that claim) -> the entry appended. Of two deciders racing, the first wins."""
     def make(chain: Chain) -> dict:
@@ -3464,7 +3456,7 @@ def deciding(claim: "Claim", guards: tuple, compose):
 
 def claiming(approval: Decision):
     """compose(claim) for an approval's intent, signed again naming this process (`pid`, `started`)."""
-    def compose(claim: "Claim") -> dict:
+    def compose(claim: "ClaimOnDisk") -> dict:
         pid = os.getpid()
         body = {key: value for key, value in approval.entry.items() if key not in DECISION_UNSIGNED}
         return approval.signer.signed(claim.fac, {**body, "pid": pid, "started": process_started(pid)}, DECISION_UNSIGNED)
@@ -3472,17 +3464,15 @@ def claiming(approval: Decision):
 
 
 def closing(signer: Signer, body: dict, outcome: str):
-    """compose(claim) for a result or rejected entry (body): with the run's verdict before it (its last
-    closing entry, else its trace) and after it (verdict_after; this call's outcome `outcome`), signed."""
-    def compose(claim: "Claim") -> dict:
+    """compose(claim) for a result or rejected entry (body), with the run's verdict before and after it
+    (broker.closing_verdicts; this call's outcome `outcome`), signed."""
+    def compose(claim: ClaimOnDisk) -> dict:
         run_id, call = claim.entry["run_id"], claim.entry["call"]
         entries = verified_entries(claim.fac, claim.chain, lambda e: e["run_id"] == run_id)[0]
-        closed, decided = [e for _, e in entries if e["kind"] in ("result", "rejected")], decisions_in(entries)
+        decided = decisions_in(entries)
         states = [call_record(decided.get((run_id, n), [])).state
                   for n in range(1, claim.staging[1] + 1) if n != call]   # each other call as it stands now
-        outcomes = [STATE_OUTCOMES[state] for state in states if state in STATE_OUTCOMES] + [outcome]
-        before = closed[-1].get("verdict_to", claim.verdict_at_close) if closed else claim.verdict_at_close
-        after = verdict_after(claim.verdict_at_close, outcomes, any(state not in STATE_OUTCOMES for state in states))
+        before, after = closing_verdicts(claim.verdict_at_close, [e for _, e in entries], states, outcome)
         return signer.signed(claim.fac, {**body, "verdict_from": before, "verdict_to": after}, DECISION_UNSIGNED)
     return compose
 
@@ -3514,89 +3504,52 @@ def effect_written(fac: Factory, started: dict) -> bool:
 
 
 
-# ---- the guards: named checks in ordered chains, run by one function
+# ---- the guards: broker's chains (broker.Claim, RUN_GUARDS ...) over evidence read from the factory's files
 
 @dataclass
-class Claim:
-    """What a guard chain decides on: that agent NAME may run (`run`), be certified at `tier`
-    (`certify`), or have one staged call executed (`approve`). The evidence is read lazily, once, as
-    the guards ask for it; each guard relies on the ones before it in its chain having held."""
-    fac: Factory
-    name: str
-    kind: str                   # run | certify | approve
-    tier: str | None = None     # certify: the tier asked for
-    entry: dict | None = None   # approve: the stored staged call
-    approval: Decision | None = None   # approve: the signed approval the executor was handed
-    chain: Chain | None = None         # approve: the approvals log as its lock holder reads it (deciding)
+class ClaimOnDisk(Claim):
+    """A broker.Claim whose evidence (as broker.Claim names it) is read from the factory's files, each piece
+    once, when a guard first asks; a file that does not read raises Refusal."""
+    fac: Factory = field(default=None, kw_only=True)
+    chain: Chain | None = field(default=None, kw_only=True)   # approve: the approvals log as its lock holder reads it (deciding)
 
-    @property
-    def since(self) -> str:
-        """The moment the evidence dates from, in words for a refusal."""
-        return {"run": "certification", "certify": "the sealed proof", "approve": "this call was staged"}[self.kind]
-
-    @property
-    def remedy(self) -> str:
-        """What the user does about a refusal of this kind of claim."""
-        return {"run": "re-prove and re-certify.", "certify": "re-prove before certifying.", "approve": "not executed."}[self.kind]
-
-    @property
-    def since_at(self) -> str:
-        """When the evidence dates from: the certified sealed proof, the latest sealed proof, or the staging."""
-        return {"run": lambda: self.cert["sealed_at"], "certify": lambda: self.proof["at"],
-                "approve": lambda: self.entry["staged_at"]}[self.kind]()
-
-    @property
-    def where(self) -> str:
-        """The certificate's path as shown to the user."""
-        return self.fac.shown(self.fac.cert_path(self.name))
+    cert = cached_property(lambda self: self.fac.store.read_json(p) if (p := self.fac.cert_path(self.name)).exists() else None)
+    missing = cached_property(lambda self: missing_agent(self.fac, self.name))
+    trusted_signers = cached_property(lambda self: trusted_signers_problem(self.fac))
+    hmac_key = cached_property(lambda self: (str(key := self.fac.key_path(self.cert["signer"])), key.exists()))
+    chains = cached_property(lambda self: chained_logs(self.fac))
+    anchor_problem = cached_property(lambda self: anchor_problem(self.fac, self.chains))
+    anchors = cached_property(lambda self: list(anchors(self.fac, self.name)))
+    seen = cached_property(lambda self: read_anchor(self.fac)["certificates"].get(self.name))
+    revocation = cached_property(lambda self: revocation_reason(self.fac, self.name, self.cert))
+    recalls = cached_property(lambda self: recalls_of(self.fac, self.name))
+    card = cached_property(lambda self: load_card(self.fac, self.name))
+    code = cached_property(lambda self: code_components(self.fac, self.card))
+    agent = cached_property(lambda self: agent_from_card(self.fac, self.card, self.fac.shown(self.fac.card_path(self.name))))
+    lineage = cached_property(lambda self: lineage_problem(self.fac, self.name, self.card))
+    proofs = cached_property(lambda self: sealed_records(self.fac, self.name))
+    suite_digest = cached_property(lambda self: sha256(self.fac.store.read_bytes(self.place("sealed suite"), limit=1 << 40)))
+    unpriced = cached_property(lambda self: unpriced(self.fac, self.card))
+    index_problem = cached_property(lambda self: index_problem(self.fac))
+    record = cached_property(lambda self: call_record(self.decisions.of(self.entry["run_id"], self.entry["call"]),
+                                                      self.entry["expires_at"]))
+    read_back = cached_property(lambda self: read_back_attempts(self.fac, self.entry))
+    recorded = cached_property(lambda self: Trace.read(self.fac, self.entry["run_id"], self.entry["agent"]))
+    staging = cached_property(lambda self: staging_of(self.fac, self.entry))
+    one_line = staticmethod(one_line)
 
     @cached_property
-    def cert(self) -> dict | None:
-        """NAME's certificate as stored (not yet verified), or None when there is none."""
-        path = self.fac.cert_path(self.name)
-        return self.fac.store.read_json(path) if path.exists() else None
-
-    @cached_property
-    def chains(self) -> dict[str, Chain]:
-        """Every hash-chained log as it is now, read and verified once."""
-        return chained_logs(self.fac)
-
-    @cached_property
-    def card(self) -> dict:
-        """NAME's card as it is on disk now, validated."""
-        return load_card(self.fac, self.name)
-
-    @cached_property
-    def code(self) -> dict:
-        """The components of the code NAME's card names, read and hashed but not yet executed."""
-        return code_components(self.fac, self.card)
-
-    @cached_property
-    def agent(self) -> Agent:
-        """NAME as it is on disk now, its code read and checked from the bytes `code` hashed, not executed."""
-        return agent_from_card(self.fac, self.card, self.fac.shown(self.fac.card_path(self.name)))
-
-    @cached_property
-    def proofs(self) -> list[tuple[Path, dict]]:
-        """Every sealed proof of NAME, oldest first."""
-        return sealed_records(self.fac, self.name)
-
-    @property
-    def proof(self) -> dict:
-        """The latest sealed proof."""
-        return self.proofs[-1][1]
-
-    @property
-    def evidence(self) -> tuple[str, dict]:
-        """(digest, components) the claim rests on: the certificate's, the proof's, or the staged call's."""
-        if self.kind == "certify":
-            return self.proof["digest"], self.proof.get("components", {})
-        signed = self.entry["digest"] if self.kind == "approve" else self.cert["digest"]
-        return signed, self.cert.get("components", {})
+    def ssh_keygen(self) -> str | None:
+        """Why ssh-keygen cannot be run here (Store.ssh_program), else None."""
+        try:
+            self.fac.store.ssh_program()
+        except Refusal as missing:
+            return str(missing)
+        return None
 
     @cached_property
     def decisions(self) -> Decisions:
-        """The approvals log's verified decisions on the staged call (the other calls' entries unchecked),
+        """The approvals log's verified decisions on the parked call (the other calls' entries unchecked),
         from `chain` when given, else read from the log."""
         run_id, call = self.entry["run_id"], self.entry["call"]
         wanted = lambda e: (e["run_id"], e["call"]) == (run_id, call)  # noqa: E731
@@ -3604,27 +3557,6 @@ class Claim:
             return decisions_of(self.fac, wanted)
         verified, doubted = verified_entries(self.fac, self.chain, wanted)
         return Decisions(decisions_in(verified), doubted)
-
-    @cached_property
-    def record(self) -> CallRecord:
-        """The staged call's state as its decisions, approver and expiry make it (call_record)."""
-        return call_record(self.decisions.of(self.entry["run_id"], self.entry["call"]), self.entry["expires_at"])
-
-    @cached_property
-    def read_back(self) -> tuple[bool | None, str]:
-        """(written, what reading back finds) of the staged call's effect (read_back_attempts)."""
-        return read_back_attempts(self.fac, self.entry)
-
-    @cached_property
-    def recorded(self) -> "Recorded":
-        """The trace of the run that staged the call."""
-        return Trace.read(self.fac, self.entry["run_id"], self.entry["agent"])
-
-    @cached_property
-    def staging(self) -> tuple[str, int]:
-        """(how the run that staged the call ended: closed, started (never closed) or none; the calls its closed
-        row says it parked): staging_of."""
-        return staging_of(self.fac, self.entry)
 
     @property
     def verdict_at_close(self) -> str:
@@ -3636,127 +3568,37 @@ class Claim:
             end = {}
         return end.get("verdict") if isinstance(end.get("verdict"), str) else "waiting-for-approval"
 
-    @property
-    def call(self) -> str:
-        """The staged call in words, for refusals."""
-        return f"{self.entry['tool']} from run {self.entry['run_id']} (call {self.entry['call']})"
+    def signature_problem(self, signer: str, obj: dict, unsigned: tuple = UNSIGNED_FIELDS) -> str | None:
+        """signature_problem, on this factory's keys."""
+        return signature_problem(self.fac, signer, obj, unsigned)
 
+    def mac_problem(self, obj: dict) -> str | None:
+        """evidence_problem, under this factory's evidence key."""
+        return evidence_problem(self.fac, obj)
 
-def has_certificate(claim: Claim) -> str | None:
-    """There is a certificate at all; with no card either, there is no such agent to certify."""
-    if claim.cert is not None:
-        return None
-    return missing_agent(claim.fac, claim.name) or (f"uncertified. no evals, no production. to certify it: prove "
-                                                    f"{claim.name} --sealed, then certify {claim.name} --tier C1 --by "
-                                                    f"YOUR_NAME at a terminal")
+    def production(self, tier: str) -> Production:
+        """The agent's gated runs at `tier` in the index (gated_runs)."""
+        return gated_runs(self.fac, self.agent, tier)
 
+    def recorded_digest(self, value) -> str:
+        """recorded_digest, by this factory's Store."""
+        return recorded_digest(self.fac, value)
 
-# a certificate's figures: field (a dotted path), highest (lowest 0), whether it is a count, whether null is allowed
-CERT_FIGURES = (("sealed_score", 1, False, False), ("envelope_usd", MAX_FIGURE, False, False),
-                ("certified_rate", 1, False, True), ("certified_rate_runs", MAX_FIGURE, True, False),
-                ("index.bytes", MAX_FIGURE, True, True), ("index.lines", MAX_FIGURE, True, True))
+    def raise_anchor(self, **heads) -> None:
+        """raise_anchor this machine's anchor to what a guard found to hold."""
+        raise_anchor(self.fac, **heads)
 
+    def place(self, place: str) -> Path:
+        """The path of a place a refusal names (broker.Claim.shown)."""
+        fac, entry = self.fac, self.entry or {}
+        return {"certificate": lambda: fac.cert_path(self.name), "index": lambda: fac.index, "approvals": lambda: fac.approvals,
+                "anchor": lambda: fac.anchor_path, "parked call": lambda: fac.pending_path(entry["run_id"], entry["call"]),
+                "proof": lambda: self.proofs[-1][0], "sealed suite": lambda: fac.suite_path(self.proof["suite"], True),
+                "trace": lambda: self.recorded.path}[place]()
 
-def figures_in_range(claim: Claim) -> str | None:
-    """Each of the certificate's figures (CERT_FIGURES) is a number in its range, so that nothing computed
-    from one (the drift watch, where drift reads from) fails on it; else one line naming the field."""
-    for name, highest, count, nullable in CERT_FIGURES:
-        value = claim.cert
-        for part in name.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is None and nullable:
-            continue
-        if not (type(value) is int or (not count and _is_number(value))):   # any int: the range names a huge one
-            return f"{claim.where}: field '{name}' is not {'a whole number' if count else 'a number'}. re-certify."
-        if not 0 <= value <= highest:
-            return f"{claim.where}: field '{name}' is {figure_text(value)}, outside 0..{highest}. re-certify."
-    return None
-
-
-def names_a_signer(claim: Claim) -> str | None:
-    """The certificate names a well-formed signer and carries a well-formed signature (hmac-sha256 hex,
-    or ssh armour): anything else does not verify."""
-    signer, signature = claim.cert.get("signer"), claim.cert.get("signature")
-    if isinstance(signer, str) and SIGNER.fullmatch(signer) and isinstance(signature, str) \
-            and (HMAC_SIGNATURE.fullmatch(signature) or SSH_SIGNATURE.fullmatch(signature)):
-        return None
-    return f"{claim.where}: the certificate does not verify (no valid signer or signature). re-certify."
-
-
-def signer_key_here(claim: Claim) -> str | None:
-    """What checks the signature is on this machine: the signer's HMAC key, or for an ssh signature
-    ssh-keygen and a trusted allowed-signers file (else it cannot be checked here)."""
-    signer = claim.cert["signer"]
-    if SSH_SIGNATURE.fullmatch(claim.cert["signature"]):
-        problem = trusted_signers_problem(claim.fac)
-        if problem:
-            return f"{claim.where}: signed with {signer}'s ssh key, but {problem}; it cannot be verified here."
-        try:
-            claim.fac.store.ssh_program()
-        except Refusal as missing:
-            return f"{claim.where}: signed with {signer}'s ssh key; {missing}."
-        return None
-    key = claim.fac.key_path(signer)
-    if key.exists():
-        return None
-    return f"{claim.where}: signed by {signer}, whose key is not on this machine ({key}); it cannot be verified here."
-
-
-def signature_verifies(claim: Claim) -> str | None:
-    """The signature verifies with the signer's key (or ssh key in allowed_signers): nothing was changed after signing."""
-    problem = signature_problem(claim.fac, claim.cert["signer"], claim.cert)
-    if problem is None:
-        return None
-    return f"{claim.where}: the certificate {problem}; it was changed after signing, or signed by someone else. re-certify."
-
-
-def logs_unchanged(claim: Claim) -> str | None:
-    """Every hash-chained log still begins with the entries it held when this certificate, and every other
-    certificate that verifies here, was signed (the newest signature anchors every entry before it), and
-    with every entry this machine wrote or verified in it (its anchor)."""
-    chains, signed = claim.chains, [claim.cert.get("chains")]
-    problem = heads_problem(chains, signed[0], claim.where)
-    for where, heads in ([] if problem else anchors(claim.fac, claim.name)):
-        problem = problem or heads_problem(chains, heads, where)
-        signed.append(heads)
-    if problem:
-        return f"{problem}. {claim.remedy}"
-    problem = anchor_problem(claim.fac, chains)   # its own remedy: the entries are this machine's or signed
-    if problem:
-        return f"{problem}." if claim.kind == "run" else f"{problem}; {claim.remedy}"
-    raise_anchor(claim.fac, logs=furthest_heads(signed))
-    return None
-
-
-def furthest_heads(signed: list[dict]) -> dict:
-    """log name -> the head with the most entries among sets of log heads (each name -> {"count", "hash"},
-    all checked to agree with the logs as they are)."""
-    furthest: dict = {}
-    for heads in signed:
-        for name, head in heads.items():
-            if head["count"] > furthest.get(name, {"count": -1})["count"]:
-                furthest[name] = head
-    return furthest
-
-
-def logs_as_anchored(claim: Claim) -> str | None:
-    """Every hash-chained log still holds every entry this machine wrote or verified in it: nothing is
-    signed over a registry put back to an older state."""
-    problem = anchor_problem(claim.fac, claim.chains)
-    return f"{problem}." if problem else None
-
-
-def newest_certificate(claim: Claim) -> str | None:
-    """The certificate is not older than the newest one of this agent this machine has written or verified
-    (a superseded certificate copied back, its revocation cut or not); a newer one is recorded as seen."""
-    cert, seen = claim.cert, read_anchor(claim.fac)["certificates"].get(claim.name)
-    if isinstance(seen, dict) and seen.get("signature") != cert["signature"] \
-            and not (isinstance(cert.get("signed_at"), str) and cert["signed_at"] > str(seen.get("signed_at"))):
-        return (f"{claim.where}: superseded: this machine has seen {claim.name}'s certificate signed at {seen.get('signed_at')} "
-                f"({claim.fac.anchor_path}), and this one was signed before it; an older certificate was put back. {claim.remedy}")
-    if isinstance(cert.get("signed_at"), str):
-        raise_anchor(claim.fac, certificates={claim.name: cert})
-    return None
+    def shown(self, place: str) -> str:
+        """A place a refusal names, as the user is shown it (the anchor, in the keys folder, as it is)."""
+        return str(self.fac.anchor_path) if place == "anchor" else self.fac.shown(self.place(place))
 
 
 def anchors(fac: Factory, but: str) -> Iterator[tuple[str, dict]]:
@@ -3773,121 +3615,6 @@ def anchors(fac: Factory, but: str) -> Iterator[tuple[str, dict]]:
             continue
 
 
-def for_this_agent(claim: Claim) -> str | None:
-    """The certificate was signed for NAME, not copied from another agent."""
-    if claim.cert.get("agent") == claim.name:
-        return None
-    return f"{claim.where}: the certificate is for {claim.cert.get('agent')!r}, not {claim.name}; it does not verify here."
-
-
-def not_revoked(claim: Claim) -> str | None:
-    """The certificate is not revoked (by its mark or in the revocation log)."""
-    reason = revocation_reason(claim.fac, claim.name, claim.cert)
-    return f"certificate revoked: {reason}. {claim.remedy}" if reason else None
-
-
-def not_recalled(claim: Claim) -> str | None:
-    """No recall reaching NAME (its own or a master's) since the evidence was made."""
-    later = [r for r in recalls_of(claim.fac, claim.name) if r["at"] > claim.since_at]
-    if not later:
-        return None
-    recall = later[-1]
-    if recall["agent"] != claim.name:   # a master's recall reaches its variants: say whose it was
-        return f"recalled since {claim.since} (its master {recall['agent']} was recalled: {recall['reason']}). {claim.remedy}"
-    return f"recalled since {claim.since}: {recall['reason']}. {claim.remedy}"
-
-
-def unchanged(claim: Claim) -> str | None:
-    """The agent's digest is the one the evidence was made for; else names the components that changed.
-    Its code is compared before any of it runs, so a changed module is refused without being executed."""
-    digest, components = claim.evidence
-    code = {label: value for label, value in components.items() if not label.startswith(CONTRACT)}
-    changed = changed_components(code, claim.code) if code else []
-    if not changed and claim.agent.digest == digest:
-        return None
-    changed = changed or changed_components(components, claim.agent.components) or ["digest"]
-    return f"the ABOM changed since {claim.since} ({', '.join(changed)}). {claim.remedy}"
-
-
-def lineage_agrees(claim: Claim) -> str | None:
-    """The card's own stamped_from and the lineage log's first entry for NAME name the same master (a
-    master: neither does); see lineage_problem."""
-    return lineage_problem(claim.fac, claim.name, claim.card)
-
-
-def within_ceiling(claim: Claim) -> str | None:
-    """The tier asked for is at most the card's tier_ceiling."""
-    ceiling = claim.card["tier_ceiling"]
-    return f"tier {claim.tier} is above the card's tier_ceiling {ceiling}." if TIERS.index(claim.tier) > TIERS.index(ceiling) else None
-
-
-def has_sealed_proof(claim: Claim) -> str | None:
-    """There is a sealed proof at all."""
-    return None if claim.proofs else f"no sealed proof. the law: no evals, no production. run: prove {claim.name} --sealed"
-
-
-def proof_verifies(claim: Claim) -> str | None:
-    """The latest sealed proof is the one prove wrote: its evidence MAC verifies."""
-    problem = evidence_problem(claim.fac, claim.proof)
-    return f"{claim.fac.shown(claim.proofs[-1][0])}: the sealed proof {problem}. {claim.remedy}" if problem else None
-
-
-def sealed_suite_unchanged(claim: Claim) -> str | None:
-    """The sealed suite is byte for byte the one the latest proof ran."""
-    sealed = claim.fac.suite_path(claim.proof["suite"], True)
-    if sha256(claim.fac.store.read_bytes(sealed, limit=1 << 40)) == claim.proof["suite_digest"]:
-        return None
-    return (f"the sealed suite changed since {claim.since} ({claim.fac.shown(sealed)}): prove {claim.name} --sealed "
-            f"again before certifying.")
-
-
-def clears_the_bar(claim: Claim) -> str | None:
-    """The latest sealed proof's verdict, derived again from its counts, passes (PASSING): each bar shown on
-    its count's 95% lower bound, and a draft rubric on the card scored or, with no decision model, never run."""
-    why, verdict = verdict_why(claim.proof), proof_verdict(claim.proof)
-    remedy = "check the decision model (doctor)" if verdict == "RUBRIC UNSCORED" else "check the model key (doctor)" \
-        if verdict == "MODEL UNANSWERED" else "improve the agent or add sealed cases"
-    return f"the sealed proof is {verdict} ({part_text(claim.proof, claim.proof['pass_bar'])}): {why}. {remedy} and " \
-           f"re-prove." if verdict not in PASSING else None
-
-
-def acting_evidence(claim: Claim) -> str | None:
-    """C2 and C3 act on the output: they need the card's draft rubric run on the sealed proof, and a price for
-    each of the card's models (a run whose cost is unknown never passes the gate every C2/C3 run must clear)."""
-    proof, cost = claim.proof, unpriced(claim.fac, claim.card)
-    if claim.tier in ("C0", "C1"):
-        return None
-    if proof_verdict(proof) == "PASS WITHOUT RUBRIC":
-        return (f"tier {claim.tier} needs the sealed proof's {rubric_field(proof)} scored by the card's draft rubric, which "
-                f"never ran ({proof['draft_check']}): set up a decision model (doctor) and prove {claim.name} --sealed again")
-    return f"tier {claim.tier} runs must clear the gate, and one whose cost is unknown never does: {cost}" if cost else None
-
-
-def production_evidence(claim: Claim) -> str | None:
-    """C2 and C3 need >= 20 gated runs at the tier below since the agent (its digest) last changed, passing
-    at the bar."""
-    if claim.tier not in ("C2", "C3"):
-        return None
-    below, bar = TIERS[TIERS.index(claim.tier) - 1], claim.agent.card["evals"]["pass_bar"]
-    if problem := index_problem(claim.fac):
-        return f"tier {claim.tier} needs production evidence, which the index cannot give until it is whole: {problem}"
-    production = gated_runs(claim.fac, claim.agent, below)
-    if production.runs >= PROMOTION_RUNS and clears(production.passes, production.runs, bar):
-        return None
-    return (f"tier {claim.tier} needs production evidence at {below} since the agent (its digest) last changed: "
-            f"{production.runs} gated run(s) (need {max(PROMOTION_RUNS, needed_cases(bar) or 0)}), gate pass rate "
-            f"{production.rate_text} (need its 95% lower bound at {bar} or above){production.not_counted(claim.fac.shown(claim.fac.index))}.")
-
-
-def parked_call_sealed(claim: Claim) -> str | None:
-    """The parked file is the one the run wrote: its evidence MAC verifies over every field."""
-    problem = evidence_problem(claim.fac, claim.entry)
-    if problem is None:
-        return None
-    shown = claim.fac.shown(claim.fac.pending_path(claim.entry["run_id"], claim.entry["call"]))
-    return f"{shown}: the parked call {problem}; {claim.remedy}"
-
-
 def staging_of(fac: Factory, entry: dict) -> tuple[str, int]:
     """(how a parked call's run ended (index_tally): `closed` (a verified row parked this many calls), `started`
     (only its started row) or `none` (no row: copied under a new run id); the calls it parked)."""
@@ -3896,156 +3623,6 @@ def staging_of(fac: Factory, entry: dict) -> tuple[str, int]:
     if verified and staged >= entry["call"]:
         return "closed", staged
     return ("started" if entry["run_id"] in getattr(tally.agents.get(entry["agent"]), "unclosed", ()) else "none"), 0
-
-
-def staged_by_its_run(claim: Claim) -> str | None:
-    """The run the call names closed in the index with a row that verifies and parked at least this many
-    calls (staging_of): not one stopped after parking it, nor a trace and parked file copied anew."""
-    fac, entry = claim.fac, claim.entry
-    if claim.staging[0] == "closed":
-        return None
-    if claim.staging[0] == "started":
-        return (f"run {entry['run_id']} never closed ({fac.shown(fac.index)} holds its started row and no closed row "
-                f"that verifies: it was stopped after it parked call {entry['call']}); {claim.call} cannot be "
-                f"approved, reject closes it; {claim.remedy}")
-    return (f"run {entry['run_id']} has no closed row in {fac.shown(fac.index)} that verifies and parked call "
-            f"{entry['call']}: no run of this line staged {claim.call}; {claim.remedy}")
-
-
-def not_open(station: str):
-    """The guard `open call` of approve or reject: the station's refusal of the call in its state
-    (broker.refused_in, over call_record read once), or None."""
-    def check(claim: Claim) -> str | None:
-        state, last = claim.record.state, claim.record.last or {}
-        found = claim.read_back[1] if state == "uncertain-effect" else ""
-        return refused_in(station, state, claim.record.decisions, call=claim.call, by=last.get("by"), at=last.get("at"),
-                          reason=one_line(str(last.get("reason"))), expires=claim.entry["expires_at"], found=found)
-    return check
-
-
-def not_carried_out(claim: Claim) -> str | None:
-    """The run's trace records no attempt at this call (an `effect_started` or `approved_call` event) that
-    the approvals log holds no approval for: a log emptied or lost never lets a call run twice (the attempts
-    the log knows of are judged by the open call guard)."""
-    if any(entry["kind"] == "intent" for entry in claim.record.decisions):
-        return None
-    done = [event.get("event") for event in claim.recorded.later
-            if event.get("event") in ("effect_started", "approved_call") and event.get("call") == claim.entry["call"]]
-    if not done:
-        return None
-    return (f"{claim.fac.shown(claim.recorded.path)} records {claim.call} as carried out already ({done[0]}), whatever "
-            f"{claim.fac.shown(claim.fac.approvals)} says; it will not be executed again (see `pending`).")
-
-
-def acting_certificate(claim: Claim) -> str | None:
-    """The certificate lets the agent act (C2 or above) and is for the digest the call was staged under."""
-    if claim.cert.get("tier") not in ("C2", "C3"):
-        return f"{claim.where} is at {claim.cert.get('tier')}: a parked call runs only under a certificate at C2 or above; {claim.remedy}"
-    if claim.cert.get("digest") != claim.entry["digest"]:
-        return f"{claim.where} is for another digest than the one {claim.call} was staged under; {claim.remedy}"
-    return None
-
-
-def same_certificate(claim: Claim) -> str | None:
-    """The certificate is the one the call was staged under (not re-certified since)."""
-    if claim.cert["signature"] == claim.entry["certificate"]:
-        return None
-    return f"{claim.name} was re-certified since {claim.since}; run the ticket again under the new certificate."
-
-
-def arguments_unchanged(claim: Claim) -> str | None:
-    """The stored arguments still match the digest taken when the call was staged."""
-    if args_digest(claim.entry["args"]) == claim.entry["args_digest"]:
-        return None
-    return f"the stored arguments of {claim.entry['tool']} no longer match their digest: changed after staging; {claim.remedy}"
-
-
-def staged_in_the_trace(claim: Claim) -> str | None:
-    """The run's trace is that run's and holds the sealed `settled` event that parked this call, naming
-    the same run, tool, arguments digest, certificate and digest as the parked file."""
-    where, number = claim.fac.shown(claim.recorded.path), claim.entry["call"]
-    if claim.recorded.header.get("run_id") != claim.entry["run_id"]:
-        return f"{where}: is the trace of run {claim.recorded.header.get('run_id')}, not {claim.entry['run_id']}; {claim.remedy}"
-    events = [e for e in claim.recorded.events
-              if e.get("event") == "settled" and e.get("decision") == "park" and e.get("call") == number]
-    if not events:
-        return f"{where}: no call {number} was parked by that run; {claim.remedy}"
-    problem = evidence_problem(claim.fac, events[0])
-    if problem:
-        return f"{where}: the event that parked call {number} {problem}; {claim.remedy}"
-    differs = [key for key in ("run_id", "tool", "args_digest", "certificate", "digest") if events[0].get(key) != claim.entry[key]]
-    if differs:
-        return (f"the parked {claim.call} is not what the run staged ({', '.join(differs)} differ from {where}): "
-                f"changed after staging; {claim.remedy}")
-    return None
-
-
-def shows_what_was_staged(claim: Claim) -> str | None:
-    """The run's trace still holds the ticket and the agent's output whose digests are sealed in the parked
-    call: the approve prompt shows what the gate judged (a call parked without them cannot be shown)."""
-    entry, recorded = claim.entry, claim.recorded
-    where = claim.fac.shown(recorded.path)
-    if not isinstance(entry.get("input_digest"), str) or not isinstance(entry.get("output_digest"), str):
-        return (f"{claim.call} was staged by an older factory that did not seal the ticket and output it would "
-                f"show; run the ticket again (reject closes this one); {claim.remedy}")
-    shown = (("the ticket", recorded.header.get("input"), "input_digest"),
-             ("the agent's output", (recorded.end or {}).get("output"), "output_digest"))
-    differs = [what for what, value, key in shown if recorded_digest(claim.fac, value) != entry[key]]
-    if not differs:
-        return None
-    return (f"{where}: {' and '.join(differs)} in it {'is' if len(differs) == 1 else 'are'} not what call "
-            f"{entry['call']} was staged with (the parked call seals their digests): the trace was changed after "
-            f"the run; {claim.remedy}")
-
-
-def approved(claim: Claim) -> str | None:
-    """A human approved the call (the executor refuses without one, whoever calls it)."""
-    return None if claim.approval is not None else f"{claim.call} has no approval record; the executor refuses."
-
-
-def approval_signed(claim: Claim) -> str | None:
-    """The approval is signed by the approver it names (HMAC key here, or ssh key in the allowed signers)."""
-    by = claim.approval.entry.get("by")
-    if not (isinstance(by, str) and SIGNER.fullmatch(by)) or claim.approval.entry.get("kind") != "intent":
-        return f"the approval of {claim.call} names no approver; the executor refuses."
-    problem = signature_problem(claim.fac, by, claim.approval.entry, DECISION_UNSIGNED)
-    return f"the approval of {claim.call} by {by} {problem}; the executor refuses." if problem else None
-
-
-def approved_these_arguments(claim: Claim) -> str | None:
-    """The approval was for exactly this parked call: its run, call, tool, arguments and certificate."""
-    keys = ("run_id", "call", "agent", "tool", "args_digest", "certificate")
-    if all(claim.approval.entry.get(key) == claim.entry[key] for key in keys):
-        return None
-    return f"the approval of run {claim.entry['run_id']} (call {claim.entry['call']}) was for other arguments; {claim.remedy}"
-
-
-# Each chain is (name, check) in order; a check returns None or the one refusal line.
-CERTIFICATE_GUARDS = (("certificate", has_certificate), ("signer", names_a_signer), ("signer key", signer_key_here),
-                      ("signature", signature_verifies), ("figures", figures_in_range), ("agent", for_this_agent), ("logs", logs_unchanged),
-                      ("newest certificate", newest_certificate))
-RUN_GUARDS = CERTIFICATE_GUARDS + (("revocation", not_revoked), ("recall", not_recalled), ("digest", unchanged),
-                                   ("lineage", lineage_agrees))
-CERTIFY_GUARDS = (("logs", logs_as_anchored), ("lineage", lineage_agrees), ("tier ceiling", within_ceiling),
-                  ("sealed proof", has_sealed_proof), ("digest", unchanged),
-                  ("sealed suite", sealed_suite_unchanged), ("pass bar", clears_the_bar), ("proof evidence", proof_verifies),
-                  ("acting evidence", acting_evidence), ("recall", not_recalled), ("production evidence", production_evidence))
-OPEN_GUARDS = (("parked call", parked_call_sealed), ("open call", not_open("approve")))
-REJECT_GUARDS = (("open call", not_open("reject")),)
-DECIDING_GUARDS = (OPEN_GUARDS[1], ("carried out", not_carried_out))   # read again under the log's lock
-APPROVE_GUARDS = OPEN_GUARDS + CERTIFICATE_GUARDS + (
-    ("revocation", not_revoked), ("recall", not_recalled), ("acting certificate", acting_certificate),
-    ("same certificate", same_certificate), ("digest", unchanged), ("arguments", arguments_unchanged),
-    ("staged event", staged_in_the_trace), ("shown", shows_what_was_staged), ("staging run", staged_by_its_run),
-    ("carried out", not_carried_out))
-EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (
-    ("approval signature", approval_signed), ("approved arguments", approved_these_arguments))
-
-
-STANDING_GUARDS = (("certificate", has_certificate), ("revocation", not_revoked), ("recall", not_recalled),
-                   ("same certificate", same_certificate), ("staging run", staged_by_its_run))
-STANDING_STATES = {"certificate": "uncertified", "revocation": "revoked", "recall": "recalled",
-                   "same certificate": "superseded"}
 
 
 def call_standing(fac: Factory, entry: dict, decisions: list) -> tuple[str, str | None]:
@@ -4078,40 +3655,27 @@ def refusal_line(refusal: Refusal) -> str:
 
 
 def check_guards(claim: Claim, guards: tuple, unread: set | None = None) -> list[tuple[str, str | None]]:
-    """(guard name, refusal line or None) for each guard in order, up to the first that refuses (the
-    ones after it rely on it). A malformed file refuses too, and adds the guard's name to `unread`."""
-    results = []
-    for name, check in guards:
-        try:
-            line = check(claim)
-        except Refusal as refusal:
-            line = refusal_line(refusal)
-            if unread is not None:
-                unread.add(name)
-        results.append((name, line))
-        if line:
-            break
-    return results
+    """broker.guard_results, a file that does not read (Refusal) refusing as its refusal_line."""
+    return guard_results(claim, guards, Refusal, refusal_line, unread)
 
 
 def enforce(claim: Claim, guards: tuple) -> Claim:
     """The claim when every guard holds, in order; Refusal with the first refusal otherwise (a file a guard
     could not read refuses as it was raised: a card's problems each on its own line)."""
-    for _, check in guards:
-        refuse_if(check(claim))
+    refuse_if(first_refusal(claim, guards))
     return claim
 
 
 def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
     """The agent, its code executed (see loaded), and its certificate, when it may run: the certificate
     verifies, is not revoked or recalled, and the code is the one it was signed for (checked first)."""
-    claim = enforce(Claim(fac, name, "run"), RUN_GUARDS)
+    claim = enforce(ClaimOnDisk(name, "run", fac=fac), RUN_GUARDS)
     return loaded(fac, claim.agent), claim.cert
 
 
-def staged_call_claim(fac: Factory, entry: dict, approval: Decision | None = None) -> Claim:
-    """The claim that a stored staged call may be executed (on `approval`, for the executor)."""
-    return Claim(fac, entry["agent"], "approve", entry=entry, approval=approval)
+def staged_call_claim(fac: Factory, entry: dict, approval: Decision | None = None) -> ClaimOnDisk:
+    """The claim that a stored parked call may be executed (on `approval`, for the executor)."""
+    return ClaimOnDisk(entry["agent"], "approve", entry=entry, approval=approval, fac=fac)
 
 
 # ================================================================ 4. Runs
@@ -5502,7 +5066,7 @@ def cmd_certify(fac: Factory, args) -> int:
     HMAC key (made on first use) or, with --ssh-key, with `ssh-keygen -Y sign`.
     """
     signer = signer_of(fac, args)
-    claim = enforce(Claim(fac, args.agent, "certify", tier=args.tier), CERTIFY_GUARDS)
+    claim = enforce(ClaimOnDisk(args.agent, "certify", tier=args.tier, fac=fac), CERTIFY_GUARDS)
     agent, (path, proof) = claim.agent, claim.proofs[-1]
     if signer.ssh_key is not None:
         signer.ready(fac, "certify")
@@ -5528,7 +5092,7 @@ def cmd_certify(fac: Factory, args) -> int:
     return 0
 
 
-def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
+def show_certify_prompt(fac: Factory, claim: ClaimOnDisk, signer: Signer) -> None:
     """What the signer sees before `sign it?`: agent, tier, digest; a variant's changes; the sealed proof,
     its evidence and backend (with warnings); sealed attempts; production evidence; the certificate it
     replaces and any recall; what this version fixes and breaks against the proof certified before; grants,
@@ -5550,7 +5114,7 @@ def show_certify_prompt(fac: Factory, claim: Claim, signer: Signer) -> None:
         print(line, file=sys.stderr)
 
 
-def proof_lines(fac: Factory, claim: Claim) -> list[str]:
+def proof_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
     """The sealed proof certify rests on, the evidence that it is the record prove wrote, the backend it
     ran on, and a warning for each way it proves less than the card claims."""
     agent, (path, proof) = claim.agent, claim.proofs[-1]
@@ -5588,7 +5152,7 @@ def backend_lines(card: dict, backends: list[str], answered: list[str]) -> list[
     return lines
 
 
-def attempts_lines(claim: Claim) -> list[str]:
+def attempts_lines(claim: ClaimOnDisk) -> list[str]:
     """How many sealed proofs were made since the agent was last certified (whatever its code was then), and
     how many proved this digest: the larger of the records in records/AGENT (which can be deleted) and
     this machine's own count (sealed_attempts), warning how many records are missing when it is larger."""
@@ -5610,7 +5174,7 @@ def attempts_lines(claim: Claim) -> list[str]:
             f"a copy of this factory)"]
 
 
-def production_line(fac: Factory, claim: Claim) -> str:
+def production_line(fac: Factory, claim: ClaimOnDisk) -> str:
     """The production evidence the index holds for this digest: verified gated runs counted, the rest named."""
     production = gated_runs(fac, claim.agent)
     problem = index_problem(fac)
@@ -5619,7 +5183,7 @@ def production_line(fac: Factory, claim: Claim) -> str:
             f"{reviews_text(review_figures(fac, claim.name, verified_runs(fac, claim.agent))[0])}" + (f"; WARNING: {problem}" if problem else ""))
 
 
-def replaced_lines(fac: Factory, claim: Claim) -> list[str]:
+def replaced_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
     """The certificate this signature replaces (tier, signer, when, and whether it would run now), then
     every recall that reached the agent since it was signed (every recall, when there is none)."""
     where = fac.shown(fac.cert_path(claim.name))
@@ -5638,7 +5202,7 @@ def replaced_lines(fac: Factory, claim: Claim) -> list[str]:
     return lines + ([] if recalls else ["  recalled since: never" if since else "  recalled: never"])
 
 
-def paired_lines(fac: Factory, claim: Claim) -> list[str]:
+def paired_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
     """On the sealed cases both ran, how many this proof fixes and breaks against the one certified before (the
     agent's certificate, else its master's), with the exact McNemar p-value and the ids it broke; a line why
     not when that proof cannot be read or checked; none without an earlier certificate."""
@@ -5674,7 +5238,7 @@ def suite_moved(old: dict, proof: dict) -> list[str]:
             f"{proof['suite_digest']} (the sealed half of {proof['suite']})"]
 
 
-def variant_lines(fac: Factory, claim: Claim) -> list[str]:
+def variant_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
     """For a variant (its master fixed by the lineage log), each way its card differs from its master's
     card as it is now, named for what it does (an added grant, a raised tier ceiling, ...)."""
     master = parents(fac).get(claim.name)
@@ -6167,7 +5731,7 @@ KEY_NAMES = tuple(name for name in ENVIRONMENT if name.endswith(("_API_KEY", "_T
 def certificate_state(fac: Factory, name: str) -> str:
     """One phrase for whether NAME may run now: 'certified C1', or the refusal it would get."""
     try:
-        return f"certified {enforce(Claim(fac, name, 'run'), RUN_GUARDS).cert['tier']}"   # no agent code is executed
+        return f"certified {enforce(ClaimOnDisk(name, 'run', fac=fac), RUN_GUARDS).cert['tier']}"   # no agent code is executed
     except Refusal as why:
         return str(why)
 
@@ -6418,14 +5982,14 @@ def cmd_reject(fac: Factory, args) -> int:
 
 def reconciled(signer: Signer, body: dict):
     """compose(claim) for a rejection: closing's, and for an uncertain effect what reading it back finds."""
-    def compose(claim: Claim) -> dict:
+    def compose(claim: ClaimOnDisk) -> dict:
         written, found = claim.read_back if claim.record.state == "uncertain-effect" else (None, None)
         checked = {"written": written, "found": found} if found else {}
         return closing(signer, {**body, **checked}, "routed-to-human")(claim)
     return compose
 
 
-def decider(fac: Factory, args, guards: tuple) -> tuple[dict, Signer, Claim]:
+def decider(fac: Factory, args, guards: tuple) -> tuple[dict, Signer, ClaimOnDisk]:
     """(the staged call, its decider's Signer, its Claim) for approve and reject, the guards enforced, each
     entry on the call that does not verify noted, the key ready."""
     entry, signer = load_pending(fac, args.run_id, args.call), signer_of(fac, args)
@@ -6844,7 +6408,7 @@ def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
     """(NAME's trust, problems): what the run station's guards say of its certificate, each guard after the
     certificate's own asked alone (a revoked one is also seen stale), and the drift watch; a file a check could
     not read is a problem."""
-    claim, unread = Claim(fac, name, "run"), set()
+    claim, unread = ClaimOnDisk(name, "run", fac=fac), set()
     results = check_guards(claim, CERTIFICATE_GUARDS, unread)
     verified = not results[-1][1]
     if verified:
@@ -6871,7 +6435,7 @@ UNVERIFIED_AS = {"signer key": "cannot be checked here (its signer's key, ssh-ke
                  "signed since"}   # a certificate guard that refused -> the tower's words (else: does not verify)
 
 
-def unverified_kind(claim: Claim, lines: dict) -> str:
+def unverified_kind(claim: ClaimOnDisk, lines: dict) -> str:
     """none (no certificate) or unverified, for guards that read every file they needed."""
     return "none" if "certificate" in lines and claim.cert is None else "unverified"
 

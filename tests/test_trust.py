@@ -142,7 +142,7 @@ class Guards(LineTest):
             with self.subTest(guard=name):
                 self.setUp()
                 make()
-                self.refused_by(factory.RUN_GUARDS, factory.Claim(self.fac, "triager", "run"), name, "run", "triager", "hi")
+                self.refused_by(factory.RUN_GUARDS, factory.ClaimOnDisk("triager", "run", fac=self.fac), name, "run", "triager", "hi")
 
     def test_a_certificate_figure_out_of_range_is_named_by_the_tower(self):
         """A certified_rate_runs of 10**30 (which the drift watch cannot take), signed or edited in: the tower
@@ -187,14 +187,14 @@ class Guards(LineTest):
             with self.subTest(guard=name):
                 self.setUp()
                 make()
-                claim = factory.Claim(self.fac, "triager", "certify", tier=tier)
+                claim = factory.ClaimOnDisk("triager", "certify", tier=tier, fac=self.fac)
                 self.refused_by(factory.CERTIFY_GUARDS, claim, name, "certify", "triager", "--tier", tier, "--by", "alice")
 
     def test_one_wording_per_condition(self):
         """The same condition reads the same in every chain: only the moment and the remedy differ."""
         self.factory("recall", "triager", "--reason", "leaked drafts")
-        run = factory.check_guards(factory.Claim(self.fac, "triager", "run"), factory.RUN_GUARDS)[-1]
-        certify = factory.check_guards(factory.Claim(self.fac, "triager", "certify", tier="C1"), factory.CERTIFY_GUARDS)[-1]
+        run = factory.check_guards(factory.ClaimOnDisk("triager", "run", fac=self.fac), factory.RUN_GUARDS)[-1]
+        certify = factory.check_guards(factory.ClaimOnDisk("triager", "certify", tier="C1", fac=self.fac), factory.CERTIFY_GUARDS)[-1]
         self.assertEqual(run, ("recall", "recalled since certification: leaked drafts. re-prove and re-certify."))
         self.assertEqual(certify, ("recall", "recalled since the sealed proof: leaked drafts. re-prove before certifying."))
 
