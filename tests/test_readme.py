@@ -1,7 +1,10 @@
 """The README's examples work as written: the GitHub Actions workflow parses and has every step a
 sealed proof in CI needs (its restore step is run for real), the smallest complete agent of the
 module contract proves, certifies and runs with no key, and "Your first agent" is followed command by
-command at a terminal in a fresh copy of the repo, each printing what the README shows.
+command at a terminal in a fresh copy of the repo, each printing what the README shows; page one stays
+within 150 lines (its transcripts folded), and every link in the README names one of its headings.
+(The certificate verifier the README gives is run in tests/test_trust.py, beside the ssh-signed
+certificate it checks.)
 
 The workflow is YAML, and the standard library has no YAML parser. It is kept in ordinary block
 style (what a reader copies into .github/workflows/) rather than YAML's JSON-compatible flow style,

@@ -1114,6 +1114,16 @@ class SshCertificates(LineTest):
             self.skipTest("bash is not on this machine: the README's recipe cannot be run here")
         recipe = readme_block("# verify a certificate with plain ssh-keygen")
         verify = recipe.strip().splitlines()[-1]
+        # the prose says what the recipe does: the fields left out, the namespace, the signer's field
+        prose = " ".join((REPO / "README.md").read_text().split("\n### What a certificate's signature covers\n")[1]
+                         .split("```sh")[0].split())
+        unsigned = re.search(r"the object without its `(\w+)` and `(\w+)` fields", prose).groups()
+        self.assertIn(f"not in {unsigned!r}".replace("'", '"'), recipe)
+        namespace = re.search(r"`ssh-keygen -Y sign -n ([\w-]+)`", prose).group(1)
+        self.assertIn(f"The namespace is `{namespace}`", prose)
+        self.assertIn(f" -n {namespace} ", verify)
+        self.assertIn("Its `signer` field names who signed it", prose)
+        self.assertIn('cert["signer"]', recipe)
         self.assertTrue(verify.startswith("ssh-keygen -Y verify "), verify)
         work = self.tmp / "verifier"
         work.mkdir()
