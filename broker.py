@@ -495,6 +495,28 @@ def went(row: dict) -> str:
     return "passed: no human needed"
 
 
+def run_lines(row: dict) -> list[str]:
+    """What `run AGENT TEXT` prints of its run: output, each tool's ruling, gate line, cost, where it went."""
+    settled = iter(row["settled"])
+    return [json.dumps(row["output"], ensure_ascii=False) if row["output"] is not None else f"(no output: {row['reason']})",
+            *[f"  tool {tool:<18} {ruling}" + (f" -> {settled_phrase(*next(settled)[1:])}" if ruling == HELD else "")
+              for tool, ruling in row["tools"]],
+            row["gate_line"], *filter(None, [row.get("cost_line")]), f"{went(row)}.",
+            f"verdict {row['verdict']}  tier {row['tier']}  status {row['status']}  backend {', '.join(row['backends']) or 'none'}"
+            f"  trace {row['agent']}/{row['run_id']}"]
+
+
+def batch_problems(failed: list, tickets: int) -> list[str]:
+    """The parts of run's stderr line on a batch's failed rows out of `tickets`: refused, crashed, uncertain."""
+    refused = [row["why"][0] for row in failed if row["status"] == "refused"]
+    crashed = sum(row["status"] == "crashed" for row in failed)
+    uncertain = sum(row["verdict"] == "uncertain-effect" for row in failed)
+    return ([f"{len(refused)} of {tickets} ticket(s) refused, each on its own line (the first: {refused[0]})"] if refused else []) \
+        + [f"{crashed} run(s) crashed; their traces keep the traceback"] * bool(crashed) \
+        + [f"{uncertain} run(s) ended uncertain-effect: an effect was not written or not read back; a human "
+           f"reconciles it (each run's output says where)"] * bool(uncertain)
+
+
 # ---- settling: what becomes of each held call once the gate has answered
 
 SETTLEMENTS = ("commit", "park", "review", "would-have", "duplicate")
@@ -874,6 +896,18 @@ REVIEW_DECISIONS = MappingProxyType({
 })
 
 
+def held_draft(items: dict, decided: dict, agent: str, run_id: str, seq: int | None) -> tuple[dict | None, str | None]:
+    """(the held draft RUN_ID --seq N, else the run's one waiting draft; None) from `items` by (run id, seq)
+    and the `decided` ones, or (None, why not) for none, or several."""
+    mine = [item for (run, number), item in items.items() if run == run_id and seq in (None, number)]
+    waiting = [item for item in mine if (run_id, item["seq"]) not in decided] if seq is None else mine
+    if len(waiting) == 1:
+        return waiting[0], None
+    return None, (f"run {run_id} has {len(waiting)} held drafts waiting (--seq {', '.join(str(i['seq']) for i in waiting)}): "
+                  f"name one" if waiting else f"no held draft{f' --seq {seq}' * bool(seq)} of run {run_id} waits in "
+                  f"outbox/{agent}/review.jsonl (see `review {agent}`)")
+
+
 def review_counts(items, decided: dict, runs=None) -> dict:
     """{"waiting": drafts no decision closed, then a count per REVIEW_DECISIONS} over `items` and `decided`
     (both keyed by (run id, seq); decided -> a decision {"decision", ...}), of the runs in `runs` when given."""
@@ -1193,6 +1227,20 @@ def parts_lines(proof: dict) -> list[str]:
         [handoff_text(proof["handoff"])] * ("handoff" in proof)
 
 
+def proof_summary(proof: dict) -> list[str]:
+    """What prove prints of a proof: its line, its parts, why it is not PASS, an unknown cost, and each
+    failure (why, in the open half; the id alone in the sealed one)."""
+    parts = parts_lines(proof)
+    parts[0] += f"   backends: {', '.join(proof['backends']) or 'none answered'}"
+    cases = f"cost unknown in {proof['cost_unknown']} of {proof['cases']} cases" if proof["cost_unknown"] else "cost unknown"
+    cost = proof["cost_line"] and proof["cost_line"].replace("cost unknown", cases, 1) + \
+        ": a production run whose cost is unknown never passes the gate"
+    return [f"{proof['agent']} [{proof['half']} half of {proof['suite']}] {part_text(proof, proof['pass_bar'])} "
+            f"(bar {proof['pass_bar']} on the lower bound) {proof['verdict']}   denials:{proof['tool_denials']}   "
+            f"{rubric_field(proof)}:{proof['draft_check']}", *(f"  {line}" for line in [*parts, verdict_why(proof), cost] if line),
+            *(f"  failed {one}" if isinstance(one, str) else f"  failed {one['id']}: {one['why']}" for one in proof["failures"])]
+
+
 def handoff_text(handoff: dict) -> str:
     """'hand-off (escalate): recall 70/78 = 0.89 [0.80, 0.94] (bar 0.6 on the lower bound); precision ...': recall is
     judged when the card sets a hand-off bar, else a slice as any other (too few to judge under MIN_SLICE cases)."""
@@ -1481,6 +1529,108 @@ def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loo
     if old_end.get("output") != loop.output:
         differences.append(f"output: recorded {json.dumps(old_end.get('output'))} / today {json.dumps(loop.output)}")
     return differences
+
+
+# ---- the sealed proof, as the certify prompt shows the signer what it rests on
+
+def sealed_proof_lines(proof: dict, where: str, key_path, cost: str | None, models: list[str], others: list[str]) -> list[str]:
+    """The sealed proof (at `where`, its MAC checked with the key at `key_path`), what it ran on beside the
+    card's `models` (offline left out), and a warning for each way it proves less than the card claims:
+    `cost` (why a model is unpriced), `others` (answering models the card does not name)."""
+    unrecorded = proof.get("label_sources", {UNRECORDED: proof["cases"]})[UNRECORDED]
+    backends, answered = proof["backends"], proof.get("models", [])
+    offline = [b for b in backends if b.startswith("offline")]
+    ruled = bool(backends) and offline == backends
+    named = f"the card's model: {' then '.join(models)}" if models else "the card names no model: its rules are the agent"
+    lines = [f"  sealed proof {where}: {proof_verdict(proof)} {part_text(proof, proof['pass_bar'])} (bar "
+             f"{proof['pass_bar']} on the lower bound), {rubric_field(proof)}:{proof['draft_check']}",
+             *(f"    {line}" for line in parts_lines(proof)),
+             *[f"  WARNING: {verdict_why(proof)}"] * (proof_verdict(proof) == "PASS WITHOUT RUBRIC"),
+             *[f"  WARNING: {cost}: every run is routed to a human until it is priced"] * bool(cost),
+             f"  evidence: that record, made {proof['at']}, its evidence MAC verified with the factory evidence key "
+             f"({key_path}); the sealed half of {proof['suite']} is byte for byte the one it ran",
+             f"  proved on: {', '.join(backends) or 'no worker'}" + (f" ({', '.join(m or 'none named' for m in answered)})"
+             if answered else " (the agent's own rules)" if ruled else "") + f"; {named}"]
+    if models and ruled:
+        lines.append(f"  WARNING: this proof ran the agent's offline rules, not {models[0]}: with a model key, production "
+                     f"runs a model this proof never asked")
+    elif models and offline:
+        lines.append(f"  WARNING: part of this proof ran the agent's offline rules ({', '.join(offline)}), not the card's model")
+    if others:
+        lines.append(f"  WARNING: cases were answered by {', '.join(others)}, a model the card does not name: "
+                     f"this is no proof of {' or '.join(models) or 'its rules'}")
+    if 2 * unrecorded > proof["cases"]:
+        lines.append(f"  WARNING: {unrecorded} of the {proof['cases']} sealed cases do not say where their expected values "
+                     f"came from (label_source): a score on labels of unknown provenance compares with nothing")
+    return lines
+
+
+def suite_moved(old: dict, proof: dict) -> list[str]:
+    """A line when the replaced certificate was proved on another sealed suite (the bar moved)."""
+    before = old.get("suite_digest")
+    if not isinstance(before, str) or before == proof["suite_digest"]:
+        return []
+    return [f"  the sealed suite changed since that certificate: it was proved on {before}, this proof ran "
+            f"{proof['suite_digest']} (the sealed half of {proof['suite']})"]
+
+
+# ---- what a harvest did: the factory runs evalsmith on the flagged runs and counts here
+
+@dataclass
+class Harvested:
+    """What one harvest did with an agent's runs."""
+    flagged: int = 0      # flagged runs handed to evalsmith now
+    proposed: int = 0     # cases written to evals/AGENT/proposed.jsonl
+    reviewed: int = 0     # proposals held back in evalsmith's review queue for a human
+    found: int = 0        # runs already proposed by a harvest killed before recording them: recorded now
+    running: int = 0      # unfinished runs whose trace a process is still writing: left for a later harvest
+    sealed: int = 0       # flagged runs whose input is a sealed case's: never proposed
+    failed: list = field(default_factory=list)   # evalsmith run ids whose proposal could not be written
+
+    def summary(self, agent: str, proposals: str, queue: str) -> str:
+        """harvest's line: how many were proposed into `proposals`, then each other count (`queue`: evalsmith's)."""
+        also = ((self.reviewed, f"held back for a human in {queue} (evalsmith's gate did not pass them)"),
+                (self.found, "already proposed by a harvest that stopped half-way (now recorded as harvested)"),
+                (self.running, "unfinished run(s) still being written, left for a later harvest"),
+                (self.sealed, "held back: their input is a sealed case's once normalised (NFKC, case-folded, white "
+                              "space collapsed), and a sealed case never enters the open half"))
+        return (f"harvested {self.flagged} flagged run(s) of {agent}; proposed {self.proposed} case(s) into {proposals} "
+                f"(a human promotes them)" + "".join(f"; {count} {what}" for count, what in also if count))
+
+
+# ---- what doctor says of the agents (the factory asks the gate and counts the index)
+
+def doctor_lines(root: str, present: list[str], agents: list[dict]) -> list[str]:
+    """What doctor prints before the gate and the index: the root, the keys set (names only), and each of
+    `agents` (doctor_row): its worker, model calls, gate bar, price problem and whether it may run."""
+    def row_line(row: dict) -> str:
+        if "problem" in row:
+            return f"{row['agent']}: card does not load: {row['problem']}"
+        calls = "; ".join(f"{model} -> {where}" for model, where in row.get("calls", {}).items())
+        return (f"{row['agent']}: worker {row['worker']} ({calls}); gate bar {row['gate_bar']}; "
+                f"{row['cost'] + ': every run is routed to a human; ' if row['cost'] else ''}{row['state']}")
+    return [f"root {root}", f"keys present: {', '.join(present) or 'none'} (values are never printed)", *map(row_line, agents)]
+
+
+# ---- what the approve prompt shows of a parked call (the factory reads its run's trace)
+
+BRIEF_CHARS = 2000    # of a ticket shown at the approve prompt and in the review queue; the trace keeps it whole
+
+
+def brief_lines(entry: dict, ticket: str, output, why: str) -> list[str]:
+    """The parked call `entry` for the human deciding it: its run's `ticket` (cut at BRIEF_CHARS) and `output`,
+    the gate's answer, `why` it was parked (one line), the exact call, its digest and expiry."""
+    gate, p = entry.get("gate") or {}, (entry.get("gate") or {}).get("p")
+    if len(ticket) > BRIEF_CHARS:
+        ticket = f"{ticket[:BRIEF_CHARS]} [... {len(ticket) - BRIEF_CHARS} more characters in the trace]"
+    return [
+        f"{entry['agent']} wants to run {entry['tool']} (run {entry['run_id']}, call {entry['call']}).",
+        "ticket:", *(f"  {line}" for line in ticket.splitlines() or [""]),
+        "agent output:", f"  {json.dumps(output, ensure_ascii=False)}",
+        f"gate: {gate.get('result', 'not recorded')} p={f'{p:.3f}' if isinstance(p, (int, float)) else '?'} "
+        f"bar={gate.get('bar', '?')}", f"parked: {why}",
+        "the exact call:", f"  {entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}",
+        f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"]
 
 
 # ---- sharded proofs: a half proved in K/N slices (one per CI runner), merged into one proof

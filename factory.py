@@ -104,21 +104,24 @@ from broker import (  # noqa: E402
 from broker import (  # noqa: E402   the tower's figures and the index's tally
     DRIFT_WINDOW, GENESIS, MAX_FIGURE, P_BINS, Drift, GatedRuns, IndexTally, Production, Tally,
     fold_decisions, from_state, json_state, line_verifies, seal_line, signed_index, Chain, head_problem)
-from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons, settled_phrase  # noqa: E402
+from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons  # noqa: E402
 from broker import call_columns, closes, state_column, uncertain_said  # noqa: E402
 from broker import (  # noqa: E402   the guards and their chains, over a Claim (ClaimOnDisk reads its evidence)
     CONTRACT, DECISION_UNSIGNED, HMAC_SIGNATURE, PROMOTION_RUNS, SIGNER, SSH_SIGNATURE, TIERS, Claim,
     closing_verdicts, first_refusal, guard_results, APPROVE_GUARDS, CERTIFICATE_GUARDS,
     CERTIFY_GUARDS, DECIDING_GUARDS, EXECUTE_GUARDS, REJECT_GUARDS, RUN_GUARDS, STANDING_GUARDS, STANDING_STATES)
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
-    Sign, detect, evidence, LABEL_SOURCES, PASSING, PROOF_VERDICTS, UNRECORDED, card_changes, cut, label_counts,
+    Sign, detect, evidence, LABEL_SOURCES, PASSING, PROOF_VERDICTS, card_changes, cut, label_counts,
     label_source_problem, junit_xml, xml_safe, normalised, part, part_text, percent_text,
     proof_verdict, rate_text, rubric_field, share, shared_inputs, usd_text,
-    paired_text, handoff_figures, needed_cases, parts_lines, verdict_why,
+    paired_text, handoff_figures, needed_cases, verdict_why,
     SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards)
 from broker import (  # noqa: E402   a proof's record and its drafts' scores; replay; an index row's figures
     RUBRIC_STATES, apply_draft_scores, case_fields, proof_figures, scored_note, recorder_tools, replay_differences,
     figure_problem, figure_text)
+from broker import (  # noqa: E402   what the stations print, decided without I/O
+    BRIEF_CHARS, Harvested, batch_problems, brief_lines, doctor_lines, held_draft, proof_summary, run_lines,
+    sealed_proof_lines, suite_moved)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -4603,20 +4606,20 @@ def recorded_reply(event: dict) -> "llm.Reply":
 
 
 # ================================================================ 5. Stations
-# Owns the stations: one function per station, cmd_NAME(fac, args) -> exit status, marked with
-# @station(...) beside the arguments it reads (a new flag is one edit here) and its docstring as its
-# --help; plus what each prints. The CLI section collects them in the order they are defined.
+# One function per station, cmd_NAME(fac, args) -> exit status, marked @station(...) with the arguments
+# it reads; its docstring is its --help. The CLI section collects them in the order they are defined.
+
+# ---- @station: a station's arguments, and what its --help shows after them
 
 def arg(*flags: str, **options) -> tuple:
-    """One argument of a station: argparse add_argument's flags and options, as given."""
+    """One argument of a station: add_argument's flags and options."""
     return flags, options
 
 
 def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str], env: tuple[str, ...],
             more_exits: tuple[tuple[int, str], ...] = ()):
-    """Mark cmd_NAME as the station NAME taking these arguments (each from arg()), with what its --help
-    shows after them: examples, what exits 0 and 1 mean for it, any other (`more_exits`), and the
-    environment variables it reads (names in ENVIRONMENT)."""
+    """Mark cmd_NAME as station NAME with these arguments (arg()) and its --help epilog: examples, what exit
+    0 and 1 mean, other exits, the variables it reads (ENVIRONMENT's names)."""
     def mark(func):
         func.station_arguments = arguments
         func.station_help = {"examples": examples, "exits": exits, "env": env, "more_exits": more_exits}
@@ -4663,23 +4666,41 @@ WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPEN
               "MOONSHOT_BASE_URL", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL", "SAGEROUTE_URL", "SAGEROUTE_TOKEN")
 GATE_ENV = ("SAGE_API_KEY", "SAGE_ENDPOINT", "SAGE_PROTOCOL", "SAGE_MODEL", "SAGE_REASONING")
 OTEL_ENV = tuple(name for name in ENVIRONMENT if name.startswith("OTEL_"))
-ROOT_ENV = ("FACTORY_ROOT", "FACTORY_KEYS_DIR", "FACTORY_EVIDENCE_KEY")   # every station: the root, and the keys folder it checks lies outside it
-ENV_COLUMN = 19   # a longer variable name goes on its own line in --help, so every line fits 80 columns
-KEYS_ENV = ("FACTORY_ALLOWED_SIGNERS",)   # stations that sign or check a signature (the keys folder is in ROOT_ENV)
+ROOT_ENV = ("FACTORY_ROOT", "FACTORY_KEYS_DIR", "FACTORY_EVIDENCE_KEY")   # every station (the keys must lie outside the root)
+ENV_COLUMN = 19   # --help puts a longer name on a line of its own: 80 columns
+KEYS_ENV = ("FACTORY_ALLOWED_SIGNERS",)   # stations that sign or check a signature
 MODEL_ENV = (*WORKER_ENV, *GATE_ENV, *PROXY_ENV)   # stations that ask a worker model and Sage
-SSH_KEY = arg("--ssh-key", metavar="KEY", type=Path,
-              help="sign with this OpenSSH key (ssh-keygen -Y sign) instead of the signer's HMAC key; "
-                   "verified against the trusted allowed signers (FACTORY_ALLOWED_SIGNERS)")
 
 
-def signer_of(fac: Factory, args) -> Signer:
-    """The Signer that --by NAME [--ssh-key KEY] names (the name checked first)."""
-    fac.key_path(args.by)
-    return Signer(args.by, args.ssh_key.expanduser() if args.ssh_key else None)
+# ---- argument types: a value that can never work, whatever the factory holds, is a usage error (exit 2)
+# in every station; a well-formed name the factory does not know is a refusal (1)
+
+def checked(fits: Callable[[str], object], wrong: str) -> Callable[[str], str]:
+    """An argparse type: the text as typed when fits(text), else `wrong` (its {!r} the text)."""
+    def check(text: str) -> str:
+        if not fits(text):
+            raise argparse.ArgumentTypeError(wrong.format(text))
+        return text
+    return check
+
+
+signer_name = checked(SIGNER.fullmatch, "{!r} is not a valid signer name (a letter, then letters, digits . _ -)")
+run_id_text = checked(RUN_ID.fullmatch, "{!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
+folder_text = checked(str.strip, "is empty (an unset variable?); name the folder, or leave the option out")
+new_agent_name = checked(lambda text: NAME.fullmatch(text) and module_name(text) != "tools",   # agents/tools/ holds tools
+                         "{!r} is not a name for a new agent (a lowercase letter, then a-z 0-9 _ -, at most 64; not 'tools')")
+
+
+def agent_name(text: str) -> str:
+    """An argparse type: an agent's name, checked before any path is built from it."""
+    try:
+        return check_name(text)
+    except Refusal as why:
+        raise argparse.ArgumentTypeError(str(why)) from None
 
 
 def at_least_one(text: str) -> int:
-    """An argparse type: a whole number >= 1 (argparse turns the error into a usage error)."""
+    """An argparse type: a whole number >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -4697,82 +4718,84 @@ def shard_text(text: str) -> tuple[int, int]:
     return int(k), int(n)
 
 
-JSON_LINES = arg("--json", action="store_true", help="print JSON instead: one object per line (see README)")
-
-
-def printed_json(args, *objects: dict) -> bool:
-    """With --json, print each object as one line of JSON and say so (True); else print nothing (False)."""
-    for obj in objects if args.json else ():
-        print(json.dumps(obj, ensure_ascii=False))
-    return args.json
-
-
-def jobs_argument(what: str, default: int | None = DEFAULT_JOBS, note: str = "") -> tuple:
-    """--jobs N: how many cases or tickets at a time (`default` None: the station decides; `note` says how)."""
-    return arg("--jobs", type=at_least_one, default=default, metavar="N",
-               help=f"{what} at a time (default {DEFAULT_JOBS}{note}; 1 is exactly sequential); results keep input order")
-
-
 def reason_text(text: str) -> str:
-    """An argparse type: the text on one line (it is echoed in refusals); blank is a usage error."""
+    """An argparse type: the text on one line (refusals echo it)."""
     line = " ".join(text.split())
     if not line:
         raise argparse.ArgumentTypeError("needs a reason, not blank: it is kept with the record")
     return line
 
 
-# Names on the command line: a malformed one can never work, whatever the factory holds, so it is a usage
-# error (exit 2) in every station, as in `new`; a well-formed name the factory does not know is a refusal (1).
-
-def agent_name(text: str) -> str:
-    """An argparse type: an agent's name (NAME, whole), checked before any path is built from it."""
-    try:
-        return check_name(text)
-    except Refusal as why:
-        raise argparse.ArgumentTypeError(str(why)) from None
-
-
-def signer_name(text: str) -> str:
-    """An argparse type: a signer's name (SIGNER, whole), which names their key file."""
-    if not SIGNER.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid signer name (a letter, then letters, digits . _ -)")
-    return text
-
-
-def run_id_text(text: str) -> str:
-    """An argparse type: a run id as run and pending print it."""
-    if not RUN_ID.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
-    return text
-
-
-def folder_text(text: str) -> str:
-    """An argparse type: a folder (--root, --sealed-dir); empty is refused rather than read as "not given"."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("is empty (an unset variable?); name the folder, or leave the option out")
-    return text
-
-
-STAGED_CALL = (arg("run_id", type=run_id_text, metavar="RUN_ID", help="the run that staged the call, as pending lists it"),   # approve, reject
-               arg("--call", type=at_least_one, default=1, metavar="N", help="which staged call of that run (default 1)"))
-
-
-def new_agent_name(text: str) -> str:
-    """An argparse type: a name for a new agent (NAME, whole); 'tools' names the tool folder."""
-    if not NAME.fullmatch(text) or module_name(text) == "tools":
-        raise argparse.ArgumentTypeError(f"{text!r} is not a name for a new agent (a lowercase letter, then a-z 0-9 "
-                                         f"_ -, at most 64; not 'tools')")
-    return text
+def run_reference(text: str) -> tuple[str | None, str]:
+    """An argparse type: (agent or None, run id) from RUN_ID or AGENT/RUN_ID."""
+    agent, _, run_id = text.rpartition("/")
+    if not RUN_ID.fullmatch(run_id) or (agent and not NAME.fullmatch(agent)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a run id, RUN_ID or AGENT/RUN_ID "
+                                         f"(e.g. triager/20261130T041500123456Z-1a2b3c)")
+    return agent or None, run_id
 
 
 def example_tools(text: str) -> tuple[str, ...]:
-    """An argparse type: the example tools to make, 'read', 'draft' or both, comma-separated, in a fixed order."""
+    """An argparse type: 'read', 'draft' or both, comma-separated, in EXAMPLE_TOOLS' order."""
     chosen = [word.strip() for word in text.split(",")]
     unknown = [word for word in chosen if word not in EXAMPLE_TOOLS]
     if unknown or not chosen:
         raise argparse.ArgumentTypeError(f"{text!r}: the example tools are read and draft, e.g. read,draft")
     return tuple(effect for effect in EXAMPLE_TOOLS if effect in chosen)
 
+
+# ---- arguments several stations take, and what --json prints
+
+JSON_LINES = arg("--json", action="store_true", help="print JSON instead: one object per line (see README)")
+SSH_KEY = arg("--ssh-key", metavar="KEY", type=Path,
+              help="sign with this OpenSSH key (ssh-keygen -Y sign) instead of the signer's HMAC key; "
+                   "verified against the trusted allowed signers (FACTORY_ALLOWED_SIGNERS)")
+STAGED_CALL = (arg("run_id", type=run_id_text, metavar="RUN_ID", help="the run that staged the call, as pending lists it"),
+               arg("--call", type=at_least_one, default=1, metavar="N", help="which staged call of that run (default 1)"))
+
+
+def jobs_argument(what: str, default: int | None = DEFAULT_JOBS, note: str = "") -> tuple:
+    """--jobs N (`default` None: the station decides, `note` says how)."""
+    return arg("--jobs", type=at_least_one, default=default, metavar="N",
+               help=f"{what} at a time (default {DEFAULT_JOBS}{note}; 1 is exactly sequential); results keep input order")
+
+
+def printed_json(args, *objects: dict) -> bool:
+    """With --json, print each object as a JSON line and return True; else False."""
+    for obj in objects if args.json else ():
+        print(json.dumps(obj, ensure_ascii=False))
+    return args.json
+
+
+def print_lines(lines, file=None) -> None:
+    """One print per line (a line break inside one is escaped: SafeStream)."""
+    for line in lines:
+        print(line, file=file)
+
+
+def complained(station: str, problems) -> int:
+    """Each problem as `factory STATION: PROBLEM` on stderr; 1 when there was one, else 0."""
+    print_lines([f"factory {station}: {problem}" for problem in problems], sys.stderr)
+    return 1 if problems else 0
+
+
+def declined(lines: list[str], question: str) -> str | None:
+    """Show lines and ask `QUESTION [y/N]` on stderr: None when the human typed y or yes, else what they
+    answered (answered())."""
+    print_lines(lines, sys.stderr)
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    answer = typed_answer()
+    return None if answer in YES else answered(answer)
+
+
+def signer_of(fac: Factory, args) -> Signer:
+    """The Signer --by NAME [--ssh-key KEY] names (the name checked first)."""
+    fac.key_path(args.by)
+    return Signer(args.by, args.ssh_key.expanduser() if args.ssh_key else None)
+
+
+# ---- new: an agent of your own
 
 @station(arg("name", type=new_agent_name, metavar="NAME",
              help="the new agent's name: a lowercase letter, then a-z 0-9 _ - (a - becomes _ in its module names)"),
@@ -4789,10 +4812,9 @@ def example_tools(text: str) -> tuple[str, ...]:
 def cmd_new(fac: Factory, args) -> int:
     """Create your own agent, ready to prove, certify and run.
 
-    Writes its card, its module, its tool module (NAME:lookup, NAME:draft) and an open and a sealed half
-    whose cases pass; --from AGENT copies AGENT's module, card and open half. All or none, the card last;
-    a `new` stopped part-way is finished by running it again. Then: prove NAME, prove NAME --sealed,
-    certify NAME, run NAME.
+    Writes its card, module, tool module (NAME:lookup, NAME:draft), and open and sealed halves whose cases
+    pass; --from AGENT copies AGENT's module, card and open half. All or none, the card last: a `new`
+    stopped part-way is finished by running it again.
     """
     family = module_name(args.name)
     if args.source is not None and args.tools is not None:
@@ -4820,8 +4842,7 @@ def cmd_new(fac: Factory, args) -> int:
 
 
 def finishing(name: str, kept: int, removed: int) -> str:
-    """What `created NAME` adds when a `new NAME` stopped part-way left files: how many of its files it had
-    written (kept), how many temporary files of its writes were removed; empty when it left none."""
+    """What `created NAME` adds after a `new NAME` that stopped part-way; '' when it left nothing."""
     if not kept and not removed:
         return ""
     left = [f"{kept} of its files were already written"] if kept else []
@@ -4830,7 +4851,7 @@ def finishing(name: str, kept: int, removed: int) -> str:
 
 
 def source_agent(fac: Factory, source: str, name: str) -> Agent:
-    """The agent `new NAME --from SOURCE` copies; Refusal saying so when there is no such agent."""
+    """The agent `new NAME --from SOURCE` copies; Refusal when there is none."""
     if not fac.store.exists(fac.card_path(source)):
         near = did_you_mean(source, [card.stem for card in fac.masters.glob("*.json")])
         raise Refusal(f"no agent named {source} to copy (no {fac.shown(fac.card_path(source))}){near}; --from names an "
@@ -4839,9 +4860,8 @@ def source_agent(fac: Factory, source: str, name: str) -> Agent:
 
 
 def write_new_agent(fac: Factory, name: str, files: list[NewFile]) -> None:
-    """Write a new agent's files all or none, then read it (its card and code checked, never executed: a
-    copy may hold anyone's code); Refusal (with nothing left written) when a file cannot be written or the
-    agent does not read well."""
+    """Write a new agent's files all or none, then read it (checked, never executed: a copy may hold anyone's
+    code); Refusal, nothing left written, when a file cannot be written or the agent does not read."""
     try:
         with fac.store.creating() as create:
             for made in files:
@@ -4855,6 +4875,8 @@ def write_new_agent(fac: Factory, name: str, files: list[NewFile]) -> None:
         raise Refusal(f"{name} does not load, so nothing was written: {why}") from None
 
 
+# ---- stamp and restamp: variants, each with the master the lineage log fixes for it
+
 @station(arg("master", type=agent_name, metavar="MASTER", help="the agent to derive from (masters/MASTER.json)"),
          arg("--as", dest="new", type=agent_name, metavar="NEW", required=True,
              help="the variant's name: a lowercase letter, then lowercase letters, digits, - or _"),
@@ -4867,8 +4889,8 @@ def write_new_agent(fac: Factory, name: str, files: list[NewFile]) -> None:
 def cmd_stamp(fac: Factory, args) -> int:
     """Derive a variant from a master, with overrides.
 
-    Writes masters/NEW.json, the master's card with each --set applied plus stamped_from, master_digest
-    and the overrides (restamp re-derives it), and appends the lineage log. Prove and certify it.
+    Writes masters/NEW.json (the master's card, each --set applied, with stamped_from, master_digest and
+    the overrides restamp re-derives it from) and appends the lineage log.
     """
     try:
         overrides = dict(parse_setting(text) for text in args.set or [])
@@ -4881,8 +4903,8 @@ def cmd_stamp(fac: Factory, args) -> int:
 
 
 def stamp_card(fac: Factory, master_name: str, name: str, overrides: dict, master: Agent, path: Path) -> int:
-    """What `stamp MASTER --as NAME` writes, under the lock on masters/ (see cmd_stamp): the lineage entry, then
-    the card; a stamp that stopped between them is finished (finish_stamp). Refusal for a name taken."""
+    """Under the lock on masters/: the lineage entry, then the card (a stamp stopped between them:
+    finish_stamp). Refusal for a name taken."""
     earlier = parents(fac).get(name)   # the lineage log fixes a name's parent for good, even once its card is gone
     if earlier is not None and earlier != master_name:
         raise Refusal(f"{name} was stamped from {earlier} before ({fac.shown(fac.lineage)}); "
@@ -4904,8 +4926,7 @@ def stamp_card(fac: Factory, master_name: str, name: str, overrides: dict, maste
 
 
 def first_lineage_entry(name: str, master: str):
-    """make(chain) for append_to_log: NAME's lineage entry, refused (under the log's lock) when the log
-    already has one for NAME (two stamps of one name at once: one is told)."""
+    """make(chain) for append_to_log: NAME's lineage entry, refused when the log has one (two stamps at once)."""
     def make(chain: Chain) -> dict:
         if any(row.get("agent") == name for _, row in chain.entries):
             raise Refusal(f"{name} was stamped a moment ago by another stamp ({chain.where}); pick a new name")
@@ -4914,9 +4935,8 @@ def first_lineage_entry(name: str, master: str):
 
 
 def finish_stamp(fac: Factory, master: str, name: str, overrides: dict, earlier: str | None) -> int:
-    """`stamp MASTER --as NAME` when masters/NAME.json exists: a stamp stopped between its card and its lineage
-    entry (the card says MASTER, the log knows nothing of NAME) is finished by appending that entry, the card
-    kept as written; anything else is a name already taken."""
+    """The card exists: a stamp stopped before its lineage entry (the card says MASTER, the log knows nothing
+    of NAME) is finished, the card kept as written; anything else is a name taken."""
     path = fac.card_path(name)
     card, where = read_card(fac, name)
     if earlier is not None or card.get("stamped_from") != master:
@@ -4937,9 +4957,8 @@ def finish_stamp(fac: Factory, master: str, name: str, overrides: dict, earlier:
 def cmd_restamp(fac: Factory, args) -> int:
     """Carry a master's fix to every variant stamped from it.
 
-    Each variant, transitively, is re-derived as the master's card plus its own overrides. A variant
-    whose card changes has its certificate revoked (kept on disk, marked revoked with the reason):
-    re-prove and re-certify it before it runs again.
+    Each variant, transitively, is re-derived as the master's card plus its own overrides. A variant whose
+    card changes has its certificate revoked (kept, marked with the reason): re-prove and re-certify it.
     """
     changed, skipped = restamped(fac, args.master)
     # revoke before the cards change: a kill in between leaves them revoked, never runnable on an old signature
@@ -4957,6 +4976,8 @@ def cmd_restamp(fac: Factory, args) -> int:
         print("re-prove and re-certify before these run again.")
     return 0
 
+
+# ---- prove: a proof record per half (sharded proofs merged into one)
 
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to prove (masters/AGENT.json)"),
          arg("--sealed", action="store_true",
@@ -4981,10 +5002,9 @@ def cmd_restamp(fac: Factory, args) -> int:
 def cmd_prove(fac: Factory, args) -> int:
     """Prove an agent on its open or sealed suite.
 
-    Runs every case of the open half (evals/SUITE/cases.jsonl) or the sealed one (--sealed) with every
-    tool a recorder, on the card's model when its key is set, else the agent's offline rules; writes the
-    proof record under records/AGENT/ and prints the verdict, the score and its interval against the bar,
-    and why each case failed (sealed ones by id). --shard K/N proves a slice; --merge judges the whole.
+    Every case runs with every tool a recorder, on the card's model when its key is set, else the agent's
+    offline rules. Writes the proof record under records/AGENT/; prints the verdict, the score's interval
+    against the bar, and why each case failed (sealed ones by id only).
     """
     agent = load_agent(fac, args.agent)
     refuse_if(lineage_problem(fac, agent.name, agent.card))   # the suite may be a master's: its lineage must hold
@@ -5014,12 +5034,12 @@ def cmd_prove(fac: Factory, args) -> int:
         count_sealed_attempt(fac, agent.name, proof["suite_digest"])   # where deleting records cannot lower the count
     if args.junit:
         fac.store.write_text(Path(args.junit), junit_xml(proof, results, time.monotonic() - started), outside=True)
-    print_block(json.dumps(proof, indent=2)) if args.json else print_proof(proof)
+    print_block(json.dumps(proof, indent=2)) if args.json else print_lines(proof_summary(proof))
     return 0 if proof["passed"] else PROOF_FAILED
 
 
 def write_shard(fac: Factory, record: dict, as_json: bool) -> int:
-    """Write a shard record, sealed, beside the proof records (never read as one); say where. Exit 0."""
+    """Write a shard record, sealed, beside the proof records (never read as one). Exit 0."""
     k, n = record["shard"]
     path = fac.record_path(record["agent"], f"{record['half']}-shard-{k}-of-{n}")
     fac.store.write_json(path, sealed_evidence(fac, record))
@@ -5030,23 +5050,7 @@ def write_shard(fac: Factory, record: dict, as_json: bool) -> int:
     return 0
 
 
-def print_proof(proof: dict) -> None:
-    """The summary line (suite, count and interval, bar, verdict), the proof's parts (parts_lines), and each
-    failure: why it failed for the open half, its id only for the sealed one."""
-    print(f"{proof['agent']} [{proof['half']} half of {proof['suite']}] {part_text(proof, proof['pass_bar'])} "
-          f"(bar {proof['pass_bar']} on the lower bound) {proof['verdict']}   denials:{proof['tool_denials']}   "
-          f"{rubric_field(proof)}:{proof['draft_check']}")
-    lines = parts_lines(proof)
-    lines[0] += f"   backends: {', '.join(proof['backends']) or 'none answered'}"
-    for line in lines:
-        print(f"  {line}")
-    cases = f"cost unknown in {proof['cost_unknown']} of {proof['cases']} cases" if proof["cost_unknown"] else "cost unknown"
-    for line in [verdict_why(proof), proof["cost_line"] and proof["cost_line"].replace("cost unknown", cases, 1) +
-                 ": a production run whose cost is unknown never passes the gate"]:
-        print(f"  {line}") if line else None
-    for failure in proof["failures"]:
-        print(f"  failed {failure}" if isinstance(failure, str) else f"  failed {failure['id']}: {failure['why']}")
-
+# ---- certify, and what its prompt shows the signer
 
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to sign for (its latest sealed proof must clear the bar)"),
          arg("--tier", choices=TIERS, required=True,
@@ -5060,10 +5064,9 @@ def print_proof(proof: dict) -> None:
 def cmd_certify(fac: Factory, args) -> int:
     """Sign an agent's certificate, as a human at a terminal.
 
-    Refused without a verified sealed proof of the agent as it is now whose verdict is PASS, and for each
-    other guard (suite changed, tier ceiling, recall, production evidence at C2/C3, stdin not a
-    terminal). Otherwise it shows what you sign and asks `sign it? [y/N]`; it signs with the signer's
-    HMAC key (made on first use) or, with --ssh-key, with `ssh-keygen -Y sign`.
+    Needs a verified sealed proof, verdict PASS, of the agent as it is now, and every other guard (suite
+    unchanged, tier ceiling, no recall, production evidence at C2/C3, stdin a terminal). Shows what you
+    sign and asks `sign it? [y/N]`; signs with the signer's HMAC key (made on first use) or --ssh-key.
     """
     signer = signer_of(fac, args)
     claim = enforce(ClaimOnDisk(args.agent, "certify", tier=args.tier, fac=fac), CERTIFY_GUARDS)
@@ -5074,12 +5077,8 @@ def cmd_certify(fac: Factory, args) -> int:
         raise Refusal(f"no key for {args.by} and the keys folder {fac.keys_dir} cannot be created or written (FACTORY_KEYS_DIR)")
     if not sys.stdin.isatty():
         raise Refusal("stdin is not a terminal: unsigned. certification is the station that stays human.")
-    show_certify_prompt(fac, claim, signer)
-    sys.stderr.write("sign it? [y/N] ")
-    sys.stderr.flush()
-    answer = typed_answer()
-    if answer not in YES:
-        raise Refusal(f"unsigned. you answered {answered(answer)}; only y or yes signs.")
+    if no := declined(certify_prompt(fac, claim, signer), "sign it?"):
+        raise Refusal(f"unsigned. you answered {no}; only y or yes signs.")
     if signer.ssh_key is None:
         signing_key(fac, signer.name)   # created on first use, with a line saying where
     cert = certificate(fac, agent, args.tier, signer, path, proof)
@@ -5092,70 +5091,26 @@ def cmd_certify(fac: Factory, args) -> int:
     return 0
 
 
-def show_certify_prompt(fac: Factory, claim: ClaimOnDisk, signer: Signer) -> None:
-    """What the signer sees before `sign it?`: agent, tier, digest; a variant's changes; the sealed proof,
-    its evidence and backend (with warnings); sealed attempts; production evidence; the certificate it
-    replaces and any recall; what this version fixes and breaks against the proof certified before; grants,
-    the cost envelope, the act envelope and how each acting tool's money
-    is counted; which answers sign."""
-    agent, envelope = claim.agent, claim.agent.act_envelope
-    acting = [tool for tool in agent.card["tools"] if agent.contracts[tool]["effect"] == "act"]
+def certify_prompt(fac: Factory, claim: ClaimOnDisk, signer: Signer) -> list[str]:
+    """What the signer sees before `sign it?`."""
+    agent, envelope, card, (path, proof) = claim.agent, claim.agent.act_envelope, claim.agent.card, claim.proofs[-1]
+    acting = [tool for tool in card["tools"] if agent.contracts[tool]["effect"] == "act"]
     counted = "; ".join(envelope.counted(tool) for tool in acting)
     how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
-    lines = [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
-             *variant_lines(fac, claim), *proof_lines(fac, claim), *attempts_lines(claim), production_line(fac, claim),
-             *replaced_lines(fac, claim), *paired_lines(fac, claim),
-             f"  grants {agent.card['tools']}  of them acting {acting}"
-             f"  denied {agent.card['tools_denied']}  cost envelope ${agent.card['cost_envelope_usd']}  act envelope "
-             f"{envelope.calls} acting call(s) and {exact_usd(envelope.usd)} a run"
-             + (f", money counted from: {counted}" if counted else ""),
-             "y or yes signs; anything else declines and nothing is signed."]
-    for line in lines:
-        print(line, file=sys.stderr)
-
-
-def proof_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
-    """The sealed proof certify rests on, the evidence that it is the record prove wrote, the backend it
-    ran on, and a warning for each way it proves less than the card claims."""
-    agent, (path, proof) = claim.agent, claim.proofs[-1]
-    unrecorded, cost = proof.get("label_sources", {UNRECORDED: proof["cases"]})[UNRECORDED], unpriced(fac, agent.card)
-    lines = [f"  sealed proof {fac.shown(path)}: {proof_verdict(proof)} {part_text(proof, proof['pass_bar'])} (bar "
-             f"{proof['pass_bar']} on the lower bound), {rubric_field(proof)}:{proof['draft_check']}",
-             *(f"    {line}" for line in parts_lines(proof)),
-             *[f"  WARNING: {verdict_why(proof)}"] * (proof_verdict(proof) == "PASS WITHOUT RUBRIC"),
-             *[f"  WARNING: {cost}: every run is routed to a human until it is priced"] * bool(cost),
-             f"  evidence: that record, made {proof['at']}, its evidence MAC verified with the factory evidence key "
-             f"({fac.evidence_key_path}); the sealed half of {proof['suite']} is byte for byte the one it ran",
-             *backend_lines(agent.card, proof["backends"], proof.get("models", []))]
-    if 2 * unrecorded > proof["cases"]:
-        lines.append(f"  WARNING: {unrecorded} of the {proof['cases']} sealed cases do not say where their expected values "
-                     f"came from (label_source): a score on labels of unknown provenance compares with nothing")
-    return lines
-
-
-def backend_lines(card: dict, backends: list[str], answered: list[str]) -> list[str]:
-    """The backends and models the sealed proof ran on beside the card's, and a warning when the agent's
-    offline rules, or a model the card does not name, answered cases."""
-    models, others = [m for m in card_models(card) if m != "offline"], other_models(card, answered)
-    offline = [b for b in backends if b.startswith("offline")]
-    named = f"the card's model: {' then '.join(models)}" if models else "the card names no model: its rules are the agent"
-    lines = [f"  proved on: {', '.join(backends) or 'no worker'}" + (f" ({', '.join(m or 'none named' for m in answered)})"
-             if answered else " (the agent's own rules)" if offline == backends and backends else "") + f"; {named}"]
-    if models and offline == backends and backends:
-        lines.append(f"  WARNING: this proof ran the agent's offline rules, not {models[0]}: with a model key, production "
-                     f"runs a model this proof never asked")
-    elif models and offline:
-        lines.append(f"  WARNING: part of this proof ran the agent's offline rules ({', '.join(offline)}), not the card's model")
-    if others:
-        lines.append(f"  WARNING: cases were answered by {', '.join(others)}, a model the card does not name: "
-                     f"this is no proof of {' or '.join(models) or 'its rules'}")
-    return lines
+    return [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
+            *variant_lines(fac, claim), *sealed_proof_lines(proof, fac.shown(path), fac.evidence_key_path, unpriced(fac, card),
+            [m for m in card_models(card) if m != "offline"], other_models(card, proof.get("models", []))), *attempts_lines(claim), production_line(fac, claim),
+            *replaced_lines(fac, claim), *paired_lines(fac, claim),
+            f"  grants {agent.card['tools']}  of them acting {acting}"
+            f"  denied {agent.card['tools_denied']}  cost envelope ${agent.card['cost_envelope_usd']}  act envelope "
+            f"{envelope.calls} acting call(s) and {exact_usd(envelope.usd)} a run"
+            + (f", money counted from: {counted}" if counted else ""),
+            "y or yes signs; anything else declines and nothing is signed."]
 
 
 def attempts_lines(claim: ClaimOnDisk) -> list[str]:
-    """How many sealed proofs were made since the agent was last certified (whatever its code was then), and
-    how many proved this digest: the larger of the records in records/AGENT (which can be deleted) and
-    this machine's own count (sealed_attempts), warning how many records are missing when it is larger."""
+    """Sealed proofs since the last certification, and of this digest: the larger of the records (which can be
+    deleted) and this machine's own count (sealed_attempts), warning of the missing records."""
     try:
         signed = (claim.cert or {}).get("signed_at")
     except Refusal:   # a certificate that cannot be read dates nothing; replaced_lines names it
@@ -5175,7 +5130,7 @@ def attempts_lines(claim: ClaimOnDisk) -> list[str]:
 
 
 def production_line(fac: Factory, claim: ClaimOnDisk) -> str:
-    """The production evidence the index holds for this digest: verified gated runs counted, the rest named."""
+    """The index's production evidence for this digest."""
     production = gated_runs(fac, claim.agent)
     problem = index_problem(fac)
     return (f"  production evidence since the agent (its digest) last changed: {production.runs} verified gated run(s), gate pass "
@@ -5184,8 +5139,7 @@ def production_line(fac: Factory, claim: ClaimOnDisk) -> str:
 
 
 def replaced_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
-    """The certificate this signature replaces (tier, signer, when, and whether it would run now), then
-    every recall that reached the agent since it was signed (every recall, when there is none)."""
+    """The certificate this signature replaces, whether it would run now, and the recalls since it was signed."""
     where = fac.shown(fac.cert_path(claim.name))
     try:
         old = claim.cert
@@ -5203,9 +5157,8 @@ def replaced_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
 
 
 def paired_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
-    """On the sealed cases both ran, how many this proof fixes and breaks against the one certified before (the
-    agent's certificate, else its master's), with the exact McNemar p-value and the ids it broke; a line why
-    not when that proof cannot be read or checked; none without an earlier certificate."""
+    """On the sealed cases both ran, what this proof fixes and breaks against the one certified before (the
+    agent's, else its master's; McNemar exact); a line why not when that proof cannot be checked."""
     master = parents(fac).get(claim.name)
     try:
         cert = claim.cert or (fac.store.read_json(fac.cert_path(master)) if master and fac.cert_path(master).exists() else None)
@@ -5227,20 +5180,8 @@ def paired_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
     return [f"{head}: {paired_text(before, claim.proof)}"]
 
 
-def suite_moved(old: dict, proof: dict) -> list[str]:
-    """One line when the certificate being replaced was proved on another sealed suite than this proof
-    (their suite digests differ: the bar moved), naming both digests; none when they agree or the old
-    certificate records none."""
-    before = old.get("suite_digest")
-    if not isinstance(before, str) or before == proof["suite_digest"]:
-        return []
-    return [f"  the sealed suite changed since that certificate: it was proved on {before}, this proof ran "
-            f"{proof['suite_digest']} (the sealed half of {proof['suite']})"]
-
-
 def variant_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
-    """For a variant (its master fixed by the lineage log), each way its card differs from its master's
-    card as it is now, named for what it does (an added grant, a raised tier ceiling, ...)."""
+    """For a variant, each way its card differs from its master's card as it is now."""
     master = parents(fac).get(claim.name)
     if master is None:
         return []
@@ -5253,12 +5194,14 @@ def variant_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
     return [head, *(f"    {change}" for change in changes)]
 
 
+# ---- run: one input, or a file of tickets
+
 TICKET_FIELDS = ("id", "input", "source")
 
 
 def load_tickets(fac: Factory, path: Path, piped: bytes | None = None) -> list[tuple[str, str | Refusal]]:
-    """(id, input) for each line of a tickets file (or `piped` bytes), or (its id or `line N`, the Refusal naming
-    what is wrong with it). Refusal for the file as a whole: missing, a sealed half, a byte-order mark, no tickets."""
+    """(id, input) per line of a tickets file (or `piped` bytes); a bad line's input is its Refusal, its id
+    `line N` when it names none. Refusal for the whole file: a sealed half, no tickets, unreadable."""
     if path.resolve().name == "sealed.jsonl" or path.resolve().is_relative_to(fac.sealed_dir) and fac.sealed_dir != fac.evals:
         raise Refusal(f"{fac.shown(path)}: is a sealed half; sealed cases are never run as tickets")
     tickets = []
@@ -5272,7 +5215,7 @@ def load_tickets(fac: Factory, path: Path, piped: bytes | None = None) -> list[t
 
 
 def ticket_problem(row: dict, at: str) -> Refusal | None:
-    """The Refusal naming the field that keeps row from being a ticket {"id", "input"[, "source"]}, or None."""
+    """The Refusal naming what keeps row from being a ticket {"id", "input"[, "source"]}, or None."""
     extra = sorted(set(row) - set(TICKET_FIELDS))
     if "expect" in extra:
         return Refusal(f"{at}: an eval case with `expect` is not a ticket (a ticket is {{\"id\", \"input\"}})")
@@ -5307,10 +5250,9 @@ def ticket_problem(row: dict, at: str) -> Refusal | None:
 def cmd_run(fac: Factory, args) -> int:
     """Run a certified agent on one input or a file of tickets.
 
-    The certificate is verified first. Reads execute; drafts and acting calls are held until the output
-    gate (Sage) has seen them, then settled by tier, gate and hand-off. Each run leaves a trace and its
-    index rows (and is exported with an OTLP endpoint set); one not passed is routed to a human, saying
-    why. An effect not written or not read back ends uncertain-effect: exit 1.
+    Reads execute; drafts and acting calls are held until the output gate (Sage) has seen them, then
+    settled by tier, gate and hand-off; a run not passed is routed to a human, saying why. An effect not
+    written or not read back ends uncertain-effect (exit 1).
     """
     if (args.input is None) == (args.file is None):
         raise Usage("one input: TEXT or --file TICKETS.jsonl, not both and not neither")
@@ -5328,7 +5270,7 @@ def cmd_run(fac: Factory, args) -> int:
         if args.json:
             print(json.dumps({"ticket": ticket_id, **row, "went": went(row)}, ensure_ascii=False))
         else:
-            print_run(row) if args.file is None else print_ticket(ticket_id, row, agent.handoff_field)
+            print_lines(run_lines(row)) if args.file is None else print_ticket(ticket_id, row, agent.handoff_field)
         sys.stdout.flush()   # each result as it comes, and a reader that stopped (head) is seen at once
     framed = args.file is not None and not args.json and sys.stdout.isatty()   # a pipe gets the lines alone
     if framed:
@@ -5348,8 +5290,7 @@ def cmd_run(fac: Factory, args) -> int:
 
 
 def piped_in(one: bool) -> bytes | str:
-    """All of standard input (`--file -`), or with `one` as one input's text, its last line break dropped (`run
-    AGENT -`); Usage when that cannot be."""
+    """Standard input: all of it (`--file -`), or with `one` one input's text without its last line break."""
     raw = sys.stdin.buffer.read() if sys.stdin is not None else b""
     if is_blank(raw.decode("utf-8", "replace")):
         raise Usage("standard input is empty: pipe the input in (echo TEXT | run AGENT -)")
@@ -5363,41 +5304,25 @@ def piped_in(one: bool) -> bytes | str:
         raise Usage(str(why)) from None
 
 
-def batch_problems(failed: list, tickets: int) -> list[str]:
-    """What run's one stderr line says of a batch's failed rows (Batch.failed) out of `tickets`: the tickets
-    refused (with the first reason), the runs that crashed, the runs that ended uncertain-effect."""
-    refused = [row["why"][0] for row in failed if row["status"] == "refused"]
-    crashed = sum(row["status"] == "crashed" for row in failed)
-    uncertain = sum(row["verdict"] == "uncertain-effect" for row in failed)
-    return ([f"{len(refused)} of {tickets} ticket(s) refused, each on its own line (the first: {refused[0]})"]
-            if refused else []) + ([f"{crashed} run(s) crashed; their traces keep the traceback"] if crashed else []) \
-        + ([f"{uncertain} run(s) ended uncertain-effect: an effect was not written or not read back; a human "
-            f"reconciles it (each run's output says where)"] if uncertain else [])
-
-
-
 def waits_on_nothing(fac: Factory, agent: Agent, clients: Clients) -> bool:
-    """True when the agent's runs would make no network call: no model key for its card and no gate."""
+    """True when the agent's runs make no network call (no model key for its card, no gate)."""
     return make_worker(fac, agent, None, clients, None).planned_backend() == "offline" and clients.router is None
 
 
 @dataclass
 class Batch:
-    """What run_tickets did: the rows of crashed, uncertain-effect and refused tickets (`failed`), how many
-    were run, how many drafts went to the review queue (`reviewed`), and how many results were written
-    before stdout closed (`shown`, `closed`)."""
-    failed: list = field(default_factory=list)
-    ran: int = 0
-    reviewed: int = 0
-    reviewing: int = 0   # runs that put at least one draft there
-    shown: int = 0
+    """What run_tickets did."""
+    failed: list = field(default_factory=list)   # the rows of crashed, uncertain-effect and refused tickets
+    ran: int = 0                                 # tickets run
+    reviewed: int = 0                            # drafts put in the review queue
+    reviewing: int = 0                           # runs that put at least one there
+    shown: int = 0                               # results written before stdout closed
     closed: bool = False
 
 
 def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit, clients: Clients) -> Batch:
-    """Run tickets `jobs` at a time with the station's `clients`, results emitted in input order (a ticket
-    that is a Refusal emitted as refused). Once stdout closes (BrokenPipeError), no ticket starts and
-    those started finish unseen. The drift watch is asked before each ticket and fed each result."""
+    """Run tickets `jobs` at a time, each emitted in input order; once stdout closes (BrokenPipeError) none
+    starts and those started finish unseen. The drift watch is asked before each ticket, fed each result."""
     drift, progress, inflight = Drift.of_certificate(cert, index_tally(fac)), Progress(f"run {agent.name}", len(tickets)), deque()
     refuse_if(drift.certified and index_problem(fac, cert))
     batch = Batch()
@@ -5446,26 +5371,24 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
 
 
 class Done:
-    """A finished call read as a finished Future: result() returns its value or raises its Exception. Not
-    a concurrent.futures.Future: that import (~8 ms cold) is not worth paying one at a time (Inline)."""
+    """A finished call read as a Future. Not concurrent.futures' (~8 ms to import cold) for one at a time."""
 
     def __init__(self, value=None, error: Exception | None = None):
         self.value, self.error = value, error
 
     def result(self):
-        """The value; the call's Exception, raised, when it failed."""
+        """The value, or the call's Exception raised."""
         if self.error is not None:
             raise self.error
         return self.value
 
 
 class Inline:
-    """The executor of a batch run one ticket at a time: submit(fn, *args) calls fn at once in this thread
-    and hands back Done (an Exception kept for result(), as a pool keeps it; an interrupt goes up). No
-    thread, and no concurrent.futures import: --jobs 1 is exactly sequential."""
+    """The executor for --jobs 1: submit(fn, *args) calls fn now, in this thread (an Exception kept for
+    result(), as a pool keeps it; an interrupt goes up)."""
 
     def shutdown(self, wait: bool = True) -> None:
-        """Nothing to wait for: every call ended as it was made."""
+        """Nothing to wait for."""
 
     @staticmethod
     def submit(fn, *args) -> Done:
@@ -5477,7 +5400,7 @@ class Inline:
 
 
 def pool_of(jobs: int):
-    """The executor of a batch: `jobs` threads, or Inline for one at a time (no thread, no futures module)."""
+    """`jobs` threads, or Inline for one."""
     if jobs == 1:
         return Inline()
     from concurrent.futures import ThreadPoolExecutor
@@ -5485,9 +5408,8 @@ def pool_of(jobs: int):
 
 
 def stdout_closed() -> None:
-    """After stdout's reader went away (BrokenPipeError), point its file descriptor at the null device, so
-    what is still buffered is dropped at exit rather than raising again, as Python's documentation advises
-    (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
+    """Point stdout at the null device after its reader went away, so what is buffered is dropped at exit
+    rather than raising again (https://docs.python.org/3/library/signal.html#note-on-sigpipe)."""
     with contextlib.suppress(OSError, ValueError, AttributeError):   # no descriptor: a test's in-memory stream
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -5495,36 +5417,22 @@ def stdout_closed() -> None:
 
 
 def refused_ticket(problem: Refusal) -> Done:
-    """The row of a ticket that was refused, not run (no run id, no trace)."""
+    """The row of a ticket refused, not run (no run id, no trace)."""
     return Done({"run_id": None, "status": "refused", "verdict": "refused", "gate": "-", "output": None,
                  "routed": True, "why": [str(problem)]})
-
-
-def print_run(row: dict) -> None:
-    """One run in full: the output, each tool ruling, the gate line, and where it went."""
-    print(json.dumps(row["output"], ensure_ascii=False) if row["output"] is not None else f"(no output: {row['reason']})")
-    settled = iter(row["settled"])
-    for tool, ruling in row["tools"]:
-        print(f"  tool {tool:<18} {ruling}" + (f" -> {settled_phrase(*next(settled)[1:])}" if ruling == HELD else ""))
-    print(row["gate_line"])
-    if row.get("cost_line"):
-        print(row["cost_line"])
-    print(f"{went(row)}.")
-    print(f"verdict {row['verdict']}  tier {row['tier']}  status {row['status']}  backend {', '.join(row['backends']) or 'none'}"
-          f"  trace {row['agent']}/{row['run_id']}")
 
 
 TICKET_COLUMNS = "ticket\tHANDOFF=\tgate=\tverdict=\t-> where it went"   # run --file's lines, as --help and the header name them
 
 
 def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
-    """One line per ticket for --file runs, tab-separated (TICKET_COLUMNS): the ticket id, the agent's
-    hand-off field and its value (`-` without an output), the gate's result, the verdict, and where the
-    run went (went)."""
+    """One TICKET_COLUMNS line of run --file (the hand-off value `-` without an output)."""
     out = row["output"] or {}
     value = json.dumps(out[handoff]) if handoff in out else "-"
     print_columns(ticket_id, f"{handoff}={value}", f"gate={row['gate']}", f"verdict={row['verdict']}", f"-> {went(row)}")
 
+
+# ---- tower (computed and drawn in section 6)
 
 @station(arg("--json", action="store_true", help=f"print the tower document (format {TOWER_FORMAT})"),
          arg("--html", metavar="FILE", help="write one self-contained HTML page with charts to FILE"),
@@ -5535,9 +5443,8 @@ def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
 def cmd_tower(fac: Factory, args) -> int:
     """Show per agent its trust, runs, gate results and verdicts.
 
-    Trust (tier, signer, may it run and why not, drift) and, from traces/index.jsonl, runs, gate pass %,
-    acted, staged, cost, denials, verdicts, backends and the gate's p by tenths. --json prints the document
-    the text and --html (an offline page of charts) are drawn from; what cannot be read is named (partial).
+    --json prints the document the text and --html (an offline page of charts) are drawn from; what cannot
+    be read is named (partial).
     """
     doc = tower_document(fac)
     if args.json:
@@ -5547,8 +5454,7 @@ def cmd_tower(fac: Factory, args) -> int:
         print(f"wrote {args.html}")
     else:
         print_tower(doc)
-    for line in dict.fromkeys(doc["problems"] + [line for agent in doc["agents"] for line in agent["problems"]]):
-        print(f"factory tower: {line}", file=sys.stderr)
+    complained("tower", dict.fromkeys(doc["problems"] + [line for agent in doc["agents"] for line in agent["problems"]]))
     return 1 if doc["partial"] else 0
 
 
@@ -5557,6 +5463,8 @@ def flagged(row: dict) -> bool:
     return row.get("gate") in ("flag", "unsure") or bool(row.get("denied")) or row.get("status") != "done"
 
 
+# ---- harvest: flagged runs into proposed eval cases
+
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose flagged runs to harvest"), JSON_LINES,
          examples=("python3 factory.py harvest triager",),
          exits=("done, also when nothing was flagged", "refused: no such agent, or evalsmith is not certified"),
@@ -5564,9 +5472,8 @@ def flagged(row: dict) -> bool:
 def cmd_harvest(fac: Factory, args) -> int:
     """Turn an agent's flagged runs into proposed eval cases.
 
-    Flagged: the gate said no or unsure, a tool was denied, or the run did not finish. The certified
-    evalsmith writes one case per run into evals/AGENT/proposed.jsonl in AGENT's output contract (AGENT's
-    own rules are its reference); promotion is a human edit.
+    The certified evalsmith writes one case per flagged run into evals/AGENT/proposed.jsonl, in AGENT's
+    output contract (AGENT's own rules its reference); promotion is a human edit.
     """
     target = read_agent(fac, args.agent)
     try:
@@ -5578,38 +5485,18 @@ def cmd_harvest(fac: Factory, args) -> int:
         raise Refusal(f"evalsmith, which writes the proposed cases, may not run: {why}") from None
     with fac.store.locked(fac.records / args.agent):   # two harvests at once never propose one run twice
         done = harvest_flagged(fac, loaded(fac, target), smith, smith_cert)
-    also = ((done.reviewed, f"held back for a human in {fac.shown(fac.review_path(smith.name))} (evalsmith's gate did not "
-                            f"pass them)"), (done.found, "already proposed by a harvest that stopped half-way (now "
-                                                         "recorded as harvested)"),
-            (done.running, "unfinished run(s) still being written, left for a later harvest"),
-            (done.sealed, "held back: their input is a sealed case's once normalised (NFKC, case-folded, white space "
-                          "collapsed), and a sealed case never enters the open half"))
     proposals = fac.shown(fac.evals / args.agent / "proposed.jsonl")
     printed_json(args, {"agent": args.agent, **vars(done), "proposals": proposals}) or print(
-        f"harvested {done.flagged} flagged run(s) of {args.agent}; proposed {done.proposed} case(s) into {proposals} "
-        f"(a human promotes them)" + "".join(f"; {count} {what}" for count, what in also if count))
+        done.summary(args.agent, proposals, fac.shown(fac.review_path(smith.name))))
     if done.failed:
         print(f"factory harvest: the proposal for {len(done.failed)} run(s) could not be written (evalsmith run(s) "
               f"{', '.join(done.failed)}: see their traces); they stay flagged for the next harvest", file=sys.stderr)
     return 1 if done.failed else 0
 
 
-@dataclass
-class Harvested:
-    """What one harvest did with an agent's runs."""
-    flagged: int = 0      # flagged runs handed to evalsmith now
-    proposed: int = 0     # cases written to evals/AGENT/proposed.jsonl
-    reviewed: int = 0     # proposals held back in evalsmith's review queue for a human
-    found: int = 0        # runs already proposed by a harvest killed before recording them: recorded now
-    running: int = 0      # unfinished runs whose trace a process is still writing: left for a later harvest
-    sealed: int = 0       # flagged runs whose input is a sealed case's: never proposed
-    failed: list = field(default_factory=list)   # evalsmith run ids whose proposal could not be written
-
-
 def harvest_flagged(fac: Factory, target: Agent, smith: Agent, smith_cert: dict) -> Harvested:
-    """Run evalsmith once per flagged run of `target` not harvested yet (the caller holds the harvest lock) but
-    those whose input is a sealed case's (normalised: counted, never proposed); a run whose proposal is
-    already written is recorded as harvested. source_run is the flagged run's id."""
+    """Run evalsmith on each flagged run not harvested yet, but a sealed case's input (counted, never
+    proposed); one whose proposal is already written is only recorded. The caller holds the lock."""
     name, log = target.name, fac.records / target.name / "harvested.jsonl"
     done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
     todo, result = harvest_candidates(fac, name, done)
@@ -5637,9 +5524,8 @@ def harvest_flagged(fac: Factory, target: Agent, smith: Agent, smith_cert: dict)
 
 
 def harvest_candidates(fac: Factory, name: str, done: set) -> tuple[list[dict], Harvested]:
-    """(NAME's runs to harvest, in index order, none in `done`; a Harvested counting the unfinished runs
-    left). A flagged closed run, or an unfinished one no process is writing any more (one still being
-    written, or killed before its trace began, is left)."""
+    """(NAME's runs to harvest, in index order, not in `done`; the count of those still being written). An
+    unfinished run no process writes any more is a candidate; one killed before its trace began is not."""
     entries = [row for _, row in index_lines(fac) if row["agent"] == name and row["run_id"] not in done]
     closed, todo, result = {row["run_id"] for row in entries if row.get("state") != "started"}, [], Harvested()
     for row in entries:
@@ -5655,8 +5541,7 @@ def harvest_candidates(fac: Factory, name: str, done: set) -> tuple[list[dict], 
 
 
 def proposed_before(fac: Factory, name: str, smith: str) -> set[str]:
-    """The run ids of NAME whose proposal is already written: named by a row of evals/NAME/proposed.jsonl
-    (its source_run, or its case id harvest-RUN), or by a case for NAME held in evalsmith's review queue."""
+    """NAME's run ids whose proposal is written: in evals/NAME/proposed.jsonl, or held in evalsmith's queue."""
     found, proposals, review = set(), fac.evals / name / "proposed.jsonl", fac.review_path(smith)
     for _, row in fac.store.read_jsonl(proposals) if fac.store.exists(proposals) else ():
         found |= {row.get("source_run"), *harvest_run_of(row.get("id"))}
@@ -5668,8 +5553,7 @@ def proposed_before(fac: Factory, name: str, smith: str) -> set[str]:
 
 
 def trace_header(fac: Factory, agent: str, run_id: str) -> dict | None:
-    """The first line of a run's trace (its header), read alone; None when there is no trace or it is still
-    empty (a run killed, or caught, before its header was written)."""
+    """A trace's first line alone; None when there is no trace or it is empty (killed before its header)."""
     path = fac.trace_path(agent, run_id)
     if not fac.store.exists(path):
         return None
@@ -5677,13 +5561,12 @@ def trace_header(fac: Factory, agent: str, run_id: str) -> dict | None:
 
 
 def harvest_run_of(case_id) -> list[str]:
-    """[RUN] for a harvested case's id `harvest-RUN`, else []."""
+    """[RUN] for a case id `harvest-RUN`, else []."""
     return [case_id.removeprefix("harvest-")] if isinstance(case_id, str) and case_id.startswith("harvest-") else []
 
 
 def flagged_input(fac: Factory, row: dict, target: Agent) -> dict:
-    """What evalsmith sees of one flagged run of `target` (agents/evalsmith.py says each field); of an unfinished
-    run, only its trace header is read."""
+    """What evalsmith sees of a flagged run (agents/evalsmith.py says each field)."""
     if row.get("state") == "started":
         header, output = trace_header(fac, row["agent"], row["run_id"]), None
     else:
@@ -5701,6 +5584,8 @@ def flagged_input(fac: Factory, row: dict, target: Agent) -> dict:
             "reference": reference}
 
 
+# ---- recall
+
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent to recall, with every variant stamped from it"),
          arg("--reason", type=reason_text, required=True, metavar="TEXT",
              help="why: kept in the recall log and shown in every refusal it causes"), JSON_LINES,
@@ -5710,9 +5595,8 @@ def flagged_input(fac: Factory, row: dict, target: Agent) -> dict:
 def cmd_recall(fac: Factory, args) -> int:
     """Recall an agent and every variant stamped from it.
 
-    Appended to the hash-chained registry/recalls.jsonl. Every new run of the agent and of its variants (transitively)
-    is refused until a sealed proof made after the recall and a new signature; runs already underway
-    finish and are gated.
+    Every new run of them is refused until a sealed proof made after the recall and a new signature; runs
+    underway finish and are gated.
     """
     load_card(fac, args.agent)
     variants = descendants(fac, args.agent, recall_reach(fac))   # read (and checked) before anything is written
@@ -5725,20 +5609,21 @@ def cmd_recall(fac: Factory, args) -> int:
     return 0
 
 
+# ---- doctor: what each agent would use, the gate, the index
+
 KEY_NAMES = tuple(name for name in ENVIRONMENT if name.endswith(("_API_KEY", "_TOKEN")))   # doctor: present or not
 
 
 def certificate_state(fac: Factory, name: str) -> str:
-    """One phrase for whether NAME may run now: 'certified C1', or the refusal it would get."""
+    """Whether NAME may run now: 'certified C1', or the refusal it would get (no agent code executed)."""
     try:
-        return f"certified {enforce(ClaimOnDisk(name, 'run', fac=fac), RUN_GUARDS).cert['tier']}"   # no agent code is executed
+        return f"certified {enforce(ClaimOnDisk(name, 'run', fac=fac), RUN_GUARDS).cert['tier']}"
     except Refusal as why:
         return str(why)
 
 
 def gate_report(fac: Factory) -> list[str]:
-    """Lines about the gate: protocol, endpoint, model (System One), key present (never its value),
-    User-Agent, then why it cannot be used (the client's own reason) or a live check."""
+    """doctor's lines on the gate (the key's presence, never its value), and why it cannot be used or a live check."""
     client = sage.Sage.from_env(fac.env, timeout=8.0)
     model = f"  model {client.model or 'unset'}" if client.protocol == "systemone" else ""
     lines = [f"gate: {client.protocol} at {client.endpoint}{model}  key {'present' if fac.env.get('SAGE_API_KEY') else 'absent'}"
@@ -5765,31 +5650,20 @@ def gate_report(fac: Factory) -> list[str]:
 def cmd_doctor(fac: Factory, args) -> int:
     """Say which models and gate each agent would use, and why.
 
-    Per agent: its worker backend (a model, or its offline rules), gate threshold and whether it may
-    run. Then the keys set (never their values), the gate's protocol, endpoint and User-Agent, and a
-    live check of the gate: "why is every run routed to a human?". Last, the index: its hash chain
-    checked from its first row (the first break named), and whether it holds what this machine anchored.
+    Answers "why is every run routed to a human?": each agent's worker, gate bar and whether it may run;
+    the keys set (never their values); a live check of the gate; the index's hash chain from its first row.
     """
     present = [name for name in KEY_NAMES if fac.env.get(name)]
     agents, gate = [doctor_row(fac, path.stem) for path in sorted(fac.masters.glob("*.json"))], gate_report(fac)
     index = index_report(fac)
     if printed_json(args, {"root": str(fac.root), "keys_present": present, "agents": agents, "gate": gate, "index": index}):
         return 0
-    print(f"root {fac.root}")
-    print(f"keys present: {', '.join(present) or 'none'} (values are never printed)")
-    for row in agents:
-        calls = "; ".join(f"{model} -> {where}" for model, where in row.get("calls", {}).items())
-        print(f"{row['agent']}: card does not load: {row['problem']}" if "problem" in row else
-              f"{row['agent']}: worker {row['worker']} ({calls}); gate bar {row['gate_bar']}; "
-              f"{row['cost'] + ': every run is routed to a human; ' if row['cost'] else ''}{row['state']}")
-    for line in gate + index:
-        print(line)
+    print_lines([*doctor_lines(str(fac.root), present, agents), *gate, *index])
     return 0
 
 
 def doctor_row(fac: Factory, name: str) -> dict:
-    """What doctor says of one agent: its worker backend, models, gate bar and whether it may run, or why
-    its card does not load."""
+    """What doctor says of one agent, or why its card does not load."""
     try:
         card = load_card(fac, name)
     except Refusal as why:
@@ -5809,18 +5683,17 @@ def index_report(fac: Factory) -> list[str]:
             f"index: {index_problem(fac) or 'whole, holding every row this machine anchored'}"]
 
 
+# ---- pending, approve, reject: the staged calls a human decides on
+
 @station(JSON_LINES, examples=("python3 factory.py pending",),
          exits=("done, also when nothing waits", "a parked file or log entry does not read or verify: named"),
          env=(*ROOT_ENV, *KEYS_ENV, "PATH"))
 def cmd_pending(fac: Factory, args) -> int:
     """List the staged calls and the state of each.
 
-    Oldest first, one per line: RUN_ID --call N, the agent, the tool and its exact arguments, when it
-    was staged and when it expires. approve executes one; reject closes one. A call that can no longer
-    be approved says why (EXPIRED, RECALLED, ...: approve's refusal), one being executed EXECUTING and
-    who approved it. Then each uncertain effect: who approved it, what its result said, what reading it
-    back finds, what closes it. Only decisions whose signature verifies count; any other entry, and a
-    file that cannot be read, is named on stderr (exit 1), and every other call is still listed.
+    Oldest first, with the exact arguments and the expiry; one that can no longer be approved says why, an
+    uncertain effect what closes it. Only decisions whose signature verifies count; anything that does not
+    read or verify is named on stderr (exit 1), and every other call still listed.
     """
     calls = parked(fac)
     states, decided = calls.states, calls.decided or {}
@@ -5838,23 +5711,21 @@ def cmd_pending(fac: Factory, args) -> int:
     problems = [line for _, line in calls.unread] + calls.doubted
     if calls.log_problem:
         problems.append(f"{calls.log_problem}; the state of every parked call is unknown until it is restored")
-    for problem in problems:
-        print(f"factory pending: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return complained("pending", problems)
 
 
 PENDING_FIELDS = ("run_id", "call", "agent", "tool", "args", "staged_at", "expires_at")   # of pending --json
 
 
 def uncertain_column(fac: Factory, entry: dict, decisions: list[dict]) -> str:
-    """pending's last column for an uncertain effect: who approved it, its result, its read-back, what closes it."""
+    """pending's last column for an uncertain effect."""
     intent = [e for e in decisions if e["kind"] == "intent"][-1]
     return (f"UNCERTAIN-EFFECT: approved by {intent['by']} at {intent['at']}, {one_line(uncertain_said(decisions))}; "
             f"read back: {read_back_attempts(fac, entry)[1]}; {closes(decisions)}")
 
 
 def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
-    """(each parked call that reads, (run id from its name, line) per parked file that does not)."""
+    """(each parked call that reads, (run id, line) per parked file that does not)."""
     entries, problems = [], []
     paths = sorted(fac.pending.glob("*.json")) if fac.pending.is_dir() else []
     for path in (p for p in paths if p.name.count(".") == 2):
@@ -5867,8 +5738,7 @@ def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
 
 @dataclass(frozen=True)
 class Parked:
-    """The parked calls as `pending` and `tower` see them: each that reads, its state (CALL_STATES, STUCK, or
-    unknown while the log cannot be read), its verified decisions, what was not believed or read."""
+    """The parked calls as pending and tower see them, with what was not read or believed."""
     entries: list[dict]
     states: dict                        # (run id, call) -> state
     decided: dict | None                # (run id, call) -> [entry, ...], verified; None when the log cannot be read
@@ -5878,8 +5748,8 @@ class Parked:
 
 
 def parked(fac: Factory) -> Parked:
-    """Every parked call and its state from the approvals log's verified decisions, read once (see Parked);
-    a call its run's sealed index row parked whose file is gone, unless closed, is named in `unread`."""
+    """Every parked call and its state from the approvals log's verified decisions; a call its run's sealed
+    index row parked whose file is gone, unless closed, is named in `unread`."""
     entries, unread = parked_calls(fac)
     try:
         decisions, log_problem = decisions_of(fac), None
@@ -5899,27 +5769,12 @@ def parked(fac: Factory) -> Parked:
     return Parked(entries, states, decided, unread, log_problem, decisions.lines if decisions else [])
 
 
-BRIEF_CHARS = 2000    # of a ticket shown at the approve prompt; the trace keeps it whole
-
-
 def approval_brief(fac: Factory, entry: dict) -> list[str]:
-    """What a human needs to decide on one parked call: the ticket and output from its run's trace (checked:
-    shows_what_was_staged), the gate's answer, why it was parked, the exact call, its digest and expiry."""
+    """What a human needs to decide on a parked call (the trace checked: shows_what_was_staged)."""
     recorded = Trace.read(fac, entry["run_id"], entry["agent"])
     why = [e.get("why") for e in recorded.events if (e.get("event"), e.get("decision"), e.get("call")) == ("settled", "park", entry["call"])]
-    gate = entry.get("gate") or {}
-    ticket = task_text(recorded.header.get("input"))
-    if len(ticket) > BRIEF_CHARS:
-        ticket = f"{ticket[:BRIEF_CHARS]} [... {len(ticket) - BRIEF_CHARS} more characters in the trace]"
-    p = gate.get("p")
-    return [
-        f"{entry['agent']} wants to run {entry['tool']} (run {entry['run_id']}, call {entry['call']}).",
-        "ticket:", *(f"  {line}" for line in ticket.splitlines() or [""]),
-        "agent output:", f"  {json.dumps(recorded.end.get('output') if recorded.end else None, ensure_ascii=False)}",
-        f"gate: {gate.get('result', 'not recorded')} p={f'{p:.3f}' if isinstance(p, (int, float)) else '?'} "
-        f"bar={gate.get('bar', '?')}", f"parked: {one_line(str(why[:1] and why[0]))}",
-        "the exact call:", f"  {entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}",
-        f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"]
+    return brief_lines(entry, task_text(recorded.header.get("input")), recorded.end.get("output") if recorded.end else None,
+                       one_line(str(why[:1] and why[0])))
 
 
 @station(*STAGED_CALL, arg("--by", type=signer_name, required=True, metavar="NAME", help="who approves: their signing key must be here"),
@@ -5931,23 +5786,16 @@ def approval_brief(fac: Factory, entry: dict) -> list[str]:
 def cmd_approve(fac: Factory, args) -> int:
     """Approve one staged call at a terminal and execute it.
 
-    Shows the ticket and the agent's output from the run's trace (checked against the digests sealed
-    with the call), the gate's result and p, and the exact call, and asks `approve? [y/N]`: y or yes
-    executes exactly that call, once, signed with NAME's own key (HMAC in FACTORY_KEYS_DIR, never made
-    here, or --ssh-key) in registry/approvals.jsonl with its result. Refused when the call is not open
-    (see pending), its agent or trace changed since, NAME has no key here or stdin is not a terminal.
+    Shows the ticket and output from the run's trace (checked against the digests sealed with the call),
+    the gate's answer and the exact call; y or yes executes exactly that call, once, signed with NAME's own
+    key (HMAC, never made here, or --ssh-key) in registry/approvals.jsonl with its result.
     """
     entry, signer, claim = decider(fac, args, APPROVE_GUARDS)
     if not sys.stdin.isatty():
         raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
     retry = ["retry: " + uncertain_column(fac, entry, claim.record.decisions)] if claim.record.state == "uncertain-effect" else []
-    for line in approval_brief(fac, entry) + retry:
-        print(line, file=sys.stderr)
-    sys.stderr.write("approve? [y/N] ")
-    sys.stderr.flush()
-    answer = typed_answer()
-    if answer not in YES:
-        raise Refusal(f"not approved; the call stays staged. you answered {answered(answer)}; only y or yes approves.")
+    if no := declined(approval_brief(fac, entry) + retry, "approve?"):
+        raise Refusal(f"not approved; the call stays staged. you answered {no}; only y or yes approves.")
     body = {"kind": "intent", **{key: entry[key] for key in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},
             "by": signer.name, "at": utc_now()}
     result = execute_staged_call(fac, entry["run_id"], entry["call"], Decision(signer.signed(fac, body, DECISION_UNSIGNED), signer))
@@ -5967,9 +5815,8 @@ def cmd_approve(fac: Factory, args) -> int:
 def cmd_reject(fac: Factory, args) -> int:
     """Close one staged call without executing it.
 
-    Who and why are kept, signed with NAME's own key (HMAC, or --ssh-key), in registry/approvals.jsonl.
-    Also closes an uncertain effect checked by hand (with what reading it back finds) and a call that
-    can no longer be approved (see pending).
+    Signed with NAME's own key in registry/approvals.jsonl. Also closes an uncertain effect checked by hand
+    and a call that can no longer be approved.
     """
     entry, signer, claim = decider(fac, args, REJECT_GUARDS)
     body = {"kind": "rejected", "run_id": entry["run_id"], "call": entry["call"], "agent": entry["agent"],
@@ -5981,7 +5828,7 @@ def cmd_reject(fac: Factory, args) -> int:
 
 
 def reconciled(signer: Signer, body: dict):
-    """compose(claim) for a rejection: closing's, and for an uncertain effect what reading it back finds."""
+    """compose(claim) for a rejection: closing's, with an uncertain effect's read-back."""
     def compose(claim: ClaimOnDisk) -> dict:
         written, found = claim.read_back if claim.record.state == "uncertain-effect" else (None, None)
         checked = {"written": written, "found": found} if found else {}
@@ -5990,8 +5837,7 @@ def reconciled(signer: Signer, body: dict):
 
 
 def decider(fac: Factory, args, guards: tuple) -> tuple[dict, Signer, ClaimOnDisk]:
-    """(the staged call, its decider's Signer, its Claim) for approve and reject, the guards enforced, each
-    entry on the call that does not verify noted, the key ready."""
+    """(staged call, Signer, Claim) for approve and reject: guards enforced, doubted entries noted, key ready."""
     entry, signer = load_pending(fac, args.run_id, args.call), signer_of(fac, args)
     claim = enforce(staged_call_claim(fac, entry), guards)
     for line in claim.decisions.doubted.get((entry["run_id"], entry["call"]), []):
@@ -6006,8 +5852,8 @@ QUEUE_ROW = Shape.of({"run_id": str, "seq": int, "tool": str, "args": dict, "at"
 
 
 def review_queue(fac: Factory, agent: str) -> tuple[dict, dict, list[str]]:
-    """(AGENT's held drafts by (run id, seq), each its first row in outbox/AGENT/review.jsonl, which nothing
-    rewrites; the first verified decision on each in registry/reviews.jsonl; a line per one that does not)."""
+    """(AGENT's held drafts by (run id, seq), each its first row in outbox/AGENT/review.jsonl; the first
+    verified decision on each in registry/reviews.jsonl; a line per one that does not read or verify)."""
     path, items, problems = fac.review_path(agent), {}, []
     for _, row in fac.store.read_jsonl(path, QUEUE_ROW, each=True) if fac.store.exists(path) else ():
         (problems.append(f"{row}; not listed") if isinstance(row, Refusal) else items.setdefault((row["run_id"], row["seq"]), row))
@@ -6016,7 +5862,7 @@ def review_queue(fac: Factory, agent: str) -> tuple[dict, dict, list[str]]:
 
 
 def review_figures(fac: Factory, agent: str, runs=None) -> tuple[dict | None, list[str]]:
-    """(AGENT's review_counts, of `runs` when given, None when unread; the lines of what could not be read)."""
+    """(review_counts, of `runs` when given, None when unread; the lines of what could not be read)."""
     try:
         items, decided, problems = review_queue(fac, agent)
     except Refusal as why:
@@ -6040,10 +5886,9 @@ def review_figures(fac: Factory, agent: str, runs=None) -> tuple[dict | None, li
 def cmd_review(fac: Factory, args) -> int:
     """List drafts waiting for a human, or record what was done.
 
-    AGENT alone lists each held draft no one decided on, by run, oldest first: the run's input and output,
-    why it went to a human and how long ago, each held call. RUN_ID [--seq N] with --accept, --edit TEXT
-    (the text actually sent) or --discard, and --by NAME, records that decision once per draft, signed
-    with NAME's own key in the hash-chained registry/reviews.jsonl.
+    AGENT lists the undecided held drafts by run, oldest first; RUN_ID with --accept, --edit TEXT (the text
+    actually sent) or --discard records that decision once per draft, signed with --by NAME's own key in
+    registry/reviews.jsonl.
     """
     chosen = [kind for kind, on in zip(REVIEW_DECISIONS, (args.accept, args.edit is not None, args.discard)) if on]
     if (args.run_id is None) != (not chosen) or len(chosen) > 1 or chosen and not (args.by and (args.reason or args.accept)) \
@@ -6053,7 +5898,8 @@ def cmd_review(fac: Factory, args) -> int:
     items, decided, problems = review_queue(fac, args.agent)
     if not chosen:
         return list_queue(fac, args.agent, items, decided, problems, args.json)
-    signer, item = signer_of(fac, args), review_item(items, decided, args.agent, args.run_id, args.seq)
+    signer, (item, problem) = signer_of(fac, args), held_draft(items, decided, args.agent, args.run_id, args.seq)
+    refuse_if(problem)
     signer.ready(fac, "review")
     body = {"kind": "review", "decision": chosen[0], "agent": args.agent, "run_id": item["run_id"], "seq": item["seq"],
             "tool": item["tool"], "args_digest": args_digest(item["args"]), "by": signer.name, "at": utc_now(),
@@ -6069,19 +5915,8 @@ def cmd_review(fac: Factory, args) -> int:
     return 0
 
 
-def review_item(items: dict, decided: dict, agent: str, run_id: str, seq: int | None) -> dict:
-    """The held draft RUN_ID --seq N, else the run's one waiting draft; Refusal for none, or several."""
-    mine = [item for (run, number), item in items.items() if run == run_id and seq in (None, number)]
-    waiting = [item for item in mine if (run_id, item["seq"]) not in decided] if seq is None else mine
-    if len(waiting) != 1:
-        raise Refusal(f"run {run_id} has {len(waiting)} held drafts waiting (--seq {', '.join(str(i['seq']) for i in waiting)}): "
-                      f"name one" if waiting else f"no held draft{f' --seq {seq}' * bool(seq)} of run {run_id} waits in "
-                      f"outbox/{agent}/review.jsonl (see `review {agent}`)")
-    return waiting[0]
-
-
 def list_queue(fac: Factory, agent: str, items: dict, decided: dict, problems: list[str], as_json: bool) -> int:
-    """review AGENT: the waiting drafts by run, each run's input, output and why read from its trace."""
+    """review AGENT: the waiting drafts by run, with each run's input, output and why from its trace."""
     runs: dict = {}
     for item in (item for key, item in items.items() if key not in decided):
         runs.setdefault(item["run_id"], {"run_id": item["run_id"], "age_hours": hours_since(item["at"]), "items": []})["items"].append(item)
@@ -6099,28 +5934,18 @@ def list_queue(fac: Factory, agent: str, items: dict, decided: dict, problems: l
         f"  output: {json.dumps(run.get('output'), ensure_ascii=False)}",
         *(f"  --seq {i['seq']}  {i['tool']} {json.dumps(i['args'], ensure_ascii=False)}" for i in run["items"]))] + [
         f"{len(runs)} run(s) wait in {fac.shown(fac.review_path(agent))}: {reviews_text(counts)}"]
-    for line in lines:
-        print(line)
-    for problem in problems:
-        print(f"factory review: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    print_lines(lines)
+    return complained("review", problems)
 
 
 def hours_since(at: str) -> float | None:
-    """Hours from an ISO time to now, to a tenth; None for a time that is none."""
+    """Hours from an ISO time to now, to a tenth; None for no time."""
     with contextlib.suppress(ValueError, TypeError):
         return round((datetime.now(timezone.utc) - datetime.fromisoformat(at)).total_seconds() / 3600, 1)
     return None
 
 
-def run_reference(text: str) -> tuple[str | None, str]:
-    """An argparse type: (agent or None, run id) from RUN_ID or AGENT/RUN_ID, as run prints a run's trace."""
-    agent, _, run_id = text.rpartition("/")
-    if not RUN_ID.fullmatch(run_id) or (agent and not NAME.fullmatch(agent)):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a run id, RUN_ID or AGENT/RUN_ID "
-                                         f"(e.g. triager/20261130T041500123456Z-1a2b3c)")
-    return agent or None, run_id
-
+# ---- replay, export, digest, schema
 
 @station(arg("run", type=run_reference, metavar="RUN_ID",
              help="the run to replay: its id, or AGENT/RUN_ID as run printed it (trace AGENT/RUN_ID)"),
@@ -6132,9 +5957,9 @@ def run_reference(text: str) -> tuple[str | None, str]:
 def cmd_replay(fac: Factory, args) -> int:
     """Replay a recorded run against today's code.
 
-    Feeds the run's recorded model replies (a run its offline rules answered: today's rules; with --live,
-    the model again) to the agent as it is now, with tools that hand back what each call did then (nothing
-    is written), and prints what differs: tool calls and their rulings, the status, the output.
+    Feeds the recorded model replies (a run the offline rules answered: today's rules; --live: the model
+    again) to the agent as it is now, its tools handing back what each call did then (nothing is written),
+    and prints what differs.
     """
     agent_name, run_id = args.run
     recorded = Trace.read(fac, run_id)
@@ -6169,8 +5994,8 @@ def cmd_replay(fac: Factory, args) -> int:
 def cmd_export(fac: Factory, args) -> int:
     """Send stored runs to an OpenTelemetry backend (OTLP/HTTP).
 
-    Each run is one trace of spans: the run, its model calls, tool calls and gate decisions. A run sends
-    itself as it ends; this station sends the runs not sent yet, or those named: sent, or FAILED and why.
+    A run is one trace: its spans are the run, model calls, tool calls and gate decisions. A run sends
+    itself as it ends; this sends those not sent yet, or the runs named.
     """
     if fac.otlp is None:
         raise Refusal("no OTLP endpoint: set OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://localhost:4318)")
@@ -6192,8 +6017,7 @@ def cmd_export(fac: Factory, args) -> int:
 
 
 def export_run(fac: Factory, recorded: Recorded) -> str:
-    """Send one finished run's spans to fac.otlp and note in its trace how that went (an `export` event
-    after its end); '' when sent, else why not. Never raises for the endpoint."""
+    """Send one finished run to fac.otlp, noting how it went in its trace; '' when sent, else why not."""
     try:
         body = llm.otlp_body(fac.otlp, recorded.header["run_id"], llm.run_spans(recorded.events, fac.otlp.content))
         llm.send_otlp(llm.build_opener(fac.env), fac.otlp, body)
@@ -6214,8 +6038,8 @@ def export_run(fac: Factory, recorded: Recorded) -> str:
 def cmd_digest(fac: Factory, args) -> int:
     """Print an agent's digest: what its certificate covers.
 
-    One sha256 over everything that decides the agent's behaviour: its card, its entrypoint module and
-    the agent modules it imports, the tool code, and each granted or denied tool's contract.
+    One sha256 over its card, entrypoint module and the agent modules it imports, the tool code, and each
+    granted or denied tool's contract.
     """
     agent, path = read_agent(fac, args.agent), fac.cert_path(args.agent)   # hashed and checked, never executed
     certified = fac.store.read_json(path).get("components") if path.exists() and (args.explain or args.json) else None
@@ -6235,8 +6059,7 @@ def cmd_digest(fac: Factory, args) -> int:
 def cmd_schema(fac: Factory, args) -> int:
     """Print the job card's fields and what each does.
 
-    One row per field of masters/NAME.json: its type, its default, the values it allows and what it
-    does, the same table validation checks and the README's card section shows.
+    The table validation checks and the README's card section shows.
     """
     print_block(schema_table())
     return 0
