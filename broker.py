@@ -22,7 +22,7 @@ a call through `Broker.commit`.
 
 Settling also bounds a run's acting calls by its act envelope (`ActEnvelope`) and records an acting
 call the run repeats as a `duplicate`. Beside it sit the other decisions about a run that need no
-I/O: its verdict (`VERDICTS`, `run_verdict`); the state of a parked call from its humans' signed
+I/O: the output gate's results (`GATE_RESULTS`) and the run's verdict (`VERDICTS`, `run_verdict`); the state of a parked call from its humans' signed
 decisions (`CALL_STATES`, `STUCK`, `call_state`) with what approve and reject answer in each
 (`refused_in`); what a human did with a held draft (`REVIEW_DECISIONS`, `review_counts`); the
 tower's figures counted from rows the factory reads (`Tally`, `fold_decisions`), the drift watch
@@ -438,6 +438,7 @@ class Verdict:
     name: str
     meaning: str
     colour: str
+    of_status: bool = False   # the run's status is its verdict, whatever the gate said
 
 
 VERDICTS = (  # in display order
@@ -446,12 +447,13 @@ VERDICTS = (  # in display order
     Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the cost envelope, an acting "
                                "call repeated, or the agent handed off", "#1565c0"),
     Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
-    Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00"),
-    Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a"),
+    Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00", True),
+    Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a", True),
     Verdict("uncertain-effect", "a write failed or could not be read back: a human reconciles", "#8d6e63"),
-    Verdict("crashed", "the agent's code or its model raised; the trace keeps the traceback", "#c62828"),
-    Verdict("interrupted", "a signal (Ctrl-C, SIGTERM) stopped the run; nothing it held was settled", "#455a64"),
+    Verdict("crashed", "the agent's code or its model raised; the trace keeps the traceback", "#c62828", True),
+    Verdict("interrupted", "a signal (Ctrl-C, SIGTERM) stopped the run; nothing it held was settled", "#455a64", True),
 )
+STATUS_VERDICTS = tuple(verdict.name for verdict in VERDICTS if verdict.of_status)
 
 
 def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertain: list[str], parked: int,
@@ -459,11 +461,11 @@ def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertai
     """The run's one verdict (a VERDICTS name), from separate evidence: status, what is uncertain about its
     effects (the factory's effect_problems), the gate, the agent's hand-off, an acting call it repeated (a
     duplicate), acting calls parked for approval."""
-    if status in ("crashed", "over-budget", "escalated", "interrupted"):   # the status is the verdict
+    if status in STATUS_VERDICTS:
         return status
     if uncertain:
         return "uncertain-effect"
-    if gate in ("unscored", "failed"):
+    if gate in UNREACHED:
         return "unscored"
     if gate != "pass" or not within or handed_off or repeated:
         return "routed-to-human"
@@ -752,7 +754,7 @@ DECISIONS = MappingProxyType({
               "true when a write went through, false when the store refused every write the tool began, null otherwise",
     "rejected": "a human closed the call without executing it, with a reason",
 })
-CLOSING = ("result", "rejected")   # the decisions that close a call, each with the run's verdict before and after it
+CLOSING = tuple(DECISIONS)[1:]   # the decisions that close a call, each with the run's verdict before and after it
 # state -> decision -> the state it leads to; a decision the table does not name changes nothing (the
 # stations read the state and append a decision under one lock, so only these are ever appended)
 STEPS = MappingProxyType({
@@ -760,6 +762,7 @@ STEPS = MappingProxyType({
     "executing": {"intent": "executing", "result": "executed", "rejected": "rejected"},
     "uncertain-effect": {"intent": "executing", "rejected": "rejected"},   # intent: a retry (retryable)
 })
+FINAL = tuple(state for state in CALL_STATES if state not in STEPS and state != "expired")   # no decision moves a call on
 
 
 def call_state(decisions, *, executing: bool, expired: bool) -> tuple[str, dict | None]:
@@ -923,8 +926,8 @@ def reviews_text(counts: dict | None) -> str:
     return ", ".join(f"{number} {kind}" for kind, number in counts.items()) if counts else "unknown"
 
 
-OUTCOMES = ("verified", "routed-to-human", "uncertain-effect")   # what a decided call makes of its run, worst last
 STATE_OUTCOMES = MappingProxyType({"executed": "verified", "rejected": "routed-to-human", "uncertain-effect": "uncertain-effect"})
+OUTCOMES = tuple(STATE_OUTCOMES.values())   # what a decided call makes of its run (VERDICTS), worst last
 DECIDED = ("executing", *STATE_OUTCOMES)   # a call's states once a human acted on it
 
 
@@ -1153,7 +1156,7 @@ PROOF_VERDICTS = MappingProxyType({   # verdict -> what it means; the first two 
                        "wrong), or a decision model was there and no output held the rubric's field",
     "MODEL UNANSWERED": "made with --require-model, and the card's models did not answer every case",
 })
-PASSING = ("PASS", "PASS WITHOUT RUBRIC")
+PASSING = tuple(PROOF_VERDICTS)[:2]
 
 
 def proof_verdict(proof: dict) -> str:
@@ -1639,7 +1642,7 @@ SHARD_FORMAT = "factory-shard-1"
 OUTCOME = ("passed", "status", "denied", "unexpected_denials", "draft_score", "unscorable", "backends", "models", "answered",
            "handed_off", "seconds", "unpriced")
 OPEN_OUTCOME = ("reason", "wrong", "unknown_tools")   # why an open case failed; a sealed shard keeps OUTCOME alone
-RUBRIC_ORDER = ("failed", "no key", "none", "scored", "unscored")   # a merge's rubric state: the first any shard had
+RUBRIC_ORDER = tuple(sorted(RUBRIC_STATES))   # a merge's rubric state: the first in this order any shard had
 
 
 def in_shard(case_id: str, shard: tuple[int, int] | None) -> bool:
@@ -1680,7 +1683,17 @@ def merge_shards(records: list[tuple[str, dict]], want: dict, slice_of: Callable
 # decided); every tally is JSON (json_state), so the factory keeps it as a checkpoint
 
 MAX_FIGURE = 2 ** 53 - 1   # no count or cost of one run comes near it; every JSON reader holds integers up to it exactly (RFC 8259 section 6)
-GATED = ("pass", "flag", "unsure")   # the gate results that score a run
+GATE_RESULTS = MappingProxyType({   # the output gate's result on a run -> what it means; the first three score it
+    "pass": "Sage answered yes with p at or above the card's gate bar, and the run's cost is known: held calls may commit",
+    "flag": "Sage answered no, or p was under the bar, or the run's cost is unknown: the run goes to a human",
+    "unsure": "Sage gave no answer: flagged, the run goes to a human",
+    "unscored": "no decision model is configured here: the gate was not asked (the run's verdict is unscored)",
+    "failed": "the decision model could not be reached or its answer not read (the run's verdict is unscored)",
+    "not-run": "the run did not finish, so its output was never gated",
+})
+GATED = tuple(GATE_RESULTS)[:3]    # the gate results that score a run
+FLAGGED = GATED[1:]                # the scored results that send a run to a human
+UNREACHED = tuple(GATE_RESULTS)[3:5]   # the gate was not reached: neither a pass nor a fail
 P_BINS = 10                  # the gate's p by tenths, in the text and the HTML alike
 
 FIGURE_RANGES = (("acted", MAX_FIGURE), ("staged", MAX_FIGURE), ("cost_usd", MAX_FIGURE), ("p", 1))   # field, highest; lowest 0
@@ -1827,7 +1840,7 @@ class Tally:
             counts[0] += runs
             counts[1] += runs * (gate in GATED)
             counts[2] += runs * (gate == "pass")
-            unscored += runs * (gate in ("unscored", "failed"))
+            unscored += runs * (gate in UNREACHED)
             handed_off += runs * (gate == "pass" and verdict == "routed-to-human")   # the gate passed, the agent handed off
             if verdict in verdicts:
                 verdicts[verdict] += runs
@@ -2188,7 +2201,7 @@ def evidence(signs: list[Sign], fired: list[str], cost: float | None) -> str:
 # ---- the guards: what may happen, and in what order it is refused (the chains are listed in the docstring above)
 
 TIERS = ("C0", "C1", "C2", "C3")   # a certificate's tier, from observe (C0) to act alone (C3)
-ACTING = ("C2", "C3")              # the tiers whose runs act on their output (their parked calls carry out effects)
+ACTING = TIERS[2:]                 # the tiers whose runs act on their output (their parked calls carry out effects)
 PROMOTION_RUNS = 20   # gated production runs at the tier below, since the agent (its digest) last changed
 SIGNER = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")   # a signer's name, matched whole
 HMAC_SIGNATURE = re.compile(r"hmac-sha256:[0-9a-f]{64}")

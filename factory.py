@@ -105,7 +105,7 @@ from broker import (  # noqa: E402   the tower's figures and the index's tally
     DRIFT_WINDOW, GENESIS, MAX_FIGURE, P_BINS, Drift, GatedRuns, IndexTally, Production, Tally,
     fold_decisions, from_state, json_state, line_verifies, seal_line, signed_index, Chain, head_problem)
 from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons  # noqa: E402
-from broker import call_columns, closes, state_column, uncertain_said  # noqa: E402
+from broker import FINAL, FLAGGED, call_columns, closes, state_column, uncertain_said  # noqa: E402
 from broker import (  # noqa: E402   the guards and their chains, over a Claim (ClaimOnDisk reads its evidence)
     CONTRACT, DECISION_UNSIGNED, HMAC_SIGNATURE, PROMOTION_RUNS, SIGNER, SSH_SIGNATURE, TIERS, Claim,
     closing_verdicts, first_refusal, guard_results, APPROVE_GUARDS, CERTIFICATE_GUARDS,
@@ -2809,8 +2809,7 @@ def holds(fac: Factory, path: Path, data: bytes) -> bool:
 # ================================================================ 3. Trust
 # Owns what lets a certificate be believed: signing keys (HMAC, or OpenSSH through ssh-keygen), the evidence
 # key and its MACs, the hash-chained logs and the index and their heads, the sealed proofs and production
-# evidence behind a signature, the parked calls and their decisions, and the guards: named checks in
-# ordered chains, run by one function.
+# evidence behind a signature, the parked calls and their decisions, and what broker's guards read (ClaimOnDisk).
 
 # ---- keys and signatures
 
@@ -5460,7 +5459,7 @@ def cmd_tower(fac: Factory, args) -> int:
 
 def flagged(row: dict) -> bool:
     """A run worth an eval case: the gate said no or unsure, a tool was denied, or it did not finish."""
-    return row.get("gate") in ("flag", "unsure") or bool(row.get("denied")) or row.get("status") != "done"
+    return row.get("gate") in FLAGGED or bool(row.get("denied")) or row.get("status") != "done"
 
 
 # ---- harvest: flagged runs into proposed eval cases
@@ -5763,7 +5762,7 @@ def parked(fac: Factory) -> Parked:
     for run_id, (_, staged, verified) in index_tally(fac).parked.items():   # sealed rows' calls
         for call in range(1, staged + 1 if verified else 1):
             state = "unknown" if decided is None else call_record(decided.get((run_id, call), [])).state
-            if state not in ("executed", "rejected") and not fac.pending_path(run_id, call).exists():
+            if state not in FINAL and not fac.pending_path(run_id, call).exists():
                 unread.append((run_id, f"{fac.shown(fac.pending_path(run_id, call))}: missing, though run {run_id}'s "
                                        f"sealed index row parked call {call} ({state}); restore it from a copy"))
     return Parked(entries, states, decided, unread, log_problem, decisions.lines if decisions else [])

@@ -2,7 +2,8 @@
 io.open, io.open_code, os.open, pathlib), listing a folder, a socket, the environment and printing all
 raise, and every guard chain (run, certify, approve, execute, reject, deciding, standing) is run there on
 evidence held in memory: a claim each chain lets through, and each guard's own refusal, word for word.
-The module docstring lists the chains exactly as the tuples are."""
+The module docstring lists the chains exactly as the tuples are. Each closed set (gate results, call states,
+rulings, verdicts, decisions, ...) is defined once, in broker.py, and written out nowhere else."""
 
 from __future__ import annotations
 
@@ -438,6 +439,68 @@ class Pure(unittest.TestCase):
                     elif line[8] != " ":
                         said.append(line[8:].split("  ")[0])
                 self.assertEqual(said, [guard for guard, _ in getattr(broker, name)])
+
+# ---------------------------------------------------------------- each closed set defined once
+
+MODULES = ("factory.py", "broker.py", "llm.py", "sage.py")
+# written out knowingly: llm.py imports nothing of the product's (the run statuses an exported span calls errors)
+WRITTEN_OUT = {("llm.py", frozenset({"crashed", "over-budget", "escalated"}))}
+
+
+def closed_sets() -> dict[str, set]:
+    """Each closed set broker.py defines -> its members, read from the definition itself."""
+    import broker
+    return {"GATE_RESULTS": set(broker.GATE_RESULTS), "CALL_STATES": {*broker.CALL_STATES, *broker.STUCK},
+            "RULINGS": set(broker.RULINGS), "VERDICTS": {verdict.name for verdict in broker.VERDICTS},
+            "DECISIONS": set(broker.DECISIONS), "PROOF_VERDICTS": set(broker.PROOF_VERDICTS),
+            "RUBRIC_STATES": set(broker.RUBRIC_STATES), "REVIEW_DECISIONS": set(broker.REVIEW_DECISIONS),
+            "LABEL_SOURCES": set(broker.LABEL_SOURCES), "TIERS": set(broker.TIERS)}
+
+
+def written_out(module: str, tree: ast.Module, sets: dict[str, set]) -> list[str]:
+    """'module:line: SET members' for each tuple, list or set of two or more of a closed set's members written
+    as literals in a module's tree, but the set's own definition (`NAME = (...)` at the top level)."""
+    found = []
+    defining = {id(node.value): target.id for node in tree.body if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Tuple, ast.List, ast.Set)) or \
+                not all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+            continue
+        members = {e.value for e in node.elts}
+        for name, closed in sets.items():
+            if len(members) > 1 and members <= closed and defining.get(id(node)) != name \
+                    and (module, frozenset(members)) not in WRITTEN_OUT:
+                found.append(f"{module}:{node.lineno}: {name} {sorted(members)}")
+    return found
+
+
+class ClosedSets(unittest.TestCase):
+    """A closed set is defined once, with its meanings, and every subset of it is derived from that definition."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.trees = {module: ast.parse((ROOT / module).read_text()) for module in MODULES}
+
+    def test_no_module_writes_a_closed_set_out_again(self):
+        sets = closed_sets()
+        found = [line for module, tree in self.trees.items() for line in written_out(module, tree, sets)]
+        self.assertEqual(found, [])
+
+    def test_a_set_written_out_again_is_found(self):
+        sets = closed_sets()
+        planted = 'GATE_RESULTS = 1\nTIERS = ("C0", "C1", "C2", "C3")\ndef f(row):\n    return row["gate"] in ("flag", "unsure")\n'
+        self.assertEqual(written_out("factory.py", ast.parse(planted), sets), ["factory.py:4: GATE_RESULTS ['flag', 'unsure']"])
+
+    def test_each_set_and_what_is_derived_from_it_is_defined_once_in_the_broker(self):
+        derived = ("GATED", "FLAGGED", "UNREACHED", "STATUS_VERDICTS", "OUTCOMES", "PASSING", "CLOSING", "FINAL",
+                   "ACTING", "RUBRIC_ORDER", "DENIALS")
+        for name in (*closed_sets(), *derived):
+            defined = [module for module, tree in self.trees.items() for node in tree.body
+                       if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets)]
+            with self.subTest(name=name):
+                self.assertEqual(defined, ["broker.py"])
+
 
 if __name__ == "__main__":
     unittest.main()
