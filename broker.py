@@ -25,8 +25,9 @@ call the run repeats as a `duplicate`. Beside it sit the other decisions about a
 I/O: the output gate's results (`GATE_RESULTS`) and the run's verdict (`VERDICTS`, `run_verdict`); the state of a parked call from its humans' signed
 decisions (`CALL_STATES`, `STUCK`, `call_state`) with what approve and reject answer in each
 (`refused_in`); what a human did with a held draft (`REVIEW_DECISIONS`, `review_counts`); the
-tower's figures counted from rows the factory reads (`Tally`, `fold_decisions`), the drift watch
-(`Drift`) and the run gate's detectors; and the statistics they rest on.
+tower's figures counted from rows the factory reads (`Tally`, `fold_decisions`) and its text and page
+(`tower_lines`, `render_tower_html`), the drift watch (`Drift`) and the run gate's detectors; a proof's figures
+(`proof_figures`) and the statistics they rest on; replay's recorded tools and differences.
 
 The guards decide whether an agent may run, be certified, or have a parked call carried out: each
 chain is a tuple of (name, check), run in order by `guard_results` up to its first refusal (a guard
@@ -2038,6 +2039,161 @@ def uncertain_moves(calls, watch: dict) -> list[tuple[str, str, str]]:
                               any(s not in DECIDED for s in states))
         moves.append((keys[0][0], str(before), after))
     return moves
+
+
+# ---- the tower's text and page, drawn from its document alone (tower_document; the factory prints and writes them):
+# the table and the lines under each row, word for word in both, and each agent's charts as tables whose bars are
+# their own figures
+
+PARTIAL_LINE = "partial: what is marked 'problem' could not be read; everything else is counted"
+REFUSED_AS = {"revocation": "revoked", "recall": "recalled", "digest": "stale"}   # a run guard -> its word
+UNVERIFIED_AS = {"signer key": "cannot be checked here (its signer's key, ssh-keygen or the trusted signers file is missing)",
+                 "logs": "rests on a log that changed since it was signed", "newest certificate": "is older than one "
+                 "signed since"}   # a certificate guard that refused -> the tower's words (else: does not verify)
+
+
+def trust_summary(trust: dict) -> str:
+    """One phrase for an agent's trust, the text's and the page's."""
+    if trust["certificate"] == "unreadable":
+        return f"not checked ({', '.join(trust['refused_by'])})"
+    if trust["certificate"] != "verified":
+        return "uncertified" if trust["certificate"] == "none" else \
+            f"certificate {UNVERIFIED_AS.get(trust['refused_by'][0], 'does not verify')}"
+    signed = f"{trust['tier']} signed by {trust['signer']} at {trust['signed_at']}"
+    if not trust["may_run"]:
+        return f"{signed}; may not run ({', '.join(trust['refused_by'])})"
+    return f"{signed}; runs at C0 (demoted)" if trust["demoted"] else f"{signed}; may run"
+
+
+TOWER_COLUMNS = (("agent", -16), ("runs", 7), ("pass", 7), ("acted", 6), ("staged", 6), ("cost", 10), ("denied", 7),
+                 ("unscored", 8), ("unfinished", 10), ("backends", 0))   # the table's columns: name, width (< 0: left)
+
+
+def tower_cells(agent: dict) -> list[str]:
+    """An agent's row of the table (TOWER_COLUMNS), text and page alike."""
+    return [agent["agent"], *map(str, (agent["runs"], percent_text(agent["pass_rate"]), agent["acted"], agent["staged"],
+                                       usd_text(agent["cost_usd"]), agent["denied"], agent["unscored"], agent["unfinished"])),
+            ", ".join(agent["backends"]) or "-"]
+
+
+def table_line(cells: list[str]) -> str:
+    """One line of the text table, each cell in its column's width."""
+    fitted = [f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}" for cell, (_, width) in zip(cells, TOWER_COLUMNS)]
+    return " ".join(fitted[:-1]) + "  " + cells[-1]
+
+
+def tower_lines(doc: dict) -> list[str]:
+    """The terminal tower from the document alone: a row per agent and the lines under it, then its problems."""
+    lines = [table_line([name for name, _ in TOWER_COLUMNS])]
+    for agent in doc["agents"]:
+        lines += [table_line(tower_cells(agent)), *(f"{'':<16} {line}" for _, line in agent_lines(agent))]
+    return (lines + ["(no agents yet)"] * (not doc["agents"]) + [f"problem: {line}" for line in doc["problems"]]
+            + [PARTIAL_LINE] * doc["partial"])
+
+
+def agent_lines(agent: dict) -> list[tuple[str, str]]:
+    """(kind, line) under an agent's row, text and page alike: trust and the refusals behind it (each once, none
+    its problems show, none for an uncertified agent), parked calls, reviews, sealed score, gate pass, verdicts,
+    drift, gate p, unknown costs, unfinished runs, problems."""
+    trust, gate_p, bar = agent["trust"], agent["gate_p"], agent["gate_bar"]
+    why = [] if trust.get("certificate") in ("none", None) else [line for line in dict.fromkeys(
+        trust.get(k) for k in ("refusal", "revoked", "recalled", "stale")) if line and line not in agent["problems"]]
+    stuck = "".join(f", {count} {state}" for state, count in sorted((trust.get("stuck") or {}).items()))
+    shown = " ".join(f"{k}:{v}" for k, v in agent["verdicts"].items() if v)
+    shown += f" ({agent['handed_off']} handed off by the agent though the gate passed)" * bool(agent["handed_off"])
+    sealed = trust.get("sealed")
+    lines = [("trust", f"trust: {trust['summary']}"), *(("why", f"  {line}") for line in why),
+             ("calls", f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect{stuck}"),
+             ("reviews", f"reviews: {reviews_text(agent.get('reviews'))}"),
+             *([("sealed", f"certified on its sealed half: {part_text(sealed)}")] if sealed else []),
+             ("pass", f"gate pass over scored runs: {rate_text(agent)}"), ("verdicts", f"verdicts {shown or '-'}"),
+             ("drift", f"drift: {agent['drift']['state']}"),
+             ("gate-p", f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
+                        f"({with_p_text(gate_p['runs'], agent['runs'])}; bar {'?' if bar is None else bar})")]
+    if agent["cost_unknown"]:
+        lines.append(("cost", f"cost unknown in {agent['cost_unknown']} of {agent['runs']} runs: a run whose cost is "
+                              f"unknown never passes the gate (its card's prices can name the model)"))
+    if agent["unfinished"]:
+        lines.append(("unfinished", f"unfinished: {agent['unfinished']} (started, never closed)"))
+    return lines + [("problem", f"problem: {line}") for line in agent["problems"]]
+
+
+def with_p_text(with_p: int, runs: int) -> str:
+    """How many runs the gate-p histogram holds (a gated row with no p is a run, not in it)."""
+    return f"{with_p} of {runs} runs with a gate p"
+
+
+HTML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"})  # html.escape's
+TOWER_CSS = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:0 1em 1em 0}"
+             "th,td{border:1px solid #ccc;padding:.15em .6em;text-align:right}th:first-child,td:first-child,caption"
+             "{text-align:left}section{border:1px solid #ddd;padding:0 1em;margin-bottom:1em}p{margin:.2em 0}"
+             ".charts{display:flex;flex-wrap:wrap;align-items:flex-start}td.bar{width:10em;text-align:left}"
+             "td.bar span{display:inline-block;height:.9em;background:#78909c}td.bar span.passing{background:#2e7d32}"
+             ".problem,.why,[data-state=refused],[data-state=demoted]{color:#c62828}[data-state=may-run]{color:#2e7d32}")
+
+
+def html_text(value) -> str:
+    """value as text in HTML that is also XML."""
+    return xml_safe(str(value)).translate(HTML_ESCAPES)
+
+
+def html_row(cells, tag: str = "td", bar: str = "") -> str:
+    """A table row of cells, then the bar cell `bar`."""
+    return "<tr>" + "".join(f"<{tag}>{html_text(cell)}</{tag}>" for cell in cells) + bar + "</tr>"
+
+
+def bar_cell(count: float, most: float, style: str = "", kind: str = "") -> str:
+    """A cell whose bar is count's share of most: bar and figure are one number."""
+    width = 100 * count / most if most else 0
+    return f'<td class="bar"><span class="{kind}" style="width:{width:.1f}%{style}"></span></td>'
+
+
+def chart(kind: str, caption: str, head: tuple, rows: list[str]) -> str:
+    """A table (data-chart=kind) with caption, header and rows ending in a bar cell."""
+    return (f'<table data-chart="{kind}"><caption>{html_text(caption)}</caption>{html_row(head, "th")}'
+            + "".join(rows) + "</table>")
+
+
+def agent_charts(agent: dict) -> str:
+    """An agent's charts: gate p by tenths against the bar, each day's pass rate and cost per run, verdicts in
+    their colours."""
+    counts, bar, most = agent["gate_p"]["counts"], agent["gate_bar"], max(agent["gate_p"]["counts"] + [1])
+    tenths = [html_row([f"{k / P_BINS:.1f}-{(k + 1) / P_BINS:.1f}", count],
+                       bar=bar_cell(count, most, kind="passing" if bar is not None and k / P_BINS >= bar else ""))
+              for k, count in enumerate(counts)]
+    days = [html_row([day["day"], day["runs"], day["scored"], day["passed"], rate_text(day),
+                      usd_text(day["cost_per_run"])], bar=bar_cell(day["pass_rate"] or 0, 1)) for day in agent["days"]]
+    runs, colours = max([*agent["verdicts"].values(), 1]), {verdict.name: verdict.colour for verdict in VERDICTS}
+    verdicts = [html_row([name, count], bar=bar_cell(count, runs, f";background:{colours[name]}"))
+                for name, count in agent["verdicts"].items()]
+    return ('<div class="charts">'
+            + chart("gate-p", f"gate p by tenths ({with_p_text(agent['gate_p']['runs'], agent['runs'])}; bar "
+                              f"{'?' if bar is None else bar})", ("p", "runs", ""), tenths)
+            + chart("days", f"by day (drift: {agent['drift']['state']})",
+                    ("day", "runs", "scored", "passed", "pass", "cost per run", ""), days)
+            + chart("verdicts", "verdicts", ("verdict", "runs", ""), verdicts) + "</div>")
+
+
+def agent_section(agent: dict) -> str:
+    """<section data-agent=NAME>: its name, the text's lines, its charts."""
+    trust = agent["trust"]
+    state = ("demoted" if trust["demoted"] else "may-run") if trust["may_run"] else \
+        "none" if trust["certificate"] == "none" else "refused"
+    lines = "".join(f'<p class="{kind}"' + (f' data-state="{state}"' if kind == "trust" else "") + f">{html_text(line.strip())}</p>"
+                    for kind, line in agent_lines(agent))
+    return f'<section data-agent="{html_text(agent["agent"])}"><h2>{html_text(agent["agent"])}</h2>{lines}{agent_charts(agent)}</section>\n'
+
+
+def render_tower_html(doc: dict) -> str:
+    """The document as one self-contained page, HTML that is also XML, no script: the text's table and lines
+    word for word, then each agent's charts."""
+    top = [f"problem: {line}" for line in doc["problems"]] + [PARTIAL_LINE] * doc["partial"]
+    rows = "".join(html_row(tower_cells(agent)) for agent in doc["agents"])
+    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/><title>tower</title>'
+            f'<style>{TOWER_CSS}</style></head>\n<body><h1>tower</h1><p class="generated">generated '
+            f'{html_text(doc["generated_at"])}</p>' + "".join(f'<p class="problem">{html_text(line)}</p>' for line in top)
+            + f'<table class="overview">{html_row([name for name, _ in TOWER_COLUMNS], "th")}{rows}</table>\n'
+            + ("".join(map(agent_section, doc["agents"])) or "<p>(no agents yet)</p>") + "</body></html>\n")
 
 
 # ---- the drift watch on a certified agent (the factory feeds it the index rows its DriftFeed admits)

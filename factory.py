@@ -102,7 +102,7 @@ from broker import (  # noqa: E402
     Outcome, Policy, amount_schema, args_digest, call_state, check_args, exact_usd, judge, outcome_of,
     review_counts, reviews_text, run_verdict, settle, went)
 from broker import (  # noqa: E402   the tower's figures and the index's tally
-    DRIFT_WINDOW, GENESIS, MAX_FIGURE, P_BINS, Drift, GatedRuns, IndexTally, Production, Tally,
+    DRIFT_WINDOW, GENESIS, MAX_FIGURE, Drift, GatedRuns, IndexTally, Production, Tally,
     fold_decisions, from_state, json_state, line_verifies, seal_line, signed_index, Chain, head_problem)
 from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons  # noqa: E402
 from broker import FINAL, FLAGGED, call_columns, closes, state_column, uncertain_said  # noqa: E402
@@ -112,16 +112,18 @@ from broker import (  # noqa: E402   the guards and their chains, over a Claim (
     CERTIFY_GUARDS, DECIDING_GUARDS, EXECUTE_GUARDS, REJECT_GUARDS, RUN_GUARDS, STANDING_GUARDS, STANDING_STATES)
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
     Sign, detect, evidence, LABEL_SOURCES, PASSING, PROOF_VERDICTS, card_changes, cut, label_counts,
-    label_source_problem, junit_xml, xml_safe, normalised, part, part_text, percent_text,
-    proof_verdict, rate_text, rubric_field, share, shared_inputs, usd_text,
-    paired_text, handoff_figures, needed_cases, verdict_why,
+    label_source_problem, junit_xml, normalised, part,
+    proof_verdict, rate_text, share, shared_inputs, usd_text,
+    paired_text, handoff_figures,
     SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards)
 from broker import (  # noqa: E402   a proof's record and its drafts' scores; replay; an index row's figures
     RUBRIC_STATES, apply_draft_scores, case_fields, proof_figures, scored_note, recorder_tools, replay_differences,
-    figure_problem, figure_text)
+    figure_problem)
 from broker import (  # noqa: E402   what the stations print, decided without I/O
     BRIEF_CHARS, Harvested, batch_problems, brief_lines, doctor_lines, held_draft, proof_summary, run_lines,
     sealed_proof_lines, suite_moved)
+from broker import (  # noqa: E402   the tower's text and page
+    PARTIAL_LINE, TOWER_COLUMNS, agent_lines, render_tower_html, tower_cells, tower_lines, REFUSED_AS, trust_summary)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -6068,7 +6070,6 @@ def cmd_schema(fac: Factory, args) -> int:
 # Owns the tower: one document computed in one streamed pass over the index (the --json shape), and
 # the text table and the self-contained HTML page drawn from that document alone.
 
-PARTIAL_LINE = "partial: what is marked 'problem' could not be read; everything else is counted"
 TALLY_FORMAT = "factory-tally-1"
 CHECKPOINT_ROWS = 1000       # a count of this many rows or more leaves a checkpoint
 
@@ -6251,28 +6252,9 @@ def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
     return trust, list(dict.fromkeys(lines[guard] for guard in unread))   # two guards can fail on one card
 
 
-REFUSED_AS = {"revocation": "revoked", "recall": "recalled", "digest": "stale"}   # a run guard -> its word
-UNVERIFIED_AS = {"signer key": "cannot be checked here (its signer's key, ssh-keygen or the trusted signers file is missing)",
-                 "logs": "rests on a log that changed since it was signed", "newest certificate": "is older than one "
-                 "signed since"}   # a certificate guard that refused -> the tower's words (else: does not verify)
-
-
 def unverified_kind(claim: ClaimOnDisk, lines: dict) -> str:
     """none (no certificate) or unverified, for guards that read every file they needed."""
     return "none" if "certificate" in lines and claim.cert is None else "unverified"
-
-
-def trust_summary(trust: dict) -> str:
-    """One phrase for an agent's trust, the text's and the page's."""
-    if trust["certificate"] == "unreadable":
-        return f"not checked ({', '.join(trust['refused_by'])})"
-    if trust["certificate"] != "verified":
-        return "uncertified" if trust["certificate"] == "none" else \
-            f"certificate {UNVERIFIED_AS.get(trust['refused_by'][0], 'does not verify')}"
-    signed = f"{trust['tier']} signed by {trust['signer']} at {trust['signed_at']}"
-    if not trust["may_run"]:
-        return f"{signed}; may not run ({', '.join(trust['refused_by'])})"
-    return f"{signed}; runs at C0 (demoted)" if trust["demoted"] else f"{signed}; may run"
 
 
 def gate_bar(fac: Factory, name: str) -> float | None:
@@ -6283,143 +6265,10 @@ def gate_bar(fac: Factory, name: str) -> float | None:
         return None
 
 
-TOWER_COLUMNS = (("agent", -16), ("runs", 7), ("pass", 7), ("acted", 6), ("staged", 6), ("cost", 10), ("denied", 7),
-                 ("unscored", 8), ("unfinished", 10), ("backends", 0))   # the table's columns: name, width (< 0: left)
-
-
-def tower_cells(agent: dict) -> list[str]:
-    """An agent's row of the table (TOWER_COLUMNS), text and page alike."""
-    return [agent["agent"], *map(str, (agent["runs"], percent_text(agent["pass_rate"]), agent["acted"], agent["staged"],
-                                       usd_text(agent["cost_usd"]), agent["denied"], agent["unscored"], agent["unfinished"])),
-            ", ".join(agent["backends"]) or "-"]
-
-
-def table_line(cells: list[str]) -> str:
-    """One line of the text table, each cell in its column's width."""
-    fitted = [f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}" for cell, (_, width) in zip(cells, TOWER_COLUMNS)]
-    return " ".join(fitted[:-1]) + "  " + cells[-1]
-
-
 def print_tower(doc: dict) -> None:
-    """The terminal table from the document: a row per agent and the lines under it, then the tower's problems."""
-    print(table_line([name for name, _ in TOWER_COLUMNS]))
-    for agent in doc["agents"]:
-        print(table_line(tower_cells(agent)))
-        for _, line in agent_lines(agent):
-            print(f"{'':<16} {line}")
-    if not doc["agents"]:
-        print("(no agents yet)")
-    for line in doc["problems"]:
-        print(f"problem: {line}")
-    if doc["partial"]:
-        print(PARTIAL_LINE)
-
-
-def agent_lines(agent: dict) -> list[tuple[str, str]]:
-    """(kind, line) under an agent's row, text and page alike: trust and the refusals behind it (each once, none
-    its problems show, none for an uncertified agent), parked calls, reviews, sealed score, gate pass, verdicts,
-    drift, gate p, unknown costs, unfinished runs, problems."""
-    trust, gate_p, bar = agent["trust"], agent["gate_p"], agent["gate_bar"]
-    why = [] if trust.get("certificate") in ("none", None) else [line for line in dict.fromkeys(
-        trust.get(k) for k in ("refusal", "revoked", "recalled", "stale")) if line and line not in agent["problems"]]
-    stuck = "".join(f", {count} {state}" for state, count in sorted((trust.get("stuck") or {}).items()))
-    shown = " ".join(f"{k}:{v}" for k, v in agent["verdicts"].items() if v)
-    shown += f" ({agent['handed_off']} handed off by the agent though the gate passed)" * bool(agent["handed_off"])
-    sealed = trust.get("sealed")
-    lines = [("trust", f"trust: {trust['summary']}"), *(("why", f"  {line}") for line in why),
-             ("calls", f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect{stuck}"),
-             ("reviews", f"reviews: {reviews_text(agent.get('reviews'))}"),
-             *([("sealed", f"certified on its sealed half: {part_text(sealed)}")] if sealed else []),
-             ("pass", f"gate pass over scored runs: {rate_text(agent)}"), ("verdicts", f"verdicts {shown or '-'}"),
-             ("drift", f"drift: {agent['drift']['state']}"),
-             ("gate-p", f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
-                        f"({with_p_text(gate_p['runs'], agent['runs'])}; bar {'?' if bar is None else bar})")]
-    if agent["cost_unknown"]:
-        lines.append(("cost", f"cost unknown in {agent['cost_unknown']} of {agent['runs']} runs: a run whose cost is "
-                              f"unknown never passes the gate (its card's prices can name the model)"))
-    if agent["unfinished"]:
-        lines.append(("unfinished", f"unfinished: {agent['unfinished']} (started, never closed)"))
-    return lines + [("problem", f"problem: {line}") for line in agent["problems"]]
-
-
-def with_p_text(with_p: int, runs: int) -> str:
-    """How many runs the gate-p histogram holds (a gated row with no p is a run, not in it)."""
-    return f"{with_p} of {runs} runs with a gate p"
-
-
-# ---- the page: the text tower's table and lines, and each agent's charts as tables whose bars are their own figures
-
-HTML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"})  # html.escape's
-TOWER_CSS = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:0 1em 1em 0}"
-             "th,td{border:1px solid #ccc;padding:.15em .6em;text-align:right}th:first-child,td:first-child,caption"
-             "{text-align:left}section{border:1px solid #ddd;padding:0 1em;margin-bottom:1em}p{margin:.2em 0}"
-             ".charts{display:flex;flex-wrap:wrap;align-items:flex-start}td.bar{width:10em;text-align:left}"
-             "td.bar span{display:inline-block;height:.9em;background:#78909c}td.bar span.passing{background:#2e7d32}"
-             ".problem,.why,[data-state=refused],[data-state=demoted]{color:#c62828}[data-state=may-run]{color:#2e7d32}")
-
-
-def html_text(value) -> str:
-    """value as text in HTML that is also XML."""
-    return xml_safe(str(value)).translate(HTML_ESCAPES)
-
-
-def html_row(cells, tag: str = "td", bar: str = "") -> str:
-    """A table row of cells, then the bar cell `bar`."""
-    return "<tr>" + "".join(f"<{tag}>{html_text(cell)}</{tag}>" for cell in cells) + bar + "</tr>"
-
-
-def bar_cell(count: float, most: float, style: str = "", kind: str = "") -> str:
-    """A cell whose bar is count's share of most: bar and figure are one number."""
-    width = 100 * count / most if most else 0
-    return f'<td class="bar"><span class="{kind}" style="width:{width:.1f}%{style}"></span></td>'
-
-
-def chart(kind: str, caption: str, head: tuple, rows: list[str]) -> str:
-    """A table (data-chart=kind) with caption, header and rows ending in a bar cell."""
-    return (f'<table data-chart="{kind}"><caption>{html_text(caption)}</caption>{html_row(head, "th")}'
-            + "".join(rows) + "</table>")
-
-
-def agent_charts(agent: dict) -> str:
-    """An agent's charts: gate p by tenths against the bar, each day's pass rate and cost per run, verdicts in
-    their colours."""
-    counts, bar, most = agent["gate_p"]["counts"], agent["gate_bar"], max(agent["gate_p"]["counts"] + [1])
-    tenths = [html_row([f"{k / P_BINS:.1f}-{(k + 1) / P_BINS:.1f}", count],
-                       bar=bar_cell(count, most, kind="passing" if bar is not None and k / P_BINS >= bar else ""))
-              for k, count in enumerate(counts)]
-    days = [html_row([day["day"], day["runs"], day["scored"], day["passed"], rate_text(day),
-                      usd_text(day["cost_per_run"])], bar=bar_cell(day["pass_rate"] or 0, 1)) for day in agent["days"]]
-    runs, colours = max([*agent["verdicts"].values(), 1]), {verdict.name: verdict.colour for verdict in VERDICTS}
-    verdicts = [html_row([name, count], bar=bar_cell(count, runs, f";background:{colours[name]}"))
-                for name, count in agent["verdicts"].items()]
-    return ('<div class="charts">'
-            + chart("gate-p", f"gate p by tenths ({with_p_text(agent['gate_p']['runs'], agent['runs'])}; bar "
-                              f"{'?' if bar is None else bar})", ("p", "runs", ""), tenths)
-            + chart("days", f"by day (drift: {agent['drift']['state']})",
-                    ("day", "runs", "scored", "passed", "pass", "cost per run", ""), days)
-            + chart("verdicts", "verdicts", ("verdict", "runs", ""), verdicts) + "</div>")
-
-
-def agent_section(agent: dict) -> str:
-    """<section data-agent=NAME>: its name, the text's lines, its charts."""
-    trust = agent["trust"]
-    state = ("demoted" if trust["demoted"] else "may-run") if trust["may_run"] else \
-        "none" if trust["certificate"] == "none" else "refused"
-    lines = "".join(f'<p class="{kind}"' + (f' data-state="{state}"' if kind == "trust" else "") + f">{html_text(line.strip())}</p>"
-                    for kind, line in agent_lines(agent))
-    return f'<section data-agent="{html_text(agent["agent"])}"><h2>{html_text(agent["agent"])}</h2>{lines}{agent_charts(agent)}</section>\n'
-
-
-def render_tower_html(doc: dict) -> str:
-    """The document as one self-contained page, HTML that is also XML, no script: the text's table and lines
-    word for word, then each agent's charts."""
-    top = [f"problem: {line}" for line in doc["problems"]] + [PARTIAL_LINE] * doc["partial"]
-    rows = "".join(html_row(tower_cells(agent)) for agent in doc["agents"])
-    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/><title>tower</title>'
-            f'<style>{TOWER_CSS}</style></head>\n<body><h1>tower</h1><p class="generated">generated '
-            f'{html_text(doc["generated_at"])}</p>' + "".join(f'<p class="problem">{html_text(line)}</p>' for line in top)
-            + f'<table class="overview">{html_row([name for name, _ in TOWER_COLUMNS], "th")}{rows}</table>\n'
-            + ("".join(map(agent_section, doc["agents"])) or "<p>(no agents yet)</p>") + "</body></html>\n")
+    """The terminal tower (broker.tower_lines), a print a line."""
+    for line in tower_lines(doc):
+        print(line)
 
 
 # ================================================================ 7. CLI
