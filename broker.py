@@ -509,16 +509,89 @@ def run_lines(row: dict) -> list[str]:
             f"  trace {row['agent']}/{row['run_id']}"]
 
 
-def batch_problems(failed: list, tickets: int) -> list[str]:
-    """The parts of run's stderr line on a batch's failed rows out of `tickets`: refused, crashed, uncertain."""
-    refused = [row["why"][0] for row in failed if row["status"] == "refused"]
-    crashed = sum(row["status"] == "crashed" for row in failed)
-    uncertain = sum(row["verdict"] == "uncertain-effect" for row in failed)
-    return ([f"{len(refused)} of {tickets} ticket(s) refused, each on its own line (the first: {refused[0]})"] if refused else []) \
-        + [f"{crashed} run(s) crashed; their traces keep the traceback"] * bool(crashed) \
-        + [f"{uncertain} run(s) ended uncertain-effect: an effect was not written or not read back; a human "
-           f"reconciles it (each run's output says where)"] * bool(uncertain)
+@dataclass
+class Batch:
+    """What a batch of runs did (`run --file`), counted from each finished row."""
+    failed: list = field(default_factory=list)   # the rows of crashed, uncertain-effect and refused tickets
+    ran: int = 0                                 # tickets run
+    reviewed: int = 0                            # drafts put in the review queue
+    reviewing: int = 0                           # runs that put at least one there
+    shown: int = 0                               # results written before stdout closed
+    closed: bool = False
 
+    def add(self, row: dict) -> None:
+        """Count one finished row (a refused ticket's too)."""
+        self.failed += [row] if row["status"] in ("crashed", "refused") or row["verdict"] == "uncertain-effect" else []
+        reviewed = sum(decision == "review" and not problem for _, decision, problem in row.get("settled", ()))
+        self.reviewed, self.reviewing = self.reviewed + reviewed, self.reviewing + (reviewed > 0)
+
+    def problems(self, tickets: int) -> list[str]:
+        """The parts of run's stderr line on the failed rows out of `tickets`: refused, crashed, uncertain."""
+        refused = [row["why"][0] for row in self.failed if row["status"] == "refused"]
+        crashed = sum(row["status"] == "crashed" for row in self.failed)
+        uncertain = sum(row["verdict"] == "uncertain-effect" for row in self.failed)
+        return ([f"{len(refused)} of {tickets} ticket(s) refused, each on its own line (the first: {refused[0]})"] if refused else []) \
+            + [f"{crashed} run(s) crashed; their traces keep the traceback"] * bool(crashed) \
+            + [f"{uncertain} run(s) ended uncertain-effect: an effect was not written or not read back; a human "
+               f"reconciles it (each run's output says where)"] * bool(uncertain)
+
+    def closed_text(self, tickets: int) -> str:
+        """What run says once stdout closed: how many of `tickets` were shown, and how many ran."""
+        return (f"stdout was closed after {self.shown} of {tickets} result(s) were written to it (its reader stopped, "
+                f"e.g. head): {self.ran} ticket(s) ran, {tickets - self.ran} did not")
+
+
+# ---- a tickets file's lines, and what `new` says it finished
+
+TICKET_FIELDS = ("id", "input", "source")
+
+
+def ticket_problem(row: dict, at: str, blank: Callable[[str], bool]) -> str | None:
+    """What keeps row from being a ticket {"id", "input"[, "source"]}, named `at` (its file and line); None when
+    it is one. `blank(text)`: the text shows nothing."""
+    extra = sorted(set(row) - set(TICKET_FIELDS))
+    if "expect" in extra:
+        return f"{at}: an eval case with `expect` is not a ticket (a ticket is {{\"id\", \"input\"}})"
+    if extra:
+        return f"{at}: unknown field(s) {', '.join(extra)} (a ticket is {{\"id\", \"input\"}})"
+    for field_name, fine, wanted in (("id", lambda v: isinstance(v, str) and v and v.isprintable(), "printable text"),
+                                     ("input", lambda v: isinstance(v, str) and not blank(v), "non-empty text"),
+                                     ("source", lambda v: isinstance(v, str), "text")):
+        if field_name not in row and field_name != "source":
+            return f"{at}: missing field '{field_name}' (a ticket is {{\"id\", \"input\"}})"
+        if field_name in row and not fine(row[field_name]):
+            return f"{at}: field '{field_name}' must be {wanted}"
+    return None
+
+
+def created_lines(name: str, source: str | None, kept: int, removed: int, root: str, files: list[tuple[str, str]],
+                  sealed: str) -> list[str]:
+    """What `new NAME [--from SOURCE]` prints: the (where, what) of each of its `files`, and the next command
+    (`root`: its --root option, or ''); a copy is told to write its own sealed half at `sealed`."""
+    width = max(len(where) for where, _ in files) + 2
+    own = "" if source is None else f"; write its own sealed half, {sealed}"
+    return [f"created {name}" + (f", a copy of {source}" if source else "") + finishing(name, kept, removed) + ":",
+            *(f"  {where:<{width}}{what}" for where, what in files),
+            f"next: python3 factory.py prove {name}{root}{own}; then prove {name} --sealed, certify it and run "
+            f"it (the README's \"Your first agent\")"]
+
+
+def restamp_lines(master: str, restamped: list[str], revoked: list[str], skipped: list[str]) -> list[str]:
+    """What `restamp MASTER` prints of the variants it re-derived, revoked and skipped."""
+    return [f"restamped {len(restamped)} variant(s) from {master}: {restamped}",
+            f"revoked {len(revoked)} certificate(s): {revoked}",
+            *[f"skipped {len(skipped)} variant(s) the lineage log knows but that have no card (retired, or a stamp "
+              f"that stopped before its card: stamping it again finishes it), with their own variants: {skipped}"] * bool(skipped),
+            *["re-prove and re-certify before these run again."] * bool(restamped)]
+
+def finishing(name: str, kept: int, removed: int) -> str:
+    """What `created NAME` adds after a `new NAME` that stopped part-way (`kept` of its files written, `removed`
+    temporary files); '' when it left nothing."""
+    if not kept and not removed:
+        return ""
+    left = [f"{kept} of its files were already written"] if kept else []
+    left += [f"{removed} temporary file{'s' * (removed != 1)} it left {'was' if removed == 1 else 'were'} removed"] if removed else []
+    return f", finishing a `new {name}` that stopped part-way ({'; '.join(left)})"
 
 # ---- settling: what becomes of each held call once the gate has answered
 
@@ -1535,6 +1608,13 @@ def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loo
     return differences
 
 
+def shard_line(record: dict, where: str) -> str:
+    """What `prove --shard K/N` prints of the shard record it wrote at `where`."""
+    (k, n), passed = record["shard"], sum(case["passed"] for case in record["cases"].values())
+    return (f"{record['agent']} [{record['half']} half of {record['suite']}, shard {k}/{n}] {passed}/{len(record['cases'])} "
+            f"cases passed, judged with the other shards: prove {record['agent']}{' --sealed' * (record['half'] == 'sealed')} "
+            f"--merge ... {where}")
+
 # ---- the sealed proof, as the certify prompt shows the signer what it rests on
 
 def sealed_proof_lines(proof: dict, where: str, key_path, cost: str | None, models: list[str], others: list[str]) -> list[str]:
@@ -1568,6 +1648,29 @@ def sealed_proof_lines(proof: dict, where: str, key_path, cost: str | None, mode
                      f"came from (label_source): a score on labels of unknown provenance compares with nothing")
     return lines
 
+
+def attempts_text(since: str | None, proofs: list[dict], digest: str, ran: int, name: str, folder: str) -> list[str]:
+    """certify's line on the sealed `proofs` (the records left in `folder`) made since the last certification
+    (`since`; None: ever), across versions and of this `digest`; when this machine's own count `ran` is larger
+    (records can be deleted), that count and a warning of the records missing."""
+    counted = [proof for proof in proofs if since is None or proof["at"] > since]
+    versions, this = len({proof["digest"] for proof in counted}), sum(p["digest"] == digest for p in counted)
+    when = f"since the last certification ({since})" if since else "ever (never certified)"
+    if ran <= len(counted):
+        return [f"  sealed attempts {when}: {len(counted)}, across {versions} version(s) of the agent; {this} of this one"]
+    left = "is" if len(counted) == 1 else "are"
+    return [f"  sealed attempts {when}: {ran}, across {versions} version(s) of the agent in the records left; {this} of this one",
+            f"  WARNING: this machine ran {ran} sealed proof(s) of {name} on this sealed suite {when}, but only "
+            f"{len(counted)} of their records {left} in {folder}: {ran - len(counted)} missing (deleted, moved, or made in "
+            f"a copy of this factory)"]
+
+def grants_line(card: dict, acting: list[str], envelope: ActEnvelope) -> str:
+    """certify's line on the card's grants (`acting`: those that act), denials, cost envelope and act envelope,
+    with how each acting tool's money is counted."""
+    counted = "; ".join(envelope.counted(tool) for tool in acting)
+    return (f"  grants {card['tools']}  of them acting {acting}  denied {card['tools_denied']}  cost envelope "
+            f"${card['cost_envelope_usd']}  act envelope {envelope.calls} acting call(s) and {exact_usd(envelope.usd)} a run"
+            + (f", money counted from: {counted}" if counted else ""))
 
 def suite_moved(old: dict, proof: dict) -> list[str]:
     """A line when the replaced certificate was proved on another sealed suite (the bar moved)."""
@@ -1636,6 +1739,34 @@ def brief_lines(entry: dict, ticket: str, output, why: str) -> list[str]:
         "the exact call:", f"  {entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}",
         f"  digest {entry['args_digest']}", f"  staged {entry['staged_at']}, expires {entry['expires_at']}"]
 
+
+def gate_lines(client, key: bool, user_agent: str, no_key: bool | None, report: dict | None) -> list[str]:
+    """doctor's lines on the gate: `client` (sage.Sage: protocol, endpoint, model, problem), whether its `key`
+    is set, its User-Agent; then, unusable, why (`no_key` True: for want of a key), else its live check
+    `report` (sage.Sage.ready: ready, detail, ms)."""
+    model = f"  model {client.model or 'unset'}" if client.protocol == "systemone" else ""
+    lines = [f"gate: {client.protocol} at {client.endpoint}{model}  key {'present' if key else 'absent'}"
+             f"  user-agent {user_agent!r}"]
+    if no_key is not None:
+        return lines + [f"gate: not usable: {client.problem} -> every run is 'unscored' and routed to a human",
+                        "gate: proofs count their cases alone (drafts unscored); set SAGE_API_KEY, or SAGE_PROTOCOL="
+                        "systemone with SAGE_ENDPOINT and SAGE_MODEL for a local decision model" if no_key else
+                        "gate: a proof of a card with a draft rubric is RUBRIC UNSCORED until this is fixed"]
+    state = "ready" if report["ready"] else f"NOT READY ({report['detail']})"
+    return lines + [f"gate: live check {state} in {report['ms']} ms",
+                    *["gate: while this fails every run is routed to a human with 'gate: FAILED'"] * (not report["ready"])]
+
+def replaced_text(where: str, old: dict | None, state: str | None, proof: dict, recalls: list[dict]) -> list[str]:
+    """certify's lines on the certificate at `where` this signature replaces (`old`, None for none; `state`:
+    whether it would run now), and the `recalls` that reached the agent since it was signed."""
+    if old is None:
+        lines, since = ["  replaces no certificate: this is its first"], ""
+    else:
+        since = str(old.get("signed_at", ""))
+        lines = [f"  replaces {where}: {old.get('tier')} signed by {old.get('signer')} at {since}; now: {state}",
+                 *suite_moved(old, proof)]
+    lines += [f"  recalled since: {r['at']} ({r['agent']}, by {r.get('by', 'unknown')}): {r['reason']}" for r in recalls]
+    return lines + ([] if recalls else ["  recalled since: never" if since else "  recalled: never"])
 
 # ---- sharded proofs: a half proved in K/N slices (one per CI runner), merged into one proof
 

@@ -99,7 +99,7 @@ def own_module(name: str, lazy: bool = False):
 own_module("broker")   # the import below then finds it registered and reads no file of its own
 from broker import (  # noqa: E402
     CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, REVIEW_DECISIONS, STUCK, VERDICTS, ActEnvelope, Broker,
-    Outcome, Policy, amount_schema, args_digest, call_state, check_args, exact_usd, judge, outcome_of,
+    Outcome, Policy, amount_schema, args_digest, call_state, check_args, judge, outcome_of,
     review_counts, reviews_text, run_verdict, settle, went)
 from broker import (  # noqa: E402   the tower's figures and the index's tally
     DRIFT_WINDOW, GENESIS, MAX_FIGURE, Drift, GatedRuns, IndexTally, Production, Tally,
@@ -120,8 +120,9 @@ from broker import (  # noqa: E402   a proof's record and its drafts' scores; re
     RUBRIC_STATES, apply_draft_scores, case_fields, proof_figures, scored_note, recorder_tools, replay_differences,
     figure_problem)
 from broker import (  # noqa: E402   what the stations print, decided without I/O
-    BRIEF_CHARS, Harvested, batch_problems, brief_lines, doctor_lines, held_draft, proof_summary, run_lines,
-    sealed_proof_lines, suite_moved)
+    BRIEF_CHARS, Batch, Harvested, attempts_text, brief_lines, created_lines, doctor_lines, gate_lines,
+    grants_line, held_draft, proof_summary, replaced_text, restamp_lines, run_lines, sealed_proof_lines, shard_line,
+    ticket_problem)
 from broker import (  # noqa: E402   the tower's text and page
     PARTIAL_LINE, TOWER_COLUMNS, agent_lines, render_tower_html, tower_cells, tower_lines, REFUSED_AS, trust_summary)
 
@@ -4829,26 +4830,11 @@ def cmd_new(fac: Factory, args) -> int:
         missing = files_to_write(fac, args.name, files)
         removed = sum(fac.store.remove_temporaries(made.path) for made in files)
         write_new_agent(fac, args.name, missing)
-    print(f"created {args.name}" + (f", a copy of {args.source}" if args.source else "")
-          + finishing(args.name, len(files) - len(missing), removed) + ":")
-    width = max(len(fac.shown(f.path)) for f in files) + 2
-    for made in files:
-        print(f"  {fac.shown(made.path):<{width}}{made.what}")
-    sealed = "" if args.source is None else f"; write its own sealed half, {fac.shown(fac.suite_path(args.name, True))}"
     import shlex
     root = f" --root {shlex.quote(args.root)}" if getattr(args, "root", None) else ""   # the same factory next time
-    print(f"next: python3 factory.py prove {args.name}{root}{sealed}; then prove {args.name} --sealed, certify it and run "
-          f"it (the README's \"Your first agent\")")
+    print_lines(created_lines(args.name, args.source, len(files) - len(missing), removed, root,
+                              [(fac.shown(made.path), made.what) for made in files], fac.shown(fac.suite_path(args.name, True))))
     return 0
-
-
-def finishing(name: str, kept: int, removed: int) -> str:
-    """What `created NAME` adds after a `new NAME` that stopped part-way; '' when it left nothing."""
-    if not kept and not removed:
-        return ""
-    left = [f"{kept} of its files were already written"] if kept else []
-    left += [f"{removed} temporary file{'s' * (removed != 1)} it left {'was' if removed == 1 else 'were'} removed"] if removed else []
-    return f", finishing a `new {name}` that stopped part-way ({'; '.join(left)})"
 
 
 def source_agent(fac: Factory, source: str, name: str) -> Agent:
@@ -4966,15 +4952,8 @@ def cmd_restamp(fac: Factory, args) -> int:
     revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]
     for name, card in changed.items():
         fac.store.write_json(fac.card_path(name), card)
-    if printed_json(args, {"master": args.master, "restamped": list(changed), "revoked": revoked, "skipped": skipped}):
-        return 0
-    print(f"restamped {len(changed)} variant(s) from {args.master}: {list(changed)}")
-    print(f"revoked {len(revoked)} certificate(s): {revoked}")
-    if skipped:
-        print(f"skipped {len(skipped)} variant(s) the lineage log knows but that have no card (retired, or a stamp "
-              f"that stopped before its card: stamping it again finishes it), with their own variants: {skipped}")
-    if changed:
-        print("re-prove and re-certify before these run again.")
+    done = {"master": args.master, "restamped": list(changed), "revoked": revoked, "skipped": skipped}
+    printed_json(args, done) or print_lines(restamp_lines(**done))
     return 0
 
 
@@ -5044,10 +5023,7 @@ def write_shard(fac: Factory, record: dict, as_json: bool) -> int:
     k, n = record["shard"]
     path = fac.record_path(record["agent"], f"{record['half']}-shard-{k}-of-{n}")
     fac.store.write_json(path, sealed_evidence(fac, record))
-    passed = sum(case["passed"] for case in record["cases"].values())
-    print_block(json.dumps(record, indent=2)) if as_json else \
-        print(f"{record['agent']} [{record['half']} half of {record['suite']}, shard {k}/{n}] {passed}/{len(record['cases'])} "
-              f"cases passed, judged with the other shards: prove {record['agent']}{' --sealed' * (record['half'] == 'sealed')} --merge ... {fac.shown(path)}")
+    print_block(json.dumps(record, indent=2)) if as_json else print(shard_line(record, fac.shown(path)))
     return 0
 
 
@@ -5094,18 +5070,14 @@ def cmd_certify(fac: Factory, args) -> int:
 
 def certify_prompt(fac: Factory, claim: ClaimOnDisk, signer: Signer) -> list[str]:
     """What the signer sees before `sign it?`."""
-    agent, envelope, card, (path, proof) = claim.agent, claim.agent.act_envelope, claim.agent.card, claim.proofs[-1]
+    agent, card, (path, proof) = claim.agent, claim.agent.card, claim.proofs[-1]
     acting = [tool for tool in card["tools"] if agent.contracts[tool]["effect"] == "act"]
-    counted = "; ".join(envelope.counted(tool) for tool in acting)
+    sealed = sealed_proof_lines(proof, fac.shown(path), fac.evidence_key_path, unpriced(fac, card),
+                                [m for m in card_models(card) if m != "offline"], other_models(card, proof.get("models", [])))
     how = f"ssh key {signer.ssh_key}" if signer.ssh_key else "hmac key"
     return [f"{agent.name} at tier {claim.tier}, signed by {signer.name} ({how})", f"  digest {agent.digest}",
-            *variant_lines(fac, claim), *sealed_proof_lines(proof, fac.shown(path), fac.evidence_key_path, unpriced(fac, card),
-            [m for m in card_models(card) if m != "offline"], other_models(card, proof.get("models", []))), *attempts_lines(claim), production_line(fac, claim),
-            *replaced_lines(fac, claim), *paired_lines(fac, claim),
-            f"  grants {agent.card['tools']}  of them acting {acting}"
-            f"  denied {agent.card['tools_denied']}  cost envelope ${agent.card['cost_envelope_usd']}  act envelope "
-            f"{envelope.calls} acting call(s) and {exact_usd(envelope.usd)} a run"
-            + (f", money counted from: {counted}" if counted else ""),
+            *variant_lines(fac, claim), *sealed, *attempts_lines(claim), production_line(fac, claim),
+            *replaced_lines(fac, claim), *paired_lines(fac, claim), grants_line(card, acting, agent.act_envelope),
             "y or yes signs; anything else declines and nothing is signed."]
 
 
@@ -5117,17 +5089,9 @@ def attempts_lines(claim: ClaimOnDisk) -> list[str]:
     except Refusal:   # a certificate that cannot be read dates nothing; replaced_lines names it
         signed = None
     since = signed if isinstance(signed, str) else None
-    counted = [proof for _, proof in claim.proofs if since is None or proof["at"] > since]
-    versions, this = len({proof["digest"] for proof in counted}), sum(p["digest"] == claim.agent.digest for p in counted)
-    when = f"since the last certification ({since})" if since else "ever (never certified)"
+    proofs = [proof for _, proof in claim.proofs]
     ran = sealed_attempts(claim.fac, claim.name, claim.proof["suite_digest"], since) or 0
-    if ran <= len(counted):
-        return [f"  sealed attempts {when}: {len(counted)}, across {versions} version(s) of the agent; {this} of this one"]
-    folder, left = claim.fac.shown(claim.fac.records / claim.name), "is" if len(counted) == 1 else "are"
-    return [f"  sealed attempts {when}: {ran}, across {versions} version(s) of the agent in the records left; {this} of this one",
-            f"  WARNING: this machine ran {ran} sealed proof(s) of {claim.name} on this sealed suite {when}, but only "
-            f"{len(counted)} of their records {left} in {folder}: {ran - len(counted)} missing (deleted, moved, or made in "
-            f"a copy of this factory)"]
+    return attempts_text(since, proofs, claim.agent.digest, ran, claim.name, claim.fac.shown(claim.fac.records / claim.name))
 
 
 def production_line(fac: Factory, claim: ClaimOnDisk) -> str:
@@ -5146,15 +5110,9 @@ def replaced_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
         old = claim.cert
     except Refusal as why:
         return [f"  replaces {where}, which cannot be read: {why}"]
-    if old is None:
-        lines, since = ["  replaces no certificate: this is its first"], ""
-    else:
-        since = str(old.get("signed_at", ""))
-        lines = [f"  replaces {where}: {old.get('tier')} signed by {old.get('signer')} at {since}; "
-                 f"now: {certificate_state(fac, claim.name)}", *suite_moved(old, claim.proof)]
-    recalls = [r for r in recalls_of(fac, claim.name) if r["at"] > since]
-    lines += [f"  recalled since: {r['at']} ({r['agent']}, by {r.get('by', 'unknown')}): {r['reason']}" for r in recalls]
-    return lines + ([] if recalls else ["  recalled since: never" if since else "  recalled: never"])
+    state = None if old is None else certificate_state(fac, claim.name)
+    since = "" if old is None else str(old.get("signed_at", ""))
+    return replaced_text(where, old, state, claim.proof, [r for r in recalls_of(fac, claim.name) if r["at"] > since])
 
 
 def paired_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
@@ -5197,9 +5155,6 @@ def variant_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
 
 # ---- run: one input, or a file of tickets
 
-TICKET_FIELDS = ("id", "input", "source")
-
-
 def load_tickets(fac: Factory, path: Path, piped: bytes | None = None) -> list[tuple[str, str | Refusal]]:
     """(id, input) per line of a tickets file (or `piped` bytes); a bad line's input is its Refusal, its id
     `line N` when it names none. Refusal for the whole file: a sealed half, no tickets, unreadable."""
@@ -5207,38 +5162,21 @@ def load_tickets(fac: Factory, path: Path, piped: bytes | None = None) -> list[t
         raise Refusal(f"{fac.shown(path)}: is a sealed half; sealed cases are never run as tickets")
     tickets = []
     for number, row in fac.store.read_jsonl(path, confined=False, each=True, piped=piped):
-        problem = row if isinstance(row, Refusal) else ticket_problem(row, f"{fac.shown(path)} line {number}")
+        problem = row if isinstance(row, Refusal) else ticket_problem(row, f"{fac.shown(path)} line {number}", is_blank)
         named = isinstance(row, dict) and isinstance(row.get("id"), str) and row["id"].isprintable() and row["id"]
-        tickets.append((row["id"] if named else f"line {number}", problem or row["input"]))
+        tickets.append((row["id"] if named else f"line {number}",
+                        Refusal(problem) if isinstance(problem, str) else problem or row["input"]))
     if not tickets:
         raise Refusal(f"{fac.shown(path)}: has no tickets")
     return tickets
-
-
-def ticket_problem(row: dict, at: str) -> Refusal | None:
-    """The Refusal naming what keeps row from being a ticket {"id", "input"[, "source"]}, or None."""
-    extra = sorted(set(row) - set(TICKET_FIELDS))
-    if "expect" in extra:
-        return Refusal(f"{at}: an eval case with `expect` is not a ticket (a ticket is {{\"id\", \"input\"}})")
-    if extra:
-        return Refusal(f"{at}: unknown field(s) {', '.join(extra)} (a ticket is {{\"id\", \"input\"}})")
-    for field_name, fine, wanted in (("id", lambda v: isinstance(v, str) and v and v.isprintable(), "printable text"),
-                                     ("input", lambda v: isinstance(v, str) and not is_blank(v), "non-empty text"),
-                                     ("source", lambda v: isinstance(v, str), "text")):
-        if field_name not in row and field_name != "source":
-            return Refusal(f"{at}: missing field '{field_name}' (a ticket is {{\"id\", \"input\"}})")
-        if field_name in row and not fine(row[field_name]):
-            return Refusal(f"{at}: field '{field_name}' must be {wanted}")
-    return None
 
 
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the certified agent to run"),
          arg("input", nargs="?", metavar="TEXT", help="the input, one ticket's text (quote it); - reads it from standard input; or --file"),
          arg("--file", metavar="TICKETS.jsonl",
              help='run each line {"id": ..., "input": ...} of a tickets file (- : standard input; blank lines are '
-                  "skipped); prints one line per ticket, tab-separated: the ticket id, HANDOFF=true|false (the agent's hand-off field), "
-                  "gate=RESULT, verdict=VERDICT, and -> where it went (passed, routed to a human, waiting for a human's "
-                  "approval, not run: each with why); on a terminal a header line names them"),
+                  "skipped); prints a tab-separated line per ticket: its id, HANDOFF=VALUE (the agent's hand-off field), "
+                  "gate=RESULT, verdict=VERDICT, -> where it went and why; on a terminal a header line names them"),
          arg("--json", action="store_true", help="one JSON object per run: the index row, ticket, output, tools, gate line"),
          jobs_argument("tickets", default=None, note="; 1 when the agent's models and the gate are all offline, "
                                                    "since such runs wait on nothing"),
@@ -5280,12 +5218,11 @@ def cmd_run(fac: Factory, args) -> int:
     if framed and batch.reviewed and not batch.closed:
         print(f"{batch.reviewed} held draft(s) from {batch.reviewing} run(s) wait for a human in "
               f"{fac.shown(fac.review_path(agent.name))}")
-    if said := batch_problems(batch.failed, len(tickets)):
+    if said := batch.problems(len(tickets)):
         print(f"factory run: {'; '.join(said)}", file=sys.stderr)
     if batch.closed:
         stdout_closed()
-        print(f"factory run: stdout was closed after {batch.shown} of {len(tickets)} result(s) were written to it (its "
-              f"reader stopped, e.g. head): {batch.ran} ticket(s) ran, {len(tickets) - batch.ran} did not", file=sys.stderr)
+        print(f"factory run: {batch.closed_text(len(tickets))}", file=sys.stderr)
         return STDOUT_CLOSED
     return 1 if batch.failed else 0
 
@@ -5310,17 +5247,6 @@ def waits_on_nothing(fac: Factory, agent: Agent, clients: Clients) -> bool:
     return make_worker(fac, agent, None, clients, None).planned_backend() == "offline" and clients.router is None
 
 
-@dataclass
-class Batch:
-    """What run_tickets did."""
-    failed: list = field(default_factory=list)   # the rows of crashed, uncertain-effect and refused tickets
-    ran: int = 0                                 # tickets run
-    reviewed: int = 0                            # drafts put in the review queue
-    reviewing: int = 0                           # runs that put at least one there
-    shown: int = 0                               # results written before stdout closed
-    closed: bool = False
-
-
 def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit, clients: Clients) -> Batch:
     """Run tickets `jobs` at a time, each emitted in input order; once stdout closes (BrokenPipeError) none
     starts and those started finish unseen. The drift watch is asked before each ticket, fed each result."""
@@ -5330,9 +5256,7 @@ def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int
     def finish():
         ticket_id, future = inflight.popleft()
         row = future.result()
-        batch.failed.extend([row] if row["status"] in ("crashed", "refused") or row["verdict"] == "uncertain-effect" else [])
-        reviewed = sum(decision == "review" and not problem for _, decision, problem in row.get("settled", ()))
-        batch.reviewed, batch.reviewing = batch.reviewed + reviewed, batch.reviewing + (reviewed > 0)
+        batch.add(row)
         drift.observe(row)
         progress.clear()
         if not batch.closed:
@@ -5626,23 +5550,9 @@ def certificate_state(fac: Factory, name: str) -> str:
 def gate_report(fac: Factory) -> list[str]:
     """doctor's lines on the gate (the key's presence, never its value), and why it cannot be used or a live check."""
     client = sage.Sage.from_env(fac.env, timeout=8.0)
-    model = f"  model {client.model or 'unset'}" if client.protocol == "systemone" else ""
-    lines = [f"gate: {client.protocol} at {client.endpoint}{model}  key {'present' if fac.env.get('SAGE_API_KEY') else 'absent'}"
-             f"  user-agent {sage.USER_AGENT!r}"]
-    if not client.usable:
-        lines.append(f"gate: not usable: {client.problem} -> every run is 'unscored' and routed to a human")
-        if scoring_problem(client)[0] == "no key":
-            lines.append("gate: proofs count their cases alone (drafts unscored); set SAGE_API_KEY, or "
-                         "SAGE_PROTOCOL=systemone with SAGE_ENDPOINT and SAGE_MODEL for a local decision model")
-        else:
-            lines.append("gate: a proof of a card with a draft rubric is RUBRIC UNSCORED until this is fixed")
-        return lines
-    report = client.ready()
-    state = "ready" if report["ready"] else f"NOT READY ({report['detail']})"
-    lines.append(f"gate: live check {state} in {report['ms']} ms")
-    if not report["ready"]:
-        lines.append("gate: while this fails every run is routed to a human with 'gate: FAILED'")
-    return lines
+    unusable = None if client.usable else scoring_problem(client)[0] == "no key"
+    return gate_lines(client, bool(fac.env.get("SAGE_API_KEY")), sage.USER_AGENT, unusable,
+                      None if unusable is not None else client.ready())
 
 
 @station(JSON_LINES, examples=("python3 factory.py doctor",),
