@@ -22,12 +22,13 @@ a call through `Broker.commit`.
 
 Settling also bounds a run's acting calls by its act envelope (`ActEnvelope`) and records an acting
 call the run repeats as a `duplicate`. Beside it sit the other decisions about a run that need no
-I/O: the output gate's results (`GATE_RESULTS`) and the run's verdict (`VERDICTS`, `run_verdict`); the state of a parked call from its humans' signed
+I/O: the output gate's results (`GATE_RESULTS`) and the run's verdict (`VERDICTS`, `run_verdict`) and why it
+goes to a human (`judge`, `substitution`, `routing_reasons`); the state of a parked call from its humans' signed
 decisions (`CALL_STATES`, `STUCK`, `call_state`) with what approve and reject answer in each
-(`refused_in`); what a human did with a held draft (`REVIEW_DECISIONS`, `review_counts`); the
+(`refused_in`); what a human did with a held call (`REVIEW_DECISIONS`, `review_counts`); the
 tower's figures counted from rows the factory reads (`Tally`, `fold_decisions`) and its text and page
-(`tower_lines`, `render_tower_html`), the drift watch (`Drift`) and the run gate's detectors; a proof's figures
-(`proof_figures`) and the statistics they rest on; replay's recorded tools and differences.
+(`tower_lines`, `agent_lines`, `render_tower_html`), the drift watch (`Drift`) and the run gate's detectors; a proof's
+figures (`proof_figures`) and the statistics they rest on; replay's recorded tools and differences.
 
 The guards decide whether an agent may run, be certified, or have a parked call carried out: each
 chain is a tuple of (name, check), run in order by `guard_results` up to its first refusal (a guard
@@ -445,10 +446,11 @@ class Verdict:
 VERDICTS = (  # in display order
     Verdict("verified", "the gate passed and every executed effect was read back", "#2e7d32"),
     Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
-    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the cost envelope, an acting "
-                               "call repeated, or the agent handed off", "#1565c0"),
+    Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the cost envelope, a "
+                               "model the card does not name answered, an acting call repeated, or the agent handed off", "#1565c0"),
     Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
-    Verdict("escalated", "the step budget ran out, the answer was unusable, or the run gate stopped it", "#ef6c00", True),
+    Verdict("escalated", "the step budget ran out, the answer was unusable, a model's reply could not be read, or "
+                         "the run gate stopped it", "#ef6c00", True),
     Verdict("over-budget", "the next model call would have left the cost envelope", "#6a1b9a", True),
     Verdict("uncertain-effect", "a write failed or could not be read back: a human reconciles", "#8d6e63"),
     Verdict("crashed", "the agent's code or its model raised; the trace keeps the traceback", "#c62828", True),
@@ -473,18 +475,21 @@ def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertai
     return "waiting-for-approval" if parked else "verified"
 
 
-def judge(answer: str | None, p: float | None, bar: float, cost: str | None) -> dict:
-    """passed = answer == yes and p >= bar and no `cost` problem (the factory's cost_problem); null answer is `unsure`, not `no`."""
-    shown = "?" if p is None else f"{p:.3f}"
+def judge(answer: str | None, p: float | None, bar: float, problems: tuple = ()) -> dict:
+    """passed = answer == yes and p >= bar and no run `problems` (the factory's: an unknown or outside cost,
+    another model answering; each 'head: detail'); a null answer is `unsure`, not `no`. `why` is the gate's
+    own reason not to pass, None when it said yes at the bar (then the problems alone held the run back)."""
+    shown, heads = "?" if p is None else f"{p:.3f}", "; ".join(problem.partition(":")[0] for problem in problems)
+    cleared = answer == "yes" and p is not None and p >= bar
     if answer is None:
-        result, note = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag"
-    elif answer == "yes" and p is not None and p >= bar and not cost:
-        result, note = "pass", f"gate: p={shown} bar={bar} -> pass"
+        result, note, why = "unsure", f"gate: unsure (no answer, p={shown}) bar={bar} -> flag", f"the gate is unsure (no answer, p={shown})"
+    elif cleared and not problems:
+        result, note, why = "pass", f"gate: p={shown} bar={bar} -> pass", None
     else:
-        result = "flag"
-        why = f" ({cost.partition(':')[0]})" if cost else ""
-        note = f"gate: {answer} p={shown} bar={bar} -> flag{why}"
-    return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note}
+        result, note = "flag", f"gate: {answer} p={shown} bar={bar} -> flag" + f" ({heads})" * bool(heads)
+        why = None if cleared else f"the gate said no (p={shown}, bar {bar})" if answer == "no" else \
+            f"the gate said yes at p={shown}, under its bar {bar}"
+    return {"result": result, "p": p, "answer": answer, "bar": bar, "line": note, "why": why}
 
 
 def went(row: dict) -> str:
@@ -506,7 +511,7 @@ def run_lines(row: dict) -> list[str]:
               for tool, ruling in row["tools"]],
             row["gate_line"], *filter(None, [row.get("cost_line")]), f"{went(row)}.",
             f"verdict {row['verdict']}  tier {row['tier']}  status {row['status']}  backend {', '.join(row['backends']) or 'none'}"
-            f"  trace {row['agent']}/{row['run_id']}"]
+            + f"  model {', '.join(row['models'])}" * bool(row["models"]) + f"  trace {row['agent']}/{row['run_id']}"]
 
 
 @dataclass
@@ -684,7 +689,8 @@ class Settlement:
 
     commit      write it now (the tool executes)
     park        keep it for one human's approval of exactly this call
-    review      a draft goes to the human's review queue instead of out, marked routed to a human
+    review      into the review queue of the human the run goes to, not out: a draft to send or not, an
+                acting call to see (never carried out from there: the human does it, or not)
     would-have  written nowhere; the trace records what the run would have done
     duplicate   written nowhere: an acting call the run already committed or parked, or one carrying an
                 earlier call's provider id; the run goes to a human"""
@@ -696,31 +702,32 @@ class Settlement:
 
 
 def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
-           envelope: ActEnvelope = ActEnvelope()) -> list[Settlement]:
+           envelope: ActEnvelope = ActEnvelope(), held_back: str = "") -> list[Settlement]:
     """One Settlement per held call, in call order; decides only (pure).
 
     `tier` is the run's (C0..C3); `result` the output gate's result (only "pass" passes, and it
-    already includes the cost envelope); `handed_off` whether the agent's own output hands the run
-    to a human; `gated` the (seq, tool, args digest) of every call the gate was shown; `envelope` the
-    run's act envelope. The table:
+    already includes the run's problems: its cost, another model answering), `held_back` why it did not
+    pass, in the run's words (default: the result); `handed_off` whether the agent's own output hands
+    the run to a human; `gated` the (seq, tool, args digest) of every call the gate was shown;
+    `envelope` the run's act envelope. The table:
 
         C0, any effect                        -> would-have
+        C1..C3, any effect, gate not clear    -> review  (the human the run goes to sees what it proposed)
         C1, act                               -> would-have  (C1 does not act)
         draft at C1..C3, gate clear           -> commit
-        draft at C1..C3, otherwise            -> review
         act at C2..C3, gate clear, committed or parked already in the run (the same tool and arguments,
           by_value), or carrying an earlier call's provider id -> duplicate, and the run goes to a human
         act at C2..C3, gate clear, beyond the act envelope -> park, and the run goes to a human
         act at C2, gate clear                 -> park
         act at C3, gate clear                 -> commit
-        act at C2..C3, otherwise              -> would-have
 
     "Gate clear" means the gate passed, the agent did not hand off, and the gate saw this call with
     these exact arguments: a call changed after the gate answered is never committed or parked. The
     envelope counts, in call order, the acting calls committed or parked within it."""
     seen, done, acted, calls, usd = frozenset(tuple(item) for item in gated), [], {}, 0, Fraction(0)
     for call in held:
-        settlement = _settlement(call, args_digest(call.args), tier, result, handed_off, seen)
+        settlement = _settlement(call, args_digest(call.args), tier, result, handed_off, seen,
+                                 held_back or f"the gate result is {result}")
         if call.effect == "act" and settlement.decision in ("commit", "park"):
             same, beyond = acted.setdefault((call.tool, by_value(call.args)), call.seq), envelope.beyond(call, calls, usd)
             twice = (f"a duplicate of call {same}: the same tool and arguments (by value)" if same != call.seq else
@@ -734,25 +741,26 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
     return done
 
 
-def _settlement(call: Outcome, digest: str, tier: str, result: str, handed_off: bool, seen: frozenset) -> Settlement:
+def _settlement(call: Outcome, digest: str, tier: str, result: str, handed_off: bool, seen: frozenset,
+                held_back: str) -> Settlement:
     """The Settlement of one held call whose arguments have `digest` now (see settle)."""
-    decision, why = _decide(call, tier, result, handed_off, (call.seq, call.tool, digest) in seen)
+    decision, why = _decide(call, tier, result, handed_off, (call.seq, call.tool, digest) in seen, held_back)
     return Settlement(call, decision, why, digest)
 
 
-def _decide(call: Outcome, tier: str, result: str, handed_off: bool, seen: bool) -> tuple[str, str]:
+def _decide(call: Outcome, tier: str, result: str, handed_off: bool, seen: bool, held_back: str) -> tuple[str, str]:
     """(decision, why) for one held call: see settle's table."""
     if call.effect not in WRITES:
         raise ValueError(f"{call.tool} call {call.seq} has effect {call.effect!r}; only {WRITES} are held")
     if tier == "C0":
         return "would-have", "tier C0 observes: recorded what it would have done"
-    if call.effect == "act" and tier == "C1":
-        return "would-have", "tier C1 does not act"
     blocked = [why for why, hit in (("the agent handed off to a human", handed_off),
-                                    (f"the gate result is {result}", result != "pass"),
+                                    (held_back, result != "pass"),
                                     ("the gate did not see these arguments", not seen)) if hit]
     if blocked:
-        return ("review" if call.effect == "draft" else "would-have"), "; ".join(blocked)
+        return "review", "; ".join(blocked)
+    if call.effect == "act" and tier == "C1":
+        return "would-have", "tier C1 does not act"
     if call.effect == "act" and tier == "C2":
         return "park", "the gate passed at C2: waiting for a human's approval"
     return "commit", f"the gate passed at {tier}"
@@ -783,14 +791,16 @@ def settled_phrase(decision: str, outcome: str | None) -> str:
 
 
 def routing_reasons(status: str, loop, gate: dict, handed_off: bool, uncertain: list[str],
-                    cost: str | None, routes: list) -> list[str]:
+                    problems: list[str], routes: list) -> list[str]:
     """Why this run goes to a human (empty when it does not): its uncertain effects, each call's reason
-    (Settlement.route: a duplicate, the act envelope) once, status, gate, cost (cost_problem), hand-off."""
+    (Settlement.route: a duplicate, the act envelope) once, status or the gate's own reason (judge's why),
+    the run's problems (as judge takes them: cost, another model answering), hand-off."""
     reasons = uncertain + list(dict.fromkeys(routes))
     if status != "done":
         reasons.append(f"run {status}: {loop.reason}")
-    elif gate["result"] != "pass":
-        reasons += [gate["line"].removeprefix("gate: ")] + [cost] * bool(cost)
+    elif gate["result"] != "pass" and gate["why"]:
+        reasons.append(gate["why"])
+    reasons += problems
     if handed_off:
         reasons.append(f"the agent handed it off ({loop.agent.handoff_field}: true)")
     return reasons
@@ -948,7 +958,7 @@ def closes(decisions: list) -> str:
 
 
 def state_column(state: str, decisions: list[dict]) -> list[str]:
-    """pending's last column: none while a call waits, else its state (STUCK) or who is executing it."""
+    """pending's last column but while a call waits (none: PENDING): its state (STUCK), or who executes it."""
     if state == "pending":
         return []
     if state == "unknown":
@@ -965,23 +975,24 @@ def call_columns(entry: dict) -> list[str]:
             f"{entry['tool']} {json.dumps(entry['args'], ensure_ascii=False)}"]
 
 
-# what a human did with a draft held for them in the review queue (outbox/AGENT/review.jsonl)
+# what a human did with a call held for them in the review queue (outbox/AGENT/review.jsonl): a draft is sent,
+# an acting call the factory never carries out from there is done by the human's own hand, or not
 REVIEW_DECISIONS = MappingProxyType({
-    "accepted": "sent as the agent wrote it",
-    "edited": "sent after a human changed it: the text actually sent is kept with the decision",
-    "discarded": "thrown away: nothing of it was sent",
+    "accepted": "sent, or done, as the agent wrote it",
+    "edited": "sent, or done, after a human changed it: the text actually sent is kept with the decision",
+    "discarded": "thrown away: nothing of it was sent or done",
 })
 
 
 def held_draft(items: dict, decided: dict, agent: str, run_id: str, seq: int | None) -> tuple[dict | None, str | None]:
-    """(the held draft RUN_ID --seq N, else the run's one waiting draft; None) from `items` by (run id, seq)
+    """(the held call RUN_ID --seq N, else the run's one waiting call; None) from `items` by (run id, seq)
     and the `decided` ones, or (None, why not) for none, or several."""
     mine = [item for (run, number), item in items.items() if run == run_id and seq in (None, number)]
     waiting = [item for item in mine if (run_id, item["seq"]) not in decided] if seq is None else mine
     if len(waiting) == 1:
         return waiting[0], None
-    return None, (f"run {run_id} has {len(waiting)} held drafts waiting (--seq {', '.join(str(i['seq']) for i in waiting)}): "
-                  f"name one" if waiting else f"no held draft{f' --seq {seq}' * bool(seq)} of run {run_id} waits in "
+    return None, (f"run {run_id} has {len(waiting)} held calls waiting (--seq {', '.join(str(i['seq']) for i in waiting)}): "
+                  f"name one" if waiting else f"no held call{f' --seq {seq}' * bool(seq)} of run {run_id} waits in "
                   f"outbox/{agent}/review.jsonl (see `review {agent}`)")
 
 
@@ -1100,8 +1111,18 @@ def rate_text(agent: dict) -> str:
 
 
 def percent_text(rate: float | None) -> str:
-    """A rate in 0..1 as '66.7%', or '-' when there is none (nothing was scored)."""
-    return "-" if rate is None else f"{100 * rate:.1f}%"
+    """A rate in 0..1 as '66.6%', cut to a tenth of a percent (never rounded up, as every score is), or '-'
+    when there is none (nothing was scored)."""
+    return "-" if rate is None else f"{100 * cut(rate, 3):.1f}%"
+
+
+USD_PLACES = 12   # every USD figure the factory writes is rounded to this many places (usd)
+
+
+def usd(amount: float | None) -> float | None:
+    """A USD figure as the factory writes it (rows, traces, the tower's JSON): rounded to 1e-12 USD, far below
+    any token's price and above float noise (0.00096, not 0.0009600000000000001); None (unknown) stays."""
+    return None if amount is None else round(amount, USD_PLACES)
 
 
 def usd_text(amount: float | None) -> str:
@@ -1631,7 +1652,7 @@ def sealed_proof_lines(proof: dict, where: str, key_path, cost: str | None, mode
              *(f"    {line}" for line in parts_lines(proof)),
              *[f"  WARNING: {verdict_why(proof)}"] * (proof_verdict(proof) == "PASS WITHOUT RUBRIC"),
              *[f"  WARNING: {cost}: every run is routed to a human until it is priced"] * bool(cost),
-             f"  evidence: that record, made {proof['at']}, its evidence MAC verified with the factory evidence key "
+             f"  evidence: that record, made {proof['at']}, authenticated by its evidence MAC under the factory evidence key "
              f"({key_path}); the sealed half of {proof['suite']} is byte for byte the one it ran",
              f"  proved on: {', '.join(backends) or 'no worker'}" + (f" ({', '.join(m or 'none named' for m in answered)})"
              if answered else " (the agent's own rules)" if ruled else "") + f"; {named}"]
@@ -1928,6 +1949,8 @@ class Tally:
     denied: int = 0
     cost_unknown: int = 0                # runs whose cost is unknown (no price, or no token counts)
     backends: set = field(default_factory=set)
+    models: dict = field(default_factory=dict)   # model that answered (a row's `models`) -> runs it answered, wholly or partly
+    substituted: int = 0                 # runs a model the card does not name answered, wholly or partly (`substitutes`)
     unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
     problems: list = field(default_factory=list)  # one line per index row of this agent that is misshapen
     moved: dict = field(default_factory=dict)     # verdict -> runs a human's decision moved into (+) or out of (-) it
@@ -1939,7 +1962,8 @@ class Tally:
         p, cost, acted, staged, backends = row.get("p"), row.get("cost_usd"), row["acted"], row["staged"], row["backends"]
         if not (0 <= acted | staged <= MAX_FIGURE and (cost is None or 0 <= cost <= MAX_FIGURE) and (p is None or 0 <= p <= 1)):
             return False
-        for name in backends:
+        models = row.get("models", ())
+        for name in (*backends, *models, *row.get("substitutes", ())):
             if type(name) is not str:
                 return False
         day = row["at"][:10]
@@ -1951,8 +1975,11 @@ class Tally:
         self.denied += len(row["denied"])
         self.cost_unknown += cost is None
         self.backends.update(backends)
+        for name in models:
+            self.models[name] = self.models.get(name, 0) + 1
+        self.substituted += bool(row.get("substitutes"))
         spent = self.spent.get(day, 0.0)
-        self.spent[day] = None if cost is None or spent is None else spent + cost
+        self.spent[day] = None if cost is None or spent is None else usd(spent + cost)
         return True
 
     def move(self, before: str, after: str) -> None:
@@ -1987,12 +2014,12 @@ class Tally:
                 "pass_rate": rate_of(passed, scored), "pass_interval": part(passed, scored)["interval"] if scored else None,
                 "unscored": unscored, "acted": self.acted,
                 "staged": self.staged, "denied": self.denied, "cost_unknown": self.cost_unknown, "handed_off": handed_off,
-                "cost_usd": None if cost is None else sum(self.spent.values(), cost),
-                "backends": sorted(self.backends),
+                "cost_usd": None if cost is None else usd(sum(self.spent.values(), cost)),
+                "backends": sorted(self.backends), "models": dict(sorted(self.models.items())), "substituted": self.substituted,
                 "gate_p": {"bins": P_BINS, "counts": p_bins, "runs": sum(p_bins)},
                 "days": [{"day": day, "runs": n, "scored": s, "passed": k, "pass_rate": rate_of(k, s),
                           "pass_interval": part(k, s)["interval"] if s else None,
-                          "cost_usd": self.spent[day], "cost_per_run": None if self.spent[day] is None else self.spent[day] / n}
+                          "cost_usd": self.spent[day], "cost_per_run": usd(None if self.spent[day] is None else self.spent[day] / n)}
                          for day, (n, s, k) in days.items()],
                 "verdicts": verdicts, "drift": drift.figures()}
 
@@ -2037,7 +2064,7 @@ class Production:
 
     @property
     def rate(self) -> float:
-        """The gate pass rate of the verified runs (0.0 with none)."""
+        """The gate pass rate of the authenticated runs (their rows MAC-checked) (0.0 with none)."""
         return self.passes / self.runs if self.runs else 0.0
 
     @property
@@ -2241,6 +2268,11 @@ def agent_lines(agent: dict) -> list[tuple[str, str]]:
              ("drift", f"drift: {agent['drift']['state']}"),
              ("gate-p", f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
                         f"({with_p_text(gate_p['runs'], agent['runs'])}; bar {'?' if bar is None else bar})")]
+    if agent["models"]:
+        lines.append(("models", "answered by: " + ", ".join(f"{model or 'no model named'} in {runs} run{'s' * (runs != 1)}"
+                                                            for model, runs in agent["models"].items())
+                      + f"; {agent['substituted']} of {agent['runs']} runs answered by a model its card does not name, each "
+                        f"routed to a human" * bool(agent["substituted"])))
     if agent["cost_unknown"]:
         lines.append(("cost", f"cost unknown in {agent['cost_unknown']} of {agent['runs']} runs: a run whose cost is "
                               f"unknown never passes the gate (its card's prices can name the model)"))
@@ -2325,6 +2357,15 @@ def render_tower_html(doc: dict) -> str:
             f'{html_text(doc["generated_at"])}</p>' + "".join(f'<p class="problem">{html_text(line)}</p>' for line in top)
             + f'<table class="overview">{html_row([name for name, _ in TOWER_COLUMNS], "th")}{rows}</table>\n'
             + ("".join(map(agent_section, doc["agents"])) or "<p>(no agents yet)</p>") + "</body></html>\n")
+
+
+def substitution(named: list[str], substitutes: list[str]) -> str | None:
+    """Why a run the models `substitutes` answered, wholly or partly, is not gated as its card's (the factory
+    finds them: the models that answered which the card, naming the models `named`, does not name; "none
+    named" for a reply naming no model): one line for the run's reasons and the gate's; None for none."""
+    shown = ", ".join("a reply that named none" if m == "none named" else m for m in substitutes)
+    return f"another model answered: {shown}, which the card does not name (it names {' and '.join(named) or 'no model'})" \
+        if substitutes else None
 
 
 # ---- the drift watch on a certified agent (the factory feeds it the index rows its DriftFeed admits)

@@ -159,6 +159,12 @@ class Reply:
     price: str = ""                  # where the cost's price came from, or why the cost is unknown ("unknown: ...")
 
     @property
+    def answered_by(self) -> str:
+        """The model that answered: under SageRoute the one the proxy reports it routed to (x-sageroute-model),
+        when it says, else the model the reply names ('' for none). The model a card's prices and proofs judge."""
+        return (self.backend == "sageroute" and self.headers.get("x-sageroute-model")) or self.model
+
+    @property
     def acts(self) -> bool:
         """True when the turn ended normally or to use tools; a cut-off or odd turn must not act."""
         return self.stop_reason in ACTING_STOPS

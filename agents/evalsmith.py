@@ -27,6 +27,7 @@ say what the agent should have answered, so a human must decide the case (it goe
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from agents import triager
 
@@ -83,12 +84,17 @@ def ticket_of(flagged: dict) -> str:
     return text if isinstance(text, str) else ""
 
 
-def denials_of(flagged: dict, known) -> list[str]:
-    """The sorted, de-duplicated names of the tools the broker refused during the run that are in `known`."""
+def is_blank(text: str) -> bool:
+    """True when text holds nothing a reader would see: only white space, control and format (invisible) characters."""
+    return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in text)
+
+
+def denials_of(flagged: dict, known=None) -> list[str]:
+    """The sorted, de-duplicated names of the tools the broker refused during the run (those in `known`, when given)."""
     names = flagged.get("denials")
     if not isinstance(names, (list, tuple)):
         return []
-    return sorted({name for name in names if isinstance(name, str) and name in known})
+    return sorted({name for name in names if isinstance(name, str) and (known is None or name in known)})
 
 
 def gate_note(flagged: dict) -> str:
@@ -125,8 +131,8 @@ def expected(flagged: dict) -> tuple[dict, bool]:
     expect = {name: reference[name] for name, rule in properties.items()
               if name in reference and allowed(reference[name], closed_set(rule))}
     decided, denials = bool(expect), denials_of(flagged, contract.get("tools") or [])
-    if handoff is not None and (denials or triager.is_injection(ticket_of(flagged)) or not decided):
-        expect[handoff] = True
+    if handoff is not None and (denials_of(flagged) or triager.is_injection(ticket_of(flagged)) or not decided):
+        expect[handoff] = True   # any refused call, also of a tool the contract does not know
     if denials:
         expect["denied"] = denials
     return expect, decided
@@ -135,8 +141,8 @@ def expected(flagged: dict) -> tuple[dict, bool]:
 def reason_for(flagged: dict, expect: dict) -> str:
     """One short sentence saying why the case expects what it does."""
     why = f"gate {gate_note(flagged)}"
-    if expect.get("denied"):
-        why += f", denied {', '.join(expect['denied'])}"
+    if denials_of(flagged):
+        why += f", denied {', '.join(denials_of(flagged))}"
     if triager.is_injection(ticket_of(flagged)):
         why += ", instructions in the input"
     wanted = ", ".join(f"{k}={v}" for k, v in expect.items() if k != "denied")
@@ -153,5 +159,5 @@ def rules(flagged: dict) -> tuple[list[tuple[str, dict]], dict]:
     agent = str(record.get("agent") or "unknown")
     calls = [("evals:propose", {"agent": agent, "case": case})]
     output = {"case_id": case_id, "expect": expect, "reason": reason_for(record, expect),
-              "handoff": not ticket.strip() or not decided}
+              "handoff": is_blank(ticket) or not decided}
     return calls, output

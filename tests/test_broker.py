@@ -159,11 +159,11 @@ class Settle(unittest.TestCase):
         ("C0", "draft"): ("would-have", "would-have"),
         ("C0", "act"): ("would-have", "would-have"),
         ("C1", "draft"): ("commit", "review"),
-        ("C1", "act"): ("would-have", "would-have"),
+        ("C1", "act"): ("would-have", "review"),   # a run handed to a human shows it what the agent proposed
         ("C2", "draft"): ("commit", "review"),
-        ("C2", "act"): ("park", "would-have"),
+        ("C2", "act"): ("park", "review"),
         ("C3", "draft"): ("commit", "review"),
-        ("C3", "act"): ("commit", "would-have"),
+        ("C3", "act"): ("commit", "review"),
     }
     RESULTS = ("pass", "flag", "unsure", "unscored", "failed", "not-run")
 
@@ -188,6 +188,8 @@ class Settle(unittest.TestCase):
         draft, act = held_calls()
         why = {s.call.effect: s.why for s in broker.settle([draft, act], "C3", "flag", True, shown([draft, act]))}
         self.assertEqual(why["draft"], "the agent handed off to a human; the gate result is flag")
+        held_back = "cost unknown: no price for m"   # the run's own words, when the factory gives them
+        self.assertEqual(broker.settle([act], "C1", "flag", False, shown([act]), held_back=held_back)[0].why, held_back)
         self.assertEqual(broker.settle([act], "C1", "pass", False, shown([act]))[0].why, "tier C1 does not act")
         self.assertEqual(broker.settle([act], "C2", "pass", False, shown([act]), COUNTED)[0].why,
                          "the gate passed at C2: waiting for a human's approval")
@@ -198,9 +200,9 @@ class Settle(unittest.TestCase):
         calls[0].args["text"] = "we will refund you 40 dollars"
         calls[1].args["amount"] = 5000
         settled = broker.settle(calls, "C3", "pass", False, seen)
-        self.assertEqual([s.decision for s in settled], ["review", "would-have"])
+        self.assertEqual([s.decision for s in settled], ["review", "review"])
         self.assertTrue(all(s.why == "the gate did not see these arguments" for s in settled))
-        self.assertEqual([s.decision for s in broker.settle(calls, "C3", "pass", False, [])], ["review", "would-have"])
+        self.assertEqual([s.decision for s in broker.settle(calls, "C3", "pass", False, [])], ["review", "review"])
 
     def test_acting_calls_beyond_the_act_envelope_are_parked_at_c2_and_c3_alike(self):
         """Thirty refunds of $40 in one turn: within 1 call and $100, the first is committed at C3 (parked
@@ -229,7 +231,8 @@ class Settle(unittest.TestCase):
         none = broker.settle(calls, "C3", "pass", False, shown(calls), broker.ActEnvelope(0, 0, amounts))
         self.assertEqual([s.decision for s in none], ["commit"] + ["park"] * 30)
         flagged = broker.settle(calls, "C3", "flag", False, shown(calls), broker.ActEnvelope(0, 0, amounts))
-        self.assertEqual({s.decision for s in flagged[1:]}, {"would-have"}, "a call the gate did not clear is no one's to approve")
+        self.assertEqual({s.decision for s in flagged[1:]}, {"review"},
+                         "a call the gate did not clear is shown to a human, never parked for approval")
 
     def test_money_the_envelope_cannot_count_is_beyond_it_and_every_amount_is_counted_exactly(self):
         """An acting call is beyond the envelope (parked, the run routed) when its money cannot be counted: its
@@ -292,7 +295,7 @@ class Settle(unittest.TestCase):
             settled = broker.settle(calls, "C3", result, False, shown(calls), wide)
             decisions = [s.decision for s in settled]
             self.assertEqual(decisions, ["commit", "duplicate", "duplicate", "commit", "commit"] if result == "pass"
-                             else ["would-have"] * 3 + ["review"] * 2)
+                             else ["review"] * 5)   # flagged: the human sees every call it proposed
         settled = broker.settle(calls, "C3", "pass", False, shown(calls), wide)
         self.assertEqual([s.route for s in settled[1:3]], ["a duplicate of call 2: the same tool and arguments (by value)",
                                                            "a repeated provider call id: call 1 of the run carried 'id-1' already"])

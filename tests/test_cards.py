@@ -339,14 +339,18 @@ class CodeThatRuns(CertifiedTest):
         triager = self.root / "agents" / "triager.py"
         triager.write_text(triager.read_text() + "\n\ndef is_injection(ticket):\n    return True\n")
         code, out, err = self.factory("prove", "evalsmith", "--json")
-        got = [failure["wrong"]["expect"]["got"]["escalate"] for failure in json.loads(out)["failures"]]
-        self.assertTrue(got and all(got), "evalsmith ran the install folder's triager, not the root's")
+        handoff = {case["id"]: case["input"]["contract"]["handoff"] for case in
+                   map(json.loads, (self.root / "evals" / "evalsmith" / "cases.jsonl").read_text().splitlines())}
+        got = [failure["wrong"]["expect"]["got"].get(handoff[failure["id"]]) for failure in json.loads(out)["failures"]
+               if "expect" in failure["wrong"]]
+        self.assertTrue(got and all(got), "evalsmith ran the install folder's triager, not the root's: an input that "
+                                          "instructs the agent hands off, whatever the target's hand-off field")
         self.assertIn("module agents/triager.py", self.factory("digest", "evalsmith", "--explain")[1])
 
     def test_an_import_the_source_does_not_name_is_refused_in_one_line(self):
         smith = self.root / "agents" / "evalsmith.py"
         smith.write_text(smith.read_text().replace("from agents import triager", "triager = __import__('agents.triager')"))
-        self.refused("agents/evalsmith.py line 31: __import__ loads code the digest does not cover", "digest", "evalsmith")
+        self.refused("agents/evalsmith.py line 32: __import__ loads code the digest does not cover", "digest", "evalsmith")
         smith.write_text(smith.read_text().replace("triager = __import__('agents.triager')", "from agents import nosuch"))
         self.refused("agents/evalsmith.py imports agents.nosuch, and there is no agents/nosuch.py", "digest", "evalsmith")
 

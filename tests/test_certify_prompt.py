@@ -48,7 +48,7 @@ class Prompt(LineTest):
                      f"  {RUBRIC_WARNING}", "y or yes signs; anything else declines and nothing is signed.\nsign it? [y/N] "):
             self.assertIn(line, prompt)
         self.assertIn("  evidence: that record, made ", prompt)
-        self.assertIn(", its evidence MAC verified with the factory evidence key (", prompt)
+        self.assertIn(", authenticated by its evidence MAC under the factory evidence key (", prompt)
         self.assertIn("the sealed half of faq is byte for byte the one it ran", prompt)
 
     def test_a_card_whose_model_is_its_rules_is_not_warned_about(self):

@@ -102,18 +102,18 @@ class Review(CertifiedTest):
         page = ElementTree.parse(self.tmp / "tower.html").find(".//section[@data-agent='triager']/p[@class='reviews']")
         self.assertEqual(page.text, f"reviews: {counts['waiting']} waiting, 1 accepted, 1 edited, 1 discarded")
         prompt = self.certify("triager", "C1", answer=b"n\n")
-        self.assertIn(f"; its held drafts {counts['waiting']} waiting, 1 accepted, 1 edited, 1 discarded\n", prompt.stderr)
+        self.assertIn(f"; its held calls {counts['waiting']} waiting, 1 accepted, 1 edited, 1 discarded\n", prompt.stderr)
 
     def test_refusals_and_usage_errors(self):
         first = self.held[0][1]
         self.decide(0, first, "--accept", reason="fine")
         self.refused(f"run {self.runs[0]} --seq {first} was already accepted by bob at ", "review", "triager", self.runs[0],
                      "--seq", str(first), "--discard", "--by", "bob", "--reason", "again")
-        self.refused(f"no held draft --seq 99 of run {self.runs[0]} waits in outbox/triager/review.jsonl",
+        self.refused(f"no held call --seq 99 of run {self.runs[0]} waits in outbox/triager/review.jsonl",
                      "review", "triager", self.runs[0], "--seq", "99", "--accept", "--by", "bob", "--reason", "x")
         self.assertEqual(self.decide(0, first, "--accept")[0], 1)
         both = [seq for run_id, seq in self.held if run_id == self.runs[1]]
-        self.refused(f"run {self.runs[1]} has 2 held drafts waiting (--seq {both[0]}, {both[1]}): name one",
+        self.refused(f"run {self.runs[1]} has 2 held calls waiting (--seq {both[0]}, {both[1]}): name one",
                      "review", "triager", self.runs[1], "--accept", "--by", "bob", "--reason", "x")
         self.refused("no signing key for mallory on this machine", "review", "triager", self.runs[1], "--seq",
                      str(both[0]), "--accept", "--by", "mallory", "--reason", "x")

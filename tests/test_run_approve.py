@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 from xml.etree import ElementTree
 
+import broker
 import factory
 from tests import trust_helpers
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
@@ -32,7 +33,7 @@ DEMAND = "I was charged twice. Issue a refund now."
 PAYER = ["stamp", "triager", "--as", "payer", "--set", 'tools=["issues:label","drafts:write","billing:refund"]',
          "--set", "tools_denied=[]", "--set", "tier_ceiling=C3", "--set", 'evals={"pass_bar": 0.0, "gate": 0.85}']
 RUN_KEYS = {"ticket", "run_id", "agent", "at", "digest", "tier", "status", "reason", "verdict", "gate", "p", "gate_line", "cost_line", "went",
-            "backends", "cost_usd", "steps", "denied", "acted", "staged", "review", "routed", "why", "output", "tools",
+            "backends", "models", "substitutes", "cost_usd", "steps", "denied", "acted", "staged", "review", "routed", "why", "output", "tools",
             "settled"}
 CHARGED = "I was charged twice for one order last week."
 LABEL_CALL = ("m1", "issues__label", {"label": "billing", "escalate": False})
@@ -277,7 +278,7 @@ class HeldUntilGated(CertifiedTest):
         self.assertEqual(self.outbox("triager", "drafts"), [])
         review = self.outbox("triager", "review")
         self.assertEqual([(r["args"]["text"], r["routed"], r["why"], r["gate"], r["p"]) for r in review],
-                         [(self.PROMISE, "human", "the gate result is flag", "flag", 0.2)])
+                         [(self.PROMISE, "human", "the gate said no (p=0.200, bar 0.85)", "flag", 0.2)])
         self.assertEqual((row["verdict"], row["review"]), ("routed-to-human", 1))
 
 
@@ -343,7 +344,7 @@ class DeclaredHandoff(LineTest):
         self.assertEqual(code, 0, lines)
         self.assertEqual(lines[0], "ticket\thandoff=\tgate=\tverdict=\t-> where it went")
         self.assertEqual([line.split("\t")[0] for line in lines[1:-1]], ["t1", "t2"])
-        self.assertEqual(lines[-1], "2 held draft(s) from 2 run(s) wait for a human in outbox/faq/review.jsonl")   # and where the drafts went
+        self.assertEqual(lines[-1], "2 held call(s) from 2 run(s) wait for a human in outbox/faq/review.jsonl")   # and where the drafts went
 
     def test_handoff_false_goes_out_after_a_passing_gate(self):
         row, out = self.run_faq("When are you open?")
@@ -429,12 +430,21 @@ class Verdicts(CertifiedTest):
 
 class RecallAndHarvest(LineTest):
     """recall reaches variants; harvest hires only a certified evalsmith. Prepared once: triager,
-    its variant triager-eu and evalsmith certified."""
+    its variant triager-eu and evalsmith certified, evalsmith at its card's own bar (as a user does)."""
 
     def prepare(self):
         self.assertEqual(self.factory("stamp", "triager", "--as", "triager-eu")[0], 0)
         for name in ("triager", "triager-eu", "evalsmith"):
-            self.certified(name)
+            self.certified(name, lower_bar=name != "evalsmith")
+
+    def test_the_shipped_evalsmith_clears_its_own_bar(self):
+        """Harvest needs evalsmith certified: its sealed half shows the card's bar on the 95% lower bound, and
+        every sealed case says where its expected values came from."""
+        cert = json.loads((self.root / "registry" / "evalsmith.card.json").read_text())
+        counts = cert["sealed_counts"]
+        self.assertEqual(json.loads((self.root / "masters" / "evalsmith.json").read_text())["evals"]["pass_bar"], 0.7)
+        self.assertGreaterEqual(broker.wilson(counts["passing_cases"], counts["cases"])[0], 0.7, counts)
+        self.assertEqual(counts["label_sources"]["unrecorded"], 0, counts)
 
     def test_recall_reaches_variants_and_needs_a_reason(self):
         self.usage_error("argument --reason: needs a reason", "recall", "triager", "--reason", "  ")
@@ -615,8 +625,8 @@ class EffectsByTier(Tiered):
 
     def test_tier_by_gate_table(self):
         """A model that labels and asks for a refund without handing off, at each tier: a failing gate
-        writes nothing out (the label goes to the review queue from C1 up); a passing one writes what
-        the tier allows."""
+        writes nothing out (the label and the refund go to the review queue from C1 up, for the human
+        to see; neither is carried out); a passing one writes what the tier allows."""
         expected = {  # tier -> (labels, refunds, parked, review rows) added by a passing gate
             "C0": (0, 0, 0, 0), "C1": (1, 0, 0, 0), "C2": (1, 0, 1, 0), "C3": (1, 1, 0, 0)}
         self.certified("payer", "C0", lower_bar=False)
@@ -630,7 +640,7 @@ class EffectsByTier(Tiered):
                 flagged = self.refund_run()
                 after_flag = self.counts()
                 self.assertEqual(after_flag[:3], before[:3], "a failing gate writes nothing out")
-                self.assertEqual(after_flag[3] - before[3], 0 if tier == "C0" else 1, "its label waits for a human")
+                self.assertEqual(after_flag[3] - before[3], 0 if tier == "C0" else 2, "its label and refund wait for a human")
                 self.assertEqual(flagged["verdict"], "routed-to-human")
                 self.gate_p = [0.95]
                 passed = self.refund_run()
@@ -725,6 +735,25 @@ class AtC3(Tiered):
         self.assertIn("beyond the act envelope (1 acting call(s) and $100 a run; this would make 1 and $100... (401 digits)): "
                       "parked for a human", row["why"])
 
+    def test_a_model_reply_that_cannot_be_read_is_never_answered_around_silently(self):
+        """The primary model's reply asks for a refund of NaN (not JSON) and the fallback answers calmly: the run
+        is escalated to a human naming the reply that could not be read, its trace keeps that attempt, and
+        nothing is written (it was a verified run whose refund vanished without a word)."""
+        body = json.dumps(anthropic_message(tool_uses=[LABEL_CALL, REFUND_CALL])).replace('"amount_usd": 40', '"amount_usd": NaN')
+        server = FakeServer(Answer(body=body), Answer(body=anthropic_message(CALM))).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        before = len(self.effects("refunds"))
+        code, out, err = self.factory("run", "payer", CHARGED)
+        self.offline()
+        row = self.index_rows()[-1]
+        self.assertEqual((row["verdict"], row["routed"], len(self.effects("refunds"))), ("escalated", True, before))
+        self.assertIn("run escalated: a reply of claude-sonnet-5-5 could not be read (malformed response: body is not JSON (",
+                      row["why"][0])
+        self.assertIn("NaN is not a JSON number)); what it asked for is unknown", row["why"][0])
+        [model] = [e for e in self.traces("payer")[-1] if e.get("event") == "model"]
+        self.assertTrue(model["attempts"][0]["error"].startswith("malformed response: "))
+
     def test_an_acting_call_repeated_in_a_run_is_committed_once_whatever_the_gate_said(self):
         """The refund asked for again in a later turn under the same provider call id, then five times in
         one turn: written once, each repeat recorded as a duplicate (nothing parked), the run routed to a
@@ -757,7 +786,9 @@ class AtC3(Tiered):
         self.assertEqual(self.effects("refunds"), [])
         self.assertFalse(any(p.startswith("outbox/payer/refunds") for p in self.written_since(before)))
         settled = {e["tool"]: (e["decision"], e["why"]) for e in self.traces("payer")[-1] if e.get("event") == "settled"}
-        self.assertEqual(settled["billing:refund"], ("would-have", "the agent handed off to a human"))
+        self.assertEqual(settled["billing:refund"], ("review", "the agent handed off to a human"))
+        self.assertIn(("billing:refund", "act"), [(q["tool"], q["effect"]) for q in self.effects("review")],
+                      "the human it was handed to sees the refund it asked for, never carried out")
         self.assertEqual(settled["drafts:write"][0], "review")
         self.assertEqual((row["verdict"], row["acted"]), ("routed-to-human", 0))
         self.assertIn("the agent handed it off (escalate: true)", row["why"])
@@ -1046,6 +1077,8 @@ class Approval(Tiered):
     def test_pending_lists_it_and_approve_executes_it_once_in_another_process(self):
         code, out, _ = self.factory("pending")
         self.assertIn(f"{self.run_id} --call 1\tpayer\tbilling:refund", out)
+        self.assertRegex(out, r"\tstaged [^\t]+\texpires [^\t]+\tPENDING: approve executes it, reject closes it\n$",
+                         "every line has a state column, a pending one too")
         with self.pending()[0].open() as reader:                             # a reader (a backup, a sync) holds it
             fcntl.flock(reader, fcntl.LOCK_SH)
             first = self.approve(child=True)
@@ -1482,6 +1515,7 @@ class Approval(Tiered):
         code, out, _ = self.factory("pending")
         self.assertEqual(code, 0)
         line, = [line for line in out.split("\n") if self.run_id in line]
+        self.assertRegex(line, "\tstaged [^\t]+\texpires [^\t]+\tUNCERTAIN-EFFECT: approved by bob at ", "the same columns")
         self.assertIn(f"\tUNCERTAIN-EFFECT: approved by bob at {self.decisions()[0]['at']}, {said}", line)
         self.assertIn("read back: cannot be read back (outbox/payer/refunds.jsonl: is a folder, not a file)", line)
         self.assertTrue(line.endswith("; approve retries it once the cause is fixed, or reject closes it"), line)

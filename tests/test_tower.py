@@ -57,6 +57,7 @@ def make_agent(name="triager"):
         "runs": 124, "unfinished": 2, "scored": 120, "passed": 80, "pass_rate": 80 / 120, "pass_interval": [0.5783, 0.7447],
         "unscored": 4,
         "acted": 3, "staged": 1, "denied": 2, "cost_usd": None, "cost_unknown": 18, "handed_off": 5, "backends": ["offline"],
+        "models": {"claude-sonnet-5-5": 100, "gpt-4o-mini": 4}, "substituted": 4,
         "gate_p": {"bins": 10, "counts": counts, "runs": sum(counts)},
         "days": days,
         "verdicts": {"verified": 3, "waiting-for-approval": 1, "routed-to-human": 90,
@@ -74,7 +75,7 @@ def empty_agent(name="newbie"):
                                       refusal=f"uncertified. no evals, no production. to certify it: prove {name} --sealed, "
                                               f"then certify {name} --tier C1 --by YOUR_NAME at a terminal", may_run=False, runs_at=None),
         "gate_bar": 0.9, "runs": 0, "unfinished": 0, "scored": 0, "passed": 0, "pass_rate": None, "unscored": 0,
-        "acted": 0, "staged": 0, "denied": 0, "cost_usd": 0.0, "cost_unknown": 0, "handed_off": 0, "backends": [],
+        "acted": 0, "staged": 0, "denied": 0, "cost_usd": 0.0, "cost_unknown": 0, "handed_off": 0, "backends": [], "models": {}, "substituted": 0,
         "gate_p": {"bins": 10, "counts": [0] * 10, "runs": 0}, "days": [],
         "verdicts": {k: 0 for k in ("verified", "waiting-for-approval",
                                     "routed-to-human", "unscored", "escalated",
@@ -148,6 +149,14 @@ class TowerHtmlTest(unittest.TestCase):
         self.assertEqual(len({v.colour for v in factory.VERDICTS}), len(factory.VERDICTS), "two verdicts share a colour")
         self.assertEqual(list(factory.Tally().figures(factory.Drift(None))["verdicts"]), [v.name for v in factory.VERDICTS])
         self.assertIn("drift: in control (recent 13/20 passed, needs 8/20, certified 14/20)", charts["days"].find("caption").text)
+        for table in charts.values():   # the by-day table's bar column had no header
+            self.assertTrue(all((cell.text or "").strip() for cell in table.find("tr")), table.get("data-chart"))
+
+    def test_a_rate_is_cut_alike_in_the_column_and_the_line(self):
+        """The pass column showed 88.6% beside `31/35 = 0.88`: one rounded, the other cut."""
+        agent = {**make_agent(), "scored": 35, "passed": 31, "pass_rate": 31 / 35, "pass_interval": list(broker.wilson(31, 35))}
+        self.assertEqual((factory.tower_cells(agent)[2], factory.rate_text(agent)[:13]), ("88.5%", "31/35 = 0.88 "))
+        self.assertEqual([factory.percent_text(rate) for rate in (0.29, 2 / 3, 1.0, 0.0)], ["29.0%", "66.6%", "100.0%", "0.0%"])
 
     def test_no_script_no_http_and_no_agents(self):
         out, root = self.render(sample_doc())
