@@ -5108,8 +5108,7 @@ def attempts_lines(claim: ClaimOnDisk) -> list[str]:
 
 
 def production_line(fac: Factory, claim: ClaimOnDisk) -> str:
-    """The production evidence the index holds for this digest: authenticated gated runs counted (their rows'
-    evidence MAC checks: not the run verdict `verified`), the rest named."""
+    """The index's production evidence for this digest: authenticated (MAC-checked) gated runs."""
     production = gated_runs(fac, claim.agent)
     problem = index_problem(fac)
     return (f"  production evidence since the agent (its digest) last changed: {production.runs} authenticated gated run(s), "
