@@ -3805,7 +3805,7 @@ class Loop:
             self.router.review(self)
 
     def ask(self) -> "llm.Reply":
-        """Check the step budget and the cost envelope before spending, call the worker, record its reply."""
+        """Check the step budget and the envelope *before* spending, then call the worker."""
         max_steps = self.agent.card.get("max_steps", 8)
         if self.halt.signum:
             raise Interrupted("")
@@ -3861,8 +3861,8 @@ class Loop:
                  "params": self.agent.contracts[t]["params"]} for t in allowed if t in self.agent.contracts]
 
     def clip(self, text: str, name: str) -> str:
-        """Text for the worker (the input, a tool result): whole when short, else head + tail + where the whole
-        is kept (traces/AGENT/RUN_ID/NAME.txt; not in a dry run)."""
+        """Text for the worker: whole when short, else head + tail + where the whole is kept
+        (traces/AGENT/RUN_ID/NAME.txt; not in a dry run)."""
         if len(text) <= CLIP_CHARS:
             return text
         where = f"full text at {self.spill(name, text)}" if self.spill else "full text not kept (dry run)"
@@ -4330,8 +4330,7 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
 
 
 def cost_problem(fac: Factory, agent: Agent, loop: Loop) -> str | None:
-    """Why the cost is not within the envelope (unknown and why, or over it), else None. A price is suggested
-    only for a model the card names."""
+    """Why the cost is not within the envelope (unknown and why, or over it), else None."""
     envelope = agent.card["cost_envelope_usd"]
     if loop.cost is None:
         if loop.unpriced_by and other_models(agent.card, [loop.unpriced_by]):
@@ -4354,7 +4353,7 @@ def unpriced(fac: Factory, card: dict) -> str | None:
 
 
 def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, problems: list[str]) -> dict:
-    """The output gate's answer for a finished run, or `not-run` for a run that did not finish."""
+    """The gate's answer for a finished run; `not-run` otherwise."""
     if status == "done":
         return gate_output(clients, agent, loop.task, loop.output, loop.broker.held, problems)
     return {"result": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
@@ -4400,8 +4399,8 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
 
 
 def to_review(queue: Store.Log, run_id: str, settlement, tags: dict) -> dict:
-    """Append a held call (a draft, or an acting call shown, never carried out from there) to the review
-    queue, routed to a human: {"path"}, or {"error"} when it could not be written."""
+    """Append a held draft to the review queue, routed to a human: {"path"}, or {"error"} when it could not be
+    written."""
     call = settlement.call
     row = {"run_id": run_id, "seq": call.seq, "tool": call.tool, "effect": call.effect, "args": call.args, "routed": "human",
            "why": settlement.why, **tags, "at": utc_now()}
@@ -5108,7 +5107,7 @@ def attempts_lines(claim: ClaimOnDisk) -> list[str]:
 
 
 def production_line(fac: Factory, claim: ClaimOnDisk) -> str:
-    """The index's production evidence for this digest: authenticated (MAC-checked) gated runs."""
+    """The index's production evidence for this digest."""
     production = gated_runs(fac, claim.agent)
     problem = index_problem(fac)
     return (f"  production evidence since the agent (its digest) last changed: {production.runs} authenticated gated run(s), "
@@ -5356,7 +5355,7 @@ def stdout_closed() -> None:
 
 
 def refused_ticket(problem: Refusal) -> Done:
-    """The row of a ticket that was refused, not run (no run id, no trace, no verdict)."""
+    """The row of a ticket refused, not run (no run id, no trace)."""
     return Done({"run_id": None, "status": "refused", "verdict": None, "gate": "-", "output": None,
                  "routed": True, "why": [str(problem)]})
 
@@ -5365,7 +5364,7 @@ TICKET_COLUMNS = "ticket\tHANDOFF=\tgate=\tverdict=\t-> where it went"   # run -
 
 
 def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
-    """run --file's tab-separated line for a ticket (TICKET_COLUMNS); verdict `-` when not run."""
+    """One TICKET_COLUMNS line of run --file (the hand-off value `-` without an output)."""
     out = row["output"] or {}
     value = json.dumps(out[handoff]) if handoff in out else "-"
     print_columns(ticket_id, f"{handoff}={value}", f"gate={row['gate']}", f"verdict={row['verdict'] or '-'}", f"-> {went(row)}")
@@ -5777,8 +5776,8 @@ QUEUE_ROW = Shape.of({"run_id": str, "seq": int, "tool": str, "args": dict, "at"
 
 
 def review_queue(fac: Factory, agent: str) -> tuple[dict, dict, list[str]]:
-    """(AGENT's held calls by (run id, seq), each its first row in outbox/AGENT/review.jsonl, which nothing
-    rewrites; the first verified decision on each in registry/reviews.jsonl; a line per one that does not)."""
+    """(AGENT's held drafts by (run id, seq), each its first row in outbox/AGENT/review.jsonl; the first
+    verified decision on each in registry/reviews.jsonl; a line per one that does not read or verify)."""
     path, items, problems = fac.review_path(agent), {}, []
     for _, row in fac.store.read_jsonl(path, QUEUE_ROW, each=True) if fac.store.exists(path) else ():
         (problems.append(f"{row}; not listed") if isinstance(row, Refusal) else items.setdefault((row["run_id"], row["seq"]), row))
@@ -5809,13 +5808,11 @@ def review_figures(fac: Factory, agent: str, runs=None) -> tuple[dict | None, li
          exits=("listed, or the decision recorded", "refused, or a line that does not read or verify (named)"),
          env=(*ROOT_ENV, *KEYS_ENV, "PATH"))
 def cmd_review(fac: Factory, args) -> int:
-    """List calls waiting for a human, or record what was done.
+    """List held calls waiting for a human, or record what was done.
 
-    AGENT alone lists each held call no one decided on (drafts, and the acting calls of a run handed to a
-    human: never carried out from here), by run, oldest first: the run's input and output, why it went
-    to a human and how long ago, each held call. RUN_ID [--seq N] with --accept, --edit TEXT (the text
-    actually sent) or --discard, and --by NAME, records that decision once per call, signed with NAME's
-    own key in the hash-chained registry/reviews.jsonl.
+    AGENT lists the undecided held calls (drafts; a handed-off run's acting calls, never carried out from
+    here) by run, oldest first; RUN_ID with --accept, --edit TEXT (the text actually sent) or --discard
+    records that decision once per call, signed with --by NAME's own key in registry/reviews.jsonl.
     """
     chosen = [kind for kind, on in zip(REVIEW_DECISIONS, (args.accept, args.edit is not None, args.discard)) if on]
     if (args.run_id is None) != (not chosen) or len(chosen) > 1 or chosen and not (args.by and (args.reason or args.accept)) \
