@@ -2331,10 +2331,10 @@ def agent_charts(agent: dict) -> str:
                 for name, count in agent["verdicts"].items()]
     return ('<div class="charts">'
             + chart("gate-p", f"gate p by tenths ({with_p_text(agent['gate_p']['runs'], agent['runs'])}; bar "
-                              f"{'?' if bar is None else bar})", ("p", "runs", ""), tenths)
+                              f"{'?' if bar is None else bar})", ("p", "runs", "runs drawn"), tenths)
             + chart("days", f"by day (drift: {agent['drift']['state']})",
-                    ("day", "runs", "scored", "passed", "pass", "cost per run", ""), days)
-            + chart("verdicts", "verdicts", ("verdict", "runs", ""), verdicts) + "</div>")
+                    ("day", "runs", "scored", "passed", "pass", "cost per run", "pass drawn"), days)
+            + chart("verdicts", "verdicts", ("verdict", "runs", "runs drawn"), verdicts) + "</div>")
 
 
 def agent_section(agent: dict) -> str:

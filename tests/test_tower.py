@@ -155,8 +155,8 @@ class TowerHtmlTest(unittest.TestCase):
     def test_a_rate_is_cut_alike_in_the_column_and_the_line(self):
         """The pass column showed 88.6% beside `31/35 = 0.88`: one rounded, the other cut."""
         agent = {**make_agent(), "scored": 35, "passed": 31, "pass_rate": 31 / 35, "pass_interval": list(broker.wilson(31, 35))}
-        self.assertEqual((factory.tower_cells(agent)[2], factory.rate_text(agent)[:13]), ("88.5%", "31/35 = 0.88 "))
-        self.assertEqual([factory.percent_text(rate) for rate in (0.29, 2 / 3, 1.0, 0.0)], ["29.0%", "66.6%", "100.0%", "0.0%"])
+        self.assertEqual((broker.tower_cells(agent)[2], broker.rate_text(agent)[:13]), ("88.5%", "31/35 = 0.88 "))
+        self.assertEqual([broker.percent_text(rate) for rate in (0.29, 2 / 3, 1.0, 0.0)], ["29.0%", "66.6%", "100.0%", "0.0%"])
 
     def test_no_script_no_http_and_no_agents(self):
         out, root = self.render(sample_doc())
