@@ -5808,7 +5808,7 @@ def review_figures(fac: Factory, agent: str, runs=None) -> tuple[dict | None, li
          exits=("listed, or the decision recorded", "refused, or a line that does not read or verify (named)"),
          env=(*ROOT_ENV, *KEYS_ENV, "PATH"))
 def cmd_review(fac: Factory, args) -> int:
-    """List held calls waiting for a human, or record what was done.
+    """List calls waiting for a human, or record what was done.
 
     AGENT lists the undecided held calls (drafts; a handed-off run's acting calls, never carried out from
     here) by run, oldest first; RUN_ID with --accept, --edit TEXT (the text actually sent) or --discard
