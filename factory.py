@@ -3078,19 +3078,11 @@ def chained_logs(fac: Factory) -> dict[str, Chain]:
     return {name: fac.store.read_chain(getattr(fac, name)) for name in CHAINED_LOGS}
 
 
-def chain_heads(fac: Factory) -> dict:
-    """log name -> {"count", "hash"}: what a certificate records, so an entry removed or edited before it is
-    detected."""
-    return {name: chain.head for name, chain in chained_logs(fac).items()}
-
-
 # ---- this machine's anchor: the newest state of the registry and index it has written or verified
-# A registry put back to an older, self-consistent state (an approvals log emptied, a superseded certificate
-# copied back; the index's newest rows cut off) passes every check it can make of itself. So the keys
-# folder, which the tree's writers cannot write, keeps per root the newest head of each chained log and of
-# the index and the newest certificate of each agent, and every verifier refuses an older one. It is raised
-# only by what this machine wrote, and by what a signature that verifies here covers: never to an entry
-# anyone could have appended, which would pin it.
+# A registry put back to an older, self-consistent state (a log emptied, a superseded certificate copied back,
+# the index's newest rows cut) passes every check of itself. So the keys folder, which the tree's writers cannot
+# write, keeps per root the newest head of each chained log and the index and each agent's newest certificate;
+# every verifier refuses an older one. Only what this machine wrote, or a signature verified here, raises it.
 
 ANCHOR_PARTS = ("logs", "certificates", "index")
 
@@ -3100,13 +3092,6 @@ def read_anchor(fac: Factory) -> dict:
     {"signature", "signed_at"}}, "index": {"bytes", "hash"}}, parts {} when missing."""
     anchor = fac.store.read_private(fac.anchor_path)
     return {part: anchor.get(part) if isinstance(anchor.get(part), dict) else {} for part in ANCHOR_PARTS}
-
-
-def update_anchor(fac: Factory, change) -> None:
-    """Apply change(anchor) -> changed? to the anchor; an unwritable keys folder is noted, never refused."""
-    update_private(fac, fac.anchor_path, lambda: read_anchor(fac), change, {"format": ANCHOR_FORMAT, "root": str(fac.root)},
-                   "this machine's anchor of the registry is not kept up to date, so a registry put back to an older "
-                   "state may go unnoticed here")
 
 
 def update_private(fac: Factory, path: Path, read, change, head: dict, unkept: str) -> None:
@@ -3121,17 +3106,13 @@ def update_private(fac: Factory, path: Path, read, change, head: dict, unkept: s
             fac.store.write_json(path, {**head, **state}, private=True)
 
 
-def anchor_problem(fac: Factory, chains: dict[str, Chain]) -> str | None:
-    """None when each log in `chains` still holds every entry this machine wrote or verified in it; else the
-    line naming the log and the fix."""
-    logs = read_anchor(fac)["logs"]
-    for name, chain in chains.items():
-        head = logs.get(name)
-        problem = head_problem(chain, head, f"this machine last wrote or verified it ({fac.anchor_path})",
-                               "a copy that holds them") if isinstance(head, dict) else None
-        if problem:
-            return problem
-    return None
+def anchor_problem(fac: Factory, chains: dict[str, Chain], logs: dict | None = None) -> str | None:
+    """The line naming the first log in `chains` that lost an entry this machine wrote or verified in it (by
+    the anchor's `logs`, read before the chains, as it never leads them; default: now), and the fix; None."""
+    logs = read_anchor(fac)["logs"] if logs is None else logs
+    return next(filter(None, (head_problem(chain, logs[name], f"this machine last wrote or verified it ({fac.anchor_path})",
+                                           "a copy that holds them") for name, chain in chains.items()
+                              if isinstance(logs.get(name), dict))), None)
 
 
 def newer(old, new: dict, key: str) -> bool:
@@ -3149,12 +3130,15 @@ def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | No
     def merge(anchor: dict) -> bool:
         fresh = {"logs": {n: h for n, h in logs.items() if newer(anchor["logs"].get(n), h, "count")},
                  "certificates": {n: c for n, c in certificates.items() if newer(anchor["certificates"].get(n), c, "signed_at")},
-                 "index": index if index and newer(anchor["index"] or None, index, "bytes") else {}}
+                 "index": index if index and newer(old := anchor["index"], index, "bytes") and not (   # nor past a cut
+                     type(old.get("bytes")) is int and fac.store.head_at(fac.index, old["bytes"]) != old.get("hash")) else {}}
         for part, newest in fresh.items():
             anchor[part].update(newest)
         return any(fresh.values())
     if merge(read_anchor(fac)):   # read first without the lock: most stations have nothing newer to record
-        update_anchor(fac, merge)
+        update_private(fac, fac.anchor_path, lambda: read_anchor(fac), merge, {"format": ANCHOR_FORMAT, "root": str(fac.root)},
+                       "this machine's anchor of the registry is not kept up to date, so a registry put back to an older "
+                       "state may go unnoticed here")
 
 
 def count_sealed_attempt(fac: Factory, name: str, suite_digest: str | None = None, certified: str | None = None) -> None:
@@ -3333,7 +3317,7 @@ def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Pat
     production = gated_runs(fac, agent)
     cert["certified_rate"] = round(production.rate, 4) if production.runs >= PROMOTION_RUNS else None
     cert["certified_rate_runs"] = production.runs
-    cert["chains"] = chain_heads(fac)
+    cert["chains"] = {name: chain.head for name, chain in chained_logs(fac).items()}
     cert["index"] = index_tally(fac).head   # drift counts only the rows after it
     return signer.signed(fac, cert, UNSIGNED_FIELDS)
 
@@ -3432,8 +3416,9 @@ def decisions_of(fac: Factory, wanted=None, log: str = "approvals") -> Decisions
     """A decision log (DECISION_LOGS), chain verified, each entry wanted(entry) selects (default: all) checked
     (Decisions). Refusal when it holds less than this machine wrote or verified in it; read whole, it
     raises this machine's anchor to its last entry that verifies."""
+    logs = read_anchor(fac)["logs"]
     chain = fac.store.read_chain(getattr(fac, log), DECISION_LOGS[log][0])
-    problem = anchor_problem(fac, {log: chain})
+    problem = anchor_problem(fac, {log: chain}, logs)
     if problem:
         raise Refusal(problem)
     verified, doubted = verified_entries(fac, chain, wanted, log)
@@ -3521,8 +3506,9 @@ class ClaimOnDisk(Claim):
     missing = cached_property(lambda self: missing_agent(self.fac, self.name))
     trusted_signers = cached_property(lambda self: trusted_signers_problem(self.fac))
     hmac_key = cached_property(lambda self: (str(key := self.fac.key_path(self.cert["signer"])), key.exists()))
-    chains = cached_property(lambda self: chained_logs(self.fac))
-    anchor_problem = cached_property(lambda self: anchor_problem(self.fac, self.chains))
+    logs = cached_property(lambda self: read_anchor(self.fac)["logs"])
+    chains = cached_property(lambda self: (self.logs, chained_logs(self.fac))[1])
+    anchor_problem = cached_property(lambda self: anchor_problem(self.fac, self.chains, self.logs))
     anchors = cached_property(lambda self: list(anchors(self.fac, self.name)))
     seen = cached_property(lambda self: read_anchor(self.fac)["certificates"].get(self.name))
     revocation = cached_property(lambda self: revocation_reason(self.fac, self.name, self.cert))
@@ -6056,11 +6042,14 @@ def checkpoint(fac: Factory, path: Path, key: bytes) -> IndexTally | str:
     """The checkpoint's tally, or why it cannot be used."""
     try:
         saved = fac.store.read_json(path)
-        head = saved["index"]
+        head, state = saved["index"], saved["state"]
+        at = next((at for at, _, chained in state["breaks"] if chained), None)   # mended since?
+        row = at is not None and next(fac.store.read_jsonl(fac.index, each=True, start=(at, 0)), (0, None))[1]
         return ("does not verify with the factory evidence key" if not mac_verifies(key, saved) else
                 "was counted by another version of factory.py" if (saved["format"], saved["code"]) != (TALLY_FORMAT, code_digest())
                 else f"no longer matches {fac.shown(fac.index)} at byte {head['bytes']}: rows were removed or rewritten before it"
-                if fac.store.head_at(fac.index, head["bytes"]) != head["hash"] else from_state(IndexTally, saved["state"]))
+                if fac.store.head_at(fac.index, head["bytes"]) != head["hash"] or type(row) is dict
+                and row.get("prev") == fac.store.head_at(fac.index, at) else from_state(IndexTally, state))
     except (Refusal, KeyError, TypeError, AttributeError) as error:
         return f"cannot be read ({error})"
 
@@ -6166,7 +6155,8 @@ def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
     lines = {guard: line for guard, line in results if line}
     said = {guard: line for guard, line in lines.items() if guard not in unread}   # what a guard found
     cert = claim.cert if verified else {}
-    trust = {"certificate": "verified" if verified else "unreadable" if unread else unverified_kind(claim, lines),
+    trust = {"certificate": "verified" if verified else "unreadable" if unread else
+             "none" if "certificate" in lines and claim.cert is None else "unverified",
              "tier": cert.get("tier"), "signer": cert.get("signer"), "signed_at": cert.get("signed_at"),
              "refusal": next(iter(lines.values()), None), "revoked": said.get("revocation"),
              "recalled": said.get("recall"), "stale": said.get("digest"), "demoted": drift.demoted,
@@ -6179,9 +6169,6 @@ def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
     return trust, list(dict.fromkeys(lines[guard] for guard in unread))   # two guards can fail on one card
 
 
-def unverified_kind(claim: ClaimOnDisk, lines: dict) -> str:
-    """none (no certificate) or unverified, for guards that read every file they needed."""
-    return "none" if "certificate" in lines and claim.cert is None else "unverified"
 
 
 def gate_bar(fac: Factory, name: str) -> float | None:

@@ -1223,6 +1223,32 @@ class Approval(Tiered):
         payer = [a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "payer"][0]
         self.assertEqual((payer["staged"], payer["verdicts"]["waiting-for-approval"]), (0, 0))
 
+    def test_a_decision_appended_while_pending_reads_is_not_taken_for_a_log_put_back(self):
+        """pending reads the approvals log, then this machine's anchor; a reject that appends its entry and
+        raises the anchor in between (the child held at its first opening of the anchor until the reject is
+        done) made pending say the log holds less than this machine wrote in it, as after a rollback."""
+        held, go = self.tmp / "held", self.tmp / "go"
+        self.assertEqual(self.factory("run", "payer", "How do I order a new card?")[0], 0)   # this machine's anchor made
+        hook = ("import os, sys, time\nsys.path.insert(0, sys.argv[1])\nreal = os.open\n"
+                "def opening(path, *args, **kw):\n"
+                "    if '_anchor-' in str(path) and not os.path.exists(sys.argv[2]):\n"
+                "        open(sys.argv[2], 'w').close()\n"
+                "        while not os.path.exists(sys.argv[3]): time.sleep(0.01)\n"
+                "    return real(path, *args, **kw)\n"
+                "os.open = opening\nimport factory\nsys.exit(factory.main(['pending']))\n")
+        child = subprocess.Popen([sys.executable, "-c", hook, str(REPO), str(held), str(go)], env={**os.environ, **self.env},
+                                 cwd=str(REPO), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: child.poll() is None and child.kill())
+        for _ in range(6000):
+            if held.exists() or child.poll() is not None:
+                break
+            time.sleep(0.01)
+        self.assertTrue(held.exists(), "pending never read the anchor")
+        self.assertEqual(self.factory("reject", self.run_id, "--by", "bob", "--reason", "duplicate request")[0], 0)
+        go.touch()
+        out, err = child.communicate(timeout=60)
+        self.assertEqual((child.returncode, err), (0, ""))
+
     def test_the_executor_refuses_without_an_approval_record(self):
         with self.assertRaises(factory.Refusal) as refusal:
             factory.execute_staged_call(self.fac, self.run_id, 1)

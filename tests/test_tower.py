@@ -652,5 +652,26 @@ class Checkpoint(LineTest):
                 index.write_bytes(b"".join(line + b"\n" for line in lines))
 
 
+    def test_an_index_restored_from_a_copy_is_counted_again_not_named_broken_by_its_checkpoint(self):
+        """A row edited in place breaks the chain and the tower that sees it names it (and checkpoints the
+        break); once the index is restored from a copy, as that line says, the checkpoint still matches its
+        head, but the break it holds is mended: it is ignored and the tower answers as the full count."""
+        import random
+        index = self.root / "traces" / "index.jsonl"
+        index.parent.mkdir(exist_ok=True)
+        lines = self.history(random.Random(5), 700)
+        k = next(i for i, line in enumerate(lines) if i > 50 and b'"gate":"flag"' in line)
+        edited = lines[:k] + [lines[k].replace(b'"gate":"flag"', b'"gate":"pass"')] + lines[k + 1:]
+        index.write_bytes(b"".join(line + b"\n" for line in edited))
+        self.assertTrue(any("the hash chain is broken here" in line for line in self.tower()[1]))
+        index.write_bytes(b"".join(line + b"\n" for line in lines))   # restored
+        counted = self.tower()
+        self.assertFalse([line for line in counted[1] if "hash chain is broken" in line], counted[1])
+        self.assertIn("factory: note: traces/tally.json no longer matches traces/index.jsonl at byte "
+                      f"{len(index.read_bytes())}: rows were removed or rewritten before it: ignored; the tally is "
+                      "counted again from the index's first row", counted[1])
+        self.assertEqual(counted[0], self.full()[0])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -740,6 +740,18 @@ class PrunedIndex(LineTest):
                           f"{anchored} ({self.fac.anchor_path}): rows were removed or rewritten since; restore it from a "
                           f"copy that holds them")
 
+    def test_runs_after_the_newest_rows_were_cut_do_not_move_the_anchor_past_the_cut(self):
+        self.runs_ok()
+        index = self.root / "traces" / "index.jsonl"
+        anchored = len(index.read_bytes())
+        index.write_text("".join(index.read_text().splitlines(keepends=True)[:-6]))
+        for _ in range(4):   # until the index is longer than it was: its head no longer extends the one anchored
+            self.runs_ok()
+        self.assertGreater(len(index.read_bytes()), anchored)
+        self.assert_named(f"traces/index.jsonl: no longer holds the rows this machine wrote or verified up to byte "
+                          f"{anchored} ({self.fac.anchor_path}): rows were removed or rewritten since; restore it from a "
+                          f"copy that holds them")
+
 
 class Evidence(LineTest):
     """What certify relies on carries a MAC under the factory evidence key: an edited sealed proof is
