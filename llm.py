@@ -498,18 +498,21 @@ def key_problem(key: str) -> str | None:
 
 def url_problem(url: str, proxy: bool) -> str | None:
     """What keeps url from being an address a request can go to (a proxy may leave out its http://, as
-    urllib reads it), as the rest of a line naming its variable; None when nothing."""
+    urllib reads it), as the rest of a line naming its variable, the url shown without its user and password;
+    None when nothing. A host is ascii: urllib sends it in the Host header as written (an international name
+    goes in its IDNA form, xn--...)."""
+    shown = re.sub(r"//[^/?#]*@", "//...@", url)
     try:
         parts = urllib.parse.urlsplit(url if "://" in url or not proxy else f"http://{url}")
         parts.port   # noqa: B018 - a port that is no number, or out of range, is a ValueError
         if re.search("[\x00-\x20\x7f-\x9f]", url) or parts.scheme not in ("http", "https") or not parts.hostname \
-                or not "".join(parts[2:] + (parts.username or "", parts.password or "")).isascii():
-            return f"is not an http:// or https:// url with a host, free of spaces and controls, ascii but its host ({url})"
+                or not url.isascii():
+            return f"is not an http:// or https:// url with a host, free of spaces and controls, ascii (an international host in its xn-- form) ({shown})"
         parts.hostname.encode("idna")
     except UnicodeError:
-        return f"names a host IDNA cannot encode, which no name lookup can find ({url})"
+        return f"names a host IDNA cannot encode, which no name lookup can find ({shown})"
     except ValueError as error:
-        return f"is not a url ({str(error).lower()}: {url})"
+        return f"is not a url ({str(error).lower().replace(url, shown)}: {shown})"
     return None
 
 
@@ -1521,6 +1524,8 @@ def otlp_settings(env: Mapping[str, str]) -> Otlp | None:
     problems += [f"the OTLP endpoint {redact(url)!r} is not an http(s) URL"] * (urllib.parse.urlsplit(url).scheme not in ("http", "https"))
     problems += [f"{name} holds an entry that is not key=value" for name, bad in
                  (("OTEL_EXPORTER_OTLP_HEADERS", bad_headers), ("OTEL_RESOURCE_ATTRIBUTES", bad_resource)) if bad]
+    problems += [f"OTEL_EXPORTER_OTLP_HEADERS: header {name!r} (its value not shown) {why}" for name, value in headers
+                 if (why := "is no header name" if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name) else key_problem(value))]
     problems += ["OTEL_EXPORTER_OTLP_TIMEOUT is not a number of milliseconds"] * (timeout is None)
     resource = (("service.name", service),) + tuple(kv for kv in resource if kv[0] != "service.name")
     return Otlp(url, protocol, headers, resource,

@@ -485,7 +485,8 @@ class Secrets:
                 "nul": "sk-abcd\x00efgh1234", "C1 control": "sk-abcd\x9befgh1234", "not latin-1": "sk-abcd\u2019efgh1234",
                 "line separator": "sk-abcd\u2028efgh1234", "lone surrogate": "sk-abcd\udcffefgh1234"}
         urls = ("http://[::1", "http://[zz]/v1", f"http://{'ü' * 70}.com", "http://a..b/", "http://x:99999", "http://x:port/",
-                "http://x/ü", "ftp://x", "http://", "http:///v1", "http://exa mple", " http://x", "http://x/\n")
+                "http://x/ü", "ftp://x", "http://", "http:///v1", "http://exa mple", " http://x", "http://x/\n",
+                "http://例え.テスト", "http://127.0.0.1\u200b.nip.io", "http://user:hunter2QZ7@[::1", "http://user:hunter2QZ7@x:99999")
         variables = ("ANTHROPIC_API_KEY", "SAGE_API_KEY", "SAGEROUTE_TOKEN", "ANTHROPIC_BASE_URL", "SAGE_ENDPOINT",
                      "HTTPS_PROXY", "https_proxy")   # each class of value meets each variable of its kind in turn
         stations = (("run", "triager", "I was charged twice"), ("prove", "triager"), ("doctor",))
@@ -502,10 +503,24 @@ class Secrets:
                 if "KEY" in variable or "TOKEN" in variable:
                     self.assertTrue(err.endswith("(its value is not shown)\n"), err)
                     self.assertNotIn("efgh", err)   # nor any escaped form of it: only its name
+                self.assertNotIn("hunter2QZ7", err, "a url's password is never shown")
         sage = self.gate()   # white space around a key is not sent; a proxy may be written without http://
         code, out, err = self.factory("run", "triager", "hi", env={**self.env, "https_proxy": "proxy.example:3128",
                                                                     "SAGE_API_KEY": f"  {SAGE_KEY}\n"})
         self.assertEqual((code, sage.requests[-1].headers["authorization"]), (0, f"Bearer {SAGE_KEY}"), err)
+
+    def test_an_export_header_no_request_can_carry_fails_the_export_in_one_line_never_showing_it(self):
+        self.runs_ok()
+        for label, value in (("line feed", "Bearer%20QZ7tok%0Aen"), ("CR LF", "Bearer%20QZ7tok%0D%0AX-Evil:%201"),
+                             ("not latin-1", "Bearer%20QZ7tok%E2%82%AC")):
+            with self.subTest(label):
+                env = {**self.env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+                       "OTEL_EXPORTER_OTLP_HEADERS": f"x-ok=1,authorization={value}"}
+                code, out, err = self.factory("export", "--all", env=env)
+                self.assertEqual((code, err), (1, ""), out)
+                self.assertRegex(out, r"\tFAILED \(OTEL_EXPORTER_OTLP_HEADERS: header 'authorization' \(its value not shown\) "
+                                      r"holds a (line break|character outside latin-1) \(character \d+ of \d+\), which no http header can carry\)\n$")
+                self.assert_nowhere("QZ7tok", out, err)
 
     def test_a_secret_escaped_into_text_is_scrubbed_from_trace_index_and_output(self):
         token = "ghp_abcd\nefgh1234\u2019"   # a secret the run never sends, so nothing refuses it
