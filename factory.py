@@ -4362,8 +4362,8 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
                      "decision": decision, "why": settlement.why}
             if decision in ("commit", "park"):   # the trace first
                 trace.flush()
-            if decision == "commit":   # the tools that write committed effects, made for the first one
-                committing = committing or agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags})
+            if decision == "commit":   # tools made once
+                committing = committing or agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags}, announcer(trace, None, []))
                 committed = broker.commit(call, committing)
                 done.acted += committed.ok and committed.effect == "act"
                 event["ruling"] = committed.ruling
@@ -4441,10 +4441,11 @@ def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision
 
 
 def announcer(trace: "Trace", call: int, writes: list):
-    """announce(began) for an approved call's tools (effect_writer): records in the run's trace where the
-    effect is about to be written (read back by `pending` after a kill), and keeps `began` in `writes`."""
+    """announce(began) for effect_writer: writes in the run's trace where the effect of parked `call` (None: of
+    the run's own commit) is about to be written, read back by `pending` after a kill; keeps `began` in `writes`."""
     def announce(began: dict) -> None:
         trace.record({"event": "effect_started", "call": call, "path": began["path"], "effect_id": began["effect_id"]})
+        trace.flush()
         writes.append(began)
     return announce
 
@@ -6043,7 +6044,7 @@ def checkpoint(fac: Factory, path: Path, key: bytes) -> IndexTally | str:
     try:
         saved = fac.store.read_json(path)
         head, state = saved["index"], saved["state"]
-        at = next((at for at, _, chained in state["breaks"] if chained), None)   # mended since?
+        at = next((at for at, _, chained in state["breaks"] if chained), None)   # mended?
         row = at is not None and next(fac.store.read_jsonl(fac.index, each=True, start=(at, 0)), (0, None))[1]
         return ("does not verify with the factory evidence key" if not mac_verifies(key, saved) else
                 "was counted by another version of factory.py" if (saved["format"], saved["code"]) != (TALLY_FORMAT, code_digest())

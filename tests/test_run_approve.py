@@ -12,6 +12,7 @@ import hmac
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -691,6 +692,24 @@ class AtC3(Tiered):
         self.assertEqual({k: refund[k] for k in events[0]["args"]}, events[0]["args"])
         self.assertEqual((refund["run_id"], refund["gate"], refund["p"]), (row["run_id"], "pass", 0.95))
         self.assertEqual(row["acted"], 1)
+
+    def test_a_c3_refund_is_in_its_trace_before_it_is_written(self):
+        """SIGKILLed at its first write after its refund's row, a C3 run's trace already says where that effect
+        was begun (effect_started, written before the effect, as an approved call's is): the run never closed,
+        and its trace is the record that money may have gone out."""
+        hook = ("import os, signal, sys\nsys.path.insert(0, sys.argv[1])\nreal, seen = os.write, []\n"
+                "def write(fd, data):\n"
+                "    if seen:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
+                "    seen.extend([fd] if os.readlink(f'/proc/self/fd/{fd}').endswith('refunds.jsonl') else [])\n"
+                "    return real(fd, data)\n"
+                "os.write = write\nimport factory\nsys.exit(factory.main(sys.argv[2:]))\n")
+        self.refund_model()
+        killed = subprocess.run([sys.executable, "-c", hook, str(REPO), "run", "payer", CHARGED], env={**os.environ, **self.env},
+                                cwd=str(REPO), capture_output=True, text=True, timeout=120)
+        self.assertEqual(killed.returncode, -signal.SIGKILL, killed.stderr)
+        [refund] = self.effects("refunds")
+        started = [(e["call"], e["path"], e["effect_id"]) for e in self.traces("payer")[-1] if e.get("event") == "effect_started"]
+        self.assertIn((None, "outbox/payer/refunds.jsonl", refund["effect_id"]), started)
 
     def test_one_turn_asking_for_thirty_refunds_commits_at_most_the_act_envelope(self):
         """30 refunds of $40 in one model turn at C3 under the default act envelope (1 acting call, $100 a
@@ -1594,9 +1613,9 @@ class Approval(Tiered):
             finally:
                 os.close(leader)
 
-    def effect_started(self) -> bool:
-        """The run's trace says where the approved call's effect is about to be written."""
-        return any(e.get("event") == "effect_started" for e in self.traces("payer")[-1])
+    def effect_started(self, call: int = 1) -> bool:
+        """The run's trace says where the approved `call`'s effect is about to be written (not a commit of its own)."""
+        return any(e.get("event") == "effect_started" and e.get("call") == call for e in self.traces("payer")[-1])
 
     def test_killed_while_its_tool_runs_is_never_retried_whatever_its_trace_says(self):
         """Killed at the refund's own lock, after the trace's effect_started and before its write: uncertain,
@@ -1639,7 +1658,7 @@ class Approval(Tiered):
             child, leader = spawn_at_terminal(["approve", self.run_id, "--call", str(call), "--by", "bob"], self.env)
             try:
                 os.write(leader, b"y\n")
-                wait_until(self.effect_started)
+                wait_until(lambda: self.effect_started(call))
                 with log.open("a") as decisions:                              # the result's append will wait here
                     fcntl.flock(decisions, fcntl.LOCK_EX)
                     fcntl.flock(effect, fcntl.LOCK_UN)                        # the refund is written ...
