@@ -6044,7 +6044,7 @@ def checkpoint(fac: Factory, path: Path, key: bytes) -> IndexTally | str:
     try:
         saved = fac.store.read_json(path)
         head, state = saved["index"], saved["state"]
-        at = next((at for at, _, chained in state["breaks"] if chained), None)   # mended?
+        at = next((at for at, _, chained in state["breaks"] if chained), None)
         row = at is not None and next(fac.store.read_jsonl(fac.index, each=True, start=(at, 0)), (0, None))[1]
         return ("does not verify with the factory evidence key" if not mac_verifies(key, saved) else
                 "was counted by another version of factory.py" if (saved["format"], saved["code"]) != (TALLY_FORMAT, code_digest())
