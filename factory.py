@@ -6170,8 +6170,6 @@ def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
     return trust, list(dict.fromkeys(lines[guard] for guard in unread))   # two guards can fail on one card
 
 
-
-
 def gate_bar(fac: Factory, name: str) -> float | None:
     """The gate bar on NAME's card; None when it is gone or unreadable."""
     try:
