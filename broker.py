@@ -778,6 +778,21 @@ class Settled:
     rows: list = field(default_factory=list)   # [tool, decision, problem] per held call, in order: see settled_phrase
 
 
+def gate_content(task: str, output: dict, held: list, tier: str) -> str:
+    """What the gate is shown: the input, the output, each held call as tool + exact JSON arguments and what a
+    yes does with it at `tier` (on_yes)."""
+    effects = "\n".join(f"{n}. {o.tool} {json.dumps(o.args, ensure_ascii=False, sort_keys=True)} (on yes: {on_yes(o, tier)})"
+                        for n, o in enumerate(held, 1))
+    return (f"Input:\n{task}\n\nAgent output:\n{json.dumps(output, ensure_ascii=False)}\n\nCalls held until this "
+            f"decision, at tier {tier} (a no writes none; nor does a yes when the agent hands off):\n{effects or '(none)'}")
+
+
+def on_yes(call: Outcome, tier: str) -> str:
+    """What a passing gate does with this held call at `tier` when the agent does not hand off (settle's table, as
+    the gate is told it); a duplicate or a call beyond the act envelope is parked or not written even then."""
+    return settled_phrase(_decide(call, tier, "pass", False, True, "")[0], "ok")
+
+
 def settled_phrase(decision: str, outcome: str | None) -> str:
     """What became of one held call, for the terminal; `outcome` is a commit's ruling (ok or the failure's
     class) or why a review-queue row could not be written (None when it was)."""
@@ -863,6 +878,19 @@ def call_state(decisions, *, executing: bool, expired: bool) -> tuple[str, dict 
     if state == "executing" and not executing:
         return "uncertain-effect", last
     return ("expired" if state == "pending" and expired else state), last
+
+
+def executed_twins(decided: dict, entry: dict) -> list[str]:
+    """approve's note on each call of another run with the parked `entry`'s tool and arguments (args digest) that
+    was executed, from `decided` (Decisions.decided): which run, when, approved by whom. Duplicates across runs
+    are allowed (two customers may be owed the same amount); the human is told, and decides."""
+    twins = [(key, intent, call_state(entries, executing=False, expired=False)[1]) for key, entries in sorted(decided.items())
+             for intent in entries[:1] if key[0] != entry["run_id"] and intent.get("kind") == "intent"
+             and (intent.get("tool"), intent.get("args_digest")) == (entry["tool"], entry["args_digest"])
+             and call_state(entries, executing=False, expired=False)[0] == "executed"]
+    return [f"note: this exact call (tool and arguments) was executed for run {run} (call {call}) at {done.get('at')}, approved "
+            f"by {intent.get('by')}: a second run may rightly ask for it again; see that it is not the same request twice"
+            for (run, call), intent, done in twins]
 
 
 @dataclass(frozen=True)
@@ -988,7 +1016,7 @@ def held_draft(items: dict, decided: dict, agent: str, run_id: str, seq: int | N
     """(the held call RUN_ID --seq N, else the run's one waiting call; None) from `items` by (run id, seq)
     and the `decided` ones, or (None, why not) for none, or several."""
     mine = [item for (run, number), item in items.items() if run == run_id and seq in (None, number)]
-    waiting = [item for item in mine if (run_id, item["seq"]) not in decided] if seq is None else mine
+    waiting = ([item for item in mine if (run_id, item["seq"]) not in decided] if seq is None else mine) or mine[:1]   # decided: refused naming it
     if len(waiting) == 1:
         return waiting[0], None
     return None, (f"run {run_id} has {len(waiting)} held calls waiting (--seq {', '.join(str(i['seq']) for i in waiting)}): "
@@ -1380,7 +1408,8 @@ def failure_message(half: str, result: dict, field_name: str) -> str:
     if result["unscorable"]:
         parts.append(f"{field_name}: missing: the rubric has nothing to score")
     if result["draft_score"] is not None:
-        parts.append(f"{field_name} {result['draft_score']:.1f}/4")
+        low = result.get("draft_min") is not None and result["draft_score"] < result["draft_min"]
+        parts.append(f"{field_name} {result['draft_score']:.1f}/4" + f", under the rubric's min {result.get('draft_min')}" * low)
     return "; ".join(parts) or "failed"
 
 
@@ -1413,11 +1442,12 @@ def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
     if not proof["passed"]:
         ET.SubElement(bar, "failure", type=verdict.lower().replace(" ", "-"), message=why).text = why
     parts = [("real", proof["real"]), ("synthetic", proof["synthetic"])] + \
-        [(f"source.{name}", one) for name, one in proof["by_source"].items()] + \
+        [(f"source.{name}", one) for name, one in proof["by_source"].items() if name != "synthetic"] + \
         [(f"expected.{key}.{name}", one) for key, values in proof["by_expected"].items() for name, one in values.items()]
     for key, value in [(key, proof[key]) for key in JUNIT_PROPERTIES] + [("missed", len(missed))] + \
             [(name, part_text(one, whole=False) if one["cases"] else "none") for name, one in parts] + \
-            [("label_sources", label_text(proof["label_sources"])), ("handoff_bar", proof["handoff"]["bar"])] + \
+            [("label_sources", label_text(proof["label_sources"]))] + [("handoff_bar", proof["handoff"]["bar"])] * \
+            (proof["handoff"]["bar"] is not None) + \
             [(f"handoff.{key}", part_text(proof["handoff"][key])) for key in ("recall", "precision")]:
         value = ", ".join(map(str, value)) if isinstance(value, list) else value
         ET.SubElement(properties, "property", name=key, value=json.dumps(value) if isinstance(value, bool) else str(value))
@@ -1536,7 +1566,7 @@ def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], 
     failures = [answer for _, answer in answered if isinstance(answer, Exception)]
     for i, answer in answered:
         if not isinstance(answer, Exception) and answer.expectation is not None:
-            results[i]["draft_score"] = answer.expectation
+            results[i].update(draft_score=answer.expectation, draft_min=minimum)
             results[i]["passed"] = results[i]["passed"] and answer.expectation >= minimum
     if failures:
         return "failed", f"scoring FAILED ({len(failures)} of {len(answered)}: {failures[0]})"
@@ -1549,6 +1579,47 @@ def scored_note(results: list[dict]) -> str:
     """'MEAN/4 on N' of the scored drafts."""
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
     return f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}"
+
+
+# ---- an agent module's output contract as its source writes it (the card's checks before its code runs)
+
+def written_schema(tree, nodes: tuple) -> dict | None:
+    """OUTPUT_SCHEMA's properties, each with its type, as the module's source writes them (read, never executed:
+    the card is refused before any code runs); None when the source does not say them plainly (a computed type,
+    or OUTPUT_SCHEMA named anywhere but in its one assignment): the executed module is checked then."""
+    import ast
+    named = [node for node in nodes if isinstance(node, ast.Name) and node.id == "OUTPUT_SCHEMA"]
+    found = [node.value for node in tree.body if isinstance(node, ast.Assign) and node.targets[0] in named]
+    def entries(node) -> dict:
+        if not isinstance(node, ast.Dict) or not all(isinstance(key, ast.Constant) for key in node.keys):   # **spread
+            raise ValueError("not written plainly")
+        return {key.value: value for key, value in zip(node.keys, node.values)}
+    try:
+        props = {name: {"type": ast.literal_eval(entries(rule)["type"])} for name, rule in
+                 entries(entries(found[0])["properties"]).items()} if len(named) == len(found) == 1 else None
+    except (IndexError, KeyError, ValueError, TypeError, SyntaxError, RecursionError):
+        return None
+    return None if props is None else {"properties": props}
+
+
+def component_lines(components: dict, certified: dict | None, marks: dict) -> list[str]:
+    """digest --explain's line per component, then per certified one the agent no longer has, each marked as
+    component_marks says: added, changed or removed since certification."""
+    lines = []
+    for label, value in [*components.items(), *((label, certified[label]) for label in marks["removed"])]:
+        how = next((key for key in ("removed", "added") if label in marks[key]), "changed" * bool(marks["changed"].get(label)))
+        lines.append(f"  {value}  {label}" + f"   <- {how} since certification" * bool(how))
+    return lines
+
+
+def component_marks(components: dict, certified: dict | None) -> dict:
+    """digest's marks of an agent's components (label -> sha256) against its certificate's: {"changed": label ->
+    differs (None for each without a certificate), "added": labels the certificate lacks, "removed": its labels
+    the agent no longer has, sorted}; a `certified` that is not a dict is one with no components."""
+    certified = certified if isinstance(certified, dict) or certified is None else {}
+    changed = {label: None if certified is None else certified.get(label) != value for label, value in components.items()}
+    return {"changed": changed, "added": [label for label in changed if changed[label] and label not in certified],
+            "removed": sorted((certified or {}).keys() - changed)}
 
 
 # ---- a variant's card against its master's, as the certify prompt names each difference
@@ -1670,21 +1741,6 @@ def sealed_proof_lines(proof: dict, where: str, key_path, cost: str | None, mode
     return lines
 
 
-def attempts_text(since: str | None, proofs: list[dict], digest: str, ran: int, name: str, folder: str) -> list[str]:
-    """certify's line on the sealed `proofs` (the records left in `folder`) made since the last certification
-    (`since`; None: ever), across versions and of this `digest`; when this machine's own count `ran` is larger
-    (records can be deleted), that count and a warning of the records missing."""
-    counted = [proof for proof in proofs if since is None or proof["at"] > since]
-    versions, this = len({proof["digest"] for proof in counted}), sum(p["digest"] == digest for p in counted)
-    when = f"since the last certification ({since})" if since else "ever (never certified)"
-    if ran <= len(counted):
-        return [f"  sealed attempts {when}: {len(counted)}, across {versions} version(s) of the agent; {this} of this one"]
-    left = "is" if len(counted) == 1 else "are"
-    return [f"  sealed attempts {when}: {ran}, across {versions} version(s) of the agent in the records left; {this} of this one",
-            f"  WARNING: this machine ran {ran} sealed proof(s) of {name} on this sealed suite {when}, but only "
-            f"{len(counted)} of their records {left} in {folder}: {ran - len(counted)} missing (deleted, moved, or made in "
-            f"a copy of this factory)"]
-
 def grants_line(card: dict, acting: list[str], envelope: ActEnvelope) -> str:
     """certify's line on the card's grants (`acting`: those that act), denials, cost envelope and act envelope,
     with how each acting tool's money is counted."""
@@ -1717,7 +1773,9 @@ class Harvested:
 
     def summary(self, agent: str, proposals: str, queue: str) -> str:
         """harvest's line: how many were proposed into `proposals`, then each other count (`queue`: evalsmith's)."""
-        also = ((self.reviewed, f"held back for a human in {queue} (evalsmith's gate did not pass them)"),
+        also = ((self.reviewed, f"held back for a human in {queue} (evalsmith's gate did not pass them), not in {proposals}: "
+                                f"`review evalsmith` lists them, and one you accept there you add to it yourself (review "
+                                f"records what you did, and writes no case)"),
                 (self.found, "already proposed by a harvest that stopped half-way (now recorded as harvested)"),
                 (self.running, "unfinished run(s) still being written, left for a later harvest"),
                 (self.sealed, "held back: their input is a sealed case's once normalised (NFKC, case-folded, white "
@@ -1794,7 +1852,7 @@ def replaced_text(where: str, old: dict | None, state: str | None, proof: dict, 
 SHARD_FORMAT = "factory-shard-1"
 OUTCOME = ("passed", "status", "denied", "unexpected_denials", "draft_score", "unscorable", "backends", "models", "answered",
            "handed_off", "seconds", "unpriced")
-OPEN_OUTCOME = ("reason", "wrong", "unknown_tools")   # why an open case failed; a sealed shard keeps OUTCOME alone
+OPEN_OUTCOME = ("reason", "wrong", "unknown_tools", "draft_min")   # why an open case failed; a sealed shard keeps OUTCOME alone
 RUBRIC_ORDER = tuple(sorted(RUBRIC_STATES))   # a merge's rubric state: the first in this order any shard had
 
 
@@ -1814,7 +1872,9 @@ def merge_shards(records: list[tuple[str, dict]], want: dict, slice_of: Callable
     for where, record in records:
         wrong = [key for key, value in want.items() if record.get(key) != value]
         if wrong:
-            raise ValueError(f"{where}: not a shard of this proof ({', '.join(wrong)} differ)")
+            hint = {"sealed": "; it is of the sealed half: pass --sealed", "open": "; it is of the open half: leave out --sealed"}
+            raise ValueError(f"{where}: not a shard of this proof ({', '.join(wrong)} differ)" +
+                             (hint.get(record.get("half"), "") if "half" in wrong else ""))
         k, n = record["shard"]
         if taken.setdefault("n", n) != n or k in taken:
             raise ValueError(f"{where}: shard {k}/{n}" + (f", but the others are of {taken['n']}" if taken["n"] != n
@@ -1829,6 +1889,26 @@ def merge_shards(records: list[tuple[str, dict]], want: dict, slice_of: Callable
         raise ValueError(f"shard {', '.join(missing)} missing: merge needs every shard of the {taken['n']}")
     rubric = next(state for state in RUBRIC_ORDER if state in rubrics)
     return outcomes, rubric, "" if rubric == "scored" else rubrics[rubric]
+
+
+def attempts_said(since: str | None, proofs: list[dict], digest: str, whole_here: int, shards_here: int, name: str,
+                  folder: str) -> list[str]:
+    """certify's sealed attempts since the certification signed at `since` (ever, when None): the larger of the
+    sealed proof records made since (`proofs`, in `folder`) and this machine's count of whole proofs (`whole_here`),
+    plus the shards (this machine's count, or the merged records' merged_shards, the larger; a merge runs no case
+    and is no attempt); across how many versions, how many of `digest`; a WARNING naming the records missing when
+    the count is larger."""
+    when = f"since the last certification ({since})" if since else "ever (never certified)"
+    proofs = [proof for proof in proofs if since is None or proof["at"] > since]
+    merges = [p["merged_shards"] for p in proofs if type(p.get("merged_shards")) is int]
+    shards, whole = max(shards_here, sum(merges)), len(proofs) - len(merges)
+    versions, this = len({p["digest"] for p in proofs}), sum(p["digest"] == digest for p in proofs)
+    head = (f"  sealed attempts {when}: {max(whole, whole_here) + shards}" +
+            f" ({shards} of them shards, merged into {len(merges)} proof(s))" * bool(shards) +
+            f", across {versions} version(s) of the agent" + " in the records left" * (whole_here > whole) + f"; {this} of this one")
+    return [head] + [f"  WARNING: this machine ran {whole_here} {'whole ' * bool(shards)}sealed proof(s) of {name} on this "
+                     f"sealed suite {when}, but only {whole} of their records {'is' if whole == 1 else 'are'} in {folder}: "
+                     f"{whole_here - whole} missing (deleted, moved, or made in a copy of this factory)"] * (whole_here > whole)
 
 
 # ---- the tower's figures: one agent's index rows counted as they stream by, its digests' evidence, and the
@@ -2388,7 +2468,7 @@ class Drift:
     @classmethod
     def of_certificate(cls, cert: dict, index=None) -> "Drift":
         """The watch for a certificate's certified_rate over certified_rate_runs (no baseline without both),
-        fed from `index`'s tally (IndexTally): the last verified gated runs of the digest it certifies,
+        fed from `index`'s tally (IndexTally): the last authenticated gated runs of the digest it certifies,
         closed after it was signed and after where the index ended then (no row anyone else appends verifies)."""
         rate, runs = cert.get("certified_rate"), cert.get("certified_rate_runs")
         if not (_is_number(rate) and 0 <= rate <= 1 and type(runs) is int and 0 < runs <= MAX_FIGURE):   # unverified in the tower
@@ -2530,6 +2610,12 @@ def evidence(signs: list[Sign], fired: list[str], cost: float | None) -> str:
 
 TIERS = ("C0", "C1", "C2", "C3")   # a certificate's tier, from observe (C0) to act alone (C3)
 ACTING = TIERS[2:]                 # the tiers whose runs act on their output (their parked calls carry out effects)
+
+
+def judged_tier(tier: str) -> str | None:
+    """The tier whose gated runs certify at `tier` judges (production_evidence), shows and records as the drift
+    watch's baseline: the tier below for C2 and C3; None (every tier's) for C0 and C1, which need none."""
+    return TIERS[TIERS.index(tier) - 1] if tier in ACTING else None
 PROMOTION_RUNS = 20   # gated production runs at the tier below, since the agent (its digest) last changed
 SIGNER = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")   # a signer's name, matched whole
 HMAC_SIGNATURE = re.compile(r"hmac-sha256:[0-9a-f]{64}")
@@ -2825,7 +2911,7 @@ def production_evidence(claim: Claim) -> str | None:
     changed, their gate pass rate's 95% lower bound at the card's pass bar."""
     if claim.tier not in ACTING:
         return None
-    below, bar = TIERS[TIERS.index(claim.tier) - 1], claim.agent.card["evals"]["pass_bar"]
+    below, bar = judged_tier(claim.tier), claim.agent.card["evals"]["pass_bar"]
     if claim.index_problem:
         return f"tier {claim.tier} needs production evidence, which the index cannot give until it is whole: {claim.index_problem}"
     production = claim.production(below)

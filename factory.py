@@ -4,8 +4,7 @@
 Stations: new, stamp, restamp, prove, certify, run, tower, harvest, recall, doctor, pending, approve,
 reject, review, replay, export, digest, schema. This module is the only one that wires the parts together and the only one
 that prints; it reads in seven sections: store and layout, cards and agents, trust, runs, stations,
-tower, command line. Exit statuses: 0 done, 1 refused or failed verdict, 2 usage error, 130
-interrupted, 143 terminated. A refusal is one lowercase line on stderr; results go to stdout.
+tower, command line. Exit statuses: see START_HERE. A refusal is one lowercase line on stderr; results go to stdout.
 """
 
 import sys   # a builtin module, loaded before any script runs: no file is looked for
@@ -114,12 +113,13 @@ from broker import (  # noqa: E402   the loop's detectors; a proof's figures and
     Sign, detect, evidence, LABEL_SOURCES, PASSING, PROOF_VERDICTS, card_changes, cut, label_counts,
     label_source_problem, junit_xml, normalised, part, proof_verdict, rate_text, share, shared_inputs, usd_text,
     paired_text, handoff_figures, usd,
-    SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards)
+    SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards, attempts_said, written_schema, component_marks, component_lines,
+    judged_tier, gate_content, executed_twins)
 from broker import (  # noqa: E402   a proof's record and its drafts' scores; replay; an index row's figures
     RUBRIC_STATES, apply_draft_scores, case_fields, proof_figures, scored_note, recorder_tools, replay_differences,
     figure_problem)
 from broker import (  # noqa: E402   what the stations print, decided without I/O
-    BRIEF_CHARS, Batch, Harvested, attempts_text, brief_lines, created_lines, doctor_lines, gate_lines,
+    BRIEF_CHARS, Batch, Harvested, brief_lines, created_lines, doctor_lines, gate_lines,
     grants_line, held_draft, proof_summary, replaced_text, restamp_lines, run_lines, sealed_proof_lines, shard_line,
     ticket_problem)
 from broker import (  # noqa: E402   the tower's text and page
@@ -2111,7 +2111,8 @@ ENTRYPOINT_NEEDS = (  # what the entrypoint module defines beside its function, 
 
 def entrypoint_problems(fac: Factory, card: dict) -> list[str]:
     """The one reason the entrypoint module cannot be read, or is refused (Code.check: read and scanned,
-    never executed); nothing when the entrypoint field itself is malformed (the card's own checks say so)."""
+    never executed), else the card's output fields its OUTPUT_SCHEMA as written lacks (written_schema);
+    nothing when the entrypoint field itself is malformed (the card's own checks say so)."""
     entry = card.get("entrypoint")
     if not (isinstance(entry, str) and ENTRYPOINT.fullmatch(entry)):
         return []
@@ -2122,7 +2123,8 @@ def entrypoint_problems(fac: Factory, card: dict) -> list[str]:
         fac.code.check(relative)
     except Refusal as refusal:
         return [str(refusal)]
-    return []
+    schema = written_schema(fac.code.tree(relative), fac.code.nodes(relative))
+    return [] if schema is None else output_field_problems(card, schema, f"agents/{relative}")
 
 
 def entrypoint_code_problems(fac: Factory, card: dict) -> list[str]:
@@ -3141,17 +3143,16 @@ def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | No
                        "state may go unnoticed here")
 
 
-def count_sealed_attempt(fac: Factory, name: str, suite_digest: str | None = None, certified: str | None = None) -> None:
-    """Count one more sealed proof of NAME on suite `suite_digest` in the keys folder (the tree's writers cannot
-    lower it; every copy of the tree on this machine counts with it); with `certified` (a signed_at), mark the
-    counts at that certification instead."""
+def count_sealed_attempt(fac: Factory, name: str, suite_digest: str | None = None, certified: str | None = None,
+                         shard: bool = False) -> None:
+    """Count a sealed proof of NAME on `suite_digest` (a `shard` also as "DIGEST shards") in the keys folder (the
+    tree cannot lower it); with `certified` (a signed_at), mark the counts then."""
     def count(agents: dict) -> bool:
         mine = attempts_of(agents, name)
         if certified:
             mine["certified"] = dict(sorted({**mine["certified"], certified: dict(mine["sealed"])}.items())[-CERTIFIED_MARKS:])
-        else:
-            ran = mine["sealed"].get(suite_digest)
-            mine["sealed"][suite_digest] = (ran if type(ran) is int else 0) + 1
+        for key in () if certified else (suite_digest, *[f"{suite_digest} shards"] * shard):
+            mine["sealed"][key] = (ran if type(ran := mine["sealed"].get(key)) is int else 0) + 1
         agents[name] = mine
         return True
     update_private(fac, fac.attempts_path, lambda: all_attempts(fac), lambda state: count(state["agents"]),
@@ -3171,19 +3172,15 @@ def attempts_of(agents: dict, name: str) -> dict:
     return {part: dict(counted[part]) if isinstance(counted.get(part), dict) else {} for part in ("sealed", "certified")}
 
 
-def sealed_attempts(fac: Factory, name: str, suite_digest: str, since: str | None) -> int | None:
-    """Sealed proofs of NAME on suite `suite_digest` this machine ran, in any root, since the certification
-    signed at `since` (ever, when None); None when that one was not signed here."""
+def sealed_attempts(fac: Factory, name: str, key: str, since: str | None) -> int | None:
+    """NAME's sealed proofs this machine counted under `key` (a suite digest, or "DIGEST shards") since the
+    certification signed at `since` (ever: None); None when that one was not signed here."""
     counted = attempts_of(all_attempts(fac)["agents"], name)
-    ran = counted["sealed"].get(suite_digest)
-    ran = ran if type(ran) is int else 0
-    if since is None:
-        return ran
-    certified = counted["certified"].get(since)
-    if not isinstance(certified, dict):
+    before = {} if since is None else counted["certified"].get(since)
+    if not isinstance(before, dict):
         return None
-    before = certified.get(suite_digest)
-    return ran - (before if type(before) is int else 0)
+    ran, then = counted["sealed"].get(key), before.get(key)
+    return (ran if type(ran) is int else 0) - (then if type(then) is int else 0)
 
 
 def append_to_log(fac: Factory, name: str, make) -> dict:
@@ -3314,7 +3311,7 @@ def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Pat
             "sealed_at": proof["at"], "suite_digest": proof["suite_digest"], "grants": agent.card["tools"],
             "denied": agent.card["tools_denied"], "envelope_usd": agent.card["cost_envelope_usd"],
             "identity": agent.card["identity"], "owner": agent.card["owner"], "signer": signer.name, "signed_at": utc_now()}
-    production = gated_runs(fac, agent)
+    production = gated_runs(fac, agent, judged_tier(tier))
     cert["certified_rate"] = round(production.rate, 4) if production.runs >= PROMOTION_RUNS else None
     cert["certified_rate_runs"] = production.runs
     cert["chains"] = {name: chain.head for name, chain in chained_logs(fac).items()}
@@ -3962,11 +3959,11 @@ class Clients:
         return self.gate if self.gate.usable else None
 
 
-def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: list, problems: list[str]) -> dict:
+def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: list, problems: list[str], tier: str) -> dict:
     """Sage's gate answer on the input, the output and every held call: {result, p, answer, bar, line, why,
     shown (sha256 of what it saw), effects ((seq, tool, args digest): only those may commit)}; `problems`
     keep it from passing. One attempt, 8 s."""
-    bar, content = agent.card["evals"]["gate"], gate_content(task, output, held)
+    bar, content = agent.card["evals"]["gate"], gate_content(task, output, held, tier)
     seen = {"shown": sha256(utf8(content)), "effects": [[o.seq, o.tool, args_digest(o.args)] for o in held]}
     try:
         decision = clients.gate.yesno(content, agent.card["gate_question"])
@@ -3974,14 +3971,6 @@ def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: l
         result, said = ("unscored", f"unscored ({error})") if isinstance(error, sage.NoKey) else ("failed", f"FAILED ({error})")
         return {"result": result, "p": None, "answer": None, "bar": bar, "line": f"gate: {said}", "why": said, **seen}
     return {**judge(decision.answer, decision.p, bar, tuple(problems)), **seen}
-
-
-def gate_content(task: str, output: dict, held: list) -> str:
-    """What the gate is shown: the input, the output, each held call as tool + exact JSON arguments."""
-    effects = "\n".join(f"{n}. {o.tool} {json.dumps(o.args, ensure_ascii=False, sort_keys=True)}"
-                        for n, o in enumerate(held, 1))
-    return (f"Input:\n{task}\n\nAgent output:\n{json.dumps(output, ensure_ascii=False)}\n\n"
-            f"Calls held until this decision (each is written only if the answer is yes):\n{effects or '(none)'}")
 
 
 # ---- verdicts: how a run ends, from separate evidence
@@ -4290,7 +4279,7 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
         trace.flush()
     named = [model for model in card_models(agent.card) if model != "offline"]
     problems = [problem for problem in (cost, substitution(named, other_models(agent.card, loop.answered))) if problem]
-    gate = {**gate_run(clients, agent, loop, status, problems), "problems": problems}
+    gate = {**gate_run(clients, agent, loop, status, problems, tier), "problems": problems}
     with trace.pen, fac.halt.held():   # after the gate, settled and closed whole
         if trace.closed:
             return trace.row
@@ -4338,10 +4327,10 @@ def unpriced(fac: Factory, card: dict) -> str | None:
     return unknown_cost(fac, card, f"no price for {', '.join(models)}") if models else None
 
 
-def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, problems: list[str]) -> dict:
+def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, problems: list[str], tier: str) -> dict:
     """The gate's answer for a finished run; `not-run` otherwise."""
     if status == "done":
-        return gate_output(clients, agent, loop.task, loop.output, loop.broker.held, problems)
+        return gate_output(clients, agent, loop.task, loop.output, loop.broker.held, problems, tier)
     return {"result": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
             "line": f"gate: not run (run {status}: {loop.reason})", "why": f"not run (run {status}: {loop.reason})",
             "shown": None, "effects": []}
@@ -4473,7 +4462,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
             "unexpected_denials": unexpected, "unknown_tools": unknown, "draft": draft,
             "backends": sorted(set(loop.backends)),
             "models": loop.answered,
-            "handed_off": agent.hands_off(loop.output), "draft_score": None, "seconds": time.monotonic() - started,
+            "handed_off": agent.hands_off(loop.output), "draft_score": None, "draft_min": None, "seconds": time.monotonic() - started,
             "unpriced": loop.unpriced if loop.cost is None else ""}
     return {**result, "answered": answered_by_card_models(agent.card, result)}
 
@@ -5005,11 +4994,13 @@ def cmd_prove(fac: Factory, args) -> int:
     else:
         results, rubric, draft = prove_all(fac, agent, [c for c in cases if in_shard(c["id"], args.shard)], args.jobs)
     if args.shard:
+        args.sealed and count_sealed_attempt(fac, agent.name, suite_digest, shard=True)
         return write_shard(fac, shard_record(fac, agent, half, suite, suite_digest, args.shard, results, rubric, draft), args.json)
     cost = unpriced(fac, agent.card) or next((unknown_cost(fac, agent.card, r["unpriced"]) for r in results if r["unpriced"]), None)
     proof = proof_record(agent, half, suite, suite_digest, results, rubric, draft, args.require_model, cost)
+    proof.update(merged_shards=len(args.merge)) if args.merge else None
     fac.store.write_json(fac.record_path(agent.name, half), sealed_evidence(fac, proof, named=True))
-    if args.sealed:
+    if args.sealed and not args.merge:
         count_sealed_attempt(fac, agent.name, proof["suite_digest"])   # where deleting records cannot lower the count
     if args.junit:
         fac.store.write_text(Path(args.junit), junit_xml(proof, results, time.monotonic() - started), outside=True)
@@ -5081,24 +5072,23 @@ def certify_prompt(fac: Factory, claim: ClaimOnDisk, signer: Signer) -> list[str
 
 
 def attempts_lines(claim: ClaimOnDisk) -> list[str]:
-    """Sealed proofs since the last certification, and of this digest: the larger of the records (which can be
-    deleted) and this machine's own count (sealed_attempts), warning of the missing records."""
+    """Sealed attempts since the last certification (broker.attempts_said)."""
     try:
         signed = (claim.cert or {}).get("signed_at")
     except Refusal:   # a certificate that cannot be read dates nothing; replaced_lines names it
         signed = None
     since = signed if isinstance(signed, str) else None
-    proofs = [proof for _, proof in claim.proofs]
-    ran = sealed_attempts(claim.fac, claim.name, claim.proof["suite_digest"], since) or 0
-    return attempts_text(since, proofs, claim.agent.digest, ran, claim.name, claim.fac.shown(claim.fac.records / claim.name))
+    here, shards = (sealed_attempts(claim.fac, claim.name, claim.proof["suite_digest"] + part, since) or 0 for part in ("", " shards"))
+    return attempts_said(since, [p for _, p in claim.proofs], claim.agent.digest, here - shards, shards, claim.name,
+                         claim.fac.shown(claim.fac.records / claim.name))
 
 
 def production_line(fac: Factory, claim: ClaimOnDisk) -> str:
-    """The index's production evidence for this digest."""
-    production = gated_runs(fac, claim.agent)
-    problem = index_problem(fac)
-    return (f"  production evidence since the agent (its digest) last changed: {production.runs} authenticated gated run(s), "
-            f"gate pass rate {production.rate_text}{production.not_counted(fac.shown(fac.index))}; its held calls "
+    """The index's authenticated (MAC-checked) gated runs of this digest, as certify judges them."""
+    below, problem = judged_tier(claim.tier), index_problem(fac)
+    production = gated_runs(fac, claim.agent, below)
+    return (f"  production evidence since the agent (its digest) last changed: {production.runs} authenticated gated run(s) "
+            f"{f'at {below} (what {claim.tier} is judged on)' if below else 'at any tier'}, gate pass rate {production.rate_text}{production.not_counted(fac.shown(fac.index))}; its held calls "
             f"{reviews_text(review_figures(fac, claim.name, verified_runs(fac, claim.agent))[0])}" + (f"; WARNING: {problem}" if problem else ""))
 
 
@@ -5705,7 +5695,8 @@ def cmd_approve(fac: Factory, args) -> int:
     if not sys.stdin.isatty():
         raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
     retry = ["retry: " + uncertain_column(fac, entry, claim.record.decisions)] if claim.record.state == "uncertain-effect" else []
-    if no := declined(approval_brief(fac, entry) + retry, "approve?"):
+    twins = executed_twins(decisions_of(fac, lambda e: e["agent"] == entry["agent"]).decided, entry)
+    if no := declined(approval_brief(fac, entry) + twins + retry, "approve?"):
         raise Refusal(f"not approved; the call stays staged. you answered {no}; only y or yes approves.")
     body = {"kind": "intent", **{key: entry[key] for key in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},
             "by": signer.name, "at": utc_now()}
@@ -5958,13 +5949,11 @@ def cmd_digest(fac: Factory, args) -> int:
     """
     agent, path = read_agent(fac, args.agent), fac.cert_path(args.agent)   # hashed and checked, never executed
     certified = fac.store.read_json(path).get("components") if path.exists() and (args.explain or args.json) else None
-    certified = certified if isinstance(certified, dict) or certified is None else {}
-    changed = {label: None if certified is None else certified.get(label) != value for label, value in agent.components.items()}
-    if printed_json(args, {"agent": agent.name, "digest": agent.digest, "components": agent.components, "changed": changed}):
+    marks = component_marks(agent.components, certified)
+    if printed_json(args, {"agent": agent.name, "digest": agent.digest, "components": agent.components, **marks}):
         return 0
     print(agent.digest)
-    for label, value in agent.components.items() if args.explain else ():
-        print(f"  {value}  {label}{'   <- changed since certification' if changed[label] else ''}")
+    print(*component_lines(agent.components, certified, marks), sep="\n") if args.explain else None
     return 0
 
 
@@ -6371,9 +6360,9 @@ start here, with the shipped triager (no keys needed: it runs on its own rules):
   python3 factory.py new faq                        then an agent of your own
   python3 factory.py STATION --help                 flags, examples, exit status
 
-exit status: 0 done, 1 refused or a failed verdict (prove under the bar),
-2 usage error, 130 interrupted. Results go to stdout; refusals, prompts and
-progress to stderr."""
+exit status: 0 done, 1 refused, 2 usage error, 3 a proof that ran and did not
+pass, 130 interrupted, 141 run's stdout closed, 143 terminated. Results go to
+stdout; refusals, prompts and progress to stderr."""
 
 
 def wrapped(text: str) -> str:

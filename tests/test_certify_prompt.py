@@ -13,6 +13,7 @@ import shutil
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import FakeSage
 from tests.support import LineTest
+from tests.test_trust import index_row
 
 OFFLINE_WARNING = "WARNING: this proof ran the agent's offline rules, not claude-sonnet-5-5"
 RUBRIC_WARNING = "WARNING: the card's draft rubric never ran (draft:unscored (no key)): the cases passed, no draft was " \
@@ -256,3 +257,26 @@ class VariantChanges(LineTest):
         done = self.certify("triager")
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertNotIn("variant of", done.stderr)
+
+class JudgedEvidence(LineTest):
+    """The triager, its ceiling raised to C3, certified at C1 (bar 0) with its rubric scored: production rows of
+    its digest at C1 and C2 sealed into the index as the line seals them."""
+
+    def prepare(self):
+        self.edit_card("triager", tier_ceiling="C3")
+        self.certified("triager")
+        self.prove_scored()
+
+    def test_c3_shows_and_records_the_c2_runs_it_judged(self):
+        """C3's refusal counted the C2 runs, while its prompt and the certificate's certified_rate (the drift watch's
+        baseline) counted every tier's, C1's among them."""
+        digest = self.cert()["digest"]
+        self.runs_ok()   # a run of the line begins the index (offline: not gated, so not counted)
+        self.append_index(*[index_row("triager", digest, "C1") for _ in range(42)], sealed=True)
+        self.append_index(*[index_row("triager", digest, "C2", "pass" if n % 4 else "flag") for n in range(20)], sealed=True)
+        signed = self.sign("triager", "C3").stderr
+        self.assertIn("  production evidence since the agent (its digest) last changed: 20 authenticated gated run(s) at C2 "
+                      "(what C3 is judged on), gate pass rate 15/20 = 0.75 [0.53, 0.89]; ", signed)
+        self.assertEqual((self.cert()["certified_rate"], self.cert()["certified_rate_runs"]), (0.75, 20))
+        prompt = self.certify("triager", "C1", answer=b"n\n").stderr
+        self.assertIn(" last changed: 62 authenticated gated run(s) at any tier, gate pass rate 57/62 = ", prompt)

@@ -404,7 +404,16 @@ class Help(unittest.TestCase):
                 argv = example_argv(re.split(r"\s{2,}", line.strip())[0])   # the command, then what it does
                 if argv != ["STATION", "--help"]:
                     self.assertIsInstance(factory.parse(factory.build_parser(), argv), argparse.Namespace)
-        self.assertIn("exit status: 0 done, 1 refused", text)
+        self.assertIn("exit status: 0 done, 1 refused, 2 usage error, 3 a proof that ran and did not\npass,", text)
+
+    def test_the_top_level_exit_statuses_are_the_readmes(self):
+        """The top level said `1 refused or a failed verdict (prove under the bar)` after failed proofs exited 3,
+        and named neither 141 nor 143."""
+        said = " ".join(help_of().split("\nexit status: ")[1].split(". Results")[0].split())
+        readme = (REPO / "README.md").read_text().split("\n## Exit statuses\n")[1].split("\n## ")[0]
+        listed = re.findall(r"(?:^- |\) and )`(\d+)` ", readme, re.M)
+        self.assertEqual(listed, ["0", "1", "2", "3", "130", "143", "141"])
+        self.assertEqual(sorted(re.findall(r"(?:^|, )(\d+) ", said), key=int), sorted(listed, key=int), said)
 
     def test_help_fits_an_80_column_terminal(self):
         for argv in ([], *[[f.__name__.removeprefix("cmd_")] for f in factory.stations()]):

@@ -391,7 +391,7 @@ class ScriptedLoop(CertifiedTest):
         self.assertEqual(factory.run_loop(loop), "done")
         with FakeSage(yes_p=0.95) as fake:
             self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
-            gate = factory.gate_output(factory.Clients(self.env), agent, loop.task, loop.output, loop.broker.held, [])
+            gate = factory.gate_output(factory.Clients(self.env), agent, loop.task, loop.output, loop.broker.held, [], "C1")
         self.assertEqual(gate["result"], "pass")
         loop.broker.held[0].args["text"] = "We will refund you 40 dollars by Friday."
         settled = factory.settle_held(self.fac, agent, cert, trace, loop.broker, "C1", gate, False)

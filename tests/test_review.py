@@ -104,6 +104,16 @@ class Review(CertifiedTest):
         prompt = self.certify("triager", "C1", answer=b"n\n")
         self.assertIn(f"; its held calls {counts['waiting']} waiting, 1 accepted, 1 edited, 1 discarded\n", prompt.stderr)
 
+    def test_a_second_decision_without_seq_names_the_first(self):
+        """On a run whose held drafts were all decided, a decision without --seq said `no held draft of run ... waits`,
+        where the README promises a second decision is refused naming the first."""
+        first, second = (seq for run_id, seq in self.held if run_id == self.runs[0])
+        self.decide(0, first, "--accept")
+        self.assertEqual(self.review(self.runs[0], "--accept", "--by", "bob")[0], 0, "the one still waiting is taken")
+        at = self.entries()[0]["at"]
+        self.refused(f"run {self.runs[0]} --seq {first} was already accepted by bob at {at} (looked at it).", "review",
+                     "triager", self.runs[0], "--discard", "--by", "bob", "--reason", "thought better of it")
+
     def test_refusals_and_usage_errors(self):
         first = self.held[0][1]
         self.decide(0, first, "--accept", reason="fine")

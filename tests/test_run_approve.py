@@ -499,11 +499,20 @@ class RecallAndHarvest(LineTest):
         code, out, err = self.factory("harvest", "triager")
         self.assertEqual(code, 0, err)
         self.assertIn("proposed 0 case(s)", out)
-        self.assertIn("1 held back for a human in outbox/evalsmith/review.jsonl", out)
+        # it said `proposed 0 case(s) into evals/triager/proposed.jsonl; 1 held back`, and not what brings one there
+        self.assertIn("; 1 held back for a human in outbox/evalsmith/review.jsonl (evalsmith's gate did not pass them), not "
+                      "in evals/triager/proposed.jsonl: `review evalsmith` lists them, and one you accept there you add to it "
+                      "yourself (review records what you did, and writes no case)\n", out)
         self.assertEqual(self.outbox_of_evals("triager"), [])
         review = self.outbox("evalsmith", "review")
         self.assertEqual([(r["tool"], r["routed"], r["gate"]) for r in review], [("evals:propose", "human", "unscored")])
-        self.assertIn("harvested 0 flagged run(s)", self.factory("harvest", "triager")[1])
+        self.give_key("rita")
+        code, out, err = self.factory("review", "evalsmith", review[0]["run_id"], "--accept", "--by", "rita")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.outbox_of_evals("triager"), [], "accepting records the decision; the case is the human's to add")
+        code, out, err = self.factory("harvest", "triager")
+        self.assertEqual(code, 0, err)
+        self.assertIn("harvested 0 flagged run(s)", out)
 
     def test_each_station_that_reports_says_it_as_json_with_json(self):
         """--json: one JSON object per line, saying what the text says (harvest, restamp, recall, digest, doctor)."""
@@ -646,6 +655,12 @@ class EffectsByTier(Tiered):
                 self.gate_p = [0.95]
                 passed = self.refund_run()
                 self.assertEqual(tuple(a - b for a, b in zip(self.counts(), after_flag)), expected[tier])
+                # the gate was told `each is written only if the answer is yes`, of a refund C0 and C1 never carry out
+                content, refund = self.sage.requests[-1].body["content"], 'billing:refund {"amount_usd": 40, "reason": "charged twice'
+                self.assertIn(f"\n\nCalls held until this decision, at tier {tier} (a no writes none; nor does a yes when the "
+                              f"agent hands off):\n", content)
+                on_yes = {"C2": "parked for a human's approval", "C3": "written"}.get(tier, "not written (recorded what it would have done)")
+                self.assertIn(f'{refund} for one order"}} (on yes: {on_yes})', content)
                 self.assertEqual(passed["tier"], tier)
                 self.assertEqual(passed["verdict"], {"C2": "waiting-for-approval"}.get(tier, "verified"))
                 went = {"C2": "waiting for a human's approval: 1 acting call(s) parked (pending lists them)."}
@@ -975,6 +990,19 @@ class Approval(Tiered):
         self.assertEqual(section.find("p[@class='calls']").text, f"approvals: {pending} pending, {uncertain} uncertain-effect")
         shown = {row[0].text: row[1].text for row in section.find(".//table[@data-chart='verdicts']")[2:] if row[0].text in verdicts}
         self.assertEqual(shown, {k: str(v) for k, v in verdicts.items()}, "the page counts the verdicts the document does")
+
+    def test_the_prompt_names_an_identical_call_executed_for_another_run(self):
+        """Another run asking for the refund already paid (allowed: two customers may be owed the same) was shown
+        with no word that this exact call had been executed."""
+        self.assertEqual(self.approve().returncode, 0)
+        done = [e for e in self.decisions() if e["kind"] != "intent"][-1]
+        self.refund_model()
+        second = self.run_payer(CHARGED)[0]["run_id"]
+        self.offline()
+        prompt = self.approve(b"n\n", run_id=second).stderr
+        self.assertIn(f"\nnote: this exact call (tool and arguments) was executed for run {self.run_id} (call 1) at {done['at']}, "
+                      f"approved by bob: a second run may rightly ask for it again; see that it is not the same request twice\n", prompt)
+        self.assertEqual(self.approve(b"n\n").returncode, 1, "the call itself was executed: refused, as before")
 
     def test_pending_json_is_one_object_per_call(self):
         code, out, err = self.factory("pending", "--json")

@@ -152,6 +152,9 @@ class Labeler(LineTest):
                 self.assertEqual(skipped, [(f"{prefix}-{i} rubric", "note:unscored (no key)") for i in range(1, n + 1)])
                 properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
                 self.assertEqual(properties["verdict"], "PASS WITHOUT RUBRIC")
+                # no hand-off bar on the card: no property (it was value="None"); synthetic once, as the text says it
+                self.assertEqual((properties.get("handoff_bar", "absent"), properties["synthetic"], properties.get(
+                    "source.synthetic", "absent")), ("absent", f"{n}/{n}: too few to judge", "absent"))
                 summary = self.factory("prove", "labeler", *half)[1]
                 self.assertIn(" (bar 0.3 on the lower bound) PASS WITHOUT RUBRIC   denials:0   note:unscored (no key)\n", summary)
                 self.assertIn("\n  the card's draft rubric never ran (note:unscored (no key)): the cases passed, no note was "
@@ -183,7 +186,7 @@ class Labeler(LineTest):
             self.env["SAGE_ENDPOINT"] = sage.url
             code, out, err = self.factory("prove", "labeler")
         self.assertEqual(code, 3, err)
-        self.assertIn("\n  failed o-1: note 1.0/4\n", out)
+        self.assertIn("\n  failed o-1: note 1.0/4, under the rubric's min 2\n", out, "the score and the minimum it needed")
 
     def test_a_case_whose_output_has_no_note_fails_naming_it(self):
         """The note not required and left out of one output: that case passed, unscored, and nothing named it."""
@@ -207,6 +210,47 @@ class Labeler(LineTest):
                 self.refused("the ABOM changed", "run", "labeler", "Fix a bug")   # the certificate is checked first
         self.edit_card("labeler", draft_rubric={**RUBRIC, "field": "Note"})
         self.refused("field 'draft_rubric.field' must be the name of a string property of OUTPUT_SCHEMA", "digest", "labeler")
+
+    def test_digest_explain_names_a_tool_added_or_removed_apart_from_a_change(self):
+        """A tool module and contract the card newly grants were marked `changed since certification`, and a contract
+        no longer granted was not shown at all."""
+        self.edit_card("labeler", tools=["pulls:label", "drafts:write"])
+        code, out, err = self.factory("digest", "labeler", "--explain")
+        self.assertEqual(code, 0, err)
+        marks = {" ".join(line.split("  ", 2)[2].split("   <- ")[0].split()): (line.split("<- ")[1] if "<-" in line else "")
+                 for line in out.splitlines()[1:]}
+        self.assertEqual(marks, {"card": "changed since certification", "entrypoint agents/labeler.py": "",
+                                 "tool code agents/tools/drafts.py": "added since certification",
+                                 "tool code agents/tools/pulls.py": "", "contract drafts:write": "added since certification",
+                                 "contract pulls:label": "", "contract pulls:files": "removed since certification"}, out)
+        [doc] = [json.loads(self.factory("digest", "labeler", "--json")[1])]
+        self.assertEqual((doc["added"], doc["removed"]), (["tool code agents/tools/drafts.py", "contract drafts:write"],
+                                                          ["contract pulls:files"]))
+
+    def test_a_card_naming_an_output_field_of_another_type_does_not_load(self):
+        """handoff_field naming a string property and draft_rubric.field a number: digest accepted the card (exit 0)
+        and only prove said so. The README: such a card does not load; the stations that never run its code read
+        OUTPUT_SCHEMA as its source writes it."""
+        schema = "agents/labeler.py: OUTPUT_SCHEMA has no {kind} property '{name}', {what}; its {kind} properties: {have}"
+        handoff = schema.format(kind="boolean", name="note", have="handoff", what="the card's hand-off field (set "
+                                "handoff_field to the output field by which the agent hands a run to a human)")
+        rubric = schema.format(kind="string", name="score", have="label, note", what="the field the card's draft rubric "
+                               "scores (set draft_rubric.field to the output field holding the prose to score)")
+        module = self.root / "agents" / "labeler.py"
+        module.write_text(MODULE.replace('"note": {"type": "string", "maxLength": 300},',
+                                         '"note": {"type": "string", "maxLength": 300}, "score": {"type": "number"},'))
+        self.edit_card("labeler", handoff_field="note")
+        for station in (["digest", "labeler"], ["prove", "labeler"]):
+            self.refused(f"masters/labeler.json: {handoff}", *station)
+        self.edit_card("labeler", handoff_field="handoff", draft_rubric={**RUBRIC, "field": "score"})
+        self.refused(f"masters/labeler.json: {rubric}", "digest", "labeler")
+        self.edit_card("labeler", handoff_field="note")
+        code, out, err = self.factory("digest", "labeler")
+        self.assertEqual((code, err.splitlines()), (1, ["factory digest: masters/labeler.json: 2 problems",
+                                                        f"  {handoff}", f"  {rubric}"]))
+        module.write_text(MODULE.replace('"handoff": {"type": "boolean"},', '"handoff": {"type": ["boolean"][0]},'))
+        self.edit_card("labeler", handoff_field="handoff", draft_rubric=RUBRIC)
+        self.assertEqual(self.factory("digest", "labeler")[0], 0, "a type the source computes is checked once executed")
 
     def test_a_rubric_that_scored_no_draft_is_its_own_verdict_never_pass(self):
         module = self.root / "agents" / "labeler.py"

@@ -88,9 +88,27 @@ class Shards(LineTest):
         halves = self.shard(1, 2)
         self.refused_writing_nothing(f"{shown(halves)}: shard 1/2, but the others are of 3", "prove", "triager",
                                      "--sealed", "--merge", str(one), str(two), str(halves))
+        self.refused_writing_nothing(f"{shown(one)}: not a shard of this proof (half, suite_digest differ); it is of the "
+                                     f"sealed half: pass --sealed", "prove", "triager", "--merge", str(one), str(two), str(three))
         self.edit_card("triager", max_steps=7)   # another digest: the shards proved an agent that is no more
         self.refused_writing_nothing(f"{shown(one)}: not a shard of this proof (digest differ", "prove", "triager",
                                      "--sealed", "--merge", str(one), str(two), str(three))
+
+    def test_every_sealed_shard_is_a_sealed_attempt_and_its_merge_none(self):
+        """prove --sealed --shard K/N was never counted, so shards run again and again probed the sealed half
+        uncounted, and the merge was counted as the one attempt."""
+        for k in (1, 1, 1, 2):
+            self.assertEqual(self.factory("prove", "triager", "--sealed", "--shard", f"{k}/2")[0], 0)
+        folder = self.root / "records" / "triager"
+        latest = [sorted(folder.glob(f"*.sealed-shard-{k}-of-2.json"))[-1] for k in (1, 2)]
+        self.assertEqual(self.merge(*latest)[0], 0)
+        prompt = self.certify("triager", answer=b"n\n").stderr
+        self.assertIn("  sealed attempts ever (never certified): 4 (4 of them shards, merged into 1 proof(s)), across 1 "
+                      "version(s) of the agent; 1 of this one\n", prompt)
+        self.assertNotIn("WARNING: this machine ran", prompt)
+        self.prove_sealed()
+        self.assertIn("  sealed attempts ever (never certified): 5 (4 of them shards, merged into 1 proof(s)), across 1 ",
+                      self.certify("triager", answer=b"n\n").stderr)
 
     def test_a_changed_sealed_half_refuses_the_shards_of_the_old_one(self):
         records = [self.shard(k, 2) for k in (1, 2)]

@@ -826,7 +826,7 @@ class Evidence(LineTest):
         record = sorted((self.root / "records" / "triager").glob("*.sealed.json"))[-1].relative_to(self.root).as_posix()
         self.assertIn(f"sealed proof {record}: ", signed.stderr)
         self.assertIn("authenticated by its evidence MAC", signed.stderr)
-        self.assertIn("production evidence since the agent (its digest) last changed: 0 authenticated gated run(s), gate pass rate -; "
+        self.assertIn("production evidence since the agent (its digest) last changed: 0 authenticated gated run(s) at any tier, gate pass rate -; "
                       "3 row(s) of traces/index.jsonl not counted", signed.stderr)
 
     def test_rows_and_records_written_by_the_line_verify(self):
