@@ -652,6 +652,11 @@ class EffectsByTier(Tiered):
                 self.assertEqual(after_flag[:3], before[:3], "a failing gate writes nothing out")
                 self.assertEqual(after_flag[3] - before[3], 0 if tier == "C0" else 2, "its label and refund wait for a human")
                 self.assertEqual(flagged["verdict"], "routed-to-human")
+                listed = self.factory("review", "payer")[1].split(f"{flagged['run_id']}  queued ")[1:]
+                self.assertEqual([line.split("  ", 2)[2] for line in "".join(listed[:1]).splitlines() if "--seq" in line], [] if
+                                 tier == "C0" else ['issues:label {"label": "billing", "escalate": false}', 'billing:refund '
+                                 '{"reason": "charged twice for one order", "amount_usd": 40}  (an acting call: not carried '
+                                 'out; do it by hand, or not)'], "the human the run went to sees its held label and refund")
                 self.gate_p = [0.95]
                 passed = self.refund_run()
                 self.assertEqual(tuple(a - b for a, b in zip(self.counts(), after_flag)), expected[tier])
