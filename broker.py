@@ -33,7 +33,8 @@ figures (`proof_figures`) and the statistics they rest on; replay's recorded too
 The guards decide whether an agent may run, be certified, or have a parked call carried out: each
 chain is a tuple of (name, check), run in order by `guard_results` up to its first refusal (a guard
 relies on those before it having held), over a `Claim` whose evidence the caller reads lazily (the
-factory from its files), so a chain stops reading at its first refusal. The chains, in order:
+factory from its files), so a chain stops reading at its first refusal; `certificate_trust` says what
+the run chain makes of a certificate for the tower. The chains, in order:
 
     certificate (CERTIFICATE_GUARDS): what run and approve ask of the certificate first
         certificate           there is one (else: no such agent, or uncertified)
@@ -3076,9 +3077,6 @@ STANDING_GUARDS = (("certificate", has_certificate), ("revocation", not_revoked)
                    ("same certificate", same_certificate), ("staging run", staged_by_its_run))
 STANDING_STATES = MappingProxyType({"certificate": "uncertified", "revocation": "revoked", "recall": "recalled",
                                     "same certificate": "superseded"})
-CHAINS = MappingProxyType({"run": RUN_GUARDS, "certify": CERTIFY_GUARDS, "approve": APPROVE_GUARDS,
-                           "execute": EXECUTE_GUARDS, "reject": REJECT_GUARDS, "deciding": DECIDING_GUARDS,
-                           "standing": STANDING_GUARDS})
 
 
 def guard_results(claim: Claim, guards: tuple, unreadable: tuple = (), said=str, unread: set | None = None) -> list:
@@ -3117,3 +3115,32 @@ def closing_verdicts(at_close: str, decisions: list[dict], states: list[str], ou
     outcomes = [STATE_OUTCOMES[state] for state in states if state in STATE_OUTCOMES] + [outcome]
     before = closed[-1].get("verdict_to", at_close) if closed else at_close
     return before, verdict_after(at_close, outcomes, any(state not in STATE_OUTCOMES for state in states))
+
+
+# ---- what the tower says of a certificate (its words: REFUSED_AS, trust_summary): the run chain's results
+
+def certificate_trust(claim: Claim, demoted: bool, unreadable: tuple = (), said=str) -> tuple[dict, list[str]]:
+    """(an agent's trust for the tower, the lines of the files a guard could not read) from a `run` claim: its
+    CERTIFICATE_GUARDS in order, then each run guard after them asked alone (a revoked certificate is also seen
+    stale), and whether the drift watch demoted it. `unreadable` and `said` as for guard_results."""
+    unread: set = set()
+    results = guard_results(claim, CERTIFICATE_GUARDS, unreadable, said, unread)
+    verified = not results[-1][1]
+    if verified:
+        results += [result for guard in RUN_GUARDS[len(CERTIFICATE_GUARDS):]
+                    for result in guard_results(claim, (guard,), unreadable, said, unread)]
+    lines = {guard: line for guard, line in results if line}
+    found = {guard: line for guard, line in lines.items() if guard not in unread}   # what a guard found
+    cert = claim.cert if verified else {}
+    trust = {"certificate": "verified" if verified else "unreadable" if unread else    # cert is read: it did not raise
+             "none" if "certificate" in lines and claim.cert is None else "unverified",
+             "tier": cert.get("tier"), "signer": cert.get("signer"), "signed_at": cert.get("signed_at"),
+             "refusal": next(iter(lines.values()), None), "revoked": found.get("revocation"),
+             "recalled": found.get("recall"), "stale": found.get("digest"), "demoted": demoted,
+             "sealed": cert.get("sealed_counts")}
+    trust["refused_by"] = [f"{guard}: unreadable" if guard in unread else REFUSED_AS.get(guard, guard)
+                           for guard in lines]   # in the run station's order
+    trust["may_run"] = trust["refusal"] is None
+    trust["runs_at"] = ("C0" if demoted else cert["tier"]) if trust["may_run"] else None
+    trust["summary"] = trust_summary(trust)
+    return trust, list(dict.fromkeys(lines[guard] for guard in unread))   # two guards can fail on one card

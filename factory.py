@@ -107,7 +107,7 @@ from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons
 from broker import FINAL, FLAGGED, call_columns, closes, state_column, uncertain_said  # noqa: E402
 from broker import (  # noqa: E402   the guards and their chains, over a Claim (ClaimOnDisk reads its evidence)
     CONTRACT, DECISION_UNSIGNED, HMAC_SIGNATURE, PROMOTION_RUNS, SIGNER, SSH_SIGNATURE, TIERS, Claim,
-    closing_verdicts, first_refusal, guard_results, APPROVE_GUARDS, CERTIFICATE_GUARDS,
+    certificate_trust, closing_verdicts, first_refusal, guard_results, APPROVE_GUARDS,
     CERTIFY_GUARDS, DECIDING_GUARDS, EXECUTE_GUARDS, REJECT_GUARDS, RUN_GUARDS, STANDING_GUARDS, STANDING_STATES)
 from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
     Sign, detect, evidence, LABEL_SOURCES, PASSING, PROOF_VERDICTS, card_changes, cut, label_counts,
@@ -123,7 +123,7 @@ from broker import (  # noqa: E402   what the stations print, decided without I/
     grants_line, held_draft, proof_summary, replaced_text, restamp_lines, run_lines, sealed_proof_lines, shard_line,
     ticket_problem)
 from broker import (  # noqa: E402   the tower's text and page
-    PARTIAL_LINE, TOWER_COLUMNS, agent_lines, render_tower_html, tower_cells, tower_lines, REFUSED_AS, trust_summary)
+    PARTIAL_LINE, TOWER_COLUMNS, agent_lines, render_tower_html, tower_cells, tower_lines)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -6134,29 +6134,8 @@ def known_agents(fac: Factory) -> list[str]:
 
 
 def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
-    """(NAME's trust, problems): what the run station's guards say of its certificate, each guard after the
-    certificate's own asked alone (a revoked one is also seen stale), and the drift watch; a file a check could
-    not read is a problem."""
-    claim, unread = ClaimOnDisk(name, "run", fac=fac), set()
-    results = check_guards(claim, CERTIFICATE_GUARDS, unread)
-    verified = not results[-1][1]
-    if verified:
-        results += [result for guard in RUN_GUARDS[len(CERTIFICATE_GUARDS):] for result in check_guards(claim, (guard,), unread)]
-    lines = {guard: line for guard, line in results if line}
-    said = {guard: line for guard, line in lines.items() if guard not in unread}   # what a guard found
-    cert = claim.cert if verified else {}
-    trust = {"certificate": "verified" if verified else "unreadable" if unread else
-             "none" if "certificate" in lines and claim.cert is None else "unverified",
-             "tier": cert.get("tier"), "signer": cert.get("signer"), "signed_at": cert.get("signed_at"),
-             "refusal": next(iter(lines.values()), None), "revoked": said.get("revocation"),
-             "recalled": said.get("recall"), "stale": said.get("digest"), "demoted": drift.demoted,
-             "sealed": cert.get("sealed_counts")}
-    trust["refused_by"] = [f"{guard}: unreadable" if guard in unread else REFUSED_AS.get(guard, guard)
-                           for guard in lines]   # in the run station's order
-    trust["may_run"] = trust["refusal"] is None
-    trust["runs_at"] = ("C0" if drift.demoted else cert["tier"]) if trust["may_run"] else None
-    trust["summary"] = trust_summary(trust)
-    return trust, list(dict.fromkeys(lines[guard] for guard in unread))   # two guards can fail on one card
+    """(NAME's trust, problems): broker.certificate_trust on its certificate as it is here and the drift watch."""
+    return certificate_trust(ClaimOnDisk(name, "run", fac=fac), drift.demoted, Refusal, refusal_line)
 
 
 def gate_bar(fac: Factory, name: str) -> float | None:

@@ -263,6 +263,8 @@ def run_chains(broker) -> dict:
             if held is None or name not in held:
                 raise AttributeError(name)
             self.__dict__["asked"].append(name)
+            if isinstance(held[name], LookupError):   # a file the caller could not read
+                raise held[name]
             return held[name]
 
     digest = broker.args_digest(ARGS)
@@ -296,6 +298,13 @@ def run_chains(broker) -> dict:
             claim.__dict__.update(held=evidence, asked=[])
             results = broker.guard_results(claim, getattr(broker, CHAINED[chain]))
             done[chain].append((label, results, claim.asked, raised, tiers))
+            if chain == "run":   # what the tower says of the certificate, asked again of the same evidence
+                claim.__dict__.update(held={**evidence, "raise_anchor": lambda **heads: None}, asked=[])
+                trust = broker.certificate_trust(claim, label == "holds")[0]
+                done.setdefault("trust", []).append((label, trust["summary"], trust["runs_at"]))
+    claim.__dict__.update(held={**claim.held, "cert": LookupError("registry/triager.card.json: not valid json")}, asked=[])
+    trust, problems = broker.certificate_trust(claim, False, (LookupError,), lambda error: error.args[0])
+    done["trust"].append(("unreadable", trust["summary"], problems))
     return done
 
 
@@ -379,7 +388,7 @@ class Pure(unittest.TestCase):
         self.assertEqual(self.made.returncode, 0, self.made.stderr)
         self.assertEqual(self.report["traps"], [True] * 7)   # each kind of I/O raised in the child
         self.assertIsNone(self.report["failed"])
-        self.assertEqual(set(self.report["done"]), set(SCENARIOS))
+        self.assertEqual(set(self.report["done"]), {*SCENARIOS, "trust"})
 
     def test_each_chain_lets_its_claim_through_and_each_guard_refuses_in_its_own_words(self):
         import broker
@@ -425,6 +434,21 @@ class Pure(unittest.TestCase):
         self.assertEqual(run["log cut"], [])
         certify = {label: tiers for label, _, _, _, tiers in self.report["done"]["certify"]}
         self.assertEqual(certify["few runs"], ["C1"])   # production is counted at the tier below the one asked
+
+    def test_what_the_tower_says_of_a_certificate(self):
+        trust = {label: (summary, runs_at) for label, summary, runs_at in self.report["done"]["trust"]}
+        signed = "C2 signed by alice at 2026-01-02T00:00:00Z"
+        self.assertEqual(trust["holds"], (f"{signed}; runs at C0 (demoted)", "C0"))
+        self.assertEqual(trust["recalled before"], (f"{signed}; may run", "C2"))
+        self.assertEqual(trust["no certificate"], ("uncertified", None))
+        self.assertEqual(trust["no hmac key"], ("certificate cannot be checked here (its signer's key, ssh-keygen or the "
+                                                "trusted signers file is missing)", None))
+        self.assertEqual(trust["changed"], ("certificate does not verify", None))
+        self.assertEqual(trust["revoked"], (f"{signed}; may not run (revoked)", None))
+        self.assertEqual(trust["code changed"], (f"{signed}; may not run (stale)", None))
+        self.assertEqual(trust["lineage"], (f"{signed}; may not run (lineage)", None))
+        self.assertEqual(trust["unreadable"], ("not checked (certificate: unreadable)",   # a file that did not read
+                                               ["registry/triager.card.json: not valid json"]))
 
     def test_the_docstring_lists_each_chain_as_it_is(self):
         import broker
