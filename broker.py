@@ -2280,6 +2280,70 @@ def uncertain_moves(calls, watch: dict) -> list[tuple[str, str, str]]:
     return moves
 
 
+# ---- the parked calls the tower counts per agent
+
+@dataclass
+class ParkedCounts:
+    """One agent's parked calls as `pending` counts them, and its parked files unread or missing."""
+    pending: int = 0                    # waiting: pending, or of unknown state while the log cannot be read
+    uncertain_effect: int = 0
+    stuck: dict = field(default_factory=dict)      # state -> calls that cannot be approved: STUCK, or executing now
+    problems: list = field(default_factory=list)
+
+
+def parked_counts(entries: list[dict], states: Mapping) -> dict[str, ParkedCounts]:
+    """agent -> ParkedCounts of the parked calls `entries`, each in its state `states[run_id, call]`."""
+    found: dict[str, ParkedCounts] = {}
+    for entry in entries:
+        state = states[entry["run_id"], entry["call"]]
+        counts = found.setdefault(entry["agent"], ParkedCounts())
+        counts.pending += state in ("pending", "unknown")
+        counts.uncertain_effect += state == "uncertain-effect"
+        if state in STUCK or state == "executing":
+            counts.stuck[state] = counts.stuck.get(state, 0) + 1
+    return found
+
+
+# ---- the keys folder's records, decided over what the factory read: an allowed-signers line, whether a head or
+# certificate is newer than the one anchored, the sealed proofs counted since a certification
+
+def allowed_signer(line: str) -> tuple[list[str], str]:
+    """(principals, rest) of one allowed-signers line (`man ssh-keygen`, ALLOWED SIGNERS: principals first,
+    comma-separated, maybe quoted); ([], "") for a blank line, a comment or nothing after the principals."""
+    line = line.strip()
+    if line.startswith('"'):
+        principals, quote, rest = line[1:].partition('"')
+        return (principals.split(","), rest.strip()) if quote and rest[:1].isspace() else ([], "")
+    fields = line.split(None, 1)
+    if len(fields) < 2 or line.startswith("#"):
+        return [], ""
+    return fields[0].split(","), fields[1]
+
+
+def newer(old, new: dict, key: str) -> bool:
+    """True when `new` replaces the anchored `old`: none, or new[key] is greater."""
+    return not isinstance(old, dict) or not isinstance(old.get(key), type(new[key])) or new[key] > old[key]
+
+
+def attempts_of(agents: dict, name: str) -> dict:
+    """NAME's counts: {"sealed": {suite digest: proofs}, "certified": {signed_at: "sealed" then}}, parts {} when
+    missing."""
+    counted = agents.get(name) if isinstance(agents.get(name), dict) else {}
+    return {part: dict(counted[part]) if isinstance(counted.get(part), dict) else {} for part in ("sealed", "certified")}
+
+
+def attempts_since(agents: dict, name: str, key: str, since: str | None) -> int | None:
+    """NAME's sealed proofs counted in `agents` (the sealed-attempt file's) under `key` (a suite digest, or
+    "DIGEST shards") since the certification signed at `since` (ever: None); None when that one was not
+    marked (not signed here)."""
+    counted = attempts_of(agents, name)
+    before = {} if since is None else counted["certified"].get(since)
+    if not isinstance(before, dict):
+        return None
+    ran, then = counted["sealed"].get(key), before.get(key)
+    return (ran if type(ran) is int else 0) - (then if type(then) is int else 0)
+
+
 # ---- the tower's text and page, drawn from its document alone (tower_document; the factory prints and writes them):
 # the table and the lines under each row, word for word in both, and each agent's charts as tables whose bars are
 # their own figures

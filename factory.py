@@ -124,6 +124,8 @@ from broker import (  # noqa: E402   what the stations print, decided without I/
     ticket_problem)
 from broker import (  # noqa: E402   the tower's text and page
     PARTIAL_LINE, TOWER_COLUMNS, agent_lines, render_tower_html, tower_cells, tower_lines)
+from broker import allowed_signer, attempts_of, attempts_since, newer  # noqa: E402   the keys folder's records
+from broker import ParkedCounts, parked_counts  # noqa: E402
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -2966,19 +2968,6 @@ def replaced_problem(path: Path) -> str | None:
 PIPE_TEXT = 16384   # characters ssh_keygen writes to one pipe before ssh-keygen reads it (an armoured signature's most)
 
 
-def allowed_signer(line: str) -> tuple[list[str], str]:
-    """(principals, rest) of one allowed-signers line (`man ssh-keygen`, ALLOWED SIGNERS: principals first,
-    comma-separated, maybe quoted); ([], "") for a blank line, a comment or nothing after the principals."""
-    line = line.strip()
-    if line.startswith('"'):
-        principals, quote, rest = line[1:].partition('"')
-        return (principals.split(","), rest.strip()) if quote and rest[:1].isspace() else ([], "")
-    fields = line.split(None, 1)
-    if len(fields) < 2 or line.startswith("#"):
-        return [], ""
-    return fields[0].split(","), fields[1]
-
-
 def signer_lines(fac: Factory, signer: str) -> str:
     """The trusted allowed-signers lines naming SIGNER exactly, each rewritten to name SIGNER alone (ssh-keygen
     also matches -I against patterns: a `*` line would trust its key for every signer); Refusal past PIPE_TEXT."""
@@ -3117,11 +3106,6 @@ def anchor_problem(fac: Factory, chains: dict[str, Chain], logs: dict | None = N
                               if isinstance(logs.get(name), dict))), None)
 
 
-def newer(old, new: dict, key: str) -> bool:
-    """True when `new` replaces the anchored `old`: none, or new[key] is greater."""
-    return not isinstance(old, dict) or not isinstance(old.get(key), type(new[key])) or new[key] > old[key]
-
-
 def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | None = None, index: dict | None = None) -> None:
     """Record in the anchor the log heads, certificates and index head written or verified now, each only where
     newer: it never moves back."""
@@ -3165,22 +3149,10 @@ def all_attempts(fac: Factory) -> dict:
     return {"agents": agents if isinstance(agents, dict) else {}}
 
 
-def attempts_of(agents: dict, name: str) -> dict:
-    """NAME's counts: {"sealed": {suite digest: proofs}, "certified": {signed_at: "sealed" then}}, parts {} when
-    missing."""
-    counted = agents.get(name) if isinstance(agents.get(name), dict) else {}
-    return {part: dict(counted[part]) if isinstance(counted.get(part), dict) else {} for part in ("sealed", "certified")}
-
-
 def sealed_attempts(fac: Factory, name: str, key: str, since: str | None) -> int | None:
     """NAME's sealed proofs this machine counted under `key` (a suite digest, or "DIGEST shards") since the
-    certification signed at `since` (ever: None); None when that one was not signed here."""
-    counted = attempts_of(all_attempts(fac)["agents"], name)
-    before = {} if since is None else counted["certified"].get(since)
-    if not isinstance(before, dict):
-        return None
-    ran, then = counted["sealed"].get(key), before.get(key)
-    return (ran if type(ran) is int else 0) - (then if type(then) is int else 0)
+    certification signed at `since` (broker.attempts_since)."""
+    return attempts_since(all_attempts(fac)["agents"], name, key, since)
 
 
 def append_to_log(fac: Factory, name: str, make) -> dict:
@@ -3337,8 +3309,6 @@ def replace_certificate(fac: Factory, name: str, cert: dict) -> None:
         entry = {"agent": name, "reason": "superseded by a newer certificate", "at": utc_now(), "signature": signature}
         append_to_log(fac, "revocations", lambda chain: entry)
 
-
-# ---- drift: a certified rate watched in production
 
 # ---- parked calls, and the approvals log that decides them
 
@@ -3710,9 +3680,8 @@ def task_text(value) -> str:
 
 
 def parse_output(text: str, schema: dict) -> dict:
-    """The first JSON object in the final text that OUTPUT_SCHEMA accepts (prose braces before it, a fence or a
-    note after it do not hide it: llm.json_objects); Escalated naming the first object's contract break, or for
-    no object."""
+    """The first JSON object in the final text that OUTPUT_SCHEMA accepts (llm.json_objects: prose, a fence or a
+    note around it do not hide it); Escalated naming the first one's contract break, or for none."""
     found = llm.json_objects(text)
     if not found:
         raise Escalated("the answer holds no json object")
@@ -3798,8 +3767,8 @@ class Loop:
         schemas = self.schemas()
         self.fit_envelope(schemas)
         self.steps += 1
-        if self.flush is not None and self.worker.tier() != "offline":   # a kill while it answers keeps each
-            self.flush()                                                  # step before
+        if self.flush is not None and self.worker.tier() != "offline":   # a kill while it answers keeps the steps
+            self.flush()
         reply = self.worker.complete(self.messages, schemas)
         self.cost = None if self.cost is None or reply.cost_usd is None else usd(self.cost + reply.cost_usd)
         if reply.cost_usd is None and not self.unpriced:
@@ -3855,7 +3824,7 @@ class Loop:
 
 def run_loop(loop: Loop) -> str:
     """The loop's status, or `crashed` (traceback in the trace, the reason naming the agent's file and line)
-    when the agent's code or model raised; a StoreError is the machine's and goes up."""
+    when its code or model raised; a StoreError is the machine's and goes up."""
     try:
         return loop.run()
     except StoreError:
@@ -3886,8 +3855,7 @@ def signs_of(outcomes: list) -> list[Sign]:
 @dataclass
 class Router:
     """The run gate: local detectors after each step; only when one fires does Sage decide (without Sage, a
-    second firing escalates). One model switch and one clean restart at most; each decision recorded as tier /
-    action / intervention / source."""
+    second firing escalates). One model switch and one clean restart at most."""
     sage_client: object            # sage.Sage, or None when there is no key
     record: callable
     fires: int = 0
@@ -3896,8 +3864,8 @@ class Router:
     signs: list = field(default_factory=list)   # the Sign of each broker outcome so far, in call order
 
     def review(self, loop: "Loop") -> None:
-        """After a step. Only the calls since the last review get their Sign, from what of an outcome is fixed
-        when made (args digest, result), never its args, which the agent may still mutate."""
+        """Only the calls since the last review get their Sign, from what is fixed when made (args digest,
+        result), never the args, which the agent may still mutate."""
         self.signs += signs_of(loop.broker.outcomes[len(self.signs):])
         signs = self.signs
         fired = detect(signs, loop.cost, loop.agent.card["cost_envelope_usd"])
@@ -4024,9 +3992,9 @@ class Recorded:
 
 
 class Trace:
-    """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its index rows, in order: header, `started` row,
-    events, end event, `closed` row. A run killed between is started, never closed; a running one holds its
-    trace's lock, its writers its `pen`. `read` is the one place a malformed trace is refused."""
+    """One run's transcript, traces/AGENT/RUN_ID.jsonl, and its index rows: header, `started` row, events, end,
+    `closed` row (a run killed between is never closed). A running run holds its trace's lock, its writers
+    `pen`. `read` alone refuses a malformed trace."""
 
     def __init__(self, fac: Factory, agent: str, run_id: str):
         self.fac, self.agent, self.run_id = fac, agent, run_id
@@ -4338,9 +4306,9 @@ def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, problems: 
 
 def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Broker, tier: str, gate: dict,
                 handed_off: bool) -> Settled:
-    """Carry out broker.settle on each held call in order, each a `settled` event: commit it (its row naming
-    run, gate result and p), park it, queue it for review (one handle, locked till all are settled), or record
-    what it would have done."""
+    """Carry out broker.settle on each held call in order, each a `settled` event: commit (its row naming run,
+    gate result and p), park, queue for review (one handle, locked till all are settled), or record what it
+    would have done."""
     done, tags, committing = Settled(), {"gate": gate["result"], "p": gate["p"]}, None
     queue = fac.store.open_log(fac.review_path(agent.name))
     try:
@@ -4387,9 +4355,8 @@ def to_review(queue: Store.Log, run_id: str, settlement, tags: dict) -> dict:
 
 
 def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome, gate: dict) -> Path:
-    """Store a held acting call for approval, sealed whole: run, number, exact arguments and digest,
-    certificate, staging and expiry, the gate's answer, and the digests of the ticket and output approve shows;
-    its path."""
+    """Store a held acting call for approval, sealed whole (arguments, certificate, expiry, the gate's answer,
+    the digests of the ticket and output approve shows); its path."""
     staged = datetime.now(timezone.utc)
     hours = agent.card.get("approval_expiry_hours", 24)
     entry = {"format": PENDING_FORMAT, "run_id": run_id, "call": call, "agent": agent.name,
@@ -5970,8 +5937,8 @@ def cmd_schema(fac: Factory, args) -> int:
 
 
 # ================================================================ 6. Tower
-# Owns the tower: one document computed in one streamed pass over the index (the --json shape), and
-# the text table and the self-contained HTML page drawn from that document alone.
+# Owns the tower: one document computed in one streamed pass over the index (the --json shape); its text and
+# its self-contained HTML page are drawn from that document alone, in broker.py (tower_lines, render_tower_html).
 
 TALLY_FORMAT = "factory-tally-1"
 CHECKPOINT_ROWS = 1000       # a count of this many rows or more leaves a checkpoint
@@ -6051,9 +6018,8 @@ def code_digest() -> str:
 
 
 def tower_document(fac: Factory) -> dict:
-    """The tower (--json, TOWER_FORMAT): each agent with runs, a card or a certificate, its figures (the index's
-    tally, humans' decisions folded in) and trust. What cannot be read is a line in `problems`, and the document
-    is `partial`; it never hides other agents."""
+    """The tower (--json, TOWER_FORMAT): each agent with runs, a card or a certificate, its figures and trust.
+    What cannot be read is a line in `problems` and makes it `partial`; it never hides other agents."""
     calls, counted = parked(fac), index_tally(fac)
     problems, tallies = list(counted.problems), {name: from_state(Tally, json_state(t)) for name, t in counted.agents.items()}
     problems += [line for line in (index_problem(fac), counted.torn) if line]
@@ -6074,25 +6040,9 @@ def tower_document(fac: Factory) -> dict:
     return {"format": TOWER_FORMAT, "generated_at": utc_now(), "partial": partial, "problems": problems, "agents": agents}
 
 
-@dataclass
-class ParkedCounts:
-    """One agent's parked calls as `pending` counts them, and its parked files unread or missing."""
-    pending: int = 0                    # waiting: pending, or of unknown state while the log cannot be read
-    uncertain_effect: int = 0
-    stuck: dict = field(default_factory=dict)      # state -> calls that cannot be approved: STUCK, or executing now
-    problems: list = field(default_factory=list)
-
-
 def calls_by_agent(fac: Factory, calls: Parked, problems: list[str]) -> dict[str, ParkedCounts]:
     """agent -> ParkedCounts; an unread or missing parked file is its run's agent's problem, else the tower's."""
-    found: dict[str, ParkedCounts] = {}
-    for entry in calls.entries:
-        state = calls.states[entry["run_id"], entry["call"]]
-        counts = found.setdefault(entry["agent"], ParkedCounts())
-        counts.pending += state in ("pending", "unknown")
-        counts.uncertain_effect += state == "uncertain-effect"
-        if state in STUCK or state == "executing":
-            counts.stuck[state] = counts.stuck.get(state, 0) + 1
+    found = parked_counts(calls.entries, calls.states)
     for run_id, line in calls.unread:
         agent = run_agent(fac, run_id)
         (found.setdefault(agent, ParkedCounts()).problems if agent else problems).append(line)
@@ -6174,8 +6124,7 @@ def print_columns(*cells: str) -> None:
 
 class SafeStream:
     """stdout or stderr as stations print: secrets scrubbed, what a terminal would act on or the encoding cannot
-    hold written as `\\uXXXX`; one print is one line (`visible`). `unfiltered` is the stream underneath (the
-    progress line's carriage returns)."""
+    hold as `\\uXXXX`; one print is one line. `unfiltered` is the stream underneath."""
 
     def __init__(self, stream, hidden: tuple[tuple[str, str], ...]):
         self.unfiltered, self.hidden = stream, hidden
@@ -6319,9 +6268,8 @@ class Parser(argparse.ArgumentParser):
         raise Usage(message, self.station)
 
     def _print_message(self, message: str, file=None) -> None:
-        """argparse's output, one print per line through SafeStream. A private argparse method overridden
-        knowingly: all its output goes through it and no public hook does (the --help tests would catch an
-        argparse that stopped calling it)."""
+        """argparse's output, a print a line through SafeStream. A private method overridden knowingly: all its
+        output goes through it, no public hook does (the --help tests catch an argparse that stops calling it)."""
         try:
             for line in message.rstrip("\n").split("\n") if message else []:
                 print(line, file=file or sys.stderr)
@@ -6499,8 +6447,8 @@ def as_bytes_shown(text: str) -> str:
 
 
 def closed_stdout_status(stderr) -> int:
-    """For stdout closed mid-output (`tower | head -1`) or never open: one stderr line, when there is one, and
-    exit 1 (what it printed is incomplete). `run` exits STDOUT_CLOSED instead."""
+    """Stdout closed mid-output (`tower | head -1`) or never open: one stderr line and exit 1 (the output is
+    incomplete); `run` exits STDOUT_CLOSED instead."""
     if stderr is not None:
         try:
             print("factory: stdout was closed before everything was written to it "
