@@ -216,27 +216,23 @@ class StoreError(Refusal, OSError):
 
 # ================================================================ 1. Store and layout
 # Owns the factory's paths (`Factory`: asking for one creates nothing) and every read and write of its files
-# (`Store`): strict reads, the shape checker, atomic writes, locked and chained appends, signing keys and
-# ssh-keygen. Nothing else opens a file for writing; writes go only through real folders inside the root,
+# (`Store`). Nothing else opens a file for writing; writes go only through real folders inside the root,
 # with the configured secrets scrubbed out, as from everything printed (`SafeStream`).
 
-# ---- text that came from outside: secrets, terminal controls, bytes that are not text
+# ---- text from outside: secrets, terminal controls, bytes that are not text
 
 SECRET_NAME = re.compile(r"(?:^|_)(?:KEY|TOKEN|SECRET|PASSWORD)$")   # ANTHROPIC_API_KEY, SAGEROUTE_TOKEN, ...
 MIN_SECRET = 8       # shorter values are not real keys, and scrubbing them would mangle ordinary text
-# C0 controls but tab and newline, DEL, C1 controls, bidirectional overrides and lone surrogates: what a
-# terminal would act on (move the cursor, erase a line, reorder text) or cannot show.
+# What a terminal would act on (move the cursor, erase a line, reorder text) or cannot show: C0 controls but
+# tab and newline, DEL, C1 controls, bidirectional overrides, lone surrogates.
 UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-# ... and, inside one printed line, the characters that would end it or move to another column: what a
-# value read from a file, a server or a model may never do to the line it is printed in.
-BREAKS = re.compile("[\t\n\u2028\u2029]")
+BREAKS = re.compile("[\t\n\u2028\u2029]")   # ... and what would end a printed line or move to another column
 SEPARATORS = ("\n", "\t")   # print's end, and the column separator of a tab-separated line (print(..., sep="\t"))
 
 
 def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """(variable name, text) for each configured secret in env (a name ending in KEY, TOKEN, SECRET or
-    PASSWORD, at least MIN_SECRET characters) as it is and as escaped into text (JSON, repr, visible: a
-    line break as `\\n`), longest first."""
+    """(variable name, text) for each secret in env (a name ending in KEY, TOKEN, SECRET or PASSWORD, a value
+    of at least MIN_SECRET characters), as it is and as JSON, repr or visible() escape it; longest first."""
     found = set()
     for name, value in env.items():
         if SECRET_NAME.search(name) and isinstance(value, str) and len(value := value.strip()) >= MIN_SECRET:
@@ -246,8 +242,7 @@ def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def redact(value, hidden: tuple[tuple[str, str], ...]):
-    """value (a string, or JSON-like data: dicts, lists, keys included) with every secret value in
-    `hidden` replaced by `[NAME redacted]`."""
+    """value (text, or JSON-like data, keys included) with each secret of `hidden` as `[NAME redacted]`."""
     if not hidden:
         return value
     if isinstance(value, str):
@@ -263,25 +258,22 @@ def redact(value, hidden: tuple[tuple[str, str], ...]):
 
 
 def printable(text: str) -> str:
-    """text with every character a terminal would act on or cannot show (UNPRINTABLE) written as a
-    visible `\\uXXXX` escape, which is also a valid escape inside a JSON string."""
+    """text with each UNPRINTABLE character as a `\\uXXXX` escape (valid inside a JSON string too)."""
     return UNPRINTABLE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 def visible(text: str) -> str:
-    """text with every control character, line breaks and tabs included, written as a visible `\\uXXXX`
-    escape: text that stays inside the one line it is printed in."""
+    """printable(text) with line breaks and tabs escaped too: text that stays inside its one line."""
     return BREAKS.sub(lambda found: f"\\u{ord(found.group()):04x}", printable(text))
 
 
 def one_line(text: str) -> str:
-    """text from outside (a name, a path) made fit to stand inside a one-line message: a line break written
-    as `\\n`, what printable() escapes as `\\uXXXX`; a tab, U+2028 and U+2029 are kept (see visible())."""
+    """printable(text) with a line break as `\\n` (a tab, U+2028 and U+2029 kept): a name or path in a message."""
     return printable(text).replace("\n", "\\n")
 
 
 def utf8(text: str) -> bytes:
-    """text as UTF-8 bytes; a lone surrogate (which UTF-8 cannot hold) is written as U+FFFD."""
+    """text as UTF-8, a lone surrogate (which UTF-8 cannot hold) as U+FFFD."""
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
@@ -289,56 +281,58 @@ def utf8(text: str) -> bytes:
 
 
 def lone_surrogate(value) -> str | None:
-    """The first lone surrogate in a JSON value (as `\\udcff`), or None when it is all text. A lone
-    surrogate is not text: it can only arrive as a `\\ud800`..`\\udfff` escape in a file."""
+    """The first lone surrogate in a JSON value, as `\\udcff` (not text: only a `\\ud800`..`\\udfff` escape
+    in a file makes one); None when it is all text."""
     found = LONE_SURROGATE.search(IN_ORDER.encode(value))
     return f"\\u{ord(found.group()):04x}" if found else None
 
 
 def note(fac: "Factory", line: str) -> None:
-    """Print a one-line note on stderr (something the user should know that refuses nothing), once per
-    station: the same note from many runs of a batch is printed once."""
+    """`factory: note: LINE` on stderr (it refuses nothing), once per station however many runs say it."""
     if line not in fac.store.noted:
         fac.store.noted.add(line)
         print(f"factory: note: {line}", file=sys.stderr)
 
+
+# ---- time, run ids, digests, names
+
 def utc_now() -> str:
-    """The current UTC time as ISO 8601 with microseconds and a Z, e.g. 2026-11-30T04:12:55.123456Z (iso)."""
+    """Now, as iso() writes it."""
     return iso(datetime.now(timezone.utc))
 
 
 def iso(moment: datetime) -> str:
-    """A UTC datetime as ISO 8601 with microseconds and a Z (sorts as text)."""
+    """ISO 8601 in UTC with microseconds and a Z (2026-11-30T04:12:55.123456Z): it sorts as text."""
     return moment.astimezone(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def new_run_id() -> str:
-    """A run id that sorts by time: UTC timestamp with microseconds, then 6 random hex."""
+    """A RUN_ID that sorts by time: UTC timestamp with microseconds, then 6 random hex."""
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "-" + os.urandom(3).hex()
 
 
 def canonical(obj) -> bytes:
-    """Canonical JSON bytes (sorted keys, no spaces): what digests and signatures are taken over. A lone
-    surrogate (not text) is taken as U+FFFD, as the Store writes it, so a digest never fails on one."""
+    """What digests and signatures are taken over: JSON with sorted keys and no spaces, as UTF-8 (utf8)."""
     return utf8(CANONICAL.encode(obj))
 
 
 def sha256(data: bytes) -> str:
-    """'sha256:' + 64 hex of data."""
+    """'sha256:' + 64 hex."""
     import hashlib   # here, not at the top: loading OpenSSL is a cold start's cost --help need not pay
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def check_name(name: str, what: str = "agent") -> str:
-    """name when it is wholly [a-z][a-z0-9_-]{0,63}; Refusal before any path is built otherwise."""
+    """name when NAME matches it whole; Refusal, before any path is built from it, otherwise."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise Refusal(f"{name!r} is not a valid {what} name (lowercase letter, then a-z 0-9 _ -, at most 64)")
     return name
 
 
+# ---- strict JSON: UTF-8, no NaN, no key given twice, objects of a Shape
+
 def decode(raw: bytes, where: str, first: bool = True) -> str:
-    """UTF-8 text of raw; Refusal naming `where` for invalid UTF-8, or for a byte-order mark at the
-    start of a file (`first`; a BOM on a later JSONL line is just invalid JSON)."""
+    """The UTF-8 text of raw; Refusal naming `where` when it is not, or (`first`: a file's start) has a BOM."""
     if first and raw.startswith(b"\xef\xbb\xbf"):
         raise Refusal(f"{where}: starts with a utf-8 byte-order mark; save it as plain utf-8")
     try:
@@ -348,7 +342,7 @@ def decode(raw: bytes, where: str, first: bool = True) -> str:
 
 
 def parse_json(text: str, where: str):
-    """The JSON value in text; Refusal naming `where`, line and column when it is malformed."""
+    """The JSON value in text; Refusal naming `where` and the position when it is malformed."""
     if not text.strip():
         raise Refusal(f"{where}: empty")
     try:
@@ -363,9 +357,8 @@ def parse_json(text: str, where: str):
 
 
 def json_position(text: str, error: json.JSONDecodeError) -> str:
-    """Where in text a JSON error is: '; line L column C' in a text of several lines (a whole file), and in
-    one line (a JSONL line, which `where` already names by its number) ' at character N' or ' at the end
-    of the line', so a message never names two different lines."""
+    """'; line L column C' in a text of several lines; in one line (a JSONL line, which `where` names)
+    ' at character N' or ' at the end of the line', so a message never names two lines."""
     body = text.rstrip("\r\n")
     if "\n" in body:
         return f"; line {error.lineno} column {error.colno}"
@@ -373,7 +366,7 @@ def json_position(text: str, error: json.JSONDecodeError) -> str:
 
 
 def reject_constant(name: str):
-    """json.loads hook: NaN and Infinity are not JSON (RFC 8259) and never a valid number here."""
+    """json.loads hook: NaN and Infinity are not JSON (RFC 8259)."""
     raise ValueError(f"{name} is not a json number")
 
 
@@ -382,23 +375,14 @@ class DuplicateKey(ValueError):
 
 
 def unique_keys(pairs: list) -> dict:
-    """json.loads hook: the object, or DuplicateKey naming a key that appears twice in it (json.loads
-    would silently keep the last, so a card could deny a tool and grant it again further down)."""
+    """json.loads hook: DuplicateKey for a key given twice (json.loads keeps the last, so a card could deny a
+    tool and grant it again further down)."""
     obj = dict(pairs)
     if len(obj) < len(pairs):
         seen: set = set()
         twice = next(key for key, _ in pairs if key in seen or seen.add(key))
         raise DuplicateKey(f"duplicate key {twice!r}")
     return obj
-
-
-def read_all(handle: int) -> bytes:
-    """Every byte of an open file descriptor, from its start (positional reads: the offset is left alone)."""
-    chunks, offset = [], 0
-    while chunk := os.pread(handle, 1 << 20, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
 
 
 def as_object(value, where: str) -> dict:
@@ -410,8 +394,8 @@ def as_object(value, where: str) -> dict:
 
 @dataclass(frozen=True)
 class Shape:
-    """The fields a JSON object must carry, each with its allowed types. Types are exact (JSON has no
-    subclasses, and a bool is never a number); `optional` fields are checked only when present."""
+    """The fields a JSON object must carry, with their allowed types: exact (JSON has no subclasses, and a bool
+    is never a number); `optional` fields are checked when present."""
     required: tuple               # ((field, (type, ...)), ...)
     optional: tuple = ()
 
@@ -430,7 +414,7 @@ class Shape:
         object.__setattr__(self, "_rest", tuple(p for p in self.required if self._fetch is None or len(p[1]) > 1))
 
     def fits(self, value: dict) -> bool:
-        """True when value has the shape: the fast path, run once per row of a million-row index."""
+        """True when value has the shape: the fast path, run on every row of a million-row index."""
         try:
             if self._fetch is not None and tuple(map(type, self._fetch(value))) != self._types:
                 return False
@@ -454,10 +438,12 @@ class Shape:
         return value
 
 
+# ---- the layout: every path of one factory
+
 @dataclass(frozen=True)
 class Factory:
     """Every path of one factory, computed from its root; asking for a path creates nothing. `store` does
-    every read and write, `code` loads agents/. The sealed folder is read from `env` when first asked."""
+    every read and write, `code` loads agents/."""
     root: Path
     sealed_given: str | None   # --sealed-dir, when given
     keys_dir: Path
@@ -468,12 +454,12 @@ class Factory:
 
     def __post_init__(self):
         object.__setattr__(self, "store", Store(self))
-        object.__setattr__(self, "code", Code(self))   # the agent and tool modules, each read and run once
+        object.__setattr__(self, "code", Code(self))
 
     @classmethod
     def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str], halt: Halt | None = None) -> "Factory":
-        """The factory at --root, else $FACTORY_ROOT, else the folder of factory.py. An empty --root or
-        --sealed-dir (`--root "$UNSET"`) is refused rather than read as "not given", and so is a keys folder
+        """The factory at --root, else $FACTORY_ROOT, else the folder of factory.py. Refusal for an empty
+        --root or --sealed-dir (`--root "$UNSET"` is not "not given") and for a keys folder
         ($FACTORY_KEYS_DIR, else ~/.config/agent-factory/keys) inside the root."""
         for flag, given in (("--root", root), ("--sealed-dir", sealed_dir)):
             if given is not None and not given.strip():
@@ -519,7 +505,7 @@ class Factory:
     attempts_path = cached_property(lambda self: self.keys_dir / "_sealed-attempts.json")
 
     def card_path(self, name: str) -> Path:
-        """masters/NAME.json (name checked first)."""
+        """masters/NAME.json."""
         return self.masters / f"{check_name(name)}.json"
 
     def cert_path(self, name: str) -> Path:
@@ -531,7 +517,7 @@ class Factory:
         return self.registry / "history" / check_name(name) / f"{new_run_id()}.card.json"
 
     def key_path(self, signer: str) -> Path:
-        """KEYS_DIR/SIGNER.key (signer name checked first)."""
+        """KEYS_DIR/SIGNER.key."""
         if not isinstance(signer, str) or not SIGNER.fullmatch(signer):
             raise Refusal(f"{signer!r} is not a valid signer name (a letter, then letters, digits . _ -)")
         return self.keys_dir / f"{signer}.key"
@@ -541,11 +527,11 @@ class Factory:
         return self.sealed_dir / suite / "sealed.jsonl" if sealed else self.evals / suite / "cases.jsonl"
 
     def record_path(self, agent: str, half: str) -> Path:
-        """records/AGENT/<new run id>.HALF.json: a new proof record (run ids sort by time)."""
+        """records/AGENT/<new run id>.HALF.json: a new proof record."""
         return self.records / check_name(agent) / f"{new_run_id()}.{half}.json"
 
     def trace_path(self, agent: str, run_id: str) -> Path:
-        """traces/AGENT/RUN_ID.jsonl (agent and run id checked first)."""
+        """traces/AGENT/RUN_ID.jsonl."""
         if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
             raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
         return self.traces / check_name(agent) / f"{run_id}.jsonl"
@@ -563,17 +549,19 @@ class Factory:
         return self.pending / f"{run_id}.{call}.json"
 
     def shown(self, path: Path) -> str:
-        """The path as the user should see it, on one line: relative to the root when inside it."""
+        """The path as the user sees it, one_line: relative to the root when inside it."""
         try:
             return one_line(str(path.relative_to(self.root)))
         except ValueError:
             return one_line(str(path))
 
 
+# ---- processes: is the one an approval names still running
+
 def process_started(pid: int) -> str | None:
     """When process `pid` started, as the kernel says (boot id and clock ticks in /proc): with the pid, a name
-    of one process no file can fake; None when none runs (a zombie neither); UNSEEN while one of that pid
-    runs whose start /proc does not show (no /proc; another user's under hidepid)."""
+    of one process no file can fake. None when none runs (or a zombie); UNSEEN while one runs whose start
+    /proc does not show (no /proc; another user's under hidepid)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         return None if fields[0] in "ZX" else f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip()} {fields[19]}"
@@ -591,17 +579,19 @@ UNSEEN = "runs, its start unseen"
 
 
 def approver_runs(decisions: list) -> bool:
-    """True when the process the last intent among a call's decisions names (`pid`, `started`) runs."""
+    """True when the process that the last intent among a call's decisions names (`pid`, `started`) runs."""
     intent = next((d for d in reversed(decisions) if d["kind"] == "intent"), {})
     pid = intent.get("pid")
     return type(pid) is int and pid > 0 and (now := process_started(pid)) is not None and now in (intent.get("started"), UNSEEN)
 
 
+# ---- the Store: every read and write of the factory's files
+
 class Store:
-    """Every read and write of one factory's files, in one place. Reads are strict (a regular file inside
-    the root or the sealed folder unless the user named it, bounded, UTF-8 JSON of the expected shape;
-    a refusal names file and line); writes go through real folders (O_NOFOLLOW), atomic or appended
-    whole under a lock, secrets scrubbed; the machine's refusals are StoreErrors."""
+    """Every read and write of one factory's files. Reads are strict: a regular file inside the root or the
+    sealed folder (unless the user named it), bounded, UTF-8 JSON of the expected shape; a refusal names
+    file and line. Writes go through real folders (O_NOFOLLOW), atomic or appended whole under a lock,
+    secrets scrubbed. The machine's refusals are StoreErrors."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
@@ -634,12 +624,11 @@ class Store:
             cause = error.strerror or kind.__name__
             raise StoreError(f"{self.fac.shown(self.path)}: cannot {self.doing} it ({cause.lower()})") from None
 
-    # ---- reads
+    # ---- the Store's reads: files, JSON, JSONL (the one reader), hash-chained logs
 
     def check_readable(self, path: Path, confined: bool = True) -> Path:
-        """The real location of path; Refusal unless it is an existing regular file inside the root or
-        the sealed dir (a symlink that points out counts as outside); `confined=False` is for files the
-        user names."""
+        """The real location of path; Refusal unless it is an existing regular file inside the root or the
+        sealed folder (a link that points out is outside). `confined=False`: a file the user names."""
         where, real = self.fac.shown(path), Path(os.path.realpath(path))
         if confined and not (real.is_relative_to(self.fac.root) or real.is_relative_to(self.fac.sealed_dir)):
             raise Refusal(f"{where}: points outside the factory root ({real}); refusing to read it")
@@ -651,14 +640,14 @@ class Store:
         return real
 
     def exists(self, path: Path) -> bool:
-        """True when something is at path; StoreError when the machine will not say (a folder on the
-        way the user may not enter)."""
+        """True when something is at path; StoreError when the machine will not say (a folder on the way
+        the user may not enter)."""
         with self.machine(path, "read"):
             return path.exists()
 
     @contextlib.contextmanager
     def opened(self, path: Path, confined: bool = True) -> Iterator:
-        """A binary reader of a readable file (see check_readable), opened at its real location without
+        """A binary reader of a readable file (check_readable), opened at its real location without
         following a link swapped in since, and without blocking on a FIFO."""
         real = self.check_readable(path, confined)
         with self.machine(path, "read"):
@@ -670,32 +659,32 @@ class Store:
                 yield reader
 
     def read_bytes(self, path: Path, limit: int = MAX_FILE_BYTES, confined: bool = True) -> bytes:
-        """Bytes of a readable file (see check_readable) of at most `limit` bytes."""
+        """The bytes of a readable file of at most `limit` bytes."""
         with self.opened(path, confined) as reader, self.machine(path, "read"):
             if os.fstat(reader.fileno()).st_size > limit:
                 raise Refusal(f"{self.fac.shown(path)}: larger than {limit >> 20} mib")
             return reader.read()
 
-    def read_json(self, path: Path, shape: Shape | None = None) -> dict:
-        """The JSON object in a file, of `shape` when given; Refusal naming the file for every way it can be wrong."""
+    def read_json(self, path: Path, shape: Shape | None = None, confined: bool = True) -> dict:
+        """The JSON object in a file, of `shape`; Refusal naming the file for every way it can be wrong."""
         where = self.fac.shown(path)
-        value = as_object(parse_json(decode(self.read_bytes(path), where), where), where)
+        value = as_object(parse_json(decode(self.read_bytes(path, confined=confined), where), where), where)
         self.check_text(value, where)
         return shape.check(value, where) if shape else value
 
     def check_text(self, value, where: str) -> None:
-        """Refusal naming `where` when a JSON value holds a lone surrogate, which is not text."""
+        """Refusal naming `where` when a JSON value holds a lone surrogate."""
         bad = lone_surrogate(value)
         if bad:
             raise Refusal(f"{where}: holds {bad}, half of a utf-16 pair, which is not text; remove it")
 
     def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True, each: bool = False,
                    start: tuple[int, int] = (0, 0), whole: bool = False, piped: bytes | None = None) -> Iterator[tuple]:
-        """(line number, object) for each non-blank line, streamed, each of `shape` when given; Refusal
-        naming file and line for a torn, oversized, non-object, misshapen or non-text line (with `each`,
-        yielded, and the lines after it still read). `start` is (byte offset, lines before it); `piped` the
-        bytes read instead (standard input's). With `whole`, each is (number, byte offset after it, its
-        bytes, object), and what follows the last newline (a line being written, or torn) is not read."""
+        """(line number, object) for each non-blank line, streamed, each of `shape`. A torn, oversized,
+        non-object, misshapen or non-text line is a Refusal naming file and line (with `each` yielded in its
+        place, and the lines after it still read). `start`: (byte offset, lines before it); `piped`: the
+        bytes read instead (standard input's, a log's). With `whole`, each is (number, byte offset after it,
+        its bytes, object), and what follows the last newline (a line being written, or torn) is not read."""
         where, scan, end = self.fac.shown(path), self.decoder.scan_once, start[0]
         with (self.opened(path, confined) if piped is None else io.BytesIO(piped)) as lines, self.machine(path, "read"):
             lines.seek(start[0])
@@ -708,21 +697,24 @@ class Store:
                     value = value if stop == len(text) or text[stop:] == "\n" else None
                 except (ValueError, RecursionError, StopIteration):   # decode, json and NaN errors
                     value = None
-                if type(value) is not dict or len(raw) > MAX_LINE_BYTES or b"\\u" in raw and (b"\\ud" in raw or b"\\uD" in raw):
+                if type(value) is not dict or len(raw) > MAX_LINE_BYTES or b"\\u" in raw and (b"\\ud" in raw or b"\\uD" in raw) \
+                        or shape is not None and not shape.fits(value):
                     if not raw.strip():
                         end += len(raw)
                         continue
-                    value = self.line_or_problem(raw, lines, f"{where} line {number}", number, each)
-                if type(value) is dict and shape is not None and not shape.fits(value):
-                    value = self.misshapen(shape, value, f"{where} line {number}", each)
+                    value = self.line_value(raw, lines, f"{where} line {number}", number, shape, each)
                 end = end + len(raw) if len(raw) <= MAX_LINE_BYTES else lines.tell()
                 yield (number, end, raw, value) if whole else (number, value)
 
-    def line_or_problem(self, raw: bytes, lines, at: str, number: int, each: bool):
-        """The object on one JSONL line, or (with `each`) the Refusal naming what is wrong with it; the
-        slow path of read_jsonl. An oversized line is skipped to its end, so the next line reads whole."""
+    def line_value(self, raw: bytes, lines, at: str, number: int, shape: Shape | None, each: bool):
+        """read_jsonl's slow path: the object on one line, or the Refusal naming what is wrong with it (raised;
+        returned with `each`, an oversized line then skipped to its end so the next one reads whole)."""
         try:
-            return self.line_problem(raw, at, number)
+            if len(raw) > MAX_LINE_BYTES:
+                raise Refusal(f"{at}: longer than {MAX_LINE_BYTES >> 20} mib")
+            value = as_object(parse_json(decode(raw, at, first=number == 1), at), at)
+            self.check_text(value, at)
+            return shape.check(value, at) if shape else value
         except Refusal as problem:
             if not each or (number == 1 and raw.startswith(b"\xef\xbb\xbf")):
                 raise
@@ -730,27 +722,43 @@ class Store:
                 raw = lines.readline(MAX_LINE_BYTES + 1)
             return problem
 
-    def misshapen(self, shape: Shape, value: dict, at: str, each: bool):
-        """The Refusal naming the first field of value that breaks shape (raised, or returned with `each`)."""
-        try:
-            shape.check(value, at)
-        except Refusal as problem:
-            if not each:
-                raise
-            return problem
-        return value
+    def line_at(self, relative: str, offset: int) -> dict | None:
+        """The object on the line at byte `offset` of a file under the root, or None when there is no such
+        file, line or object: how an effect is read back after it was written."""
+        with contextlib.suppress(Refusal, TypeError, ValueError):
+            for _, row in self.read_jsonl(self.fac.root / relative, start=(offset, 0)):
+                return row
+        return None
 
-    def line_problem(self, raw: bytes, at: str, number: int) -> dict:
-        """The object on one JSONL line; Refusal naming what is wrong with it (the slow path of read_jsonl)."""
-        if len(raw) > MAX_LINE_BYTES:
-            raise Refusal(f"{at}: longer than {MAX_LINE_BYTES >> 20} mib")
-        value = as_object(parse_json(decode(raw, at, first=number == 1), at), at)
-        self.check_text(value, at)
-        return value
+    def read_chain(self, path: Path, shape: Shape | None = None) -> Chain:
+        """The hash-chained log at path, verified (chain), read under a shared lock so an entry being
+        appended is never half read; an empty Chain when there is no log yet."""
+        if not os.path.lexists(path):
+            return Chain(self.fac.shown(path))
+        with self.opened(path) as log, self.machine(path, "read"):
+            fcntl.flock(log.fileno(), fcntl.LOCK_SH)
+            data = log.read()
+        return self.chain(path, data, shape)
+
+    def chain(self, path: Path, data: bytes, shape: Shape | None = None) -> Chain:
+        """The entries in a log's bytes, each of `shape`, each one's `prev` the sha256 of the line before it
+        (GENESIS for the first); Refusal naming file and line of a torn or misshapen entry, an entry with
+        no `prev`, or a broken link."""
+        where, entries, hashes = self.fac.shown(path), [], []
+        for number, _, raw, entry in self.read_jsonl(path, shape, piped=data + b"\n", whole=True):
+            at = f"{where} line {number}"
+            if "prev" not in entry:
+                raise Refusal(f"{at}: not a hash-chained entry (no 'prev'): written by hand, or before this log was chained")
+            if entry["prev"] != (hashes[-1] if hashes else GENESIS):
+                raise Refusal(f"{at}: the hash chain is broken here (an entry before it was edited, removed or "
+                              f"inserted); restore the log from a copy")
+            entries.append((number, entry))
+            hashes.append(sha256(raw[:-1]))
+        return Chain(where, tuple(entries), tuple(hashes))
 
     def head_at(self, path: Path, offset: int) -> str | None:
-        """The chain's head at byte `offset` of a chained file (sha256 of its last line before it, GENESIS at
-        0); None when no line ends there."""
+        """A chained file's head at byte `offset` (the sha256 of its last line before it, GENESIS at 0);
+        None when no line ends there."""
         if not offset:
             return GENESIS
         if not self.exists(path):
@@ -774,10 +782,191 @@ class Store:
                 return b"", ends
             size <<= 2
 
+    def being_written(self, path: Path) -> bool:
+        """True when a process holds the lock of the readable file at path: an open Log (a run still going,
+        never one killed: the lock goes with its process) or an append under way."""
+        with self.opened(path) as reader:
+            try:
+                fcntl.flock(reader.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+        return False
+
+    # ---- where a write may go: real folders inside the root (or the sealed folder), plain files
+
+    def bases(self) -> Iterator[Path]:
+        """The root, then the sealed folder (asked for only when a path is not inside the root)."""
+        yield self.fac.root
+        yield self.fac.sealed_dir
+
+    def parts_inside(self, path: Path) -> tuple[Path, tuple[str, ...]]:
+        """(the root, else the sealed folder (where `new` writes a sealed half), the parts of path below it);
+        StoreError unless path names a file lexically inside one of them."""
+        parts = path.parts
+        for base in self.bases():
+            inside = len(base.parts)   # parts compared as Path.relative_to does, without building a new Path
+            if parts[:inside] == base.parts and len(parts) > inside and ".." not in parts[inside:]:
+                return base, parts[inside:]
+        raise StoreError(f"{path}: not inside the factory root {self.fac.root}; refusing to write it")
+
+    @contextlib.contextmanager
+    def folder(self, path: Path) -> Iterator[int]:
+        """open_folder for the block."""
+        handle = self.open_folder(path)
+        try:
+            yield handle
+        finally:
+            os.close(handle)
+
+    def open_folder(self, path: Path) -> int:
+        """A descriptor of the folder that holds path (the caller closes it), opened from the root (or the
+        sealed folder) one part at a time with O_NOFOLLOW, made where missing: every folder on the way is a
+        real folder inside it."""
+        base, parts = self.parts_inside(path)
+        handle = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for depth, part in enumerate(parts[:-1], 1):
+                handle = self.step_into(handle, part, base, parts[:depth])
+        except BaseException:
+            os.close(handle)
+            raise
+        return handle
+
+    def step_into(self, parent: int, part: str, base: Path, walked: tuple[str, ...]) -> int:
+        """A descriptor of the folder `part` in `parent` (made when missing; `parent` is closed); StoreError
+        naming it (base and the parts `walked`) when it is a link or no folder."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            try:
+                child = os.open(part, flags, dir_fd=parent)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):   # another process may make it first
+                    os.mkdir(part, 0o755, dir_fd=parent)
+                child = os.open(part, flags, dir_fd=parent)
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            raise self.not_plain(parent, part, base.joinpath(*walked), "folder") from None
+        os.close(parent)
+        return child
+
+    def not_plain(self, folder: int, name: str, where: Path, wanted: str) -> StoreError:
+        """The StoreError for a link (saying where it points) or other file where a plain `wanted` (file or
+        folder) must be."""
+        shown = self.fac.shown(where)
+        try:
+            target = os.readlink(name, dir_fd=folder)
+        except OSError:
+            return StoreError(f"{shown}: not a regular {wanted}; refusing to write through it")
+        return StoreError(f"{shown}: is a symbolic link (to {target}); the factory never writes through a "
+                          f"link, so remove it or name the real file")
+
+    def check_plain_file(self, folder: int, name: str, where: Path) -> int | None:
+        """The permission bits of the regular file `name` in folder, None when there is none; StoreError for
+        a link, FIFO, folder or device there, or a file with another hard link (one_name)."""
+        try:
+            found = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(found.st_mode):
+            raise self.not_plain(folder, name, where, "file")
+        self.one_name(found, where)
+        return found.st_mode & 0o777
+
+    def one_name(self, found: os.stat_result, where: Path) -> None:
+        """StoreError when the file has another hard link: a name for the same bytes, perhaps outside the
+        root, that a write here would change (or, replaced, silently part from)."""
+        if found.st_nlink > 1:
+            raise StoreError(f"{self.fac.shown(where)}: has {found.st_nlink} hard links (other names for the same "
+                             f"file, perhaps outside the root); the factory never writes through one: copy it to a "
+                             f"file of its own (cp, then mv over it)")
+
+    # ---- the Store's writes: the one atomic write, locked appends, chained logs, all-or-none files
+
+    def write_json(self, path: Path, obj, exclusive: bool = False, private: bool = False) -> None:
+        """obj as indented JSON, written by write_text, secrets scrubbed; `private`: a file of the keys folder
+        (mode 0600, keys sorted, kept as it is)."""
+        with self.writable(path):
+            text = json.dumps(obj if private else redact(obj, self.hidden), indent=2, sort_keys=private, ensure_ascii=False,
+                              allow_nan=False) + "\n"
+        self.write_text(path, utf8(text) if private else text, exclusive, 0o600 if private else 0o644, private)
+
+    @contextlib.contextmanager
+    def writable(self, path: Path) -> Iterator[None]:
+        """A block that turns the encoder's ValueError for NaN or Infinity (which the readers refuse) into a
+        StoreError naming path, so no file holds a value its readers refuse."""
+        try:
+            yield
+        except ValueError as error:
+            if not str(error).startswith("Out of range float"):   # json's words for NaN and Infinity
+                raise
+            raise StoreError(f"{self.fac.shown(path)}: cannot write it (a number in it is nan or infinity, "
+                             f"which json has no way to write)") from None
+
+    def write_text(self, path: Path, text: str | bytes, exclusive: bool = False, mode: int = 0o644,
+                   outside: bool = False) -> None:
+        """The one atomic write: a temporary file in path's folder, fsynced, then os.replace (old or new,
+        never torn) or, `exclusive`, os.link (FileExistsError when path exists). A new file gets `mode`, a
+        replaced one keeps its own; text (not bytes) has the secrets scrubbed out. Through real folders under
+        the root, or `outside` it in a folder the user named (a report) or the keys folder."""
+        data = self.encoded(text)
+        with self.machine(path, "write"), (self.report_folder(path) if outside else self.folder(path)) as folder:
+            kept = self.check_plain_file(folder, path.name, path)
+            temp = f".{path.name}.{os.urandom(4).hex()}.tmp"
+            handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+            try:
+                os.fchmod(handle, mode if kept is None else kept)
+                with os.fdopen(handle, "wb") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+                (os.link if exclusive else os.replace)(temp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp, dir_fd=folder)
+
+    def encoded(self, text: str | bytes) -> bytes:
+        """The bytes write_text writes for text: secrets scrubbed out (bytes as given)."""
+        return text if isinstance(text, bytes) else utf8(redact(text, self.hidden))
+
+    def line(self, obj: dict, path: Path | None = None) -> bytes:
+        """obj as one JSONL line: compact JSON by the one encoder, secrets scrubbed, UTF-8, a newline. NaN or
+        Infinity is a ValueError, or with `path` a StoreError naming the file (writable)."""
+        with self.writable(path) if path is not None else contextlib.nullcontext():
+            text = self.encoder.encode(redact(obj, self.hidden))
+        return utf8(text + "\n")
+
+    def append_jsonl(self, path: Path, obj: dict) -> int:
+        """Append obj as one whole line under the file's lock (locked_append); the byte offset where it
+        starts, by which an effect is read back."""
+        return self.locked_append(path, lambda handle: (self.line(obj, path), None))[0]
+
+    def append_chained(self, path: Path, make) -> dict:
+        """Append make(chain) to a hash-chained log, `prev` the hash of its last entry, all under the log's
+        lock: the log is verified first (a broken one is never extended), and make may raise Refusal, so a
+        check and its append are one step across processes. The entry written."""
+        def compose(handle: int) -> tuple[bytes, dict]:
+            chain = self.chain(path, os.pread(handle, os.fstat(handle).st_size, 0))
+            entry = {**make(chain), "prev": chain.head["hash"]}
+            return self.line(entry, path), entry
+        return self.locked_append(path, compose)[1]
+
+    def locked_append(self, path: Path, compose) -> tuple[int, object]:
+        """Under an exclusive lock on path (open_append), write the line of `compose(handle) -> (line, value)`
+        at its end; (the byte offset where the line starts, value)."""
+        with self.machine(path, "write"):
+            handle = self.open_append(path)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                line, value = compose(handle)
+                return self.append_locked(handle, line), value
+            finally:
+                os.close(handle)
+
     def append_row(self, path: Path, obj: dict, key: bytes | None = None) -> None:
-        """Append obj to a chained file too long to read whole (the index), under its lock: `prev` the sha256
-        of its last line, read from its end; sealed with `key` (seal_line). `heads` keeps the head, `rows` the
-        handle for the station's next row (unless moved)."""
+        """Append obj to a chained file too long to read whole (the index) under its lock, `prev` the sha256
+        of its last line (read from its end), sealed with `key` (seal_line). `heads` keeps the head; `rows`
+        the handle, for the station's next row unless the path names another file by then."""
         with self.rows_lock, self.machine(path, "write"):   # threads share the handle
             handle = self.rows.pop(path, None)
             if handle is not None and self.moved(path, handle, alone=True):
@@ -810,236 +999,9 @@ class Store:
         while self.rows:
             os.close(self.rows.popitem()[1])
 
-    def read_chain(self, path: Path, shape: Shape | None = None) -> Chain:
-        """The hash-chained log at path, every entry and link verified (see `chain`), read under a shared
-        lock so an entry being appended is never half read; an empty Chain when there is no log yet."""
-        if not os.path.lexists(path):
-            return Chain(self.fac.shown(path))
-        with self.opened(path) as log, self.machine(path, "read"):
-            fcntl.flock(log.fileno(), fcntl.LOCK_SH)
-            data = log.read()
-        return self.chain(path, data, shape)
-
-    def chain(self, path: Path, data: bytes, shape: Shape | None = None) -> Chain:
-        """The entries in a log's bytes, each of `shape` when given, each one's `prev` equal to the sha256
-        of the line before it (GENESIS for the first); Refusal naming the file and line of a torn or
-        misshapen entry, an entry that carries no `prev`, or a broken link."""
-        where, entries, hashes = self.fac.shown(path), [], []
-        for number, raw in enumerate(data.split(b"\n"), 1):
-            if not raw.strip():
-                continue
-            at = f"{where} line {number}"
-            entry = self.line_problem(raw, at, number)
-            if shape is not None:
-                shape.check(entry, at)
-            if "prev" not in entry:
-                raise Refusal(f"{at}: not a hash-chained entry (no 'prev'): written by hand, or before this log was chained")
-            if entry["prev"] != (hashes[-1] if hashes else GENESIS):
-                raise Refusal(f"{at}: the hash chain is broken here (an entry before it was edited, removed or "
-                              f"inserted); restore the log from a copy")
-            entries.append((number, entry))
-            hashes.append(sha256(raw))
-        return Chain(where, tuple(entries), tuple(hashes))
-
-    def line_at(self, relative: str, offset: int) -> dict | None:
-        """The JSON object on the line that starts at byte `offset` of a file under the root, or None
-        when there is no such file, line or object (how an effect is read back after it was written)."""
-        try:
-            real = os.path.realpath(os.path.join(self.fac.root, relative))
-            if not real.startswith(f"{self.fac.root}{os.sep}"):
-                return None
-            with os.fdopen(os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as lines:
-                if not stat.S_ISREG(os.fstat(lines.fileno()).st_mode):   # a FIFO put there since: never waited on
-                    return None
-                lines.seek(offset)
-                value = json.loads(lines.readline())
-        except (TypeError, OSError, ValueError, RecursionError):
-            return None
-        return value if isinstance(value, dict) else None
-
-    # ---- where a write may go: real folders inside the root (or the sealed folder)
-
-    def bases(self) -> Iterator[Path]:
-        """The root, then the sealed folder: asked for only when a path is not inside the root."""
-        yield self.fac.root
-        yield self.fac.sealed_dir
-
-    def parts_inside(self, path: Path) -> tuple[Path, tuple[str, ...]]:
-        """(the folder path lies in, the parts of path below it): the root, else the sealed folder (where
-        `new` writes a sealed half, which may live outside the root); StoreError unless path names a
-        file lexically inside one of them."""
-        parts = path.parts
-        for base in self.bases():
-            inside = len(base.parts)   # parts compared as Path.relative_to does, without building a new Path
-            if parts[:inside] == base.parts and len(parts) > inside and ".." not in parts[inside:]:
-                return base, parts[inside:]
-        raise StoreError(f"{path}: not inside the factory root {self.fac.root}; refusing to write it")
-
-    @contextlib.contextmanager
-    def folder(self, path: Path) -> Iterator[int]:
-        """A block holding a descriptor of the folder that holds path (open_folder), closed when it ends."""
-        handle = self.open_folder(path)
-        try:
-            yield handle
-        finally:
-            os.close(handle)
-
-    def open_folder(self, path: Path) -> int:
-        """A descriptor of the folder that holds path (the caller closes it), opened from the root (or the
-        sealed folder) one part at a time with O_NOFOLLOW and made where missing: every folder on the way is
-        a real folder inside it."""
-        base, parts = self.parts_inside(path)
-        handle = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            for depth, part in enumerate(parts[:-1], 1):
-                handle = self.step_into(handle, part, base, parts[:depth])
-        except BaseException:
-            os.close(handle)
-            raise
-        return handle
-
-    def step_into(self, parent: int, part: str, base: Path, walked: tuple[str, ...]) -> int:
-        """A descriptor of the folder `part` inside `parent` (made when missing; `parent` is closed);
-        StoreError naming the folder (base joined with the parts `walked` so far, `part` the last) when it
-        is a link or not a folder at all."""
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            try:
-                child = os.open(part, flags, dir_fd=parent)
-            except FileNotFoundError:
-                with contextlib.suppress(FileExistsError):   # another process may make it first
-                    os.mkdir(part, 0o755, dir_fd=parent)
-                child = os.open(part, flags, dir_fd=parent)
-        except OSError as error:
-            if error.errno not in (errno.ELOOP, errno.ENOTDIR):
-                raise
-            raise self.not_plain(parent, part, base.joinpath(*walked), "folder") from None
-        os.close(parent)
-        return child
-
-    def not_plain(self, folder: int, name: str, where: Path, wanted: str) -> StoreError:
-        """The StoreError for a link (saying where it points) or another kind of file where a plain
-        `wanted` (file or folder) must be."""
-        shown = self.fac.shown(where)
-        try:
-            target = os.readlink(name, dir_fd=folder)
-        except OSError:
-            return StoreError(f"{shown}: not a regular {wanted}; refusing to write through it")
-        return StoreError(f"{shown}: is a symbolic link (to {target}); the factory never writes through a "
-                          f"link, so remove it or name the real file")
-
-    def check_plain_file(self, folder: int, name: str, where: Path) -> int | None:
-        """The permission bits of the regular file `name` in folder, None when there is none; StoreError
-        when a link, FIFO, folder or device is there, or a file with another hard link (see one_name):
-        nothing is ever written through one."""
-        try:
-            found = os.stat(name, dir_fd=folder, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        if not stat.S_ISREG(found.st_mode):
-            raise self.not_plain(folder, name, where, "file")
-        self.one_name(found, where)
-        return found.st_mode & 0o777
-
-    def one_name(self, found: os.stat_result, where: Path) -> None:
-        """StoreError when the file has more than one hard link: another name for the same bytes, perhaps
-        outside the root, that a write here would change (or, replaced, silently part from)."""
-        if found.st_nlink > 1:
-            raise StoreError(f"{self.fac.shown(where)}: has {found.st_nlink} hard links (other names for the same "
-                             f"file, perhaps outside the root); the factory never writes through one: copy it to a "
-                             f"file of its own (cp, then mv over it)")
-
-    # ---- writes
-
-    def write_json(self, path: Path, obj, exclusive: bool = False, private: bool = False) -> None:
-        """Write obj as JSON atomically (write_text), secrets scrubbed; with `private`, a file of the keys folder
-        (mode 0600, keys sorted, as it is); `exclusive` raises FileExistsError instead of replacing a file
-        already there (two stamps of one name: one wins, one is told)."""
-        with self.writable(path):
-            text = json.dumps(obj if private else redact(obj, self.hidden), indent=2, sort_keys=private, ensure_ascii=False,
-                              allow_nan=False) + "\n"
-        self.write_text(path, utf8(text) if private else text, exclusive, 0o600 if private else 0o644, private)
-
-    @contextlib.contextmanager
-    def writable(self, path: Path) -> Iterator[None]:
-        """A block that turns the encoder's ValueError for a float JSON has no number for (NaN, Infinity: the
-        readers here refuse them) into a StoreError naming path, so no file holds a value its readers refuse."""
-        try:
-            yield
-        except ValueError as error:
-            if not str(error).startswith("Out of range float"):   # json's words for NaN and Infinity
-                raise
-            raise StoreError(f"{self.fac.shown(path)}: cannot write it (a number in it is nan or infinity, "
-                             f"which json has no way to write)") from None
-
-    def write_text(self, path: Path, text: str | bytes, exclusive: bool = False, mode: int = 0o644,
-                   outside: bool = False) -> None:
-        """Write a file atomically: temp file in the same folder, fsync, then os.replace (old or new, never
-        torn) or, when `exclusive`, os.link (FileExistsError if the path exists). A new file gets `mode`; a
-        replaced one keeps its own. Text has the secrets scrubbed out. Under the root through real folders,
-        or `outside` it in a folder the user named (a report) or the keys folder (report_folder)."""
-        with self.machine(path, "write"), (self.report_folder(path) if outside else self.folder(path)) as folder:
-            self.write_atomic(folder, path, self.encoded(text), exclusive, mode)
-
-    def encoded(self, text: str | bytes) -> bytes:
-        """The bytes to write for text, secrets scrubbed out (bytes are written as given)."""
-        return text if isinstance(text, bytes) else utf8(redact(text, self.hidden))
-
-    def write_atomic(self, folder: int, path: Path, data: bytes, exclusive: bool, mode: int) -> None:
-        """Write data to path.name in the open folder through a temporary file (write_text)."""
-        kept = self.check_plain_file(folder, path.name, path)
-        temp = f".{path.name}.{os.urandom(4).hex()}.tmp"
-        handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
-        try:
-            os.fchmod(handle, mode if kept is None else kept)
-            with os.fdopen(handle, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            if exclusive:
-                os.link(temp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
-            else:
-                os.replace(temp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp, dir_fd=folder)
-
-    def append_jsonl(self, path: Path, obj: dict) -> int:
-        """Append obj as one whole JSON line (locked_append); the byte offset where it starts, to read it back."""
-        return self.locked_append(path, lambda handle: (self.line(obj, path), None))[0]
-
-    def append_chained(self, path: Path, make) -> dict:
-        """Append make(chain) to a hash-chained log, `prev` the hash of its last entry, all under the log's
-        lock: the log is verified first (a broken one is never extended), and make may raise Refusal,
-        so a check and its append are one step across processes. Returns the entry written."""
-        def compose(handle: int) -> tuple[bytes, dict]:
-            chain = self.chain(path, read_all(handle))
-            entry = {**make(chain), "prev": chain.head["hash"]}
-            return self.line(entry, path), entry
-        return self.locked_append(path, compose)[1]
-
-    def locked_append(self, path: Path, compose) -> tuple[int, object]:
-        """Write the line `compose(handle) -> (line bytes, value)` at path's end under its fcntl lock (open_append);
-        (the line's offset, value)."""
-        with self.machine(path, "write"):
-            handle = self.open_append(path)
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX)
-                line, value = compose(handle)
-                return self.append_locked(handle, line), value
-            finally:
-                os.close(handle)
-
-    def line(self, obj: dict, path: Path | None = None) -> bytes:
-        """obj as one JSONL line: compact JSON by the store's one encoder, secrets scrubbed, UTF-8, a newline.
-        A float JSON has no number for (NaN, Infinity) is ValueError, a StoreError naming `path` if given."""
-        with self.writable(path) if path is not None else contextlib.nullcontext():
-            text = self.encoder.encode(redact(obj, self.hidden))
-        return utf8(text + "\n")
-
     def open_append(self, path: Path) -> int:
-        """A descriptor appending to the regular file path (made 0644 when missing), opened through real
-        folders inside the root; StoreError naming a link, FIFO or folder found there instead."""
+        """A descriptor appending to the regular file path (made 0644 when missing) through real folders
+        inside the root; StoreError for a link, FIFO or folder there instead."""
         folder = self.open_folder(path)   # closed below, not by a folder block (a generator): every locked append comes here
         try:
             self.check_plain_file(folder, path.name, path)
@@ -1059,9 +1021,9 @@ class Store:
 
     @staticmethod
     def append_locked(handle: int, line: bytes, ours: int = 0) -> int:
-        """Write line at the end of the file (locked, or written by one process alone); its offset. Cut
-        back to where it started on failure. `ours` is where a line this handle wrote ended (0: none):
-        a file that still ends there ends with that line's newline, so its last byte need not be read."""
+        """Write line at the end of the file (locked, or written by one process alone), cut back to where it
+        started on failure; its offset. `ours`: where a line this handle wrote ended (0: none); a file still
+        ending there ends with that line's newline, so its last byte need not be read."""
         offset = os.lseek(handle, 0, os.SEEK_END)
         if offset and offset != ours and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a
             os.write(handle, b"\n")                                                  # killed writer) stays
@@ -1081,16 +1043,6 @@ class Store:
         its lock held from the first line until close() (being_written)."""
         return Store.Log(self, path)
 
-    def being_written(self, path: Path) -> bool:
-        """True when a process holds the lock of the readable file at path: an open Log (a run still going,
-        never one killed: the lock goes with its process) or an append under way."""
-        with self.opened(path) as reader:
-            try:
-                fcntl.flock(reader.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-        return False
-
     class Log:
         """See Store.open_log; the file and its folder are made on the first line; close() is idempotent."""
 
@@ -1100,18 +1052,18 @@ class Store:
 
         @cached_property
         def shown(self) -> str:
-            """The file's path as the user is shown it (Factory.shown)."""
+            """Factory.shown of the file."""
             return self.store.fac.shown(self.path)
 
         def append(self, obj: dict, hold: bool = False) -> None:
-            """Write obj as one whole JSON line after the lines held (cut back, never torn, when the machine
-            stops it half-way), or with `hold` hold it too."""
+            """Write obj as one whole line after the lines held (cut back, never torn, when the machine stops
+            it half-way); with `hold`, hold it too."""
             self.held.append(self.store.line(obj, self.path))
             if not hold:
                 self.flush()
 
         def flush(self) -> None:
-            """Write the lines held in one write."""
+            """Write the lines held, in one write."""
             data, self.held = b"".join(self.held), []
             with self.store.machine(self.path, "write"):
                 if data and self.handle is None:
@@ -1132,9 +1084,9 @@ class Store:
 
     @contextlib.contextmanager
     def creating(self) -> Iterator[Callable[[Path, str | bytes], None]]:
-        """A block that creates new files all or none: it is handed create(path, data), which writes one
-        new file atomically and exclusively (FileExistsError when the path exists). When the block raises
-        anything, an interrupt included, every file it created is removed before the error goes on."""
+        """A block that creates new files all or none, handed create(path, data): one new file, written
+        atomically and exclusively (FileExistsError when path exists). When the block raises anything, an
+        interrupt too, each file it created is removed before the error goes on."""
         made: list[Path] = []
         def create(path: Path, data: str | bytes) -> None:
             try:
@@ -1150,17 +1102,16 @@ class Store:
             raise
 
     def discard(self, path: Path) -> None:
-        """Remove a file this station wrote a moment ago, when the step that belongs with it failed (one of the
-        files `new` creates all or none): a station does all of it or none."""
+        """Remove a file this station just wrote, when the step that belongs with it failed (creating)."""
         with self.machine(path, "remove"), self.folder(path) as folder:
             self.check_plain_file(folder, path.name, path)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path.name, dir_fd=folder)
 
     def remove_temporaries(self, path: Path) -> int:
-        """Remove the temporary files write_atomic names for path (`.NAME.` + 8 hex + `.tmp`, regular files
-        only, never followed) that killed writes left beside it; how many. Only for a caller no live write
-        of path can race (`new`, under its lock, before the card)."""
+        """Remove the temporary files of write_text for path (`.NAME.` + 8 hex + `.tmp`, regular files, never
+        followed) that killed writes left beside it; how many. Only where no live write of path can race
+        (`new`, under its lock, before the card)."""
         if not os.path.isdir(path.parent):   # nothing was ever written there; a folder is never made for this
             return 0
         ours, removed = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp"), 0
@@ -1174,14 +1125,14 @@ class Store:
 
     @contextlib.contextmanager
     def locked(self, folder: Path) -> Iterator[None]:
-        """Hold an exclusive fcntl lock on a folder under the root (made when missing) for the block:
-        what one process checks and then appends there, no other process checks in between."""
+        """An exclusive lock on a folder under the root (made when missing) for the block: what one process
+        checks and then appends there, no other process checks in between."""
         with self.machine(folder, "lock"), self.folder(folder / ".lock") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
 
     def spill(self, agent: str, run_id: str, name: str, text: str) -> str:
-        """Save a full text (a tool result, the run's input) as traces/AGENT/RUN_ID/NAME.txt; its path as shown to the user."""
+        """Save a full text (a tool result, the run's input) at spill_path; that path as shown."""
         path = self.fac.spill_path(agent, run_id, name)
         self.write_text(path, text)
         return self.fac.shown(path)
@@ -1190,8 +1141,7 @@ class Store:
 
     @contextlib.contextmanager
     def report_folder(self, path: Path) -> Iterator[int]:
-        """A descriptor of the folder the user named for a report (the folders they named are theirs,
-        links included)."""
+        """A descriptor of the folder the user named for a report (theirs, links included) for the block."""
         with self.machine(path, "write"):
             handle = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -1200,19 +1150,19 @@ class Store:
             os.close(handle)
 
     def check_report(self, path: Path) -> None:
-        """StoreError naming the path unless a report can be written there: its folder exists and takes
-        a new file, and nothing but a regular file is at the path (a link or FIFO there is refused)."""
+        """StoreError naming path unless its folder exists and takes a new file, and nothing but a regular
+        file is there."""
         with self.report_folder(path) as folder, self.machine(path, "write"):
             self.check_plain_file(folder, path.name, path)
             probe = f".{path.name}.{os.urandom(4).hex()}.tmp"
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder))
             os.unlink(probe, dir_fd=folder)
 
-    # ---- signing keys (outside the root, in the keys folder)
+    # ---- the keys folder (outside the root): signing keys, this machine's anchor, ssh-keygen
 
     def read_key(self, path: Path) -> str:
-        """The text of a key file, stripped; Refusal naming the file when it cannot be read as text, or
-        when it or its folder is open to other users (see check_private)."""
+        """The text of a key file, stripped; Refusal naming the file when it is not readable text, or it or
+        its folder is open to other users (check_private)."""
         try:
             handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # a FIFO is never waited on
             with os.fdopen(handle, "rb") as reader:
@@ -1226,8 +1176,8 @@ class Store:
         return text
 
     def check_private(self, path: Path) -> None:
-        """Refusal, with the chmod that fixes it, when a key file or its folder may be read or written by
-        other users (any group or other permission bit): a key others can read signs for its owner."""
+        """Refusal, with the chmod that fixes it, when other users may read or write a key file or its folder
+        (any group or other bit): a key others can read signs for its owner."""
         open_to_others = [(place, mode) for place, mode in ((path.parent, "700"), (path, "600"))
                           if place.stat().st_mode & 0o077]
         if open_to_others:
@@ -1236,8 +1186,8 @@ class Store:
             raise Refusal(f"{path}: other users may read or write {what}; refusing to use it. fix it with: {fix}")
 
     def create_key(self, path: Path, text: str) -> bool:
-        """Create a key file holding text, mode 0600 in a 0700 folder, written to a temporary file and
-        hard-linked into place (a kill never leaves an empty key); False when it already exists."""
+        """Create a key file holding text, mode 0600 in a 0700 folder, exclusively (write_text: a kill never
+        leaves an empty key); False when it already exists."""
         with self.machine(path, "write"):
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
@@ -1246,11 +1196,38 @@ class Store:
             return False
         return True
 
+    def read_private(self, path: Path) -> dict:
+        """The JSON object in a file of the keys folder, checked like a key (check_private); {} when there is none."""
+        if not self.exists(path):
+            return {}
+        self.check_private(path)
+        return self.read_json(path, confined=False)
+
+    @contextlib.contextmanager
+    def keys_locked(self) -> Iterator[None]:
+        """An exclusive lock on the keys folder for the block: what one process reads, merges and writes back
+        there, no other process writes in between."""
+        with self.machine(self.fac.keys_dir, "lock"):
+            handle = os.open(self.fac.keys_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(handle)
+
+    def keys_writable(self) -> bool:
+        """True when the keys folder exists (or can be made, mode 0700) and this process may write in it."""
+        try:
+            self.fac.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError:
+            return False
+        return os.access(self.fac.keys_dir, os.W_OK)
+
     def ssh_keygen(self, argv: list[str], data: bytes, files: dict[str, str] | None = None):
-        """The CompletedProcess of the ssh-keygen on $PATH run with argv and `data` on stdin. Each of `files`
-        (name -> text, at most about PIPE_TEXT characters) is on a pipe it reads as /dev/fd/N, written
-        `{name}` in argv: no temporary file. Refusal in one line when ssh-keygen is not installed, or (a
-        check, given files) does not answer in 60 s."""
+        """The CompletedProcess of ssh-keygen (ssh_program) run with argv and `data` on stdin. Each of `files`
+        (name -> text of at most about PIPE_TEXT characters) is a pipe it reads as /dev/fd/N, written
+        `{name}` in argv: no temporary file. Refusal in one line when a check (given files) does not answer
+        in 60 s."""
         import subprocess   # here, not at the top: only ssh signatures need it
         program, readers = self.ssh_program(), {}
         try:
@@ -1277,36 +1254,6 @@ class Store:
             raise Refusal("ssh-keygen is not installed here (OpenSSH); ssh signatures cannot be made or checked "
                           "on this machine (hmac signatures still work)")
         return program
-
-    def read_private(self, path: Path) -> dict:
-        """The JSON object in a file of the keys folder, checked like a key (no other user may read or
-        write it or its folder); {} when there is none."""
-        if not self.exists(path):
-            return {}
-        self.check_private(path)
-        where = str(path)
-        return as_object(parse_json(decode(self.read_bytes(path, confined=False), where), where), where)
-
-    @contextlib.contextmanager
-    def keys_locked(self) -> Iterator[None]:
-        """Hold an exclusive fcntl lock on the keys folder for the block: what one process reads, merges
-        and writes back there, no other process writes in between."""
-        with self.machine(self.fac.keys_dir, "lock"):
-            handle = os.open(self.fac.keys_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(handle)
-
-    def keys_writable(self) -> bool:
-        """True when the keys folder exists (or can be made, mode 0700) and this process may write in it."""
-        try:
-            self.fac.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError:
-            return False
-        return os.access(self.fac.keys_dir, os.W_OK)
-
 
 # ================================================================ 2. Cards and agents
 # Owns the job card (ABOM) and what is derived from it: strict validation, stamping a variant
