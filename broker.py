@@ -1623,6 +1623,346 @@ def component_marks(components: dict, certified: dict | None) -> dict:
             "removed": sorted((certified or {}).keys() - changed)}
 
 
+# ---- the job card: its fields (CARD_SCHEMA: what `schema` prints, the README's table, what validation checks)
+
+NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")   # an agent's name, always matched whole (fullmatch)
+
+
+def finite_number(value) -> bool:
+    """A finite float, or an int of at most MAX_FIGURE (a 400-digit integer is valid JSON, and no float holds
+    it); never a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= MAX_FIGURE if isinstance(value, int) else math.isfinite(value)
+
+
+def _fraction(value) -> bool:
+    return finite_number(value) and 0 <= value <= 1
+
+
+def tool_list(value) -> bool:
+    """Distinct non-empty strings (whether each names a tool is checked against the contracts)."""
+    return isinstance(value, list) and all(isinstance(v, str) and v for v in value) and len(set(value)) == len(value)
+
+
+DEFAULT_HANDOFF = "escalate"     # the output field by which an agent hands a run to a human, unless its card names another
+DEFAULT_DRAFT = "draft"          # the output field a draft rubric scores, unless the rubric names another
+
+
+def _text(value) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _name(value) -> bool:
+    return isinstance(value, str) and bool(NAME.fullmatch(value))
+
+
+def _integer(value, low: int, high: int | None = None) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
+
+
+def _levels(value) -> bool:
+    return (isinstance(value, list) and len(value) == 5 and all(
+        isinstance(lv, dict) and set(lv) == {"level", "description"} and lv["level"] == n and type(lv["level"]) is int
+        and isinstance(lv["description"], str) for n, lv in enumerate(value)))
+
+
+def _field_name(value) -> bool:
+    return isinstance(value, str) and bool(re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", value))
+
+
+def _prices(value) -> bool:
+    return isinstance(value, dict) and all(_model_id(model) and isinstance(rates, dict) and set(rates) == {"input", "output"}
+                                           and all(finite_number(v) and v >= 0 for v in rates.values())
+                                           for model, rates in value.items())
+
+
+def _model_id(value) -> bool:
+    return isinstance(value, str) and bool(re.fullmatch(r"[!-~]{1,200}", value))
+
+
+TOOL = re.compile(r"([a-z][a-z0-9_]{0,31}):[a-z][a-z0-9_-]{0,31}")   # family:verb, defined in agents/tools/FAMILY.py
+ENTRYPOINT = re.compile(r"([a-z][a-z0-9_]*):([a-z_][a-z0-9_]*)")     # module:function, the module agents/MODULE.py
+REQUIRED = "required"                                               # the default of a field that must be there
+
+
+@dataclass(frozen=True)
+class CardField:
+    """One field of the job card, as `schema` prints it and validation checks it. A field a.b sits inside
+    the object field a."""
+    name: str
+    kind: str                             # its JSON type
+    default: str                          # REQUIRED, or what applies when it is absent
+    allowed: str                          # the values it takes; a problem reads "field NAME must be ALLOWED"
+    does: str                             # what it does
+    check: Callable[[object], bool]
+
+
+TOOL_NAMES = "a list of distinct tool names family:verb, each with a contract in agents/tools/FAMILY.py"
+
+
+CARD_SCHEMA = (  # the one source of the card's documentation (the schema station, README) and of its validation
+    CardField("agent", "string", REQUIRED, "an agent name: a lowercase letter, then a-z 0-9 _ -, at most 64 in all",
+              "the agent's name; it is also the file's name, masters/NAME.json", _name),
+    CardField("entrypoint", "string", REQUIRED, "'module:function', the module being agents/MODULE.py",
+              "the agent's code: the module holds SYSTEM (the worker's system prompt), OUTPUT_SCHEMA (the output "
+              "contract) and this function (the agent's own offline rules)",
+              lambda v: isinstance(v, str) and bool(ENTRYPOINT.fullmatch(v))),
+    CardField("model", "object", REQUIRED, 'an object {"primary", "fallback"}', "the worker models",
+              lambda v: isinstance(v, dict)),
+    CardField("model.primary", "string", REQUIRED, "a model id without spaces (e.g. claude-sonnet-5-5, ollama/llama3.2, "
+              "offline)", "the model asked first; its id picks the backend (see Worker models)", _model_id),
+    CardField("model.fallback", "string", "none", "a model id without spaces",
+              "the model asked when the primary is retired or keeps failing", _model_id),
+    CardField("tools", "list", REQUIRED, TOOL_NAMES,
+              "grants: the tools the agent may call (an acting tool is staged, never run at once)", tool_list),
+    CardField("tools_denied", "list", REQUIRED, TOOL_NAMES,
+              "explicit denials: a tool both granted and denied is denied", tool_list),
+    CardField("gate_question", "string", REQUIRED, "a non-empty string",
+              "the yes/no question the output gate asks Sage about every output", _text),
+    CardField("evals", "object", REQUIRED, 'an object {"pass_bar", "gate", "suite", "handoff_bar"}', "how the agent is proved and gated",
+              lambda v: isinstance(v, dict)),
+    CardField("evals.pass_bar", "number", REQUIRED, "a number in 0..1",
+              "the share of cases that must pass, judged on the 95% lower bound of the count (a 0.8 bar needs 16 "
+              "cases even at a perfect score): prove exits 0 and certify signs only at or above it", _fraction),
+    CardField("evals.handoff_bar", "number", "none: hand-off recall is reported, not judged", "a number in 0..1",
+              "the share of the cases that expect a hand-off in which the agent must hand off (its handoff_field true), "
+              "judged on the 95% lower bound as the pass bar is", _fraction),
+    CardField("evals.gate", "number", REQUIRED, "a number in 0..1",
+              "the output gate passes an output only when Sage answers yes with at least this probability", _fraction),
+    CardField("evals.suite", "string", "the agent's own suite, else its nearest master's", "an agent name",
+              "the suite proved: evals/SUITE/cases.jsonl and the sealed half SUITE/sealed.jsonl", _name),
+    CardField("draft_rubric", "object", "none: drafts are not scored", 'an object {"field", "min", "instructions", "levels"}',
+              "how prove has Sage score the draft in each output", lambda v: isinstance(v, dict)),
+    CardField("draft_rubric.field", "string", DEFAULT_DRAFT, "the name of a string property of OUTPUT_SCHEMA",
+              "the output field the rubric scores", _field_name),
+    CardField("draft_rubric.min", "integer", REQUIRED, "an integer 0..4",
+              "the lowest level a draft may score and still pass", lambda v: _integer(v, 0, 4)),
+    CardField("draft_rubric.instructions", "string", REQUIRED, "a non-empty string",
+              "what Sage is told a good draft is", _text),
+    CardField("draft_rubric.levels", "list", REQUIRED, "exactly five levels 0..4 in order, each {level, description}",
+              "what each level means", _levels),
+    CardField("prices", "object", "none: llm.py's built-in prices", 'an object {MODEL: {"input": USD, "output": USD}}',
+              "per million tokens, used before llm.py's prices (a proxy that names no routed model: `sageroute`)", _prices),
+    CardField("cost_envelope_usd", "number", REQUIRED, "a number >= 0",
+              "the most one run may spend, checked before every model call", lambda v: finite_number(v) and v >= 0),
+    CardField("act_envelope", "object", "its fields' defaults", 'an object {"calls", "usd"}',
+              "what one run's acting calls may do without a human, at C2 and C3 alike: calls beyond it are "
+              "parked for a human, never committed, and the run is routed with that reason", lambda v: isinstance(v, dict)),
+    CardField("act_envelope.calls", "integer", str(ActEnvelope.calls), "an integer >= 0",
+              "acting calls one run may commit (C3) or park for approval (C2)", lambda v: _integer(v, 0)),
+    CardField("act_envelope.usd", "number", str(ActEnvelope.usd), "a number >= 0",
+              "USD one run's acting calls may move, summed over the arguments each tool's contract lists in "
+              "`amounts_usd` (a call whose money cannot be counted is beyond it)", lambda v: finite_number(v) and 0 <= v < math.inf),
+    CardField("max_steps", "integer", "8", "an integer >= 1",
+              "model calls a run may make before it is escalated", lambda v: _integer(v, 1)),
+    CardField("tier_ceiling", "string", REQUIRED, "one of C0 C1 C2 C3",
+              "the highest tier a certificate for this card may grant", lambda v: v in TIERS),
+    CardField("identity", "string", REQUIRED, "a non-empty string", "the service identity the agent acts as", _text),
+    CardField("owner", "string", REQUIRED, "a non-empty string", "the accountable human", _text),
+    CardField("approval_expiry_hours", "number", "24", "a number of hours in (0, 8760]",
+              "how long a parked acting call waits for a human before it expires",
+              lambda v: finite_number(v) and 0 < v <= 8760),
+    CardField("handoff_field", "string", DEFAULT_HANDOFF, "the name of a boolean property of OUTPUT_SCHEMA",
+              "the output field by which the agent hands a run to a human: when it is true no acting call is "
+              "committed, drafts go to the review queue and the run is routed to a human", _field_name),
+    CardField("stamped_from", "string", "set by stamp", "an agent name", "the master this variant was stamped from", _name),
+    CardField("master_digest", "string", "set by stamp", "'sha256:' and 64 hex digits",
+              "the master's digest when the variant was stamped",
+              lambda v: isinstance(v, str) and bool(re.fullmatch(r"sha256:[0-9a-f]{64}", v))),
+    CardField("overrides", "object", "set by stamp", "an object of dotted paths to values",
+              "the variant's own changes to its master, which restamp keeps", lambda v: isinstance(v, dict)),
+)
+
+
+def fields_in(parent: str) -> dict[str, CardField]:
+    """key -> CardField of the fields directly inside the object field `parent` ('' for the card itself)."""
+    return {f.name.rpartition(".")[2]: f for f in CARD_SCHEMA if f.name.rpartition(".")[0] == parent}
+
+
+def object_problems(value: dict, parent: str = "") -> list[str]:
+    """A line per field of one object of the card that is unknown, missing or malformed, then per problem
+    inside each well-formed object field."""
+    fields, problems = fields_in(parent), []
+    for key in value:
+        if key not in fields:
+            full = f"{parent}.{key}" if parent else key
+            problems.append(f"unknown field '{full}'{did_you_mean(full, [f.name for f in fields.values()])}")
+    for key, row in fields.items():
+        if key not in value:
+            problems += [f"missing field '{row.name}'"] if row.default == REQUIRED else []
+        elif not row.check(value[key]):
+            problems.append(f"field '{row.name}' must be {row.allowed}")
+        elif fields_in(row.name):
+            problems += object_problems(value[key], row.name)
+    return problems
+
+
+def card_problems(card: dict, name: str | None = None) -> list[str]:
+    """A line per problem with a card's fields, and with its name when it is read from masters/NAME.json."""
+    problems = object_problems(card)
+    if name is not None and _name(card.get("agent")) and card["agent"] != name:
+        problems.append(f"field 'agent' is {card['agent']!r} but the file is named {name!r}")
+    return problems
+
+
+def closest(word: str, candidates: list[str]) -> str | None:
+    """The candidate closest to word, ignoring case (difflib), or None."""
+    lowered = {candidate.lower(): candidate for candidate in candidates}
+    import difflib
+    near = difflib.get_close_matches(word.lower(), list(lowered), n=1)
+    return lowered[near[0]] if near else None
+
+
+def did_you_mean(word: str, candidates: list[str]) -> str:
+    """" (did you mean 'x'?)" for the closest candidate, or ""."""
+    near = closest(word, candidates)
+    return f" (did you mean '{near}'?)" if near else ""
+
+
+def schema_table() -> str:
+    """CARD_SCHEMA as a Markdown table: what `schema` prints and the README's card section holds."""
+    rows = [f"| `{f.name}` | {f.kind} | {f.default} | {f.allowed} | {f.does} |" for f in CARD_SCHEMA]
+    return "\n".join(["| field | type | default | allowed | what it does |", "| --- | --- | --- | --- | --- |", *rows])
+
+
+# ---- agent code: what it may not reach for, read from its syntax tree (the factory refuses what is found)
+
+# What an agent or tool module may not do, checked in its source before it runs: each loads or runs code by
+# name, path or bytes, code the digest does not cover. Python cannot be sandboxed and this list cannot be
+# complete (a signer reviews the code itself); it names the usual roads, so none is taken by accident or unseen.
+LOADING_MODULES = ("importlib", "imp", "runpy", "pkgutil", "zipimport", "marshal", "pickle", "shelve", "code", "codeop",
+                   "builtins", "ctypes", "pydoc")
+# the first five run code; the last three hand over the module's namespace, and with it the real __builtins__
+LOADING_NAMES = ("__import__", "exec", "eval", "compile", "__builtins__", "globals", "vars", "locals")
+LOADING_ATTRIBUTES = ("__import__", "__builtins__", "__loader__", "__code__", "__globals__", "__subclasses__",
+                      "modules")   # X.modules: sys.modules however sys was reached (os.sys, an alias, a copy)
+IMPORT_STATE = ("path", "meta_path", "path_hooks", "path_importer_cache")   # sys.X: what imports find
+LOADING_TEXTS = tuple(name for name in LOADING_NAMES + LOADING_ATTRIBUTES if name.startswith("__"))   # getattr(f, '__code__')
+CODE_FILE = re.compile(r".*\.py[cow]?")   # a literal path to Python source or bytecode, handed to a call
+
+
+def code_loading(nodes) -> list[tuple[int, str]]:
+    """(line, construct as written) of each place in a module's syntax tree (`nodes`) that reaches for code
+    the digest does not cover: an import of LOADING_MODULES, LOADING_NAMES, LOADING_ATTRIBUTES (as text
+    too), sys's IMPORT_STATE, a literal path to a Python file handed to a call; sorted by line."""
+    import ast
+    found, state, sys_names = [], [], {"sys"}   # state: (line, attribute, the name it is read from)
+    for node in nodes:   # one pass: a module is scanned each time it is loaded
+        if isinstance(node, ast.Import):
+            sys_names |= {alias.asname for alias in node.names if alias.name == "sys" and alias.asname}
+            found += [(node.lineno, f"import {alias.name}") for alias in node.names
+                      if alias.name.split(".")[0] in LOADING_MODULES]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [alias.name for alias in node.names]
+            if node.module.split(".")[0] in LOADING_MODULES or (node.module == "sys" and set(names) & {"modules", *IMPORT_STATE}):
+                found.append((node.lineno, f"from {node.module} import {', '.join(names)}"))
+        elif isinstance(node, ast.Name) and node.id in LOADING_NAMES:
+            found.append((node.lineno, node.id))
+        elif isinstance(node, ast.Attribute) and node.attr in LOADING_ATTRIBUTES:
+            found.append((node.lineno, ast.unparse(node) if node.attr == "modules" else node.attr))
+        elif isinstance(node, ast.Attribute) and node.attr in IMPORT_STATE and isinstance(node.value, ast.Name):
+            state.append((node.lineno, node.attr, node.value.id))
+        elif isinstance(node, ast.Constant) and node.value in LOADING_TEXTS:
+            found.append((node.lineno, repr(node.value)))
+        elif isinstance(node, ast.Call):
+            found += call_loading(node)
+    return sorted(found + [(line, f"sys.{attr}") for line, attr, name in state if name in sys_names])
+
+
+def call_loading(call) -> list[tuple[int, str]]:
+    """code_loading's findings in one call: a literal path to a Python file among its arguments, and
+    getattr(X, 'NAME') (or set-, has-, delattr) of an attribute on the lists."""
+    import ast
+    values = [*call.args, *(keyword.value for keyword in call.keywords)]
+    found = [(call.lineno, repr(value.value)) for value in values
+             if isinstance(value, ast.Constant) and isinstance(value.value, str) and CODE_FILE.fullmatch(value.value)]
+    if isinstance(call.func, ast.Name) and call.func.id in ("getattr", "setattr", "hasattr", "delattr") \
+            and len(call.args) > 1 and isinstance(call.args[1], ast.Constant) \
+            and call.args[1].value in (*LOADING_ATTRIBUTES, *IMPORT_STATE):
+        found.append((call.lineno, ast.unparse(call)))
+    return found
+
+
+def plain_imports(nodes) -> list[str]:
+    """The top-level names of the modules a syntax tree's nodes import by absolute name, but `agents`:
+    `import os.path`, `from json import loads` -> os, json."""
+    import ast
+    names = [alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module]
+    return sorted({name.split(".")[0] for name in names} - {"agents"})
+
+
+# ---- a tool module's contracts, and the output properties a card names
+
+def contracts_assigned(node) -> bool:
+    """True for a top-level `CONTRACTS = ...` or `CONTRACTS: dict = ...`."""
+    import ast
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return any(isinstance(target, ast.Name) and target.id == "CONTRACTS" for target in targets)
+
+
+def contract_problems(family: str, name, contract) -> list[str]:
+    """A line per way one entry of a tool module's CONTRACTS breaks a contract's shape (key a tool of this
+    family; name, effect, description, params, amounts_usd)."""
+    if not (isinstance(name, str) and TOOL.fullmatch(name) and name.startswith(f"{family}:")):
+        return [f"contract {name!r} is not named {family}:VERB (a tool lives in its family's module)"]
+    if not isinstance(contract, dict):
+        return [f"contract {name} is {type(contract).__name__}, not an object {{name, effect, description, params, "
+                f"failure_modes}}"]
+    amounts, params = contract.get("amounts_usd", []), contract.get("params")
+    checks = ((contract.get("name") == name, f"its name is {contract.get('name')!r}, which differs from its key {name!r}"),
+              (contract.get("effect") in EFFECTS, f"effect {contract.get('effect')!r} is not one of {', '.join(EFFECTS)}"),
+              (isinstance(contract.get("description"), str), "missing description (a string: what the tool does, as the model is told)"),
+              (isinstance(params, dict), 'params is not a schema (a JSON-schema object for the arguments, e.g. {"type": '
+                                         '"object", "properties": {...}})'),
+              (isinstance(amounts, list) and all(isinstance(path, str) and amount_schema(params, path) for path in amounts),
+               "amounts_usd is not a list of paths to its number arguments that are an amount of money in USD "
+               "(amount_usd, refund.total, items[].amount_usd)"))
+    return [f"contract {name}: {problem}" for fits, problem in checks if not fits]
+
+
+OUTPUT_FIELDS = (  # card field naming an output property -> (the JSON type it must have, what the card uses it for)
+    ("handoff_field", "boolean", "the card's hand-off field (set handoff_field to the output field by which the agent "
+                                 "hands a run to a human)"),
+    ("draft_rubric.field", "string", "the field the card's draft rubric scores (set draft_rubric.field to the output "
+                                     "field holding the prose to score)"),
+)
+
+
+def output_field_problems(card: dict, schema, where: str) -> list[str]:
+    """A problem per card field of OUTPUT_FIELDS that names no OUTPUT_SCHEMA property of its type."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    props, problems = props if isinstance(props, dict) else {}, []
+    for path, kind, what in OUTPUT_FIELDS:
+        parent, _, key = path.rpartition(".")
+        holder = card.get(parent) if parent else card
+        if not isinstance(holder, dict):   # no rubric: nothing is scored
+            continue
+        name = holder.get(key, fields_in(parent)[key].default)
+        typed = [prop for prop, rule in props.items() if isinstance(rule, dict) and rule.get("type") == kind]
+        if fields_in(parent)[key].check(name) and name not in typed:   # a malformed name is the card's own problem
+            problems.append(f"{where}: OUTPUT_SCHEMA has no {kind} property '{name}', {what}; its {kind} "
+                            f"properties: {', '.join(typed) or 'none'}")
+    return problems
+
+
+JSON_KINDS = {"string": "a string", "boolean": "a boolean (true or false)", "integer": "an integer",
+              "number": "a number", "object": "an object", "array": "a list", "null": "null"}
+
+
+def allowed_by(schema: dict) -> str:
+    """What a JSON schema (the subset check_args reads) allows, in words: 'one of "a", "b"', 'a
+    boolean (true or false)', 'a string (at most 300 characters)'."""
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(value, ensure_ascii=False) for value in schema["enum"])
+    kind = schema.get("type")
+    said = JSON_KINDS.get(kind, f"of type {kind}") if isinstance(kind, str) else "a value"
+    limits = ([f"at most {schema['maxLength']} characters"] if "maxLength" in schema else []) + \
+             ([f"at least {schema['minimum']}"] if "minimum" in schema else [])
+    return said + (f" ({', '.join(limits)})" if limits else "")
+
+
 # ---- a variant's card against its master's, as the certify prompt names each difference
 
 MISSING = object()   # a card field that is absent, as card_changes compares them

@@ -96,6 +96,10 @@ def own_module(name: str, lazy: bool = False):
 
 
 own_module("broker")   # the import below then finds it registered and reads no file of its own
+from broker import (  # noqa: E402   the card's fields and checks; what agent code may not reach for; tool contracts
+    CARD_SCHEMA, DEFAULT_DRAFT, DEFAULT_HANDOFF, ENTRYPOINT, NAME, TOOL, allowed_by, card_problems, closest,
+    code_loading, contract_problems, contracts_assigned, did_you_mean, fields_in, output_field_problems,
+    plain_imports, schema_table, tool_list)
 from broker import (  # noqa: E402
     CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, REVIEW_DECISIONS, STUCK, VERDICTS, ActEnvelope, Broker,
     Outcome, Policy, amount_schema, args_digest, call_state, check_args, judge, outcome_of,
@@ -131,8 +135,7 @@ llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
 
 VERSION = "0.1"                # what --version says; sage.py's User-Agent names the same version
-# Name patterns are always matched whole (fullmatch): `^...$` with match() also accepts a final newline.
-NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+# Name patterns (NAME is broker's) are matched whole (fullmatch): `^...$` with match() also accepts a final newline.
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{6}")
 MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
@@ -231,8 +234,8 @@ SEPARATORS = ("\n", "\t")   # print's end, and the column separator of a tab-sep
 
 
 def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """(variable name, text) for each secret in env (a name ending in KEY, TOKEN, SECRET or PASSWORD, a value
-    of at least MIN_SECRET characters), as it is and as JSON, repr or visible() escape it; longest first."""
+    """(variable name, text) of each secret in env (name ending in KEY, TOKEN, SECRET or PASSWORD, at least
+    MIN_SECRET characters) as it is and as JSON, repr or visible() escape it; longest first."""
     found = set()
     for name, value in env.items():
         if SECRET_NAME.search(name) and isinstance(value, str) and len(value := value.strip()) >= MIN_SECRET:
@@ -357,8 +360,8 @@ def parse_json(text: str, where: str):
 
 
 def json_position(text: str, error: json.JSONDecodeError) -> str:
-    """'; line L column C' in a text of several lines; in one line (a JSONL line, which `where` names)
-    ' at character N' or ' at the end of the line', so a message never names two lines."""
+    """'; line L column C' in a text of several lines, else ' at character N' or ' at the end of the
+    line' (a JSONL line's `where` names its line)."""
     body = text.rstrip("\r\n")
     if "\n" in body:
         return f"; line {error.lineno} column {error.colno}"
@@ -394,8 +397,8 @@ def as_object(value, where: str) -> dict:
 
 @dataclass(frozen=True)
 class Shape:
-    """The fields a JSON object must carry, with their allowed types: exact (JSON has no subclasses, and a bool
-    is never a number); `optional` fields are checked when present."""
+    """The fields a JSON object must carry and their types, matched exactly (a bool is never a number);
+    `optional` ones are checked when present."""
     required: tuple               # ((field, (type, ...)), ...)
     optional: tuple = ()
 
@@ -458,9 +461,9 @@ class Factory:
 
     @classmethod
     def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str], halt: Halt | None = None) -> "Factory":
-        """The factory at --root, else $FACTORY_ROOT, else the folder of factory.py. Refusal for an empty
-        --root or --sealed-dir (`--root "$UNSET"` is not "not given") and for a keys folder
-        ($FACTORY_KEYS_DIR, else ~/.config/agent-factory/keys) inside the root."""
+        """The factory at --root, else $FACTORY_ROOT, else factory.py's folder. Refusal for an empty --root or
+        --sealed-dir (`--root "$UNSET"`), and for a keys folder ($FACTORY_KEYS_DIR, else
+        ~/.config/agent-factory/keys) inside the root."""
         for flag, given in (("--root", root), ("--sealed-dir", sealed_dir)):
             if given is not None and not given.strip():
                 raise Refusal(f"{flag} is empty (an unset variable?); name the folder, or leave {flag} out")
@@ -559,9 +562,8 @@ class Factory:
 # ---- processes: is the one an approval names still running
 
 def process_started(pid: int) -> str | None:
-    """When process `pid` started, as the kernel says (boot id and clock ticks in /proc): with the pid, a name
-    of one process no file can fake. None when none runs (or a zombie); UNSEEN while one runs whose start
-    /proc does not show (no /proc; another user's under hidepid)."""
+    """When process `pid` started by the kernel (boot id, clock ticks in /proc): with the pid, a name no
+    file can fake. None when none runs (or a zombie); UNSEEN when /proc hides it (none; hidepid)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         return None if fields[0] in "ZX" else f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip()} {fields[19]}"
@@ -588,10 +590,9 @@ def approver_runs(decisions: list) -> bool:
 # ---- the Store: every read and write of the factory's files
 
 class Store:
-    """Every read and write of one factory's files. Reads are strict: a regular file inside the root or the
-    sealed folder (unless the user named it), bounded, UTF-8 JSON of the expected shape; a refusal names
-    file and line. Writes go through real folders (O_NOFOLLOW), atomic or appended whole under a lock,
-    secrets scrubbed. The machine's refusals are StoreErrors."""
+    """Every read and write of one factory's files. Reads are strict (inside the root or the sealed folder
+    unless the user named the file, bounded, UTF-8 JSON of the expected shape) and name file and line;
+    writes go through real folders, atomic or appended whole under a lock, secrets scrubbed."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
@@ -627,8 +628,8 @@ class Store:
     # ---- the Store's reads: files, JSON, JSONL (the one reader), hash-chained logs
 
     def check_readable(self, path: Path, confined: bool = True) -> Path:
-        """The real location of path; Refusal unless it is an existing regular file inside the root or the
-        sealed folder (a link that points out is outside). `confined=False`: a file the user names."""
+        """The real location of path; Refusal unless it is a regular file inside the root or the sealed
+        folder (a link pointing out is outside) or, not `confined`, one the user names."""
         where, real = self.fac.shown(path), Path(os.path.realpath(path))
         if confined and not (real.is_relative_to(self.fac.root) or real.is_relative_to(self.fac.sealed_dir)):
             raise Refusal(f"{where}: points outside the factory root ({real}); refusing to read it")
@@ -647,8 +648,8 @@ class Store:
 
     @contextlib.contextmanager
     def opened(self, path: Path, confined: bool = True) -> Iterator:
-        """A binary reader of a readable file (check_readable), opened at its real location without
-        following a link swapped in since, and without blocking on a FIFO."""
+        """A binary reader of a readable file at its real location: no link swapped in since is followed,
+        no FIFO blocks."""
         real = self.check_readable(path, confined)
         with self.machine(path, "read"):
             handle = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -680,11 +681,10 @@ class Store:
 
     def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True, each: bool = False,
                    start: tuple[int, int] = (0, 0), whole: bool = False, piped: bytes | None = None) -> Iterator[tuple]:
-        """(line number, object) for each non-blank line, streamed, each of `shape`. A torn, oversized,
-        non-object, misshapen or non-text line is a Refusal naming file and line (with `each` yielded in its
-        place, and the lines after it still read). `start`: (byte offset, lines before it); `piped`: the
-        bytes read instead (standard input's, a log's). With `whole`, each is (number, byte offset after it,
-        its bytes, object), and what follows the last newline (a line being written, or torn) is not read."""
+        """(line number, object) per non-blank line, streamed, each of `shape`. A torn, oversized, non-object,
+        misshapen or non-text line is a Refusal naming file and line (with `each`, yielded in its place).
+        `start`: (byte offset, lines before it); `piped`: bytes read instead (stdin's, a log's). `whole`
+        yields (number, offset after it, its bytes, object) and stops before a last line with no newline."""
         where, scan, end = self.fac.shown(path), self.decoder.scan_once, start[0]
         with (self.opened(path, confined) if piped is None else io.BytesIO(piped)) as lines, self.machine(path, "read"):
             lines.seek(start[0])
@@ -707,8 +707,8 @@ class Store:
                 yield (number, end, raw, value) if whole else (number, value)
 
     def line_value(self, raw: bytes, lines, at: str, number: int, shape: Shape | None, each: bool):
-        """read_jsonl's slow path: the object on one line, or the Refusal naming what is wrong with it (raised;
-        returned with `each`, an oversized line then skipped to its end so the next one reads whole)."""
+        """read_jsonl's slow path: the line's object, or the Refusal naming what is wrong (returned with
+        `each`, an oversized line skipped to its end)."""
         try:
             if len(raw) > MAX_LINE_BYTES:
                 raise Refusal(f"{at}: longer than {MAX_LINE_BYTES >> 20} mib")
@@ -723,16 +723,15 @@ class Store:
             return problem
 
     def line_at(self, relative: str, offset: int) -> dict | None:
-        """The object on the line at byte `offset` of a file under the root, or None when there is no such
-        file, line or object: how an effect is read back after it was written."""
+        """The object on the line at byte `offset` of a file under the root, or None: an effect read back."""
         with contextlib.suppress(Refusal, TypeError, ValueError):
             for _, row in self.read_jsonl(self.fac.root / relative, start=(offset, 0)):
                 return row
         return None
 
     def read_chain(self, path: Path, shape: Shape | None = None) -> Chain:
-        """The hash-chained log at path, verified (chain), read under a shared lock so an entry being
-        appended is never half read; an empty Chain when there is no log yet."""
+        """The hash-chained log at path, verified (chain) and read under a shared lock so no entry being
+        appended is half read; empty when there is no log."""
         if not os.path.lexists(path):
             return Chain(self.fac.shown(path))
         with self.opened(path) as log, self.machine(path, "read"):
@@ -741,9 +740,8 @@ class Store:
         return self.chain(path, data, shape)
 
     def chain(self, path: Path, data: bytes, shape: Shape | None = None) -> Chain:
-        """The entries in a log's bytes, each of `shape`, each one's `prev` the sha256 of the line before it
-        (GENESIS for the first); Refusal naming file and line of a torn or misshapen entry, an entry with
-        no `prev`, or a broken link."""
+        """The entries in a log's bytes, each of `shape`, each `prev` the sha256 of the line before it (GENESIS
+        first); Refusal naming file and line of a bad entry or a broken link."""
         where, entries, hashes = self.fac.shown(path), [], []
         for number, _, raw, entry in self.read_jsonl(path, shape, piped=data + b"\n", whole=True):
             at = f"{where} line {number}"
@@ -783,8 +781,8 @@ class Store:
             size <<= 2
 
     def being_written(self, path: Path) -> bool:
-        """True when a process holds the lock of the readable file at path: an open Log (a run still going,
-        never one killed: the lock goes with its process) or an append under way."""
+        """True when a process holds the file's lock: an open Log (a live run; the lock dies with its
+        process) or an append under way."""
         with self.opened(path) as reader:
             try:
                 fcntl.flock(reader.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -800,8 +798,8 @@ class Store:
         yield self.fac.sealed_dir
 
     def parts_inside(self, path: Path) -> tuple[Path, tuple[str, ...]]:
-        """(the root, else the sealed folder (where `new` writes a sealed half), the parts of path below it);
-        StoreError unless path names a file lexically inside one of them."""
+        """(the root, else the sealed folder, the parts of path below it); StoreError unless path is
+        lexically inside one."""
         parts = path.parts
         for base in self.bases():
             inside = len(base.parts)   # parts compared as Path.relative_to does, without building a new Path
@@ -810,18 +808,18 @@ class Store:
         raise StoreError(f"{path}: not inside the factory root {self.fac.root}; refusing to write it")
 
     @contextlib.contextmanager
-    def folder(self, path: Path) -> Iterator[int]:
-        """open_folder for the block."""
-        handle = self.open_folder(path)
+    def folder(self, path: Path, outside: bool = False) -> Iterator[int]:
+        """A descriptor of path's folder for the block: open_folder's, or `outside` the root the folder the
+        user named (a report: the folders they name are theirs, links included) or the keys folder."""
+        handle = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if outside else self.open_folder(path)
         try:
             yield handle
         finally:
             os.close(handle)
 
     def open_folder(self, path: Path) -> int:
-        """A descriptor of the folder that holds path (the caller closes it), opened from the root (or the
-        sealed folder) one part at a time with O_NOFOLLOW, made where missing: every folder on the way is a
-        real folder inside it."""
+        """A descriptor of the folder holding path (the caller closes it), opened from its base one part at a
+        time with O_NOFOLLOW and made where missing: every folder on the way is real and inside it."""
         base, parts = self.parts_inside(path)
         handle = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -833,8 +831,8 @@ class Store:
         return handle
 
     def step_into(self, parent: int, part: str, base: Path, walked: tuple[str, ...]) -> int:
-        """A descriptor of the folder `part` in `parent` (made when missing; `parent` is closed); StoreError
-        naming it (base and the parts `walked`) when it is a link or no folder."""
+        """A descriptor of the folder `part` in `parent` (made when missing; `parent` closed); StoreError
+        naming base/`walked` when it is a link or no folder."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             try:
@@ -862,8 +860,8 @@ class Store:
                           f"link, so remove it or name the real file")
 
     def check_plain_file(self, folder: int, name: str, where: Path) -> int | None:
-        """The permission bits of the regular file `name` in folder, None when there is none; StoreError for
-        a link, FIFO, folder or device there, or a file with another hard link (one_name)."""
+        """The permission bits of the regular file `name` in folder, None when absent; StoreError for
+        anything else there, or a file with another hard link (one_name)."""
         try:
             found = os.stat(name, dir_fd=folder, follow_symlinks=False)
         except FileNotFoundError:
@@ -874,8 +872,8 @@ class Store:
         return found.st_mode & 0o777
 
     def one_name(self, found: os.stat_result, where: Path) -> None:
-        """StoreError when the file has another hard link: a name for the same bytes, perhaps outside the
-        root, that a write here would change (or, replaced, silently part from)."""
+        """StoreError when the file has another hard link: a name, perhaps outside the root, that a write here
+        would change (or, replaced, silently part from)."""
         if found.st_nlink > 1:
             raise StoreError(f"{self.fac.shown(where)}: has {found.st_nlink} hard links (other names for the same "
                              f"file, perhaps outside the root); the factory never writes through one: copy it to a "
@@ -893,8 +891,8 @@ class Store:
 
     @contextlib.contextmanager
     def writable(self, path: Path) -> Iterator[None]:
-        """A block that turns the encoder's ValueError for NaN or Infinity (which the readers refuse) into a
-        StoreError naming path, so no file holds a value its readers refuse."""
+        """A block turning the encoder's ValueError for NaN or Infinity into a StoreError naming path: no
+        file holds a value its readers refuse."""
         try:
             yield
         except ValueError as error:
@@ -905,12 +903,12 @@ class Store:
 
     def write_text(self, path: Path, text: str | bytes, exclusive: bool = False, mode: int = 0o644,
                    outside: bool = False) -> None:
-        """The one atomic write: a temporary file in path's folder, fsynced, then os.replace (old or new,
-        never torn) or, `exclusive`, os.link (FileExistsError when path exists). A new file gets `mode`, a
-        replaced one keeps its own; text (not bytes) has the secrets scrubbed out. Through real folders under
-        the root, or `outside` it in a folder the user named (a report) or the keys folder."""
+        """The one atomic write: a temporary file beside path, fsynced, then os.replace (old or new, never
+        torn) or, `exclusive`, os.link (FileExistsError if path exists). A new file gets `mode`, a replaced
+        one keeps its own; text (not bytes) is scrubbed of secrets. `outside`: in a folder the user named
+        (a report) or the keys folder, else through real folders under the root."""
         data = self.encoded(text)
-        with self.machine(path, "write"), (self.report_folder(path) if outside else self.folder(path)) as folder:
+        with self.machine(path, "write"), self.folder(path, outside) as folder:
             kept = self.check_plain_file(folder, path.name, path)
             temp = f".{path.name}.{os.urandom(4).hex()}.tmp"
             handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
@@ -930,8 +928,8 @@ class Store:
         return text if isinstance(text, bytes) else utf8(redact(text, self.hidden))
 
     def line(self, obj: dict, path: Path | None = None) -> bytes:
-        """obj as one JSONL line: compact JSON by the one encoder, secrets scrubbed, UTF-8, a newline. NaN or
-        Infinity is a ValueError, or with `path` a StoreError naming the file (writable)."""
+        """obj as one JSONL line (compact, secrets scrubbed, UTF-8, newline); NaN or Infinity is a ValueError,
+        or with `path` a StoreError (writable)."""
         with self.writable(path) if path is not None else contextlib.nullcontext():
             text = self.encoder.encode(redact(obj, self.hidden))
         return utf8(text + "\n")
@@ -942,9 +940,9 @@ class Store:
         return self.locked_append(path, lambda handle: (self.line(obj, path), None))[0]
 
     def append_chained(self, path: Path, make) -> dict:
-        """Append make(chain) to a hash-chained log, `prev` the hash of its last entry, all under the log's
-        lock: the log is verified first (a broken one is never extended), and make may raise Refusal, so a
-        check and its append are one step across processes. The entry written."""
+        """Append make(chain) to a hash-chained log with `prev` its head, under its lock: the log is
+        verified first and make may raise Refusal, so a check and its append are one step across processes.
+        The entry written."""
         def compose(handle: int) -> tuple[bytes, dict]:
             chain = self.chain(path, os.pread(handle, os.fstat(handle).st_size, 0))
             entry = {**make(chain), "prev": chain.head["hash"]}
@@ -952,8 +950,8 @@ class Store:
         return self.locked_append(path, compose)[1]
 
     def locked_append(self, path: Path, compose) -> tuple[int, object]:
-        """Under an exclusive lock on path (open_append), write the line of `compose(handle) -> (line, value)`
-        at its end; (the byte offset where the line starts, value)."""
+        """Write the line of `compose(handle) -> (line, value)` at path's end under its lock (open_append);
+        (the line's offset, value)."""
         with self.machine(path, "write"):
             handle = self.open_append(path)
             try:
@@ -965,8 +963,8 @@ class Store:
 
     def append_row(self, path: Path, obj: dict, key: bytes | None = None) -> None:
         """Append obj to a chained file too long to read whole (the index) under its lock, `prev` the sha256
-        of its last line (read from its end), sealed with `key` (seal_line). `heads` keeps the head; `rows`
-        the handle, for the station's next row unless the path names another file by then."""
+        of its last line read from its end, sealed with `key`. `heads` keeps the head, `rows` the handle
+        for the station's next row (unless moved)."""
         with self.rows_lock, self.machine(path, "write"):   # threads share the handle
             handle = self.rows.pop(path, None)
             if handle is not None and self.moved(path, handle, alone=True):
@@ -1000,8 +998,8 @@ class Store:
             os.close(self.rows.popitem()[1])
 
     def open_append(self, path: Path) -> int:
-        """A descriptor appending to the regular file path (made 0644 when missing) through real folders
-        inside the root; StoreError for a link, FIFO or folder there instead."""
+        """A descriptor appending to the regular file path (made 0644), through real folders inside the
+        root; StoreError for anything else there."""
         folder = self.open_folder(path)   # closed below, not by a folder block (a generator): every locked append comes here
         try:
             self.check_plain_file(folder, path.name, path)
@@ -1021,9 +1019,8 @@ class Store:
 
     @staticmethod
     def append_locked(handle: int, line: bytes, ours: int = 0) -> int:
-        """Write line at the end of the file (locked, or written by one process alone), cut back to where it
-        started on failure; its offset. `ours`: where a line this handle wrote ended (0: none); a file still
-        ending there ends with that line's newline, so its last byte need not be read."""
+        """Write line at the file's end (locked, or one writer alone), cut back on failure; its offset.
+        `ours`: where this handle's last line ended (0: none): a file ending there needs no newline check."""
         offset = os.lseek(handle, 0, os.SEEK_END)
         if offset and offset != ours and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a
             os.write(handle, b"\n")                                                  # killed writer) stays
@@ -1039,8 +1036,8 @@ class Store:
         return offset
 
     def open_log(self, path: Path) -> "Store.Log":
-        """An append handle on a JSONL file this process alone writes while it is open (a run's own trace),
-        its lock held from the first line until close() (being_written)."""
+        """An append handle on a JSONL file only this process writes while open (a run's trace), locked
+        from its first line to close() (being_written)."""
         return Store.Log(self, path)
 
     class Log:
@@ -1084,9 +1081,8 @@ class Store:
 
     @contextlib.contextmanager
     def creating(self) -> Iterator[Callable[[Path, str | bytes], None]]:
-        """A block that creates new files all or none, handed create(path, data): one new file, written
-        atomically and exclusively (FileExistsError when path exists). When the block raises anything, an
-        interrupt too, each file it created is removed before the error goes on."""
+        """A block creating new files all or none: create(path, data) writes one atomically and exclusively
+        (FileExistsError when it exists); whatever the block raises, an interrupt too, removes them first."""
         made: list[Path] = []
         def create(path: Path, data: str | bytes) -> None:
             try:
@@ -1109,9 +1105,8 @@ class Store:
                 os.unlink(path.name, dir_fd=folder)
 
     def remove_temporaries(self, path: Path) -> int:
-        """Remove the temporary files of write_text for path (`.NAME.` + 8 hex + `.tmp`, regular files, never
-        followed) that killed writes left beside it; how many. Only where no live write of path can race
-        (`new`, under its lock, before the card)."""
+        """Remove write_text's temporary files for path (`.NAME.` + 8 hex + `.tmp`, regular, never
+        followed) left by killed writes; how many. Only where no live write can race (`new`, locked)."""
         if not os.path.isdir(path.parent):   # nothing was ever written there; a folder is never made for this
             return 0
         ours, removed = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp"), 0
@@ -1126,7 +1121,7 @@ class Store:
     @contextlib.contextmanager
     def locked(self, folder: Path) -> Iterator[None]:
         """An exclusive lock on a folder under the root (made when missing) for the block: what one process
-        checks and then appends there, no other process checks in between."""
+        checks and then appends there, no other checks in between."""
         with self.machine(folder, "lock"), self.folder(folder / ".lock") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
@@ -1137,22 +1132,12 @@ class Store:
         self.write_text(path, text)
         return self.fac.shown(path)
 
-    # ---- reports the user names (anywhere, never through a link or FIFO they did not name)
-
-    @contextlib.contextmanager
-    def report_folder(self, path: Path) -> Iterator[int]:
-        """A descriptor of the folder the user named for a report (theirs, links included) for the block."""
-        with self.machine(path, "write"):
-            handle = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            yield handle
-        finally:
-            os.close(handle)
+    # ---- reports the user names (anywhere, never through a link or FIFO they did not name: Store.folder)
 
     def check_report(self, path: Path) -> None:
         """StoreError naming path unless its folder exists and takes a new file, and nothing but a regular
         file is there."""
-        with self.report_folder(path) as folder, self.machine(path, "write"):
+        with self.machine(path, "write"), self.folder(path, outside=True) as folder:
             self.check_plain_file(folder, path.name, path)
             probe = f".{path.name}.{os.urandom(4).hex()}.tmp"
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder))
@@ -1176,8 +1161,8 @@ class Store:
         return text
 
     def check_private(self, path: Path) -> None:
-        """Refusal, with the chmod that fixes it, when other users may read or write a key file or its folder
-        (any group or other bit): a key others can read signs for its owner."""
+        """Refusal with the chmod that fixes it when a key file or its folder has any group or other bit:
+        a key others can read signs for its owner."""
         open_to_others = [(place, mode) for place, mode in ((path.parent, "700"), (path, "600"))
                           if place.stat().st_mode & 0o077]
         if open_to_others:
@@ -1186,8 +1171,8 @@ class Store:
             raise Refusal(f"{path}: other users may read or write {what}; refusing to use it. fix it with: {fix}")
 
     def create_key(self, path: Path, text: str) -> bool:
-        """Create a key file holding text, mode 0600 in a 0700 folder, exclusively (write_text: a kill never
-        leaves an empty key); False when it already exists."""
+        """Create a key file, mode 0600 in a 0700 folder, exclusively (write_text: a kill never leaves an
+        empty key); False when it exists."""
         with self.machine(path, "write"):
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
@@ -1224,10 +1209,9 @@ class Store:
         return os.access(self.fac.keys_dir, os.W_OK)
 
     def ssh_keygen(self, argv: list[str], data: bytes, files: dict[str, str] | None = None):
-        """The CompletedProcess of ssh-keygen (ssh_program) run with argv and `data` on stdin. Each of `files`
-        (name -> text of at most about PIPE_TEXT characters) is a pipe it reads as /dev/fd/N, written
-        `{name}` in argv: no temporary file. Refusal in one line when a check (given files) does not answer
-        in 60 s."""
+        """The CompletedProcess of ssh-keygen run with argv and `data` on stdin; each of `files` (name ->
+        text under PIPE_TEXT) is a pipe written `{name}` in argv (/dev/fd/N), no temporary file. Refusal
+        when a check (given files) takes over 60 s."""
         import subprocess   # here, not at the top: only ssh signatures need it
         program, readers = self.ssh_program(), {}
         try:
@@ -1256,214 +1240,17 @@ class Store:
         return program
 
 # ================================================================ 2. Cards and agents
-# Owns the job card (ABOM) and what is derived from it: strict validation, stamping a variant
-# (master + its overrides), restamping, the lineage log, the suites an agent is proved on, and the
-# Agent itself (card + entrypoint module + tool module, loaded once) with the digest over all of it.
+# Owns the job card (ABOM) and what is derived from it: reading and checking it (its fields and their checks
+# are broker's CARD_SCHEMA), stamping a variant (master + its overrides), restamping, the lineage log, the
+# suites an agent is proved on, and the Agent itself (card + entrypoint module + tool modules, read once)
+# with the digest over all of it.
 
-# ---- the card, strictly
-
-def _is_number(value) -> bool:
-    """True for a finite float or an int of at most MAX_FIGURE in size, never bool (and never NaN or
-    infinity: a 400-digit integer is valid JSON, and no float holds it)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return abs(value) <= MAX_FIGURE if isinstance(value, int) else math.isfinite(value)
-
-
-def _fraction(value) -> bool:
-    """True for a number in 0..1."""
-    return _is_number(value) and 0 <= value <= 1
-
-
-def _tool_list(value) -> bool:
-    """True for a list of distinct, non-empty strings (whether each names a tool is checked against the contracts)."""
-    return isinstance(value, list) and all(isinstance(v, str) and v for v in value) and len(set(value)) == len(value)
-
-
-DEFAULT_HANDOFF = "escalate"     # the output field by which an agent hands a run to a human, unless its card names another
-DEFAULT_DRAFT = "draft"          # the output field a draft rubric scores, unless the rubric names another
-
-
-def _text(value) -> bool:
-    """True for a string that is not blank."""
-    return isinstance(value, str) and bool(value.strip())
-
-
-def _name(value) -> bool:
-    """True for an agent name, matched whole."""
-    return isinstance(value, str) and bool(NAME.fullmatch(value))
-
-
-def _integer(value, low: int, high: int | None = None) -> bool:
-    """True for an int (never bool) in low..high."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
-
-
-def _levels(value) -> bool:
-    """True for exactly five {level, description} objects, levels 0..4 in order."""
-    return (isinstance(value, list) and len(value) == 5 and all(
-        isinstance(lv, dict) and set(lv) == {"level", "description"} and lv["level"] == n and type(lv["level"]) is int
-        and isinstance(lv["description"], str) for n, lv in enumerate(value)))
-
-
-def _field_name(value) -> bool:
-    """True for the name of an output field: a lowercase letter or _, then a-z 0-9 _, at most 64."""
-    return isinstance(value, str) and bool(re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", value))
-
-
-def _prices(value) -> bool:
-    """True for {model id: {"input": USD >= 0, "output": USD >= 0}}."""
-    return isinstance(value, dict) and all(_model_id(model) and isinstance(rates, dict) and set(rates) == {"input", "output"}
-                                           and all(_is_number(v) and v >= 0 for v in rates.values())
-                                           for model, rates in value.items())
-
-
-def _model_id(value) -> bool:
-    """True for a model id: 1 to 200 printable characters, no spaces."""
-    return isinstance(value, str) and bool(re.fullmatch(r"[!-~]{1,200}", value))
-
-
-TOOL = re.compile(r"([a-z][a-z0-9_]{0,31}):[a-z][a-z0-9_-]{0,31}")   # family:verb, defined in agents/tools/FAMILY.py
-ENTRYPOINT = re.compile(r"([a-z][a-z0-9_]*):([a-z_][a-z0-9_]*)")     # module:function, the module agents/MODULE.py
-REQUIRED = "required"                                               # the default of a field that must be there
-
-
-@dataclass(frozen=True)
-class CardField:
-    """One field of the job card, as `schema` prints it and as validation checks it. A field named a.b
-    sits inside the object field a, whose own fields are then checked one by one."""
-    name: str
-    kind: str                             # its JSON type
-    default: str                          # REQUIRED, or what applies when it is absent
-    allowed: str                          # the values it takes; a problem reads "field NAME must be ALLOWED"
-    does: str                             # what it does
-    check: Callable[[object], bool]
-
-
-TOOL_NAMES = "a list of distinct tool names family:verb, each with a contract in agents/tools/FAMILY.py"
-CARD_SCHEMA = (  # the one source of the card's documentation (the schema station, README) and of its validation
-    CardField("agent", "string", REQUIRED, "an agent name: a lowercase letter, then a-z 0-9 _ -, at most 64 in all",
-              "the agent's name; it is also the file's name, masters/NAME.json", _name),
-    CardField("entrypoint", "string", REQUIRED, "'module:function', the module being agents/MODULE.py",
-              "the agent's code: the module holds SYSTEM (the worker's system prompt), OUTPUT_SCHEMA (the output "
-              "contract) and this function (the agent's own offline rules)",
-              lambda v: isinstance(v, str) and bool(ENTRYPOINT.fullmatch(v))),
-    CardField("model", "object", REQUIRED, 'an object {"primary", "fallback"}', "the worker models",
-              lambda v: isinstance(v, dict)),
-    CardField("model.primary", "string", REQUIRED, "a model id without spaces (e.g. claude-sonnet-5-5, ollama/llama3.2, "
-              "offline)", "the model asked first; its id picks the backend (see Worker models)", _model_id),
-    CardField("model.fallback", "string", "none", "a model id without spaces",
-              "the model asked when the primary is retired or keeps failing", _model_id),
-    CardField("tools", "list", REQUIRED, TOOL_NAMES,
-              "grants: the tools the agent may call (an acting tool is staged, never run at once)", _tool_list),
-    CardField("tools_denied", "list", REQUIRED, TOOL_NAMES,
-              "explicit denials: a tool both granted and denied is denied", _tool_list),
-    CardField("gate_question", "string", REQUIRED, "a non-empty string",
-              "the yes/no question the output gate asks Sage about every output", _text),
-    CardField("evals", "object", REQUIRED, 'an object {"pass_bar", "gate", "suite", "handoff_bar"}', "how the agent is proved and gated",
-              lambda v: isinstance(v, dict)),
-    CardField("evals.pass_bar", "number", REQUIRED, "a number in 0..1",
-              "the share of cases that must pass, judged on the 95% lower bound of the count (a 0.8 bar needs 16 "
-              "cases even at a perfect score): prove exits 0 and certify signs only at or above it", _fraction),
-    CardField("evals.handoff_bar", "number", "none: hand-off recall is reported, not judged", "a number in 0..1",
-              "the share of the cases that expect a hand-off in which the agent must hand off (its handoff_field true), "
-              "judged on the 95% lower bound as the pass bar is", _fraction),
-    CardField("evals.gate", "number", REQUIRED, "a number in 0..1",
-              "the output gate passes an output only when Sage answers yes with at least this probability", _fraction),
-    CardField("evals.suite", "string", "the agent's own suite, else its nearest master's", "an agent name",
-              "the suite proved: evals/SUITE/cases.jsonl and the sealed half SUITE/sealed.jsonl", _name),
-    CardField("draft_rubric", "object", "none: drafts are not scored", 'an object {"field", "min", "instructions", "levels"}',
-              "how prove has Sage score the draft in each output", lambda v: isinstance(v, dict)),
-    CardField("draft_rubric.field", "string", DEFAULT_DRAFT, "the name of a string property of OUTPUT_SCHEMA",
-              "the output field the rubric scores", _field_name),
-    CardField("draft_rubric.min", "integer", REQUIRED, "an integer 0..4",
-              "the lowest level a draft may score and still pass", lambda v: _integer(v, 0, 4)),
-    CardField("draft_rubric.instructions", "string", REQUIRED, "a non-empty string",
-              "what Sage is told a good draft is", _text),
-    CardField("draft_rubric.levels", "list", REQUIRED, "exactly five levels 0..4 in order, each {level, description}",
-              "what each level means", _levels),
-    CardField("prices", "object", "none: llm.py's built-in prices", 'an object {MODEL: {"input": USD, "output": USD}}',
-              "per million tokens, used before llm.py's prices (a proxy that names no routed model: `sageroute`)", _prices),
-    CardField("cost_envelope_usd", "number", REQUIRED, "a number >= 0",
-              "the most one run may spend, checked before every model call", lambda v: _is_number(v) and v >= 0),
-    CardField("act_envelope", "object", "its fields' defaults", 'an object {"calls", "usd"}',
-              "what one run's acting calls may do without a human, at C2 and C3 alike: calls beyond it are "
-              "parked for a human, never committed, and the run is routed with that reason", lambda v: isinstance(v, dict)),
-    CardField("act_envelope.calls", "integer", str(ActEnvelope.calls), "an integer >= 0",
-              "acting calls one run may commit (C3) or park for approval (C2)", lambda v: _integer(v, 0)),
-    CardField("act_envelope.usd", "number", str(ActEnvelope.usd), "a number >= 0",
-              "USD one run's acting calls may move, summed over the arguments each tool's contract lists in "
-              "`amounts_usd` (a call whose money cannot be counted is beyond it)", lambda v: _is_number(v) and 0 <= v < math.inf),
-    CardField("max_steps", "integer", "8", "an integer >= 1",
-              "model calls a run may make before it is escalated", lambda v: _integer(v, 1)),
-    CardField("tier_ceiling", "string", REQUIRED, "one of C0 C1 C2 C3",
-              "the highest tier a certificate for this card may grant", lambda v: v in TIERS),
-    CardField("identity", "string", REQUIRED, "a non-empty string", "the service identity the agent acts as", _text),
-    CardField("owner", "string", REQUIRED, "a non-empty string", "the accountable human", _text),
-    CardField("approval_expiry_hours", "number", "24", "a number of hours in (0, 8760]",
-              "how long a parked acting call waits for a human before it expires",
-              lambda v: _is_number(v) and 0 < v <= 8760),
-    CardField("handoff_field", "string", DEFAULT_HANDOFF, "the name of a boolean property of OUTPUT_SCHEMA",
-              "the output field by which the agent hands a run to a human: when it is true no acting call is "
-              "committed, drafts go to the review queue and the run is routed to a human", _field_name),
-    CardField("stamped_from", "string", "set by stamp", "an agent name", "the master this variant was stamped from", _name),
-    CardField("master_digest", "string", "set by stamp", "'sha256:' and 64 hex digits",
-              "the master's digest when the variant was stamped",
-              lambda v: isinstance(v, str) and bool(re.fullmatch(r"sha256:[0-9a-f]{64}", v))),
-    CardField("overrides", "object", "set by stamp", "an object of dotted paths to values",
-              "the variant's own changes to its master, which restamp keeps", lambda v: isinstance(v, dict)),
-)
-
-
-def fields_in(parent: str) -> dict[str, CardField]:
-    """The card's fields directly inside the object field `parent` ('' for the card itself), by key."""
-    return {f.name.rpartition(".")[2]: f for f in CARD_SCHEMA if f.name.rpartition(".")[0] == parent}
-
-
-def object_problems(value: dict, parent: str = "") -> list[str]:
-    """One line per problem with the fields of one object of the card (unknown, missing, malformed), then
-    with the fields inside each object field that is well formed."""
-    fields, problems = fields_in(parent), []
-    for key in value:
-        if key not in fields:
-            full = f"{parent}.{key}" if parent else key
-            problems.append(f"unknown field '{full}'{did_you_mean(full, [f.name for f in fields.values()])}")
-    for key, row in fields.items():
-        if key not in value:
-            problems += [f"missing field '{row.name}'"] if row.default == REQUIRED else []
-        elif not row.check(value[key]):
-            problems.append(f"field '{row.name}' must be {row.allowed}")
-        elif fields_in(row.name):
-            problems += object_problems(value[key], row.name)
-    return problems
-
-
-def card_problems(card: dict, name: str | None = None) -> list[str]:
-    """Every problem with a card's fields, one line each, and with its name when it is read from masters/NAME.json."""
-    problems = object_problems(card)
-    if name is not None and _name(card.get("agent")) and card["agent"] != name:
-        problems.append(f"field 'agent' is {card['agent']!r} but the file is named {name!r}")
-    return problems
-
+# ---- the card: checked, set (--set) and derived (stamp)
 
 def card_check(fac: Factory, card: dict, name: str | None = None) -> list[str]:
-    """Every problem with a card, one line each: its fields (card_problems) and each tool it names that no
-    tool module defines, with the nearest (tool_check). The one card check every station makes."""
+    """card_problems, and a line per tool it names that no tool module defines (tool_check): the one card
+    check every station makes."""
     return card_problems(card, name) + tool_check(fac, card)[1]
-
-
-def closest(word: str, candidates: list[str]) -> str | None:
-    """The candidate closest to word, ignoring case (difflib's close matches), or None."""
-    lowered = {candidate.lower(): candidate for candidate in candidates}
-    import difflib
-    near = difflib.get_close_matches(word.lower(), list(lowered), n=1)
-    return lowered[near[0]] if near else None
-
-
-def did_you_mean(word: str, candidates: list[str]) -> str:
-    """" (did you mean 'x'?)" for the candidate closest to word, ignoring case, or ""."""
-    near = closest(word, candidates)
-    return f" (did you mean '{near}'?)" if near else ""
 
 
 def refuse_if(problem: str | None) -> None:
@@ -1473,8 +1260,8 @@ def refuse_if(problem: str | None) -> None:
 
 
 def refuse(where: str, problems: list[str]) -> None:
-    """Refusal naming every problem at once, each once (a module two checks load fails in both): one line
-    for one, else the count and then one line each."""
+    """Refusal naming every problem once (a module two checks load fails in both): one line for one, else
+    the count and a line each."""
     problems = list(dict.fromkeys(problems))
     if len(problems) == 1:
         raise Refusal(f"{where}: {problems[0]}")
@@ -1482,14 +1269,8 @@ def refuse(where: str, problems: list[str]) -> None:
         raise Problems(f"{where}: {len(problems)} problems", problems)
 
 
-def schema_table() -> str:
-    """The card's fields as a Markdown table: what `schema` prints and the README's card section holds."""
-    rows = [f"| `{f.name}` | {f.kind} | {f.default} | {f.allowed} | {f.does} |" for f in CARD_SCHEMA]
-    return "\n".join(["| field | type | default | allowed | what it does |", "| --- | --- | --- | --- | --- |", *rows])
-
-
 def set_path(card: dict, dotted: str, value) -> dict:
-    """A copy of card with the nested field at `a.b.c` set to value (objects created on the way)."""
+    """A copy of card with the field at `a.b.c` set to value (objects made on the way)."""
     result = json.loads(json.dumps(card))
     node, parts = result, dotted.split(".")
     for part in parts[:-1]:
@@ -1501,7 +1282,7 @@ def set_path(card: dict, dotted: str, value) -> dict:
 
 
 def parse_setting(text: str) -> tuple[str, object]:
-    """('a.b', value) from 'a.b=JSON'; a bare word that is not JSON is a string."""
+    """('a.b', value) from --set 'a.b=JSON'; a bare word that is not JSON is a string."""
     path, sep, raw = text.partition("=")
     if not sep or not re.fullmatch(r"[a-z_]+(\.[a-z_]+)*", path):
         raise Refusal(f"--set {text!r}: expected PATH=JSON, e.g. evals.pass_bar=0.95")
@@ -1517,10 +1298,8 @@ def parse_setting(text: str) -> tuple[str, object]:
         return path, raw
 
 
-# ---- variants: stamp and restamp
-
 def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict:
-    """A variant card: the parent's fields, then the variant's own overrides, then its lineage fields."""
+    """A variant's card: its parent's fields, then its own overrides, then its lineage fields (stamp, restamp)."""
     card = {key: value for key, value in parent.items() if key not in SET_BY_STAMP}
     card["agent"] = name
     for dotted, value in overrides.items():
@@ -1531,9 +1310,9 @@ def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict
 # ---- the code an agent is made of: read once, hashed, executed from exactly those bytes
 
 def agent_modules(dotted: str, names: list[str]) -> list[str]:
-    """The agent modules (paths under agents/) one import names: `from agents import a, b` -> a.py, b.py;
-    `from agents.a import f` and `import agents.a` -> a.py; an import of anything else -> []. Refusal for
-    a deeper name (`agents.tools.x`): tool modules are the factory's to load, not an import."""
+    """The agent modules one import names, as paths under agents/: `from agents import a, b` -> a.py,
+    b.py; `from agents.a import f`, `import agents.a` -> a.py; else []. Refusal for `agents.tools.x`:
+    tool modules are the factory's to load."""
     parts = dotted.split(".")
     if parts[0] != "agents":
         return []
@@ -1542,120 +1321,53 @@ def agent_modules(dotted: str, names: list[str]) -> list[str]:
     return [f"{parts[1]}.py"] if len(parts) == 2 else [f"{name}.py" for name in names]
 
 
-# What an agent or tool module may not do, checked in its source before it is executed: each of these loads
-# or runs code by name, path or bytes, so the code that runs would not be the code the digest covers. Python
-# cannot be sandboxed and this list cannot be complete (a signer reviews the code itself); it names the
-# usual roads, so that none of them is taken by accident or passes unseen.
-LOADING_MODULES = ("importlib", "imp", "runpy", "pkgutil", "zipimport", "marshal", "pickle", "shelve", "code", "codeop",
-                   "builtins", "ctypes", "pydoc")   # an import of any of these: they load code by name, path or bytes
-# a use of any of these names: the first five run code, the last three hand over the module's namespace,
-# and with it the real __builtins__ (exec, __import__) that the module's own imports do not reach
-LOADING_NAMES = ("__import__", "exec", "eval", "compile", "__builtins__", "globals", "vars", "locals")
-LOADING_ATTRIBUTES = ("__import__", "__builtins__", "__loader__", "__code__", "__globals__", "__subclasses__",
-                      "modules")   # X.modules: sys.modules however sys was reached (os.sys, an alias, a copy)
-IMPORT_STATE = ("path", "meta_path", "path_hooks", "path_importer_cache")   # sys.X: what imports find
-LOADING_TEXTS = tuple(name for name in LOADING_NAMES + LOADING_ATTRIBUTES if name.startswith("__"))   # '__code__' in getattr(f, '__code__')
-CODE_FILE = re.compile(r".*\.py[cow]?")   # a literal path to Python source or bytecode, handed to a call
-
-
-def code_loading(nodes) -> list[tuple[int, str]]:
-    """(line, construct as written) of each place a module's syntax tree (`nodes`) reaches for code the
-    digest does not cover: an import of LOADING_MODULES, a use of LOADING_NAMES or LOADING_ATTRIBUTES (also
-    as text), sys's IMPORT_STATE, a literal path to a Python file handed to a call. Sorted by line."""
-    import ast
-    found, state, sys_names = [], [], {"sys"}   # state: (line, attribute, the name it is read from)
-    for node in nodes:   # one pass: a module is scanned each time it is loaded
-        if isinstance(node, ast.Import):
-            sys_names |= {alias.asname for alias in node.names if alias.name == "sys" and alias.asname}
-            found += [(node.lineno, f"import {alias.name}") for alias in node.names
-                      if alias.name.split(".")[0] in LOADING_MODULES]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [alias.name for alias in node.names]
-            if node.module.split(".")[0] in LOADING_MODULES or (node.module == "sys" and set(names) & {"modules", *IMPORT_STATE}):
-                found.append((node.lineno, f"from {node.module} import {', '.join(names)}"))
-        elif isinstance(node, ast.Name) and node.id in LOADING_NAMES:
-            found.append((node.lineno, node.id))
-        elif isinstance(node, ast.Attribute) and node.attr in LOADING_ATTRIBUTES:
-            found.append((node.lineno, ast.unparse(node) if node.attr == "modules" else node.attr))
-        elif isinstance(node, ast.Attribute) and node.attr in IMPORT_STATE and isinstance(node.value, ast.Name):
-            state.append((node.lineno, node.attr, node.value.id))
-        elif isinstance(node, ast.Constant) and node.value in LOADING_TEXTS:
-            found.append((node.lineno, repr(node.value)))
-        elif isinstance(node, ast.Call):
-            found += call_loading(node)
-    return sorted(found + [(line, f"sys.{attr}") for line, attr, name in state if name in sys_names])
-
-
-def call_loading(call) -> list[tuple[int, str]]:
-    """code_loading's findings in one call: a literal path to a Python file among its arguments, given by
-    position or by keyword, and getattr(X, 'NAME') of an attribute on the list."""
-    import ast
-    values = [*call.args, *(keyword.value for keyword in call.keywords)]
-    found = [(call.lineno, repr(value.value)) for value in values
-             if isinstance(value, ast.Constant) and isinstance(value.value, str) and CODE_FILE.fullmatch(value.value)]
-    if isinstance(call.func, ast.Name) and call.func.id in ("getattr", "setattr", "hasattr", "delattr") \
-            and len(call.args) > 1 and isinstance(call.args[1], ast.Constant) \
-            and call.args[1].value in (*LOADING_ATTRIBUTES, *IMPORT_STATE):
-        found.append((call.lineno, ast.unparse(call)))
-    return found
-
-
 class Code:
-    """The agent and tool modules of one factory for one station. Each file under agents/ is read once,
-    hashed, and executed from exactly those bytes (no bytecode cache); its imports of agent modules
-    resolve to this root's agents/NAME.py, never sys.path. Refusal naming a module that is missing, not
-    valid Python, or fails to load."""
+    """The agent and tool modules of one factory for one station, by path under agents/ (RELATIVE): each
+    read once, hashed and executed from those bytes (no bytecode cache); imports of agent modules resolve
+    to this root's agents/, never sys.path."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
-        self.sources: dict[str, bytes] = {}
-        self.trees: dict[str, ast.Module] = {}
-        self.walked: dict[str, tuple] = {}         # agents/RELATIVE -> every node of its tree
-        self.imported: dict[str, list[str]] = {}   # agents/RELATIVE -> the agent modules it imports
+        self.made: dict[str, dict] = {}   # what -> RELATIVE -> it (kept)
         self.modules: dict[str, types.ModuleType] = {}
-        self.scanned: set[str] = set()   # modules whose source passed `scan`
-        self.lock = threading.RLock()   # re-entered on one thread by a module importing another
+        self.lock = threading.RLock()     # re-entered on one thread by a module importing another
+
+    def kept(self, what: str, relative: str, make):
+        """make(relative), made once per module and kept (a failure is not kept)."""
+        with self.lock:
+            table = self.made.setdefault(what, {})
+            if relative not in table:
+                table[relative] = make(relative)
+            return table[relative]
 
     def source(self, relative: str) -> bytes:
-        """The bytes of agents/RELATIVE, read the first time they are asked for and kept."""
-        with self.lock:
-            if relative not in self.sources:
-                self.sources[relative] = self.fac.store.read_bytes(self.fac.agents / relative)
-            return self.sources[relative]
+        """The bytes of agents/RELATIVE, read the first time: those are hashed and executed."""
+        return self.kept("source", relative, lambda path: self.fac.store.read_bytes(self.fac.agents / path))
 
     def digest(self, relative: str) -> str:
-        """sha256 of exactly the bytes that are (or will be) executed."""
         return sha256(self.source(relative))
 
     def tree(self, relative: str) -> "ast.Module":
-        """The parsed source: what is scanned for imports and compiled; Refusal for invalid Python."""
-        with self.lock:
-            if relative not in self.trees:
-                import ast
-                try:
-                    self.trees[relative] = ast.parse(self.source(relative), str(self.fac.agents / relative))
-                except (SyntaxError, ValueError, RecursionError, MemoryError) as error:   # ValueError: a null byte
-                    raise not_python(relative, error) from None
-            return self.trees[relative]
+        """The parsed source, scanned and compiled; Refusal for invalid Python."""
+        def parse(path: str):
+            import ast
+            try:
+                return ast.parse(self.source(path), str(self.fac.agents / path))
+            except (SyntaxError, ValueError, RecursionError, MemoryError) as error:   # ValueError: a null byte
+                raise not_python(path, error) from None
+        return self.kept("tree", relative, parse)
 
     def nodes(self, relative: str) -> tuple:
-        """Every node of the parsed source (ast.walk), listed once: both scans of a module read them."""
-        with self.lock:
-            if relative not in self.walked:
-                import ast
-                self.walked[relative] = tuple(ast.walk(self.tree(relative)))
-            return self.walked[relative]
+        """Every node of the tree (ast.walk), listed once: both scans of a module read them."""
+        import ast
+        return self.kept("nodes", relative, lambda path: tuple(ast.walk(self.tree(path))))
 
     def imports(self, relative: str) -> list[str]:
-        """The agent modules agents/RELATIVE names in its import statements, as sorted paths under agents/;
-        scanned once (a digest and a load each ask, and the walk of a large module's tree is not free)."""
-        with self.lock:
-            if relative not in self.imported:
-                self.imported[relative] = self.scan_imports(relative)
-            return self.imported[relative]
+        """The agent modules agents/RELATIVE's import statements name, as sorted paths under agents/; Refusal
+        for one that is not there."""
+        return self.kept("imports", relative, self.scan_imports)
 
     def scan_imports(self, relative: str) -> list[str]:
-        """imports, read from the syntax tree; Refusal for an import of an agent module that is not there."""
         import ast
         found, nodes = set(), self.nodes(relative)   # outside the try: a module that does not parse says so itself
         try:
@@ -1672,7 +1384,7 @@ class Code:
         return sorted(found)
 
     def closure(self, relative: str) -> list[str]:
-        """Every agent module agents/RELATIVE imports, directly or through another, sorted (itself excluded)."""
+        """Every agent module agents/RELATIVE imports, directly or not, sorted (itself excluded)."""
         seen, todo = set(), [relative]
         while todo:
             fresh = set(self.imports(todo.pop())) - seen
@@ -1681,27 +1393,23 @@ class Code:
         return sorted(seen - {relative})
 
     def check(self, relative: str) -> None:
-        """Refusal when agents/RELATIVE or an agent module it imports, directly or not, reaches for code the
-        digest does not cover (see scan): each source is read, parsed and scanned, and nothing is executed."""
+        """scan agents/RELATIVE and every agent module it imports, directly or not; nothing is executed."""
         for path in [relative, *self.closure(relative)]:
             self.scan(path)
 
     def scan(self, relative: str) -> None:
-        """Refusal naming the line when the source of agents/RELATIVE reaches for code the digest does not
-        cover (code_loading), or imports by plain name a file inside the factory root (outside_the_root);
-        each module is scanned once."""
-        with self.lock:
-            if relative in self.scanned:
-                return
-            nodes = self.nodes(relative)
-            reaching = code_loading(nodes)
+        """Refusal naming the line where agents/RELATIVE reaches for code the digest does not cover
+        (code_loading), or imports by plain name a file inside the root (outside_the_root); once per module."""
+        def scanned(path: str) -> bool:
+            reaching = code_loading(self.nodes(path))
             if reaching:
                 line, construct = reaching[0]
-                raise Refusal(f"agents/{relative} line {line}: {construct} loads code the digest does not cover, so "
+                raise Refusal(f"agents/{path} line {line}: {construct} loads code the digest does not cover, so "
                               f"the factory will not run this module; import an agent module as `from agents import NAME`")
-            for top in plain_imports(nodes):
-                self.outside_the_root(relative, top)
-            self.scanned.add(relative)
+            for top in plain_imports(self.nodes(path)):
+                self.outside_the_root(path, top)
+            return True
+        self.kept("scan", relative, scanned)
 
     def module(self, relative: str) -> types.ModuleType:
         """agents/RELATIVE executed once, from the bytes `source` read."""
@@ -1709,13 +1417,12 @@ class Code:
             return self.modules[relative] if relative in self.modules else self.execute(relative)
 
     def execute(self, relative: str) -> types.ModuleType:
-        """A fresh module made by executing the compiled source; Refusal naming the file (and line) when it
-        raises. FACTORY_SEALED_DIR leaves the process environment first: agent code is not told where the
-        sealed halves are (it is not kept from them: code can read any file this user can)."""
+        """A fresh module from the compiled source; Refusal naming file and line when it raises. Agent code
+        is not told where the sealed halves are (FACTORY_SEALED_DIR leaves the environment; it is not kept
+        from them: code can read any file this user can)."""
         path, imports = str(self.fac.agents / relative), self.imports(relative)
         self.scan(relative)
-        # safe to drop though the sealed folder is read lazily: main took its snapshot of the environment at
-        # the start, and the Factory reads FACTORY_SEALED_DIR from that, never from os.environ again
+        # safe though the sealed folder is read lazily: the Factory reads it from main's snapshot of the environment
         os.environ.pop("FACTORY_SEALED_DIR", None)
         module = types.ModuleType("agents." + relative.removesuffix(".py").replace("/", "."))
         module.__file__ = path
@@ -1739,8 +1446,8 @@ class Code:
         return module
 
     def importer(self, relative: str, imports: list[str]):
-        """The __import__ the module agents/RELATIVE runs with: an import of `agents` gets the modules of this
-        root that its source names (`imports`); every other import is Python's own."""
+        """The __import__ agents/RELATIVE runs with: an import of `agents` gets the modules of this root its
+        source names (`imports`); any other is Python's own."""
         def find(name, globals=None, locals=None, fromlist=(), level=0):
             if level == 0 and name.split(".")[0] != "agents":
                 self.outside_the_root(relative, name.split(".")[0])
@@ -1757,9 +1464,8 @@ class Code:
         return find
 
     def outside_the_root(self, relative: str, top: str) -> None:
-        """Refusal when agents/RELATIVE's `import TOP` would load a file inside the factory root or beside
-        factory.py (either may be on Python's path), code its digest does not cover; a module already
-        loaded (the standard library's, the product's own) is what it is."""
+        """Refusal when agents/RELATIVE's `import TOP` would load a file inside the root or beside
+        factory.py (either may be on sys.path): code the digest does not cover. One already loaded is what it is."""
         if top in sys.modules:
             return
         spec = importlib.util.find_spec(top)
@@ -1769,18 +1475,9 @@ class Code:
                           f"code the digest does not cover; move it to agents/ and import it as `from agents import {top}`")
 
 
-def plain_imports(nodes) -> list[str]:
-    """The top-level names of the modules a syntax tree (`nodes`: every node of it, see Code.nodes) imports
-    by absolute name, `agents` excepted: `import os.path` and `from json import loads` -> os, json."""
-    import ast
-    names = [alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names]
-    names += [node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module]
-    return sorted({name.split(".")[0] for name in names} - {"agents"})
-
-
 def not_python(relative: str, error: Exception) -> Refusal:
-    """The refusal for agents/RELATIVE that Python will not parse or compile, naming the line when the
-    error does; also for source nested past the recursion limit or too big for memory."""
+    """The refusal for agents/RELATIVE that Python will not parse or compile (or is nested past the
+    recursion limit, or too big for memory), naming the line when the error does."""
     if isinstance(error, (RecursionError, MemoryError)):
         return Refusal(f"agents/{relative}: too {'deeply nested' if isinstance(error, RecursionError) else 'large'} to parse")
     line = f", line {error.lineno}" if getattr(error, "lineno", None) else ""
@@ -1791,15 +1488,14 @@ def not_python(relative: str, error: Exception) -> Refusal:
 
 @dataclass(frozen=True)
 class Agent:
-    """One agent as the line sees it, read once per station: the validated card, its tools' contracts (read
-    from source) and its digest's components. Only the stations that run it execute its code (`loaded`);
-    elsewhere module is None and tools ()."""
+    """One agent as the line sees it, read once per station: its checked card, its tools' contracts (from
+    source) and its digest's components; `module` and `toolboxes` only once loaded (stations that run it)."""
     name: str
     card: dict
     contracts: dict               # tool name -> contract (name, effect, description, params, failure_modes) of
                                   # every tool those modules define: any other tool is unknown to this agent
     components: dict              # component label -> sha256
-    module: object = None         # the entrypoint module, once executed (loaded)
+    module: object = None         # the entrypoint module, once executed
     toolboxes: tuple = ()         # the tool modules, agents/tools/FAMILY.py, of the tools the card names, once executed
     digest: str = field(init=False)
 
@@ -1818,17 +1514,15 @@ class Agent:
         return ActEnvelope(**self.card.get("act_envelope", {}), amounts=amounts)
 
     def policy_at(self, tier: str) -> Policy:
-        """The broker policy: the card's grant and deny lists, at the tier the certificate allows."""
+        """The broker's policy: the card's grants and denials at the certificate's tier."""
         return Policy(self.name, frozenset(self.card["tools"]), frozenset(self.card["tools_denied"]), tier)
 
     @property
     def handoff_field(self) -> str:
-        """The boolean field of the output by which the agent hands a run to a human (card: handoff_field)."""
         return self.card.get("handoff_field", DEFAULT_HANDOFF)
 
     @property
     def draft_field(self) -> str:
-        """The output field the card's draft rubric scores (draft_rubric.field, default draft)."""
         return self.card.get("draft_rubric", {}).get("field", DEFAULT_DRAFT)
 
     def hands_off(self, output) -> bool:
@@ -1837,7 +1531,7 @@ class Agent:
 
     def tools_for(self, fac: Factory, run_id: str, tags: dict | None = None, announce=None) -> dict:
         """Tool name -> callable(args) for the tools the card grants, writing this run's effects through
-        effect_writer (`tags`: a committed call's gate result and p)."""
+        effect_writer."""
         made, write = {}, effect_writer(fac, run_id, tags or {}, announce)
         for toolbox in self.toolboxes:
             made.update(toolbox.make_tools(fac.root, self.name, run_id, write))
@@ -1845,10 +1539,9 @@ class Agent:
 
 
 def effect_writer(fac: Factory, run_id: str, tags: dict, announce=None):
-    """The `write(path, row) -> receipt` make_tools is handed: the row, tagged with the run id, a fresh
-    effect id and `tags`, appended as one locked line; the receipt {"path", "offset", "effect_id"} reads
-    it back. `announce(began)` is first handed {"path", "effect_id", "written": False}, made True once
-    the line is written."""
+    """The `write(path, row) -> receipt` make_tools is handed: row + run id, a fresh effect id and
+    `tags` (gate result, p) appended as one locked line; the receipt {path, offset, effect_id} reads it
+    back. `announce` gets {path, effect_id, written: False} first, written made True after."""
     def write(path: Path, row: dict) -> dict:
         # lexically (a link is not followed here): ValueError outside the root, before writing; the Store
         # refuses a link on the way with a line naming it
@@ -1867,8 +1560,7 @@ def tool_families(tools) -> list[str]:
 
 
 def toolbox_contracts(fac: Factory, relative: str) -> dict:
-    """The CONTRACTS of the tool module agents/RELATIVE as its source writes them, each checked; Refusal
-    naming the module and every problem with them, one per line."""
+    """The CONTRACTS of the tool module agents/RELATIVE (toolbox_problems); Refusal naming each problem."""
     contracts, problems = toolbox_problems(fac, relative)
     if len(problems) == 1:
         raise Refusal(problems[0])
@@ -1882,9 +1574,8 @@ TOOL_MODULE_IS = ("a tool module assigns CONTRACTS (tool name -> contract) once,
 
 
 def toolbox_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
-    """(the CONTRACTS of the tool module agents/RELATIVE, every problem with them, one line each), read
-    from the source as a literal, never executed. Refusal when the module cannot be read or reaches for
-    code the digest does not cover (Code.check)."""
+    """(the CONTRACTS of the tool module agents/RELATIVE, a line per problem with them), read from its source
+    as a literal, never executed. Refusal when the module cannot be read or is refused (Code.check)."""
     import ast
     fac.code.check(relative)
     family, where = Path(relative).stem, f"agents/{relative}"
@@ -1903,37 +1594,9 @@ def toolbox_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
                        for problem in contract_problems(family, name, contract)]
 
 
-def contracts_assigned(node) -> bool:
-    """True when a top-level statement assigns the name CONTRACTS (`CONTRACTS = ...`, `CONTRACTS: dict = ...`)."""
-    import ast
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-    return any(isinstance(target, ast.Name) and target.id == "CONTRACTS" for target in targets)
-
-
-def contract_problems(family: str, name, contract) -> list[str]:
-    """Each way one entry of a tool module's CONTRACTS breaks the contract's shape (its key a tool of this
-    family; name, effect, description, params), one line each; [] when it has none."""
-    if not (isinstance(name, str) and TOOL.fullmatch(name) and name.startswith(f"{family}:")):
-        return [f"contract {name!r} is not named {family}:VERB (a tool lives in its family's module)"]
-    if not isinstance(contract, dict):
-        return [f"contract {name} is {type(contract).__name__}, not an object {{name, effect, description, params, "
-                f"failure_modes}}"]
-    amounts, params = contract.get("amounts_usd", []), contract.get("params")
-    checks = ((contract.get("name") == name, f"its name is {contract.get('name')!r}, which differs from its key {name!r}"),
-              (contract.get("effect") in EFFECTS, f"effect {contract.get('effect')!r} is not one of {', '.join(EFFECTS)}"),
-              (isinstance(contract.get("description"), str), "missing description (a string: what the tool does, as the model is told)"),
-              (isinstance(params, dict), 'params is not a schema (a JSON-schema object for the arguments, e.g. {"type": '
-                                         '"object", "properties": {...}})'),
-              (isinstance(amounts, list) and all(isinstance(path, str) and amount_schema(params, path) for path in amounts),
-               "amounts_usd is not a list of paths to its number arguments that are an amount of money in USD "
-               "(amount_usd, refund.total, items[].amount_usd)"))
-    return [f"contract {name}: {problem}" for fits, problem in checks if not fits]
-
-
 def known_tools(fac: Factory) -> tuple[list[str], list[str]]:
-    """(every tool name written as a literal key of a tool module's CONTRACTS, the tool families there are
-    modules for), for suggesting a near miss. Read from the file names and the source, never executed:
-    a module no card names must not run because a card misspelled a tool."""
+    """(each tool name a tool module's CONTRACTS writes as a literal key, the families there are modules
+    for), for near misses. Read, never run: a misspelled tool must not run a module no card names."""
     import ast
     names, families = [], []
     for path in sorted((fac.agents / "tools").glob("*.py")):
@@ -1945,21 +1608,13 @@ def known_tools(fac: Factory) -> tuple[list[str], list[str]]:
     return names, families
 
 
-def tool_problems(fac: Factory, card: dict) -> list[str]:
-    """One line per tool module that cannot be read or is malformed, and per granted or denied tool that no
-    module defines (see tool_check)."""
-    modules, tools = tool_check(fac, card)
-    return modules + tools
-
-
 def tool_check(fac: Factory, card: dict) -> tuple[list[str], list[str]]:
-    """(one line per tool module that cannot be read or is malformed, one per granted or denied tool no
-    module defines, with the nearest: denying an undefined tool denies nothing). A field that is not a
-    list of names is the card's own checks'."""
-    named = {key: card[key] for key in ("tools", "tools_denied") if _tool_list(card.get(key))}
+    """(a line per unreadable or malformed tool module, a line per granted or denied tool no module
+    defines, with the nearest: denying an undefined tool denies nothing)."""
+    named = {key: card[key] for key in ("tools", "tools_denied") if tool_list(card.get(key))}
     problems, contracts, broken = [], {}, set()
     for relative in tool_families(tool for tools in named.values() for tool in tools):
-        found, wrong = family_problems(fac, card, relative)
+        found, wrong = family_problems(fac, relative)
         contracts.update(found)
         problems += wrong
         broken |= {relative} if wrong else set()
@@ -1969,10 +1624,9 @@ def tool_check(fac: Factory, card: dict) -> tuple[list[str], list[str]]:
     return problems, [no_contract(key, tool, known) for key, tool in missing]
 
 
-def family_problems(fac: Factory, card: dict, relative: str) -> tuple[dict, list[str]]:
-    """(the contracts of the tool module agents/RELATIVE, its problems): unreadable or refused (Code.check),
-    a contract missing or malformed (then no contracts). A missing module has neither. Read, never
-    executed (what it makes is checked when it runs: toolbox_code_problems)."""
+def family_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
+    """(the contracts of the tool module agents/RELATIVE, its problems; then no contracts), read, never
+    executed; neither for a missing module."""
     if not (fac.agents / relative).is_file():
         return {}, []
     try:
@@ -1983,9 +1637,8 @@ def family_problems(fac: Factory, card: dict, relative: str) -> tuple[dict, list
 
 
 def toolbox_code_problems(fac: Factory, card: dict, relative: str) -> list[str]:
-    """What is wrong with the tool module agents/RELATIVE once it is executed: it fails to load, defines no
-    make_tools, its CONTRACTS are no longer the literal its source writes (the contract is what the source
-    says), or make_tools does not make the tools the card grants (made_tools_problems)."""
+    """What is wrong with the tool module once executed: it fails to load, has no make_tools, its
+    CONTRACTS differ from the literal its source writes, or make_tools misses granted tools."""
     where, contracts = f"agents/{relative}", toolbox_contracts(fac, relative)
     try:
         module = fac.code.module(relative)
@@ -2000,14 +1653,13 @@ def toolbox_code_problems(fac: Factory, card: dict, relative: str) -> list[str]:
 
 
 def refuse_to_write(path: Path, row: dict) -> dict:
-    """The `write` make_tools is handed when the tools are only being made, never called: it refuses."""
+    """The `write` make_tools is handed when the tools are only made, never called."""
     raise RuntimeError("make_tools wrote an effect while the tools were only being made")
 
 
 def made_tools_problems(fac: Factory, card: dict, relative: str, contracts: dict) -> list[str]:
     """The problem, in one line, when make_tools of agents/RELATIVE does not return a callable for exactly
-    each granted tool the module defines (missed names, and names no contract there defines). Made,
-    never called: a tool's own code first runs in production."""
+    each granted tool the module defines. Made, never called: a tool's own code first runs in production."""
     where = f"agents/{relative}"
     try:
         made = fac.code.module(relative).make_tools(fac.root, card.get("agent"), new_run_id(), refuse_to_write)
@@ -2017,7 +1669,7 @@ def made_tools_problems(fac: Factory, card: dict, relative: str, contracts: dict
                 f"{agent_code_at(fac.agents, error)}"]
     if not isinstance(made, dict):
         return [f"{where}: make_tools returned {type(made).__name__}, not a dict of tool name -> callable(args)"]
-    granted = card["tools"] if _tool_list(card.get("tools")) else []
+    granted = card["tools"] if tool_list(card.get("tools")) else []
     missing = sorted(tool for tool in granted if tool in contracts and not callable(made.get(tool)))
     extra = sorted(map(repr, set(made) - set(contracts)))
     if not missing and not extra:
@@ -2029,9 +1681,8 @@ def made_tools_problems(fac: Factory, card: dict, relative: str, contracts: dict
 
 
 def agent_code_at(agents: Path, error: BaseException) -> str:
-    """' (agents/FILE line N)' for the innermost frame of error's traceback in a file under the folder
-    `agents` (the agent's or a tool module's own code: where it went wrong, not where the line called
-    it), or '' when none of it ran there."""
+    """' (agents/FILE line N)' for the innermost frame of error's traceback in the folder `agents` (where the
+    agent's own code went wrong, not where the line called it), or ''."""
     import traceback
     folder = str(agents) + os.sep
     frames = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename.startswith(folder)]
@@ -2041,8 +1692,8 @@ def agent_code_at(agents: Path, error: BaseException) -> str:
 
 
 def no_contract(key: str, tool: str, known: tuple[list[str], list[str]]) -> str:
-    """The problem of a tool the card names in `key` that no tool module defines, with a near miss if any:
-    a tool name (`known`: see known_tools), else a tool module whose file name is close to its family."""
+    """The problem of a tool the card names in `key` that no tool module defines, with a near miss: a tool
+    name (`known`: known_tools), else a tool module whose name is close to its family."""
     names, families = known
     family = closest(tool.split(":")[0], families)
     hint = did_you_mean(tool, names) or (f" (did you mean a tool of agents/tools/{family}.py?)" if family else
@@ -2077,7 +1728,7 @@ def entrypoint_problems(fac: Factory, card: dict) -> list[str]:
 
 
 def entrypoint_code_problems(fac: Factory, card: dict) -> list[str]:
-    """One line for each thing the entrypoint module lacks once executed, or the one reason it fails to load."""
+    """A line per thing the entrypoint module lacks once executed, or the one reason it fails to load."""
     relative, function = entry_module(card), card["entrypoint"].split(":")[1]
     try:
         module = fac.code.module(relative)
@@ -2091,39 +1742,13 @@ def entrypoint_code_problems(fac: Factory, card: dict) -> list[str]:
     return problems + output_field_problems(card, getattr(module, "OUTPUT_SCHEMA", None), f"agents/{relative}")
 
 
-OUTPUT_FIELDS = (  # card field naming an output property -> (the JSON type it must have, what the card uses it for)
-    ("handoff_field", "boolean", "the card's hand-off field (set handoff_field to the output field by which the agent "
-                                 "hands a run to a human)"),
-    ("draft_rubric.field", "string", "the field the card's draft rubric scores (set draft_rubric.field to the output "
-                                     "field holding the prose to score)"),
-)
-
-
-def output_field_problems(card: dict, schema, where: str) -> list[str]:
-    """A problem for each card field (OUTPUT_FIELDS) naming no OUTPUT_SCHEMA property of its type, naming those it has."""
-    props = schema.get("properties") if isinstance(schema, dict) else None
-    props, problems = props if isinstance(props, dict) else {}, []
-    for path, kind, what in OUTPUT_FIELDS:
-        parent, _, key = path.rpartition(".")
-        holder = card.get(parent) if parent else card
-        if not isinstance(holder, dict):   # no rubric: nothing is scored
-            continue
-        name = holder.get(key, fields_in(parent)[key].default)
-        typed = [prop for prop, rule in props.items() if isinstance(rule, dict) and rule.get("type") == kind]
-        if fields_in(parent)[key].check(name) and name not in typed:   # a malformed name is the card's own problem
-            problems.append(f"{where}: OUTPUT_SCHEMA has no {kind} property '{name}', {what}; its {kind} "
-                            f"properties: {', '.join(typed) or 'none'}")
-    return problems
-
-
 def entry_module(card: dict) -> str:
     """The entrypoint module's path under agents/: triager:rules -> triager.py."""
     return f"{card['entrypoint'].split(':')[0]}.py"
 
 
 def missing_agent(fac: Factory, name: str) -> str | None:
-    """The refusal line when NAME has no card (masters/NAME.json), with the nearest card's name when one
-    is close and how to make a new agent; else None."""
+    """The refusal line when NAME has no card, with the nearest card's name and how to make a new agent; else None."""
     path = fac.card_path(name)
     if fac.store.exists(path):
         return None
@@ -2133,46 +1758,42 @@ def missing_agent(fac: Factory, name: str) -> str | None:
 
 def read_card(fac: Factory, name: str) -> tuple[dict, str]:
     """(the JSON object in masters/NAME.json, its path as shown); Refusal when there is none."""
-    missing = missing_agent(fac, name)
-    if missing:
-        raise Refusal(missing)
+    refuse_if(missing_agent(fac, name))
     path = fac.card_path(name)
     return fac.store.read_json(path), fac.shown(path)
 
 
 def load_card(fac: Factory, name: str) -> dict:
-    """The validated card of NAME from masters/NAME.json; Refusal when absent or malformed."""
+    """NAME's card, checked (card_check)."""
     card, where = read_card(fac, name)
     refuse(where, card_check(fac, card, name))
     return card
 
 
 def read_agent(fac: Factory, name: str) -> Agent:
-    """NAME with its code read, hashed and checked, none of it executed; Refusal naming every problem with
-    its card and that code at once."""
+    """NAME with its code read, hashed and checked, none of it executed (agent_from_card)."""
     card, where = read_card(fac, name)
     return agent_from_card(fac, card, where, card_problems(card, name))
 
 
 def load_agent(fac: Factory, name: str) -> Agent:
-    """NAME with its code executed (see loaded): for the stations that run it."""
+    """NAME with its code executed (loaded): for the stations that run it."""
     return loaded(fac, read_agent(fac, name))
 
 
 def agent_from_card(fac: Factory, card: dict, where: str, problems: list[str] = ()) -> Agent:
-    """The Agent a card describes, its code read, hashed and checked but not executed (the stations that
-    need not run an agent never run its code); Refusal naming the card's own `problems` (card_problems: its
-    tools are checked here) and every problem with the code it names, at once."""
-    refuse(where, [*problems, *entrypoint_problems(fac, card), *tool_problems(fac, card)])
+    """The Agent a card describes, its code read, hashed and checked but not executed; Refusal naming the
+    card's own `problems` (card_problems) and every problem with its tools and code, at once."""
+    modules, tools = tool_check(fac, card)
+    refuse(where, [*problems, *entrypoint_problems(fac, card), *modules, *tools])
     toolboxes = tool_families(card["tools"] + card["tools_denied"])
     contracts = {name: contract for relative in toolboxes for name, contract in toolbox_contracts(fac, relative).items()}
     return Agent(card["agent"], card, contracts, digest_components(fac, card, contracts))
 
 
 def loaded(fac: Factory, agent: Agent) -> Agent:
-    """The agent with its code executed from the bytes its digest was taken over (entrypoint module and the
-    tool modules of its granted or denied tools), in this process with this user's rights: only the
-    stations that run the agent call it. Refusal naming every problem the executed code shows, at once."""
+    """The agent with its code executed from the bytes its digest covers, in this process with this
+    user's rights; Refusal naming every problem the executed code shows."""
     families = tool_families(agent.card["tools"] + agent.card["tools_denied"])
     problems = entrypoint_code_problems(fac, agent.card)
     problems += [problem for relative in families for problem in toolbox_code_problems(fac, agent.card, relative)]
@@ -2182,9 +1803,8 @@ def loaded(fac: Factory, agent: Agent) -> Agent:
 
 
 def code_components(fac: Factory, card: dict) -> dict:
-    """Component label -> sha256 of what a valid card names, read and hashed but not executed: the card,
-    its entrypoint module, the tool modules of the tools it grants or denies, and every agent module
-    those import."""
+    """Component label -> sha256 of what a valid card names, read but not executed: the card, its
+    entrypoint module, the tool modules of its granted or denied tools, and every agent module those import."""
     entry, toolboxes = entry_module(card), tool_families(card["tools"] + card["tools_denied"])
     imported = {path for start in (entry, *toolboxes) for path in fac.code.closure(start)} - {entry}
     return {"card": sha256(canonical(card)), f"entrypoint agents/{entry}": fac.code.digest(entry),
@@ -2198,15 +1818,14 @@ def digest_components(fac: Factory, card: dict, contracts: dict) -> dict:
     return {**code_components(fac, card), **{f"{CONTRACT}{tool}": sha256(canonical(contracts[tool])) for tool in named}}
 
 
-# ---- lineage and suites
+# ---- lineage: the hash-chained log of who was stamped from whom
 
 LINEAGE_SHAPE = Shape.of({"agent": str, "stamped_from": str})
 
 
 def lineage_entries(fac: Factory) -> dict[str, tuple[str, int]]:
-    """variant -> (the agent it was stamped from, the line of that entry), from the hash-chained lineage log.
-    A variant's parent is fixed by its FIRST entry: a later entry naming another parent (one appended line
-    would otherwise move a variant out from under a recall) is ignored, with a note saying so."""
+    """variant -> (master, line) by the lineage log's FIRST entry for it: a later one naming another
+    (an appended line moving a variant out from under a recall) is ignored, with a note."""
     found, chain = {}, fac.store.read_chain(fac.lineage, LINEAGE_SHAPE)
     for number, row in chain.entries:
         first, _ = found.setdefault(row["agent"], (row["stamped_from"], number))
@@ -2217,13 +1836,13 @@ def lineage_entries(fac: Factory) -> dict[str, tuple[str, int]]:
 
 
 def parents(fac: Factory) -> dict:
-    """variant -> the agent it was stamped from, by the lineage log's first entry for it (see lineage_entries)."""
+    """variant -> its master, by the lineage log (lineage_entries)."""
     return {name: parent for name, (parent, _) in lineage_entries(fac).items()}
 
 
 def card_parents(fac: Factory) -> dict:
-    """variant -> the agent its own card says it was stamped from (`stamped_from`), for every card in masters/
-    that can be read: what a recall reaches besides the lineage log (a card that cannot be read cannot run)."""
+    """variant -> its master by its own card's stamped_from, for each readable card in masters/ (one that
+    cannot be read cannot run either)."""
     found = {}
     for path in sorted(fac.masters.glob("*.json")):
         with contextlib.suppress(Refusal):
@@ -2234,9 +1853,8 @@ def card_parents(fac: Factory) -> dict:
 
 
 def lineage_problem(fac: Factory, name: str, card: dict) -> str | None:
-    """The refusal line when NAME's card and the lineage log disagree about its master, else None: the
-    card's stamped_from must be the parent of the log's first entry for NAME (neither: a master). A parent
-    the log does not know is a stamp stopped half-way, finished by stamping again; any other, a human's."""
+    """The refusal when NAME's stamped_from is not the master of its first lineage entry (neither: a
+    master). A master the log lacks is a stamp stopped half-way (stamp again); else a human's edit."""
     said, first = card.get("stamped_from"), lineage_entries(fac).get(name)
     where, log = fac.shown(fac.card_path(name)), fac.shown(fac.lineage)
     if first is None:
@@ -2252,8 +1870,8 @@ def lineage_problem(fac: Factory, name: str, card: dict) -> str | None:
 
 
 def ancestors(fac: Factory, name: str, maps: tuple[dict, ...] | None = None) -> list[str]:
-    """NAME's master, its master's master, ... (nearest first), from the lineage log, or from each of the
-    variant -> parent `maps` given (a name may then have a parent in each)."""
+    """NAME's master, its master's master, ... nearest first, by the lineage log or by each variant -> master
+    map of `maps`."""
     maps, found, todo = maps or (parents(fac),), [], [name]
     for current in todo:
         for parent_of in maps:
@@ -2265,8 +1883,8 @@ def ancestors(fac: Factory, name: str, maps: tuple[dict, ...] | None = None) -> 
 
 
 def descendants(fac: Factory, name: str, maps: tuple[dict, ...] | None = None) -> list[str]:
-    """Every variant stamped from NAME, transitively, parents before children, from the lineage log, or
-    from each of the variant -> parent `maps` given."""
+    """Every variant stamped from NAME, transitively, masters before their variants, by the lineage log or
+    by each variant -> master map of `maps`."""
     maps, found, queue = maps or (parents(fac),), [], [name]
     while queue:
         current = queue.pop(0)
@@ -2278,16 +1896,15 @@ def descendants(fac: Factory, name: str, maps: tuple[dict, ...] | None = None) -
 
 
 def recall_reach(fac: Factory) -> tuple[dict, dict]:
-    """The variant -> parent maps a recall follows: the lineage log's and the cards' own stamped_from, so
-    neither an edited card nor a missing lineage entry takes a variant out of its master's recalls."""
+    """The maps a recall follows: the lineage log's and the cards' own, so neither an edited card nor a
+    missing lineage entry takes a variant out of its master's recalls."""
     return parents(fac), card_parents(fac)
 
 
 def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
-    """(the variants of MASTER, transitively, parents first, whose card changes when re-derived as their
-    parent's card plus their own overrides: name -> new card, validated; the variants skipped: those the
-    lineage log knows that have no card, and their own). Every card reached must agree with the lineage
-    log (lineage_problem): a master is never re-derived."""
+    """(name -> new checked card of each variant of MASTER, transitively, masters first, that changes when
+    derived again from its master and its own overrides; the variants skipped: those without a card,
+    and theirs). Each card must agree with the log (lineage_problem)."""
     parent_of, latest, changed, skipped = parents(fac), {master: read_agent(fac, master)}, {}, []
     for name in descendants(fac, master, recall_reach(fac)):
         if parent_of.get(name) in skipped or not fac.store.exists(fac.card_path(name)):
@@ -2303,10 +1920,11 @@ def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
     return changed, skipped
 
 
+# ---- suites: the open and the sealed half, and their cases
+
 def suite_name(fac: Factory, card: dict, sealed: bool) -> str:
-    """The suite an agent (its card) is proved on for one half: evals.suite, else the first of its own
-    and its masters' (nearest first) that has that half, so a variant with only its own sealed half is
-    proved on it."""
+    """The suite an agent is proved on for one half: evals.suite, else the first of its own and its masters'
+    (nearest first) with that half, so a variant with only its own sealed half is proved on it."""
     if "suite" in card["evals"]:
         return card["evals"]["suite"]
     for candidate in [card["agent"]] + ancestors(fac, card["agent"]):
@@ -2316,16 +1934,16 @@ def suite_name(fac: Factory, card: dict, sealed: bool) -> str:
 
 
 def inputs_of(fac: Factory, card: dict, sealed: bool) -> list[dict]:
-    """{id, input} of the cases of one half of an agent's suite as prove would choose it, read leniently (a
-    line that is not a case is skipped: proving that half names it); [] when the half is not here."""
+    """The {id, input} cases of one half of an agent's suite (suite_name), read leniently (a line that is no
+    case is skipped: proving that half names it); [] when the half is not here."""
     path = fac.suite_path(suite_name(fac, card, sealed), sealed)
     rows = (row for _, row in fac.store.read_jsonl(path, each=True)) if fac.store.exists(path) else ()
     return [row for row in rows if isinstance(row, dict) and isinstance(row.get("id"), str) and "input" in row]
 
 
 def overlap_problem(fac: Factory, card: dict) -> str | None:
-    """The refusal when the open and the sealed half share an input once normalised (broker.normalised),
-    naming each pair of case ids; None when they share none or a half is not here."""
+    """The refusal naming each pair of case ids when the open and the sealed half share an input once
+    normalised (broker.normalised); else None."""
     shared = shared_inputs(inputs_of(fac, card, False), inputs_of(fac, card, True))
     if not shared:
         return None
@@ -2344,7 +1962,7 @@ ID_BREAKS = re.compile("[\t\n\r\x85\u2028\u2029]")
 
 def load_cases(fac: Factory, path: Path, agent: Agent) -> list[dict]:
     """The cases of one half, each checked against the agent's output contract and tools (case_problem);
-    Refusal naming the file and every malformed line at once, each with what is wrong with it."""
+    Refusal naming the file and every malformed line at once."""
     where = fac.shown(path)
     if not path.exists():
         raise Refusal(f"{where}: no such file; a suite needs cases before it can prove anything")
@@ -2370,15 +1988,15 @@ def load_cases(fac: Factory, path: Path, agent: Agent) -> list[dict]:
 
 @dataclass(frozen=True)
 class Contract:
-    """What a case is checked against: the output contract's properties (name -> its JSON schema), and
-    the tools `expect.denied` may list: any tool a tool module defines (a variant proved on its master's
-    suite is denied its master's tools it does not know), those of the agent's card and modules first."""
+    """What a case is checked against: the output contract's properties (name -> JSON schema), and the tools
+    `expect.denied` may name: the agent's own, else any a tool module defines (a variant proved on its
+    master's suite is denied tools it does not know)."""
     fac: Factory
     properties: dict
     tools: frozenset              # the tools the agent's card names and its tool modules define
 
     def unknown_tool(self, tool: str) -> str | None:
-        """The problem when TOOL is a tool no tool module's CONTRACTS define, with the nearest known one; else None."""
+        """The problem when no tool module defines TOOL, with the nearest known one; else None."""
         if tool in self.tools:
             return None
         defined = known_tools(self.fac)[0]
@@ -2386,9 +2004,9 @@ class Contract:
 
 
 def case_problem(case, first_line: dict, contract: Contract) -> str | None:
-    """What is wrong with one case, or None: its fields (CASE_IS), its id (a string, not empty, no line
-    break or control character, not given before: `first_line` maps the ids so far to their lines), its
-    input (with visible text, as run needs) and its `expect` (expect_problem)."""
+    """What is wrong with one case, or None: its fields (CASE_IS), its id (a string, not blank, no line
+    break or control, not given before: `first_line` is id -> line), its input's text, its label_source
+    and its `expect`."""
     unknown, missing = sorted(set(case) - set(CASE_FIELDS)), [f for f in CASE_FIELDS[:3] if f not in case]
     if unknown or missing:
         return "; ".join([f"unknown field(s) {', '.join(map(repr, unknown))}"] * bool(unknown) +
@@ -2409,9 +2027,8 @@ def case_problem(case, first_line: dict, contract: Contract) -> str | None:
 
 
 def expect_problem(ident: str, expect, contract: Contract) -> str | None:
-    """What is wrong with one case's `expect`, or None: an object naming at least one property of the output
-    contract, each with a value the contract allows (type, enum), and optionally `denied` (denied_problem).
-    The expected values are never quoted: a sealed case's stay sealed."""
+    """What is wrong with a case's `expect`, or None: it names at least one output property, each with
+    a value the contract allows, and maybe `denied`. Expected values are never quoted: sealed stays sealed."""
     case, properties = f"case {json.dumps(ident)}", sorted(contract.properties)
     if not isinstance(expect, dict):
         return f"{case}: expect must be an object (output field -> the value wanted)"
@@ -2432,30 +2049,14 @@ def expect_problem(ident: str, expect, contract: Contract) -> str | None:
 
 
 def denied_problem(case: str, denied, contract: Contract) -> str | None:
-    """What is wrong with a case's expect.denied, or None: a list of tool names, each one some tool module
-    defines (a listed tool nothing defines is a typo: the denial it allows is never the one that happens)."""
+    """What is wrong with a case's expect.denied, or None: a list of tool names, each defined by some tool
+    module (one nothing defines is a typo: the denial it allows is never the one that happens)."""
     if not (isinstance(denied, list) and all(isinstance(t, str) for t in denied)):
         return (f"{case}: expect.denied must be a list of tool names (the tools the broker may refuse in this "
                 f"case without failing it)")
     unknown = {tool: contract.unknown_tool(tool) for tool in denied}
     return "; ".join(f"{case}: expect.denied names '{one_line(tool)}', {problem}"
                      for tool, problem in unknown.items() if problem) or None
-
-
-JSON_KINDS = {"string": "a string", "boolean": "a boolean (true or false)", "integer": "an integer",
-              "number": "a number", "object": "an object", "array": "a list", "null": "null"}
-
-
-def allowed_by(schema: dict) -> str:
-    """What a JSON schema (the subset broker.check_args reads) allows, in words: 'one of "a", "b"', 'a
-    boolean (true or false)', 'a string (at most 300 characters)'."""
-    if "enum" in schema:
-        return "one of " + ", ".join(json.dumps(value, ensure_ascii=False) for value in schema["enum"])
-    kind = schema.get("type")
-    said = JSON_KINDS.get(kind, f"of type {kind}") if isinstance(kind, str) else "a value"
-    limits = ([f"at most {schema['maxLength']} characters"] if "maxLength" in schema else []) + \
-             ([f"at least {schema['minimum']}"] if "minimum" in schema else [])
-    return said + (f" ({', '.join(limits)})" if limits else "")
 
 
 # ---- a new agent: its card, module, tool module and suite, made to prove as they are
@@ -2702,8 +2303,8 @@ def new_files(fac: Factory, name: str, effects: tuple[str, ...], owner: str) -> 
 
 
 def copied_card(source: Agent, name: str, owner: str) -> dict:
-    """A copy of source's card for a new master NAME: same grants and settings, its own entrypoint module,
-    identity, owner and suite (a copy is proved on a sealed half of its own), every defaulted field written."""
+    """source's card for a new master NAME: same grants and settings; its own entrypoint module, identity,
+    owner and suite (a copy is proved on a sealed half of its own); defaulted fields written."""
     card = {key: value for key, value in source.card.items() if key not in SET_BY_STAMP}
     identity = card["identity"].replace(source.name, name) if source.name in card["identity"] else f"svc-{name}@factory"
     return {**CARD_DEFAULTS, **card, "agent": name, "entrypoint": f"{module_name(name)}:{card['entrypoint'].split(':')[1]}",
@@ -2711,9 +2312,8 @@ def copied_card(source: Agent, name: str, owner: str) -> dict:
 
 
 def copied_files(fac: Factory, source: Agent, name: str, owner: str) -> list[NewFile]:
-    """The files of a new agent copied from source: its entrypoint module (the bytes its digest covers,
-    with a line saying where they came from), its open half when it has one (never its sealed half),
-    and its card."""
+    """A new agent copied from source: its entrypoint module (the bytes its digest covers, with a line
+    saying whence), its open half if any (never the sealed), its card."""
     module = entry_module(source.card)
     note = f"# copied from agents/{module} by `python3 factory.py new {name} --from {source.name}`\n".encode()
     files = [NewFile(fac.agents / f"{module_name(name)}.py", note + fac.code.source(module), f"a copy of agents/{module}")]
@@ -2726,9 +2326,8 @@ def copied_files(fac: Factory, source: Agent, name: str, owner: str) -> list[New
 
 
 def files_to_write(fac: Factory, name: str, files: list[NewFile]) -> list[NewFile]:
-    """The files of `new NAME` still to write: those not there yet. A file already holding exactly what
-    `new` writes there, with no card yet, is what a `new NAME` stopped part-way (killed) left, so this
-    one keeps it and finishes the agent; Refusal when NAME is taken (see name_taken)."""
+    """The files of `new NAME` not yet there: one holding exactly what `new` writes, with no card yet, is
+    what a killed `new` left, kept to finish the agent. Refusal when NAME is taken (name_taken)."""
     taken = name_taken(fac, name, files)
     if taken:
         raise Refusal(taken)
@@ -2736,9 +2335,8 @@ def files_to_write(fac: Factory, name: str, files: list[NewFile]) -> list[NewFil
 
 
 def name_taken(fac: Factory, name: str, files: list[NewFile]) -> str | None:
-    """Why NAME cannot be a new agent: the lineage log gives it a master, its card exists, or a file it
-    needs holds anything but what `new` writes there; None when it is free (or a `new` stopped part-way
-    wrote there)."""
+    """Why NAME cannot be a new agent (a lineage master, a card, a file not what `new` writes there), or
+    None."""
     earlier = parents(fac).get(name)
     if earlier is not None:
         return f"{name} was stamped from {earlier} before ({fac.shown(fac.lineage)}); pick a new name"
