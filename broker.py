@@ -128,7 +128,7 @@ DENIALS = frozenset({DENIED_UNKNOWN, DENIED_EXPLICIT, DENIED_UNGRANTED, DENIED_C
 RULINGS = DENIALS | {RECORDED, HELD, EXECUTE}   # the closed set of the broker's decisions on a call
 EFFECTS = ("read", "draft", "act")
 WRITES = ("draft", "act")                       # the effects a run holds until its gate has answered
-MODES = ("dry", "run")
+RUN_MODES = ("dry", "run")
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ IN_ORDER = json.JSONEncoder(ensure_ascii=False)
 
 def args_digest(args: dict) -> str:
     """sha256 of the canonical JSON of a call's arguments, 'sha256:<64 hex>'. UnicodeEncodeError for
-    arguments holding a lone surrogate (see not_text): the broker denies those and records them as_text."""
+    arguments holding a lone surrogate (see surrogate_problem): the broker denies those and records them as_text."""
     import hashlib   # here: the factory's --help imports the broker but need not load OpenSSL
     blob = CANONICAL.encode(args)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
@@ -213,7 +213,7 @@ def _by_value(text: str):
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def not_text(args) -> str | None:
+def surrogate_problem(args) -> str | None:
     """'where: holds \\udXXX, ...' naming the first string or key of a JSON value (args, e.g. args.topic or
     args.tags[2]) that holds a lone surrogate; None when every string in it is text. A model may send one
     (JSON allows the escape); the broker denies the call rather than fail on it."""
@@ -326,7 +326,7 @@ def rule_on(policy: Policy, contracts: dict, tool: str, args, mode: str) -> Ruli
         return Ruling(DENIED_EXPLICIT, f"{tool} is explicitly denied to {policy.agent}")
     if tool not in policy.tools:
         return Ruling(DENIED_UNGRANTED, f"{tool} is not granted to {policy.agent}")
-    problem = not_text(args) or check_args(contract["params"], args)
+    problem = surrogate_problem(args) or check_args(contract["params"], args)
     if problem:
         return Ruling(DENIED_CONTRACT, f"{tool} contract: {problem}")
     if mode == "dry":
@@ -358,8 +358,8 @@ class Broker:
 
     def __post_init__(self):
         """Refuse to broker in an unknown mode, or with a contract whose effect is not read/draft/act."""
-        if self.mode not in MODES:
-            raise ValueError(f"broker mode must be one of {MODES}, not {self.mode!r}")
+        if self.mode not in RUN_MODES:
+            raise ValueError(f"broker mode must be one of {RUN_MODES}, not {self.mode!r}")
         odd = sorted(name for name, c in self.contracts.items() if c.get("effect") not in EFFECTS)
         if odd:
             raise ValueError(f"contracts with an effect outside {EFFECTS}: {odd}")
@@ -383,7 +383,7 @@ class Broker:
     def _not_now(self, tool, args, ruling: Ruling, effect, started) -> Outcome:
         """Outcome for a call that does not execute now: denied, recorded or held."""
         denied = ruling.name in DENIALS
-        args = as_text(args) if denied and not_text(args) else args   # a digest is taken over text only
+        args = as_text(args) if denied and surrogate_problem(args) else args   # a digest is taken over text only
         outcome = Outcome(len(self.outcomes) + 1, tool, args if isinstance(args, dict) else {"_": args},
                           ruling.name, not denied, ruling.why if denied else None, effect,
                           (self.clock() - started) * 1000)

@@ -18,7 +18,7 @@ Backend rule (`backend_for(model_id)`), first match wins:
                                       Bearer MOONSHOT_API_KEY
   anything else        -> openai      POST {OPENAI_BASE_URL or https://api.openai.com/v1}/chat/completions,
                                       Bearer OPENAI_API_KEY (also vLLM, LM Studio, llama.cpp by base URL)
-A backend whose key is missing raises `NoKey` ("unavailable: no ANTHROPIC_API_KEY") before any request.
+A backend whose key is missing raises `LLMNoKey` ("unavailable: no ANTHROPIC_API_KEY") before any request.
 
 Replies: `Reply.stop_reason` is normalised to end | tool_use | length | refusal | other (the vendor's
 value is kept in `raw_stop_reason`); `Reply.acts` is true only for end and tool_use, so a turn cut
@@ -88,7 +88,7 @@ MOONSHOT_BASE = "https://api.moonshot.ai/v1"          # https://platform.kimi.co
 OLLAMA_BASE = "http://localhost:11434/v1"             # https://docs.ollama.com/api/openai-compatibility
 OPENROUTER_BASE = "https://openrouter.ai/api/v1"      # https://openrouter.ai/docs/api/errors
 PROVIDERS = ("anthropic", "moonshot", "openai", "ollama", "openrouter")
-USER_AGENT = "agent-factory-llm/1"
+LLM_USER_AGENT = "agent-factory-llm/1"
 
 # Retry policy of the Anthropic and OpenAI SDKs (_base_client.py): 2 retries, 0.5 s doubling to 8 s.
 MAX_RETRIES = 2
@@ -183,7 +183,7 @@ class LLMError(Exception):
         self.reason = reason or message
 
 
-class NoKey(LLMError):
+class LLMNoKey(LLMError):
     """The backend has no credential in env: 'unavailable: no NAME'."""
 
     def __init__(self, name: str):
@@ -191,7 +191,7 @@ class NoKey(LLMError):
         self.name = name
 
 
-class HTTPStatus(LLMError):
+class LLMStatus(LLMError):
     """A non-2xx answer: status, error type, message (redacted), retry-after seconds, recorded headers."""
 
     def __init__(self, status: int, type: str, message: str, retry_after: float | None = None,
@@ -210,7 +210,7 @@ class HTTPStatus(LLMError):
         return self.status in RETRY_STATUSES or self.status >= 500
 
 
-class Timeout(LLMError):
+class LLMTimeout(LLMError):
     """No answer within `seconds`: one socket read past the per-read timeout, or the whole request past
     its total deadline; not retried: the call may already be billed."""
 
@@ -226,7 +226,7 @@ class ConnectionFailed(LLMError):
         super().__init__(f"connection failed: {detail}", "connection failed")
 
 
-class Malformed(LLMError):
+class LLMMalformed(LLMError):
     """A 2xx answer whose body is not the expected JSON shape."""
 
     def __init__(self, detail: str):
@@ -234,7 +234,7 @@ class Malformed(LLMError):
 
 
 class Oversized(LLMError):
-    """A 2xx body longer than `limit` bytes; read no further and, like Malformed, not retried."""
+    """A 2xx body longer than `limit` bytes; read no further and, like LLMMalformed, not retried."""
 
     def __init__(self, limit: int):
         super().__init__(f"reply too large: over {limit // (1024 * 1024)} MiB", "reply too large")
@@ -261,18 +261,18 @@ class Declined(LLMError):
 
     def __init__(self, stop_reason: str, detail: str = ""):
         kind = f"model declined: {stop_reason}"
-        super().__init__(f"{kind}: {redact(detail)}" if detail.strip() else kind, kind)
+        super().__init__(f"{kind}: {redact_line(detail)}" if detail.strip() else kind, kind)
 
 
 def _model_field(data: dict) -> str:
-    """The reply's `model` (the model that answered) as text, "" when absent; Malformed when not a string."""
+    """The reply's `model` (the model that answered) as text, "" when absent; LLMMalformed when not a string."""
     model = data.get("model") or ""
     if not isinstance(model, str):
-        raise Malformed(f"model is a {type(model).__name__}, not a string")
+        raise LLMMalformed(f"model is a {type(model).__name__}, not a string")
     return as_text(model)
 
 
-def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+def redact_line(text: str, secrets: tuple[str, ...] = ()) -> str:
     """One line of at most 200 chars with every secret and key-like token replaced by ***."""
     for secret in secrets:
         if secret:
@@ -445,7 +445,7 @@ def backend_for(model_id: str, env: Mapping[str, str]) -> str:
 
 
 def route_for(model_id: str, env: Mapping[str, str]) -> Route:
-    """The Route for a model id; raises NoKey when its key is missing, LLMError on a bad base URL."""
+    """The Route for a model id; raises LLMNoKey when its key is missing, LLMError on a bad base URL."""
     backend = backend_for(model_id, env)
     provider, _, rest = model_id.partition("/")
     model = rest if rest and provider in PROVIDERS else model_id
@@ -464,7 +464,7 @@ def calls_to(model_id: str, env: Mapping[str, str]) -> str:
         return "offline (the agent's rules)"
     try:
         return f"{backend_for(model_id, env)} {route_for(model_id, env).url}"
-    except NoKey as missing:
+    except LLMNoKey as missing:
         return f"{calls_to(model_id, {**env, missing.name: 'set'})} (not asked: no {missing.name})"
     except LLMError as error:
         return str(error)
@@ -517,10 +517,10 @@ def url_problem(url: str, proxy: bool) -> str | None:
 
 
 def _need(env: Mapping[str, str], name: str) -> str:
-    """env[name] without the white space around it, or NoKey(name) when unset or empty."""
+    """env[name] without the white space around it, or LLMNoKey(name) when unset or empty."""
     value = (env.get(name) or "").strip()
     if not value:
-        raise NoKey(name)
+        raise LLMNoKey(name)
     return value
 
 
@@ -677,7 +677,7 @@ def anthropic_reply(data: dict, names: Mapping[str, str]) -> Parsed:
         raise _body_error(data, 500)
     blocks = data["content"]
     if not isinstance(blocks, list):
-        raise Malformed("content is not a list")
+        raise LLMMalformed("content is not a list")
     raw = as_text(data.get("stop_reason") or "")
     stop = ANTHROPIC_STOPS.get(raw, "other")
     if stop == "refusal":
@@ -725,7 +725,7 @@ def _openai_message(m: dict) -> dict:
 
 def openai_reply(data: dict, names: Mapping[str, str]) -> Parsed:
     """A chat completion read (openai-python types/chat/chat_completion.py); raises Declined on
-    finish_reason content_filter or a `refusal` text, Malformed on a non-function tool call."""
+    finish_reason content_filter or a `refusal` text, LLMMalformed on a non-function tool call."""
     if "error" in data and not data.get("choices"):
         raise _body_error(data, 502)       # OpenRouter reports late errors with HTTP 200
     choice = data["choices"][0]
@@ -738,7 +738,7 @@ def openai_reply(data: dict, names: Mapping[str, str]) -> Parsed:
     calls = _openai_calls(data, message, names)
     text = message.get("content") or ""
     if not isinstance(text, str):
-        raise Malformed(f"message content is a {type(text).__name__}, not a string")
+        raise LLMMalformed(f"message content is a {type(text).__name__}, not a string")
     return Parsed(as_text(text), calls, _openai_usage(data.get("usage")), _model_field(data), raw, stop)
 
 
@@ -760,7 +760,7 @@ def _openai_calls(data: dict, message: dict, names: Mapping[str, str]) -> tuple[
     for index, call in enumerate(wire_calls):
         kind = call.get("type") or "function"
         if kind != "function":
-            raise Malformed(f"tool call {index} has type {kind!r}; only function tool calls are supported")
+            raise LLMMalformed(f"tool call {index} has type {kind!r}; only function tool calls are supported")
         function = call["function"]
         call_id = call.get("id") or stand_in_call_id(data, index, function)
         calls.append(ToolCall(as_text(str(call_id)), _factory_name(function["name"], names),
@@ -913,7 +913,7 @@ def post_json(opener, url: str, headers: Mapping[str, str], body: dict, timeout:
     """POST body as JSON; (parsed reply, recorded headers, latency ms). Raises LLMError subclasses.
 
     `timeout` (s) bounds each socket read; `deadline` (s, default twice `timeout`) bounds the whole
-    request, connect and every read of the body together (Timeout(deadline) past it); a 2xx body over
+    request, connect and every read of the body together (LLMTimeout(deadline) past it); a 2xx body over
     MAX_REPLY_BYTES is Oversized."""
     raw, got, latency = post_bytes(opener, url, {"content-type": "application/json", "accept": "application/json",
                                                  **headers}, request_bytes(body), timeout, secrets, deadline)
@@ -928,7 +928,7 @@ def post_bytes(opener, url: str, headers: Mapping[str, str], data: bytes, timeou
     import http.client
     import urllib.error
     import urllib.request
-    request = urllib.request.Request(url, data, method="POST", headers={"user-agent": USER_AGENT, **headers})
+    request = urllib.request.Request(url, data, method="POST", headers={"user-agent": LLM_USER_AGENT, **headers})
     deadline = 2 * timeout if deadline is None else deadline
     start = time.monotonic()
     try:
@@ -940,13 +940,13 @@ def post_bytes(opener, url: str, headers: Mapping[str, str], data: bytes, timeou
     except BodyTooLarge:
         raise Oversized(limit) from None
     except DeadlinePassed:
-        raise Timeout(deadline) from None
+        raise LLMTimeout(deadline) from None
     except TimeoutError:
-        raise Timeout(timeout) from None
+        raise LLMTimeout(timeout) from None
     except urllib.error.URLError as err:
         if isinstance(err.reason, TimeoutError):
-            raise Timeout(timeout) from None
-        raise ConnectionFailed(redact(str(err.reason), secrets)) from None
+            raise LLMTimeout(timeout) from None
+        raise ConnectionFailed(redact_line(str(err.reason), secrets)) from None
     except (OSError, http.client.HTTPException) as err:
         raise ConnectionFailed(type(err).__name__) from None
     return raw, got, (time.monotonic() - start) * 1000
@@ -1040,16 +1040,16 @@ def request_bytes(body: dict) -> bytes:
 
 
 def _parse_json(raw: bytes) -> dict:
-    """A JSON object from a 2xx body, else Malformed (also for one nested deeper than the parser goes, or
+    """A JSON object from a 2xx body, else LLMMalformed (also for one nested deeper than the parser goes, or
     holding NaN, Infinity or a key named twice: strict_json)."""
     try:
         data = strict_json(raw)
     except RecursionError:
-        raise Malformed(f"body is not JSON ({len(raw)} bytes)") from None
+        raise LLMMalformed(f"body is not JSON ({len(raw)} bytes)") from None
     except ValueError as error:
-        raise Malformed(f"body is not JSON ({len(raw)} bytes: {str(error)[:120]})") from None
+        raise LLMMalformed(f"body is not JSON ({len(raw)} bytes: {str(error)[:120]})") from None
     if not isinstance(data, dict):
-        raise Malformed("body is not a JSON object")
+        raise LLMMalformed("body is not a JSON object")
     return data
 
 
@@ -1067,7 +1067,7 @@ def _status_error(err: urllib.error.HTTPError, secrets: tuple[str, ...], deadlin
         err.close()
     etype, message, code = _error_fields(raw)
     should = (headers.get("x-should-retry") or "").lower() if headers is not None else ""
-    return HTTPStatus(err.code, etype, redact(message, secrets), retry_after(headers),
+    return LLMStatus(err.code, etype, redact_line(message, secrets), retry_after(headers),
                       recorded_headers(headers), code, should)
 
 
@@ -1084,11 +1084,11 @@ def _error_fields(raw: bytes) -> tuple[str, str, str]:
     return as_text(str(error.get("type") or code)), as_text(str(error.get("message") or "")), code
 
 
-def _body_error(data: dict, default_status: int) -> HTTPStatus:
-    """HTTPStatus for an error carried in a 2xx body (OpenRouter, proxies)."""
+def _body_error(data: dict, default_status: int) -> LLMStatus:
+    """LLMStatus for an error carried in a 2xx body (OpenRouter, proxies)."""
     error = data.get("error") if isinstance(data.get("error"), dict) else {}
     status = error.get("code") if isinstance(error.get("code"), int) else default_status
-    return HTTPStatus(status, as_text(str(error.get("type") or "")), redact(as_text(str(error.get("message") or ""))))
+    return LLMStatus(status, as_text(str(error.get("type") or "")), redact_line(as_text(str(error.get("message") or ""))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1157,7 +1157,7 @@ class Breaker:
 
 def overloaded(error: LLMError) -> bool:
     """True for a 429 or 5xx answer: the kind of failure that rests a backend."""
-    return isinstance(error, HTTPStatus) and (error.status == 429 or error.status >= 500)
+    return isinstance(error, LLMStatus) and (error.status == 429 or error.status >= 500)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1201,11 +1201,11 @@ _WIRES = MappingProxyType({
 
 
 def parse_reply(wire: str, data: dict, names: Mapping[str, str]) -> Parsed:
-    """A 2xx body read in its wire dialect; shape errors become Malformed, declines Declined."""
+    """A 2xx body read in its wire dialect; shape errors become LLMMalformed, declines Declined."""
     try:
         return _WIRES[wire][1](data, names)
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as err:
-        raise Malformed(f"{type(err).__name__} reading {wire} reply") from None
+        raise LLMMalformed(f"{type(err).__name__} reading {wire} reply") from None
 
 
 def reply_cost(route: Route, model_id: str, answered: str, usage: dict, headers: Mapping[str, str],
@@ -1360,7 +1360,7 @@ class Worker:
         for model_id in self._live():
             try:
                 route_for(model_id, self._env)
-            except NoKey:
+            except LLMNoKey:
                 continue
             except LLMError:
                 pass
@@ -1406,9 +1406,9 @@ class Worker:
 
     def _last_resort(self, messages: list[dict], tools: list[dict], attempts: list[dict]) -> Reply:
         """Offline rules after every model failed; 'offline' alone when no model ever had a key."""
-        failures = [e for e in self._dead.values() if not isinstance(e, NoKey)]
+        failures = [e for e in self._dead.values() if not isinstance(e, LLMNoKey)]
         if self._offline is None:
-            keyless = list(self._dead.values()) or [NoKey("model and no offline rules")]
+            keyless = list(self._dead.values()) or [LLMNoKey("model and no offline rules")]
             raise (failures[-1] if failures else keyless[0]).with_traceback(None)
         reply = self._offline.complete(messages, tools)
         if not failures:
@@ -1521,7 +1521,7 @@ def otlp_settings(env: Mapping[str, str]) -> Otlp | None:
     service = (env.get("OTEL_SERVICE_NAME") or dict(resource).get("service.name") or SCOPE[0]).strip()
     timeout = _finite_ms(env.get("OTEL_EXPORTER_OTLP_TIMEOUT"))
     problems = [f"OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not {' or '.join(OTLP_TYPES)}"] * (protocol not in OTLP_TYPES)
-    problems += [f"the OTLP endpoint {redact(url)!r} is not an http(s) URL"] * (urllib.parse.urlsplit(url).scheme not in ("http", "https"))
+    problems += [f"the OTLP endpoint {redact_line(url)!r} is not an http(s) URL"] * (urllib.parse.urlsplit(url).scheme not in ("http", "https"))
     problems += [f"{name} holds an entry that is not key=value" for name, bad in
                  (("OTEL_EXPORTER_OTLP_HEADERS", bad_headers), ("OTEL_RESOURCE_ATTRIBUTES", bad_resource)) if bad]
     problems += [f"OTEL_EXPORTER_OTLP_HEADERS: header {name!r} (its value not shown) {why}" for name, value in headers
@@ -1699,7 +1699,7 @@ def otlp_body(settings: Otlp, run_id: str, spans: list[Span]) -> bytes:
 
 def send_otlp(opener, settings: Otlp, body: bytes) -> None:
     """POST one export to settings.url within settings.timeout_s, headers and all; raises LLMError
-    (HTTPStatus, Timeout, ConnectionFailed, ...) with no header value in its text."""
+    (LLMStatus, LLMTimeout, ConnectionFailed, ...) with no header value in its text."""
     if settings.problem:
         raise LLMError(settings.problem)
     secrets = tuple(value for _, value in settings.headers if value)
@@ -1743,10 +1743,10 @@ def _json_value(value) -> dict:
 def _proto_request(settings: Otlp, trace: bytes, spans: list[Span]) -> bytes:
     """OTLP/protobuf: ExportTraceServiceRequest{1: ResourceSpans{1: Resource, 2: ScopeSpans{1: scope, 2: spans}}}."""
     def span(s: Span) -> bytes:
-        status = _pb(15, _pb(2, s.error.encode()) + _tag(3, 0) + _varint(STATUS_ERROR)) if s.error else b""
+        status = _pb(15, _pb(2, s.error.encode()) + _field_key(3, 0) + _varint(STATUS_ERROR)) if s.error else b""
         return (_pb(1, trace) + _pb(2, bytes.fromhex(s.span_id)) + (_pb(4, bytes.fromhex(s.parent_id)) if s.parent_id else b"")
-                + _pb(5, s.name.encode()) + _tag(6, 0) + _varint(s.kind)
-                + _tag(7, 1) + s.start_ns.to_bytes(8, "little") + _tag(8, 1) + s.end_ns.to_bytes(8, "little")
+                + _pb(5, s.name.encode()) + _field_key(6, 0) + _varint(s.kind)
+                + _field_key(7, 1) + s.start_ns.to_bytes(8, "little") + _field_key(8, 1) + s.end_ns.to_bytes(8, "little")
                 + b"".join(_pb(9, _proto_pair(k, v)) for k, v in s.attributes) + status)
     resource = _pb(1, b"".join(_pb(1, _proto_pair(k, v)) for k, v in settings.resource))
     scope = _pb(1, _pb(1, SCOPE[0].encode()) + _pb(2, SCOPE[1].encode()))
@@ -1762,11 +1762,11 @@ def _proto_value(value) -> bytes:
     """An AnyValue: 1 string, 2 bool, 3 int64, 4 double, 5 ArrayValue{1: values}."""
     import struct
     if isinstance(value, bool):
-        return _tag(2, 0) + _varint(int(value))
+        return _field_key(2, 0) + _varint(int(value))
     if isinstance(value, int):
-        return _tag(3, 0) + _varint(value & (2 ** 64 - 1))   # int64 as two's complement
+        return _field_key(3, 0) + _varint(value & (2 ** 64 - 1))   # int64 as two's complement
     if isinstance(value, float):
-        return _tag(4, 1) + struct.pack("<d", value)
+        return _field_key(4, 1) + struct.pack("<d", value)
     if isinstance(value, (tuple, list)):
         return _pb(5, b"".join(_pb(1, _proto_value(v)) for v in value))
     return _pb(1, as_text(str(value)).encode())
@@ -1774,10 +1774,10 @@ def _proto_value(value) -> bytes:
 
 def _pb(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
-    return _tag(number, 2) + _varint(len(payload)) + payload
+    return _field_key(number, 2) + _varint(len(payload)) + payload
 
 
-def _tag(number: int, wire: int) -> bytes:
+def _field_key(number: int, wire: int) -> bytes:
     """A field's key: number and wire type (0 varint, 1 fixed64, 2 length-delimited)."""
     return _varint(number << 3 | wire)
 

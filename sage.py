@@ -124,7 +124,7 @@ def status_hint(status: int) -> str:
 # ---------------------------------------------------------------- values
 
 @dataclass(frozen=True)
-class Decision:
+class Answer:
     """One answer. `answer`: "yes"/"no"/None (None = unsure; yesno only); `p`: P(yes) for yesno,
     P(chosen) for choice; `expectation`: 0..4 for scale; `tags`: {id: {"p", "applies"}};
     `order`: sorted item indices (or ids); `probabilities`: choice option -> p (Levanto's are
@@ -258,8 +258,8 @@ def levanto_question(question: Question, qid: str) -> dict:
     return body
 
 
-def levanto_decision(envelope, question: Question, content) -> Decision:
-    """Decision from a single-decide envelope {id, kind, result, meta}; accepts the v0.6 shape
+def levanto_decision(envelope, question: Question, content) -> Answer:
+    """Answer from a single-decide envelope {id, kind, result, meta}; accepts the v0.6 shape
     (with `confidence`) and v1.1 (nullable answer/chosen/applies)."""
     if not isinstance(envelope, dict) or not isinstance(envelope.get("result"), dict):
         raise Malformed("no result object")
@@ -267,7 +267,7 @@ def levanto_decision(envelope, question: Question, content) -> Decision:
         raise Malformed(f"asked {question.kind}, got {envelope.get('kind')!r}")
     fields = LEVANTO_PARSERS[question.kind](envelope["result"], question, content)
     meta = envelope.get("meta") if isinstance(envelope.get("meta"), dict) else {}
-    return Decision(kind=question.kind, raw=envelope, model=meta.get("model"), **fields)
+    return Answer(kind=question.kind, raw=envelope, model=meta.get("model"), **fields)
 
 
 def _levanto_yesno(result: dict, question: Question, content) -> dict:
@@ -352,7 +352,7 @@ LEVANTO_PARSERS = MappingProxyType({
 })
 
 
-def _levanto_answer(answer, question: Question, content, qid: str) -> Decision | SageError:
+def _levanto_answer(answer, question: Question, content, qid: str) -> Answer | SageError:
     """One batch answer: check `ok`, then read the nested single-decide envelope."""
     if not isinstance(answer, dict) or "ok" not in answer:
         return Malformed("batch answer without ok")
@@ -368,7 +368,7 @@ def _levanto_answer(answer, question: Question, content, qid: str) -> Decision |
 
 
 def _levanto_group(group, part: list) -> list:
-    """(input index, Decision | SageError) for one group; answers[j] is questions[j]."""
+    """(input index, Answer | SageError) for one group; answers[j] is questions[j]."""
     answers = group.get("answers") if isinstance(group, dict) else None
     if not isinstance(answers, list) or len(answers) != len(part):
         error = Malformed(f"expected {len(part)} answers in a group")
@@ -404,8 +404,8 @@ def _tag_instructions(question: Question, tag: dict) -> str:
     return f"{question.instructions.strip()} {text}".strip()
 
 
-def systemone_decision(reply: dict, question: Question, name: str) -> Decision:
-    """Decision from a System One reply's `answers`. System One has no abstention:
+def systemone_decision(reply: dict, question: Question, name: str) -> Answer:
+    """Answer from a System One reply's `answers`. System One has no abstention:
     yesno answer is "yes" when noul >= 0.5 else "no", and tag `applies` likewise."""
     answers = reply.get("answers")
     if not isinstance(answers, dict):
@@ -414,7 +414,7 @@ def systemone_decision(reply: dict, question: Question, name: str) -> Decision:
         fields = _systemone_tags(answers, question, name)
     else:
         fields = SYSTEMONE_PARSERS[question.kind](_systemone_answer(answers, name))
-    return Decision(kind=question.kind, raw=reply, model=reply.get("model"), **fields)
+    return Answer(kind=question.kind, raw=reply, model=reply.get("model"), **fields)
 
 
 def _systemone_answer(answers: dict, name: str) -> dict:
@@ -466,8 +466,8 @@ SYSTEMONE_PARSERS = MappingProxyType({
 })
 
 
-def _systemone_result(reply: dict, question: Question, name: str) -> Decision | SageError:
-    """Decision, or the SageError that stands in its slot."""
+def _systemone_result(reply: dict, question: Question, name: str) -> Answer | SageError:
+    """Answer, or the SageError that stands in its slot."""
     try:
         return systemone_decision(reply, question, name)
     except SageError as error:
@@ -544,7 +544,7 @@ def _clip(text: str, key: str | None) -> str:
     return text if len(text) <= DETAIL_MAX else text[:DETAIL_MAX - 1] + "…"
 
 
-def retry_after(value: str | None, now: float) -> float | None:
+def retry_after_clamped(value: str | None, now: float) -> float | None:
     """Seconds from a Retry-After header (delta or HTTP date), clamped to 0..30 as levanto-py does."""
     if not value:
         return None
@@ -678,33 +678,33 @@ class Sage:
 
     # -------------------------------------------------- public calls
 
-    def yesno(self, content, question: str) -> Decision:
+    def yesno(self, content, question: str) -> Answer:
         """P(yes) about content; answer None means unsure (Levanto only). Raises SageError."""
         return self.ask(content, Question("yesno", question))
 
-    def choice(self, content, question: str, options: list) -> Decision:
+    def choice(self, content, question: str, options: list) -> Answer:
         """The chosen option (or None) and its probability. Raises SageError, ValueError."""
         return self.ask(content, Question("choice", question, options=tuple(options)))
 
-    def scale(self, content, question: str, levels: list) -> Decision:
+    def scale(self, content, question: str, levels: list) -> Answer:
         """Expectation in 0..4 over exactly five levels. Raises SageError, ValueError."""
         return self.ask(content, Question("scale", question, levels=tuple(levels)))
 
-    def tags(self, content, question: str, tags: list) -> Decision:
+    def tags(self, content, question: str, tags: list) -> Answer:
         """Per tag {"p", "applies"}. Raises SageError, ValueError."""
         return self.ask(content, Question("tags", question or "", tags=tuple(tags)))
 
-    def sort(self, items: list[str], question: str) -> Decision:
+    def sort(self, items: list[str], question: str) -> Answer:
         """`order` = indices of items, first = most as asked (Levanto only). Raises SageError."""
         if isinstance(items, (str, bytes)):
             raise ValueError("sort needs a list of items, not one string")
         return self.ask(list(items), Question("sort", question))
 
-    def probe(self) -> Decision:
+    def probe(self) -> Answer:
         """One cheap yes/no (a single noul on System One) to prove the endpoint answers."""
         return self.yesno(PROBE_CONTENT, PROBE_QUESTION)
 
-    def ask(self, content, question: Question) -> Decision:
+    def ask(self, content, question: Question) -> Answer:
         """One question about one content. Raises SageError (ValueError for a bad question)."""
         _check_content(content, question)
         self._require_usable()
@@ -716,7 +716,7 @@ class Sage:
         return result
 
     def batch(self, items: Sequence[tuple]) -> list:
-        """[(content, Question)] -> [Decision | SageError] in input order; at most 16 questions
+        """[(content, Question)] -> [Answer | SageError] in input order; at most 16 questions
         per request. Raises only NoKey/Misconfigured (nothing sent) and ValueError."""
         items = [(content, question) for content, question in items]
         for content, question in items:
@@ -764,7 +764,7 @@ class Sage:
         request = urllib.request.Request(self.endpoint + "/ready", headers=self._headers(False))
         self._open(request)
 
-    def _decide(self, content, question: Question) -> Decision:
+    def _decide(self, content, question: Question) -> Answer:
         """POST /decide with one question; its id is the kind name, as the SDKs do."""
         body = {"content": _content(content), "question": levanto_question(question, question.kind)}
         return levanto_decision(self._post("/decide", body), question, content)
@@ -876,7 +876,7 @@ class Sage:
         finally:
             error.close()          # read1 leaves a sized body's connection open at its end
         detail = _clip(error_detail(raw), self._key)
-        return HTTPStatus(error.code, detail, retry_after(error.headers.get("Retry-After"), time.time()))
+        return HTTPStatus(error.code, detail, retry_after_clamped(error.headers.get("Retry-After"), time.time()))
 
     def _where(self, reason) -> str:
         """'<endpoint>: <reason>' with the key blanked."""

@@ -158,13 +158,13 @@ class OpenAIWireTest(ServerTest):
         for value, named in cases.items():
             with self.subTest(value=value):
                 fake = self.server(Answer(body=body.replace('{"label": "billing"}', value)))
-                with self.assertRaises(llm.Malformed) as caught:
+                with self.assertRaises(llm.LLMMalformed) as caught:
                     self.worker(self.anthropic_env(fake)).complete(TASK, TOOLS)
                 self.assertIn(named, str(caught.exception))
 
     def test_an_error_body_nested_deeper_than_the_parser_goes_is_still_the_status(self):
         fake = self.server(Answer(400, '{"error": ' + "[" * 3000 + "]" * 3000 + "}"))
-        with self.assertRaises(llm.HTTPStatus) as caught:
+        with self.assertRaises(llm.LLMStatus) as caught:
             self.worker(self.anthropic_env(fake)).complete(TASK, [])
         self.assertEqual(caught.exception.status, 400)
 
@@ -199,7 +199,7 @@ class OpenAIWireTest(ServerTest):
             with self.subTest(status):
                 fake = self.server(*[Answer(status, json.dumps(body))] * (llm.MAX_RETRIES + 1))
                 env = {"OPENAI_API_KEY": MOONSHOT_KEY, "OPENAI_BASE_URL": fake.url, **self.anthropic_env(fake)}
-                with self.assertRaises(llm.HTTPStatus) as caught:
+                with self.assertRaises(llm.LLMStatus) as caught:
                     self.worker(env, primary="claude-sonnet-5-5" if status == 529 else "openai/gpt-5").complete(TASK, [])
                 self.assertIn("\ufffd", str(caught.exception))
                 str(caught.exception).encode("utf-8")   # raises UnicodeEncodeError on a lone surrogate
@@ -214,7 +214,7 @@ class OpenAIWireTest(ServerTest):
             with self.subTest(wire=wire, model=body["model"]):
                 fake = self.server(Answer(body=body))
                 env = {**self.anthropic_env(fake), "MOONSHOT_API_KEY": MOONSHOT_KEY, "MOONSHOT_BASE_URL": fake.url}
-                with self.assertRaises(llm.Malformed):
+                with self.assertRaises(llm.LLMMalformed):
                     self.worker(env, primary="claude-sonnet-5-5" if wire == "anthropic" else "kimi-k2.6").complete(TASK, [])
 
     def test_ollama_needs_no_key_and_costs_nothing(self):
@@ -250,7 +250,7 @@ class OpenAIWireTest(ServerTest):
     def test_error_inside_a_200_body_is_an_error(self):
         fake = self.server(Answer(body={"error": {"code": 502, "message": "upstream died"}}))
         env = {"OPENROUTER_API_KEY": "sk-or-v1-abcdef123456", "OPENROUTER_BASE_URL": fake.url}
-        with self.assertRaises(llm.HTTPStatus) as caught:
+        with self.assertRaises(llm.LLMStatus) as caught:
             self.worker(env, primary="openrouter/moonshotai/kimi-k2.6").complete(TASK, [])
         self.assertEqual(caught.exception.status, 502)
         self.assertEqual(fake.requests[0]["body"]["model"], "moonshotai/kimi-k2.6")
@@ -352,7 +352,7 @@ class ToolCallIdTest(ServerTest):
         data = openai_completion(None)
         data["choices"][0]["message"]["tool_calls"] = [
             {"id": "c1", "type": "custom", "custom": {"name": "issues__label", "input": "billing"}}]
-        with self.assertRaises(llm.Malformed) as caught:
+        with self.assertRaises(llm.LLMMalformed) as caught:
             self.ask(data)
         self.assertIn("'custom'", str(caught.exception))
         reply = self.ask(data, rules=rules, task_input="t")
@@ -438,7 +438,7 @@ class RetryTest(ServerTest):
                               (403, "permission_error"), (404, "not_found_error")):
             with self.subTest(status=status):
                 fake = self.server(Answer(status, anthropic_error(etype, "no")))
-                with self.assertRaises(llm.HTTPStatus) as caught:
+                with self.assertRaises(llm.LLMStatus) as caught:
                     self.worker(self.anthropic_env(fake)).complete(TASK, [])
                 self.assertEqual((caught.exception.status, len(fake.requests), self.waits), (status, 1, []))
 
@@ -448,7 +448,7 @@ class RetryTest(ServerTest):
                 body = {"type": "error", "error": {"type": "rate_limit_error", "message": "cap",
                                                    "details": {"error_code": code}}}
                 fake = self.server(Answer(429, body, {"retry-after": "0.01"}))
-                with self.assertRaises(llm.HTTPStatus):
+                with self.assertRaises(llm.LLMStatus):
                     self.worker(self.anthropic_env(fake)).complete(TASK, [])
                 self.assertEqual(len(fake.requests), 1)
 
@@ -652,7 +652,7 @@ class FallbackTest(ServerTest):
         for body in ("not json at all", {"no": "content"}, [1, 2], deep):
             with self.subTest(body=str(body)[:20]):
                 fake = self.server(Answer(body=body), Answer(body=body))
-                with self.assertRaises(llm.Malformed):
+                with self.assertRaises(llm.LLMMalformed):
                     self.worker(self.anthropic_env(fake)).complete(TASK, [])
                 reply = self.worker(self.anthropic_env(fake), rules=rules).complete(TASK, [])
                 self.assertEqual(reply.backend, "offline-after-error: malformed response")
@@ -704,7 +704,7 @@ class KeylessTest(ServerTest):
         self.assertEqual([replace(r, latency_ms=0) for r in cached], [replace(r, latency_ms=0) for r in fresh])
 
     def test_no_key_and_no_rules_is_a_typed_error(self):
-        with self.assertRaises(llm.NoKey) as caught:
+        with self.assertRaises(llm.LLMNoKey) as caught:
             self.worker({}).complete(TASK, [])
         self.assertEqual(str(caught.exception), "unavailable: no ANTHROPIC_API_KEY")
 
@@ -756,7 +756,7 @@ class SafetyTest(ServerTest):
     def test_errors_carry_no_key_material(self):
         echo = f"Incorrect API key provided: {ANTHROPIC_KEY}. Another: sk-proj-abcdefghijkl"
         fake = self.server(Answer(401, {"error": {"type": "authentication_error", "message": echo}}))
-        with self.assertRaises(llm.HTTPStatus) as caught:
+        with self.assertRaises(llm.LLMStatus) as caught:
             self.worker(self.anthropic_env(fake)).complete(TASK, [])
         text = str(caught.exception)
         self.assertNotIn(ANTHROPIC_KEY, text)
@@ -767,7 +767,7 @@ class SafetyTest(ServerTest):
 
     def test_html_error_body_is_parsed_defensively(self):
         fake = self.server(Answer(413, "<html>\n<b>Request Entity Too Large</b></html>"))
-        with self.assertRaises(llm.HTTPStatus) as caught:
+        with self.assertRaises(llm.LLMStatus) as caught:
             self.worker(self.anthropic_env(fake)).complete(TASK, [])
         self.assertEqual((caught.exception.status, caught.exception.retryable), (413, False))
 
@@ -879,7 +879,7 @@ class RoutingTest(unittest.TestCase):
         self.assertEqual(llm.route_for("ollama/qwen", env).url, "http://localhost:11434/v1/chat/completions")
         self.assertEqual(llm.route_for("ollama/qwen", env).headers["authorization"], "Bearer ollama")
         self.assertEqual(llm.route_for("openai/gpt-5", env).model, "gpt-5")
-        with self.assertRaises(llm.NoKey):
+        with self.assertRaises(llm.LLMNoKey):
             llm.route_for("openrouter/x/y", env)
         with self.assertRaises(llm.LLMError):
             llm.route_for("claude-x", {**env, "ANTHROPIC_BASE_URL": "file:///etc"})

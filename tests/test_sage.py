@@ -3,9 +3,9 @@ import socket
 import time
 import unittest
 
-from sage import (BATCH_MAX, MAX_BODY, USER_AGENT, Decision, HTTPStatus, Malformed, Misconfigured, NoKey,
+from sage import (BATCH_MAX, MAX_BODY, USER_AGENT, Answer, HTTPStatus, Malformed, Misconfigured, NoKey,
                   Question, Rejected, Sage, SageError, Timeout, Unreachable, plan_batches,
-                  retry_after)
+                  retry_after_clamped)
 from tests.fake_sage import Fail, FakeSage, Reply
 
 KEY = "lv_live_test_key_0123456789"
@@ -282,7 +282,7 @@ class BatchTest(SageTestCase):
                     self.assertIsInstance(result, Rejected)
                     self.assertIn("sort requires list content", str(result))
                 else:
-                    self.assertIsInstance(result, Decision)
+                    self.assertIsInstance(result, Answer)
                     self.assertEqual(result.p, n / 100)
 
     def test_one_content_with_forty_questions_is_split(self):
@@ -290,7 +290,7 @@ class BatchTest(SageTestCase):
         results = self.client(fake).batch([("same", Question("yesno", f"q{n}")) for n in range(40)])
         sizes = [len(s.body["requests"][0]["questions"]) for s in fake.requests]
         self.assertEqual(sizes, [16, 16, 8])
-        self.assertTrue(all(isinstance(r, Decision) for r in results))
+        self.assertTrue(all(isinstance(r, Answer) for r in results))
 
     def test_mixed_kinds(self):
         fake = self.fake(yes_p=0.9, expectation=2.0)
@@ -326,7 +326,7 @@ class BatchTest(SageTestCase):
         results = self.client(fake).batch([(f"d{n}", Question("yesno", "ok?")) for n in range(20)])
         self.assertEqual(len(fake.requests), 2)
         self.assertTrue(all(isinstance(r, HTTPStatus) for r in results[:16]))
-        self.assertTrue(all(isinstance(r, Decision) for r in results[16:]))
+        self.assertTrue(all(isinstance(r, Answer) for r in results[16:]))
 
     def test_answer_count_mismatch_is_malformed(self):
         fake = self.fake(body={"results": [{"answers": []}]})
@@ -473,7 +473,7 @@ class RetryTest(SageTestCase):
     def test_batch_honours_retry_after(self):
         fake = self.fake(replies=[Reply(429, {"detail": "slow down"}, {"Retry-After": "2"}), Reply()])
         [result] = self.batch_client(fake).batch([("x", Question("yesno", "ok?"))])
-        self.assertIsInstance(result, Decision)
+        self.assertIsInstance(result, Answer)
         self.assertEqual(self.sleeps, [2.0])
         self.assertEqual(len(fake.requests), 2)
 
@@ -503,12 +503,12 @@ class RetryTest(SageTestCase):
 
     def test_retry_after_forms(self):
         now = 1_000_000.0
-        self.assertEqual(retry_after("3", now), 3.0)
-        self.assertEqual(retry_after("999", now), 30.0)
-        self.assertEqual(retry_after("Mon, 12 Jan 1970 13:46:45 GMT", now), 5.0)
-        self.assertIsNone(retry_after("soon", now))
-        self.assertIsNone(retry_after("nan", now))
-        self.assertIsNone(retry_after(None, now))
+        self.assertEqual(retry_after_clamped("3", now), 3.0)
+        self.assertEqual(retry_after_clamped("999", now), 30.0)
+        self.assertEqual(retry_after_clamped("Mon, 12 Jan 1970 13:46:45 GMT", now), 5.0)
+        self.assertIsNone(retry_after_clamped("soon", now))
+        self.assertIsNone(retry_after_clamped("nan", now))
+        self.assertIsNone(retry_after_clamped(None, now))
 
 
 class SystemOneTest(SageTestCase):
@@ -573,7 +573,7 @@ class SystemOneTest(SageTestCase):
         results = self.one(fake).batch(items)
         self.assertEqual([s.body["state"] for s in fake.requests], ["a", "b"])
         self.assertEqual(list(fake.requests[0].body["questions"]), ["q0", "q1"])
-        self.assertEqual([type(r).__name__ for r in results], ["Decision"] * 3 + ["Rejected"])
+        self.assertEqual([type(r).__name__ for r in results], ["Answer"] * 3 + ["Rejected"])
 
     def test_endpoint_that_names_the_route(self):
         fake = self.fake()
