@@ -178,6 +178,15 @@ class Quick(unittest.TestCase):
 """
 
 
+def kill_left(seen: Path) -> None:
+    """Kill the processes whose ids a fixture test wrote in seen/pids that are still running (a test that
+    failed must not leave a worker and its child sleeping for an hour)."""
+    for pid in map(int, (seen / "pids").read_text().split() if (seen / "pids").exists() else ()):
+        if not ended(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def ended(pid: int) -> bool:
     """Whether process pid has ended: it is gone, or a zombie that only waits to be reaped. Read from
     Linux's /proc: without it the calling test is skipped (unittest.SkipTest), never passed unchecked."""
@@ -272,10 +281,14 @@ class SuiteRunner(unittest.TestCase):
 
     def test_interrupted_its_workers_and_their_children_are_killed_and_it_exits_130(self):
         seen = self.seen()
+        # started as a terminal starts a foreground job, Ctrl-C not ignored: a shell's background job (a CI step
+        # started with &) ignores SIGINT, and its children inherit that
         runner = subprocess.Popen(self.runner(self.folder_of({"test_hangs.py": HOLDS_A_CHILD.split("class Quick")[0]})),
                                   cwd=str(REPO), env={**os.environ, "SEEN": str(seen)}, stderr=subprocess.PIPE,
-                                  text=True, start_new_session=True)
+                                  text=True, start_new_session=True,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.addCleanup(runner.kill)
+        self.addCleanup(kill_left, seen)
         wait_until((seen / "pids").exists)
         os.killpg(runner.pid, signal.SIGINT)   # as Ctrl-C at a terminal signals its foreground process group
         self.assertEqual(runner.wait(timeout=30), 130)
@@ -304,6 +317,7 @@ class SuiteRunner(unittest.TestCase):
         seen = self.seen()
         runner = subprocess.Popen(self.runner(self.folder_of({"test_hangs.py": HOLDS_A_CHILD})), cwd=str(REPO),
                                   env={**os.environ, "SEEN": str(seen)}, stderr=subprocess.PIPE)
+        self.addCleanup(kill_left, seen)
         self.addCleanup(runner.kill)
         runner.stderr.close()   # its first mark, once Quick passes, cannot be written: BrokenPipeError
         self.assertNotEqual(runner.wait(timeout=30), 0)
