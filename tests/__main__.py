@@ -20,6 +20,8 @@ that is still in its group, when it runs past --timeout, when it dies, at the en
 the run is interrupted or fails itself. A package's load_tests is called, as discover calls it, but does
 not stop the runner from also walking the package's folder.
 
+factory.py's bytecode is written to its __pycache__ first (see cache_bytecode).
+
 Every temporary folder of the run (the tests' and their child processes') is made inside one folder of
 its own, removed at the end: under TMPDIR when it is set, else under /dev/shm when that RAM disk exists
 and has 1 GiB free (the tests make and remove thousands of small folders: on a disk each costs a journal
@@ -317,6 +319,16 @@ def scratch_parent() -> str | None:
     return str(RAM_DISK) if roomy else None
 
 
+def cache_bytecode(top: Path) -> None:
+    """Write factory.py's bytecode to its __pycache__ (git ignores it), as Python does at a first import unless
+    PYTHONDONTWRITEBYTECODE is set: the tests' child processes import factory (support.CLI, the helpers) and
+    each would compile its ~430 KB again. A start as a script, `python3 factory.py`, never reads it."""
+    import py_compile
+    if (top / "factory.py").is_file():
+        with contextlib.suppress(OSError, py_compile.PyCompileError):   # a folder we may not write: children compile
+            py_compile.compile(str(top / "factory.py"), doraise=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run the suite; 0 when it passed, 1 when not, 5 when no tests ran,
     130 when interrupted (Ctrl-C or SIGTERM)."""
@@ -335,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.timeout > 0:
         parser.error("--timeout must be more than 0 seconds")
     top = str(Path(args.top_level_directory).resolve())
+    cache_bytecode(Path(top))
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # stopped as by Ctrl-C: the workers are fired
     parent = scratch_parent()
     with tempfile.TemporaryDirectory(prefix="factory-tests-", dir=parent, ignore_cleanup_errors=True) as scratch:
