@@ -334,6 +334,13 @@ class Labeler(LineTest):
                       listed)
         self.assertIn(["act"], [[item["effect"] for item in run["items"]]
                                 for run in json.loads(self.factory("review", "labeler", "--json")[1])["runs"]])
+        self.give_key("bob")   # the human the run was handed to says what they did with the proposed label
+        code, out, err = self.factory("review", "labeler", row["run_id"], "--discard", "--by", "bob", "--reason", "not breaking")
+        self.assertEqual(code, 0, err)
+        self.assertEqual([entry["decision"] for entry in map(json.loads, (self.root / "registry" / "reviews.jsonl")
+                          .read_text().splitlines())], ["discarded"])
+        self.assertIn("reviews: 0 waiting, 0 accepted, 0 edited, 1 discarded\n", self.factory("tower")[1])
+        self.assertEqual(self.factory("review", "labeler", row["run_id"], "--accept", "--by", "bob")[0], 1, "decided once")
         tickets = self.tmp / "pulls.jsonl"
         write_jsonl(tickets, [{"id": "p1", "input": "Rename the public Client class"}, {"id": "p2", "input": "Fix a typo"}])
         code, lines = on_a_terminal([*CLI, "run", "labeler", "--file", str(tickets)], REPO, self.env)
