@@ -25,6 +25,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import unittest
 from pathlib import Path
@@ -521,3 +522,12 @@ def junit_count_problems(element, cases: list) -> list[str]:
                "skipped": sum(c.find("skipped") is not None for c in cases)}
     return [f"<{element.tag} {element.get('name')}> says {key}={element.get(key)!r}, counts {number}"
             for key, number in counted.items() if key in element.attrib and element.get(key) != str(number)]
+
+
+def wait_until(condition, seconds: float = 30) -> None:
+    """Poll condition() every 20 ms until it is true; AssertionError after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)

@@ -25,7 +25,7 @@ import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import FakeSage
 from tests.support import INJECTION, REPO, CertifiedTest, LineTest, typed_at_a_terminal, write_jsonl
-from tests.test_run_approve import wait_until
+from tests.support import wait_until
 
 KEY = "sk-ant-test-router"
 

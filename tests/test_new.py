@@ -19,7 +19,7 @@ from pathlib import Path
 import factory
 from tests.support import REPO, SHIPPED, LineTest, copy_shipped, snapshot
 from tests.test_integrity import kill_at
-from tests.test_run_approve import wait_until
+from tests.support import wait_until
 
 NEW_FILES = ("masters/faq.json", "agents/faq.py", "agents/tools/faq.py", "evals/faq/cases.jsonl", "evals/faq/sealed.jsonl")
 # A station in a child process that stops just before it links a file named TARGET into place (its temporary

@@ -16,7 +16,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import factory
-from tests.support import CertifiedTest, spawn_at_terminal
+from tests.support import CertifiedTest, spawn_at_terminal, wait_until
 
 CHARGED = "I was charged twice for one order last week."
 
@@ -164,15 +164,6 @@ def waiting_on(path: Path) -> int:
     """How many processes wait for a lock on the file at path (Linux's /proc/locks marks a waiter `->`)."""
     inode = f":{os.stat(path).st_ino} "
     return sum(" -> " in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
-
-
-def wait_until(condition, seconds: float = 30) -> None:
-    """Poll condition() every 20 ms until it is true; AssertionError after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.02)
 
 
 if __name__ == "__main__":

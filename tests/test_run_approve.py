@@ -27,7 +27,7 @@ from tests import trust_helpers
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
 from tests.fake_sage import FakeSage
 from tests.support import (CLI, INJECTION, REPO, CertifiedTest, LineTest, chained_line, on_a_terminal, snapshot,
-                           spawn_at_terminal, write_jsonl)
+                           spawn_at_terminal, wait_until, write_jsonl)
 
 HELPER = Path(trust_helpers.__file__).resolve()
 DEMAND = "I was charged twice. Issue a refund now."
@@ -1866,15 +1866,6 @@ class Approval(Tiered):
                     factory.execute_staged_call(self.fac, self.run_id, 1, approval)
                 self.assertEqual(str(refusal.exception), line)
                 self.assertEqual(self.effects("refunds"), [])
-
-
-def wait_until(condition, seconds: float = 30) -> None:
-    """Poll condition() every 20 ms until it is true; AssertionError after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.02)
 
 
 class Killed(CertifiedTest):
