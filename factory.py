@@ -96,40 +96,25 @@ def own_module(name: str, lazy: bool = False):
 
 
 own_module("broker")   # the import below then finds it registered and reads no file of its own
-from broker import (  # noqa: E402   the card's fields and checks; what agent code may not reach for; tool contracts
-    CARD_SCHEMA, DEFAULT_DRAFT, DEFAULT_HANDOFF, ENTRYPOINT, NAME, TOOL, allowed_by, card_problems, closest,
-    code_loading, contract_problems, contracts_assigned, did_you_mean, fields_in, output_field_problems,
-    plain_imports, schema_table, tool_list)
 from broker import (  # noqa: E402
-    CANONICAL, EFFECTS, HELD, IN_ORDER, LONE_SURROGATE, REVIEW_DECISIONS, STUCK, VERDICTS, ActEnvelope, Broker,
-    Outcome, Policy, amount_schema, args_digest, call_state, check_args, judge, outcome_of,
-    review_counts, reviews_text, run_verdict, settle, went, substitution, agent_lines)
-from broker import (  # noqa: E402   the tower's figures and the index's tally
-    DRIFT_WINDOW, GENESIS, MAX_FIGURE, Drift, GatedRuns, IndexTally, Production, Tally,
-    fold_decisions, from_state, json_state, line_verifies, seal_line, signed_index, Chain, head_problem)
-from broker import CallRecord, Decisions, Settled, decisions_in, routing_reasons  # noqa: E402
-from broker import FINAL, FLAGGED, call_columns, closes, state_column, uncertain_said  # noqa: E402
-from broker import (  # noqa: E402   the guards and their chains, over a Claim (ClaimOnDisk reads its evidence)
-    CONTRACT, DECISION_UNSIGNED, HMAC_SIGNATURE, PROMOTION_RUNS, SIGNER, SSH_SIGNATURE, TIERS, Claim,
-    certificate_trust, closing_verdicts, first_refusal, guard_results, APPROVE_GUARDS,
-    CERTIFY_GUARDS, DECIDING_GUARDS, EXECUTE_GUARDS, REJECT_GUARDS, RUN_GUARDS, STANDING_GUARDS, STANDING_STATES)
-from broker import (  # noqa: E402   the loop's detectors; a proof's figures and statistics; the certify prompt's card diff
-    Sign, detect, evidence, LABEL_SOURCES, PASSING, PROOF_VERDICTS, card_changes, cut, label_counts,
-    label_source_problem, junit_xml, normalised, part, proof_verdict, rate_text, share, shared_inputs, usd_text,
-    paired_text, handoff_figures, usd,
-    SHARD_FORMAT, OUTCOME, OPEN_OUTCOME, in_shard, merge_shards, attempts_said, written_schema, component_marks, component_lines,
-    judged_tier, gate_content, executed_twins)
-from broker import (  # noqa: E402   a proof's record and its drafts' scores; replay; an index row's figures
-    RUBRIC_STATES, apply_draft_scores, case_fields, proof_figures, scored_note, recorder_tools, replay_differences,
-    figure_problem)
-from broker import (  # noqa: E402   what the stations print, decided without I/O
-    BRIEF_CHARS, Batch, Harvested, brief_lines, created_lines, doctor_lines, gate_lines,
-    grants_line, held_draft, proof_summary, replaced_text, restamp_lines, run_lines, sealed_proof_lines, shard_line,
-    ticket_problem)
-from broker import (  # noqa: E402   the tower's text and page
-    PARTIAL_LINE, TOWER_COLUMNS, agent_lines, render_tower_html, tower_cells, tower_lines)
-from broker import allowed_signer, attempts_of, attempts_since, newer  # noqa: E402   the keys folder's records
-from broker import ParkedCounts, parked_counts  # noqa: E402
+    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
+    CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
+    ENTRYPOINT, EXECUTE_GUARDS, FINAL, FLAGGED, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IN_ORDER,
+    IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, OPEN_OUTCOME, OUTCOME, Outcome, PASSING, PROMOTION_RUNS,
+    ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SHARD_FORMAT, SIGNER,
+    SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally, allowed_by,
+    allowed_signer, apply_draft_scores, args_digest, attempts_of, attempts_said, attempts_since, brief_lines,
+    call_columns, call_state, card_changes, card_problems, case_fields, certificate_trust, check_args, closes,
+    closest, closing_verdicts, code_loading, component_lines, component_marks, contract_problems,
+    contracts_assigned, created_lines, cut, decisions_in, detect, did_you_mean, doctor_lines, evidence,
+    executed_twins, figure_problem, first_refusal, fold_decisions, from_state, gate_content, gate_lines,
+    grants_line, guard_results, head_problem, held_draft, in_shard, json_state, judge, judged_tier, junit_xml,
+    label_source_problem, line_verifies, merge_shards, newer, normalised, outcome_of, output_field_problems,
+    paired_text, parked_counts, part, plain_imports, proof_figures, proof_summary, proof_verdict, rate_text,
+    recorder_tools, render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts,
+    reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines,
+    settle, shard_line, share, shared_inputs, signed_index, state_column, substitution, ticket_problem, tool_list,
+    tower_lines, uncertain_said, usd, went, written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)

@@ -19,6 +19,7 @@ import unittest
 from pathlib import Path
 from xml.etree import ElementTree
 
+import broker
 import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_message
 from tests.fake_sage import Fail, FakeSage
@@ -420,8 +421,8 @@ class Controls:
         proof = {"agent": "triager", "half": "open", "at": "2026-01-01T00:00:00Z", "verdict": "UNDER BAR", "passed": False,
                  "score": 0.0, "passing_cases": 0, "cases": 1, "pass_bar": 0.5, "rubric": "none", "draft_check": "no rubric",
                  "interval": factory.part(0, 1)["interval"], "real": factory.part(0, 1), "synthetic": factory.part(0, 0),
-                 "by_source": {}, "by_expected": {}, "label_sources": factory.label_counts([]),
-                 "handoff": factory.handoff_figures([], "escalate", None),
+                 "by_source": {}, "by_expected": {}, "label_sources": broker.label_counts([]),
+                 "handoff": broker.handoff_figures([], "escalate", None),
                  "backends": ["offline"], "model_required": False, "model_answered": 1, "suite": "triager",
                  "digest": "sha256:" + "0" * 64}
         text = factory.junit_xml(proof, results, 0.1)

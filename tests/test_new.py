@@ -16,6 +16,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
+import broker
 import factory
 from tests.support import REPO, SHIPPED, LineTest, copy_shipped, snapshot
 from tests.test_integrity import kill_at
@@ -71,7 +72,7 @@ class NewAgent(LineTest):
         self.assertEqual((card["tools"], card["tools_denied"], card["tier_ceiling"], card["owner"]),
                          (["faq:lookup", "faq:draft"], [], "C1", "tester"))
         self.assertEqual((card["max_steps"], card["approval_expiry_hours"], card["handoff_field"]), (8, 24, "escalate"))
-        documented = factory.fields_in("")
+        documented = broker.fields_in("")
         self.assertEqual({key: documented[key].default for key in factory.CARD_DEFAULTS},
                          {key: str(value) for key, value in factory.CARD_DEFAULTS.items()}, "the defaults the schema documents")
 

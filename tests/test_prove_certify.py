@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from xml.etree import ElementTree
 
+import broker
 import factory
 from tests.fake_llm import Answer, FakeServer, anthropic_error, anthropic_message
 from tests.fake_sage import Fail, FakeSage
@@ -240,8 +241,8 @@ class VerdictOutputs(LineTest):
         self.assertEqual(code, 0 if passed else factory.PROOF_FAILED, summary)
         self.assertIn(f") {verdict}   ", summary)
         self.assertEqual((record["verdict"], record["passed"]), (verdict, passed))
-        self.assertIn(record["rubric"], factory.RUBRIC_STATES)
-        self.assertIn(verdict, factory.PROOF_VERDICTS)
+        self.assertIn(record["rubric"], broker.RUBRIC_STATES)
+        self.assertIn(verdict, broker.PROOF_VERDICTS)
         self.assertEqual((properties["verdict"], properties["passed"]), (verdict, json.dumps(passed)))
         self.assertEqual(bar.find("failure") is None, passed, "the pass bar testcase fails exactly when the proof does")
         for key in ("score", "pass_bar", "passing_cases", "cases"):

@@ -367,7 +367,7 @@ class Verdicts(CertifiedTest):
                 code, _, err = self.factory("run", "triager", text)
         self.assertEqual(code, exit, err)
         row = self.index_rows()[-1]
-        self.assertIn(row["verdict"], [v.name for v in factory.VERDICTS])
+        self.assertIn(row["verdict"], [v.name for v in broker.VERDICTS])
         return row
 
     def test_gate_verdicts(self):

@@ -115,12 +115,12 @@ class TowerHtmlTest(unittest.TestCase):
         out, root = self.render(doc)
         self.assertTrue(out.startswith("<!DOCTYPE html>"))
         rows = [[cell.text or "" for cell in row] for row in root.find(".//table[@class='overview']")]
-        self.assertEqual(rows, [[name for name, _ in factory.TOWER_COLUMNS]] + [factory.tower_cells(a) for a in doc["agents"]])
+        self.assertEqual(rows, [[name for name, _ in broker.TOWER_COLUMNS]] + [broker.tower_cells(a) for a in doc["agents"]])
         sections = root.findall(".//section")
         self.assertEqual([s.get("data-agent") for s in sections], ["triager", "fixer", "newbie"])
         for agent, section in zip(doc["agents"], sections):
             shown = [(p.get("class"), p.text) for p in section.findall("p")]
-            self.assertEqual(shown, [(kind, line.strip()) for kind, line in factory.agent_lines(agent)])
+            self.assertEqual(shown, [(kind, line.strip()) for kind, line in broker.agent_lines(agent)])
         self.assertEqual(sections[1].find("p[@class='trust']").get("data-state"), "demoted")
         self.assertIn("cost unknown in 18 of 124 runs: a run whose cost is unknown never passes the gate",
                       sections[0].find("p[@class='cost']").text, "the reason stands beside the figure")
@@ -142,12 +142,12 @@ class TowerHtmlTest(unittest.TestCase):
         days = charts["days"].findall("tr")[1:]
         self.assertEqual([[c.text for c in row][:6] for row in days],
                          [[d["day"], str(d["runs"]), str(d["scored"]), str(d["passed"]), factory.rate_text(d),
-                           factory.usd_text(d["cost_per_run"])] for d in agent["days"]])
+                           broker.usd_text(d["cost_per_run"])] for d in agent["days"]])
         verdicts = bars(charts["verdicts"])
         self.assertEqual([(name, int(count)) for name, count, *_ in verdicts], list(agent["verdicts"].items()))
-        self.assertEqual([style.split("background:")[1] for *_, style in verdicts], [v.colour for v in factory.VERDICTS])
-        self.assertEqual(len({v.colour for v in factory.VERDICTS}), len(factory.VERDICTS), "two verdicts share a colour")
-        self.assertEqual(list(factory.Tally().figures(factory.Drift(None))["verdicts"]), [v.name for v in factory.VERDICTS])
+        self.assertEqual([style.split("background:")[1] for *_, style in verdicts], [v.colour for v in broker.VERDICTS])
+        self.assertEqual(len({v.colour for v in broker.VERDICTS}), len(broker.VERDICTS), "two verdicts share a colour")
+        self.assertEqual(list(factory.Tally().figures(factory.Drift(None))["verdicts"]), [v.name for v in broker.VERDICTS])
         self.assertIn("drift: in control (recent 13/20 passed, needs 8/20, certified 14/20)", charts["days"].find("caption").text)
         for table in charts.values():   # the by-day table's bar column had no header
             self.assertTrue(all((cell.text or "").strip() for cell in table.find("tr")), table.get("data-chart"))
@@ -186,8 +186,8 @@ def watched(certified: tuple[int, int], passes: int) -> factory.Drift:
     DRIFT_WINDOW gated runs holding `passes` passes (failures first)."""
     drift = factory.Drift.of_certificate({"certified_rate": round(certified[0] / certified[1], 4),
                                           "certified_rate_runs": certified[1]})
-    for k in range(factory.DRIFT_WINDOW):
-        drift.observe({"gate": "pass" if k >= factory.DRIFT_WINDOW - passes else "flag"})
+    for k in range(broker.DRIFT_WINDOW):
+        drift.observe({"gate": "pass" if k >= broker.DRIFT_WINDOW - passes else "flag"})
     return drift
 
 
@@ -221,7 +221,7 @@ class DriftAtTheExtremes(unittest.TestCase):
     def test_the_limit_is_exactly_where_the_test_starts_to_reject(self):
         for certified in ((20, 20), (16, 20), (14, 20), (7, 40), (1, 20), (0, 20), (100, 100), (1000, 1000)):
             limit = watched(certified, 0).limit
-            for passes in range(factory.DRIFT_WINDOW + 1):
+            for passes in range(broker.DRIFT_WINDOW + 1):
                 rejects = broker.lower_tail(certified, passes, 20) < Fraction(*broker.DRIFT_SIGNIFICANCE)
                 self.assertEqual(watched(certified, passes).demoted, rejects, (certified, passes))
                 self.assertEqual(passes < limit, rejects, (certified, passes))
@@ -352,7 +352,7 @@ class TowerReport(LineTest):
         self.assertEqual([p.text for p in section.findall("p")], lines, "the page says what the text says, line for line")
         row = next(line for line in text.splitlines() if line.startswith("triager "))
         cells = [td.text for td in page.find(".//table[@class='overview']")[2]]
-        self.assertEqual(cells, factory.tower_cells(triager))
+        self.assertEqual(cells, broker.tower_cells(triager))
         self.assertEqual(row.split(), [word for cell in cells for word in cell.split()])
         day = section.find(".//table[@data-chart='days']")[2]
         self.assertEqual([td.text for td in day][1:5], ["45", "40", "37", "37/40 = 0.92 [0.80, 0.98]"],
@@ -427,9 +427,9 @@ class PartialTower(LineTest):
             self.assertTrue(stderr.startswith(f"factory tower: {expected}"), stderr)
         doc = json.loads(out)
         self.assertTrue(doc["partial"])
-        self.assertIn(factory.PARTIAL_LINE, text)
+        self.assertIn(broker.PARTIAL_LINE, text)
         page = ET.fromstring((self.tmp / "t.html").read_text())
-        self.assertIn(factory.PARTIAL_LINE, " ".join(page.itertext()))
+        self.assertIn(broker.PARTIAL_LINE, " ".join(page.itertext()))
         return doc, text
 
     def triager_counted(self, doc: dict) -> None:
@@ -500,14 +500,14 @@ class PartialTower(LineTest):
         self.assertEqual(code, 1, err)
         self.assertNotIn("Traceback", err)
         row = next(line for line in text.splitlines() if line.startswith("triager "))
-        self.assertIn(f" {factory.usd_text(triager['cost_usd'])} ", row)
+        self.assertIn(f" {broker.usd_text(triager['cost_usd'])} ", row)
         self.assertIn("(0 of 3 runs with a gate p; bar 0.85)", text)
         self.assertNotRegex(text.lower(), r"\b(inf|nan)\b")
         code, _, err = self.factory("tower", "--html", str(self.tmp / "t.html"))
         self.assertEqual(code, 1, err)
         page = ET.fromstring((self.tmp / "t.html").read_text())
         section = page.find(".//section[@data-agent='triager']")
-        self.assertEqual([td.text for td in page.find(".//table[@class='overview']")[2]][5], factory.usd_text(triager["cost_usd"]))
+        self.assertEqual([td.text for td in page.find(".//table[@class='overview']")[2]][5], broker.usd_text(triager["cost_usd"]))
         self.assertIn("0 of 3 runs with a gate p", section.find(".//table[@data-chart='gate-p']/caption").text)
         self.assertEqual(len(section.findall("p[@class='problem']")), len(odd))
 

@@ -20,6 +20,7 @@ import sys
 import unittest
 from pathlib import Path
 
+import broker
 import factory
 from tests import trust_helpers
 from tests.fake_sage import FakeSage
@@ -150,7 +151,7 @@ class Guards(LineTest):
         huge = {"certified_rate": 1.0, "certified_rate_runs": 10 ** 30}   # 1.0 * 10**30 rounds above 10**30
         for label, make, named in (
                 ("signed", lambda: self.forge(**huge),
-                 f"{CERT}: field 'certified_rate_runs' is a number of 31 digits, outside 0..{factory.MAX_FIGURE}"),
+                 f"{CERT}: field 'certified_rate_runs' is a number of 31 digits, outside 0..{broker.MAX_FIGURE}"),
                 ("edited", lambda: (self.root / CERT).write_text(json.dumps({**self.cert(), **huge})),
                  f"{CERT}: the certificate does not verify with alice's key")):
             with self.subTest(label):
