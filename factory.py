@@ -1,26 +1,32 @@
 #!/usr/bin/env python3
 """The agent factory: a job card (ABOM) goes in, a certified agent comes out.
 
-Stations: new, stamp, restamp, prove, certify, run, tower, harvest, recall, doctor, pending, approve,
-reject, review, replay, export, digest, schema. This module is the only one that wires the parts together and the only one
-that prints; it reads in seven sections: store and layout, cards and agents, trust, runs, stations,
-tower, command line. Exit statuses: see START_HERE. A refusal is one lowercase line on stderr; results go to stdout.
+The one module that wires the parts together and prints: results on stdout, a refusal as one lowercase line
+on stderr (exit statuses: START_HERE). Its seven sections, and the entry points of each:
+1. Store and layout: Factory.at (every path), Store (every file read and written: read_json, read_jsonl,
+   read_chain, write_json, write_text, append_jsonl, append_chained, append_row, creating, locked).
+2. Cards and agents: load_card, read_agent, load_agent, Code, restamped, suite_name, load_cases, new_files.
+3. Trust: Signer, signature_problem, sealed_evidence, evidence_problem, raise_anchor, append_to_log,
+   certificate, replace_certificate, decisions_of, ClaimOnDisk, enforce, certified_agent.
+4. Runs: build_loop, run_loop, run_one, execute_staged_call, prove_all, proof_record, Trace, index_lines.
+5. Stations, cmd_NAME(fac, args) -> exit status each: new, stamp, restamp, prove, certify, run, tower,
+   harvest, recall, doctor, pending, approve, reject, review, replay, export, digest, schema.
+6. Tower: index_tally, tower_document.
+7. CLI: main, build_parser, SafeStream, print.
 """
 
-import sys   # a builtin module, loaded before any script runs: no file is looked for
+import sys   # builtin, loaded before any script: no file is looked for
 
-# Checked before anything a newer Python has is imported or used. Python 3.8 to 3.10 reach it; an older one
-# cannot parse this file (`:=` is 3.8's) and stops at a SyntaxError, as the README says.
+# Before anything a newer Python has is used: 3.8 to 3.10 stop here, an older one at a SyntaxError (`:=`).
 if sys.version_info < (3, 11):
     print(f"factory: needs Python 3.11 or newer, and this is Python {sys.version.split()[0]} ({sys.executable})",
           file=sys.stderr)
     sys.exit(2)
 
-# Python puts a script's own folder first on sys.path, so a file planted beside factory.py under a standard
-# library module's name (textwrap.py, ast.py, __future__.py) would run at the first import of that name, in
-# any station. So the folder goes before anything else is imported (what `python3 -P` does), and this
-# file has no `from __future__` import (it would be the first import). factory.py loads its own modules
-# by path (own_module, Code). Run as `python3 -m` or imported, the path is the caller's, as is what it finds.
+# A script's folder is first on sys.path, so a file planted beside factory.py under a standard module's name
+# (textwrap.py, ast.py, __future__.py) would run at its first import: the folder leaves before anything is
+# imported (as with `python3 -P`; so no `from __future__` here), and own modules load by path (own_module,
+# Code). Run as `python3 -m` or imported, the path is the caller's.
 if __name__ == "__main__" and __spec__ is None and not sys.flags.safe_path:
     del sys.path[0]
 
@@ -40,9 +46,8 @@ if __name__ == "__main__":   # until main() takes over (Halt)
         signal.signal(halting, quit_now)
 
 
-# What --help and every station need. A module only some stations use (ast, decimal, difflib, fractions,
-# hashlib, hmac, subprocess, traceback, concurrent.futures, xml) is imported inside the function that
-# uses it, so a cold start does not pay for it.
+# What --help and every station need; a module only some use (ast, hashlib, subprocess, ...) is imported where
+# it is used, so a cold start does not pay for it.
 import argparse
 import builtins
 import contextlib
@@ -72,18 +77,17 @@ from pathlib import Path
 
 
 class SourceOnly(importlib.machinery.SourceFileLoader):
-    """A loader that compiles the module from its .py source every time: it neither reads nor writes
-    __pycache__, where a planted .pyc would run in the source's place (git ignores that folder)."""
+    """Compiles the module from its .py source every time, never reading or writing __pycache__ (a planted .pyc
+    would run in the source's place; git ignores that folder)."""
 
     def get_code(self, fullname):
-        """The module's code, compiled from the bytes of its source file."""
+        """The code compiled from the source's bytes."""
         return compile(self.get_data(self.path), self.path, "exec", dont_inherit=True)
 
 
 def own_module(name: str, lazy: bool = False):
-    """The product's own module NAME (broker, llm, sage) from NAME.py beside this file, compiled from its
-    source (SourceOnly) and registered as NAME. `lazy` runs it at its first attribute access
-    (LazyLoader): the network clients cost ~35 ms, which `--help` need not pay."""
+    """NAME (broker, llm, sage) from NAME.py beside this file, compiled from source (SourceOnly), in
+    sys.modules; `lazy`: run at first use (LazyLoader: the clients' ~35 ms --help need not pay)."""
     if name in sys.modules:
         return sys.modules[name]
     path = str(Path(__file__).resolve().parent / f"{name}.py")
@@ -95,7 +99,7 @@ def own_module(name: str, lazy: bool = False):
     return module
 
 
-own_module("broker")   # the import below then finds it registered and reads no file of its own
+own_module("broker")   # registered: the import below reads no file of its own
 from broker import (  # noqa: E402
     APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
     CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
@@ -120,7 +124,7 @@ llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
 
 VERSION = "0.1"                # what --version says; sage.py's User-Agent names the same version
-# Name patterns (NAME is broker's) are matched whole (fullmatch): `^...$` with match() also accepts a final newline.
+# Name patterns (NAME is broker's) use fullmatch: `^...$` with match() also accepts a final newline.
 RUN_ID = re.compile(r"[0-9]{8}T[0-9]{12}Z-[0-9a-f]{6}")
 MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, index row)
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
@@ -140,13 +144,11 @@ DEFAULT_JOBS = 4               # concurrent cases or tickets: model and Sage cal
 
 
 class Refusal(Exception):
-    """A station declined; str(self) is one lowercase line for the user (exit 1). A value from outside in
-    it cannot break the line: SafeStream escapes a line break inside a printed line."""
+    """A station declined (exit 1); str(self) is one lowercase line (SafeStream escapes a line break in it)."""
 
 
 class Problems(Refusal):
-    """A refusal naming several problems at once: `lines` is its first line and one indented line per
-    problem, printed each on its own line (str() joins them); a problem's own text never breaks a line."""
+    """A refusal naming several problems: `lines`, its head and an indented line per problem (str() joins)."""
 
     def __init__(self, head: str, problems: list[str]):
         self.lines = [head, *(f"  {problem}" for problem in problems)]
@@ -154,8 +156,8 @@ class Problems(Refusal):
 
 
 class Usage(Exception):
-    """A command line that can never work, whatever the factory holds (exit 2); str(self) is one
-    lowercase line, and `station` names the station it was given to ('' before one was named)."""
+    """A command line that can never work, whatever the factory holds (exit 2), in one lowercase line;
+    `station`: the station ('' before one)."""
 
     def __init__(self, message: str, station: str = ""):
         super().__init__(message)
@@ -168,9 +170,8 @@ class Signalled(KeyboardInterrupt):
 
 @dataclass
 class Halt:
-    """How a station stops at a signal of HALTING (main catches them): Signalled in the main thread unless
-    `held` (then as it ends); other runs stop before their next step, or are closed (run_tickets); a second
-    signal ends the process."""
+    """How a station stops at a signal of HALTING: Signalled in the main thread unless `held` (then as it ends);
+    other runs stop before their next step or are closed; a second signal ends the process."""
     signum: int = 0
     holding: int = 0     # held blocks open
     runs: dict = field(default_factory=dict)   # run id -> (its Trace, closing it as interrupted)
@@ -197,15 +198,14 @@ class Halt:
 
 
 class StoreError(Refusal, OSError):
-    """The machine would not let the Store read or write one path (permission denied, no space left, a
-    file-size limit, a link that would lead out of the root); str(self) names the path and the cause.
-    Also an OSError, so a tool whose effect could not be written still fails the way its contract says."""
+    """The machine would not let the Store read or write one path (permission denied, no space, a file-size
+    limit, a link out of the root); str(self) names path and cause. An OSError too: a tool whose effect could
+    not be written fails as its contract says."""
 
 
 # ================================================================ 1. Store and layout
-# Owns the factory's paths (`Factory`: asking for one creates nothing) and every read and write of its files
-# (`Store`). Nothing else opens a file for writing; writes go only through real folders inside the root,
-# with the configured secrets scrubbed out, as from everything printed (`SafeStream`).
+# Owns the factory's paths (Factory) and every read and write of its files (Store): nothing else opens a file
+# for writing; writes go only through real folders inside the root, secrets scrubbed out, as from all output.
 
 # ---- text from outside: secrets, terminal controls, bytes that are not text
 
@@ -215,12 +215,12 @@ MIN_SECRET = 8       # shorter values are not real keys, and scrubbing them woul
 # tab and newline, DEL, C1 controls, bidirectional overrides, lone surrogates.
 UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 BREAKS = re.compile("[\t\n\u2028\u2029]")   # ... and what would end a printed line or move to another column
-SEPARATORS = ("\n", "\t")   # print's end, and the column separator of a tab-separated line (print(..., sep="\t"))
+SEPARATORS = ("\n", "\t")   # print's end, and a tab-separated line's column separator
 
 
 def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """(variable name, text) of each secret in env (name ending in KEY, TOKEN, SECRET or PASSWORD, at least
-    MIN_SECRET characters) as it is and as JSON, repr or visible() escape it; longest first."""
+    """(variable name, text) of each secret in env (name ending KEY, TOKEN, SECRET or PASSWORD, at least
+    MIN_SECRET characters), as it is and as JSON, repr or visible() escape it; longest first."""
     found = set()
     for name, value in env.items():
         if SECRET_NAME.search(name) and isinstance(value, str) and len(value := value.strip()) >= MIN_SECRET:
@@ -230,7 +230,7 @@ def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def redact(value, hidden: tuple[tuple[str, str], ...]):
-    """value (text, or JSON-like data, keys included) with each secret of `hidden` as `[NAME redacted]`."""
+    """value (text or JSON-like data, keys too) with each secret of `hidden` as `[NAME redacted]`."""
     if not hidden:
         return value
     if isinstance(value, str):
@@ -251,12 +251,12 @@ def printable(text: str) -> str:
 
 
 def visible(text: str) -> str:
-    """printable(text) with line breaks and tabs escaped too: text that stays inside its one line."""
+    """printable(text) with line breaks and tabs escaped too: it stays on its one line."""
     return BREAKS.sub(lambda found: f"\\u{ord(found.group()):04x}", printable(text))
 
 
 def one_line(text: str) -> str:
-    """printable(text) with a line break as `\\n` (a tab, U+2028 and U+2029 kept): a name or path in a message."""
+    """printable(text) with a line break as `\\n` (tab, U+2028, U+2029 kept): a name or path in a message."""
     return printable(text).replace("\n", "\\n")
 
 
@@ -269,14 +269,13 @@ def utf8(text: str) -> bytes:
 
 
 def lone_surrogate(value) -> str | None:
-    """The first lone surrogate in a JSON value, as `\\udcff` (not text: only a `\\ud800`..`\\udfff` escape
-    in a file makes one); None when it is all text."""
+    """The first lone surrogate in a JSON value, as `\\udcff` (only an escape in a file makes one), or None."""
     found = LONE_SURROGATE.search(IN_ORDER.encode(value))
     return f"\\u{ord(found.group()):04x}" if found else None
 
 
 def note(fac: "Factory", line: str) -> None:
-    """`factory: note: LINE` on stderr (it refuses nothing), once per station however many runs say it."""
+    """`factory: note: LINE` on stderr, once per station however many runs say it."""
     if line not in fac.store.noted:
         fac.store.noted.add(line)
         print(f"factory: note: {line}", file=sys.stderr)
@@ -300,18 +299,18 @@ def new_run_id() -> str:
 
 
 def canonical(obj) -> bytes:
-    """What digests and signatures are taken over: JSON with sorted keys and no spaces, as UTF-8 (utf8)."""
+    """What digests and signatures cover: JSON, keys sorted, no spaces, as utf8."""
     return utf8(CANONICAL.encode(obj))
 
 
 def sha256(data: bytes) -> str:
     """'sha256:' + 64 hex."""
-    import hashlib   # here, not at the top: loading OpenSSL is a cold start's cost --help need not pay
+    import hashlib   # loading OpenSSL is a cold start's cost --help need not pay
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def check_name(name: str, what: str = "agent") -> str:
-    """name when NAME matches it whole; Refusal, before any path is built from it, otherwise."""
+    """name when NAME matches it whole; Refusal (before any path is built from it) otherwise."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise Refusal(f"{name!r} is not a valid {what} name (lowercase letter, then a-z 0-9 _ -, at most 64)")
     return name
@@ -345,8 +344,7 @@ def parse_json(text: str, where: str):
 
 
 def json_position(text: str, error: json.JSONDecodeError) -> str:
-    """'; line L column C' in a text of several lines, else ' at character N' or ' at the end of the
-    line' (a JSONL line's `where` names its line)."""
+    """'; line L column C' in a text of several lines, else ' at character N' or ' at the end of the line'."""
     body = text.rstrip("\r\n")
     if "\n" in body:
         return f"; line {error.lineno} column {error.colno}"
@@ -363,8 +361,7 @@ class DuplicateKey(ValueError):
 
 
 def unique_keys(pairs: list) -> dict:
-    """json.loads hook: DuplicateKey for a key given twice (json.loads keeps the last, so a card could deny a
-    tool and grant it again further down)."""
+    """json.loads hook: DuplicateKey for a key given twice (json.loads keeps the last: deny, then grant)."""
     obj = dict(pairs)
     if len(obj) < len(pairs):
         seen: set = set()
@@ -382,8 +379,7 @@ def as_object(value, where: str) -> dict:
 
 @dataclass(frozen=True)
 class Shape:
-    """The fields a JSON object must carry and their types, matched exactly (a bool is never a number);
-    `optional` ones are checked when present."""
+    """A JSON object's fields and types, matched exactly (a bool is no number); `optional` when present."""
     required: tuple               # ((field, (type, ...)), ...)
     optional: tuple = ()
 
@@ -402,7 +398,7 @@ class Shape:
         object.__setattr__(self, "_rest", tuple(p for p in self.required if self._fetch is None or len(p[1]) > 1))
 
     def fits(self, value: dict) -> bool:
-        """True when value has the shape: the fast path, run on every row of a million-row index."""
+        """True when value has the shape (the fast path: every row of a million-row index)."""
         try:
             if self._fetch is not None and tuple(map(type, self._fetch(value))) != self._types:
                 return False
@@ -417,7 +413,7 @@ class Shape:
         return True
 
     def check(self, value: dict, where: str) -> dict:
-        """value when it has the shape; Refusal naming the first missing or mistyped field otherwise."""
+        """value when it has the shape; Refusal naming the first missing or mistyped field."""
         for key, kinds in self.required + self.optional:
             if key not in value and (key, kinds) in self.required:
                 raise Refusal(f"{where}: missing field '{key}'")
@@ -430,8 +426,8 @@ class Shape:
 
 @dataclass(frozen=True)
 class Factory:
-    """Every path of one factory, computed from its root; asking for a path creates nothing. `store` does
-    every read and write, `code` loads agents/."""
+    """Every path of one factory, from its root (asking creates nothing); `store` reads and writes, `code` loads
+    agents/."""
     root: Path
     sealed_given: str | None   # --sealed-dir, when given
     keys_dir: Path
@@ -446,9 +442,8 @@ class Factory:
 
     @classmethod
     def at(cls, root: str | None, sealed_dir: str | None, env: Mapping[str, str], halt: Halt | None = None) -> "Factory":
-        """The factory at --root, else $FACTORY_ROOT, else factory.py's folder. Refusal for an empty --root or
-        --sealed-dir (`--root "$UNSET"`), and for a keys folder ($FACTORY_KEYS_DIR, else
-        ~/.config/agent-factory/keys) inside the root."""
+        """The factory at --root, else $FACTORY_ROOT, else factory.py's folder; Refusal for an empty --root or
+        --sealed-dir or a keys folder ($FACTORY_KEYS_DIR, else ~/.config/agent-factory/keys) in the root."""
         for flag, given in (("--root", root), ("--sealed-dir", sealed_dir)):
             if given is not None and not given.strip():
                 raise Refusal(f"{flag} is empty (an unset variable?); name the folder, or leave {flag} out")
@@ -501,7 +496,7 @@ class Factory:
         return self.registry / f"{check_name(name)}.card.json"
 
     def history_path(self, name: str) -> Path:
-        """registry/history/NAME/<new run id>.card.json: where a superseded certificate is kept."""
+        """registry/history/NAME/<new run id>.card.json: a superseded certificate."""
         return self.registry / "history" / check_name(name) / f"{new_run_id()}.card.json"
 
     def key_path(self, signer: str) -> Path:
@@ -525,7 +520,7 @@ class Factory:
         return self.traces / check_name(agent) / f"{run_id}.jsonl"
 
     def review_path(self, agent: str) -> Path:
-        """outbox/AGENT/review.jsonl: the drafts of AGENT's runs held back for a human."""
+        """outbox/AGENT/review.jsonl: AGENT's drafts held for a human."""
         return self.root.joinpath("outbox", check_name(agent), "review.jsonl")
 
     def spill_path(self, agent: str, run_id: str, name: str) -> Path:
@@ -533,11 +528,11 @@ class Factory:
         return self.trace_path(agent, run_id).with_suffix("") / f"{name}.txt"
 
     def pending_path(self, run_id: str, call: int) -> Path:
-        """registry/pending/RUN_ID.CALL.json: one parked call (its decisions are in the approvals log)."""
+        """registry/pending/RUN_ID.CALL.json: one parked call."""
         return self.pending / f"{run_id}.{call}.json"
 
     def shown(self, path: Path) -> str:
-        """The path as the user sees it, one_line: relative to the root when inside it."""
+        """The path as the user sees it (one_line), relative to the root when inside it."""
         try:
             return one_line(str(path.relative_to(self.root)))
         except ValueError:
@@ -547,8 +542,8 @@ class Factory:
 # ---- processes: is the one an approval names still running
 
 def process_started(pid: int) -> str | None:
-    """When process `pid` started by the kernel (boot id, clock ticks in /proc): with the pid, a name no
-    file can fake. None when none runs (or a zombie); UNSEEN when /proc hides it (none; hidepid)."""
+    """When process `pid` started (boot id, clock ticks in /proc): with the pid, a name no file can fake. None
+    when none runs (or a zombie); UNSEEN when /proc hides it (hidepid)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         return None if fields[0] in "ZX" else f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip()} {fields[19]}"
@@ -566,7 +561,7 @@ UNSEEN = "runs, its start unseen"
 
 
 def approver_runs(decisions: list) -> bool:
-    """True when the process that the last intent among a call's decisions names (`pid`, `started`) runs."""
+    """True when the process the last intent among a call's decisions names (`pid`, `started`) runs."""
     intent = next((d for d in reversed(decisions) if d["kind"] == "intent"), {})
     pid = intent.get("pid")
     return type(pid) is int and pid > 0 and (now := process_started(pid)) is not None and now in (intent.get("started"), UNSEEN)
@@ -576,12 +571,12 @@ def approver_runs(decisions: list) -> bool:
 
 class Store:
     """Every read and write of one factory's files. Reads are strict (inside the root or the sealed folder
-    unless the user named the file, bounded, UTF-8 JSON of the expected shape) and name file and line;
-    writes go through real folders, atomic or appended whole under a lock, secrets scrubbed."""
+    unless the user named the file, bounded, UTF-8 JSON of the expected shape) and name file and line; writes go
+    through real folders, atomic or appended whole under a lock, secrets scrubbed."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
-        self.decoder = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=unique_keys)  # built once
+        self.decoder = json.JSONDecoder(parse_constant=reject_constant, object_pairs_hook=unique_keys)
         self.encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)   # one JSONL line
         self.hidden = secret_values(fac.env)
         self.noted: set[str] = set()      # notes printed by this station
@@ -592,11 +587,11 @@ class Store:
         self.rows_lock = threading.Lock()
 
     def machine(self, path: Path, doing: str) -> "Store.Machine":
-        """A block that turns the machine's OSError while `doing` something to path into a StoreError naming both."""
+        """A block turning an OSError while `doing` something to path into a StoreError naming both."""
         return Store.Machine(self.fac, path, doing)
 
     class Machine:
-        """See Store.machine: a plain context manager, not a generator, as it guards every line written."""
+        """Store.machine's: a class, not a generator, as it guards every line written."""
 
         def __init__(self, fac: Factory, path: Path, doing: str):
             self.fac, self.path, self.doing = fac, path, doing
@@ -613,8 +608,8 @@ class Store:
     # ---- the Store's reads: files, JSON, JSONL (the one reader), hash-chained logs
 
     def check_readable(self, path: Path, confined: bool = True) -> Path:
-        """The real location of path; Refusal unless it is a regular file inside the root or the sealed
-        folder (a link pointing out is outside) or, not `confined`, one the user names."""
+        """The real location of path; Refusal unless a regular file inside the root or the sealed folder (a link
+        out is outside) or, not `confined`, one the user names."""
         where, real = self.fac.shown(path), Path(os.path.realpath(path))
         if confined and not (real.is_relative_to(self.fac.root) or real.is_relative_to(self.fac.sealed_dir)):
             raise Refusal(f"{where}: points outside the factory root ({real}); refusing to read it")
@@ -626,15 +621,14 @@ class Store:
         return real
 
     def exists(self, path: Path) -> bool:
-        """True when something is at path; StoreError when the machine will not say (a folder on the way
-        the user may not enter)."""
+        """True when something is at path; StoreError when the machine will not say (a folder it may not
+        enter)."""
         with self.machine(path, "read"):
             return path.exists()
 
     @contextlib.contextmanager
     def opened(self, path: Path, confined: bool = True) -> Iterator:
-        """A binary reader of a readable file at its real location: no link swapped in since is followed,
-        no FIFO blocks."""
+        """A binary reader of a readable file at its real location (no link swapped in, no FIFO waited on)."""
         real = self.check_readable(path, confined)
         with self.machine(path, "read"):
             handle = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -645,7 +639,7 @@ class Store:
                 yield reader
 
     def read_bytes(self, path: Path, limit: int = MAX_FILE_BYTES, confined: bool = True) -> bytes:
-        """The bytes of a readable file of at most `limit` bytes."""
+        """The bytes of a readable file; Refusal past `limit`."""
         with self.opened(path, confined) as reader, self.machine(path, "read"):
             if os.fstat(reader.fileno()).st_size > limit:
                 raise Refusal(f"{self.fac.shown(path)}: larger than {limit >> 20} mib")
@@ -659,17 +653,17 @@ class Store:
         return shape.check(value, where) if shape else value
 
     def check_text(self, value, where: str) -> None:
-        """Refusal naming `where` when a JSON value holds a lone surrogate."""
+        """Refusal naming `where` for a lone surrogate in a JSON value."""
         bad = lone_surrogate(value)
         if bad:
             raise Refusal(f"{where}: holds {bad}, half of a utf-16 pair, which is not text; remove it")
 
     def read_jsonl(self, path: Path, shape: Shape | None = None, confined: bool = True, each: bool = False,
                    start: tuple[int, int] = (0, 0), whole: bool = False, piped: bytes | None = None) -> Iterator[tuple]:
-        """(line number, object) per non-blank line, streamed, each of `shape`. A torn, oversized, non-object,
-        misshapen or non-text line is a Refusal naming file and line (with `each`, yielded in its place).
-        `start`: (byte offset, lines before it); `piped`: bytes read instead (stdin's, a log's). `whole`
-        yields (number, offset after it, its bytes, object) and stops before a last line with no newline."""
+        """(line number, object) per non-blank line, streamed, each of `shape`; a torn, oversized, non-object,
+        misshapen or non-text line is a Refusal naming file and line (`each`: yielded in its place). `start`:
+        (byte offset, lines before it); `piped`: bytes read instead. `whole` yields (number, offset after it,
+        its bytes, object), stopping before a last line with no newline."""
         where, scan, end = self.fac.shown(path), self.decoder.scan_once, start[0]
         with (self.opened(path, confined) if piped is None else io.BytesIO(piped)) as lines, self.machine(path, "read"):
             lines.seek(start[0])
@@ -692,8 +686,8 @@ class Store:
                 yield (number, end, raw, value) if whole else (number, value)
 
     def line_value(self, raw: bytes, lines, at: str, number: int, shape: Shape | None, each: bool):
-        """read_jsonl's slow path: the line's object, or the Refusal naming what is wrong (returned with
-        `each`, an oversized line skipped to its end)."""
+        """read_jsonl's slow path: the line's object, or the Refusal saying why not (returned with `each`, an
+        oversized line skipped to its end)."""
         try:
             if len(raw) > MAX_LINE_BYTES:
                 raise Refusal(f"{at}: longer than {MAX_LINE_BYTES >> 20} mib")
@@ -715,8 +709,8 @@ class Store:
         return None
 
     def read_chain(self, path: Path, shape: Shape | None = None) -> Chain:
-        """The hash-chained log at path, verified (chain) and read under a shared lock so no entry being
-        appended is half read; empty when there is no log."""
+        """The hash-chained log at path, verified (chain), read under a shared lock (no entry half appended);
+        empty when there is none."""
         if not os.path.lexists(path):
             return Chain(self.fac.shown(path))
         with self.opened(path) as log, self.machine(path, "read"):
@@ -725,7 +719,7 @@ class Store:
         return self.chain(path, data, shape)
 
     def chain(self, path: Path, data: bytes, shape: Shape | None = None) -> Chain:
-        """The entries in a log's bytes, each of `shape`, each `prev` the sha256 of the line before it (GENESIS
+        """The entries in a log's bytes, each of `shape`, each `prev` the sha256 of the line before (GENESIS
         first); Refusal naming file and line of a bad entry or a broken link."""
         where, entries, hashes = self.fac.shown(path), [], []
         for number, _, raw, entry in self.read_jsonl(path, shape, piped=data + b"\n", whole=True):
@@ -740,8 +734,8 @@ class Store:
         return Chain(where, tuple(entries), tuple(hashes))
 
     def head_at(self, path: Path, offset: int) -> str | None:
-        """A chained file's head at byte `offset` (the sha256 of its last line before it, GENESIS at 0);
-        None when no line ends there."""
+        """A chained file's head at byte `offset` (sha256 of its last line before, GENESIS at 0); None when no
+        line ends there."""
         if not offset:
             return GENESIS
         if not self.exists(path):
@@ -752,7 +746,7 @@ class Store:
 
     @staticmethod
     def tail_line(handle: int, end: int) -> tuple[bytes, bool]:
-        """(the last line not blank before byte `end` of an open file, without its newline; whether it ends there)."""
+        """(the last non-blank line before byte `end` of an open file, no newline; whether it ends there)."""
         size, ends = 1 << 12, None
         while True:
             start = max(0, end - size)
@@ -766,8 +760,7 @@ class Store:
             size <<= 2
 
     def being_written(self, path: Path) -> bool:
-        """True when a process holds the file's lock: an open Log (a live run; the lock dies with its
-        process) or an append under way."""
+        """True when a process holds the file's lock: an open Log (a live run) or an append under way."""
         with self.opened(path) as reader:
             try:
                 fcntl.flock(reader.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -778,13 +771,12 @@ class Store:
     # ---- where a write may go: real folders inside the root (or the sealed folder), plain files
 
     def bases(self) -> Iterator[Path]:
-        """The root, then the sealed folder (asked for only when a path is not inside the root)."""
+        """The root, then the sealed folder (asked for only for a path outside the root)."""
         yield self.fac.root
         yield self.fac.sealed_dir
 
     def parts_inside(self, path: Path) -> tuple[Path, tuple[str, ...]]:
-        """(the root, else the sealed folder, the parts of path below it); StoreError unless path is
-        lexically inside one."""
+        """(the root, else the sealed folder; path's parts below it); StoreError unless lexically in one."""
         parts = path.parts
         for base in self.bases():
             inside = len(base.parts)   # parts compared as Path.relative_to does, without building a new Path
@@ -794,8 +786,8 @@ class Store:
 
     @contextlib.contextmanager
     def folder(self, path: Path, outside: bool = False) -> Iterator[int]:
-        """A descriptor of path's folder for the block: open_folder's, or `outside` the root the folder the
-        user named (a report: the folders they name are theirs, links included) or the keys folder."""
+        """A descriptor of path's folder for the block: open_folder's, or `outside` the one the user named (a
+        report: theirs, links included) or the keys folder."""
         handle = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if outside else self.open_folder(path)
         try:
             yield handle
@@ -803,8 +795,8 @@ class Store:
             os.close(handle)
 
     def open_folder(self, path: Path) -> int:
-        """A descriptor of the folder holding path (the caller closes it), opened from its base one part at a
-        time with O_NOFOLLOW and made where missing: every folder on the way is real and inside it."""
+        """A descriptor of path's folder (the caller closes it), opened from its base a part at a time with
+        O_NOFOLLOW, made where missing: each folder on the way real and inside."""
         base, parts = self.parts_inside(path)
         handle = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -816,8 +808,8 @@ class Store:
         return handle
 
     def step_into(self, parent: int, part: str, base: Path, walked: tuple[str, ...]) -> int:
-        """A descriptor of the folder `part` in `parent` (made when missing; `parent` closed); StoreError
-        naming base/`walked` when it is a link or no folder."""
+        """A descriptor of folder `part` in `parent` (made when missing; `parent` closed); StoreError naming
+        base/`walked` for a link or no folder."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             try:
@@ -834,8 +826,7 @@ class Store:
         return child
 
     def not_plain(self, folder: int, name: str, where: Path, wanted: str) -> StoreError:
-        """The StoreError for a link (saying where it points) or other file where a plain `wanted` (file or
-        folder) must be."""
+        """The StoreError for a link (saying where it points) or other file where a plain `wanted` must be."""
         shown = self.fac.shown(where)
         try:
             target = os.readlink(name, dir_fd=folder)
@@ -845,8 +836,8 @@ class Store:
                           f"link, so remove it or name the real file")
 
     def check_plain_file(self, folder: int, name: str, where: Path) -> int | None:
-        """The permission bits of the regular file `name` in folder, None when absent; StoreError for
-        anything else there, or a file with another hard link (one_name)."""
+        """The permission bits of regular file `name` in folder, None when absent; StoreError for anything else
+        or another hard link (one_name)."""
         try:
             found = os.stat(name, dir_fd=folder, follow_symlinks=False)
         except FileNotFoundError:
@@ -857,8 +848,7 @@ class Store:
         return found.st_mode & 0o777
 
     def one_name(self, found: os.stat_result, where: Path) -> None:
-        """StoreError when the file has another hard link: a name, perhaps outside the root, that a write here
-        would change (or, replaced, silently part from)."""
+        """StoreError for a file with another hard link (a name, perhaps outside the root, a write changes)."""
         if found.st_nlink > 1:
             raise StoreError(f"{self.fac.shown(where)}: has {found.st_nlink} hard links (other names for the same "
                              f"file, perhaps outside the root); the factory never writes through one: copy it to a "
@@ -867,8 +857,8 @@ class Store:
     # ---- the Store's writes: the one atomic write, locked appends, chained logs, all-or-none files
 
     def write_json(self, path: Path, obj, exclusive: bool = False, private: bool = False) -> None:
-        """obj as indented JSON, written by write_text, secrets scrubbed; `private`: a file of the keys folder
-        (mode 0600, keys sorted, kept as it is)."""
+        """obj as indented JSON through write_text, secrets scrubbed; `private`: a keys-folder file (0600, keys
+        sorted, as it is)."""
         with self.writable(path):
             text = json.dumps(obj if private else redact(obj, self.hidden), indent=2, sort_keys=private, ensure_ascii=False,
                               allow_nan=False) + "\n"
@@ -876,8 +866,7 @@ class Store:
 
     @contextlib.contextmanager
     def writable(self, path: Path) -> Iterator[None]:
-        """A block turning the encoder's ValueError for NaN or Infinity into a StoreError naming path: no
-        file holds a value its readers refuse."""
+        """A block turning the encoder's ValueError for NaN or Infinity into a StoreError naming path."""
         try:
             yield
         except ValueError as error:
@@ -890,8 +879,8 @@ class Store:
                    outside: bool = False) -> None:
         """The one atomic write: a temporary file beside path, fsynced, then os.replace (old or new, never
         torn) or, `exclusive`, os.link (FileExistsError if path exists). A new file gets `mode`, a replaced
-        one keeps its own; text (not bytes) is scrubbed of secrets. `outside`: in a folder the user named
-        (a report) or the keys folder, else through real folders under the root."""
+        one keeps its own; text (not bytes) is scrubbed of secrets. `outside`: in the keys folder or one the
+        user named."""
         data = self.encoded(text)
         with self.machine(path, "write"), self.folder(path, outside) as folder:
             kept = self.check_plain_file(folder, path.name, path)
@@ -909,25 +898,23 @@ class Store:
                     os.unlink(temp, dir_fd=folder)
 
     def encoded(self, text: str | bytes) -> bytes:
-        """The bytes write_text writes for text: secrets scrubbed out (bytes as given)."""
+        """The bytes write_text writes: text scrubbed of secrets, bytes as given."""
         return text if isinstance(text, bytes) else utf8(redact(text, self.hidden))
 
     def line(self, obj: dict, path: Path | None = None) -> bytes:
-        """obj as one JSONL line (compact, secrets scrubbed, UTF-8, newline); NaN or Infinity is a ValueError,
-        or with `path` a StoreError (writable)."""
+        """obj as one JSONL line (compact, scrubbed, UTF-8, newline); NaN or Infinity: ValueError (`path`:
+        StoreError)."""
         with self.writable(path) if path is not None else contextlib.nullcontext():
             text = self.encoder.encode(redact(obj, self.hidden))
         return utf8(text + "\n")
 
     def append_jsonl(self, path: Path, obj: dict) -> int:
-        """Append obj as one whole line under the file's lock (locked_append); the byte offset where it
-        starts, by which an effect is read back."""
+        """Append obj as one line under the file's lock; its byte offset, by which an effect is read back."""
         return self.locked_append(path, lambda handle: (self.line(obj, path), None))[0]
 
     def append_chained(self, path: Path, make) -> dict:
-        """Append make(chain) to a hash-chained log with `prev` its head, under its lock: the log is
-        verified first and make may raise Refusal, so a check and its append are one step across processes.
-        The entry written."""
+        """Append make(chain) to a hash-chained log, `prev` its head, under its lock: the log verified first and
+        make may raise Refusal, so a check and its append are one step across processes. The entry."""
         def compose(handle: int) -> tuple[bytes, dict]:
             chain = self.chain(path, os.pread(handle, os.fstat(handle).st_size, 0))
             entry = {**make(chain), "prev": chain.head["hash"]}
@@ -935,8 +922,7 @@ class Store:
         return self.locked_append(path, compose)[1]
 
     def locked_append(self, path: Path, compose) -> tuple[int, object]:
-        """Write the line of `compose(handle) -> (line, value)` at path's end under its lock (open_append);
-        (the line's offset, value)."""
+        """Write compose(handle)'s line at path's end under its lock; (the line's offset, compose's value)."""
         with self.machine(path, "write"):
             handle = self.open_append(path)
             try:
@@ -947,9 +933,8 @@ class Store:
                 os.close(handle)
 
     def append_row(self, path: Path, obj: dict, key: bytes | None = None) -> None:
-        """Append obj to a chained file too long to read whole (the index) under its lock, `prev` the sha256
-        of its last line read from its end, sealed with `key`. `heads` keeps the head, `rows` the handle
-        for the station's next row (unless moved)."""
+        """Append obj to a chained file too long to read whole (the index) under its lock, `prev` the sha256 of
+        its last line read from its end, sealed with `key`; `heads` keeps its head, `rows` its handle."""
         with self.rows_lock, self.machine(path, "write"):   # threads share the handle
             handle = self.rows.pop(path, None)
             if handle is not None and self.moved(path, handle, alone=True):
@@ -967,8 +952,8 @@ class Store:
         self.heads[path] = {"bytes": offset + len(line), "hash": sha256(line[:-1])}
 
     def moved(self, path: Path, handle: int, alone: bool = False) -> bool:
-        """True when path names another file than handle's (device and inode, no link followed) or, `alone`,
-        one open_append refuses: with another hard link, or in a folder now a link."""
+        """True when path names another file than handle's (device and inode, no link followed) or, `alone`, one
+        open_append refuses (another hard link, a folder now a link)."""
         mine = os.fstat(handle)
         with self.machine(path, "read"):
             try:
@@ -983,8 +968,8 @@ class Store:
             os.close(self.rows.popitem()[1])
 
     def open_append(self, path: Path) -> int:
-        """A descriptor appending to the regular file path (made 0644), through real folders inside the
-        root; StoreError for anything else there."""
+        """A descriptor appending to the regular file path (made 0644) through real folders inside the root;
+        StoreError for anything else there."""
         folder = self.open_folder(path)   # closed below, not by a folder block (a generator): every locked append comes here
         try:
             self.check_plain_file(folder, path.name, path)
@@ -1004,8 +989,8 @@ class Store:
 
     @staticmethod
     def append_locked(handle: int, line: bytes, ours: int = 0) -> int:
-        """Write line at the file's end (locked, or one writer alone), cut back on failure; its offset.
-        `ours`: where this handle's last line ended (0: none): a file ending there needs no newline check."""
+        """Write line at the file's end (locked, or one writer alone), cut back on failure; its offset. `ours`:
+        where this handle's last line ended (0: none), needing no newline check."""
         offset = os.lseek(handle, 0, os.SEEK_END)
         if offset and offset != ours and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a
             os.write(handle, b"\n")                                                  # killed writer) stays
@@ -1021,12 +1006,11 @@ class Store:
         return offset
 
     def open_log(self, path: Path) -> "Store.Log":
-        """An append handle on a JSONL file only this process writes while open (a run's trace), locked
-        from its first line to close() (being_written)."""
+        """An append handle on a JSONL file only this process writes (a trace), locked from line 1 to close."""
         return Store.Log(self, path)
 
     class Log:
-        """See Store.open_log; the file and its folder are made on the first line; close() is idempotent."""
+        """Store.open_log's; the file and its folder are made at the first line; close() is idempotent."""
 
         def __init__(self, store: "Store", path: Path):
             self.store, self.path, self.handle, self.held = store, path, None, []
@@ -1038,8 +1022,8 @@ class Store:
             return self.store.fac.shown(self.path)
 
         def append(self, obj: dict, hold: bool = False) -> None:
-            """Write obj as one whole line after the lines held (cut back, never torn, when the machine stops
-            it half-way); with `hold`, hold it too."""
+            """Write obj as one line after the lines held (cut back, never torn, on a failed write); `hold`:
+            hold it too."""
             self.held.append(self.store.line(obj, self.path))
             if not hold:
                 self.flush()
@@ -1066,8 +1050,8 @@ class Store:
 
     @contextlib.contextmanager
     def creating(self) -> Iterator[Callable[[Path, str | bytes], None]]:
-        """A block creating new files all or none: create(path, data) writes one atomically and exclusively
-        (FileExistsError when it exists); whatever the block raises, an interrupt too, removes them first."""
+        """A block creating files all or none: create(path, data) writes one atomically and exclusively
+        (FileExistsError when it exists); whatever the block raises removes them first."""
         made: list[Path] = []
         def create(path: Path, data: str | bytes) -> None:
             try:
@@ -1083,15 +1067,15 @@ class Store:
             raise
 
     def discard(self, path: Path) -> None:
-        """Remove a file this station just wrote, when the step that belongs with it failed (creating)."""
+        """Remove a file this station just wrote (creating: a step that belongs with it failed)."""
         with self.machine(path, "remove"), self.folder(path) as folder:
             self.check_plain_file(folder, path.name, path)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path.name, dir_fd=folder)
 
     def remove_temporaries(self, path: Path) -> int:
-        """Remove write_text's temporary files for path (`.NAME.` + 8 hex + `.tmp`, regular, never
-        followed) left by killed writes; how many. Only where no live write can race (`new`, locked)."""
+        """Remove write_text's temporary files for path (`.NAME.` + 8 hex + `.tmp`, regular, never followed)
+        that killed writes left; how many. Only where no write can race (`new`, locked)."""
         if not os.path.isdir(path.parent):   # nothing was ever written there; a folder is never made for this
             return 0
         ours, removed = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp"), 0
@@ -1105,14 +1089,14 @@ class Store:
 
     @contextlib.contextmanager
     def locked(self, folder: Path) -> Iterator[None]:
-        """An exclusive lock on a folder under the root (made when missing) for the block: what one process
-        checks and then appends there, no other checks in between."""
+        """An exclusive lock on a folder under the root (made when missing) for the block: a check and its
+        append, no other check between."""
         with self.machine(folder, "lock"), self.folder(folder / ".lock") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
 
     def spill(self, agent: str, run_id: str, name: str, text: str) -> str:
-        """Save a full text (a tool result, the run's input) at spill_path; that path as shown."""
+        """Save a full text (a tool result, the input) at spill_path; that path as shown."""
         path = self.fac.spill_path(agent, run_id, name)
         self.write_text(path, text)
         return self.fac.shown(path)
@@ -1120,8 +1104,8 @@ class Store:
     # ---- reports the user names (anywhere, never through a link or FIFO they did not name: Store.folder)
 
     def check_report(self, path: Path) -> None:
-        """StoreError naming path unless its folder exists and takes a new file, and nothing but a regular
-        file is there."""
+        """StoreError naming path unless its folder exists and takes a new file, and a file there is a regular
+        one."""
         with self.machine(path, "write"), self.folder(path, outside=True) as folder:
             self.check_plain_file(folder, path.name, path)
             probe = f".{path.name}.{os.urandom(4).hex()}.tmp"
@@ -1131,8 +1115,8 @@ class Store:
     # ---- the keys folder (outside the root): signing keys, this machine's anchor, ssh-keygen
 
     def read_key(self, path: Path) -> str:
-        """The text of a key file, stripped; Refusal naming the file when it is not readable text, or it or
-        its folder is open to other users (check_private)."""
+        """A key file's text, stripped; Refusal naming the file when it is not readable text, or it or its
+        folder is open to others (check_private)."""
         try:
             handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # a FIFO is never waited on
             with os.fdopen(handle, "rb") as reader:
@@ -1146,8 +1130,7 @@ class Store:
         return text
 
     def check_private(self, path: Path) -> None:
-        """Refusal with the chmod that fixes it when a key file or its folder has any group or other bit:
-        a key others can read signs for its owner."""
+        """Refusal with the chmod that fixes it when a key file or its folder has a group or other bit."""
         open_to_others = [(place, mode) for place, mode in ((path.parent, "700"), (path, "600"))
                           if place.stat().st_mode & 0o077]
         if open_to_others:
@@ -1156,8 +1139,8 @@ class Store:
             raise Refusal(f"{path}: other users may read or write {what}; refusing to use it. fix it with: {fix}")
 
     def create_key(self, path: Path, text: str) -> bool:
-        """Create a key file, mode 0600 in a 0700 folder, exclusively (write_text: a kill never leaves an
-        empty key); False when it exists."""
+        """Create a key file, 0600 in a 0700 folder, exclusively (write_text: never an empty key); False if
+        there."""
         with self.machine(path, "write"):
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
@@ -1167,7 +1150,7 @@ class Store:
         return True
 
     def read_private(self, path: Path) -> dict:
-        """The JSON object in a file of the keys folder, checked like a key (check_private); {} when there is none."""
+        """The JSON object in a keys-folder file, checked like a key; {} when there is none."""
         if not self.exists(path):
             return {}
         self.check_private(path)
@@ -1175,8 +1158,7 @@ class Store:
 
     @contextlib.contextmanager
     def keys_locked(self) -> Iterator[None]:
-        """An exclusive lock on the keys folder for the block: what one process reads, merges and writes back
-        there, no other process writes in between."""
+        """An exclusive lock on the keys folder for the block (a read, merge and write back)."""
         with self.machine(self.fac.keys_dir, "lock"):
             handle = os.open(self.fac.keys_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -1186,7 +1168,7 @@ class Store:
             os.close(handle)
 
     def keys_writable(self) -> bool:
-        """True when the keys folder exists (or can be made, mode 0700) and this process may write in it."""
+        """True when the keys folder exists (or can be made, 0700) and this process may write in it."""
         try:
             self.fac.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError:
@@ -1194,10 +1176,9 @@ class Store:
         return os.access(self.fac.keys_dir, os.W_OK)
 
     def ssh_keygen(self, argv: list[str], data: bytes, files: dict[str, str] | None = None):
-        """The CompletedProcess of ssh-keygen run with argv and `data` on stdin; each of `files` (name ->
-        text under PIPE_TEXT) is a pipe written `{name}` in argv (/dev/fd/N), no temporary file. Refusal
-        when a check (given files) takes over 60 s."""
-        import subprocess   # here, not at the top: only ssh signatures need it
+        """ssh-keygen's CompletedProcess for argv and `data` on stdin; each of `files` (name -> text under
+        PIPE_TEXT) is a pipe named `{name}` in argv (/dev/fd/N). Refusal when a check takes over 60 s."""
+        import subprocess
         program, readers = self.ssh_program(), {}
         try:
             for name, text in (files or {}).items():
@@ -1217,7 +1198,7 @@ class Store:
                 os.close(reader)
 
     def ssh_program(self) -> str:
-        """The path of ssh-keygen on $PATH; Refusal in one line when it is not installed."""
+        """ssh-keygen's path on $PATH; Refusal in one line when it is not installed."""
         program = shutil.which("ssh-keygen", path=self.fac.env.get("PATH", os.defpath))
         if program is None:
             raise Refusal("ssh-keygen is not installed here (OpenSSH); ssh signatures cannot be made or checked "
@@ -1225,16 +1206,13 @@ class Store:
         return program
 
 # ================================================================ 2. Cards and agents
-# Owns the job card (ABOM) and what is derived from it: reading and checking it (its fields and their checks
-# are broker's CARD_SCHEMA), stamping a variant (master + its overrides), restamping, the lineage log, the
-# suites an agent is proved on, and the Agent itself (card + entrypoint module + tool modules, read once)
-# with the digest over all of it.
+# Owns the job card (ABOM; its fields and checks are broker's CARD_SCHEMA) and what derives from it: variants
+# (stamp, restamp), the lineage log, the suites, and the Agent (card, entrypoint and tool modules) and its digest.
 
 # ---- the card: checked, set (--set) and derived (stamp)
 
 def card_check(fac: Factory, card: dict, name: str | None = None) -> list[str]:
-    """card_problems, and a line per tool it names that no tool module defines (tool_check): the one card
-    check every station makes."""
+    """card_problems and tool_check's line per tool no tool module defines: every station's card check."""
     return card_problems(card, name) + tool_check(fac, card)[1]
 
 
@@ -1245,8 +1223,8 @@ def refuse_if(problem: str | None) -> None:
 
 
 def refuse(where: str, problems: list[str]) -> None:
-    """Refusal naming every problem once (a module two checks load fails in both): one line for one, else
-    the count and a line each."""
+    """Refusal naming each problem once (a module two checks load fails in both): one line for one, else the
+    count and a line each."""
     problems = list(dict.fromkeys(problems))
     if len(problems) == 1:
         raise Refusal(f"{where}: {problems[0]}")
@@ -1284,7 +1262,7 @@ def parse_setting(text: str) -> tuple[str, object]:
 
 
 def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict:
-    """A variant's card: its parent's fields, then its own overrides, then its lineage fields (stamp, restamp)."""
+    """A variant's card: its parent's fields, its own overrides, then its lineage fields."""
     card = {key: value for key, value in parent.items() if key not in SET_BY_STAMP}
     card["agent"] = name
     for dotted, value in overrides.items():
@@ -1473,15 +1451,14 @@ def not_python(relative: str, error: Exception) -> Refusal:
 
 @dataclass(frozen=True)
 class Agent:
-    """One agent as the line sees it, read once per station: its checked card, its tools' contracts (from
-    source) and its digest's components; `module` and `toolboxes` only once loaded (stations that run it)."""
+    """One agent as the line sees it, read once per station: checked card, tools' contracts (from source),
+    digest components; `module`, `toolboxes` once loaded."""
     name: str
     card: dict
-    contracts: dict               # tool name -> contract (name, effect, description, params, failure_modes) of
-                                  # every tool those modules define: any other tool is unknown to this agent
+    contracts: dict               # tool name -> contract of every tool those modules define; others are unknown
     components: dict              # component label -> sha256
     module: object = None         # the entrypoint module, once executed
-    toolboxes: tuple = ()         # the tool modules, agents/tools/FAMILY.py, of the tools the card names, once executed
+    toolboxes: tuple = ()         # the tool modules (agents/tools/FAMILY.py) of the card's tools, once executed
     digest: str = field(init=False)
 
     def __post_init__(self):
@@ -1489,7 +1466,7 @@ class Agent:
 
     @property
     def rules(self):
-        """The entrypoint function: the agent's own deterministic rules, input -> (tool calls, output)."""
+        """The entrypoint function, the agent's own rules: input -> (tool calls, output)."""
         return getattr(self.module, self.card["entrypoint"].split(":")[1])
 
     @property
@@ -1499,7 +1476,7 @@ class Agent:
         return ActEnvelope(**self.card.get("act_envelope", {}), amounts=amounts)
 
     def policy_at(self, tier: str) -> Policy:
-        """The broker's policy: the card's grants and denials at the certificate's tier."""
+        """The broker's policy: the card's grants and denials at `tier`."""
         return Policy(self.name, frozenset(self.card["tools"]), frozenset(self.card["tools_denied"]), tier)
 
     @property
@@ -1511,12 +1488,11 @@ class Agent:
         return self.card.get("draft_rubric", {}).get("field", DEFAULT_DRAFT)
 
     def hands_off(self, output) -> bool:
-        """True when this output hands the run to a human: its hand-off field is true."""
+        """True when the output's hand-off field is true (the run goes to a human)."""
         return isinstance(output, dict) and output.get(self.handoff_field) is True
 
     def tools_for(self, fac: Factory, run_id: str, tags: dict | None = None, announce=None) -> dict:
-        """Tool name -> callable(args) for the tools the card grants, writing this run's effects through
-        effect_writer."""
+        """Tool name -> callable(args) of each tool the card grants, effects written through effect_writer."""
         made, write = {}, effect_writer(fac, run_id, tags or {}, announce)
         for toolbox in self.toolboxes:
             made.update(toolbox.make_tools(fac.root, self.name, run_id, write))
@@ -1524,12 +1500,11 @@ class Agent:
 
 
 def effect_writer(fac: Factory, run_id: str, tags: dict, announce=None):
-    """The `write(path, row) -> receipt` make_tools is handed: row + run id, a fresh effect id and
-    `tags` (gate result, p) appended as one locked line; the receipt {path, offset, effect_id} reads it
-    back. `announce` gets {path, effect_id, written: False} first, written made True after."""
+    """make_tools' `write(path, row) -> receipt`: row + run id, a fresh effect id and `tags` (gate result, p)
+    appended as one locked line; the receipt {path, offset, effect_id} reads it back. `announce` gets {path,
+    effect_id, written} before and after."""
     def write(path: Path, row: dict) -> dict:
-        # lexically (a link is not followed here): ValueError outside the root, before writing; the Store
-        # refuses a link on the way with a line naming it
+        # lexically: ValueError outside the root, before writing; the Store refuses a link on the way
         began = {"path": Path(os.path.normpath(path)).relative_to(fac.root).as_posix(), "effect_id": os.urandom(8).hex(), "written": False}
         if announce is not None:
             announce(began)
@@ -1540,12 +1515,12 @@ def effect_writer(fac: Factory, run_id: str, tags: dict, announce=None):
 
 
 def tool_families(tools) -> list[str]:
-    """The tool modules (paths under agents/) that define the given tool names, sorted."""
+    """The tool modules (paths under agents/) defining the given tools, sorted."""
     return sorted({f"tools/{match.group(1)}.py" for match in map(TOOL.fullmatch, tools) if match})
 
 
 def toolbox_contracts(fac: Factory, relative: str) -> dict:
-    """The CONTRACTS of the tool module agents/RELATIVE (toolbox_problems); Refusal naming each problem."""
+    """The CONTRACTS of tool module agents/RELATIVE (toolbox_problems); Refusal naming each problem."""
     contracts, problems = toolbox_problems(fac, relative)
     if len(problems) == 1:
         raise Refusal(problems[0])
@@ -1559,8 +1534,8 @@ TOOL_MODULE_IS = ("a tool module assigns CONTRACTS (tool name -> contract) once,
 
 
 def toolbox_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
-    """(the CONTRACTS of the tool module agents/RELATIVE, a line per problem with them), read from its source
-    as a literal, never executed. Refusal when the module cannot be read or is refused (Code.check)."""
+    """(the CONTRACTS of tool module agents/RELATIVE, a line per problem with them), read from source as a
+    literal, never executed. Refusal when the module cannot be read or is refused."""
     import ast
     fac.code.check(relative)
     family, where = Path(relative).stem, f"agents/{relative}"
@@ -1580,8 +1555,8 @@ def toolbox_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
 
 
 def known_tools(fac: Factory) -> tuple[list[str], list[str]]:
-    """(each tool name a tool module's CONTRACTS writes as a literal key, the families there are modules
-    for), for near misses. Read, never run: a misspelled tool must not run a module no card names."""
+    """(each tool name a CONTRACTS literal names, the families with a module), for near misses. Read, never run:
+    a misspelled tool must not run a module no card names."""
     import ast
     names, families = [], []
     for path in sorted((fac.agents / "tools").glob("*.py")):
@@ -1594,8 +1569,8 @@ def known_tools(fac: Factory) -> tuple[list[str], list[str]]:
 
 
 def tool_check(fac: Factory, card: dict) -> tuple[list[str], list[str]]:
-    """(a line per unreadable or malformed tool module, a line per granted or denied tool no module
-    defines, with the nearest: denying an undefined tool denies nothing)."""
+    """(a line per unreadable or malformed tool module, a line per granted or denied tool no module defines,
+    with the nearest: denying an undefined tool denies nothing)."""
     named = {key: card[key] for key in ("tools", "tools_denied") if tool_list(card.get(key))}
     problems, contracts, broken = [], {}, set()
     for relative in tool_families(tool for tools in named.values() for tool in tools):
@@ -1610,8 +1585,8 @@ def tool_check(fac: Factory, card: dict) -> tuple[list[str], list[str]]:
 
 
 def family_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
-    """(the contracts of the tool module agents/RELATIVE, its problems; then no contracts), read, never
-    executed; neither for a missing module."""
+    """(the contracts of tool module agents/RELATIVE, {} when it has problems; its problems), never executed;
+    neither for a missing module."""
     if not (fac.agents / relative).is_file():
         return {}, []
     try:
@@ -1622,8 +1597,8 @@ def family_problems(fac: Factory, relative: str) -> tuple[dict, list[str]]:
 
 
 def toolbox_code_problems(fac: Factory, card: dict, relative: str) -> list[str]:
-    """What is wrong with the tool module once executed: it fails to load, has no make_tools, its
-    CONTRACTS differ from the literal its source writes, or make_tools misses granted tools."""
+    """What is wrong with the tool module once executed: it fails to load, has no make_tools, changed its
+    CONTRACTS, or make_tools misses granted tools."""
     where, contracts = f"agents/{relative}", toolbox_contracts(fac, relative)
     try:
         module = fac.code.module(relative)
@@ -1638,13 +1613,13 @@ def toolbox_code_problems(fac: Factory, card: dict, relative: str) -> list[str]:
 
 
 def refuse_to_write(path: Path, row: dict) -> dict:
-    """The `write` make_tools is handed when the tools are only made, never called."""
+    """The `write` make_tools is handed when the tools are only made."""
     raise RuntimeError("make_tools wrote an effect while the tools were only being made")
 
 
 def made_tools_problems(fac: Factory, card: dict, relative: str, contracts: dict) -> list[str]:
-    """The problem, in one line, when make_tools of agents/RELATIVE does not return a callable for exactly
-    each granted tool the module defines. Made, never called: a tool's own code first runs in production."""
+    """The one-line problem when make_tools of agents/RELATIVE returns no callable for exactly each granted tool
+    the module defines. Made, never called: a tool's code first runs in production."""
     where = f"agents/{relative}"
     try:
         made = fac.code.module(relative).make_tools(fac.root, card.get("agent"), new_run_id(), refuse_to_write)
@@ -1666,8 +1641,8 @@ def made_tools_problems(fac: Factory, card: dict, relative: str, contracts: dict
 
 
 def agent_code_at(agents: Path, error: BaseException) -> str:
-    """' (agents/FILE line N)' for the innermost frame of error's traceback in the folder `agents` (where the
-    agent's own code went wrong, not where the line called it), or ''."""
+    """' (agents/FILE line N)' for error's innermost traceback frame under `agents` (where agent code failed),
+    or ''."""
     import traceback
     folder = str(agents) + os.sep
     frames = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename.startswith(folder)]
@@ -1677,8 +1652,8 @@ def agent_code_at(agents: Path, error: BaseException) -> str:
 
 
 def no_contract(key: str, tool: str, known: tuple[list[str], list[str]]) -> str:
-    """The problem of a tool the card names in `key` that no tool module defines, with a near miss: a tool
-    name (`known`: known_tools), else a tool module whose name is close to its family."""
+    """The problem of a tool in card field `key` no tool module defines, with a near miss: a tool name
+    (known_tools), else a tool module named close to its family."""
     names, families = known
     family = closest(tool.split(":")[0], families)
     hint = did_you_mean(tool, names) or (f" (did you mean a tool of agents/tools/{family}.py?)" if family else
@@ -1695,9 +1670,8 @@ ENTRYPOINT_NEEDS = (  # what the entrypoint module defines beside its function, 
 
 
 def entrypoint_problems(fac: Factory, card: dict) -> list[str]:
-    """The one reason the entrypoint module cannot be read, or is refused (Code.check: read and scanned,
-    never executed), else the card's output fields its OUTPUT_SCHEMA as written lacks (written_schema);
-    nothing when the entrypoint field itself is malformed (the card's own checks say so)."""
+    """The one reason the entrypoint module cannot be read or is refused (Code.check, never executed), else the
+    card's output fields its OUTPUT_SCHEMA as written lacks; nothing for a malformed entrypoint field."""
     entry = card.get("entrypoint")
     if not (isinstance(entry, str) and ENTRYPOINT.fullmatch(entry)):
         return []
@@ -1733,7 +1707,7 @@ def entry_module(card: dict) -> str:
 
 
 def missing_agent(fac: Factory, name: str) -> str | None:
-    """The refusal line when NAME has no card, with the nearest card's name and how to make a new agent; else None."""
+    """The refusal line when NAME has no card (the nearest card's name, how to make one); else None."""
     path = fac.card_path(name)
     if fac.store.exists(path):
         return None
@@ -1756,19 +1730,19 @@ def load_card(fac: Factory, name: str) -> dict:
 
 
 def read_agent(fac: Factory, name: str) -> Agent:
-    """NAME with its code read, hashed and checked, none of it executed (agent_from_card)."""
+    """NAME with its code read, hashed and checked, never executed (agent_from_card)."""
     card, where = read_card(fac, name)
     return agent_from_card(fac, card, where, card_problems(card, name))
 
 
 def load_agent(fac: Factory, name: str) -> Agent:
-    """NAME with its code executed (loaded): for the stations that run it."""
+    """NAME with its code executed (loaded), for the stations that run it."""
     return loaded(fac, read_agent(fac, name))
 
 
 def agent_from_card(fac: Factory, card: dict, where: str, problems: list[str] = ()) -> Agent:
-    """The Agent a card describes, its code read, hashed and checked but not executed; Refusal naming the
-    card's own `problems` (card_problems) and every problem with its tools and code, at once."""
+    """The Agent a card describes, its code read, hashed and checked, never executed; Refusal naming the card's
+    `problems` and every problem with its tools and code."""
     modules, tools = tool_check(fac, card)
     refuse(where, [*problems, *entrypoint_problems(fac, card), *modules, *tools])
     toolboxes = tool_families(card["tools"] + card["tools_denied"])
@@ -1777,8 +1751,8 @@ def agent_from_card(fac: Factory, card: dict, where: str, problems: list[str] = 
 
 
 def loaded(fac: Factory, agent: Agent) -> Agent:
-    """The agent with its code executed from the bytes its digest covers, in this process with this
-    user's rights; Refusal naming every problem the executed code shows."""
+    """The agent with its code executed from the bytes its digest covers, in this process with this user's
+    rights; Refusal naming every problem the executed code shows."""
     families = tool_families(agent.card["tools"] + agent.card["tools_denied"])
     problems = entrypoint_code_problems(fac, agent.card)
     problems += [problem for relative in families for problem in toolbox_code_problems(fac, agent.card, relative)]
@@ -1788,8 +1762,8 @@ def loaded(fac: Factory, agent: Agent) -> Agent:
 
 
 def code_components(fac: Factory, card: dict) -> dict:
-    """Component label -> sha256 of what a valid card names, read but not executed: the card, its
-    entrypoint module, the tool modules of its granted or denied tools, and every agent module those import."""
+    """Component label -> sha256 of what a valid card names, never executed: the card, its entrypoint module,
+    the tool modules of its granted or denied tools, the agent modules those import."""
     entry, toolboxes = entry_module(card), tool_families(card["tools"] + card["tools_denied"])
     imported = {path for start in (entry, *toolboxes) for path in fac.code.closure(start)} - {entry}
     return {"card": sha256(canonical(card)), f"entrypoint agents/{entry}": fac.code.digest(entry),
@@ -1809,8 +1783,8 @@ LINEAGE_SHAPE = Shape.of({"agent": str, "stamped_from": str})
 
 
 def lineage_entries(fac: Factory) -> dict[str, tuple[str, int]]:
-    """variant -> (master, line) by the lineage log's FIRST entry for it: a later one naming another
-    (an appended line moving a variant out from under a recall) is ignored, with a note."""
+    """variant -> (master, line) by the lineage log's FIRST entry for it; a later one naming another (moving a
+    variant out from under a recall) is ignored, with a note."""
     found, chain = {}, fac.store.read_chain(fac.lineage, LINEAGE_SHAPE)
     for number, row in chain.entries:
         first, _ = found.setdefault(row["agent"], (row["stamped_from"], number))
@@ -1821,13 +1795,12 @@ def lineage_entries(fac: Factory) -> dict[str, tuple[str, int]]:
 
 
 def parents(fac: Factory) -> dict:
-    """variant -> its master, by the lineage log (lineage_entries)."""
+    """variant -> master, by the lineage log."""
     return {name: parent for name, (parent, _) in lineage_entries(fac).items()}
 
 
 def card_parents(fac: Factory) -> dict:
-    """variant -> its master by its own card's stamped_from, for each readable card in masters/ (one that
-    cannot be read cannot run either)."""
+    """variant -> master by each readable card's stamped_from (an unreadable card cannot run either)."""
     found = {}
     for path in sorted(fac.masters.glob("*.json")):
         with contextlib.suppress(Refusal):
@@ -1838,8 +1811,8 @@ def card_parents(fac: Factory) -> dict:
 
 
 def lineage_problem(fac: Factory, name: str, card: dict) -> str | None:
-    """The refusal when NAME's stamped_from is not the master of its first lineage entry (neither: a
-    master). A master the log lacks is a stamp stopped half-way (stamp again); else a human's edit."""
+    """The refusal when NAME's stamped_from is not its first lineage entry's master (neither: a master): a stamp
+    stopped half-way (no entry: stamp again), else a human's edit."""
     said, first = card.get("stamped_from"), lineage_entries(fac).get(name)
     where, log = fac.shown(fac.card_path(name)), fac.shown(fac.lineage)
     if first is None:
@@ -1855,8 +1828,8 @@ def lineage_problem(fac: Factory, name: str, card: dict) -> str | None:
 
 
 def ancestors(fac: Factory, name: str, maps: tuple[dict, ...] | None = None) -> list[str]:
-    """NAME's master, its master's master, ... nearest first, by the lineage log or by each variant -> master
-    map of `maps`."""
+    """NAME's master, its master's, ... nearest first, by the lineage log or each variant -> master map in
+    maps."""
     maps, found, todo = maps or (parents(fac),), [], [name]
     for current in todo:
         for parent_of in maps:
@@ -1868,8 +1841,8 @@ def ancestors(fac: Factory, name: str, maps: tuple[dict, ...] | None = None) -> 
 
 
 def descendants(fac: Factory, name: str, maps: tuple[dict, ...] | None = None) -> list[str]:
-    """Every variant stamped from NAME, transitively, masters before their variants, by the lineage log or
-    by each variant -> master map of `maps`."""
+    """Every variant stamped from NAME, transitively, masters before their variants, by the lineage log or each
+    variant -> master map of `maps`."""
     maps, found, queue = maps or (parents(fac),), [], [name]
     while queue:
         current = queue.pop(0)
@@ -1881,15 +1854,14 @@ def descendants(fac: Factory, name: str, maps: tuple[dict, ...] | None = None) -
 
 
 def recall_reach(fac: Factory) -> tuple[dict, dict]:
-    """The maps a recall follows: the lineage log's and the cards' own, so neither an edited card nor a
-    missing lineage entry takes a variant out of its master's recalls."""
+    """The maps a recall follows, the log's and the cards': neither an edited card nor a missing lineage entry
+    takes a variant out of its master's recalls."""
     return parents(fac), card_parents(fac)
 
 
 def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
     """(name -> new checked card of each variant of MASTER, transitively, masters first, that changes when
-    derived again from its master and its own overrides; the variants skipped: those without a card,
-    and theirs). Each card must agree with the log (lineage_problem)."""
+    derived again; the variants skipped, with no card or under one skipped). Each must agree with the log."""
     parent_of, latest, changed, skipped = parents(fac), {master: read_agent(fac, master)}, {}, []
     for name in descendants(fac, master, recall_reach(fac)):
         if parent_of.get(name) in skipped or not fac.store.exists(fac.card_path(name)):
@@ -1909,7 +1881,7 @@ def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
 
 def suite_name(fac: Factory, card: dict, sealed: bool) -> str:
     """The suite an agent is proved on for one half: evals.suite, else the first of its own and its masters'
-    (nearest first) with that half, so a variant with only its own sealed half is proved on it."""
+    (nearest first) with that half."""
     if "suite" in card["evals"]:
         return card["evals"]["suite"]
     for candidate in [card["agent"]] + ancestors(fac, card["agent"]):
@@ -1919,16 +1891,15 @@ def suite_name(fac: Factory, card: dict, sealed: bool) -> str:
 
 
 def inputs_of(fac: Factory, card: dict, sealed: bool) -> list[dict]:
-    """The {id, input} cases of one half of an agent's suite (suite_name), read leniently (a line that is no
-    case is skipped: proving that half names it); [] when the half is not here."""
+    """The {id, input} cases of one half of the agent's suite, read leniently (proving that half names a bad
+    line); [] when the half is not here."""
     path = fac.suite_path(suite_name(fac, card, sealed), sealed)
     rows = (row for _, row in fac.store.read_jsonl(path, each=True)) if fac.store.exists(path) else ()
     return [row for row in rows if isinstance(row, dict) and isinstance(row.get("id"), str) and "input" in row]
 
 
 def overlap_problem(fac: Factory, card: dict) -> str | None:
-    """The refusal naming each pair of case ids when the open and the sealed half share an input once
-    normalised (broker.normalised); else None."""
+    """The refusal naming each pair of case ids when the halves share an input once normalised, else None."""
     shared = shared_inputs(inputs_of(fac, card, False), inputs_of(fac, card, True))
     if not shared:
         return None
@@ -1946,8 +1917,8 @@ ID_BREAKS = re.compile("[\t\n\r\x85\u2028\u2029]")
 
 
 def load_cases(fac: Factory, path: Path, agent: Agent) -> list[dict]:
-    """The cases of one half, each checked against the agent's output contract and tools (case_problem);
-    Refusal naming the file and every malformed line at once."""
+    """The cases of one half, each checked against the agent's output contract and tools (case_problem); Refusal
+    naming the file and every malformed line."""
     where = fac.shown(path)
     if not path.exists():
         raise Refusal(f"{where}: no such file; a suite needs cases before it can prove anything")
@@ -1973,15 +1944,15 @@ def load_cases(fac: Factory, path: Path, agent: Agent) -> list[dict]:
 
 @dataclass(frozen=True)
 class Contract:
-    """What a case is checked against: the output contract's properties (name -> JSON schema), and the tools
-    `expect.denied` may name: the agent's own, else any a tool module defines (a variant proved on its
-    master's suite is denied tools it does not know)."""
+    """What a case is checked against: the output contract's properties (name -> JSON schema), the tools
+    `expect.denied` may name (the agent's, and any a tool module defines: a variant proved on its master's suite
+    is denied tools it lacks)."""
     fac: Factory
     properties: dict
     tools: frozenset              # the tools the agent's card names and its tool modules define
 
     def unknown_tool(self, tool: str) -> str | None:
-        """The problem when no tool module defines TOOL, with the nearest known one; else None."""
+        """The problem when no tool module defines TOOL, with the nearest; else None."""
         if tool in self.tools:
             return None
         defined = known_tools(self.fac)[0]
@@ -1989,9 +1960,8 @@ class Contract:
 
 
 def case_problem(case, first_line: dict, contract: Contract) -> str | None:
-    """What is wrong with one case, or None: its fields (CASE_IS), its id (a string, not blank, no line
-    break or control, not given before: `first_line` is id -> line), its input's text, its label_source
-    and its `expect`."""
+    """What is wrong with one case, or None: its fields (CASE_IS), its id (a string, not blank, no line break or
+    control, not given before: `first_line` is id -> line), its input's text, its label_source, its `expect`."""
     unknown, missing = sorted(set(case) - set(CASE_FIELDS)), [f for f in CASE_FIELDS[:3] if f not in case]
     if unknown or missing:
         return "; ".join([f"unknown field(s) {', '.join(map(repr, unknown))}"] * bool(unknown) +
@@ -2012,8 +1982,8 @@ def case_problem(case, first_line: dict, contract: Contract) -> str | None:
 
 
 def expect_problem(ident: str, expect, contract: Contract) -> str | None:
-    """What is wrong with a case's `expect`, or None: it names at least one output property, each with
-    a value the contract allows, and maybe `denied`. Expected values are never quoted: sealed stays sealed."""
+    """What is wrong with a case's `expect`, or None: one output property or more, each with a value the
+    contract allows, and maybe `denied`. Expected values are never quoted: sealed stays sealed."""
     case, properties = f"case {json.dumps(ident)}", sorted(contract.properties)
     if not isinstance(expect, dict):
         return f"{case}: expect must be an object (output field -> the value wanted)"
@@ -2034,8 +2004,8 @@ def expect_problem(ident: str, expect, contract: Contract) -> str | None:
 
 
 def denied_problem(case: str, denied, contract: Contract) -> str | None:
-    """What is wrong with a case's expect.denied, or None: a list of tool names, each defined by some tool
-    module (one nothing defines is a typo: the denial it allows is never the one that happens)."""
+    """What is wrong with a case's expect.denied, or None: a list of tool names some tool module defines
+    (another is a typo: the denial it allows never happens)."""
     if not (isinstance(denied, list) and all(isinstance(t, str) for t in denied)):
         return (f"{case}: expect.denied must be a list of tool names (the tools the broker may refuse in this "
                 f"case without failing it)")
@@ -2170,7 +2140,7 @@ until the output gate passes, then written (or sent to the review queue) as the 
 }
 
 def new_half(hours: list[str], contact: list[str], other: list[str]) -> list[tuple[str, dict]]:
-    """(input, expect) of one half of a new agent's suite: questions on hours, on contact, and for a human."""
+    """(input, expect) of one half of a new suite: questions on hours, on contact, and for a human."""
     return [(text, {"topic": topic, "escalate": topic == "none"})
             for topic, texts in (("hours", hours), ("contact", contact), ("none", other)) for text in texts]
 
@@ -2209,12 +2179,12 @@ CARD_DEFAULTS = {"max_steps": 8, "approval_expiry_hours": 24, "handoff_field": D
 
 
 def module_name(name: str) -> str:
-    """The Python module name for an agent name: agents/MODULE.py and, for `new`, agents/tools/MODULE.py."""
+    """An agent name as a module name (agents/MODULE.py, agents/tools/MODULE.py)."""
     return name.replace("-", "_")
 
 
 def new_card(name: str, tools: list[str], owner: str) -> dict:
-    """The card of a new agent: every field the card has (but those stamp sets), each with a sensible default."""
+    """A new agent's card: every field (but those stamp sets), each with a sensible default."""
     return {"agent": name, "entrypoint": f"{module_name(name)}:rules",
             "model": {"primary": llm.DEFAULT_PRIMARY, "fallback": llm.DEFAULT_FALLBACK},
             "tools": tools, "tools_denied": [],
@@ -2226,7 +2196,7 @@ def new_card(name: str, tools: list[str], owner: str) -> dict:
 
 
 def new_module(name: str, effects: tuple[str, ...]) -> str:
-    """The source of a new agent's module, its rules calling the example tools of `effects`."""
+    """A new agent's module source, its rules calling the example tools of `effects`."""
     family = module_name(name)
     lookup, draft = f'("{family}:lookup", {{"topic": topic}})', f'("{family}:draft", {{"text": draft}})'
     calls = {("read", "draft"): [f"calls = [{lookup}] if topic in ANSWERS else []", f"calls.append({draft})"],
@@ -2242,7 +2212,7 @@ def new_module(name: str, effects: tuple[str, ...]) -> str:
 
 
 def new_tools(name: str, effects: tuple[str, ...]) -> str:
-    """The source of a new agent's tool module, agents/tools/FAMILY.py, with the example tools of `effects`."""
+    """A new agent's tool module source (agents/tools/FAMILY.py), with the example tools of `effects`."""
     family = module_name(name)
     fill = {"name": name, "family": family, "module": family}
     parts = [[string.Template(text).substitute(fill) for text in NEW_TOOL_PARTS[effect]] for effect in effects]
@@ -2261,21 +2231,21 @@ def cases_text(cases: list[tuple[str, dict]], prefix: str) -> str:
 
 
 def card_text(card: dict) -> str:
-    """A card as masters/NAME.json holds it, its fields in the order the schema lists them."""
+    """A card as masters/NAME.json holds it, fields in the schema's order."""
     order = [f.name for f in CARD_SCHEMA if "." not in f.name]
     return json.dumps(dict(sorted(card.items(), key=lambda item: order.index(item[0]))), indent=2, ensure_ascii=False) + "\n"
 
 
 @dataclass(frozen=True)
 class NewFile:
-    """One file `new` writes: where, what it holds, and what to tell the user about it."""
+    """One file `new` writes: where, what it holds, what to tell the user."""
     path: Path
     data: str | bytes
     what: str
 
 
 def new_files(fac: Factory, name: str, effects: tuple[str, ...], owner: str) -> list[NewFile]:
-    """The files of a new agent of its own, the card last (the agent exists once its card does)."""
+    """A new agent's files, the card last (the agent exists once its card does)."""
     family = module_name(name)
     tools = [f"{family}:{EXAMPLE_TOOLS[effect]}" for effect in effects]
     open_half, sealed_half = NEW_CASES
@@ -2288,8 +2258,8 @@ def new_files(fac: Factory, name: str, effects: tuple[str, ...], owner: str) -> 
 
 
 def copied_card(source: Agent, name: str, owner: str) -> dict:
-    """source's card for a new master NAME: same grants and settings; its own entrypoint module, identity,
-    owner and suite (a copy is proved on a sealed half of its own); defaulted fields written."""
+    """source's card for a new master NAME: same grants and settings; its own entrypoint module, identity, owner
+    and suite (a sealed half of its own); defaulted fields written."""
     card = {key: value for key, value in source.card.items() if key not in SET_BY_STAMP}
     identity = card["identity"].replace(source.name, name) if source.name in card["identity"] else f"svc-{name}@factory"
     return {**CARD_DEFAULTS, **card, "agent": name, "entrypoint": f"{module_name(name)}:{card['entrypoint'].split(':')[1]}",
@@ -2297,8 +2267,8 @@ def copied_card(source: Agent, name: str, owner: str) -> dict:
 
 
 def copied_files(fac: Factory, source: Agent, name: str, owner: str) -> list[NewFile]:
-    """A new agent copied from source: its entrypoint module (the bytes its digest covers, with a line
-    saying whence), its open half if any (never the sealed), its card."""
+    """A new agent copied from source: its entrypoint module (the bytes its digest covers, a line saying
+    whence), its open half if any (never the sealed), its card."""
     module = entry_module(source.card)
     note = f"# copied from agents/{module} by `python3 factory.py new {name} --from {source.name}`\n".encode()
     files = [NewFile(fac.agents / f"{module_name(name)}.py", note + fac.code.source(module), f"a copy of agents/{module}")]
@@ -2311,8 +2281,8 @@ def copied_files(fac: Factory, source: Agent, name: str, owner: str) -> list[New
 
 
 def files_to_write(fac: Factory, name: str, files: list[NewFile]) -> list[NewFile]:
-    """The files of `new NAME` not yet there: one holding exactly what `new` writes, with no card yet, is
-    what a killed `new` left, kept to finish the agent. Refusal when NAME is taken (name_taken)."""
+    """The files of `new NAME` not yet there (one holding what `new` writes, no card yet, is a killed `new`'s:
+    kept); Refusal when NAME is taken."""
     taken = name_taken(fac, name, files)
     if taken:
         raise Refusal(taken)
@@ -2320,8 +2290,7 @@ def files_to_write(fac: Factory, name: str, files: list[NewFile]) -> list[NewFil
 
 
 def name_taken(fac: Factory, name: str, files: list[NewFile]) -> str | None:
-    """Why NAME cannot be a new agent (a lineage master, a card, a file not what `new` writes there), or
-    None."""
+    """Why NAME cannot be a new agent (a lineage master, a card, a file not what `new` writes); else None."""
     earlier = parents(fac).get(name)
     if earlier is not None:
         return f"{name} was stamped from {earlier} before ({fac.shown(fac.lineage)}); pick a new name"
@@ -2336,16 +2305,16 @@ def name_taken(fac: Factory, name: str, files: list[NewFile]) -> str | None:
 
 
 def holds(fac: Factory, path: Path, data: bytes) -> bool:
-    """True when the file at path holds exactly `data` (its size is compared first)."""
+    """True when the file at path holds exactly `data`."""
     with fac.store.machine(path, "read"):
         size = path.stat().st_size
     return size == len(data) and fac.store.read_bytes(path) == data
 
 
 # ================================================================ 3. Trust
-# Owns what lets a certificate be believed: signing keys (HMAC, or OpenSSH through ssh-keygen), the evidence
-# key and its MACs, the hash-chained logs and the index and their heads, the sealed proofs and production
-# evidence behind a signature, the parked calls and their decisions, and what broker's guards read (ClaimOnDisk).
+# Owns what lets a certificate be believed: signing keys (HMAC, or OpenSSH by ssh-keygen), the evidence key's
+# MACs, the chained logs' and the index's heads, the evidence behind a signature, the parked calls' decisions,
+# and what broker's guards read (ClaimOnDisk).
 
 # ---- keys and signatures
 
@@ -2354,8 +2323,8 @@ SSH_NAMESPACE = "agent-factory"   # ssh-keygen -Y's namespace: a signature made 
 
 
 def read_key(fac: Factory, path: Path) -> bytes:
-    """The 64-hex key in a key file; Refusal naming the file otherwise (a cut key would let anyone compute a
-    valid HMAC), or when others may read it."""
+    """The 64-hex key in a key file; Refusal naming the file otherwise (a cut key lets anyone compute a valid
+    HMAC) or when others may read it."""
     text = fac.store.read_key(path)
     if not re.fullmatch(r"[0-9a-f]{64}", text):
         raise Refusal(f"{path}: not a signing key (expected 64 hex characters); restore it or certify with a new key")
@@ -2363,7 +2332,7 @@ def read_key(fac: Factory, path: Path) -> bytes:
 
 
 def signing_key(fac: Factory, signer: str) -> bytes:
-    """The signer's key, created on first use (mode 0600) with a line saying where."""
+    """The signer's key, created on first use (0600) with a line saying where."""
     path = fac.key_path(signer)
     if not path.exists() and fac.store.create_key(path, os.urandom(32).hex() + "\n"):
         print(f"created signing key for {signer} at {path} (mode 0600; keep it out of the repo)", file=sys.stderr)
@@ -2371,29 +2340,27 @@ def signing_key(fac: Factory, signer: str) -> bytes:
 
 
 def signed_part(obj: dict, unsigned: tuple = UNSIGNED_FIELDS) -> bytes:
-    """The canonical JSON of obj but its unsigned fields: what a signature or MAC covers."""
+    """What a signature or MAC covers: the canonical JSON of obj but its unsigned fields."""
     return canonical({key: value for key, value in obj.items() if key not in unsigned})
 
 
 def hmac_hex(key: bytes, data: bytes) -> str:
     """'hmac-sha256:<64 hex>' of data under key."""
-    import hashlib   # here, not at the top: loading OpenSSL is a cold start's cost --help need not pay
+    import hashlib
     import hmac
     return "hmac-sha256:" + hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
 class Signer:
-    """A person who signs (a certificate, a decision on a parked call): with their HMAC key in the keys folder,
-    or with the OpenSSH key `ssh_key` through `ssh-keygen -Y sign`, verified against the trusted allowed-signers
-    file (`man ssh-keygen`)."""
+    """A person who signs (a certificate, a decision): by their HMAC key in the keys folder, or OpenSSH key
+    `ssh_key` through `ssh-keygen -Y sign`, verified against the trusted allowed-signers file."""
     name: str
     ssh_key: Path | None = None
 
     def ready(self, fac: Factory, station: str) -> None:
-        """Refusal, before anything is shown or written, when this signer cannot sign here: no HMAC key of
-        theirs (never created here: a decision is signed by a key the person already has), a key others may
-        read, or an ssh key missing or not listed for them as a trusted signer."""
+        """Refusal, before anything is shown or written, when this signer cannot sign here: no HMAC key (never
+        made here), a key others may read, an ssh key missing or not a trusted signer's."""
         if self.ssh_key is not None:
             fac.store.ssh_program()
             if not self.ssh_key.is_file():
@@ -2431,7 +2398,7 @@ class Signer:
 
 
 def same_text(computed: str, given: str) -> bool:
-    """Constant-time equality of two ASCII texts (hmac.compare_digest)."""
+    """Constant-time equality of two ASCII texts."""
     import hmac
     return hmac.compare_digest(computed.encode(), given.encode())
 
@@ -2443,9 +2410,8 @@ def last_line(raw: bytes) -> str:
 
 
 def signature_problem(fac: Factory, signer: str, obj: dict, unsigned: tuple = UNSIGNED_FIELDS) -> str | None:
-    """None when obj's `signature` verifies as signer's (with signer's HMAC key here, or `ssh-keygen -Y verify`
-    against the trusted allowed signers), else why not; a signature of neither form does not verify (never an
-    exception)."""
+    """None when obj's `signature` verifies as signer's (by signer's HMAC key here, or `ssh-keygen -Y verify`
+    against the trusted allowed signers), else why not; a signature of neither form does not verify."""
     signature, data = obj.get("signature"), signed_part(obj, unsigned)
     if isinstance(signature, str) and HMAC_SIGNATURE.fullmatch(signature):
         key = fac.key_path(signer)
@@ -2460,7 +2426,7 @@ def signature_problem(fac: Factory, signer: str, obj: dict, unsigned: tuple = UN
 
 def trusted_signers_problem(fac: Factory) -> str | None:
     """None when the allowed-signers file, the trust root of ssh signatures, can be trusted (there, outside the
-    factory root, written by no other user); else why not."""
+    root, written by no other user); else why not."""
     path = fac.allowed_signers
     if any(place.is_relative_to(fac.root) for place in (path, Path(os.path.realpath(path)))):
         return (f"the allowed signers file {path} is inside the factory root, where anyone who writes the registry "
@@ -2473,7 +2439,7 @@ def trusted_signers_problem(fac: Factory) -> str | None:
 
 
 def owner_problem(path: Path) -> str | None:
-    """Why PATH is not this user's alone to change (a file root owns counts as ours: root may write anything)."""
+    """Why PATH is not this user's alone to change (root's counts as ours: root may write anything)."""
     found = os.stat(path)
     if found.st_uid not in (os.geteuid(), 0):
         return f"{path} is owned by another user (uid {found.st_uid}), who may change it; use a file of your own"
@@ -2484,7 +2450,7 @@ def owner_problem(path: Path) -> str | None:
 
 def replaced_problem(path: Path) -> str | None:
     """Why another user could put another file at PATH: its folder (or its link's) is another user's, or
-    writable by others without the sticky bit (which lets only a file's owner remove it)."""
+    writable by others and not sticky."""
     for folder in dict.fromkeys((path.absolute().parent, Path(os.path.realpath(path)).parent)):
         found = folder.stat()
         if found.st_uid not in (os.geteuid(), 0):
@@ -2500,7 +2466,7 @@ PIPE_TEXT = 16384   # characters ssh_keygen writes to one pipe before ssh-keygen
 
 def signer_lines(fac: Factory, signer: str) -> str:
     """The trusted allowed-signers lines naming SIGNER exactly, each rewritten to name SIGNER alone (ssh-keygen
-    also matches -I against patterns: a `*` line would trust its key for every signer); Refusal past PIPE_TEXT."""
+    matches -I against patterns: `*` would trust a key for every signer); Refusal past PIPE_TEXT."""
     path = fac.allowed_signers
     text = fac.store.read_bytes(path, confined=False).decode("utf-8", "replace")
     lines = "".join(f"{signer} {rest}\n" for principals, rest in map(allowed_signer, text.splitlines())
@@ -2511,7 +2477,7 @@ def signer_lines(fac: Factory, signer: str) -> str:
 
 
 def ssh_verifies(fac: Factory, signer: str, data: bytes, signature: str) -> bool:
-    """True when `ssh-keygen -Y verify` accepts signature over data as signer's, by a key signer_lines lists;
+    """True when `ssh-keygen -Y verify` accepts signature over data as signer's by a key signer_lines lists;
     Refusal when the allowed signers cannot be trusted or there is no ssh-keygen."""
     problem = trusted_signers_problem(fac)
     if problem:
@@ -2527,8 +2493,8 @@ def ssh_verifies(fac: Factory, signer: str, data: bytes, signature: str) -> bool
 # ---- the factory evidence key: MACs on what certify relies on
 
 def evidence_key(fac: Factory, create: bool) -> bytes | None:
-    """The factory evidence key ($FACTORY_EVIDENCE_KEY, else KEYS_DIR/_evidence.key, checked like a signing key
-    and created when `create` and the keys folder is writable); None when there is none. Read once per station."""
+    """The factory evidence key ($FACTORY_EVIDENCE_KEY, else KEYS_DIR/_evidence.key, checked like a signing key,
+    created when `create` and the keys folder is writable), read once per station; None when there is none."""
     if fac.store.evidence is not None:
         return fac.store.evidence
     given = fac.env.get("FACTORY_EVIDENCE_KEY")
@@ -2563,8 +2529,7 @@ def sealing_key(fac: Factory) -> bytes | None:
 
 
 def sealed_evidence(fac: Factory, obj: dict, named: bool = False) -> dict:
-    """obj with its `mac` (and, when `named`, the key's id `mac_key`); as it is when there is no key (it then
-    counts as no evidence)."""
+    """obj with its `mac` (`named`: and the key's id `mac_key`); as it is with no key (no evidence then)."""
     key = sealing_key(fac)
     if key is None:
         return obj
@@ -2600,10 +2565,10 @@ def chained_logs(fac: Factory) -> dict[str, Chain]:
 
 
 # ---- this machine's anchor: the newest state of the registry and index it has written or verified
-# A registry put back to an older, self-consistent state (a log emptied, a superseded certificate copied back,
-# the index's newest rows cut) passes every check of itself. So the keys folder, which the tree's writers cannot
-# write, keeps per root the newest head of each chained log and the index and each agent's newest certificate;
-# every verifier refuses an older one. Only what this machine wrote, or a signature verified here, raises it.
+# A registry put back to an older, self-consistent state (a log emptied, an old certificate copied back, the
+# index cut) passes every check of itself. So the keys folder, which the tree's writers cannot write, keeps per
+# root the newest head of each log, of the index, and each agent's newest certificate, and verifiers refuse an
+# older one. Only what this machine wrote, or a signature verified here, raises it.
 
 ANCHOR_PARTS = ("logs", "certificates", "index")
 
@@ -2616,8 +2581,8 @@ def read_anchor(fac: Factory) -> dict:
 
 
 def update_private(fac: Factory, path: Path, read, change, head: dict, unkept: str) -> None:
-    """Write {**head, **state} to PATH in the keys folder when change(state), on state read(), says it changed,
-    under the folder's lock; an unwritable folder only notes `unkept`."""
+    """Write {**head, **state} to PATH in the keys folder, under its lock, when change(state) on read()'s state
+    says it changed; an unwritable folder only notes `unkept`."""
     if not fac.store.keys_writable():
         note(fac, f"the keys folder {fac.keys_dir} cannot be written: {unkept}")
         return
@@ -2628,8 +2593,8 @@ def update_private(fac: Factory, path: Path, read, change, head: dict, unkept: s
 
 
 def anchor_problem(fac: Factory, chains: dict[str, Chain], logs: dict | None = None) -> str | None:
-    """The line naming the first log in `chains` that lost an entry this machine wrote or verified in it (by
-    the anchor's `logs`, read before the chains, as it never leads them; default: now), and the fix; None."""
+    """The line naming the first log in `chains` that lost an entry this machine wrote or verified (by the
+    anchor's `logs`, read before the chains; default: now), and the fix; None."""
     logs = read_anchor(fac)["logs"] if logs is None else logs
     return next(filter(None, (head_problem(chain, logs[name], f"this machine last wrote or verified it ({fac.anchor_path})",
                                            "a copy that holds them") for name, chain in chains.items()
@@ -2637,8 +2602,7 @@ def anchor_problem(fac: Factory, chains: dict[str, Chain], logs: dict | None = N
 
 
 def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | None = None, index: dict | None = None) -> None:
-    """Record in the anchor the log heads, certificates and index head written or verified now, each only where
-    newer: it never moves back."""
+    """Record in the anchor the log heads, certificates and index head written or verified now, where newer."""
     logs = {name: dict(head) for name, head in (logs or {}).items()}
     certificates = {name: {"signature": cert["signature"], "signed_at": cert["signed_at"]}
                     for name, cert in (certificates or {}).items()}
@@ -2659,8 +2623,8 @@ def raise_anchor(fac: Factory, logs: dict | None = None, certificates: dict | No
 
 def count_sealed_attempt(fac: Factory, name: str, suite_digest: str | None = None, certified: str | None = None,
                          shard: bool = False) -> None:
-    """Count a sealed proof of NAME on `suite_digest` (a `shard` also as "DIGEST shards") in the keys folder (the
-    tree cannot lower it); with `certified` (a signed_at), mark the counts then."""
+    """Count a sealed proof of NAME on `suite_digest` (a `shard` also as "DIGEST shards") in the keys folder
+    (the tree cannot lower it); `certified` (a signed_at): mark the counts then."""
     def count(agents: dict) -> bool:
         mine = attempts_of(agents, name)
         if certified:
@@ -2680,8 +2644,8 @@ def all_attempts(fac: Factory) -> dict:
 
 
 def sealed_attempts(fac: Factory, name: str, key: str, since: str | None) -> int | None:
-    """NAME's sealed proofs this machine counted under `key` (a suite digest, or "DIGEST shards") since the
-    certification signed at `since` (broker.attempts_since)."""
+    """NAME's sealed proofs counted here under `key` (a suite digest, or "DIGEST shards") since the
+    certification signed at `since`."""
     return attempts_since(all_attempts(fac)["agents"], name, key, since)
 
 
@@ -2726,7 +2690,7 @@ def revoke(fac: Factory, name: str, reason: str) -> bool:
 
 
 def revocation_reason(fac: Factory, name: str, cert: dict) -> str | None:
-    """Why NAME's certificate is revoked, on one line; None if it is not."""
+    """Why NAME's certificate is revoked, one line; None if it is not."""
     revoked = cert.get("revoked") or revocation_of(fac, cert)
     if not revoked:
         return None
@@ -2742,7 +2706,7 @@ RECALL_SHAPE = Shape.of({"agent": str, "reason": str, "at": str})
 
 
 def recalls_of(fac: Factory, name: str) -> list[dict]:
-    """The recall entries reaching NAME (its own and its masters'), oldest first."""
+    """The recalls reaching NAME (its own and its masters'), oldest first."""
     reach = {name, *ancestors(fac, name, recall_reach(fac))}
     return [row for _, row in fac.store.read_chain(fac.recalls, RECALL_SHAPE).entries if row["agent"] in reach]
 
@@ -2754,7 +2718,7 @@ RECORD_SHAPE = Shape.of({"format": str, "agent": str, "half": str, "at": str, "v
 
 
 def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
-    """(path, record) of every sealed proof of NAME, oldest first; history is never overwritten."""
+    """(path, record) of every sealed proof of NAME, oldest first."""
     folder = fac.records / name
     paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
     found = []
@@ -2769,8 +2733,6 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
 
 
 SEALED_COUNTS = ("passing_cases", "cases", "interval", "real", "synthetic", "by_source", "by_expected", "label_sources", "handoff")   # on a certificate
-
-
 
 
 def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> Production:
@@ -2790,8 +2752,8 @@ def verified_runs(fac: Factory, agent: Agent) -> frozenset:
 
 
 def index_problem(fac: Factory, cert: dict | None = None) -> str | None:
-    """Why the index cannot be counted on: the head it had when `cert` was signed is gone, its chain is broken,
-    or the head this machine anchored is gone; else None."""
+    """Why the index cannot be counted on (the head it had when `cert` was signed, or this machine anchored, is
+    gone; its chain is broken); else None."""
     start, anchored, where = signed_index(cert or {}), read_anchor(fac)["index"], fac.shown(fac.index)
     if fac.store.head_at(fac.index, start["bytes"]) != start["hash"]:
         return (f"{where}: holds less than it did when {fac.shown(fac.cert_path(cert['agent']))} was signed "
@@ -2805,8 +2767,7 @@ def index_problem(fac: Factory, cert: dict | None = None) -> str | None:
 # ---- signing a certificate
 
 def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Path, proof: dict) -> dict:
-    """The signed certificate, with the heads of the chained logs and of the index at signing (an entry removed
-    or edited later is detected)."""
+    """The signed certificate, with the heads of the chained logs and of the index at signing."""
     cert = {"format": CERT_FORMAT, "agent": agent.name, "tier": tier, "digest": agent.digest,
             "components": agent.components, "sealed_score": proof["score"], "sealed_record": path.name,
             "sealed_counts": {key: proof[key] for key in SEALED_COUNTS if key in proof},
@@ -2822,9 +2783,8 @@ def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Pat
 
 
 def replace_certificate(fac: Factory, name: str, cert: dict) -> None:
-    """Put a new certificate in place of NAME's in an order a kill cannot break: the old one kept in
-    registry/history/NAME/, the new one written (the one switching step) and anchored (the old one copied back
-    is refused), then the old one revoked as superseded."""
+    """Put a new certificate in NAME's place in an order a kill cannot break: the old kept in
+    registry/history/NAME/, the new written (the switch) and anchored, then the old revoked as superseded."""
     current = fac.cert_path(name)
     old = fac.store.read_bytes(current) if current.exists() else None
     if old is not None:
@@ -2850,10 +2810,10 @@ PENDING_SHAPE = Shape.of({"format": str, "run_id": str, "call": int, "agent": st
                          optional={"gate": dict, "input_digest": str, "output_digest": str, "mac": str})
 
 
-# registry/approvals.jsonl, hash-chained: one entry per decision (broker.DECISIONS), each signed by the person
-# who made it. What the verified ones make of a call is broker.call_state, read alike by every decider.
+# registry/approvals.jsonl, chained: an entry per decision (broker.DECISIONS), signed by who made it; what the
+# verified ones make of a call is broker.call_state.
 DECISION_SHAPE = Shape.of({"kind": str, "run_id": str, "call": int, "agent": str, "by": str, "at": str, "signature": str})
-# registry/reviews.jsonl, hash-chained the same way: what a human did with a held draft (broker.REVIEW_DECISIONS)
+# registry/reviews.jsonl, the same way: what a human did with a held draft (broker.REVIEW_DECISIONS)
 REVIEW_SHAPE = Shape.of({"kind": str, "decision": str, "agent": str, "run_id": str, "seq": int, "by": str, "at": str,
                          "signature": str})
 # the logs of humans' signed decisions: name -> (its entries' shape, what an entry decides on)
@@ -2868,7 +2828,7 @@ class Decision:
 
 
 def load_pending(fac: Factory, run_id: str, call: int) -> dict:
-    """The stored staged call RUN_ID/CALL, shape-checked; Refusal for an odd id, no such file, or another call's."""
+    """The parked call RUN_ID/CALL, shape-checked; Refusal for an odd id, no such file, or another call's."""
     if not RUN_ID.fullmatch(run_id or "") or call < 1:
         raise Refusal(f"{run_id!r} --call {call} does not name a staged call (see `pending`)")
     path = fac.pending_path(run_id, call)
@@ -2882,8 +2842,8 @@ def load_pending(fac: Factory, run_id: str, call: int) -> dict:
 
 
 def decision_problem(fac: Factory, entry: dict) -> str | None:
-    """None when a decision's signature verifies as its signer's (`by`), else why not; a key that cannot be
-    read (open to others, no ssh-keygen) leaves it unchecked: not believed."""
+    """None when a decision's signature verifies as its signer's (`by`), else why not; a key that cannot be read
+    (open to others, no ssh-keygen) leaves it unchecked: not believed."""
     by = entry["by"]
     if not SIGNER.fullmatch(by):
         return "names no signer"
@@ -2894,8 +2854,8 @@ def decision_problem(fac: Factory, entry: dict) -> str | None:
 
 
 def verified_entries(fac: Factory, chain: Chain, wanted=None, log: str = "approvals") -> tuple[list[tuple[int, dict]], dict]:
-    """((line number, entry) of each entry of a decision log wanted(entry) selects (default: all) whose signature
-    verifies, what it decides on -> a line naming each that does not); one not of the log's shape is none."""
+    """((line number, entry) of each entry of a decision log wanted(entry) selects (default: all) whose
+    signature verifies, what it decides on -> a line naming each that does not); one misshapen is neither."""
     (shape, item), verified, doubted = DECISION_LOGS[log], [], {}
     for number, entry in chain.entries:
         if not shape.fits(entry) or (wanted is not None and not wanted(entry)):
@@ -2910,9 +2870,9 @@ def verified_entries(fac: Factory, chain: Chain, wanted=None, log: str = "approv
 
 
 def decisions_of(fac: Factory, wanted=None, log: str = "approvals") -> Decisions:
-    """A decision log (DECISION_LOGS), chain verified, each entry wanted(entry) selects (default: all) checked
-    (Decisions). Refusal when it holds less than this machine wrote or verified in it; read whole, it
-    raises this machine's anchor to its last entry that verifies."""
+    """A decision log (DECISION_LOGS), chain verified, each entry wanted(entry) selects (default: all) checked;
+    Refusal when it holds less than this machine wrote or verified. Read whole, it raises the anchor to its last
+    verified entry."""
     logs = read_anchor(fac)["logs"]
     chain = fac.store.read_chain(getattr(fac, log), DECISION_LOGS[log][0])
     problem = anchor_problem(fac, {log: chain}, logs)
@@ -2926,15 +2886,15 @@ def decisions_of(fac: Factory, wanted=None, log: str = "approvals") -> Decisions
 
 
 def call_record(decisions: list, expires_at: str = "~") -> CallRecord:
-    """A parked call's CallRecord from its verified decisions, its expiry (default: never) and whether the
-    process its last intent names runs (approver_runs: no lock on a file anyone may replace)."""
+    """A parked call's CallRecord by its verified decisions, its expiry (default: never) and whether the process
+    its last intent names runs (no lock on a file anyone may replace)."""
     state, last = call_state(decisions, executing=True, expired=utc_now() > expires_at)
     return CallRecord("uncertain-effect" if state == "executing" and not approver_runs(decisions) else state, last, decisions)
 
 
 def deciding(claim: "ClaimOnDisk", guards: tuple, compose):
-    """make(chain) for the approvals log: under its lock, `guards` enforced on the claim read again from
-    the log as it is, then compose(that claim) -> the entry appended. Of two deciders racing, the first wins."""
+    """make(chain) for the approvals log: under its lock, `guards` enforced on the claim read again from the
+    log, then compose(claim) -> the entry. Of two deciders racing, the first wins."""
     def make(chain: Chain) -> dict:
         return compose(enforce(with_fields(claim, chain=chain), guards))
     return make
@@ -2950,8 +2910,8 @@ def claiming(approval: Decision):
 
 
 def closing(signer: Signer, body: dict, outcome: str):
-    """compose(claim) for a result or rejected entry (body), with the run's verdict before and after it
-    (broker.closing_verdicts; this call's outcome `outcome`), signed."""
+    """compose(claim) for a result or rejected entry (body), signed, with the run's verdict before and after it
+    (broker.closing_verdicts; this call's `outcome`)."""
     def compose(claim: ClaimOnDisk) -> dict:
         run_id, call = claim.entry["run_id"], claim.entry["call"]
         entries = verified_entries(claim.fac, claim.chain, lambda e: e["run_id"] == run_id)[0]
@@ -2964,9 +2924,9 @@ def closing(signer: Signer, body: dict, outcome: str):
 
 
 def read_back_attempts(fac: Factory, entry: dict) -> tuple[bool | None, str]:
-    """(written, what reading back finds) of a parked call's effect from its trace's `effect_started` events:
-    True when a file one names holds its effect id, None when one cannot be read, else False. It informs a
-    human and never decides a retry (a trace can be edited, a queue consumed)."""
+    """(written, what reading back finds) of a parked call's effect by its trace's `effect_started` events: True
+    when a file one names holds its effect id, None when one cannot be read, else False. It informs a human,
+    never decides a retry (a trace can be edited)."""
     try:
         started = [e for _, e in fac.store.read_jsonl(fac.trace_path(entry["agent"], entry["run_id"]))
                    if e.get("event") == "effect_started" and e.get("call") == entry["call"]]
@@ -2989,13 +2949,12 @@ def effect_written(fac: Factory, started: dict) -> bool:
     return path.exists() and any(row.get("effect_id") == started.get("effect_id") for _, row in fac.store.read_jsonl(path))
 
 
-
 # ---- the guards: broker's chains (broker.Claim, RUN_GUARDS ...) over evidence read from the factory's files
 
 @dataclass
 class ClaimOnDisk(Claim):
-    """A broker.Claim whose evidence (as broker.Claim names it) is read from the factory's files, each piece
-    once, when a guard first asks; a file that does not read raises Refusal."""
+    """A broker.Claim whose evidence is read from the factory's files, each piece once, when a guard first asks;
+    a file that does not read raises Refusal."""
     fac: Factory = field(default=None, kw_only=True)
     chain: Chain | None = field(default=None, kw_only=True)   # approve: the approvals log as its lock holder reads it (deciding)
 
@@ -3027,7 +2986,7 @@ class ClaimOnDisk(Claim):
 
     @cached_property
     def ssh_keygen(self) -> str | None:
-        """Why ssh-keygen cannot be run here (Store.ssh_program), else None."""
+        """Why ssh-keygen cannot run here, else None."""
         try:
             self.fac.store.ssh_program()
         except Refusal as missing:
@@ -3036,8 +2995,8 @@ class ClaimOnDisk(Claim):
 
     @cached_property
     def decisions(self) -> Decisions:
-        """The approvals log's verified decisions on the parked call (the other calls' entries unchecked),
-        from `chain` when given, else read from the log."""
+        """The approvals log's verified decisions on the parked call (others unchecked), from `chain` if
+        there."""
         run_id, call = self.entry["run_id"], self.entry["call"]
         wanted = lambda e: (e["run_id"], e["call"]) == (run_id, call)  # noqa: E731
         if self.chain is None:
@@ -3047,8 +3006,8 @@ class ClaimOnDisk(Claim):
 
     @property
     def verdict_at_close(self) -> str:
-        """The verdict the staging run ended with (its trace's end event); waiting-for-approval, the verdict
-        of a run that parked a call, when the trace cannot say."""
+        """The verdict the staging run ended with (its trace's end event); waiting-for-approval, a parking
+        run's, when the trace cannot say."""
         try:
             end = self.recorded.end or {}
         except Refusal:
@@ -3064,7 +3023,7 @@ class ClaimOnDisk(Claim):
         return evidence_problem(self.fac, obj)
 
     def production(self, tier: str) -> Production:
-        """The agent's gated runs at `tier` in the index (gated_runs)."""
+        """The agent's gated runs at `tier` (gated_runs)."""
         return gated_runs(self.fac, self.agent, tier)
 
     def recorded_digest(self, value) -> str:
@@ -3072,7 +3031,7 @@ class ClaimOnDisk(Claim):
         return recorded_digest(self.fac, value)
 
     def raise_anchor(self, **heads) -> None:
-        """raise_anchor this machine's anchor to what a guard found to hold."""
+        """raise_anchor to what a guard found to hold."""
         raise_anchor(self.fac, **heads)
 
     def place(self, place: str) -> Path:
@@ -3084,13 +3043,13 @@ class ClaimOnDisk(Claim):
                 "trace": lambda: self.recorded.path}[place]()
 
     def shown(self, place: str) -> str:
-        """A place a refusal names, as the user is shown it (the anchor, in the keys folder, as it is)."""
+        """A place a refusal names, as the user sees it (the anchor, in the keys folder, in full)."""
         return str(self.fac.anchor_path) if place == "anchor" else self.fac.shown(self.place(place))
 
 
 def anchors(fac: Factory, but: str) -> Iterator[tuple[str, dict]]:
-    """(path shown, log heads) of each other agent's certificate in the registry whose signature verifies
-    here (one that does not anchors nothing: anyone could have written it)."""
+    """(path shown, log heads) of each other agent's certificate whose signature verifies here (an unverified
+    one anchors nothing: anyone could have written it)."""
     for path in sorted(fac.registry.glob("*.card.json")):
         try:
             cert = fac.store.read_json(path)
@@ -3103,8 +3062,8 @@ def anchors(fac: Factory, but: str) -> Iterator[tuple[str, dict]]:
 
 
 def staging_of(fac: Factory, entry: dict) -> tuple[str, int]:
-    """(how a parked call's run ended (index_tally): `closed` (a verified row parked this many calls), `started`
-    (only its started row) or `none` (no row: copied under a new run id); the calls it parked)."""
+    """(how a parked call's run ended: `closed` (a verified row parked this many calls), `started` (a started
+    row only) or `none` (no row: copied under a new run id); the calls it parked)."""
     tally = index_tally(fac)
     verdict, staged, verified = tally.parked.get(entry["run_id"], (None, 0, False))
     if verified and staged >= entry["call"]:
@@ -3113,9 +3072,9 @@ def staging_of(fac: Factory, entry: dict) -> tuple[str, int]:
 
 
 def call_standing(fac: Factory, entry: dict, decisions: list) -> tuple[str, str | None]:
-    """(a parked call's state, the line naming a file its check could not read, else None), in approve's
-    order: unsealed; its call_record's state unless pending; whether its agent may still act on it
-    (STANDING_STATES) and how its run ended; else pending (unknown when a file cannot be read)."""
+    """(a parked call's state, the line naming a file its check could not read, else None), in approve's order:
+    unsealed; its call_record's state unless pending; STANDING_GUARDS' (its agent may act, its run ended); else
+    pending (unknown when a file cannot be read)."""
     claim, unread = staged_call_claim(fac, entry), set()
     if evidence_problem(fac, entry):
         return "unsealed", None
@@ -3134,28 +3093,28 @@ def call_standing(fac: Factory, entry: dict, decisions: list) -> tuple[str, str 
 
 
 def refusal_line(refusal: Refusal) -> str:
-    """A refusal as one line: several problems (Problems) as 'WHERE: N problems: first; second; ...', each
-    problem's text as it is, so the tower shows and counts them as the station that refused lists them."""
+    """A refusal on one line: Problems as 'WHERE: N problems: first; second; ...', so the tower shows and counts
+    them as the station lists them."""
     if isinstance(refusal, Problems):
         return f"{refusal.lines[0]}: " + "; ".join(line.strip() for line in refusal.lines[1:])
     return str(refusal)
 
 
 def check_guards(claim: Claim, guards: tuple, unread: set | None = None) -> list[tuple[str, str | None]]:
-    """broker.guard_results, a file that does not read (Refusal) refusing as its refusal_line."""
+    """broker.guard_results, a file that does not read refusing as its refusal_line."""
     return guard_results(claim, guards, Refusal, refusal_line, unread)
 
 
 def enforce(claim: Claim, guards: tuple) -> Claim:
     """The claim when every guard holds, in order; Refusal with the first refusal otherwise (a file a guard
-    could not read refuses as it was raised: a card's problems each on its own line)."""
+    could not read refuses as it was raised)."""
     refuse_if(first_refusal(claim, guards))
     return claim
 
 
 def certified_agent(fac: Factory, name: str) -> tuple[Agent, dict]:
-    """The agent, its code executed (see loaded), and its certificate, when it may run: the certificate
-    verifies, is not revoked or recalled, and the code is the one it was signed for (checked first)."""
+    """The agent, its code executed (loaded), and its certificate, when RUN_GUARDS hold (the certificate
+    verifies, is not revoked or recalled, covers the code)."""
     claim = enforce(ClaimOnDisk(name, "run", fac=fac), RUN_GUARDS)
     return loaded(fac, claim.agent), claim.cert
 
@@ -4105,8 +4064,8 @@ def arg(*flags: str, **options) -> tuple:
 
 def station(*arguments: tuple, examples: tuple[str, ...], exits: tuple[str, str], env: tuple[str, ...],
             more_exits: tuple[tuple[int, str], ...] = ()):
-    """Mark cmd_NAME as station NAME with these arguments (arg()) and its --help epilog: examples, what exit
-    0 and 1 mean, other exits, the variables it reads (ENVIRONMENT's names)."""
+    """Mark cmd_NAME as station NAME with these arguments (arg()) and its --help epilog: examples, what exits 0
+    and 1 mean, other exits, the variables it reads (ENVIRONMENT's)."""
     def mark(func):
         func.station_arguments = arguments
         func.station_help = {"examples": examples, "exits": exits, "env": env, "more_exits": more_exits}
@@ -4148,11 +4107,13 @@ ENVIRONMENT = {   # variable -> what it does, as a station's --help lists it
     "USER": "your name where it is recorded (unset: your login name)",
     "PATH": "where ssh-keygen is found (ssh signatures)",
 }
-PROXY_ENV = ("HTTPS_PROXY", "HTTP_PROXY")
-WORKER_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "MOONSHOT_API_KEY",
-              "MOONSHOT_BASE_URL", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL", "SAGEROUTE_URL", "SAGEROUTE_TOKEN")
-GATE_ENV = ("SAGE_API_KEY", "SAGE_ENDPOINT", "SAGE_PROTOCOL", "SAGE_MODEL", "SAGE_REASONING")
-OTEL_ENV = tuple(name for name in ENVIRONMENT if name.startswith("OTEL_"))
+def env_named(*starts: str) -> tuple[str, ...]:
+    """The names in ENVIRONMENT starting with one of `starts`, in its order."""
+    return tuple(name for name in ENVIRONMENT if name.startswith(starts))
+
+
+PROXY_ENV, GATE_ENV, OTEL_ENV = env_named("HTTPS_PROXY", "HTTP_PROXY"), env_named("SAGE_"), env_named("OTEL_")
+WORKER_ENV = env_named("ANTHROPIC_", "OPENAI_", "MOONSHOT_", "OPENROUTER_", "SAGEROUTE_")
 ROOT_ENV = ("FACTORY_ROOT", "FACTORY_KEYS_DIR", "FACTORY_EVIDENCE_KEY")   # every station (the keys must lie outside the root)
 ENV_COLUMN = 19   # --help puts a longer name on a line of its own: 80 columns
 KEYS_ENV = ("FACTORY_ALLOWED_SIGNERS",)   # stations that sign or check a signature
@@ -4163,7 +4124,7 @@ MODEL_ENV = (*WORKER_ENV, *GATE_ENV, *PROXY_ENV)   # stations that ask a worker 
 # in every station; a well-formed name the factory does not know is a refusal (1)
 
 def checked(fits: Callable[[str], object], wrong: str) -> Callable[[str], str]:
-    """An argparse type: the text as typed when fits(text), else `wrong` (its {!r} the text)."""
+    """An argument type (argparse): the text when fits(text), else `wrong` (its {!r} the text)."""
     def check(text: str) -> str:
         if not fits(text):
             raise argparse.ArgumentTypeError(wrong.format(text))
@@ -4179,7 +4140,7 @@ new_agent_name = checked(lambda text: NAME.fullmatch(text) and module_name(text)
 
 
 def agent_name(text: str) -> str:
-    """An argparse type: an agent's name, checked before any path is built from it."""
+    """An agent's name (check_name)."""
     try:
         return check_name(text)
     except Refusal as why:
@@ -4187,7 +4148,7 @@ def agent_name(text: str) -> str:
 
 
 def at_least_one(text: str) -> int:
-    """An argparse type: a whole number >= 1."""
+    """A whole number >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -4198,7 +4159,7 @@ def at_least_one(text: str) -> int:
 
 
 def shard_text(text: str) -> tuple[int, int]:
-    """An argparse type: K/N, 1 <= K <= N."""
+    """K/N, 1 <= K <= N."""
     k, _, n = text.partition("/")
     if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
         raise argparse.ArgumentTypeError(f"{text!r} is not K/N with 1 <= K <= N (e.g. 2/3)")
@@ -4206,7 +4167,7 @@ def shard_text(text: str) -> tuple[int, int]:
 
 
 def reason_text(text: str) -> str:
-    """An argparse type: the text on one line (refusals echo it)."""
+    """The text on one line (refusals echo it)."""
     line = " ".join(text.split())
     if not line:
         raise argparse.ArgumentTypeError("needs a reason, not blank: it is kept with the record")
@@ -4214,7 +4175,7 @@ def reason_text(text: str) -> str:
 
 
 def run_reference(text: str) -> tuple[str | None, str]:
-    """An argparse type: (agent or None, run id) from RUN_ID or AGENT/RUN_ID."""
+    """(agent or None, run id) from RUN_ID or AGENT/RUN_ID."""
     agent, _, run_id = text.rpartition("/")
     if not RUN_ID.fullmatch(run_id) or (agent and not NAME.fullmatch(agent)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a run id, RUN_ID or AGENT/RUN_ID "
@@ -4223,7 +4184,7 @@ def run_reference(text: str) -> tuple[str | None, str]:
 
 
 def example_tools(text: str) -> tuple[str, ...]:
-    """An argparse type: 'read', 'draft' or both, comma-separated, in EXAMPLE_TOOLS' order."""
+    """'read', 'draft' or both, comma-separated, in EXAMPLE_TOOLS' order."""
     chosen = [word.strip() for word in text.split(",")]
     unknown = [word for word in chosen if word not in EXAMPLE_TOOLS]
     if unknown or not chosen:
@@ -4255,7 +4216,7 @@ def printed_json(args, *objects: dict) -> bool:
 
 
 def print_lines(lines, file=None) -> None:
-    """One print per line (a line break inside one is escaped: SafeStream)."""
+    """One print per line."""
     for line in lines:
         print(line, file=file)
 
@@ -4267,8 +4228,7 @@ def complained(station: str, problems) -> int:
 
 
 def declined(lines: list[str], question: str) -> str | None:
-    """Show lines and ask `QUESTION [y/N]` on stderr: None when the human typed y or yes, else what they
-    answered (answered())."""
+    """Show lines and ask `QUESTION [y/N]` on stderr: None when the human typed y or yes, else answered()."""
     print_lines(lines, sys.stderr)
     sys.stderr.write(f"{question} [y/N] ")
     sys.stderr.flush()
@@ -4277,7 +4237,7 @@ def declined(lines: list[str], question: str) -> str | None:
 
 
 def signer_of(fac: Factory, args) -> Signer:
-    """The Signer --by NAME [--ssh-key KEY] names (the name checked first)."""
+    """The Signer of --by NAME [--ssh-key KEY] (the name checked first)."""
     fac.key_path(args.by)
     return Signer(args.by, args.ssh_key.expanduser() if args.ssh_key else None)
 
@@ -4332,8 +4292,8 @@ def source_agent(fac: Factory, source: str, name: str) -> Agent:
 
 
 def write_new_agent(fac: Factory, name: str, files: list[NewFile]) -> None:
-    """Write a new agent's files all or none, then read it (checked, never executed: a copy may hold anyone's
-    code); Refusal, nothing left written, when a file cannot be written or the agent does not read."""
+    """Write a new agent's files all or none, then read it (never executed: a copy may hold anyone's code);
+    Refusal, nothing left written, when a file cannot be written or the agent does not read."""
     try:
         with fac.store.creating() as create:
             for made in files:
@@ -4375,8 +4335,8 @@ def cmd_stamp(fac: Factory, args) -> int:
 
 
 def stamp_card(fac: Factory, master_name: str, name: str, overrides: dict, master: Agent, path: Path) -> int:
-    """Under the lock on masters/: the lineage entry, then the card (a stamp stopped between them:
-    finish_stamp). Refusal for a name taken."""
+    """Under the lock on masters/: the lineage entry, then the card (a stamp stopped between: finish_stamp);
+    Refusal for a name taken."""
     earlier = parents(fac).get(name)   # the lineage log fixes a name's parent for good, even once its card is gone
     if earlier is not None and earlier != master_name:
         raise Refusal(f"{name} was stamped from {earlier} before ({fac.shown(fac.lineage)}); "
@@ -4398,7 +4358,7 @@ def stamp_card(fac: Factory, master_name: str, name: str, overrides: dict, maste
 
 
 def first_lineage_entry(name: str, master: str):
-    """make(chain) for append_to_log: NAME's lineage entry, refused when the log has one (two stamps at once)."""
+    """make(chain) for append_to_log: NAME's lineage entry; Refusal if the log has one (two stamps at once)."""
     def make(chain: Chain) -> dict:
         if any(row.get("agent") == name for _, row in chain.entries):
             raise Refusal(f"{name} was stamped a moment ago by another stamp ({chain.where}); pick a new name")
@@ -4407,8 +4367,8 @@ def first_lineage_entry(name: str, master: str):
 
 
 def finish_stamp(fac: Factory, master: str, name: str, overrides: dict, earlier: str | None) -> int:
-    """The card exists: a stamp stopped before its lineage entry (the card says MASTER, the log knows nothing
-    of NAME) is finished, the card kept as written; anything else is a name taken."""
+    """The card exists: a stamp stopped before its lineage entry (card says MASTER, the log nothing of NAME) is
+    finished, the card as written; else the name is taken."""
     path = fac.card_path(name)
     card, where = read_card(fac, name)
     if earlier is not None or card.get("stamped_from") != master:
@@ -4506,7 +4466,7 @@ def cmd_prove(fac: Factory, args) -> int:
 
 
 def write_shard(fac: Factory, record: dict, as_json: bool) -> int:
-    """Write a shard record, sealed, beside the proof records (never read as one). Exit 0."""
+    """Write a shard record, sealed, beside the proof records (never read as one); exit 0."""
     k, n = record["shard"]
     path = fac.record_path(record["agent"], f"{record['half']}-shard-{k}-of-{n}")
     fac.store.write_json(path, sealed_evidence(fac, record))
@@ -4581,7 +4541,7 @@ def attempts_lines(claim: ClaimOnDisk) -> list[str]:
 
 
 def production_line(fac: Factory, claim: ClaimOnDisk) -> str:
-    """The index's authenticated (MAC-checked) gated runs of this digest, as certify judges them."""
+    """The index's authenticated gated runs of this digest, as certify judges them."""
     below, problem = judged_tier(claim.tier), index_problem(fac)
     production = gated_runs(fac, claim.agent, below)
     return (f"  production evidence since the agent (its digest) last changed: {production.runs} authenticated gated run(s) "
@@ -4590,7 +4550,7 @@ def production_line(fac: Factory, claim: ClaimOnDisk) -> str:
 
 
 def replaced_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
-    """The certificate this signature replaces, whether it would run now, and the recalls since it was signed."""
+    """The certificate this signature replaces, whether it would run now, the recalls since it was signed."""
     where = fac.shown(fac.cert_path(claim.name))
     try:
         old = claim.cert
@@ -4603,7 +4563,7 @@ def replaced_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
 
 def paired_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
     """On the sealed cases both ran, what this proof fixes and breaks against the one certified before (the
-    agent's, else its master's; McNemar exact); a line why not when that proof cannot be checked."""
+    agent's, else its master's; McNemar exact), or why they cannot be compared."""
     master = parents(fac).get(claim.name)
     try:
         cert = claim.cert or (fac.store.read_json(fac.cert_path(master)) if master and fac.cert_path(master).exists() else None)
@@ -4626,7 +4586,7 @@ def paired_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
 
 
 def variant_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
-    """For a variant, each way its card differs from its master's card as it is now."""
+    """For a variant, each way its card differs from its master's as it is now."""
     master = parents(fac).get(claim.name)
     if master is None:
         return []
@@ -4865,7 +4825,7 @@ def cmd_tower(fac: Factory, args) -> int:
         fac.store.write_text(Path(args.html), render_tower_html(doc), outside=True)
         print(f"wrote {args.html}")
     else:
-        print_tower(doc)
+        print_lines(tower_lines(doc))
     complained("tower", dict.fromkeys(doc["problems"] + [line for agent in doc["agents"] for line in agent["problems"]]))
     return 1 if doc["partial"] else 0
 
@@ -4907,8 +4867,8 @@ def cmd_harvest(fac: Factory, args) -> int:
 
 
 def harvest_flagged(fac: Factory, target: Agent, smith: Agent, smith_cert: dict) -> Harvested:
-    """Run evalsmith on each flagged run not harvested yet, but a sealed case's input (counted, never
-    proposed); one whose proposal is already written is only recorded. The caller holds the lock."""
+    """Run evalsmith on each flagged run not harvested yet but a sealed case's input (counted, never proposed);
+    one whose proposal is written is only recorded. The caller holds the lock."""
     name, log = target.name, fac.records / target.name / "harvested.jsonl"
     done = {row.get("run_id") for _, row in fac.store.read_jsonl(log)} if log.exists() else set()
     todo, result = harvest_candidates(fac, name, done)
@@ -4936,8 +4896,8 @@ def harvest_flagged(fac: Factory, target: Agent, smith: Agent, smith_cert: dict)
 
 
 def harvest_candidates(fac: Factory, name: str, done: set) -> tuple[list[dict], Harvested]:
-    """(NAME's runs to harvest, in index order, not in `done`; the count of those still being written). An
-    unfinished run no process writes any more is a candidate; one killed before its trace began is not."""
+    """(NAME's runs to harvest, in index order, not in `done`; the count still being written). An unfinished run
+    no process writes is one; one killed before its trace began is not."""
     entries = [row for _, row in index_lines(fac) if row["agent"] == name and row["run_id"] not in done]
     closed, todo, result = {row["run_id"] for row in entries if row.get("state") != "started"}, [], Harvested()
     for row in entries:
@@ -4965,7 +4925,7 @@ def proposed_before(fac: Factory, name: str, smith: str) -> set[str]:
 
 
 def trace_header(fac: Factory, agent: str, run_id: str) -> dict | None:
-    """A trace's first line alone; None when there is no trace or it is empty (killed before its header)."""
+    """A trace's first line; None when there is no trace or it is empty (killed before its header)."""
     path = fac.trace_path(agent, run_id)
     if not fac.store.exists(path):
         return None
@@ -5035,7 +4995,7 @@ def certificate_state(fac: Factory, name: str) -> str:
 
 
 def gate_report(fac: Factory) -> list[str]:
-    """doctor's lines on the gate (the key's presence, never its value), and why it cannot be used or a live check."""
+    """doctor's lines on the gate: the key's presence (never its value), why it is unusable, or a live check."""
     client = sage.Sage.from_env(fac.env, timeout=8.0)
     unusable = None if client.usable else scoring_problem(client)[0] == "no key"
     return gate_lines(client, bool(fac.env.get("SAGE_API_KEY")), sage.USER_AGENT, unusable,
@@ -5136,7 +5096,7 @@ def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
 
 @dataclass(frozen=True)
 class Parked:
-    """The parked calls as pending and tower see them, with what was not read or believed."""
+    """The parked calls as pending and tower see them, and what was not read or believed."""
     entries: list[dict]
     states: dict                        # (run id, call) -> state
     decided: dict | None                # (run id, call) -> [entry, ...], verified; None when the log cannot be read
@@ -5146,8 +5106,8 @@ class Parked:
 
 
 def parked(fac: Factory) -> Parked:
-    """Every parked call and its state from the approvals log's verified decisions; a call its run's sealed
-    index row parked whose file is gone, unless closed, is named in `unread`."""
+    """Every parked call and its state by the approvals log's verified decisions; a call a sealed index row
+    parked whose file is gone, unless closed, is in `unread`."""
     entries, unread = parked_calls(fac)
     try:
         decisions, log_problem = decisions_of(fac), None
@@ -5236,7 +5196,7 @@ def reconciled(signer: Signer, body: dict):
 
 
 def decider(fac: Factory, args, guards: tuple) -> tuple[dict, Signer, ClaimOnDisk]:
-    """(staged call, Signer, Claim) for approve and reject: guards enforced, doubted entries noted, key ready."""
+    """(staged call, Signer, Claim) for approve and reject: guards enforced, doubts noted, key ready."""
     entry, signer = load_pending(fac, args.run_id, args.call), signer_of(fac, args)
     claim = enforce(staged_call_claim(fac, entry), guards)
     for line in claim.decisions.doubted.get((entry["run_id"], entry["call"]), []):
@@ -5420,7 +5380,7 @@ def cmd_export(fac: Factory, args) -> int:
 
 
 def export_run(fac: Factory, recorded: Recorded) -> str:
-    """Send one finished run to fac.otlp, noting how it went in its trace; '' when sent, else why not."""
+    """Send one finished run to fac.otlp, noting it in its trace; '' when sent, else why not."""
     try:
         body = llm.otlp_body(fac.otlp, recorded.header["run_id"], llm.run_spans(recorded.events, fac.otlp.content))
         llm.send_otlp(llm.build_opener(fac.env), fac.otlp, body)
@@ -5571,7 +5531,7 @@ def tower_document(fac: Factory) -> dict:
 
 
 def calls_by_agent(fac: Factory, calls: Parked, problems: list[str]) -> dict[str, ParkedCounts]:
-    """agent -> ParkedCounts; an unread or missing parked file is its run's agent's problem, else the tower's."""
+    """agent -> ParkedCounts; an unread or missing parked file is its run's agent's problem, or the tower's."""
     found = parked_counts(calls.entries, calls.states)
     for run_id, line in calls.unread:
         agent = run_agent(fac, run_id)
@@ -5614,7 +5574,7 @@ def known_agents(fac: Factory) -> list[str]:
 
 
 def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
-    """(NAME's trust, problems): broker.certificate_trust on its certificate as it is here and the drift watch."""
+    """(NAME's trust, problems): broker.certificate_trust on its certificate here and the drift watch."""
     return certificate_trust(ClaimOnDisk(name, "run", fac=fac), drift.demoted, Refusal, refusal_line)
 
 
@@ -5626,26 +5586,18 @@ def gate_bar(fac: Factory, name: str) -> float | None:
         return None
 
 
-def print_tower(doc: dict) -> None:
-    """The terminal tower (broker.tower_lines), a print a line."""
-    for line in tower_lines(doc):
-        print(line)
-
-
 # ================================================================ 7. CLI
-# Owns the command line: the streams everything is printed through (secrets scrubbed, terminal
-# controls escaped, never an encoding error), progress on a terminal, the parser built from the
-# @station functions, and main, the one place a Refusal becomes a line on stderr and an exit status.
+# Owns the command line: the streams all output goes through (secrets scrubbed, terminal controls escaped, never
+# an encoding error), progress, the parser, and main, where a Refusal becomes a stderr line and an exit status.
 
 def print_block(text: str, file=None) -> None:
-    """Print text the factory made (json.dumps: no raw line break in its strings) one line per print (see
-    SafeStream); never an outside value as it is."""
-    for line in text.split("\n"):
-        print(line, file=file)
+    """Print text the factory made (json.dumps: no raw line break in its strings) a line per print; never an
+    outside value as it is."""
+    print_lines(text.split("\n"), file)
 
 
 def print_columns(*cells: str) -> None:
-    """print(*cells, sep="\t"), in one write when stdout is a SafeStream (one write per line, even unbuffered)."""
+    """print(*cells, sep="\t"), in one write to a SafeStream (a write per line, even unbuffered)."""
     if isinstance(sys.stdout, SafeStream):
         sys.stdout.write_columns(cells)
     else:
@@ -5654,7 +5606,7 @@ def print_columns(*cells: str) -> None:
 
 class SafeStream:
     """stdout or stderr as stations print: secrets scrubbed, what a terminal would act on or the encoding cannot
-    hold as `\\uXXXX`; one print is one line. `unfiltered` is the stream underneath."""
+    hold as `\\uXXXX`; one print is one line. `unfiltered`: the stream underneath."""
 
     def __init__(self, stream, hidden: tuple[tuple[str, str], ...]):
         self.unfiltered, self.hidden = stream, hidden
@@ -5677,15 +5629,14 @@ class SafeStream:
 
 
 def print(*values, sep: str | None = " ", end: str | None = "\n", file=None, flush: bool = False) -> None:
-    """builtins.print, but a value that is exactly a line feed or a tab (SEPARATORS), which SafeStream cannot
-    tell from sep and end, is escaped."""
+    """builtins.print, but a value that is exactly a line feed or tab (SEPARATORS), which SafeStream cannot tell
+    from sep and end, escaped."""
     shown = [visible(text) if (text := str(value)) in SEPARATORS else text for value in values]
     builtins.print(*shown, sep=sep, end=end, file=file, flush=flush)
 
 
 def encodable(text: str, encoding: str) -> str:
-    """text with each character `encoding` cannot hold as `\\uXXXX` (a UTF-16 pair above U+FFFF: valid inside a
-    JSON string)."""
+    """text with each character `encoding` cannot hold as `\\uXXXX` (above U+FFFF a UTF-16 pair, as JSON)."""
     try:
         text.encode(encoding)
         return text
@@ -5716,8 +5667,7 @@ def safe_streams(env: Mapping[str, str]) -> Iterator[None]:
 
 @dataclass
 class Progress:
-    """Done/total, rate and time left on one stderr line, only on a terminal after a second (wiped before
-    results print)."""
+    """Done/total, rate and time left on one stderr line, on a terminal after a second (wiped for results)."""
     label: str
     total: int
     done: int = 0
@@ -5744,7 +5694,7 @@ class Progress:
 
     @staticmethod
     def show(text: str) -> None:
-        """Write our own line (an agent name and numbers) with its carriage returns to the terminal."""
+        """Write our own line (an agent name, numbers, carriage returns) to the terminal."""
         terminal = getattr(sys.stderr, "unfiltered", sys.stderr)
         terminal.write(text)
         terminal.flush()
@@ -5759,7 +5709,7 @@ def answered(answer: str) -> str:
 
 
 def user_name(env: Mapping[str, str]) -> str:
-    """Who runs the station, for the records naming them: $USER, else the login name."""
+    """Who runs the station, for the records: $USER, else the login name."""
     return env.get("USER") or login_name()
 
 
@@ -5773,7 +5723,7 @@ def login_name() -> str:
 
 
 def typed_answer() -> str:
-    """The line typed at a prompt, stripped and lowercased; undecodable bytes read as U+FFFD (never `y`)."""
+    """The line typed at a prompt, stripped, lowercased; undecodable bytes read as U+FFFD (never `y`)."""
     raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline().encode()
     return raw.decode(getattr(sys.stdin, "encoding", None) or "utf-8", errors="replace").strip().lower()
 
@@ -5798,8 +5748,8 @@ class Parser(argparse.ArgumentParser):
         raise Usage(message, self.station)
 
     def _print_message(self, message: str, file=None) -> None:
-        """argparse's output, a print a line through SafeStream. A private method overridden knowingly: all its
-        output goes through it, no public hook does (the --help tests catch an argparse that stops calling it)."""
+        """argparse's output, a print a line through SafeStream: no public hook takes all of it (the --help
+        tests catch an argparse that stops calling it)."""
         try:
             for line in message.rstrip("\n").split("\n") if message else []:
                 print(line, file=file or sys.stderr)
@@ -5960,8 +5910,8 @@ def run_station(argv: list[str] | None, env: Mapping[str, str], halt: Halt) -> i
 
 
 def not_text(args: argparse.Namespace) -> str | None:
-    """Why an argument cannot be used (undecodable bytes, kept as lone surrogates), or None; a path may be any
-    bytes."""
+    """Why an argument but a path (any bytes) cannot be used (undecodable bytes, as lone surrogates), or
+    None."""
     for dest, value in vars(args).items():
         for text in value if isinstance(value, list) else [value]:
             if dest not in PATH_ARGUMENTS and isinstance(text, str) and LONE_SURROGATE.search(text):
@@ -5972,7 +5922,7 @@ def not_text(args: argparse.Namespace) -> str | None:
 
 
 def as_bytes_shown(text: str) -> str:
-    """An argument with each byte Python could not decode (U+DC80..U+DCFF) written back as `\\xff`."""
+    """An argument with each byte Python could not decode (U+DC80..U+DCFF) as `\\xff`."""
     return re.sub("[\udc80-\udcff]", lambda found: f"\\x{ord(found.group()) - 0xDC00:02x}", text)
 
 
