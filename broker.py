@@ -1775,9 +1775,15 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
 )
 
 
+FIELDS_IN: dict[str, dict[str, CardField]] = {}   # parent ('' the card) -> key -> its field, from CARD_SCHEMA
+for _field in CARD_SCHEMA:
+    FIELDS_IN.setdefault(_field.name.rpartition(".")[0], {})[_field.name.rpartition(".")[2]] = _field
+del _field
+
+
 def fields_in(parent: str) -> dict[str, CardField]:
     """key -> CardField of the fields directly inside the object field `parent` ('' for the card itself)."""
-    return {f.name.rpartition(".")[2]: f for f in CARD_SCHEMA if f.name.rpartition(".")[0] == parent}
+    return FIELDS_IN.get(parent, {})
 
 
 def object_problems(value: dict, parent: str = "") -> list[str]:

@@ -71,7 +71,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace as with_fields
 from datetime import datetime, timedelta, timezone
-from functools import cached_property, partial
+from functools import cached_property, lru_cache, partial
 from operator import itemgetter
 from pathlib import Path
 
@@ -1310,20 +1310,12 @@ class Code:
     def digest(self, relative: str) -> str:
         return sha256(self.source(relative))
 
-    def tree(self, relative: str) -> "ast.Module":
-        """The parsed source, scanned and compiled; Refusal for invalid Python."""
-        def parse(path: str):
-            import ast
-            try:
-                return ast.parse(self.source(path), str(self.fac.agents / path))
-            except (SyntaxError, ValueError, RecursionError, MemoryError) as error:   # ValueError: a null byte
-                raise not_python(path, error) from None
-        return self.kept("tree", relative, parse)
-
-    def nodes(self, relative: str) -> tuple:
-        """Every node of the tree (ast.walk), listed once: both scans of a module read them."""
-        import ast
-        return self.kept("nodes", relative, lambda path: tuple(ast.walk(self.tree(path))))
+    def tree(self, relative: str, part: str = "tree"):
+        """Parsed's PART of the source (tree, nodes, imports, reaching, tops, schema); Refusal for invalid Python."""
+        try:
+            return getattr(parsed(self.source(relative), f"agents/{relative}"), part)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as error:   # ValueError: a null byte
+            raise not_python(relative, error) from None
 
     def imports(self, relative: str) -> list[str]:
         """The agent modules agents/RELATIVE's import statements name, as sorted paths under agents/; Refusal
@@ -1332,7 +1324,7 @@ class Code:
 
     def scan_imports(self, relative: str) -> list[str]:
         import ast
-        found, nodes = set(), self.nodes(relative)   # outside the try: a module that does not parse says so itself
+        found, nodes = set(), self.tree(relative, "imports")   # outside the try: one that does not parse says so
         try:
             for node in nodes:
                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -1364,12 +1356,12 @@ class Code:
         """Refusal naming the line where agents/RELATIVE reaches for code the digest does not cover
         (code_loading), or imports by plain name a file inside the root (outside_the_root); once per module."""
         def scanned(path: str) -> bool:
-            reaching = code_loading(self.nodes(path))
+            reaching = self.tree(path, "reaching")
             if reaching:
                 line, construct = reaching[0]
                 raise Refusal(f"agents/{path} line {line}: {construct} loads code the digest does not cover, so "
                               f"the factory will not run this module; import an agent module as `from agents import NAME`")
-            for top in plain_imports(self.nodes(path)):
+            for top in self.tree(path, "tops"):
                 self.outside_the_root(path, top)
             return True
         self.kept("scan", relative, scanned)
@@ -1391,7 +1383,7 @@ class Code:
         module.__file__ = path
         module.__builtins__ = {**vars(builtins), "__import__": self.importer(relative, imports)}
         try:
-            code = compile(self.tree(relative), path, "exec", dont_inherit=True)
+            code = located(parsed(self.source(relative), f"agents/{relative}").code, path)
         except (SyntaxError, RecursionError, MemoryError) as error:   # parses, does not compile: a late `from __future__`
             raise not_python(relative, error) from None
         self.modules[relative] = module   # before it runs: an import cycle finds it half made, as Python's own does
@@ -1436,6 +1428,39 @@ class Code:
         if origin is not None and any(origin.is_relative_to(base) for base in (self.fac.root, Path(__file__).resolve().parent)):
             raise Refusal(f"agents/{relative}: import {top} would load {self.fac.shown(origin)}, inside the factory root: "
                           f"code the digest does not cover; move it to agents/ and import it as `from agents import {top}`")
+
+
+class SourceScan:
+    """One agent module's source parsed, walked and scanned, for its bytes and its name under the root (the
+    same in every root): the tree, its nodes (ast.walk's order), its import statements, what code_loading,
+    plain_imports and written_schema find, and the code compiled from the tree (`located` gives it its path)."""
+
+    def __init__(self, source: bytes, name: str):
+        import ast
+        self.source, self.name, self.tree = source, name, ast.parse(source, name)
+        self.nodes = tuple(ast.walk(self.tree))
+        self.imports = tuple(node for node in self.nodes if isinstance(node, (ast.Import, ast.ImportFrom)))
+        self.reaching, self.tops = code_loading(self.nodes), plain_imports(self.imports)
+
+    @cached_property
+    def schema(self) -> dict | None:
+        return written_schema(self.tree, self.nodes)
+
+    @cached_property
+    def code(self) -> types.CodeType:
+        """SyntaxError, RecursionError or MemoryError for a tree that parses and does not compile."""
+        return compile(self.tree, self.name, "exec", dont_inherit=True)
+
+
+# A process that runs many stations (prove's workers, the tests) parses each source once; the same bytes parse
+# to the same tree, so a root cannot plant anything here. Errors are raised, not kept.
+parsed = lru_cache(maxsize=16)(SourceScan)
+
+
+def located(code: types.CodeType, path: str) -> types.CodeType:
+    """code with path as its file name, and its functions' (what a traceback names)."""
+    consts = (located(const, path) if isinstance(const, types.CodeType) else const for const in code.co_consts)
+    return code.replace(co_filename=path, co_consts=tuple(consts))
 
 
 def not_python(relative: str, error: Exception) -> Refusal:
@@ -1682,7 +1707,7 @@ def entrypoint_problems(fac: Factory, card: dict) -> list[str]:
         fac.code.check(relative)
     except Refusal as refusal:
         return [str(refusal)]
-    schema = written_schema(fac.code.tree(relative), fac.code.nodes(relative))
+    schema = fac.code.tree(relative, "schema")
     return [] if schema is None else output_field_problems(card, schema, f"agents/{relative}")
 
 
@@ -5772,9 +5797,9 @@ pass, 130 interrupted, 141 run's stdout closed, 143 terminated. Results go to
 stdout; refusals, prompts and progress to stderr."""
 
 
-def wrapped(text: str) -> str:
-    """Text as --help shows it: each paragraph re-wrapped to the terminal."""
-    width = min(shutil.get_terminal_size().columns - 2, 100)
+def wrapped(text: str, columns: int) -> str:
+    """Text as --help shows it: each paragraph re-wrapped to a terminal COLUMNS wide."""
+    width = min(columns - 2, 100)
     return "\n\n".join(textwrap.fill(" ".join(part.split()), width, break_on_hyphens=False)   # never split --ssh-key
                        for part in re.split(r"\n\s*\n", text.strip()))
 
@@ -5795,13 +5820,19 @@ def station_epilog(func) -> str:
 def build_parser(built: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
     """The argparse tree: a subparser per station (its docstring the description, its epilog after); only those
     in `built` (None: all) are built whole, the rest are a name and summary."""
+    return parser_tree(built, shutil.get_terminal_size().columns)
+
+
+@lru_cache(maxsize=16)   # parsing leaves a parser as it was: a process running many stations builds each once
+def parser_tree(built: tuple[str, ...] | None, columns: int) -> argparse.ArgumentParser:
+    """build_parser's tree for a terminal COLUMNS wide."""
     common = argparse.ArgumentParser(add_help=False)  # accepted before or after the station name
     common.add_argument("--root", type=folder_text, default=argparse.SUPPRESS, metavar="DIR",
                         help="the factory root (default: $FACTORY_ROOT, else the folder of factory.py)")
     common.add_argument("--sealed-dir", type=folder_text, default=argparse.SUPPRESS, metavar="DIR",
                         help="where SUITE/sealed.jsonl live (default: $FACTORY_SEALED_DIR, else evals/)")
     raw = argparse.RawDescriptionHelpFormatter   # descriptions come wrapped, epilogs laid out by hand
-    parser = Parser(prog="factory.py", description=wrapped(__doc__.split("\n\n")[0]), epilog=START_HERE,
+    parser = Parser(prog="factory.py", description=wrapped(__doc__.split("\n\n")[0], columns), epilog=START_HERE,
                     parents=[common], formatter_class=raw)
     parser.add_argument("--version", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="STATION", title="stations")
@@ -5811,7 +5842,7 @@ def build_parser(built: tuple[str, ...] | None = None) -> argparse.ArgumentParse
         if built is not None and name not in built:
             subparsers.add_parser(name, help=summary, add_help=False)   # takes anything: never parsed for real
             continue
-        sub = subparsers.add_parser(name, help=summary, description=wrapped(func.__doc__),
+        sub = subparsers.add_parser(name, help=summary, description=wrapped(func.__doc__, columns),
                                     epilog=station_epilog(func), parents=[common], formatter_class=raw)
         sub.station = name
         sub.set_defaults(func=func)
