@@ -1139,12 +1139,6 @@ def rate_text(agent: dict) -> str:
     return f"{agent['passed']}/{agent['scored']} = {cut(agent['pass_rate'], 2):.2f} [{cut(low, 2):.2f}, {cut(high, 2, up=True):.2f}]"
 
 
-def percent_text(rate: float | None) -> str:
-    """A rate in 0..1 as '66.6%', cut to a tenth of a percent (never rounded up, as every score is), or '-'
-    when there is none (nothing was scored)."""
-    return "-" if rate is None else f"{100 * cut(rate, 3):.1f}%"
-
-
 USD_PLACES = 12   # every USD figure the factory writes is rounded to this many places (usd)
 
 
@@ -2714,13 +2708,13 @@ def trust_summary(trust: dict) -> str:
     return f"{signed}; runs at C0 (demoted)" if trust["demoted"] else f"{signed}; may run"
 
 
-TOWER_COLUMNS = (("agent", -16), ("runs", 7), ("pass", 7), ("acted", 6), ("staged", 6), ("cost", 10), ("denied", 7),
-                 ("unscored", 8), ("unfinished", 10), ("backends", 0))   # the table's columns: name, width (< 0: left)
+TOWER_COLUMNS = (("agent", -16), ("runs", 7), ("gate pass over scored runs", 26), ("acted", 6), ("staged", 6),
+                 ("cost", 10), ("denied", 7), ("unscored", 8), ("unfinished", 10), ("backends", 0))   # the table's columns: name, width (< 0: left)
 
 
 def tower_cells(agent: dict) -> list[str]:
     """An agent's row of the table (TOWER_COLUMNS), text and page alike."""
-    return [agent["agent"], *map(str, (agent["runs"], percent_text(agent["pass_rate"]), agent["acted"], agent["staged"],
+    return [agent["agent"], *map(str, (agent["runs"], rate_text(agent), agent["acted"], agent["staged"],
                                        usd_text(agent["cost_usd"]), agent["denied"], agent["unscored"], agent["unfinished"])),
             ", ".join(agent["backends"]) or "-"]
 
@@ -2742,7 +2736,7 @@ def tower_lines(doc: dict) -> list[str]:
 
 def agent_lines(agent: dict) -> list[tuple[str, str]]:
     """(kind, line) under an agent's row, text and page alike: trust and the refusals behind it (each once, none
-    its problems show, none for an uncertified agent), parked calls, reviews, sealed score, gate pass, verdicts,
+    its problems show, none for an uncertified agent), parked calls, reviews, sealed score, verdicts,
     drift, gate p, unknown costs, unfinished runs, problems."""
     trust, gate_p, bar = agent["trust"], agent["gate_p"], agent["gate_bar"]
     why = [] if trust.get("certificate") in ("none", None) else [line for line in dict.fromkeys(
@@ -2755,7 +2749,7 @@ def agent_lines(agent: dict) -> list[tuple[str, str]]:
              ("calls", f"approvals: {trust.get('pending')} pending, {trust.get('uncertain_effect')} uncertain-effect{stuck}"),
              ("reviews", f"reviews: {reviews_text(agent.get('reviews'))}"),
              *([("sealed", f"certified on its sealed half: {part_text(sealed)}")] if sealed else []),
-             ("pass", f"gate pass over scored runs: {rate_text(agent)}"), ("verdicts", f"verdicts {shown or '-'}"),
+             ("verdicts", f"verdicts {shown or '-'}"),
              ("drift", f"drift: {agent['drift']['state']}"),
              ("gate-p", f"gate p by tenths 0->1: {' '.join(map(str, gate_p['counts']))}   "
                         f"({with_p_text(gate_p['runs'], agent['runs'])}; bar {'?' if bar is None else bar})")]

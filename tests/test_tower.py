@@ -152,11 +152,13 @@ class TowerHtmlTest(unittest.TestCase):
         for table in charts.values():   # the by-day table's bar column had no header
             self.assertTrue(all((cell.text or "").strip() for cell in table.find("tr")), table.get("data-chart"))
 
-    def test_a_rate_is_cut_alike_in_the_column_and_the_line(self):
-        """The pass column showed 88.6% beside `31/35 = 0.88`: one rounded, the other cut."""
+    def test_the_pass_column_carries_its_n_and_interval(self):
+        """The pass column showed a bare 88.6% (its n and interval only on a line below, the point rounded there
+        and cut here): now the cell is the rate as every other rate is printed."""
         agent = {**make_agent(), "scored": 35, "passed": 31, "pass_rate": 31 / 35, "pass_interval": list(broker.wilson(31, 35))}
-        self.assertEqual((broker.tower_cells(agent)[2], broker.rate_text(agent)[:13]), ("88.5%", "31/35 = 0.88 "))
-        self.assertEqual([broker.percent_text(rate) for rate in (0.29, 2 / 3, 1.0, 0.0)], ["29.0%", "66.6%", "100.0%", "0.0%"])
+        self.assertEqual(broker.tower_cells(agent)[2], "31/35 = 0.88 [0.74, 0.96]")   # Wilson: 0.7405, 0.9546
+        self.assertEqual(broker.tower_cells({**agent, "scored": 0, "passed": 0, "pass_rate": None})[2], "-")
+        self.assertEqual(broker.TOWER_COLUMNS[2][0], "gate pass over scored runs")
 
     def test_no_script_no_http_and_no_agents(self):
         out, root = self.render(sample_doc())
@@ -323,9 +325,10 @@ class TowerReport(LineTest):
     def test_tower_counts_runs(self):
         doc, text, _ = self.tower()
         self.assertEqual(doc["format"], "factory-tower-2")
-        row = [line for line in text.splitlines() if line.startswith("triager ")][0].split()
-        self.assertEqual(row[:10], ["triager", "45", "92.5%", "0", "0", "$0", "1", "5", "0", "offline"],
-                         "37 of 40 scored runs passed; pass % is over scored runs")
+        row = [line for line in text.splitlines() if line.startswith("triager ")][0]
+        self.assertEqual(row.split("]")[1].split(), ["0", "0", "$0", "1", "5", "0", "offline"], row)
+        self.assertEqual(row.split()[:2], ["triager", "45"], row)
+        self.assertIn(" 37/40 = 0.92 [0.80, 0.98] ", row, "37 of 40 scored runs passed; the rate is over scored runs")
         self.assertIn("gate p by tenths 0->1: 0 0 3 0 0 0 0 0 0 37   (40 of 45 runs with a gate p; bar 0.85)", text)
         self.assertIn("verdicts verified:37 routed-to-human:3 unscored:5", text)
         triager = self.agent(doc)
@@ -347,7 +350,7 @@ class TowerReport(LineTest):
         doc, text, page = self.tower()
         triager = self.agent(doc)
         section = page.find(".//section[@data-agent='triager']")
-        self.assertIn("gate pass over scored runs: 37/40 = 0.92 [0.80, 0.98]", text)
+        self.assertIn(" 37/40 = 0.92 [0.80, 0.98] ", text.split("\ntriager ", 1)[1].split("\n")[0])
         lines = [line.strip() for line in text.split("\ntriager ", 1)[1].split("\n")[1:] if line.startswith(" " * 17)]
         self.assertEqual([p.text for p in section.findall("p")], lines, "the page says what the text says, line for line")
         row = next(line for line in text.splitlines() if line.startswith("triager "))
@@ -370,7 +373,7 @@ class TowerReport(LineTest):
         self.assertEqual([a["agent"] for a in doc["agents"]], ["evalsmith", "faq", "triager"])
         faq = self.agent(doc, "faq")
         self.assertEqual((faq["runs"], faq["trust"]["certificate"], faq["trust"]["summary"]), (0, "none", "uncertified"))
-        self.assertIn("faq                    0       -", text)
+        self.assertEqual(text.split("\nfaq ", 1)[1].split()[:2], ["0", "-"], text)
         evalsmith = self.agent(doc, "evalsmith")
         self.assertEqual(evalsmith["trust"]["tier"], "C1")
         self.assertTrue(evalsmith["trust"]["may_run"])
