@@ -509,6 +509,10 @@ def url_problem(url: str, proxy: bool) -> str | None:
                 or not url.isascii():
             return f"is not an http:// or https:// url with a host, free of spaces and controls, ascii (an international host in its xn-- form) ({shown})"
         parts.hostname.encode("idna")
+        if parts.port == 0:
+            return f"names port 0, which no connection can reach ({shown})"
+        if not proxy and "@" in parts.netloc:   # a proxy's user and password are sent (urllib's ProxyHandler)
+            return f"holds a user or password, which urllib never sends to an endpoint: a key goes in its own variable ({shown})"
     except UnicodeError:
         return f"names a host IDNA cannot encode, which no name lookup can find ({shown})"
     except ValueError as error:

@@ -493,6 +493,9 @@ class Secrets:
         stations = (("run", "triager", "I was charged twice"), ("prove", "triager"), ("doctor",))
         rows = [(label, variables[i % 3], value) for i, (label, value) in enumerate(keys.items())]
         rows += [(repr(url), variables[3 + i % 4], url) for i, url in enumerate(urls)]
+        rows += [("port 0", "HTTPS_PROXY", "http://x:0"), ("port 0", "ANTHROPIC_BASE_URL", "http://127.0.0.1:0/v1"),
+                 ("a user and password", "SAGE_ENDPOINT", "http://user:hunter2QZ7@127.0.0.1:9/v1"),   # sent nowhere
+                 ("a user", "ANTHROPIC_BASE_URL", "http://me@127.0.0.1:9")]
         for i, (label, variable, value) in enumerate(rows):
             argv = stations[i % 3]
             with self.subTest(label, variable=variable, station=argv[0]):
