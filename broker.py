@@ -433,6 +433,35 @@ class Broker:
         return [o.tool for o in self.outcomes if o.ruling in DENIALS]
 
 
+# ---- strict JSON (RFC 8259, https://www.rfc-editor.org/rfc/rfc8259): the hooks the factory's reader gives json
+
+def json_position(text: str, error: json.JSONDecodeError) -> str:
+    """'; line L column C' in a text of several lines, else ' at character N' or ' at the end of the line'."""
+    body = text.rstrip("\r\n")
+    if "\n" in body:
+        return f"; line {error.lineno} column {error.colno}"
+    return " at the end of the line" if error.pos >= len(body) else f" at character {error.pos + 1}"
+
+
+def reject_constant(name: str):
+    """json.loads hook: NaN and Infinity are not JSON."""
+    raise ValueError(f"{name} is not a json number")
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice."""
+
+
+def unique_keys(pairs: list) -> dict:
+    """json.loads hook: DuplicateKey for a key given twice (json.loads keeps the last: deny, then grant)."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise DuplicateKey(f"duplicate key {twice!r}")
+    return obj
+
+
 # ---- a run's verdict
 
 @dataclass(frozen=True)

@@ -81,7 +81,6 @@ class SourceOnly(importlib.machinery.SourceFileLoader):
     would run in the source's place; git ignores that folder)."""
 
     def get_code(self, fullname):
-        """The code compiled from the source's bytes."""
         return compile(self.get_data(self.path), self.path, "exec", dont_inherit=True)
 
 
@@ -103,22 +102,22 @@ own_module("broker")   # registered: the import below reads no file of its own
 from broker import (  # noqa: E402
     APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
     CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
-    ENTRYPOINT, EXECUTE_GUARDS, FINAL, FLAGGED, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IN_ORDER,
-    IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, OPEN_OUTCOME, OUTCOME, Outcome, PASSING, PROMOTION_RUNS,
-    ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SHARD_FORMAT, SIGNER,
-    SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally, allowed_by,
+    DuplicateKey, ENTRYPOINT, EXECUTE_GUARDS, FINAL, FLAGGED, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested,
+    IN_ORDER, IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, OPEN_OUTCOME, OUTCOME, Outcome, PASSING,
+    PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SHARD_FORMAT,
+    SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally, allowed_by,
     allowed_signer, apply_draft_scores, args_digest, attempts_of, attempts_said, attempts_since, brief_lines,
     call_columns, call_state, card_changes, card_problems, case_fields, certificate_trust, check_args, closes,
     closest, closing_verdicts, code_loading, component_lines, component_marks, contract_problems,
     contracts_assigned, created_lines, cut, decisions_in, detect, did_you_mean, doctor_lines, evidence,
     executed_twins, figure_problem, first_refusal, fold_decisions, from_state, gate_content, gate_lines,
-    grants_line, guard_results, head_problem, held_draft, in_shard, json_state, judge, judged_tier, junit_xml,
-    label_source_problem, line_verifies, merge_shards, newer, normalised, outcome_of, output_field_problems,
-    paired_text, parked_counts, part, plain_imports, proof_figures, proof_summary, proof_verdict, rate_text,
-    recorder_tools, render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts,
-    reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines,
-    settle, shard_line, share, shared_inputs, signed_index, state_column, substitution, ticket_problem, tool_list,
-    tower_lines, uncertain_said, usd, went, written_schema)
+    grants_line, guard_results, head_problem, held_draft, in_shard, json_position, json_state, judge, judged_tier,
+    junit_xml, label_source_problem, line_verifies, merge_shards, newer, normalised, outcome_of,
+    output_field_problems, paired_text, parked_counts, part, plain_imports, proof_figures, proof_summary,
+    proof_verdict, rate_text, recorder_tools, reject_constant, render_tower_html, replaced_text, replay_differences,
+    restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note,
+    seal_line, sealed_proof_lines, settle, shard_line, share, shared_inputs, signed_index, state_column,
+    substitution, ticket_problem, tool_list, tower_lines, uncertain_said, unique_keys, usd, went, written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -341,33 +340,6 @@ def parse_json(text: str, where: str):
         raise Refusal(f"{where}: not valid json (nested too deeply)") from None
     except ValueError as error:
         raise Refusal(f"{where}: not valid json ({error})") from None
-
-
-def json_position(text: str, error: json.JSONDecodeError) -> str:
-    """'; line L column C' in a text of several lines, else ' at character N' or ' at the end of the line'."""
-    body = text.rstrip("\r\n")
-    if "\n" in body:
-        return f"; line {error.lineno} column {error.colno}"
-    return " at the end of the line" if error.pos >= len(body) else f" at character {error.pos + 1}"
-
-
-def reject_constant(name: str):
-    """json.loads hook: NaN and Infinity are not JSON (RFC 8259)."""
-    raise ValueError(f"{name} is not a json number")
-
-
-class DuplicateKey(ValueError):
-    """A JSON object names one key twice."""
-
-
-def unique_keys(pairs: list) -> dict:
-    """json.loads hook: DuplicateKey for a key given twice (json.loads keeps the last: deny, then grant)."""
-    obj = dict(pairs)
-    if len(obj) < len(pairs):
-        seen: set = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise DuplicateKey(f"duplicate key {twice!r}")
-    return obj
 
 
 def as_object(value, where: str) -> dict:
@@ -1273,9 +1245,8 @@ def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict
 # ---- the code an agent is made of: read once, hashed, executed from exactly those bytes
 
 def agent_modules(dotted: str, names: list[str]) -> list[str]:
-    """The agent modules one import names, as paths under agents/: `from agents import a, b` -> a.py,
-    b.py; `from agents.a import f`, `import agents.a` -> a.py; else []. Refusal for `agents.tools.x`:
-    tool modules are the factory's to load."""
+    """The agent modules one import names, as paths under agents/: `from agents import a, b` -> a.py, b.py;
+    `from agents.a import f`, `import agents.a` -> a.py; else []. Refusal for agents.tools.x (the factory's)."""
     parts = dotted.split(".")
     if parts[0] != "agents":
         return []
@@ -1285,18 +1256,17 @@ def agent_modules(dotted: str, names: list[str]) -> list[str]:
 
 
 class Code:
-    """The agent and tool modules of one factory for one station, by path under agents/ (RELATIVE): each
-    read once, hashed and executed from those bytes (no bytecode cache); imports of agent modules resolve
-    to this root's agents/, never sys.path."""
+    """One station's agent and tool modules, by path under agents/ (RELATIVE): each read once, hashed and
+    executed from those bytes (no bytecode cache); an agent module imports this root's agents/, never sys.path."""
 
     def __init__(self, fac: Factory):
         self.fac = fac
-        self.made: dict[str, dict] = {}   # what -> RELATIVE -> it (kept)
+        self.made: dict[str, dict] = {}   # kept's: what -> RELATIVE -> it
         self.modules: dict[str, types.ModuleType] = {}
         self.lock = threading.RLock()     # re-entered on one thread by a module importing another
 
     def kept(self, what: str, relative: str, make):
-        """make(relative), made once per module and kept (a failure is not kept)."""
+        """make(relative), made once per module (a failure is not kept)."""
         with self.lock:
             table = self.made.setdefault(what, {})
             if relative not in table:
@@ -1304,39 +1274,27 @@ class Code:
             return table[relative]
 
     def source(self, relative: str) -> bytes:
-        """The bytes of agents/RELATIVE, read the first time: those are hashed and executed."""
+        """The bytes of agents/RELATIVE, read once: those are hashed and executed."""
         return self.kept("source", relative, lambda path: self.fac.store.read_bytes(self.fac.agents / path))
 
     def digest(self, relative: str) -> str:
         return sha256(self.source(relative))
 
     def tree(self, relative: str, part: str = "tree"):
-        """Parsed's PART of the source (tree, nodes, imports, reaching, tops, schema); Refusal for invalid Python."""
+        """SourceScan's PART of agents/RELATIVE; Refusal for invalid Python."""
         try:
             return getattr(parsed(self.source(relative), f"agents/{relative}"), part)
         except (SyntaxError, ValueError, RecursionError, MemoryError) as error:   # ValueError: a null byte
             raise not_python(relative, error) from None
 
     def imports(self, relative: str) -> list[str]:
-        """The agent modules agents/RELATIVE's import statements name, as sorted paths under agents/; Refusal
-        for one that is not there."""
-        return self.kept("imports", relative, self.scan_imports)
-
-    def scan_imports(self, relative: str) -> list[str]:
-        import ast
-        found, nodes = set(), self.tree(relative, "imports")   # outside the try: one that does not parse says so
-        try:
-            for node in nodes:
-                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    found.update(agent_modules(node.module, [alias.name for alias in node.names]))
-                elif isinstance(node, ast.Import):
-                    found.update(path for alias in node.names for path in agent_modules(alias.name, []))
-        except Refusal as refusal:
-            raise Refusal(f"agents/{relative} {refusal}") from None
-        for path in found:
-            if not (self.fac.agents / path).is_file():
-                raise Refusal(f"agents/{relative} imports agents.{path[:-3]}, and there is no agents/{path}")
-        return sorted(found)
+        """The agent modules agents/RELATIVE imports (SourceScan.wanted); Refusal for one that is not there."""
+        def there(path: str) -> list[str]:
+            for wanted in self.tree(path, "wanted"):
+                refuse_if(not (self.fac.agents / wanted).is_file() and
+                          f"agents/{path} imports agents.{wanted[:-3]}, and there is no agents/{wanted}")
+            return self.tree(path, "wanted")
+        return self.kept("imports", relative, there)
 
     def closure(self, relative: str) -> list[str]:
         """Every agent module agents/RELATIVE imports, directly or not, sorted (itself excluded)."""
@@ -1356,11 +1314,9 @@ class Code:
         """Refusal naming the line where agents/RELATIVE reaches for code the digest does not cover
         (code_loading), or imports by plain name a file inside the root (outside_the_root); once per module."""
         def scanned(path: str) -> bool:
-            reaching = self.tree(path, "reaching")
-            if reaching:
-                line, construct = reaching[0]
-                raise Refusal(f"agents/{path} line {line}: {construct} loads code the digest does not cover, so "
-                              f"the factory will not run this module; import an agent module as `from agents import NAME`")
+            if reaching := self.tree(path, "reaching"):
+                raise Refusal(f"agents/{path} line {reaching[0][0]}: {reaching[0][1]} loads code the digest does not cover, "
+                              f"so the factory will not run this module; import an agent module as `from agents import NAME`")
             for top in self.tree(path, "tops"):
                 self.outside_the_root(path, top)
             return True
@@ -1372,18 +1328,17 @@ class Code:
             return self.modules[relative] if relative in self.modules else self.execute(relative)
 
     def execute(self, relative: str) -> types.ModuleType:
-        """A fresh module from the compiled source; Refusal naming file and line when it raises. Agent code
-        is not told where the sealed halves are (FACTORY_SEALED_DIR leaves the environment; it is not kept
-        from them: code can read any file this user can)."""
+        """A fresh module from the compiled source; Refusal naming file and line when it raises. Agent code is
+        not told where the sealed halves are (FACTORY_SEALED_DIR leaves the environment), but can read any file."""
         path, imports = str(self.fac.agents / relative), self.imports(relative)
         self.scan(relative)
-        # safe though the sealed folder is read lazily: the Factory reads it from main's snapshot of the environment
+        # safe: the Factory reads the sealed folder (lazily) from main's snapshot of the environment
         os.environ.pop("FACTORY_SEALED_DIR", None)
         module = types.ModuleType("agents." + relative.removesuffix(".py").replace("/", "."))
         module.__file__ = path
         module.__builtins__ = {**vars(builtins), "__import__": self.importer(relative, imports)}
         try:
-            code = located(parsed(self.source(relative), f"agents/{relative}").code, path)
+            code = parsed(self.source(relative), f"agents/{relative}").at(path)
         except (SyntaxError, RecursionError, MemoryError) as error:   # parses, does not compile: a late `from __future__`
             raise not_python(relative, error) from None
         self.modules[relative] = module   # before it runs: an import cycle finds it half made, as Python's own does
@@ -1401,8 +1356,8 @@ class Code:
         return module
 
     def importer(self, relative: str, imports: list[str]):
-        """The __import__ agents/RELATIVE runs with: an import of `agents` gets the modules of this root its
-        source names (`imports`); any other is Python's own."""
+        """The __import__ agents/RELATIVE runs with: of `agents`, the modules of this root its source names
+        (`imports`); any other is Python's own."""
         def find(name, globals=None, locals=None, fromlist=(), level=0):
             if level == 0 and name.split(".")[0] != "agents":
                 self.outside_the_root(relative, name.split(".")[0])
@@ -1419,8 +1374,8 @@ class Code:
         return find
 
     def outside_the_root(self, relative: str, top: str) -> None:
-        """Refusal when agents/RELATIVE's `import TOP` would load a file inside the root or beside
-        factory.py (either may be on sys.path): code the digest does not cover. One already loaded is what it is."""
+        """Refusal when agents/RELATIVE's `import TOP` would load a file inside the root or beside factory.py
+        (either may be on sys.path): code the digest does not cover. One loaded already is what it is."""
         if top in sys.modules:
             return
         spec = importlib.util.find_spec(top)
@@ -1431,41 +1386,47 @@ class Code:
 
 
 class SourceScan:
-    """One agent module's source parsed, walked and scanned, for its bytes and its name under the root (the
-    same in every root): the tree, its nodes (ast.walk's order), its import statements, what code_loading,
-    plain_imports and written_schema find, and the code compiled from the tree (`located` gives it its path)."""
+    """An agent module's source, parsed once a process per bytes and name under agents/ (errors are raised, not
+    kept): tree, nodes (ast.walk's), code_loading's finds (reaching), imports by plain name (tops) and of agent
+    modules (wanted: paths under agents/; Refusal for a malformed one), OUTPUT_SCHEMA as written, compiled code."""
 
     def __init__(self, source: bytes, name: str):
         import ast
-        self.source, self.name, self.tree = source, name, ast.parse(source, name)
+        self.name, self.tree = name, ast.parse(source, name)
         self.nodes = tuple(ast.walk(self.tree))
-        self.imports = tuple(node for node in self.nodes if isinstance(node, (ast.Import, ast.ImportFrom)))
+        self.imports = [node for node in self.nodes if isinstance(node, (ast.Import, ast.ImportFrom))]
         self.reaching, self.tops = code_loading(self.nodes), plain_imports(self.imports)
 
     @cached_property
-    def schema(self) -> dict | None:
-        return written_schema(self.tree, self.nodes)
+    def wanted(self) -> list[str]:
+        import ast
+        found = set()
+        try:
+            for node in self.imports:
+                if isinstance(node, ast.Import):
+                    found.update(path for alias in node.names for path in agent_modules(alias.name, []))
+                elif node.level == 0 and node.module:
+                    found.update(agent_modules(node.module, [alias.name for alias in node.names]))
+        except Refusal as refusal:
+            raise Refusal(f"{self.name} {refusal}") from None
+        return sorted(found)
 
-    @cached_property
-    def code(self) -> types.CodeType:
-        """SyntaxError, RecursionError or MemoryError for a tree that parses and does not compile."""
-        return compile(self.tree, self.name, "exec", dont_inherit=True)
+    schema = cached_property(lambda self: written_schema(self.tree, self.nodes))
+    code = cached_property(lambda self: compile(self.tree, self.name, "exec", dont_inherit=True))
+
+    def at(self, path: str, code: types.CodeType | None = None) -> types.CodeType:
+        """The code with path as its functions' file name (what a traceback names)."""
+        code = code or self.code
+        return code.replace(co_filename=path, co_consts=tuple(
+            self.at(path, const) if isinstance(const, types.CodeType) else const for const in code.co_consts))
 
 
-# A process that runs many stations (prove's workers, the tests) parses each source once; the same bytes parse
-# to the same tree, so a root cannot plant anything here. Errors are raised, not kept.
-parsed = lru_cache(maxsize=16)(SourceScan)
-
-
-def located(code: types.CodeType, path: str) -> types.CodeType:
-    """code with path as its file name, and its functions' (what a traceback names)."""
-    consts = (located(const, path) if isinstance(const, types.CodeType) else const for const in code.co_consts)
-    return code.replace(co_filename=path, co_consts=tuple(consts))
+parsed = lru_cache(maxsize=16)(SourceScan)   # prove's workers, the tests: many stations, each source parsed once
 
 
 def not_python(relative: str, error: Exception) -> Refusal:
-    """The refusal for agents/RELATIVE that Python will not parse or compile (or is nested past the
-    recursion limit, or too big for memory), naming the line when the error does."""
+    """The refusal for agents/RELATIVE that Python will not parse or compile (or too deep or big to), naming
+    the line when the error does."""
     if isinstance(error, (RecursionError, MemoryError)):
         return Refusal(f"agents/{relative}: too {'deeply nested' if isinstance(error, RecursionError) else 'large'} to parse")
     line = f", line {error.lineno}" if getattr(error, "lineno", None) else ""
@@ -5798,7 +5759,7 @@ stdout; refusals, prompts and progress to stderr."""
 
 
 def wrapped(text: str, columns: int) -> str:
-    """Text as --help shows it: each paragraph re-wrapped to a terminal COLUMNS wide."""
+    """Text as --help shows it, each paragraph wrapped to a terminal COLUMNS wide."""
     width = min(columns - 2, 100)
     return "\n\n".join(textwrap.fill(" ".join(part.split()), width, break_on_hyphens=False)   # never split --ssh-key
                        for part in re.split(r"\n\s*\n", text.strip()))
@@ -5823,9 +5784,8 @@ def build_parser(built: tuple[str, ...] | None = None) -> argparse.ArgumentParse
     return parser_tree(built, shutil.get_terminal_size().columns)
 
 
-@lru_cache(maxsize=16)   # parsing leaves a parser as it was: a process running many stations builds each once
+@lru_cache(maxsize=16)   # parsing leaves a parser as it was: built once a process (the tests run thousands)
 def parser_tree(built: tuple[str, ...] | None, columns: int) -> argparse.ArgumentParser:
-    """build_parser's tree for a terminal COLUMNS wide."""
     common = argparse.ArgumentParser(add_help=False)  # accepted before or after the station name
     common.add_argument("--root", type=folder_text, default=argparse.SUPPRESS, metavar="DIR",
                         help="the factory root (default: $FACTORY_ROOT, else the folder of factory.py)")
