@@ -203,8 +203,8 @@ class StoreError(Refusal, OSError):
 
 
 # ================================================================ 1. Store and layout
-# Owns the factory's paths (Factory) and every read and write of its files (Store): nothing else opens a file
-# for writing; writes go only through real folders inside the root, secrets scrubbed out, as from all output.
+# The factory's paths (Factory) and every read and write of its files (Store): nothing else opens a file for
+# writing; writes go only through real folders inside the root, secrets scrubbed out.
 
 # ---- text from outside: secrets, terminal controls, bytes that are not text
 
@@ -219,12 +219,17 @@ SEPARATORS = ("\n", "\t")   # print's end, and a tab-separated line's column sep
 
 def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """(variable name, text) of each secret in env (name ending KEY, TOKEN, SECRET or PASSWORD, at least
-    MIN_SECRET characters), as it is and as JSON, repr or visible() escape it; longest first."""
+    MIN_SECRET characters): as is, as JSON, repr or visible() escape it, as a server may echo it (URL-quoted,
+    base64, hex); longest first."""
+    from base64 import b64encode
+    from urllib.parse import quote
     found = set()
     for name, value in env.items():
         if SECRET_NAME.search(name) and isinstance(value, str) and len(value := value.strip()) >= MIN_SECRET:
             found |= {(name, text) for text in (value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
-                                                repr(value)[1:-1], repr(utf8(value))[2:-1], visible(value), one_line(value))}
+                                                repr(value)[1:-1], repr(utf8(value))[2:-1], visible(value), one_line(value),
+                                                quote(utf8(value), safe=""), quote(utf8(value)), b64encode(utf8(value)).decode(),
+                                                utf8(value).hex())}
     return tuple(sorted(found, key=lambda pair: (-len(pair[1]), pair[0])))
 
 
@@ -1178,8 +1183,8 @@ class Store:
         return program
 
 # ================================================================ 2. Cards and agents
-# Owns the job card (ABOM; its fields and checks are broker's CARD_SCHEMA) and what derives from it: variants
-# (stamp, restamp), the lineage log, the suites, and the Agent (card, entrypoint and tool modules) and its digest.
+# The job card (ABOM; broker's CARD_SCHEMA) and what derives from it: variants (stamp, restamp), the lineage
+# log, the suites, and the Agent (card, entrypoint and tool modules) and its digest.
 
 # ---- the card: checked, set (--set) and derived (stamp)
 
@@ -2298,9 +2303,9 @@ def holds(fac: Factory, path: Path, data: bytes) -> bool:
 
 
 # ================================================================ 3. Trust
-# Owns what lets a certificate be believed: signing keys (HMAC, or OpenSSH by ssh-keygen), the evidence key's
-# MACs, the chained logs' and the index's heads, the evidence behind a signature, the parked calls' decisions,
-# and what broker's guards read (ClaimOnDisk).
+# What lets a certificate be believed: signing keys (HMAC, or OpenSSH's ssh-keygen), the evidence key's MACs,
+# the chained logs' and index's heads, the evidence behind a signature, the parked calls' decisions, and what
+# broker's guards read (ClaimOnDisk).
 
 # ---- keys and signatures
 
@@ -4038,8 +4043,8 @@ def recorded_reply(event: dict) -> "llm.Reply":
 
 
 # ================================================================ 5. Stations
-# One function per station, cmd_NAME(fac, args) -> exit status, marked @station(...) with the arguments
-# it reads; its docstring is its --help. The CLI section collects them in the order they are defined.
+# cmd_NAME(fac, args) -> exit status, marked @station(...) with the arguments it reads; its docstring is its
+# --help; the CLI lists the stations in this order.
 
 # ---- @station: a station's arguments, and what its --help shows after them
 
@@ -4106,8 +4111,7 @@ KEYS_ENV = ("FACTORY_ALLOWED_SIGNERS",)   # stations that sign or check a signat
 MODEL_ENV = (*WORKER_ENV, *GATE_ENV, *PROXY_ENV)   # stations that ask a worker model and Sage
 
 
-# ---- argument types: a value that can never work, whatever the factory holds, is a usage error (exit 2)
-# in every station; a well-formed name the factory does not know is a refusal (1)
+# ---- argument types: a value that can never work is a usage error (2); a name the factory lacks, a refusal (1)
 
 def checked(fits: Callable[[str], object], wrong: str) -> Callable[[str], str]:
     """An argument type (argparse): the text when fits(text), else `wrong` (its {!r} the text)."""
@@ -5413,8 +5417,7 @@ def cmd_schema(fac: Factory, args) -> int:
 
 
 # ================================================================ 6. Tower
-# Owns the tower: one document computed in one streamed pass over the index (the --json shape); its text and
-# its self-contained HTML page are drawn from that document alone, in broker.py (tower_lines, render_tower_html).
+# One document counted in one streamed pass over the index (the --json shape); broker draws its text and page.
 
 TALLY_FORMAT = "factory-tally-1"
 CHECKPOINT_ROWS = 1000       # a count of this many rows or more leaves a checkpoint
@@ -5573,8 +5576,8 @@ def gate_bar(fac: Factory, name: str) -> float | None:
 
 
 # ================================================================ 7. CLI
-# Owns the command line: the streams all output goes through (secrets scrubbed, terminal controls escaped, never
-# an encoding error), progress, the parser, and main, where a Refusal becomes a stderr line and an exit status.
+# The streams all output goes through (secrets scrubbed, controls escaped, never an encoding error), progress,
+# the parser, and main, where a Refusal becomes a stderr line and an exit status.
 
 def print_block(text: str, file=None) -> None:
     """Print text the factory made (json.dumps: no raw line break in its strings) a line per print; never an
@@ -5920,12 +5923,10 @@ def as_bytes_shown(text: str) -> str:
 def closed_stdout_status(stderr) -> int:
     """Stdout closed mid-output (`tower | head -1`) or never open: one stderr line and exit 1 (the output is
     incomplete); `run` exits STDOUT_CLOSED instead."""
-    if stderr is not None:
-        try:
+    with contextlib.suppress(OSError):
+        if stderr is not None:
             print("factory: stdout was closed before everything was written to it "
                   "(its reader stopped, e.g. head, or it was never open)", file=stderr)
-        except OSError:
-            pass
     return 1
 
 

@@ -8,6 +8,7 @@ argument at fault), no traceback, nothing written outside the root, and nothing 
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import ctypes
 import json
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import unittest
+import urllib.parse
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -527,13 +529,14 @@ class Secrets:
                 self.assert_nowhere("QZ7tok", out, err)
 
     def test_a_secret_escaped_into_text_is_scrubbed_from_trace_index_and_output(self):
-        token = "ghp_abcd\nefgh1234\u2019"   # a secret the run never sends, so nothing refuses it
+        token = "ghp_abcd\nefgh1234\u2019/+?"   # a secret the run never sends, so nothing refuses it
         escaped = (json.dumps(token)[1:-1], json.dumps(token, ensure_ascii=False)[1:-1], repr(token)[1:-1],
-                   repr(token.encode())[2:-1])
+                   repr(token.encode())[2:-1],   # ... and as a server echoes what it was sent: URL-quoted, base64, hex
+                   urllib.parse.quote(token, safe=""), base64.b64encode(token.encode()).decode(), token.encode().hex())
         self.env["GITHUB_TOKEN"] = token
         code, out, err = self.factory("run", "triager", f"my token is {' or '.join(escaped)}, the charge is wrong", "--json")
         self.assertEqual(code, 0, err)
-        self.assertEqual(self.traces()[-1][0]["input"].count("[GITHUB_TOKEN redacted]"), 4)
+        self.assertEqual(self.traces()[-1][0]["input"].count("[GITHUB_TOKEN redacted]"), len(escaped))
         for text in escaped:
             self.assert_nowhere(text, out, err, self.factory("tower", "--json")[1])
 
