@@ -4192,10 +4192,10 @@ STAGED_CALL = (arg("run_id", type=run_id_text, metavar="RUN_ID", help="the run t
                arg("--call", type=at_least_one, default=1, metavar="N", help="which staged call of that run (default 1)"))
 
 
-def jobs_argument(what: str, default: int | None = DEFAULT_JOBS, note: str = "") -> tuple:
-    """--jobs N (`default` None: the station decides, `note` says how)."""
-    return arg("--jobs", type=at_least_one, default=default, metavar="N",
-               help=f"{what} at a time (default {DEFAULT_JOBS}{note}; 1 is exactly sequential); results keep input order")
+def jobs_argument(what: str) -> tuple:
+    """--jobs N; None when not given (the station decides: jobs_for)."""
+    return arg("--jobs", type=at_least_one, metavar="N", help=f"{what} at a time (default {DEFAULT_JOBS}; 1 when the agent's "
+               f"models and the gate are all offline, since such {what} wait on nothing; 1 is exactly sequential); results keep input order")
 
 
 def printed_json(args, *objects: dict) -> bool:
@@ -4439,7 +4439,8 @@ def cmd_prove(fac: Factory, args) -> int:
     if args.merge:
         results, rubric, draft = merged_results(fac, agent, half, suite_digest, cases, args.merge)
     else:
-        results, rubric, draft = prove_all(fac, agent, [c for c in cases if in_shard(c["id"], args.shard)], args.jobs)
+        results, rubric, draft = prove_all(fac, agent, [c for c in cases if in_shard(c["id"], args.shard)],
+                                           args.jobs or jobs_for(fac, agent, Clients(fac.env)))
     if args.shard:
         args.sealed and count_sealed_attempt(fac, agent.name, suite_digest, shard=True)
         return write_shard(fac, shard_record(fac, agent, half, suite, suite_digest, args.shard, results, rubric, draft), args.json)
@@ -4614,8 +4615,7 @@ def load_tickets(fac: Factory, path: Path, piped: bytes | None = None) -> list[t
                   "skipped); prints a tab-separated line per ticket: its id, HANDOFF=VALUE (the agent's hand-off field), "
                   "gate=RESULT, verdict=VERDICT, -> where it went and why; on a terminal a header line names them"),
          arg("--json", action="store_true", help="one JSON object per run: the index row, ticket, output, tools, gate line"),
-         jobs_argument("tickets", default=None, note="; 1 when the agent's models and the gate are all offline, "
-                                                   "since such runs wait on nothing"),
+         jobs_argument("tickets"),
          examples=('python3 factory.py run triager "my new card never arrived"',
                    "python3 factory.py run triager --file evals/triager/inbox.jsonl --json"),
          exits=("every run completed, whether or not a human must see it",
@@ -4639,8 +4639,7 @@ def cmd_run(fac: Factory, args) -> int:
     tickets = [(None, args.input)] if args.file is None else \
         load_tickets(fac, Path("stdin") if args.file == "-" else Path(args.file), piped)
     clients = Clients(fac.env)
-    # threads only help a batch whose runs wait on a network; offline ones would contend for the interpreter
-    jobs = args.jobs or (1 if len(tickets) == 1 or waits_on_nothing(fac, agent, clients) else DEFAULT_JOBS)
+    jobs = args.jobs or (1 if len(tickets) == 1 else jobs_for(fac, agent, clients))
     def emit(ticket_id, row):
         if args.json:
             print(json.dumps({"ticket": ticket_id, **row, "went": went(row)}, ensure_ascii=False))
@@ -4679,9 +4678,11 @@ def piped_in(one: bool) -> bytes | str:
         raise Usage(str(why)) from None
 
 
-def waits_on_nothing(fac: Factory, agent: Agent, clients: Clients) -> bool:
-    """True when the agent's runs make no network call (no model key for its card, no gate)."""
-    return make_worker(fac, agent, None, clients, None).planned_backend() == "offline" and clients.router is None
+def jobs_for(fac: Factory, agent: Agent, clients: Clients) -> int:
+    """Runs at a time unless --jobs says: 1 when they make no network call (no model key for the card, no gate),
+    since threads only help runs that wait on one (offline ones would contend for the interpreter)."""
+    offline = make_worker(fac, agent, None, clients, None).planned_backend() == "offline" and clients.router is None
+    return 1 if offline else DEFAULT_JOBS
 
 
 def run_tickets(fac: Factory, agent: Agent, cert: dict, tickets: list, jobs: int, emit, clients: Clients) -> Batch:

@@ -181,14 +181,15 @@ class Runs(CertifiedTest):
         self.assertEqual(len(backends), 20)
         self.assertTrue(all(b.startswith("offline-after-error: ") for b in backends), backends)
 
-    def test_an_offline_batch_runs_one_at_a_time_unless_told(self):
-        """Without a model key or a gate the runs wait on nothing, so threads would only contend."""
+    def test_an_offline_batch_or_proof_runs_one_at_a_time_unless_told(self):
+        """Without a model key or a gate the runs (a batch's tickets, a proof's cases) wait on nothing, so
+        threads would only contend for the interpreter."""
         agent = factory.load_agent(self.fac, "triager")
-        self.assertTrue(factory.waits_on_nothing(self.fac, agent, factory.Clients(self.env)))
+        self.assertEqual(factory.jobs_for(self.fac, agent, factory.Clients(self.env)), 1)
         for extra in ({"ANTHROPIC_API_KEY": "sk-test"}, {"SAGE_API_KEY": "sage-key"}):
             with self.subTest(extra=extra):
                 fac = factory.Factory.at(None, None, {**self.env, **extra})
-                self.assertFalse(factory.waits_on_nothing(fac, agent, factory.Clients(fac.env)))
+                self.assertEqual(factory.jobs_for(fac, agent, factory.Clients(fac.env)), factory.DEFAULT_JOBS)
         self.assertEqual(self.factory("run", "triager", "hi", "--jobs", "0")[0], 2, "--jobs 0 is a usage error")
 
     def test_the_agent_and_its_tools_load_once_per_station(self):
