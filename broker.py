@@ -213,6 +213,20 @@ def _by_value(text: str):
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+URL_SAFE = str.maketrans("+/", "-_")   # base64's URL and file name alphabet (RFC 4648 section 5)
+
+
+def encoded_forms(raw: bytes) -> set[str]:
+    """raw as a server may echo it inside a longer text: URL-quoted (with and without /), hex in either case, and
+    base64 (standard and URL-safe) whole, and at each of the 3 byte offsets it may start at, without the characters
+    it shares with the bytes around it (RFC 4648 sections 4, 5 and 8)."""
+    from base64 import b64encode
+    from urllib.parse import quote
+    inner = {b64encode(bytes(shift) + raw).decode()[(4 * shift + 2) // 3:4 * (shift + len(raw)) // 3] for shift in range(3)}
+    return {quote(raw, safe=""), quote(raw), raw.hex(), raw.hex().upper(), b64encode(raw).decode(),
+            *inner, *(text.translate(URL_SAFE) for text in inner)}
+
+
 def surrogate_problem(args) -> str | None:
     """'where: holds \\udXXX, ...' naming the first string or key of a JSON value (args, e.g. args.topic or
     args.tags[2]) that holds a lone surrogate; None when every string in it is text. A model may send one
@@ -2748,17 +2762,22 @@ def tower_cells(agent: dict) -> list[str]:
             ", ".join(agent["backends"]) or "-"]
 
 
-def table_line(cells: list[str]) -> str:
-    """One line of the text table, each cell in its column's width."""
-    fitted = [f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}" for cell, (_, width) in zip(cells, TOWER_COLUMNS)]
+def table_line(cells: list[str], widths: list[int]) -> str:
+    """One line of the text table, each cell in its column's width (< 0: left-aligned)."""
+    fitted = [f"{cell:<{-width}}" if width < 0 else f"{cell:>{width}}" for cell, width in zip(cells, widths)]
     return " ".join(fitted[:-1]) + "  " + cells[-1]
 
 
 def tower_lines(doc: dict) -> list[str]:
-    """The terminal tower from the document alone: a row per agent and the lines under it, then its problems."""
-    lines = [table_line([name for name, _ in TOWER_COLUMNS])]
-    for agent in doc["agents"]:
-        lines += [table_line(tower_cells(agent)), *(f"{'':<16} {line}" for _, line in agent_lines(agent))]
+    """The terminal tower from the document alone: a row per agent and the lines under it, then its problems. A
+    column is as wide as its widest cell, at least its TOWER_COLUMNS width: a row of millions of runs stays under
+    its heads."""
+    head, rows = [name for name, _ in TOWER_COLUMNS], [tower_cells(agent) for agent in doc["agents"]]
+    widths = [max(abs(width), *map(len, column)) * (-1 if width < 0 else 1)
+              for (_, width), column in zip(TOWER_COLUMNS, zip(head, *rows))]
+    lines = [table_line(head, widths)]
+    for agent, row in zip(doc["agents"], rows):
+        lines += [table_line(row, widths), *(f"{'':<16} {line}" for _, line in agent_lines(agent))]
     return (lines + ["(no agents yet)"] * (not doc["agents"]) + [f"problem: {line}" for line in doc["problems"]]
             + [PARTIAL_LINE] * doc["partial"])
 

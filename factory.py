@@ -108,8 +108,8 @@ from broker import (  # noqa: E402
     SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally, allowed_by,
     allowed_signer, apply_draft_scores, args_digest, attempts_of, attempts_said, attempts_since, brief_lines,
     call_columns, call_state, card_changes, card_problems, case_fields, certificate_trust, check_args, closes,
-    closest, closing_verdicts, code_loading, component_lines, component_marks, contract_problems,
-    contracts_assigned, created_lines, cut, decisions_in, detect, did_you_mean, doctor_lines, evidence,
+    closest, closing_verdicts, code_loading, component_lines, component_marks, contract_problems, contracts_assigned,
+    created_lines, cut, decisions_in, detect, did_you_mean, doctor_lines, encoded_forms, evidence,
     executed_twins, figure_problem, first_refusal, fold_decisions, from_state, gate_content, gate_lines,
     grants_line, guard_results, head_problem, held_draft, in_shard, json_position, json_state, judge, judged_tier,
     junit_xml, label_source_problem, line_verifies, merge_shards, newer, normalised, outcome_of,
@@ -219,17 +219,14 @@ SEPARATORS = ("\n", "\t")   # print's end, and a tab-separated line's column sep
 
 def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """(variable name, text) of each secret in env (name ending KEY, TOKEN, SECRET or PASSWORD, at least
-    MIN_SECRET characters): as is, as JSON, repr or visible() escape it, as a server may echo it (URL-quoted,
-    base64, hex); longest first."""
-    from base64 import b64encode
-    from urllib.parse import quote
+    MIN_SECRET characters): as is, as JSON, repr or visible() escape it, as a server may echo it (encoded_forms);
+    longest first."""
     found = set()
     for name, value in env.items():
         if SECRET_NAME.search(name) and isinstance(value, str) and len(value := value.strip()) >= MIN_SECRET:
             found |= {(name, text) for text in (value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
                                                 repr(value)[1:-1], repr(utf8(value))[2:-1], visible(value), one_line(value),
-                                                quote(utf8(value), safe=""), quote(utf8(value)), b64encode(utf8(value)).decode(),
-                                                utf8(value).hex())}
+                                                *encoded_forms(utf8(value)))}
     return tuple(sorted(found, key=lambda pair: (-len(pair[1]), pair[0])))
 
 
@@ -1319,6 +1316,7 @@ class Code:
         """Refusal naming the line where agents/RELATIVE reaches for code the digest does not cover
         (code_loading), or imports by plain name a file inside the root (outside_the_root); once per module."""
         def scanned(path: str) -> bool:
+            self.tree(path, "code")   # what parses may not compile (a late `from __future__`): not python either
             if reaching := self.tree(path, "reaching"):
                 raise Refusal(f"agents/{path} line {reaching[0][0]}: {reaching[0][1]} loads code the digest does not cover, "
                               f"so the factory will not run this module; import an agent module as `from agents import NAME`")
@@ -1344,7 +1342,7 @@ class Code:
         module.__builtins__ = {**vars(builtins), "__import__": self.importer(relative, imports)}
         try:
             code = parsed(self.source(relative), f"agents/{relative}").at(path)
-        except (SyntaxError, RecursionError, MemoryError) as error:   # parses, does not compile: a late `from __future__`
+        except RecursionError as error:   # compiled (scan), too deep to name its path in
             raise not_python(relative, error) from None
         self.modules[relative] = module   # before it runs: an import cycle finds it half made, as Python's own does
         try:

@@ -497,13 +497,14 @@ def key_problem(key: str) -> str | None:
 
 
 def url_problem(url: str, proxy: bool) -> str | None:
-    """What keeps url from being an address a request can go to (a proxy may leave out its http://, as
-    urllib reads it), as the rest of a line naming its variable, the url shown without its user and password;
-    None when nothing. A host is ascii: urllib sends it in the Host header as written (an international name
+    """What keeps url from being an address a request can go to (a proxy may leave out its http://: urllib reads
+    one not starting SCHEME:/ as HOST:PORT), as the rest of a line naming its variable, the url shown without
+    its user and password; None when nothing. A host is ascii: urllib sends it in the Host header as written (an international name
     goes in its IDNA form, xn--...)."""
     shown = re.sub(r"//[^/?#]*@", "//...@", url)
     try:
-        parts = urllib.parse.urlsplit(url if "://" in url or not proxy else f"http://{url}")
+        bare = proxy and not re.match("[^/:]+:/", url)
+        parts = urllib.parse.urlsplit(f"http://{url}" if bare else url)
         parts.port   # noqa: B018 - a port that is no number, or out of range, is a ValueError
         if re.search("[\x00-\x20\x7f-\x9f]", url) or parts.scheme not in ("http", "https") or not parts.hostname \
                 or not url.isascii():
@@ -511,6 +512,8 @@ def url_problem(url: str, proxy: bool) -> str | None:
         parts.hostname.encode("idna")
         if parts.port == 0:
             return f"names port 0, which no connection can reach ({shown})"
+        if bare and re.search("[/?#]", url):
+            return f"is a proxy without its http://, which urllib reads as HOST:PORT alone: it holds no path ({shown})"
         if not proxy and "@" in parts.netloc:   # a proxy's user and password are sent (urllib's ProxyHandler)
             return f"holds a user or password, which urllib never sends to an endpoint: a key goes in its own variable ({shown})"
     except UnicodeError:

@@ -111,6 +111,23 @@ class Cards(LineTest):
                 path.write_text(shipped + "\n" + broken + "\n")
                 self.refused(message, "prove", "triager")
 
+    def test_source_that_parses_and_does_not_compile_is_refused_before_it_runs_too(self):
+        """The check that never executes parsed only: digest (and the tower's trust) took a module Python will not
+        compile for valid, which prove then refused; now both refuse it, in an entrypoint, tool or imported module."""
+        helper, entry = self.root / "agents" / "helper.py", self.root / "agents" / "triager.py"
+        helper.write_text("HELPED = True\n")
+        entry.write_text(entry.read_text().replace("\nimport ", "\nfrom agents import helper\nimport ", 1))
+        for relative in ("triager.py", "tools/drafts.py", "helper.py"):
+            path = self.root / "agents" / relative
+            shipped = path.read_text()
+            for broken in ("return 1", "def f():\n    nonlocal q", "from __future__ import annotations"):
+                path.write_text(shipped + "\n" + broken + "\n")
+                for station in ("digest", "prove", "digest"):
+                    with self.subTest(relative=relative, broken=broken, station=station):
+                        self.refused(f"agents/{relative}: not valid python (", station, "triager")
+            path.write_text(shipped)
+        self.assertEqual(self.factory("digest", "triager")[0], 0)
+
     def test_source_python_cannot_parse_for_its_depth_or_size_is_one_line_naming_it(self):
         """Five thousand chained additions exceed the parser's recursion limit; a hundred thousand unary minuses
         exhaust the parser's memory: digest and prove name the file in one line, no traceback."""

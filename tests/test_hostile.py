@@ -483,6 +483,25 @@ class Secrets:
         self.assertIn("[ANTHROPIC_API_KEY redacted]", trace)
         self.assert_nowhere(MODEL_KEY, out, err)
 
+    def test_a_key_echoed_encoded_inside_a_longer_text_is_scrubbed(self):
+        """base64 was found only as the key alone encoded: a server echoing its request line `x-api-key: KEY`
+        in base64 (the key at another offset of 3 bytes, or followed by more), or the key in upper-case hex,
+        wrote what decodes to the key into the trace, the index and stdout."""
+        echoes = [base64.b64encode(f"{head}{MODEL_KEY}{tail}".encode()).decode() for head, tail in
+                  (("x-api-key: ", ""), ("x-api-key:", "\r\n"), ("", "\r\n"))]
+        echoes += [base64.urlsafe_b64encode(f"k={MODEL_KEY}".encode()).decode().rstrip("="), MODEL_KEY.encode().hex().upper()]
+        error = {"type": "error", "error": {"type": "overloaded_error", "message": f"you sent {' and '.join(echoes)}"}}
+        server = FakeServer(Answer(status=200, body=error, headers={"x-echo": echoes[0], "x-hex": echoes[-1]}),
+                            *[Answer(body=anthropic_message(FINAL))] * 3).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=MODEL_KEY)
+        code, out, err = self.factory("run", "triager", "I was charged twice", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn("[ANTHROPIC_API_KEY redacted]", "\n".join(json.dumps(e) for e in self.traces()[-1]))
+        for echo in echoes:
+            self.assertEqual(factory.redact(echo, factory.secret_values({"K_KEY": MODEL_KEY})).count("[K_KEY redacted]"), 1, echo)
+            self.assert_nowhere(echo[2:-4], out, err, self.factory("tower", "--json")[1])
+
     def test_a_key_or_endpoint_no_request_can_use_is_refused_at_start_in_one_line(self):
         keys = {"line feed": "sk-abcd\nefgh1234", "carriage return": "sk-abcd\refgh1234", "tab": "sk-abcd\tefgh1234",
                 "nul": "sk-abcd\x00efgh1234", "C1 control": "sk-abcd\x9befgh1234", "not latin-1": "sk-abcd\u2019efgh1234",
@@ -497,7 +516,9 @@ class Secrets:
         rows += [(repr(url), variables[3 + i % 4], url) for i, url in enumerate(urls)]
         rows += [("port 0", "HTTPS_PROXY", "http://x:0"), ("port 0", "ANTHROPIC_BASE_URL", "http://127.0.0.1:0/v1"),
                  ("a user and password", "SAGE_ENDPOINT", "http://user:hunter2QZ7@127.0.0.1:9/v1"),   # sent nowhere
-                 ("a user", "ANTHROPIC_BASE_URL", "http://me@127.0.0.1:9")]
+                 ("a user", "ANTHROPIC_BASE_URL", "http://me@127.0.0.1:9"),
+                 ("one slash, which urllib refuses in a proxy: every run crashed", "https_proxy", "http:/proxy.example:3128"),
+                 ("a path in a proxy without its http://, which urllib takes for the port", "HTTPS_PROXY", "proxy.example:3128/")]
         for i, (label, variable, value) in enumerate(rows):
             argv = stations[i % 3]
             with self.subTest(label, variable=variable, station=argv[0]):

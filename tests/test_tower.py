@@ -160,6 +160,23 @@ class TowerHtmlTest(unittest.TestCase):
         self.assertEqual(broker.tower_cells({**agent, "scored": 0, "passed": 0, "pass_rate": None})[2], "-")
         self.assertEqual(broker.TOWER_COLUMNS[2][0], "gate pass over scored runs")
 
+    def test_the_columns_stay_under_their_heads_at_millions_of_runs(self):
+        """A pass cell over 100 or more scored runs is wider than its 26-character column (and a count of
+        millions than its own): every cell after it moved right, under the next column's head."""
+        doc = sample_doc()
+        doc["agents"][0].update(runs=1234567, scored=1234560, passed=1134560, pass_rate=1134560 / 1234560,
+                                pass_interval=list(broker.wilson(1134560, 1234560)), acted=10 ** 9)
+        doc["agents"][1].update(scored=400, passed=399, pass_rate=399 / 400, pass_interval=list(broker.wilson(399, 400)))
+        head, *rows = [line for line in broker.tower_lines(doc) if not line.startswith(" ")]
+        self.assertEqual([row.split()[0] for row in rows], ["triager", "fixer", "newbie"])
+        self.assertIn(" 1134560/1234560 = 0.91 [0.91, 0.92] 1000000000 ", rows[0])
+        end = 0
+        for name, _ in broker.TOWER_COLUMNS[1:-1]:   # right-aligned: each cell ends where its head ends
+            end = head.index(name, end) + len(name)
+            self.assertEqual([row[end - 1] != " " for row in rows], [True] * 3, f"{name}: {rows}")
+            self.assertEqual({row[end] for row in rows}, {" "}, f"{name}: {rows}")
+        self.assertEqual({row[head.index("backends"):].split()[0] for row in rows}, {"offline", "-"}, rows)
+
     def test_no_script_no_http_and_no_agents(self):
         out, root = self.render(sample_doc())
         self.assertNotIn("<script", out.lower())
