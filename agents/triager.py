@@ -369,6 +369,9 @@ class _Keys:
         self.stems = tuple(e[:-1] for e in entries if " " not in e and e.endswith("*"))
         self.phrases = tuple((" " + e[:-1] if e.endswith("*") else f" {e} ", self._gate(e))
                              for e in entries if " " in e)
+        self.gated: dict[str, list] = {}  # a phrase's longest gate word (the rarest, mostly) -> its phrases
+        for phrase in self.phrases:
+            self.gated.setdefault(max(phrase[1][0], key=len), []).append(phrase)
 
     @staticmethod
     def _gate(entry: str) -> tuple:
@@ -385,24 +388,28 @@ class _Keys:
             return False
         return not pairs or all(pair in text.pairs for pair in pairs)
 
+    def _possible(self, text: _Text) -> list:
+        """The phrases whose gate word occurs in the ticket: only those can be in it."""
+        return [phrase for word in self.gated.keys() & text.counts.keys() for phrase in self.gated[word]]
+
     def count(self, text: _Text) -> int:
         counts = text.counts
-        n = sum(counts[w] for w in self.words if w in counts)
+        n = sum(counts[w] for w in self.words & counts.keys())
         if self.stems:
             n += sum(counts[w] for w in text.stemmed if w.startswith(self.stems))
-        for needle, gate in self.phrases:
+        for needle, gate in self._possible(text):
             if self._may_occur(text, gate):
                 n += text.words.count(needle)
         return n
 
     def found(self, text: _Text) -> bool:
         counts = text.counts
-        if any(w in counts for w in self.words):
+        if not self.words.isdisjoint(counts.keys()):
             return True
         if self.stems and any(w.startswith(self.stems) for w in text.stemmed):
             return True
         return any(self._may_occur(text, gate) and needle in text.words
-                   for needle, gate in self.phrases)
+                   for needle, gate in self._possible(text))
 
 
 class _Context:
