@@ -2418,6 +2418,8 @@ class Tally:
     unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
     problems: list = field(default_factory=list)  # one line per index row of this agent that is misshapen
     moved: dict = field(default_factory=dict)     # verdict -> runs a human's decision moved into (+) or out of (-) it
+    unsealed: int = 0                    # gated rows whose evidence MAC does not verify: not counted at all
+    unsealed_lines: list = field(default_factory=list)   # the first five of their line numbers
 
     def add(self, row: dict) -> bool:
         """Count one index row (one that fits INDEX_SHAPE); False, counting nothing, when its figures are
@@ -2445,6 +2447,12 @@ class Tally:
         spent = self.spent.get(day, 0.0)
         self.spent[day] = None if cost is None or spent is None else usd(spent + cost)
         return True
+
+    def all_problems(self) -> list[str]:
+        """problems, then a line for the gated rows not counted because their evidence MAC does not verify."""
+        shown = ", ".join(map(str, self.unsealed_lines)) + ", ..." * (self.unsealed > len(self.unsealed_lines))
+        return self.problems + [f"{self.unsealed} gated run(s) of the index not counted: their evidence MAC does not "
+                                f"verify here (line {shown}): written by hand, or sealed with another key"] * bool(self.unsealed)
 
     def move(self, before: str, after: str) -> None:
         """Count a run's verdict moved by a human's decision on one of its parked calls."""
@@ -2480,6 +2488,7 @@ class Tally:
                 "staged": self.staged, "denied": self.denied, "cost_unknown": self.cost_unknown, "handed_off": handed_off,
                 "cost_usd": None if cost is None else usd(sum(self.spent.values(), cost)),
                 "backends": sorted(self.backends), "models": dict(sorted(self.models.items())), "substituted": self.substituted,
+                "unsealed": self.unsealed,
                 "gate_p": {"bins": P_BINS, "counts": p_bins, "runs": sum(p_bins)},
                 "days": [{"day": day, "runs": n, "scored": s, "passed": k, "pass_rate": rate_of(k, s),
                           "pass_interval": part(k, s)["interval"] if s else None,
@@ -2573,14 +2582,19 @@ class IndexTally:
         if row.get("state") == "started":   # all an unfinished run is counted by
             tally.unclosed.add(row["run_id"])
             return True
-        return tally.add(row) and self.seal(row, agent, number, end, line, key)
-
-    def seal(self, row: dict, agent: str, number: int, end: int, raw: bytes, key: bytes | None) -> bool:
-        """Count a closed row as evidence (gated) and note its parked calls, each with its MAC checked."""
         gated, staged = row["gate"] in GATED, row["staged"]
+        verified = (gated or staged) and key is not None and line_verifies(key, line[:-1])
+        if gated and key is not None and not verified:   # not the line's: its gate result is no evidence, here either
+            tally.unsealed += 1
+            tally.unclosed.discard(row["run_id"])
+            tally.unsealed_lines += [number] if len(tally.unsealed_lines) < 5 else []
+            return self.seal(row, agent, number, end, gated, staged, verified)
+        return tally.add(row) and self.seal(row, agent, number, end, gated, staged, verified)
+
+    def seal(self, row: dict, agent: str, number: int, end: int, gated: bool, staged: int, verified: bool) -> bool:
+        """Count a closed row as evidence (gated) and note its parked calls, with whether its MAC verified."""
         if not (gated or staged):
             return True
-        verified = key is not None and line_verifies(key, raw[:-1])
         if staged:
             self.parked[row["run_id"]] = [row["verdict"], staged, verified]
         if gated:

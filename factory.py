@@ -4793,7 +4793,7 @@ def print_ticket(ticket_id: str, row: dict, handoff: str) -> None:
     print_columns(ticket_id, f"{handoff}={value}", f"gate={row['gate']}", f"verdict={row['verdict'] or '-'}", f"-> {went(row)}")
 
 
-# ---- tower (computed and drawn in section 6)
+# ---- tower (section 6)
 
 @station(arg("--json", action="store_true", help=f"print the tower document (format {TOWER_FORMAT})"),
          arg("--html", metavar="FILE", help="write one self-contained HTML page with charts to FILE"),
@@ -5513,7 +5513,7 @@ def tower_document(fac: Factory) -> dict:
         trust.update(pending=counts.pending, uncertain_effect=counts.uncertain_effect, stuck=counts.stuck)
         reviews, unread = review_figures(fac, name)
         agents.append({"agent": name, "trust": trust, "gate_bar": gate_bar(fac, name), **tally.figures(drift), "reviews": reviews,
-                       "problems": tally.problems + trouble + counts.problems + unread})
+                       "problems": tally.all_problems() + trouble + counts.problems + unread})
     partial = bool(problems) or any(a["problems"] for a in agents)
     return {"format": TOWER_FORMAT, "generated_at": utc_now(), "partial": partial, "problems": problems, "agents": agents}
 

@@ -490,16 +490,39 @@ class PartialTower(LineTest):
         evalsmith = next(a for a in doc["agents"] if a["agent"] == "evalsmith")
         self.assertEqual((evalsmith["runs"], len(evalsmith["problems"])), (0, 1))
 
+    def test_a_gated_run_written_by_hand_is_named_and_not_counted(self):
+        """Anyone who can write the tree can chain a row to the index, and hand-chained passes with no MAC raised
+        the tower's pass rate. A gated row whose evidence MAC does not verify is no evidence: not counted (runs,
+        pass rate, drift), named under its agent, and the tower is partial."""
+        run = {key: value for key, value in self.index_rows()[-1].items() if key not in ("p", "mac", "prev")}
+        before = next(a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "triager")
+        self.append_index(*({**run, "run_id": f"r-forged-{i}", "gate": "pass", "p": 0.99, "verdict": "verified"}
+                            for i in range(3)))
+        self.append_index({**run, "run_id": "r-other-key", "gate": "pass", "p": 0.99, "verdict": "verified"}, sealed=True)
+        index = self.root / "traces" / "index.jsonl"
+        lines = index.read_bytes().splitlines(keepends=True)   # the last one sealed with another key
+        index.write_bytes(b"".join(lines[:-1]) + broker.seal_line(b"f" * 64, lines[-1].split(b',"mac"')[0] + b"}\n"))
+        doc, text = self.partial("4 gated run(s) of the index not counted: their evidence MAC does not verify "
+                                 f"here (line {len(lines) - 3}, {len(lines) - 2}, {len(lines) - 1}, {len(lines)}): written by hand")
+        triager = next(a for a in doc["agents"] if a["agent"] == "triager")
+        self.assertEqual({k: triager[k] for k in ("runs", "scored", "passed", "unfinished")},
+                         {k: before[k] for k in ("runs", "scored", "passed", "unfinished")})
+        self.assertEqual(triager["unsealed"], 4)
+        self.assertIn(f"problem: 4 gated run(s) of the index not counted", text)
+        self.append_index({**run, "run_id": "r-sealed", "gate": "pass", "p": 0.99, "verdict": "verified"}, sealed=True)
+        after = next(a for a in json.loads(self.factory("tower", "--json")[1])["agents"] if a["agent"] == "triager")
+        self.assertEqual((after["runs"], after["passed"]), (before["runs"] + 1, before["passed"] + 1), "a sealed one counts")
+
     def test_figures_no_run_can_have_are_named_and_not_counted_in_every_view(self):
         run = {key: value for key, value in self.index_rows()[-1].items() if key not in ("p", "mac", "prev")}
         odd = {"r-inf": {"cost_usd": 1e999}, "r-huge": {"cost_usd": 1e300}, "r-owed": {"cost_usd": -0.5},
                "r-minus": {"acted": -1}, "r-many": {"staged": 10 ** 400}, "r-p": {"p": 7},
                "r-backend": {"backends": [{"name": "offline"}]}}
-        index = self.root / "traces" / "index.jsonl"
-        for run_id, fields in odd.items():   # 1e999 is a number token json reads as inf
+        index, key = self.root / "traces" / "index.jsonl", (self.tmp / "keys" / "_evidence.key").read_bytes().strip()
+        for run_id, fields in odd.items():   # 1e999 is a number token json reads as inf; sealed as the line seals
             line = index_line(index, {**run, "run_id": run_id, **fields}).replace("Infinity", "1e999")
-            index.write_text(index.read_text() + line)
-        self.append_index({**run, "run_id": "r-no-p", "gate": "pass", "verdict": "verified"})
+            index.write_text(index.read_text() + broker.seal_line(key, line.encode()).decode())
+        self.append_index({**run, "run_id": "r-no-p", "gate": "pass", "verdict": "verified"}, sealed=True)
         code, out, err = self.factory("tower", "--json")
         self.assertEqual(code, 1, err)
         doc = json.loads(out, parse_constant=lambda name: self.fail(f"--json printed {name}, which is not JSON"))
