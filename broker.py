@@ -595,16 +595,29 @@ class Batch:
 TICKET_FIELDS = ("id", "input", "source")
 
 
-def ticket_problem(row: dict, at: str, blank: Callable[[str], bool]) -> str | None:
+NO_VISIBLE_TEXT = "the input has no visible text: a run needs a ticket with text"
+
+
+def is_blank(text: str) -> bool:
+    """True when text holds only whitespace, control and format (invisible) characters."""
+    return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in text)
+
+
+def task_text(value) -> str:
+    """The ticket text, or a structured input as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, indent=1, ensure_ascii=False)
+
+
+def ticket_problem(row: dict, at: str) -> str | None:
     """What keeps row from being a ticket {"id", "input"[, "source"]}, named `at` (its file and line); None when
-    it is one. `blank(text)`: the text shows nothing."""
+    it is one."""
     extra = sorted(set(row) - set(TICKET_FIELDS))
     if "expect" in extra:
         return f"{at}: an eval case with `expect` is not a ticket (a ticket is {{\"id\", \"input\"}})"
     if extra:
         return f"{at}: unknown field(s) {', '.join(extra)} (a ticket is {{\"id\", \"input\"}})"
     for field_name, fine, wanted in (("id", lambda v: isinstance(v, str) and v and v.isprintable(), "printable text"),
-                                     ("input", lambda v: isinstance(v, str) and not blank(v), "non-empty text"),
+                                     ("input", lambda v: isinstance(v, str) and not is_blank(v), "non-empty text"),
                                      ("source", lambda v: isinstance(v, str), "text")):
         if field_name not in row and field_name != "source":
             return f"{at}: missing field '{field_name}' (a ticket is {{\"id\", \"input\"}})"
@@ -2399,7 +2412,7 @@ def from_state(cls, state: dict):
     return cls(**made)
 
 
-@dataclass
+@dataclass(slots=True)
 class Tally:
     """Tower figures for one agent, accumulated row by row in a few small tables (runs per day, gate
     result, verdict and tenth of the gate's p; cost per day; sums), so memory does not grow with the
@@ -2428,24 +2441,24 @@ class Tally:
         p, cost, acted, staged, backends = row.get("p"), row.get("cost_usd"), row["acted"], row["staged"], row["backends"]
         if not (0 <= acted | staged <= MAX_FIGURE and (cost is None or 0 <= cost <= MAX_FIGURE) and (p is None or 0 <= p <= 1)):
             return False
-        models = row.get("models", ())
-        for name in (*backends, *models, *row.get("substitutes", ())):
-            if type(name) is not str:
-                return False
+        models, substitutes, outcomes, spent = row.get("models", ()), row.get("substitutes", ()), self.outcomes, self.spent
+        for names in (backends, models, substitutes):
+            for name in names:
+                if type(name) is not str:
+                    return False
         day = row["at"][:10]
         key = f"{day}\t{row['gate']}\t{row['verdict']}\t{'' if p is None else int(p * P_BINS)}"
-        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        outcomes[key] = outcomes.get(key, 0) + 1
         self.unclosed.discard(row["run_id"])
-        self.acted += acted
-        self.staged += staged
-        self.denied += len(row["denied"])
-        self.cost_unknown += cost is None
+        if acted or staged or row["denied"] or cost is None or substitutes:   # most runs add none of these
+            self.acted, self.staged, self.denied = self.acted + acted, self.staged + staged, self.denied + len(row["denied"])
+            self.cost_unknown, self.substituted = self.cost_unknown + (cost is None), self.substituted + bool(substitutes)
         self.backends.update(backends)
         for name in models:
             self.models[name] = self.models.get(name, 0) + 1
-        self.substituted += bool(row.get("substitutes"))
-        spent = self.spent.get(day, 0.0)
-        self.spent[day] = None if cost is None or spent is None else usd(spent + cost)
+        if cost != 0 or day not in spent:   # adding nothing leaves the day's sum as it is
+            so_far = spent.get(day, 0.0)
+            spent[day] = None if cost is None or so_far is None else usd(so_far + cost)
         return True
 
     def all_problems(self) -> list[str]:
@@ -2497,7 +2510,7 @@ class Tally:
                 "verdicts": verdicts, "drift": drift.figures()}
 
 
-@dataclass
+@dataclass(slots=True)
 class GatedRuns:
     """The production evidence of one agent's digest: its gated closed rows whose MAC verifies, by tier;
     the rows that would have counted but do not verify; its last DRIFT_WINDOW verified ones (the drift
@@ -2553,7 +2566,7 @@ class Production:
                 f"(line {shown})") if self.unsealed else ""
 
 
-@dataclass
+@dataclass(slots=True)
 class IndexTally:
     """What is counted of traces/index.jsonl up to `head` (its bytes, lines and chain head there): per agent
     its Tally and per agent digest its GatedRuns; the run ids that parked calls with their row's verdict; the
@@ -2600,11 +2613,12 @@ class IndexTally:
         if gated:
             found = self.evidence.get(digest := f"{agent}\t{row.get('digest')}") or self.evidence.setdefault(digest, GatedRuns())
             if verified:
-                counts = found.tiers.setdefault(str(row.get("tier")), [0, 0])
+                counts, passed = found.tiers.get(tier := str(row.get("tier"))) or found.tiers.setdefault(tier, [0, 0]), row["gate"] == "pass"
                 counts[0] += 1
-                counts[1] += row["gate"] == "pass"
-                found.recent.append([end, row["at"], row["gate"] == "pass"])
-                del found.recent[:-DRIFT_WINDOW]
+                counts[1] += passed
+                found.recent.append([end, row["at"], passed])
+                if len(found.recent) > DRIFT_WINDOW:
+                    del found.recent[:-DRIFT_WINDOW]
             else:
                 found.unverified += 1
                 found.unverified_lines += [number] if len(found.unverified_lines) < 5 else []

@@ -66,8 +66,7 @@ import threading
 import textwrap
 import time
 import types
-import unicodedata
-from collections import deque
+from collections import UserDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace as with_fields
 from datetime import datetime, timedelta, timezone
@@ -103,7 +102,7 @@ from broker import (  # noqa: E402
     APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
     CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
     DuplicateKey, ENTRYPOINT, EXECUTE_GUARDS, FINAL, FLAGGED, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested,
-    IN_ORDER, IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, OPEN_OUTCOME, OUTCOME, Outcome, PASSING,
+    IN_ORDER, IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, PASSING,
     PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SHARD_FORMAT,
     SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally, allowed_by,
     allowed_signer, apply_draft_scores, args_digest, attempts_of, attempts_said, attempts_since, brief_lines,
@@ -111,13 +110,13 @@ from broker import (  # noqa: E402
     closest, closing_verdicts, code_loading, component_lines, component_marks, contract_problems, contracts_assigned,
     created_lines, cut, decisions_in, detect, did_you_mean, doctor_lines, encoded_forms, evidence,
     executed_twins, figure_problem, first_refusal, fold_decisions, from_state, gate_content, gate_lines,
-    grants_line, guard_results, head_problem, held_draft, in_shard, json_position, json_state, judge, judged_tier,
+    grants_line, guard_results, head_problem, held_draft, in_shard, is_blank, json_position, json_state, judge, judged_tier,
     junit_xml, label_source_problem, line_verifies, merge_shards, newer, normalised, outcome_of,
     output_field_problems, paired_text, parked_counts, part, plain_imports, proof_figures, proof_summary,
     proof_verdict, rate_text, recorder_tools, reject_constant, render_tower_html, replaced_text, replay_differences,
     restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note,
     seal_line, sealed_proof_lines, settle, shard_line, share, shared_inputs, signed_index, state_column,
-    substitution, ticket_problem, tool_list, tower_lines, uncertain_said, unique_keys, usd, went, written_schema)
+    substitution, task_text, ticket_problem, tool_list, tower_lines, uncertain_said, unique_keys, usd, went, written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -286,7 +285,7 @@ def note(fac: "Factory", line: str) -> None:
 
 def utc_now() -> str:
     """Now, as iso() writes it."""
-    return iso(datetime.now(timezone.utc))
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def iso(moment: datetime) -> str:
@@ -493,9 +492,11 @@ class Factory:
             raise Refusal(f"{run_id!r} is not a run id (e.g. 20261130T041500123456Z-1a2b3c)")
         return self.traces / check_name(agent) / f"{run_id}.jsonl"
 
+    queues = cached_property(lambda self: {})   # agent -> review_path, made once: every run appends there
+
     def review_path(self, agent: str) -> Path:
         """outbox/AGENT/review.jsonl: AGENT's drafts held for a human."""
-        return self.root.joinpath("outbox", check_name(agent), "review.jsonl")
+        return self.queues.get(agent) or self.queues.setdefault(agent, self.root.joinpath("outbox", check_name(agent), "review.jsonl"))
 
     def spill_path(self, agent: str, run_id: str, name: str) -> Path:
         """traces/AGENT/RUN_ID/NAME.txt: a text too long to send the worker whole (NAME: input, tool-SEQ)."""
@@ -650,7 +651,7 @@ class Store:
                     value = value if stop == len(text) or text[stop:] == "\n" else None
                 except (ValueError, RecursionError, StopIteration):   # decode, json and NaN errors
                     value = None
-                if type(value) is not dict or len(raw) > MAX_LINE_BYTES or b"\\u" in raw and (b"\\ud" in raw or b"\\uD" in raw) \
+                if type(value) is not dict or len(raw) > MAX_LINE_BYTES or "\\" in text and ("\\ud" in text or "\\uD" in text) \
                         or shape is not None and not shape.fits(value):
                     if not raw.strip():
                         end += len(raw)
@@ -878,9 +879,11 @@ class Store:
     def line(self, obj: dict, path: Path | None = None) -> bytes:
         """obj as one JSONL line (compact, scrubbed, UTF-8, newline); NaN or Infinity: ValueError (`path`:
         StoreError)."""
-        with self.writable(path) if path is not None else contextlib.nullcontext():
-            text = self.encoder.encode(redact(obj, self.hidden))
-        return utf8(text + "\n")
+        try:   # no block entered for every line
+            return utf8(self.encoder.encode(redact(obj, self.hidden)) + "\n")
+        except ValueError as error:
+            with self.writable(path) if path is not None else contextlib.nullcontext():
+                raise error
 
     def append_jsonl(self, path: Path, obj: dict) -> int:
         """Append obj as one line under the file's lock; its byte offset, by which an effect is read back."""
@@ -910,20 +913,35 @@ class Store:
         """Append obj to a chained file too long to read whole (the index) under its lock, `prev` the sha256 of
         its last line read from its end, sealed with `key`; `heads` keeps its head, `rows` its handle."""
         with self.rows_lock, self.machine(path, "write"):   # threads share the handle
-            handle = self.rows.pop(path, None)
-            if handle is not None and self.moved(path, handle, alone=True):
-                os.close(handle)
-                handle = None
-            self.rows[path] = handle = self.open_append(path) if handle is None else handle
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            fcntl.flock(handle := self.kept(path), fcntl.LOCK_EX)
             try:
-                last, ends = self.tail_line(handle, end := os.lseek(handle, 0, os.SEEK_END))
-                line = self.line({**obj, "prev": sha256(last)}, path)
+                ours, end = self.heads.get(path, {}), os.lseek(handle, 0, os.SEEK_END)   # our last row still ends it:
+                last, ends = (None, True) if ours.get("bytes") == end else self.tail_line(handle, end)   # no read
+                line = self.line({**obj, "prev": ours["hash"] if last is None else sha256(last)}, path)
                 line = seal_line(key, line) if key is not None else line
                 offset = self.append_locked(handle, line, end if ends else 0)
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         self.heads[path] = {"bytes": offset + len(line), "hash": sha256(line[:-1])}
+
+    def append_lines(self, path: Path, objs: list[dict]) -> None:
+        """Append objs as whole lines in one write under the file's lock, through the handle `rows` keeps (a
+        review queue, appended to by every run of the station)."""
+        with self.rows_lock, self.machine(path, "write"):
+            fcntl.flock(handle := self.kept(path), fcntl.LOCK_EX)
+            try:
+                self.append_locked(handle, b"".join(self.line(obj, path) for obj in objs))
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def kept(self, path: Path) -> int:
+        """The station's append handle on path, kept in `rows` (made again when the file moved)."""
+        handle = self.rows.pop(path, None)
+        if handle is not None and self.moved(path, handle, alone=True):
+            os.close(handle)
+            handle = None
+        self.rows[path] = handle = self.open_append(path) if handle is None else handle
+        return handle
 
     def moved(self, path: Path, handle: int, alone: bool = False) -> bool:
         """True when path names another file than handle's (device and inode, no link followed) or, `alone`, one
@@ -934,7 +952,7 @@ class Store:
                 there = os.lstat(path)
             except FileNotFoundError:
                 return True
-        return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino) or alone and (mine.st_nlink > 1 or path.parent.is_symlink())
+        return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino) or alone and (mine.st_nlink > 1 or os.path.islink(os.path.dirname(path)))
 
     def close(self) -> None:
         """Let go of the handles append_row keeps."""
@@ -989,11 +1007,6 @@ class Store:
         def __init__(self, store: "Store", path: Path):
             self.store, self.path, self.handle, self.held = store, path, None, []
             self.end = 0   # where the last line written through this handle ended (0: none yet)
-
-        @cached_property
-        def shown(self) -> str:
-            """Factory.shown of the file."""
-            return self.store.fac.shown(self.path)
 
         def append(self, obj: dict, hold: bool = False) -> None:
             """Write obj as one line after the lines held (cut back, never torn, on a failed write); `hold`:
@@ -3152,11 +3165,6 @@ CUT_OFF_NOTE = ("Your last reply stopped before it was complete (stop reason: {s
                 "calls was carried out and its text was not taken as an answer. Answer again, completely.")
 
 
-def task_text(value) -> str:
-    """The ticket text, or a structured input as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, indent=1, ensure_ascii=False)
-
-
 def parse_output(text: str, schema: dict) -> dict:
     """The first JSON object in the final text that OUTPUT_SCHEMA accepts (llm.json_objects: prose, a fence or a
     note around it do not hide it); Escalated naming the first one's contract break, or for none."""
@@ -3398,11 +3406,7 @@ class Clients:
     def __init__(self, env: Mapping[str, str]):
         self.gate = sage.Sage.from_env(env, timeout=8.0)
         self.breaker = llm.Breaker()
-
-    @property
-    def router(self):
-        """The run gate's Sage client, or None when unreachable."""
-        return self.gate if self.gate.usable else None
+        self.router = self.gate if self.gate.usable else None   # the run gate's; its settings are the station's
 
 
 def gate_output(clients: Clients, agent: Agent, task: str, output: dict, held: list, problems: list[str], tier: str) -> dict:
@@ -3502,7 +3506,7 @@ class Trace:
     def record(self, event: dict) -> None:
         """Append one event, stamped `at` unless it has one: held on the run's handle, or (a trace opened later)
         appended under the lock."""
-        event = {"at": utc_now(), **event}
+        event = {"at": event.get("at") or utc_now(), **event}
         with self.pen:
             if self.log is not None:
                 self.log.append(event, hold=True)
@@ -3629,31 +3633,19 @@ def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients, run_id
                       breaker=clients.breaker, run_id=run_id, prices=agent.card.get("prices"))
 
 
-class ToolsOnFirstUse(Mapping):
-    """A run's own tools, made when first read: only a call executed at once (a read) needs them; held calls are
-    committed with tools of their own (settle_held)."""
+class ToolsOnFirstUse(UserDict):
+    """A run's own tools, made when first read (`data`): only a call executed at once (a read) needs them; held
+    calls are committed with tools of their own (settle_held)."""
 
     def __init__(self, make: Callable[[], dict]):
-        self.make, self.made = make, None
+        self.make = make
 
-    def tools(self) -> dict:
-        if self.made is None:
-            self.made = self.make()
-        return self.made
-
-    def __getitem__(self, name: str):
-        return self.tools()[name]
+    data = cached_property(lambda self: self.make())
 
     def get(self, name: str, default=None):
         """The tool or default; an error making the tools goes up, a KeyError too (Mapping.get would take it for
         a missing name)."""
-        return self.tools().get(name, default)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.tools())
-
-    def __len__(self) -> int:
-        return len(self.tools())
+        return self.data.get(name, default)
 
 
 def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *, tier: str = "C0",
@@ -3676,14 +3668,6 @@ def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *
 
 
 # ---- one production run
-
-NO_VISIBLE_TEXT = "the input has no visible text: a run needs a ticket with text"
-
-
-def is_blank(text: str) -> bool:
-    """True when text holds only whitespace, control and format (invisible) characters."""
-    return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in text)
-
 
 def run_one(fac: Factory, agent: Agent, cert: dict, task_input, ticket_id: str | None = None,
             tier: str | None = None, clients: Clients | None = None, effect_tags: dict | None = None) -> dict:
@@ -3721,7 +3705,7 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
     if status == "interrupted":
         loop.reason = f"interrupted by {signal.Signals(fac.halt.signum).name}" if fac.halt.signum else "interrupted"
     cost = cost_problem(fac, agent, loop)
-    if clients.gate.usable:
+    if clients.router is not None:
         trace.flush()
     named = [model for model in card_models(agent.card) if model != "offline"]
     problems = [problem for problem in (cost, substitution(named, other_models(agent.card, loop.answered))) if problem]
@@ -3731,10 +3715,7 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
             return trace.row
         trace.record({"event": "gate", **gate})
         handed_off = agent.hands_off(loop.output)
-        shown = {"input_digest": recorded_digest(fac, trace.header["input"]),   # sealed with a parked call: approve
-                 "output_digest": recorded_digest(fac, loop.output)}           # checks what it shows against them
-        settled = Settled() if status == "interrupted" else \
-            settle_held(fac, agent, cert, trace, loop.broker, tier, {**gate, **shown}, handed_off)
+        settled = Settled() if status == "interrupted" else settle_held(fac, agent, cert, trace, loop.broker, tier, gate, handed_off, loop.output)
         uncertain = effect_problems(fac, loop.broker.committed, settled)
         verdict = run_verdict(status, gate["result"], not gate["problems"], handed_off, uncertain, settled.parked,
                               any(row[1] == "duplicate" for row in settled.rows))
@@ -3783,58 +3764,61 @@ def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, problems: 
 
 
 def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Broker, tier: str, gate: dict,
-                handed_off: bool) -> Settled:
+                handed_off: bool, output: dict | None = None) -> Settled:
     """Carry out broker.settle on each held call in order, each a `settled` event: commit (its row naming run,
-    gate result and p), park, queue for review (one handle, locked till all are settled), or record what it
-    would have done."""
-    done, tags, committing = Settled(), {"gate": gate["result"], "p": gate["p"]}, None
-    queue = fac.store.open_log(fac.review_path(agent.name))
-    try:
-        held_back = "; ".join(filter(None, (gate["why"], *gate.get("problems", ()))))   # why the gate did not pass, in full
-        for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"], agent.act_envelope, held_back):
-            call, decision = settlement.call, settlement.decision
-            event = {"event": "settled", "at": utc_now(), "seq": call.seq, "tool": call.tool, "args_digest": settlement.digest,
-                     "decision": decision, "why": settlement.why}
-            if decision in ("commit", "park"):   # the trace first
-                trace.flush()
-            if decision == "commit":   # tools made once
-                committing = committing or agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags}, announcer(trace, None, []))
-                committed = broker.commit(call, committing)
-                done.acted += committed.ok and committed.effect == "act"
-                event["ruling"] = committed.ruling
-            elif decision == "park":   # sealed: the executor compares the parked file with this event
-                done.parked += 1
-                stored = park(fac, agent, cert, trace.run_id, done.parked, call, gate)
-                event = sealed_evidence(fac, {**event, "call": done.parked, "path": fac.shown(stored), "run_id": trace.run_id,
-                                              "certificate": cert["signature"], "digest": agent.digest})
-            elif decision == "review":
-                event.update(to_review(queue, trace.run_id, settlement, tags))
-                done.review += "path" in event
-                done.lost += [f"{call.tool} could not be put in the review queue ({event['error']})"] if "error" in event else []
-            trace.record(event)
-            done.rows.append([call.tool, decision, event.get("ruling") or event.get("error")])
-            done.routes += [settlement.route] if settlement.route else []
-    finally:
-        queue.close()
+    gate result and p), park (with `output`), queue for review (the drafts in a row in one write), or record
+    what it would have done."""
+    done, tags, committing, drafts = Settled(), {"gate": gate["result"], "p": gate["p"]}, None, []
+    def settled(settlement, event: dict) -> None:
+        trace.record(event)
+        done.rows.append([settlement.call.tool, settlement.decision, event.get("ruling") or event.get("error")])
+        done.routes += [settlement.route] if settlement.route else []
+    def to_review() -> None:   # then their events, naming the queue or why it could not be written
+        path = fac.review_path(agent.name)
+        try:
+            fac.store.append_lines(path, [{"run_id": trace.run_id, "seq": s.call.seq, "tool": s.call.tool, "effect": s.call.effect,
+                                           "args": s.call.args, "routed": "human", "why": s.why, **tags, "at": utc_now()}
+                                          for s, _ in drafts])
+            said = {"path": fac.shown(path)}
+        except OSError as error:
+            said = {"error": f"{type(error).__name__}: {error.strerror or error}"}
+        for settlement, event in drafts:
+            done.review += "path" in said
+            done.lost += [f"{settlement.call.tool} could not be put in the review queue ({said['error']})"] if "error" in said else []
+            settled(settlement, {**event, **said})
+        drafts.clear()
+    held_back = "; ".join(filter(None, (gate["why"], *gate.get("problems", ()))))   # why the gate did not pass, in full
+    for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"], agent.act_envelope, held_back):
+        call, decision = settlement.call, settlement.decision
+        event = {"event": "settled", "at": utc_now(), "seq": call.seq, "tool": call.tool, "args_digest": settlement.digest,
+                 "decision": decision, "why": settlement.why}
+        if decision == "review":
+            drafts.append((settlement, event))
+            continue
+        if drafts:   # those settled before it first
+            to_review()
+        if decision in ("commit", "park"):   # the trace first
+            trace.flush()
+        if decision == "commit":   # tools made once
+            committing = committing or agent.tools_for(fac, trace.run_id, {**tags, **trace.effect_tags}, announcer(trace, None, []))
+            committed = broker.commit(call, committing)
+            done.acted += committed.ok and committed.effect == "act"
+            event["ruling"] = committed.ruling
+        elif decision == "park":   # sealed: the executor compares the parked file with this event
+            done.parked += 1
+            stored = park(fac, agent, cert, trace, done.parked, call, gate, output)
+            event = sealed_evidence(fac, {**event, "call": done.parked, "path": fac.shown(stored), "run_id": trace.run_id,
+                                          "certificate": cert["signature"], "digest": agent.digest})
+        settled(settlement, event)
+    if drafts:
+        to_review()
     return done
 
 
-def to_review(queue: Store.Log, run_id: str, settlement, tags: dict) -> dict:
-    """Append a held draft to the review queue, routed to a human: {"path"}, or {"error"} when it could not be
-    written."""
-    call = settlement.call
-    row = {"run_id": run_id, "seq": call.seq, "tool": call.tool, "effect": call.effect, "args": call.args, "routed": "human",
-           "why": settlement.why, **tags, "at": utc_now()}
-    try:
-        queue.append(row)
-    except OSError as error:
-        return {"error": f"{type(error).__name__}: {error.strerror or error}"}
-    return {"path": queue.shown}
-
-
-def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome: Outcome, gate: dict) -> Path:
+def park(fac: Factory, agent: Agent, cert: dict, trace: Trace, call: int, outcome: Outcome, gate: dict, output) -> Path:
     """Store a held acting call for approval, sealed whole (arguments, certificate, expiry, the gate's answer,
-    the digests of the ticket and output approve shows); its path."""
+    the digests of the ticket and `output` approve shows); its path."""
+    run_id = trace.run_id
     staged = datetime.now(timezone.utc)
     hours = agent.card.get("approval_expiry_hours", 24)
     entry = {"format": PENDING_FORMAT, "run_id": run_id, "call": call, "agent": agent.name,
@@ -3842,7 +3826,7 @@ def park(fac: Factory, agent: Agent, cert: dict, run_id: str, call: int, outcome
              "certificate": cert["signature"], "digest": agent.digest, "staged_at": iso(staged),
              "expires_at": iso(staged + timedelta(hours=hours)),
              "gate": {key: gate[key] for key in ("result", "p", "bar", "shown")},
-             "input_digest": gate["input_digest"], "output_digest": gate["output_digest"]}
+             "input_digest": recorded_digest(fac, trace.header["input"]), "output_digest": recorded_digest(fac, output)}
     path = fac.pending_path(run_id, call)
     fac.store.write_json(path, sealed_evidence(fac, entry))   # every field, the run id and times included
     return path
@@ -4595,9 +4579,9 @@ def load_tickets(fac: Factory, path: Path, piped: bytes | None = None) -> list[t
     `line N` when it names none. Refusal for the whole file: a sealed half, no tickets, unreadable."""
     if path.resolve().name == "sealed.jsonl" or path.resolve().is_relative_to(fac.sealed_dir) and fac.sealed_dir != fac.evals:
         raise Refusal(f"{fac.shown(path)}: is a sealed half; sealed cases are never run as tickets")
-    tickets = []
+    tickets, where = [], fac.shown(path)
     for number, row in fac.store.read_jsonl(path, confined=False, each=True, piped=piped):
-        problem = row if isinstance(row, Refusal) else ticket_problem(row, f"{fac.shown(path)} line {number}", is_blank)
+        problem = row if isinstance(row, Refusal) else ticket_problem(row, f"{where} line {number}")
         named = isinstance(row, dict) and isinstance(row.get("id"), str) and row["id"].isprintable() and row["id"]
         tickets.append((row["id"] if named else f"line {number}",
                         Refusal(problem) if isinstance(problem, str) else problem or row["input"]))
@@ -5423,12 +5407,18 @@ CHECKPOINT_ROWS = 1000       # a count of this many rows or more leaves a checkp
 
 
 def unread(fac: Factory, tally: IndexTally, row, number: int) -> None:
-    """Why index line `number` is not counted, in its agent's problems (else the tower's)."""
+    """Why index line `number` is not counted (unread, its shape, or closed figures no run can have), in its
+    agent's problems (else the tower's)."""
     if type(row) is not dict:
         tally.problems.append(f"{row}; not counted")
         return
-    shape = STARTED_SHAPE if row.get("state") == "started" else INDEX_SHAPE
-    line = misshapen_row(shape, row, f"{fac.shown(fac.index)} line {number}")
+    shape, where = STARTED_SHAPE if row.get("state") == "started" else INDEX_SHAPE, f"{fac.shown(fac.index)} line {number}"
+    try:
+        shape.check(row, where)
+        problem = figure_problem(row) if shape is INDEX_SHAPE else None
+        line = f"{where}: {problem}; not counted" if problem else f"{where}: not counted"
+    except Refusal as why:
+        line = f"{why}; not counted"
     agent = row.get("agent")
     (tally.agents[agent].problems if agent in tally.agents else tally.problems).append(line)
 
@@ -5508,7 +5498,7 @@ def tower_document(fac: Factory) -> dict:
     agents = []
     for name in sorted(set(tallies) | set(known_agents(fac)) | set(waiting)):
         tally, drift = tallies.get(name) or Tally(), Drift.of_certificate(current_cert(fac, name), index_tally(fac))
-        trust, trouble = trust_of(fac, name, drift)
+        trust, trouble = certificate_trust(ClaimOnDisk(name, "run", fac=fac), drift.demoted, Refusal, refusal_line)
         counts = waiting.get(name) or ParkedCounts()
         trust.update(pending=counts.pending, uncertain_effect=counts.uncertain_effect, stuck=counts.stuck)
         reviews, unread = review_figures(fac, name)
@@ -5535,18 +5525,8 @@ def run_agent(fac: Factory, run_id: str) -> str | None:
         return None
 
 
-def misshapen_row(shape: Shape, row: dict, where: str) -> str:
-    """Why an index row is not counted: its shape, or (closed) figures no run can have."""
-    try:
-        shape.check(row, where)
-    except Refusal as why:
-        return f"{why}; not counted"
-    problem = figure_problem(row) if shape is INDEX_SHAPE else None
-    return f"{where}: {problem}; not counted" if problem else f"{where}: not counted"
-
-
 def current_cert(fac: Factory, name: str) -> dict:
-    """NAME's certificate, {} when none or unreadable (trust_of says which)."""
+    """NAME's certificate, {} when none or unreadable (its trust says which)."""
     try:
         path = fac.cert_path(name)
         return fac.store.read_json(path) if fac.store.exists(path) else {}
@@ -5559,11 +5539,6 @@ def known_agents(fac: Factory) -> list[str]:
     cards = [path.stem for path in fac.masters.glob("*.json")]
     certs = [path.name[:-len(".card.json")] for path in fac.registry.glob("*.card.json")]
     return [name for name in cards + certs if NAME.fullmatch(name)]
-
-
-def trust_of(fac: Factory, name: str, drift: Drift) -> tuple[dict, list[str]]:
-    """(NAME's trust, problems): broker.certificate_trust on its certificate here and the drift watch."""
-    return certificate_trust(ClaimOnDisk(name, "run", fac=fac), drift.demoted, Refusal, refusal_line)
 
 
 def gate_bar(fac: Factory, name: str) -> float | None:
