@@ -1361,8 +1361,9 @@ def too_few(bar, n: int, what: str, every: str, kind: str = "bar") -> str | None
 
 
 def rubric_field(proof: dict) -> str:
-    """The output field a proof's draft rubric scores, as its lines name it (`draft` for a record that names none)."""
-    return proof.get("rubric_field") or "draft"
+    """The output field a proof's draft rubric scores, as its lines name it (`draft` for a record that names none),
+    or `rubric` when the card has none: no field of the agent's is named that it may not have."""
+    return "rubric" if proof.get("rubric") == "none" else proof.get("rubric_field") or "draft"
 
 
 def verdict_why(proof: dict) -> str | None:
@@ -2170,7 +2171,7 @@ class Harvested:
 
     def summary(self, agent: str, proposals: str, queue: str) -> str:
         """harvest's line: how many were proposed into `proposals`, then each other count (`queue`: evalsmith's)."""
-        also = ((self.reviewed, f"held back for a human in {queue} (evalsmith's gate did not pass them), not in {proposals}: "
+        also = ((self.reviewed, f"held back for a human in {queue} (evalsmith's gate did not pass them, or could not score them), not in {proposals}: "
                                 f"`review evalsmith` lists them, and one you accept there you add to it yourself (review "
                                 f"records what you did, and writes no case)"),
                 (self.found, "already proposed by a harvest that stopped half-way (now recorded as harvested)"),

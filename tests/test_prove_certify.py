@@ -4,6 +4,7 @@ input order, drafts scored in batches, and the refusals of the station that stay
 from __future__ import annotations
 
 import json
+import unittest
 from xml.etree import ElementTree
 
 import broker
@@ -772,6 +773,15 @@ class WhyACaseFailed(LineTest):
         self.assertNotIn("urgent", out)
 
 
+class RubricNamed(unittest.TestCase):
+    """A proof names the field its rubric scored, and names no field when the card has no rubric: an expense
+    reviewer without one saw `draft:no rubric`, a field it does not have."""
+
+    def test_the_rubric_is_named_by_its_field_or_as_absent(self):
+        self.assertEqual(broker.rubric_field({"rubric": "scored", "rubric_field": "memo"}), "memo")
+        self.assertEqual(broker.rubric_field({"rubric": "no key"}), "draft")   # a record that names no field
+        self.assertEqual(broker.rubric_field({"rubric": "none", "rubric_field": "draft"}), "rubric")
+
+
 if __name__ == "__main__":
-    import unittest
     unittest.main()

@@ -501,7 +501,8 @@ class RecallAndHarvest(LineTest):
         self.assertEqual(code, 0, err)
         self.assertIn("proposed 0 case(s)", out)
         # it said `proposed 0 case(s) into evals/triager/proposed.jsonl; 1 held back`, and not what brings one there
-        self.assertIn("; 1 held back for a human in outbox/evalsmith/review.jsonl (evalsmith's gate did not pass them), not "
+        self.assertIn("; 1 held back for a human in outbox/evalsmith/review.jsonl (evalsmith's gate did not pass them, or could not "
+                      "score them), not "
                       "in evals/triager/proposed.jsonl: `review evalsmith` lists them, and one you accept there you add to it "
                       "yourself (review records what you did, and writes no case)\n", out)
         self.assertEqual(self.outbox_of_evals("triager"), [])
