@@ -1102,8 +1102,8 @@ class Store:
     # ---- the keys folder (outside the root): signing keys, this machine's anchor, ssh-keygen
 
     def read_key(self, path: Path) -> str:
-        """A key file's text, stripped; Refusal naming the file when it is not readable text, or it or its
-        folder is open to others (check_private)."""
+        """A key file's text, stripped; Refusal naming the file when it is not readable text or is open to
+        others (check_private)."""
         try:
             handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # a FIFO is never waited on
             with os.fdopen(handle, "rb") as reader:
@@ -1119,17 +1119,17 @@ class Store:
     def check_private(self, path: Path) -> None:
         """Refusal with the chmod that fixes it when a key file or its folder has a group or other bit."""
         open_to_others = [(place, mode) for place, mode in ((path.parent, "700"), (path, "600"))
-                          if place.stat().st_mode & 0o077]
+                          if place.exists() and place.stat().st_mode & 0o077]
         if open_to_others:
             what = " and ".join("its folder" if place == path.parent else "the key file" for place, _ in open_to_others)
             fix = " && ".join(f"chmod {mode} {place}" for place, mode in open_to_others)
             raise Refusal(f"{path}: other users may read or write {what}; refusing to use it. fix it with: {fix}")
 
     def create_key(self, path: Path, text: str) -> bool:
-        """Create a key file, 0600 in a 0700 folder, exclusively (write_text: never an empty key); False if
-        there."""
+        """Create a key file exclusively, 0600 in a private 0700 folder; False if there."""
         with self.machine(path, "write"):
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.check_private(path)
         try:
             self.write_text(path, text.encode("ascii"), True, 0o600, outside=True)
         except FileExistsError:
@@ -1155,7 +1155,7 @@ class Store:
             os.close(handle)
 
     def keys_writable(self) -> bool:
-        """True when the keys folder exists (or can be made, 0700) and this process may write in it."""
+        """True when the keys folder exists (or can be made, 0700) and may be written."""
         try:
             self.fac.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError:

@@ -1023,6 +1023,16 @@ class KeyFiles(CertifiedTest):
         key.chmod(0o600)
         self.runs_ok()
 
+    def test_no_key_is_written_into_a_folder_others_may_read(self):
+        """A keys folder made 0755 by hand got the evidence key written into it, then refused: the key was
+        already where other users could read it."""
+        keys = self.tmp / "fresh-keys"
+        keys.mkdir(mode=0o755)
+        keys.chmod(0o755)
+        code, out, err = self.factory("prove", "triager", env={**self.env, "FACTORY_KEYS_DIR": str(keys)})
+        self.assertEqual((code, list(keys.iterdir())), (1, []), err)
+        self.assertIn(f"other users may read or write its folder; refusing to use it. fix it with: chmod 700 {keys}", err)
+
     def test_an_open_evidence_key_is_refused(self):
         evidence = self.tmp / "keys" / "_evidence.key"
         evidence.chmod(0o644)
