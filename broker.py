@@ -213,6 +213,62 @@ def _by_value(text: str):
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# ---- text from outside as the factory shows it: controls escaped, on one line, in the terminal's encoding
+
+# What a terminal would act on (move the cursor, erase a line, reorder text) or cannot show: C0 controls but
+# tab and newline, DEL, C1 controls, bidirectional overrides, lone surrogates.
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+BREAKS = re.compile("[\t\n\u2028\u2029]")   # ... and what would end a printed line or move to another column
+
+
+def printable(text: str) -> str:
+    """text with each UNPRINTABLE character as a `\\uXXXX` escape (valid inside a JSON string too)."""
+    return UNPRINTABLE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
+def visible(text: str) -> str:
+    """printable(text) with line breaks and tabs escaped too: it stays on its one line."""
+    return BREAKS.sub(lambda found: f"\\u{ord(found.group()):04x}", printable(text))
+
+
+def one_line(text: str) -> str:
+    """printable(text) with a line break as `\\n` (tab, U+2028, U+2029 kept): a name or path in a message."""
+    return printable(text).replace("\n", "\\n")
+
+
+def utf8(text: str) -> bytes:
+    """text as UTF-8, a lone surrogate (which UTF-8 cannot hold) as U+FFFD."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+def encodable(text: str, encoding: str) -> str:
+    """text with each character `encoding` cannot hold as `\\uXXXX` (above U+FFFF a UTF-16 pair, as JSON)."""
+    try:
+        text.encode(encoding)
+        return text
+    except (UnicodeEncodeError, LookupError):
+        pass
+    def fits(char: str) -> bool:
+        try:
+            char.encode(encoding)
+            return True
+        except (UnicodeEncodeError, LookupError):
+            return False
+    def escaped(char: str) -> str:
+        units = char.encode("utf-16-be")
+        return "".join(f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2))
+    return "".join(char if char.isascii() or fits(char) else escaped(char) for char in text)
+
+
+def as_bytes_shown(text: str) -> str:
+    """An argument with each byte Python could not decode (U+DC80..U+DCFF) as `\\xff`."""
+    return re.sub("[\udc80-\udcff]", lambda found: f"\\x{ord(found.group()) - 0xDC00:02x}", text)
+
+
+
 URL_SAFE = str.maketrans("+/", "-_")   # base64's URL and file name alphabet (RFC 4648 section 5)
 
 

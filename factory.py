@@ -99,24 +99,26 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # registered: the import below reads no file of its own
 from broker import (  # noqa: E402
-    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
-    CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
-    DuplicateKey, ENTRYPOINT, EXECUTE_GUARDS, FINAL, FLAGGED, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested,
-    IN_ORDER, IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, PASSING,
-    PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SHARD_FORMAT,
-    SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally, allowed_by,
-    allowed_signer, apply_draft_scores, args_digest, attempts_of, attempts_said, attempts_since, brief_lines,
-    call_columns, call_state, card_changes, card_problems, case_fields, certificate_trust, check_args, closes,
-    closest, closing_verdicts, code_loading, component_lines, component_marks, contract_problems, contracts_assigned,
-    created_lines, cut, decisions_in, detect, did_you_mean, doctor_lines, encoded_forms, evidence,
-    executed_twins, figure_problem, first_refusal, fold_decisions, from_state, gate_content, gate_lines,
-    grants_line, guard_results, head_problem, held_draft, in_shard, is_blank, json_position, json_state, judge, judged_tier,
-    junit_xml, label_source_problem, line_verifies, merge_shards, newer, normalised, outcome_of,
-    output_field_problems, paired_text, parked_counts, part, plain_imports, proof_figures, proof_summary,
-    proof_verdict, rate_text, recorder_tools, reject_constant, render_tower_html, replaced_text, replay_differences,
-    restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note,
-    seal_line, sealed_proof_lines, settle, shard_line, share, shared_inputs, signed_index, state_column,
-    substitution, task_text, ticket_problem, tool_list, tower_lines, uncertain_said, unique_keys, usd, went, written_schema)
+    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS,
+    CONTRACT, CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF,
+    Decisions, Drift, DuplicateKey, ENTRYPOINT, EXECUTE_GUARDS, FINAL, FLAGGED, GENESIS, GatedRuns, HELD,
+    HMAC_SIGNATURE, Harvested, IN_ORDER, IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, NO_VISIBLE_TEXT,
+    OPEN_OUTCOME, OUTCOME, Outcome, PASSING, PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS,
+    REVIEW_DECISIONS, RUN_GUARDS, SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK,
+    Settled, Sign, TIERS, TOOL, Tally, UNPRINTABLE, allowed_by, allowed_signer, apply_draft_scores, args_digest,
+    as_bytes_shown, attempts_of, attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes,
+    card_problems, case_fields, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading,
+    component_lines, component_marks, contract_problems, contracts_assigned, created_lines, cut, decisions_in,
+    detect, did_you_mean, doctor_lines, encodable, encoded_forms, evidence, executed_twins, figure_problem,
+    first_refusal, fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results, head_problem,
+    held_draft, in_shard, is_blank, json_position, json_state, judge, judged_tier, junit_xml, label_source_problem,
+    line_verifies, merge_shards, newer, normalised, one_line, outcome_of, output_field_problems, paired_text,
+    parked_counts, part, plain_imports, printable, proof_figures, proof_summary, proof_verdict, rate_text,
+    recorder_tools, reject_constant, render_tower_html, replaced_text, replay_differences, restamp_lines,
+    review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line,
+    sealed_proof_lines, settle, shard_line, share, shared_inputs, signed_index, state_column, substitution,
+    task_text, ticket_problem, tool_list, tower_lines, uncertain_said, unique_keys, usd, utf8, visible, went,
+    written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -209,10 +211,6 @@ class StoreError(Refusal, OSError):
 
 SECRET_NAME = re.compile(r"(?:^|_)(?:KEY|TOKEN|SECRET|PASSWORD)$")   # ANTHROPIC_API_KEY, SAGEROUTE_TOKEN, ...
 MIN_SECRET = 8       # shorter values are not real keys, and scrubbing them would mangle ordinary text
-# What a terminal would act on (move the cursor, erase a line, reorder text) or cannot show: C0 controls but
-# tab and newline, DEL, C1 controls, bidirectional overrides, lone surrogates.
-UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-BREAKS = re.compile("[\t\n\u2028\u2029]")   # ... and what would end a printed line or move to another column
 SEPARATORS = ("\n", "\t")   # print's end, and a tab-separated line's column separator
 
 
@@ -243,29 +241,6 @@ def redact(value, hidden: tuple[tuple[str, str], ...]):
     if isinstance(value, (list, tuple)):
         return [redact(item, hidden) for item in value]
     return value
-
-
-def printable(text: str) -> str:
-    """text with each UNPRINTABLE character as a `\\uXXXX` escape (valid inside a JSON string too)."""
-    return UNPRINTABLE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
-
-
-def visible(text: str) -> str:
-    """printable(text) with line breaks and tabs escaped too: it stays on its one line."""
-    return BREAKS.sub(lambda found: f"\\u{ord(found.group()):04x}", printable(text))
-
-
-def one_line(text: str) -> str:
-    """printable(text) with a line break as `\\n` (tab, U+2028, U+2029 kept): a name or path in a message."""
-    return printable(text).replace("\n", "\\n")
-
-
-def utf8(text: str) -> bytes:
-    """text as UTF-8, a lone surrogate (which UTF-8 cannot hold) as U+FFFD."""
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
 
 
 def lone_surrogate(value) -> str | None:
@@ -3773,15 +3748,16 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
         trace.record(event)
         done.rows.append([settlement.call.tool, settlement.decision, event.get("ruling") or event.get("error")])
         done.routes += [settlement.route] if settlement.route else []
-    def to_review() -> None:   # then their events, naming the queue or why it could not be written
+    def queue(rows: list[dict]) -> dict:   # in one write: {"path": the queue} or {"error": why not}
         path = fac.review_path(agent.name)
         try:
-            fac.store.append_lines(path, [{"run_id": trace.run_id, "seq": s.call.seq, "tool": s.call.tool, "effect": s.call.effect,
-                                           "args": s.call.args, "routed": "human", "why": s.why, **tags, "at": utc_now()}
-                                          for s, _ in drafts])
-            said = {"path": fac.shown(path)}
+            fac.store.append_lines(path, [{"run_id": trace.run_id, **row, "routed": "human", **tags, "at": utc_now()} for row in rows])
+            return {"path": fac.shown(path)}
         except OSError as error:
-            said = {"error": f"{type(error).__name__}: {error.strerror or error}"}
+            return {"error": f"{type(error).__name__}: {error.strerror or error}"}
+    def to_review() -> None:   # then their events, naming the queue or why it could not be written
+        said = queue([{"seq": s.call.seq, "tool": s.call.tool, "effect": s.call.effect, "args": s.call.args, "why": s.why}
+                      for s, _ in drafts])
         for settlement, event in drafts:
             done.review += "path" in said
             done.lost += [f"{settlement.call.tool} could not be put in the review queue ({said['error']})"] if "error" in said else []
@@ -3812,6 +3788,10 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
         settled(settlement, event)
     if drafts:
         to_review()
+    if not broker.held and isinstance(output, dict) and (handed_off or gate["result"] != "pass"):   # a human has only this
+        said = queue([{"seq": 1, "tool": OUTPUT_ITEM, "effect": "none", "args": output, "why": held_back}])
+        done.review += "path" in said
+        done.lost += [f"its output could not be put in the review queue ({said['error']})"] if "error" in said else []
     return done
 
 
@@ -5181,6 +5161,7 @@ def decider(fac: Factory, args, guards: tuple) -> tuple[dict, Signer, ClaimOnDis
 # ---- the review queue: the drafts held for a human, and what the human did with each
 
 QUEUE_ROW = Shape.of({"run_id": str, "seq": int, "tool": str, "args": dict, "at": str})
+OUTPUT_ITEM = "output"   # the queued item of a routed run that held no call: its output (no tool's name lacks `:`)
 
 
 def review_queue(fac: Factory, agent: str) -> tuple[dict, dict, list[str]]:
@@ -5598,25 +5579,6 @@ def print(*values, sep: str | None = " ", end: str | None = "\n", file=None, flu
     builtins.print(*shown, sep=sep, end=end, file=file, flush=flush)
 
 
-def encodable(text: str, encoding: str) -> str:
-    """text with each character `encoding` cannot hold as `\\uXXXX` (above U+FFFF a UTF-16 pair, as JSON)."""
-    try:
-        text.encode(encoding)
-        return text
-    except (UnicodeEncodeError, LookupError):
-        pass
-    def fits(char: str) -> bool:
-        try:
-            char.encode(encoding)
-            return True
-        except (UnicodeEncodeError, LookupError):
-            return False
-    def escaped(char: str) -> str:
-        units = char.encode("utf-16-be")
-        return "".join(f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2))
-    return "".join(char if char.isascii() or fits(char) else escaped(char) for char in text)
-
-
 @contextlib.contextmanager
 def safe_streams(env: Mapping[str, str]) -> Iterator[None]:
     """sys.stdout and sys.stderr in SafeStream for the block."""
@@ -5887,11 +5849,6 @@ def not_text(args: argparse.Namespace) -> str | None:
                 return (f"{shown} holds bytes that are not {sys.getfilesystemencoding()} text "
                         f"({printable(as_bytes_shown(text))[:80]}); pass it as text in the terminal's encoding")
     return None
-
-
-def as_bytes_shown(text: str) -> str:
-    """An argument with each byte Python could not decode (U+DC80..U+DCFF) as `\\xff`."""
-    return re.sub("[\udc80-\udcff]", lambda found: f"\\x{ord(found.group()) - 0xDC00:02x}", text)
 
 
 def closed_stdout_status(stderr) -> int:

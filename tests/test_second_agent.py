@@ -53,6 +53,8 @@ def rules(pull: str) -> tuple[list[tuple[str, dict]], dict]:
     label = next((name for name, keys in KEYWORDS.items() if words & set(keys)), "feature")
     handoff = label == "breaking" or bool(words & set(SECURITY))
     note = f"Labelled {label}" + ("; a human should review it before merging." if handoff else ".")
+    if pull.startswith("Question:"):   # a question about a pull request: no tool, the answer is all there is
+        return [], {"label": label, "handoff": handoff, "note": "A question, not a change: a reviewer answers it."}
     return [("pulls:files", {}), ("pulls:label", {"label": label})], {"label": label, "handoff": handoff, "note": note}
 '''
 
@@ -346,6 +348,20 @@ class Labeler(LineTest):
         code, lines = on_a_terminal([*CLI, "run", "labeler", "--file", str(tickets)], REPO, self.env)
         self.assertEqual((code, lines[-1]), (0, "2 held call(s) from 2 run(s) wait for a human in outbox/labeler/review.jsonl"),
                          lines)
+
+    def test_a_routed_run_that_held_no_call_puts_its_output_before_a_human(self):
+        """A run routed to a human whose agent called no tool held nothing: `run` said `routed to a human` and
+        nothing reached one (the review queue had only drafts, the triager's way out). Its output is queued."""
+        row = self.run_json("Question: why does this pull request touch the build?")
+        self.assertEqual((row["verdict"], row["staged"]), ("unscored", 0), row)
+        code, listed, err = self.factory("review", "labeler")
+        self.assertEqual(code, 0, err)
+        self.assertIn(f"{row['run_id']}  queued", listed)
+        self.assertIn('  --seq 1  output {"label": "feature", "handoff": false, "note": "A question, not a change: a '
+                      'reviewer answers it."}', listed)
+        code, out, err = self.factory("review", "labeler", row["run_id"], "--accept", "--by", "alice")
+        self.assertEqual((code, out), (0, f"accepted output of run {row['run_id']} (--seq 1) by alice\n"), err)
+        self.assertNotIn(row["run_id"], self.factory("review", "labeler")[1])
 
     def test_replay_of_an_offline_run_replays_todays_rules_and_the_failed_read(self):
         """Without --live, a failed read came back `ok` (a difference that was none), and the recorded rules'
