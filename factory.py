@@ -3791,7 +3791,7 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
     if not broker.held and isinstance(output, dict) and (handed_off or gate["result"] != "pass"):   # a human has only this
         said = queue([{"seq": 1, "tool": OUTPUT_ITEM, "effect": "none", "args": output, "why": held_back}])
         done.review += "path" in said
-        done.lost += [f"its output could not be put in the review queue ({said['error']})"] if "error" in said else []
+        done.lost += [f"its output could not be queued for review ({said['error']})"] if "error" in said else []
     return done
 
 
@@ -5161,7 +5161,7 @@ def decider(fac: Factory, args, guards: tuple) -> tuple[dict, Signer, ClaimOnDis
 # ---- the review queue: the drafts held for a human, and what the human did with each
 
 QUEUE_ROW = Shape.of({"run_id": str, "seq": int, "tool": str, "args": dict, "at": str})
-OUTPUT_ITEM = "output"   # the queued item of a routed run that held no call: its output (no tool's name lacks `:`)
+OUTPUT_ITEM = "output"   # a routed run's output, queued when it held no call (a tool's name has a `:`)
 
 
 def review_queue(fac: Factory, agent: str) -> tuple[dict, dict, list[str]]:
@@ -5483,8 +5483,9 @@ def tower_document(fac: Factory) -> dict:
         counts = waiting.get(name) or ParkedCounts()
         trust.update(pending=counts.pending, uncertain_effect=counts.uncertain_effect, stuck=counts.stuck)
         reviews, unread = review_figures(fac, name)
-        agents.append({"agent": name, "trust": trust, "gate_bar": gate_bar(fac, name), **tally.figures(drift), "reviews": reviews,
-                       "problems": tally.all_problems() + trouble + counts.problems + unread})
+        bar, unloaded = gate_bar(fac, name)
+        agents.append({"agent": name, "trust": trust, "gate_bar": bar, **tally.figures(drift), "reviews": reviews,
+                       "problems": tally.all_problems() + (trouble or unloaded) + counts.problems + unread})
     partial = bool(problems) or any(a["problems"] for a in agents)
     return {"format": TOWER_FORMAT, "generated_at": utc_now(), "partial": partial, "problems": problems, "agents": agents}
 
@@ -5517,17 +5518,16 @@ def current_cert(fac: Factory, name: str) -> dict:
 
 def known_agents(fac: Factory) -> list[str]:
     """Every agent with a card or a certificate."""
-    cards = [path.stem for path in fac.masters.glob("*.json")]
-    certs = [path.name[:-len(".card.json")] for path in fac.registry.glob("*.card.json")]
-    return [name for name in cards + certs if NAME.fullmatch(name)]
+    names = [path.stem for path in fac.masters.glob("*.json")] + [path.name[:-10] for path in fac.registry.glob("*.card.json")]
+    return [name for name in names if NAME.fullmatch(name)]
 
 
-def gate_bar(fac: Factory, name: str) -> float | None:
-    """The gate bar on NAME's card; None when it is gone or unreadable."""
+def gate_bar(fac: Factory, name: str) -> tuple[float | None, list[str]]:
+    """NAME's card's gate bar (None: gone or not loading), and the line naming why it does not load."""
     try:
-        return load_card(fac, name)["evals"]["gate"]
-    except Refusal:
-        return None
+        return load_card(fac, name)["evals"]["gate"], []
+    except Refusal as why:
+        return None, [f"its card does not load: {why}"] * fac.card_path(name).exists()
 
 
 # ================================================================ 7. CLI
@@ -5723,7 +5723,7 @@ def build_parser(built: tuple[str, ...] | None = None) -> argparse.ArgumentParse
     return parser_tree(built, shutil.get_terminal_size().columns)
 
 
-@lru_cache(maxsize=16)   # parsing leaves a parser as it was: built once a process (the tests run thousands)
+@lru_cache(maxsize=16)   # parsing leaves a parser as it was: built once a process
 def parser_tree(built: tuple[str, ...] | None, columns: int) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)  # accepted before or after the station name
     common.add_argument("--root", type=folder_text, default=argparse.SUPPRESS, metavar="DIR",
@@ -5779,8 +5779,7 @@ PATH_ARGUMENTS = ("root", "sealed_dir", "file", "junit", "html")
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Parse argv, build the Factory, run the station, in safe streams: a Refusal is one stderr line and exit 1,
     a usage error (an argument not text too) exit 2; no arguments: help on stderr, exit 2."""
-    # a snapshot: Code.execute takes FACTORY_SEALED_DIR out of the process environment before agent code
-    # loads, and the station still reads the environment it was started with (the sealed folder, when first used)
+    # a snapshot: Code.execute takes FACTORY_SEALED_DIR out of os.environ before agent code loads; the station reads this
     env, halt = dict(os.environ) if env is None else env, Halt()
     before = [signal.signal(halting, halt.catch) for halting in HALTING if threading.current_thread() is threading.main_thread()]
     try:

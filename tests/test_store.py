@@ -147,8 +147,9 @@ class StrictJson(LineTest):
         self.edit_card("triager", evals={**evals, "pass_bar": int(huge)})   # json writes a Python int as digits
         self.assertIn(f'"pass_bar": {huge}', (self.root / "masters" / "triager.json").read_text())
         self.refused("field 'evals.pass_bar'", "prove", "triager")
-        code, out, err = self.factory("tower")   # as for a NaN there: the bar is shown as unknown
-        self.assertEqual((code, err), (0, ""))
+        code, out, err = self.factory("tower")   # as for a NaN there: the bar is shown as unknown, the card named
+        self.assertEqual((code, err), (1, "factory tower: its card does not load: masters/triager.json: field "
+                                          "'evals.pass_bar' must be a number in 0..1\n"))
         self.assertIn("bar ?)", out.split("triager", 1)[1])
 
 

@@ -490,6 +490,14 @@ class PartialTower(LineTest):
         evalsmith = next(a for a in doc["agents"] if a["agent"] == "evalsmith")
         self.assertEqual((evalsmith["runs"], len(evalsmith["problems"])), (0, 1))
 
+    def test_an_uncertified_agent_whose_card_does_not_load_is_named(self):
+        """A card broken by hand showed as plain `trust: uncertified`, exit 0: nothing said it would not load."""
+        (self.root / "masters" / "expense.json").write_text('{"agent": "expense", "prices": {"m": {"input": 1}}')
+        doc, text = self.partial("its card does not load: masters/expense.json: not valid json")
+        expense = next(a for a in doc["agents"] if a["agent"] == "expense")
+        self.assertEqual((expense["trust"]["summary"], expense["gate_bar"]), ("uncertified", None))
+        self.assertIn("problem: its card does not load: masters/expense.json: not valid json", text)
+
     def test_a_gated_run_written_by_hand_is_named_and_not_counted(self):
         """Anyone who can write the tree can chain a row to the index, and hand-chained passes with no MAC raised
         the tower's pass rate. A gated row whose evidence MAC does not verify is no evidence: not counted (runs,
