@@ -70,7 +70,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple
 
-from broker import as_text
+from broker import as_text, reject_constant, unique_keys
 
 # claude-sonnet-4-5 retires 2026-11-30 (https://platform.claude.com/docs/en/about-claude/model-deprecations)
 # and Moonshot no longer lists kimi-k2.5 (https://platform.kimi.ai/docs/pricing/chat.md); these are current:
@@ -806,7 +806,7 @@ def json_objects(text: str) -> list[dict]:
     object ("Output format {label, draft}:"), code fences and notes after it do not hide it; the
     caller takes the first one its output contract accepts. NaN, Infinity and numbers that
     overflow to infinity are refused, and nesting too deep to decode is not an object."""
-    decoder = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys)
+    decoder = json.JSONDecoder(parse_constant=reject_constant, parse_float=_finite_float, object_pairs_hook=unique_keys)
     found, at = [], text.find("{")
     while at >= 0:
         try:
@@ -824,22 +824,7 @@ def strict_json(raw: str | bytes):
     NaN, Infinity, a number that overflows to infinity and an object naming one key twice (json.loads
     would take them all, the last key winning), as for any other bytes that are not JSON; RecursionError
     for nesting deeper than the parser goes. Nothing read this way can stop a trace line being written."""
-    return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys)
-
-
-def _unique_keys(pairs: list) -> dict:
-    """object_pairs_hook: the object, or ValueError naming a key it holds twice."""
-    obj = dict(pairs)
-    if len(obj) < len(pairs):
-        seen: set = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"key {twice!r} appears twice")
-    return obj
-
-
-def _refuse_constant(name: str):
-    """parse_constant hook: NaN and +-Infinity are not JSON."""
-    raise ValueError(f"{name} is not a JSON number")
+    return json.loads(raw, parse_constant=reject_constant, parse_float=_finite_float, object_pairs_hook=unique_keys)
 
 
 def _finite_float(text: str) -> float:

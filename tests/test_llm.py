@@ -154,7 +154,7 @@ class OpenAIWireTest(ServerTest):
     def test_a_reply_holding_nan_infinity_or_a_key_twice_is_malformed(self):
         body = json.dumps(anthropic_message("", [("toolu_1", "issues__label", {"label": "billing"})]))
         cases = {'{"label": NaN}': "NaN", '{"label": Infinity}': "Infinity", '{"label": 1e999}': "1e999",
-                 '{"label": "billing", "label": "spam"}': "'label' appears twice"}
+                 '{"label": "billing", "label": "spam"}': "duplicate key 'label'"}
         for value, named in cases.items():
             with self.subTest(value=value):
                 fake = self.server(Answer(body=body.replace('{"label": "billing"}', value)))
