@@ -791,7 +791,7 @@ class AtC3(Tiered):
         self.assertEqual((row["verdict"], row["routed"], len(self.effects("refunds"))), ("escalated", True, before))
         self.assertIn("run escalated: a reply of claude-sonnet-5-5 could not be read (malformed response: body is not JSON (",
                       row["why"][0])
-        self.assertIn("NaN is not a JSON number)); what it asked for is unknown", row["why"][0])
+        self.assertIn("NaN is not a json number)); what it asked for is unknown", row["why"][0])
         [model] = [e for e in self.traces("payer")[-1] if e.get("event") == "model"]
         self.assertTrue(model["attempts"][0]["error"].startswith("malformed response: "))
 
