@@ -244,6 +244,28 @@ def utf8(text: str) -> bytes:
         return LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
 
 
+def redact(value, hidden: tuple[tuple[str, str], ...]):
+    """value (text or JSON-like data, keys too) with each secret of `hidden` as `[NAME redacted]`."""
+    if not hidden:
+        return value
+    if isinstance(value, str):
+        for name, secret in hidden:
+            if secret in value:
+                value = value.replace(secret, f"[{name} redacted]")
+        return value
+    if isinstance(value, dict):
+        return {redact(key, hidden): redact(item, hidden) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(item, hidden) for item in value]
+    return value
+
+
+def lone_surrogate(value) -> str | None:
+    """The first lone surrogate in a JSON value, as `\\udcff` (only an escape in a file makes one), or None."""
+    found = LONE_SURROGATE.search(IN_ORDER.encode(value))
+    return f"\\u{ord(found.group()):04x}" if found else None
+
+
 def encodable(text: str, encoding: str) -> str:
     """text with each character `encoding` cannot hold as `\\uXXXX` (above U+FFFF a UTF-16 pair, as JSON)."""
     try:

@@ -99,26 +99,25 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # registered: the import below reads no file of its own
 from broker import (  # noqa: E402
-    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS,
-    CONTRACT, CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF,
-    Decisions, Drift, DuplicateKey, ENTRYPOINT, EXECUTE_GUARDS, FINAL, FLAGGED, GENESIS, GatedRuns, HELD,
-    HMAC_SIGNATURE, Harvested, IN_ORDER, IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, NO_VISIBLE_TEXT,
-    OPEN_OUTCOME, OUTCOME, Outcome, PASSING, PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS,
-    REVIEW_DECISIONS, RUN_GUARDS, SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK,
-    Settled, Sign, TIERS, TOOL, Tally, UNPRINTABLE, allowed_by, allowed_signer, apply_draft_scores, args_digest,
-    as_bytes_shown, attempts_of, attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes,
-    card_problems, case_fields, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading,
-    component_lines, component_marks, contract_problems, contracts_assigned, created_lines, cut, decisions_in,
-    detect, did_you_mean, doctor_lines, encodable, encoded_forms, evidence, executed_twins, figure_problem,
-    first_refusal, fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results, head_problem,
-    held_draft, in_shard, is_blank, json_position, json_state, judge, judged_tier, junit_xml, label_source_problem,
-    line_verifies, merge_shards, newer, normalised, one_line, outcome_of, output_field_problems, paired_text,
-    parked_counts, part, plain_imports, printable, proof_figures, proof_summary, proof_verdict, rate_text,
-    recorder_tools, reject_constant, render_tower_html, replaced_text, replay_differences, restamp_lines,
-    review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line,
-    sealed_proof_lines, settle, shard_line, share, shared_inputs, signed_index, state_column, substitution,
-    task_text, ticket_problem, tool_list, tower_lines, uncertain_said, unique_keys, usd, utf8, visible, went,
-    written_schema)
+    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
+    CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
+    DuplicateKey, ENTRYPOINT, EXECUTE_GUARDS, FINAL, FLAGGED, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested,
+    IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, PASSING,
+    PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SHARD_FORMAT,
+    SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally, UNPRINTABLE,
+    allowed_by, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown, attempts_of, attempts_said,
+    attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, case_fields,
+    certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, component_lines,
+    component_marks, contract_problems, contracts_assigned, created_lines, cut, decisions_in, detect, did_you_mean,
+    doctor_lines, encodable, encoded_forms, evidence, executed_twins, figure_problem, first_refusal, fold_decisions,
+    from_state, gate_content, gate_lines, grants_line, guard_results, head_problem, held_draft, in_shard, is_blank,
+    json_position, json_state, judge, judged_tier, junit_xml, label_source_problem, line_verifies, lone_surrogate,
+    merge_shards, newer, normalised, one_line, outcome_of, output_field_problems, paired_text, parked_counts, part,
+    plain_imports, printable, proof_figures, proof_summary, proof_verdict, rate_text, recorder_tools, redact,
+    reject_constant, render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts,
+    reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines,
+    settle, shard_line, share, shared_inputs, signed_index, state_column, substitution, task_text, ticket_problem,
+    tool_list, tower_lines, uncertain_said, unique_keys, usd, utf8, visible, went, written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -227,28 +226,6 @@ def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(found, key=lambda pair: (-len(pair[1]), pair[0])))
 
 
-def redact(value, hidden: tuple[tuple[str, str], ...]):
-    """value (text or JSON-like data, keys too) with each secret of `hidden` as `[NAME redacted]`."""
-    if not hidden:
-        return value
-    if isinstance(value, str):
-        for name, secret in hidden:
-            if secret in value:
-                value = value.replace(secret, f"[{name} redacted]")
-        return value
-    if isinstance(value, dict):
-        return {redact(key, hidden): redact(item, hidden) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact(item, hidden) for item in value]
-    return value
-
-
-def lone_surrogate(value) -> str | None:
-    """The first lone surrogate in a JSON value, as `\\udcff` (only an escape in a file makes one), or None."""
-    found = LONE_SURROGATE.search(IN_ORDER.encode(value))
-    return f"\\u{ord(found.group()):04x}" if found else None
-
-
 def note(fac: "Factory", line: str) -> None:
     """`factory: note: LINE` on stderr, once per station however many runs say it."""
     if line not in fac.store.noted:
@@ -260,7 +237,8 @@ def note(fac: "Factory", line: str) -> None:
 
 def utc_now() -> str:
     """Now, as iso() writes it."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")[:-6] + "Z"
+    seconds, micro = divmod(time.time_ns() // 1000, 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micro:06d}Z"
 
 
 def iso(moment: datetime) -> str:
@@ -533,7 +511,7 @@ class Store:
         self.evidence: bytes | None = None   # the evidence key, once this station has read it (evidence_key)
         self.heads: dict = {}             # path -> {"bytes", "hash"}: its head after our last row
         self.tally = None                 # the index's tally, once counted (index_tally)
-        self.rows: dict = {}              # path -> the handle append_row keeps
+        self.rows: dict = {}              # path -> (the handle append_row keeps, its fstat)
         self.rows_lock = threading.Lock()
 
     def machine(self, path: Path, doing: str) -> "Store.Machine":
@@ -890,11 +868,11 @@ class Store:
         with self.rows_lock, self.machine(path, "write"):   # threads share the handle
             fcntl.flock(handle := self.kept(path), fcntl.LOCK_EX)
             try:
-                ours, end = self.heads.get(path, {}), os.lseek(handle, 0, os.SEEK_END)   # our last row still ends it:
-                last, ends = (None, True) if ours.get("bytes") == end else self.tail_line(handle, end)   # no read
+                ours, end = self.heads.get(path, {}), os.lseek(handle, 0, os.SEEK_END)   # our last row ends it: no read
+                last, ends = (None, True) if ours.get("bytes") == end else self.tail_line(handle, end)
                 line = self.line({**obj, "prev": ours["hash"] if last is None else sha256(last)}, path)
                 line = seal_line(key, line) if key is not None else line
-                offset = self.append_locked(handle, line, end if ends else 0)
+                offset = self.append_locked(handle, line, end if ends else 0, end)
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         self.heads[path] = {"bytes": offset + len(line), "hash": sha256(line[:-1])}
@@ -905,34 +883,37 @@ class Store:
         with self.rows_lock, self.machine(path, "write"):
             fcntl.flock(handle := self.kept(path), fcntl.LOCK_EX)
             try:
-                self.append_locked(handle, b"".join(self.line(obj, path) for obj in objs))
+                data = b"".join(self.line(obj, path) for obj in objs)
+                self.heads[path] = {"bytes": self.append_locked(handle, data, self.heads.get(path, {}).get("bytes", 0)) + len(data)}
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def kept(self, path: Path) -> int:
         """The station's append handle on path, kept in `rows` (made again when the file moved)."""
-        handle = self.rows.pop(path, None)
-        if handle is not None and self.moved(path, handle, alone=True):
+        handle, opened = self.rows.pop(path, (None, None))
+        if handle is not None and self.moved(path, opened, alone=True):
             os.close(handle)
             handle = None
-        self.rows[path] = handle = self.open_append(path) if handle is None else handle
+        if handle is None:
+            handle = self.open_append(path)
+            opened = os.fstat(handle)
+        self.rows[path] = (handle, opened)
         return handle
 
-    def moved(self, path: Path, handle: int, alone: bool = False) -> bool:
-        """True when path names another file than handle's (device and inode, no link followed) or, `alone`, one
-        open_append refuses (another hard link, a folder now a link)."""
-        mine = os.fstat(handle)
+    def moved(self, path: Path, opened: os.stat_result, alone: bool = False) -> bool:
+        """True when path names another file than `opened`, a handle's fstat (device and inode, no link followed)
+        or, `alone`, one open_append refuses (another hard link, a folder now a link)."""
         with self.machine(path, "read"):
             try:
                 there = os.lstat(path)
             except FileNotFoundError:
                 return True
-        return (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino) or alone and (mine.st_nlink > 1 or os.path.islink(os.path.dirname(path)))
+        return (there.st_dev, there.st_ino) != (opened.st_dev, opened.st_ino) or alone and (there.st_nlink > 1 or os.path.islink(os.path.dirname(path)))
 
     def close(self) -> None:
         """Let go of the handles append_row keeps."""
         while self.rows:
-            os.close(self.rows.popitem()[1])
+            os.close(self.rows.popitem()[1][0])
 
     def open_append(self, path: Path) -> int:
         """A descriptor appending to the regular file path (made 0644) through real folders inside the root;
@@ -955,10 +936,10 @@ class Store:
         return handle
 
     @staticmethod
-    def append_locked(handle: int, line: bytes, ours: int = 0) -> int:
+    def append_locked(handle: int, line: bytes, ours: int = 0, end: int | None = None) -> int:
         """Write line at the file's end (locked, or one writer alone), cut back on failure; its offset. `ours`:
-        where this handle's last line ended (0: none), needing no newline check."""
-        offset = os.lseek(handle, 0, os.SEEK_END)
+        where this handle's last line ended (0: none), needing no newline check; `end`: the end if known."""
+        offset = os.lseek(handle, 0, os.SEEK_END) if end is None else end
         if offset and offset != ours and os.pread(handle, 1, offset - 1) != b"\n":   # a torn last line (a
             os.write(handle, b"\n")                                                  # killed writer) stays
             offset += 1                                                              # torn; ours starts clean
@@ -1002,7 +983,7 @@ class Store:
 
         def moved(self) -> bool:
             """Store.moved of this handle; False before the first line."""
-            return self.handle is not None and self.store.moved(self.path, self.handle)
+            return self.handle is not None and self.store.moved(self.path, os.fstat(self.handle))
 
         def close(self) -> None:
             """Let go of the file."""

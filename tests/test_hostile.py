@@ -499,7 +499,7 @@ class Secrets:
         self.assertEqual(code, 0, err)
         self.assertIn("[ANTHROPIC_API_KEY redacted]", "\n".join(json.dumps(e) for e in self.traces()[-1]))
         for echo in echoes:
-            self.assertEqual(factory.redact(echo, factory.secret_values({"K_KEY": MODEL_KEY})).count("[K_KEY redacted]"), 1, echo)
+            self.assertEqual(broker.redact(echo, factory.secret_values({"K_KEY": MODEL_KEY})).count("[K_KEY redacted]"), 1, echo)
             self.assert_nowhere(echo[2:-4], out, err, self.factory("tower", "--json")[1])
 
     def test_a_key_or_endpoint_no_request_can_use_is_refused_at_start_in_one_line(self):
