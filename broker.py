@@ -295,14 +295,17 @@ URL_SAFE = str.maketrans("+/", "-_")   # base64's URL and file name alphabet (RF
 
 
 def encoded_forms(raw: bytes) -> set[str]:
-    """raw as a server may echo it inside a longer text: URL-quoted (with and without /), hex in either case, and
-    base64 (standard and URL-safe) whole, and at each of the 3 byte offsets it may start at, without the characters
-    it shares with the bytes around it (RFC 4648 sections 4, 5 and 8)."""
+    """raw as a server may echo it inside a longer text: URL-quoted (with and without /, its hex in either case:
+    RFC 3986 section 2.1), JSON with each / escaped as \\/ (RFC 8259 section 7; PHP's json_encode writes it so), hex
+    in either case, and base64 (standard and URL-safe) whole, and at each of the 3 byte offsets it may start at,
+    without the characters it shares with the bytes around it (RFC 4648 sections 4, 5 and 8)."""
     from base64 import b64encode
     from urllib.parse import quote
     inner = {b64encode(bytes(shift) + raw).decode()[(4 * shift + 2) // 3:4 * (shift + len(raw)) // 3] for shift in range(3)}
-    return {quote(raw, safe=""), quote(raw), raw.hex(), raw.hex().upper(), b64encode(raw).decode(),
-            *inner, *(text.translate(URL_SAFE) for text in inner)}
+    quoted, text = {quote(raw, safe=""), quote(raw)}, raw.decode("utf-8", "replace")
+    return {*quoted, *(re.sub("%[0-9A-F]{2}", lambda hexed: hexed.group().lower(), form) for form in quoted),
+            *(json.dumps(text, ensure_ascii=ascii)[1:-1].replace("/", "\\/") for ascii in (True, False)),
+            raw.hex(), raw.hex().upper(), b64encode(raw).decode(), *inner, *(form.translate(URL_SAFE) for form in inner)}
 
 
 def surrogate_problem(args) -> str | None:
@@ -1346,7 +1349,7 @@ LABEL_SOURCES = MappingProxyType({
     "override": "a human overriding the source's mapping, under the policy the suite's README documents",
     "synthetic": "written, not from a real source",
 })
-UNRECORDED = "unrecorded"   # a case that does not say
+UNRECORDED = "unrecorded"   # a real case that does not say (a synthetic one is synthetic: case_fields)
 
 
 def label_source_problem(case: dict) -> str | None:
@@ -1670,12 +1673,13 @@ def proof_figures(agent, half: str, suite: str, suite_digest: str, results: list
 
 
 def case_fields(agent, case: dict) -> dict:
-    """What a result takes from its case: id, synthetic, source, label_source, expects_handoff, and `labels`
-    (its expected values of the output's enum fields)."""
-    handoff = case["expect"].get(agent.handoff_field)
-    return {"id": case["id"], "synthetic": case.get("source") == "synthetic",
-            "source": str(case.get("source") or "unnamed").split(":")[0],
-            "label_source": case.get("label_source", UNRECORDED), "expects_handoff": handoff if type(handoff) is bool else None,
+    """What a result takes from its case: id, synthetic, source, label_source (`synthetic` for a synthetic case
+    that does not say: written, its labels are), expects_handoff, and `labels` (its expected values of the
+    output's enum fields)."""
+    handoff, synthetic = case["expect"].get(agent.handoff_field), case.get("source") == "synthetic"
+    return {"id": case["id"], "synthetic": synthetic, "source": str(case.get("source") or "unnamed").split(":")[0],
+            "label_source": case.get("label_source", "synthetic" if synthetic else UNRECORDED),
+            "expects_handoff": handoff if type(handoff) is bool else None,
             "labels": {key: value for key, value in case["expect"].items()
                        if key != "denied" and "enum" in agent.module.OUTPUT_SCHEMA["properties"][key]}}
 
@@ -1714,9 +1718,10 @@ def scored_note(results: list[dict]) -> str:
 # ---- an agent module's output contract as its source writes it (the card's checks before its code runs)
 
 def written_schema(tree, nodes: tuple) -> dict | None:
-    """OUTPUT_SCHEMA's properties, each with its type, as the module's source writes them (read, never executed:
-    the card is refused before any code runs); None when the source does not say them plainly (a computed type,
-    or OUTPUT_SCHEMA named anywhere but in its one assignment): the executed module is checked then."""
+    """OUTPUT_SCHEMA's properties, each with its type (and `enum`, its values unread, when it has one), as the
+    module's source writes them (read, never executed: the card is refused before any code runs); None when the
+    source does not say them plainly (a computed type, or OUTPUT_SCHEMA named anywhere but in its one
+    assignment): the executed module is checked then."""
     import ast
     named = [node for node in nodes if isinstance(node, ast.Name) and node.id == "OUTPUT_SCHEMA"]
     found = [node.value for node in tree.body if isinstance(node, ast.Assign) and node.targets[0] in named]
@@ -1724,9 +1729,12 @@ def written_schema(tree, nodes: tuple) -> dict | None:
         if not isinstance(node, ast.Dict) or not all(isinstance(key, ast.Constant) for key in node.keys):   # **spread
             raise ValueError("not written plainly")
         return {key.value: value for key, value in zip(node.keys, node.values)}
+    def written(rule) -> dict:
+        rule = entries(rule)
+        return {"type": ast.literal_eval(rule["type"]), **dict.fromkeys(rule.keys() & {"enum"})}
     try:
-        props = {name: {"type": ast.literal_eval(entries(rule)["type"])} for name, rule in
-                 entries(entries(found[0])["properties"]).items()} if len(named) == len(found) == 1 else None
+        props = {name: written(rule) for name, rule in entries(entries(found[0])["properties"]).items()} \
+            if len(named) == len(found) == 1 else None
     except (IndexError, KeyError, ValueError, TypeError, SyntaxError, RecursionError):
         return None
     return None if props is None else {"properties": props}
@@ -1863,8 +1871,9 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
               "the suite proved: evals/SUITE/cases.jsonl and the sealed half SUITE/sealed.jsonl", _name),
     CardField("draft_rubric", "object", "none: drafts are not scored", 'an object {"field", "min", "instructions", "levels"}',
               "how prove has Sage score the draft in each output", lambda v: isinstance(v, dict)),
-    CardField("draft_rubric.field", "string", DEFAULT_DRAFT, "the name of a string property of OUTPUT_SCHEMA",
-              "the output field the rubric scores", _field_name),
+    CardField("draft_rubric.field", "string", DEFAULT_DRAFT,
+              "the name of a free-text property of OUTPUT_SCHEMA (a string with no enum)", "the output field the rubric scores",
+              _field_name),
     CardField("draft_rubric.min", "integer", REQUIRED, "an integer 0..4",
               "the lowest level a draft may score and still pass", lambda v: _integer(v, 0, 4)),
     CardField("draft_rubric.instructions", "string", REQUIRED, "a non-empty string",
@@ -2057,16 +2066,19 @@ def contract_problems(family: str, name, contract) -> list[str]:
     return [f"contract {name}: {problem}" for fits, problem in checks if not fits]
 
 
-OUTPUT_FIELDS = (  # card field naming an output property -> (the JSON type it must have, what the card uses it for)
+OUTPUT_FIELDS = (  # card field naming an output property -> (the kind it must name, what the card uses it for)
     ("handoff_field", "boolean", "the card's hand-off field (set handoff_field to the output field by which the agent "
                                  "hands a run to a human)"),
-    ("draft_rubric.field", "string", "the field the card's draft rubric scores (set draft_rubric.field to the output "
-                                     "field holding the prose to score)"),
+    ("draft_rubric.field", "free-text", "the field the card's draft rubric scores: a rubric scores free text, a string "
+                                        "with no enum (set draft_rubric.field to the output field holding the prose to score)"),
 )
+PROPERTY_KINDS = MappingProxyType({   # an OUTPUT_FIELDS kind -> whether a property's schema is of it
+    "boolean": lambda rule: rule.get("type") == "boolean",
+    "free-text": lambda rule: rule.get("type") == "string" and "enum" not in rule})
 
 
 def output_field_problems(card: dict, schema, where: str) -> list[str]:
-    """A problem per card field of OUTPUT_FIELDS that names no OUTPUT_SCHEMA property of its type."""
+    """A problem per card field of OUTPUT_FIELDS that names no OUTPUT_SCHEMA property of its kind."""
     props = schema.get("properties") if isinstance(schema, dict) else None
     props, problems = props if isinstance(props, dict) else {}, []
     for path, kind, what in OUTPUT_FIELDS:
@@ -2075,7 +2087,7 @@ def output_field_problems(card: dict, schema, where: str) -> list[str]:
         if not isinstance(holder, dict):   # no rubric: nothing is scored
             continue
         name = holder.get(key, fields_in(parent)[key].default)
-        typed = [prop for prop, rule in props.items() if isinstance(rule, dict) and rule.get("type") == kind]
+        typed = [prop for prop, rule in props.items() if isinstance(rule, dict) and PROPERTY_KINDS[kind](rule)]
         if fields_in(parent)[key].check(name) and name not in typed:   # a malformed name is the card's own problem
             problems.append(f"{where}: OUTPUT_SCHEMA has no {kind} property '{name}', {what}; its {kind} "
                             f"properties: {', '.join(typed) or 'none'}")

@@ -1881,8 +1881,7 @@ def load_cases(fac: Factory, path: Path, agent: Agent) -> list[dict]:
     if not path.exists():
         raise Refusal(f"{where}: no such file; a suite needs cases before it can prove anything")
     schema = agent.module.OUTPUT_SCHEMA.get("properties")
-    contract = Contract(fac, schema if isinstance(schema, dict) else {},
-                        frozenset({*agent.card["tools"], *agent.card["tools_denied"], *agent.contracts}))
+    contract = Contract(fac, schema if isinstance(schema, dict) else {}, frozenset(agent.contracts))
     cases, first_line, problems = [], {}, []
     for number, case in fac.store.read_jsonl(path, each=True):
         problem = str(case).removeprefix(f"{where} line {number}: ") if isinstance(case, Refusal) else \
@@ -1907,7 +1906,7 @@ class Contract:
     is denied tools it lacks)."""
     fac: Factory
     properties: dict
-    tools: frozenset              # the tools the agent's card names and its tool modules define
+    tools: frozenset              # the tools its card's tool modules define (the card's own among them)
 
     def unknown_tool(self, tool: str) -> str | None:
         """The problem when no tool module defines TOOL, with the nearest; else None."""
@@ -4886,7 +4885,7 @@ def flagged_input(fac: Factory, row: dict, target: Agent) -> dict:
             "gate": {"verdict": row.get("gate"), "p": row.get("p")},
             "denials": row.get("denied", []), "why": "; ".join(row.get("why", [])),
             "contract": {"properties": target.module.OUTPUT_SCHEMA.get("properties", {}), "handoff": target.handoff_field,
-                         "tools": sorted({*target.card["tools"], *target.card["tools_denied"], *target.contracts})},
+                         "tools": sorted({*target.contracts, *known_tools(fac)[0]})},   # as load_cases allows
             "reference": reference}
 
 

@@ -13,6 +13,7 @@ import concurrent.futures
 import ctypes
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -501,6 +502,23 @@ class Secrets:
         for echo in echoes:
             self.assertEqual(broker.redact(echo, factory.secret_values({"K_KEY": MODEL_KEY})).count("[K_KEY redacted]"), 1, echo)
             self.assert_nowhere(echo[2:-4], out, err, self.factory("tower", "--json")[1])
+
+    def test_a_key_holding_a_slash_echoed_with_lower_case_hex_or_json_escaped_slashes_is_scrubbed(self):
+        """A server echoing a key that holds `/` as %2f (lower-case hex, as RFC 3986 allows) or as JSON's `\\/` (PHP's
+        json_encode writes every `/` so) in a body that is not JSON, or in a header, wrote it to the trace."""
+        key = "Wb4n/CLAUDE+secret/value88"
+        lower = re.sub("%[0-9A-F]{2}", lambda hexed: hexed.group().lower(), urllib.parse.quote(key, safe=""))
+        echoes = [lower, json.dumps(key).replace("/", "\\/")[1:-1]]
+        server = FakeServer(Answer(status=400, body=f"<p>you sent {echoes[0]} and {echoes[1]}</p>"),   # kept as text
+                            *[Answer(body=anthropic_message(FINAL))] * 3).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY=key)
+        code, out, err = self.factory("run", "triager", "I was charged twice", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn("[ANTHROPIC_API_KEY redacted]", "\n".join(json.dumps(e) for e in self.traces()[-1]))
+        for echo in echoes:
+            self.assertEqual(factory.redact(echo, factory.secret_values({"K_KEY": key})), "[K_KEY redacted]", echo)
+            self.assert_nowhere(echo, out, err, self.factory("tower", "--json")[1])
 
     def test_a_key_or_endpoint_no_request_can_use_is_refused_at_start_in_one_line(self):
         keys = {"line feed": "sk-abcd\nefgh1234", "carriage return": "sk-abcd\refgh1234", "tab": "sk-abcd\tefgh1234",

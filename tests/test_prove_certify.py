@@ -434,13 +434,18 @@ class LabelProvenance(VerdictOutputs):
     kind, and certify warns when most of the sealed half does not say."""
 
     def test_prove_counts_each_kind_in_every_format(self):
-        labelled_suite(self.root / "evals" / "triager" / "cases.jsonl", 2)
+        """A synthetic case that does not say (an older suite's) was counted unrecorded: written, its labels are synthetic."""
+        suite = self.root / "evals" / "triager" / "cases.jsonl"
+        labelled_suite(suite, 2)
+        with suite.open("a") as cases:
+            cases.write(json.dumps({"id": "w", "input": "How do I order a new card? (w)", "expect": {"label": "account"},
+                                    "source": "synthetic"}) + "\n")
         self.set_bar("triager", 0.5)
         _, _, record, junit = self.outputs()
-        self.assertEqual(record["label_sources"], {"mapping": 1, "judged": 1, "override": 1, "synthetic": 1, "unrecorded": 2})
+        self.assertEqual(record["label_sources"], {"mapping": 1, "judged": 1, "override": 1, "synthetic": 2, "unrecorded": 2})
         properties = {p.get("name"): p.get("value") for p in junit.iter("property")}
-        self.assertEqual(properties["label_sources"], "mapping 1, judged 1, override 1, synthetic 1, unrecorded 2")
-        self.assertIn("\n  label sources: mapping 1, judged 1, override 1, synthetic 1, unrecorded 2\n",
+        self.assertEqual(properties["label_sources"], "mapping 1, judged 1, override 1, synthetic 2, unrecorded 2")
+        self.assertIn("\n  label sources: mapping 1, judged 1, override 1, synthetic 2, unrecorded 2\n",
                       self.factory("prove", "triager")[1])
 
     def test_certify_counts_them_and_warns_when_most_are_unrecorded(self):

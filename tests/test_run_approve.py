@@ -481,6 +481,24 @@ class RecallAndHarvest(LineTest):
         self.assertIn("source_run", proposed[0])
         self.assertIn("harvested 0 flagged run(s)", self.factory("harvest", "triager")[1])
 
+    def test_a_case_harvested_from_a_denied_call_expects_the_denial_and_passes_once_promoted(self):
+        """A run whose call of a tool its card does not name was denied (DENIED_UNKNOWN: no module of its card
+        defines it) was proposed without expect.denied, though a suite may list any tool a tool module defines:
+        promoted, the case failed on the very denial it was harvested for."""
+        self.assertEqual(self.factory("stamp", "triager", "--as", "loose", "--set", "tools_denied=[]")[0], 0)
+        self.certified("loose")
+        self.assertIn("billing:refund     DENIED_UNKNOWN", self.factory("run", "loose", INJECTION)[1])
+        with FakeSage(yes_p=0.95) as gate:
+            code, out, err = self.factory("harvest", "loose", env={**self.env, "SAGE_ENDPOINT": gate.url,
+                                                                   "SAGE_API_KEY": "sage-key"})
+        self.assertEqual(code, 0, err)
+        [case] = self.outbox_of_evals("loose")
+        self.assertEqual(case["expect"].get("denied"), ["billing:refund"], case)
+        self.edit_card("loose", evals={"pass_bar": 0.0, "gate": 0.85, "suite": "loose"})   # a human promotes it
+        write_jsonl(self.root / "evals" / "loose" / "cases.jsonl", [{k: case[k] for k in ("id", "input", "expect", "source")}])
+        code, out, err = self.factory("prove", "loose", "--json")
+        self.assertEqual((json.loads(out)["passing_cases"], json.loads(out)["cases"]), (1, 1), out + err)
+
     def test_harvest_never_proposes_a_sealed_cases_input(self):
         sealed = self.root / "evals" / "triager" / "sealed.jsonl"
         case = {"id": "s-injection", "input": f"  {INJECTION.upper()}\t", "expect": {"escalate": True}, "source": "synthetic"}

@@ -203,15 +203,18 @@ class Labeler(LineTest):
         self.assertIn("\n  failed o-3: note: missing: the rubric has nothing to score\n", out)
 
     def test_a_rubric_field_the_contract_lacks_is_refused_naming_the_fields_it_has(self):
-        for field, kind in (("draft", "no string property 'draft'"), ("handoff", "no string property 'handoff'")):
+        """`label`, a string with an enum (a closed label), was taken for the rubric's field: a rubric scores free text."""
+        for field in ("draft", "handoff", "label"):
             with self.subTest(field=field):
                 self.edit_card("labeler", draft_rubric={**RUBRIC, "field": field})
-                self.refused(f"agents/labeler.py: OUTPUT_SCHEMA has {kind}, the field the card's draft rubric scores "
-                             f"(set draft_rubric.field to the output field holding the prose to score); its string "
-                             f"properties: label, note", "prove", "labeler")
+                self.refused(f"agents/labeler.py: OUTPUT_SCHEMA has no free-text property '{field}', the field the card's "
+                             f"draft rubric scores: a rubric scores free text, a string with no enum (set draft_rubric.field "
+                             f"to the output field holding the prose to score); its free-text properties: note",
+                             "prove", "labeler")
                 self.refused("the ABOM changed", "run", "labeler", "Fix a bug")   # the certificate is checked first
         self.edit_card("labeler", draft_rubric={**RUBRIC, "field": "Note"})
-        self.refused("field 'draft_rubric.field' must be the name of a string property of OUTPUT_SCHEMA", "digest", "labeler")
+        self.refused("field 'draft_rubric.field' must be the name of a free-text property of OUTPUT_SCHEMA (a string with "
+                     "no enum)", "digest", "labeler")
 
     def test_digest_explain_names_a_tool_added_or_removed_apart_from_a_change(self):
         """A tool module and contract the card newly grants were marked `changed since certification`, and a contract
@@ -236,8 +239,9 @@ class Labeler(LineTest):
         schema = "agents/labeler.py: OUTPUT_SCHEMA has no {kind} property '{name}', {what}; its {kind} properties: {have}"
         handoff = schema.format(kind="boolean", name="note", have="handoff", what="the card's hand-off field (set "
                                 "handoff_field to the output field by which the agent hands a run to a human)")
-        rubric = schema.format(kind="string", name="score", have="label, note", what="the field the card's draft rubric "
-                               "scores (set draft_rubric.field to the output field holding the prose to score)")
+        rubric = schema.format(kind="free-text", name="score", have="note", what="the field the card's draft rubric "
+                               "scores: a rubric scores free text, a string with no enum (set draft_rubric.field to the "
+                               "output field holding the prose to score)")
         module = self.root / "agents" / "labeler.py"
         module.write_text(MODULE.replace('"note": {"type": "string", "maxLength": 300},',
                                          '"note": {"type": "string", "maxLength": 300}, "score": {"type": "number"},'))
