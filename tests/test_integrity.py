@@ -389,6 +389,8 @@ class HalfDoneHarvests(LineTest):
         text = "I was charged twice for my card, please look"
         del self.env["SAGE_API_KEY"]          # the run's drafts go to the review queue: killed there
         kill_at(self, "review.jsonl", "run", "triager", text)
+        self.assertIn("gate", [event.get("event") for event in self.traces()[0]],
+                      "a review row was written before its run's gate event reached the trace")
         self.env["SAGE_API_KEY"] = "sage-key"
         started = [row for row in self.index_lines() if row.get("state") == "started"]
         self.assertEqual((len(started), self.index_rows()), (1, []), "the run is unfinished")

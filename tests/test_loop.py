@@ -469,6 +469,18 @@ class Replay(CertifiedTest):
         self.assertEqual(code, 1)
         self.assertIn("DENIED_CONTRACT", out)
 
+    def test_replay_of_a_run_made_under_another_digest_says_so(self):
+        """A run the agent made before its card or code changed was replayed on today's without a word."""
+        self.serve(Answer(body=anthropic_message(tool_uses=[LABEL, DRAFT])), Answer(body=anthropic_message(FINAL)))
+        run_id, made = self.run_once(), self.cert()["digest"]
+        self.edit_card("triager", max_steps=7)
+        now = factory.load_agent(self.fac, "triager").digest
+        code, out, err = self.factory("replay", run_id)
+        self.assertEqual((code, out.splitlines()), (0, [
+            f"run {run_id} was made under digest {made}; triager is now {now}: this replay feeds its recorded replies "
+            f"to today's card and code, not the ones that made it", f"replay {run_id} (triager, recorded replies): no differences"]),
+            err)
+
     def test_a_trace_an_older_factory_wrote_is_refused_naming_its_format(self):
         run_id = self.run_once()
         path = next((self.root / "traces" / "triager").glob(f"{run_id}.jsonl"))

@@ -455,6 +455,26 @@ class RecallAndHarvest(LineTest):
         self.refused("factory run: recalled since certification (its master triager was recalled: leaked drafts). "
                      "re-prove and re-certify.\n", "run", "triager-eu", "hi")
 
+    def test_a_second_recall_of_an_agent_still_recalled_is_refused_saying_when_and_why(self):
+        """A second recall was accepted silently; it is refused while the agent and every variant it reaches are
+        still stopped, and made once a variant has been re-proved and re-signed since."""
+        self.assertEqual(self.factory("recall", "triager", "--reason", "leaked drafts")[0], 0)
+        at = json.loads((self.root / "registry" / "recalls.jsonl").read_text().splitlines()[-1])["at"]
+        stays = "; it stays recalled until a sealed proof made after that and a new signature (nothing written)\n"
+        self.assertEqual(self.refused_writing_nothing("", "recall", "triager", "--reason", "again"),
+                         f"factory recall: triager is already recalled, at {at} by tester: leaked drafts{stays}")
+        self.assertEqual(self.refused_writing_nothing("", "recall", "triager-eu", "--reason", "again"),
+                         f"factory recall: triager-eu is already recalled: its master triager was, at {at} by tester: "
+                         f"leaked drafts{stays}")
+        self.prove_sealed("triager-eu")
+        self.sign("triager-eu")
+        self.runs_ok("triager-eu")
+        code, out, err = self.factory("recall", "triager", "--reason", "leaked drafts again")
+        self.assertEqual(code, 0, err)
+        self.assertIn("recalled triager and 1 variant(s): ['triager-eu']", out)
+        self.refused("recalled since certification (its master triager was recalled: leaked drafts again)",
+                     "run", "triager-eu", "hi")
+
     def test_who_recalled_is_the_login_name_when_user_is_unset(self):
         """recall wrote "by": "unknown" with USER unset while new took the login name: one way for both."""
         del self.env["USER"]
