@@ -360,17 +360,18 @@ def own_copy(value):
 
 
 def check_args(schema: dict, value, where: str = "args") -> str | None:
-    """First way `value` breaks the JSON-schema subset (type, properties, required, enum,
-    maxLength, minimum, additionalProperties=false), as 'where.field: problem'; None when it fits."""
+    """First way `value` breaks a schema of the subset SCHEMA_KEYWORDS names (schema_problems refused any other
+    keyword where the schema was read), as 'where.field: problem' (where[i] for a list's item); None when it fits."""
     kind = schema.get("type")
-    if kind and not _has_type(value, kind):
-        return f"{where}: expected {kind}, got {type(value).__name__}"
+    if kind and not any(_has_type(value, one) for one in ([kind] if isinstance(kind, str) else kind)):
+        return f"{where}: expected {kind if isinstance(kind, str) else ' or '.join(kind)}, got {type(value).__name__}"
     if "enum" in schema and value not in schema["enum"]:
         return f"{where}: {value!r} is not one of {schema['enum']}"
-    if isinstance(value, str) and len(value) > schema.get("maxLength", len(value)):
-        return f"{where}: longer than {schema['maxLength']} characters"
-    if _is_number(value) and value < schema.get("minimum", value):
-        return f"{where}: below the minimum {schema['minimum']}"
+    for keyword, (applies, fits, problem, _) in _BOUNDS.items():
+        if keyword in schema and applies(value) and not fits(value, schema[keyword]):
+            return f"{where}: {problem.format(schema[keyword])}"
+    if isinstance(value, list) and "items" in schema:
+        return next(filter(None, (check_args(schema["items"], item, f"{where}[{i}]") for i, item in enumerate(value))), None)
     if isinstance(value, dict):
         return _check_object(schema, value, where)
     return None
@@ -410,6 +411,60 @@ def _has_type(value, kind: str) -> bool:
     """True when value has the JSON-schema type `kind` (False for a kind the subset does not know)."""
     check = _TYPE_CHECKS.get(kind)
     return check is not None and check(value)
+
+
+def _schema_count(value) -> bool:
+    """True for an int >= 0 (a schema's length or count of items), never a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# a bound keyword -> (the values it bounds, True when a value is within the bound, the problem, the limit in words)
+_BOUNDS = MappingProxyType({
+    "minimum": (_is_number, lambda v, n: v >= n, "below the minimum {}", "at least {}"),
+    "maximum": (_is_number, lambda v, n: v <= n, "above the maximum {}", "at most {}"),
+    "exclusiveMinimum": (_is_number, lambda v, n: v > n, "not above the exclusive minimum {}", "more than {}"),
+    "exclusiveMaximum": (_is_number, lambda v, n: v < n, "not below the exclusive maximum {}", "less than {}"),
+    "minLength": (lambda v: isinstance(v, str), lambda v, n: len(v) >= n, "shorter than {} characters", "at least {} characters"),
+    "maxLength": (lambda v: isinstance(v, str), lambda v, n: len(v) <= n, "longer than {} characters", "at most {} characters"),
+    "minItems": (lambda v: isinstance(v, list), lambda v, n: len(v) >= n, "fewer than {} items", "at least {} items"),
+    "maxItems": (lambda v: isinstance(v, list), lambda v, n: len(v) <= n, "more than {} items", "at most {} items"),
+})
+
+def _names(v) -> bool:
+    """True for a list of strings."""
+    return isinstance(v, list) and all(isinstance(one, str) for one in v)
+
+
+SCHEMA_KEYWORDS = MappingProxyType({   # the JSON-schema keywords the factory checks -> (True when a value is
+    # well-formed for it, that value in words, what the keyword means); schema_problems refuses any other
+    "type": (lambda v: v in _TYPE_CHECKS if isinstance(v, str) else _names(v) and v and set(v) <= _TYPE_CHECKS.keys(),
+             "one of string, number, integer, boolean, object, array, null, or a list of them", "the value's JSON type"),
+    "enum": (lambda v: isinstance(v, list), "a list", "the value is one of these"),
+    **{keyword: (_is_number, "a number", f"the value is {said.format('this')}") if applies is _is_number else
+       (_schema_count, "an integer >= 0", f"the value is {said.format('this many')}") for keyword, (applies, _, _, said) in _BOUNDS.items()},
+    "items": (lambda v: isinstance(v, dict), "a schema", "each item of a list fits this schema"),
+    "properties": (lambda v: isinstance(v, dict) and _names(list(v)), "an object of schemas",
+                   "each named key of an object, when present, fits its schema"),
+    "required": (_names, "a list of strings", "the keys an object must hold"),
+    "additionalProperties": (lambda v: isinstance(v, bool), "true or false", "false: an object holds no key outside properties"),
+    "description": (lambda v: isinstance(v, str), "a string", "words for the model and the reader; nothing to check"),
+    "title": (lambda v: isinstance(v, str), "a string", "words for the model and the reader; nothing to check"),
+})
+
+
+def schema_problems(schema, where: str) -> list[str]:
+    """A line per keyword of `schema`, or of a schema under its properties or items, that SCHEMA_KEYWORDS does
+    not name (the factory would not check it, so it is refused rather than ignored) or whose value is malformed,
+    each named by its property path: 'OUTPUT_SCHEMA.comments[].line: keyword 'pattern' is not checked ...'."""
+    if not isinstance(schema, dict):
+        return [f"{where}: {type(schema).__name__} is not a schema (a JSON-schema object)"]
+    problems = [f"{where}: keyword {keyword!r} is not checked by the factory, so it is refused (it checks "
+                f"{', '.join(SCHEMA_KEYWORDS)})" if keyword not in SCHEMA_KEYWORDS else
+                f"{where}: keyword {keyword!r} must be {SCHEMA_KEYWORDS[keyword][1]}, not {value!r}"[:300]
+                for keyword, value in schema.items() if not SCHEMA_KEYWORDS.get(keyword, (lambda v: False,))[0](value)]
+    props = schema.get("properties") if SCHEMA_KEYWORDS["properties"][0](schema.get("properties")) else {}
+    problems += [problem for key, rule in props.items() for problem in schema_problems(rule, f"{where}.{key}")]
+    return problems + (schema_problems(schema["items"], f"{where}[]") if isinstance(schema.get("items"), dict) else [])
 
 
 def rule_on(policy: Policy, contracts: dict, tool: str, args, mode: str) -> Ruling:
@@ -689,6 +744,15 @@ def task_text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, indent=1, ensure_ascii=False)
 
 
+def input_problem(value) -> str | None:
+    """Why `value` cannot be an agent's input, or None: one rule for a suite's case, a ticket and a run. An input is
+    text with something visible in it, or a non-empty JSON object (the rules get it as it is, a model as JSON)."""
+    if isinstance(value, dict):
+        return None if value else "the input is an empty object: a run needs a ticket with text, or an object with fields"
+    return (NO_VISIBLE_TEXT if is_blank(value) else None) if isinstance(value, str) else \
+        f"the input is {JSON_KINDS[next(kind for kind, check in _TYPE_CHECKS.items() if check(value))]}, not text or an object"
+
+
 def ticket_problem(row: dict, at: str) -> str | None:
     """What keeps row from being a ticket {"id", "input"[, "source"]}, named `at` (its file and line); None when
     it is one."""
@@ -698,7 +762,7 @@ def ticket_problem(row: dict, at: str) -> str | None:
     if extra:
         return f"{at}: unknown field(s) {', '.join(extra)} (a ticket is {{\"id\", \"input\"}})"
     for field_name, fine, wanted in (("id", lambda v: isinstance(v, str) and v and v.isprintable(), "printable text"),
-                                     ("input", lambda v: isinstance(v, str) and not is_blank(v), "non-empty text"),
+                                     ("input", lambda v: input_problem(v) is None, "non-empty text or a non-empty JSON object"),
                                      ("source", lambda v: isinstance(v, str), "text")):
         if field_name not in row and field_name != "source":
             return f"{at}: missing field '{field_name}' (a ticket is {{\"id\", \"input\"}})"
@@ -1018,17 +1082,33 @@ def call_state(decisions, *, executing: bool, expired: bool) -> tuple[str, dict 
     return ("expired" if state == "pending" and expired else state), last
 
 
-def executed_twins(decided: dict, entry: dict) -> list[str]:
-    """approve's note on each call of another run with the parked `entry`'s tool and arguments (args digest) that
-    was executed, from `decided` (Decisions.decided): which run, when, approved by whom. Duplicates across runs
-    are allowed (two customers may be owed the same amount); the human is told, and decides."""
-    twins = [(key, intent, call_state(entries, executing=False, expired=False)[1]) for key, entries in sorted(decided.items())
-             for intent in entries[:1] if key[0] != entry["run_id"] and intent.get("kind") == "intent"
-             and (intent.get("tool"), intent.get("args_digest")) == (entry["tool"], entry["args_digest"])
-             and call_state(entries, executing=False, expired=False)[0] == "executed"]
-    return [f"note: this exact call (tool and arguments) was executed for run {run} (call {call}) at {done.get('at')}, approved "
-            f"by {intent.get('by')}: a second run may rightly ask for it again; see that it is not the same request twice"
-            for (run, call), intent, done in twins]
+def executed_calls(decided: dict) -> dict:
+    """(agent, tool, args digest) -> [{run_id, call, at, by}, ...] of each call `decided` (Decisions.decided) holds
+    as executed, oldest run first: made once from the decisions already read (pending: once for every call listed)."""
+    done = {}
+    for (run, call), entries in sorted(decided.items()):
+        state, last = call_state(entries, executing=False, expired=False)
+        intent = entries[0]
+        if state == "executed" and intent.get("kind") == "intent":
+            done.setdefault((intent.get("agent"), intent.get("tool"), intent.get("args_digest")), []).append(
+                {"run_id": run, "call": call, "at": last.get("at"), "by": intent.get("by")})
+    return done
+
+
+def executed_twins(executed: dict, entry: dict) -> list[dict]:
+    """The calls of other runs than the parked `entry`'s with its agent, tool and arguments (args digest) that were
+    executed, from executed_calls. Duplicates across runs are allowed (two customers may be owed the same amount):
+    approve and pending tell the human (twin_lines), who decides."""
+    return [twin for twin in executed.get((entry["agent"], entry["tool"], entry["args_digest"]), []) if twin["run_id"] != entry["run_id"]]
+
+
+def twin_lines(twins: list[dict], one: bool = False) -> list[str]:
+    """approve's note per executed twin (executed_twins), or with `one` pending's one column naming the latest."""
+    notes = [f"note: this exact call (tool and arguments) was executed for run {twin['run_id']} (call {twin['call']}) at "
+             f"{twin['at']}, approved by {twin['by']}" for twin in twins]
+    if one:
+        return [notes[-1] + f" (and for {len(notes) - 1} run(s) before it)" * (len(notes) > 1)] if notes else []
+    return [note + ": a second run may rightly ask for it again; see that it is not the same request twice" for note in notes]
 
 
 @dataclass(frozen=True)
@@ -2095,7 +2175,18 @@ def contract_problems(family: str, name, contract) -> list[str]:
               (isinstance(amounts, list) and all(isinstance(path, str) and amount_schema(params, path) for path in amounts),
                "amounts_usd is not a list of paths to its number arguments that are an amount of money in USD "
                "(amount_usd, refund.total, items[].amount_usd)"))
-    return [f"contract {name}: {problem}" for fits, problem in checks if not fits]
+    problems = [problem for fits, problem in checks if not fits] + (schema_problems(params, "params") if isinstance(params, dict) else [])
+    return [f"contract {name}: {problem}" for problem in problems]
+
+
+def no_contract(key: str, tool: str, known: tuple[list[str], list[str]]) -> str:
+    """The problem of a tool in card field `key` no tool module defines, with a near miss: a tool name
+    (known_tools), else a tool module named close to its family."""
+    names, families = known
+    family = closest(tool.split(":")[0], families)
+    hint = did_you_mean(tool, names) or (f" (did you mean a tool of agents/tools/{family}.py?)" if family else
+                                         " (a tool is named family:verb and defined in agents/tools/FAMILY.py)")
+    return f"field '{key}': no contract for {tool!r}{hint}"
 
 
 OUTPUT_FIELDS = (  # card field naming an output property -> (the kind it must name, what the card uses it for)
@@ -2109,10 +2200,12 @@ PROPERTY_KINDS = MappingProxyType({   # an OUTPUT_FIELDS kind -> whether a prope
     "free-text": lambda rule: rule.get("type") == "string" and "enum" not in rule})
 
 
-def output_field_problems(card: dict, schema, where: str) -> list[str]:
-    """A problem per card field of OUTPUT_FIELDS that names no OUTPUT_SCHEMA property of its kind."""
+def output_field_problems(card: dict, schema, where: str, written: bool = False) -> list[str]:
+    """A problem per keyword of OUTPUT_SCHEMA the factory does not check (schema_problems; not for a `written` one,
+    written_schema's partial reading), then per card field of OUTPUT_FIELDS that names no property of its kind."""
     props = schema.get("properties") if isinstance(schema, dict) else None
-    props, problems = props if isinstance(props, dict) else {}, []
+    whole = isinstance(schema, dict) and not written
+    props, problems = props if isinstance(props, dict) else {}, schema_problems(schema, f"{where}: OUTPUT_SCHEMA") * whole
     for path, kind, what in OUTPUT_FIELDS:
         parent, _, key = path.rpartition(".")
         holder = card.get(parent) if parent else card
@@ -2131,14 +2224,13 @@ JSON_KINDS = {"string": "a string", "boolean": "a boolean (true or false)", "int
 
 
 def allowed_by(schema: dict) -> str:
-    """What a JSON schema (the subset check_args reads) allows, in words: 'one of "a", "b"', 'a
+    """What a JSON schema (of SCHEMA_KEYWORDS) allows, in words: 'one of "a", "b"', 'a
     boolean (true or false)', 'a string (at most 300 characters)'."""
     if "enum" in schema:
         return "one of " + ", ".join(json.dumps(value, ensure_ascii=False) for value in schema["enum"])
     kind = schema.get("type")
     said = JSON_KINDS.get(kind, f"of type {kind}") if isinstance(kind, str) else "a value"
-    limits = ([f"at most {schema['maxLength']} characters"] if "maxLength" in schema else []) + \
-             ([f"at least {schema['minimum']}"] if "minimum" in schema else [])
+    limits = [said.format(schema[keyword]) for keyword, (*_, said) in _BOUNDS.items() if keyword in schema]
     return said + (f" ({', '.join(limits)})" if limits else "")
 
 
@@ -2291,8 +2383,9 @@ class Harvested:
     sealed: int = 0       # flagged runs whose input is a sealed case's: never proposed
     failed: list = field(default_factory=list)   # evalsmith run ids whose proposal could not be written
 
-    def summary(self, agent: str, proposals: str, queue: str) -> str:
-        """harvest's line: how many were proposed into `proposals`, then each other count (`queue`: evalsmith's)."""
+    def summary(self, agent: str, proposals: str, queue: str) -> list[str]:
+        """harvest's lines: how many were proposed into `proposals`, then each other count (`queue`: evalsmith's);
+        then, when it proposed any, that a proposal needs its label_source once promoted."""
         also = ((self.reviewed, f"held back for a human in {queue} (evalsmith's gate did not pass them, or could not score them), not in {proposals}: "
                                 f"`review evalsmith` lists them, and one you accept there you add to it yourself (review "
                                 f"records what you did, and writes no case)"),
@@ -2300,8 +2393,29 @@ class Harvested:
                 (self.running, "unfinished run(s) still being written, left for a later harvest"),
                 (self.sealed, "held back: their input is a sealed case's once normalised (NFKC, case-folded, white "
                               "space collapsed), and a sealed case never enters the open half"))
-        return (f"harvested {self.flagged} flagged run(s) of {agent}; proposed {self.proposed} case(s) into {proposals} "
-                f"(a human promotes them)" + "".join(f"; {count} {what}" for count, what in also if count))
+        return [f"harvested {self.flagged} flagged run(s) of {agent}; proposed {self.proposed} case(s) into {proposals} "
+                f"(a human promotes them)" + "".join(f"; {count} {what}" for count, what in also if count),
+                *[f"a proposal carries no label_source: promoting one, record who labelled it ({', '.join(LABEL_SOURCES)}), "
+                  f"or prove counts it {UNRECORDED}"] * bool(self.proposed or self.reviewed)]
+
+
+def flagged(row: dict) -> bool:
+    """A run worth an eval case: the gate said no or unsure, a tool was denied, or it did not finish."""
+    return row.get("gate") in FLAGGED or bool(row.get("denied")) or row.get("status") != "done"
+
+
+def harvest_run_of(case_id) -> list[str]:
+    """[RUN] for a case id `harvest-RUN`, else []."""
+    return [case_id.removeprefix("harvest-")] if isinstance(case_id, str) and case_id.startswith("harvest-") else []
+
+
+def quiet_denials(cases: list, handoff: str) -> list[str]:
+    """The tools the open `cases` (the suite's rows, read leniently) list in expect.denied of a case that expects no
+    hand-off (its `handoff` field false): a denial the agent's own suite expects, which alone hands nothing to a
+    human, so harvest's proposal does not force the hand-off for it."""
+    return sorted({tool for case in cases for expect in [case.get("expect")] if isinstance(expect, dict) and
+                   expect.get(handoff) is False and isinstance(expect.get("denied"), list)
+                   for tool in expect["denied"] if isinstance(tool, str)})
 
 
 # ---- what doctor says of the agents (the factory asks the gate and counts the index)

@@ -101,23 +101,25 @@ own_module("broker")   # registered: the import below reads no file of its own
 from broker import (  # noqa: E402
     APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
     CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
-    DuplicateKey, ENTRYPOINT, EXECUTE_GUARDS, FINAL, FLAGGED, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested,
-    IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, NEW_CASES, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, PASSING,
-    PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SHARD_FORMAT,
-    SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally, UNPRINTABLE,
-    allowed_by, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown, attempts_of, attempts_said,
-    attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, case_fields, cases_text,
-    certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, component_lines,
+    DuplicateKey, ENTRYPOINT, EXECUTE_GUARDS, FINAL, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested,
+    IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, NEW_CASES, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome,
+    PASSING, PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS,
+    SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally,
+    UNPRINTABLE, allowed_by, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown, attempts_of,
+    attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, case_fields,
+    cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, component_lines,
     component_marks, contract_problems, contracts_assigned, created_lines, cut, decisions_in, detect, did_you_mean,
-    doctor_lines, encodable, encoded_forms, evidence, executed_twins, figure_problem, first_refusal, fold_decisions,
-    from_state, gate_content, gate_lines, grants_line, guard_results, head_problem, held_draft, in_shard, is_blank,
-    json_position, json_state, judge, judged_tier, junit_xml, label_source_problem, line_verifies, lone_surrogate,
-    merge_shards, newer, normalised, one_line, outcome_of, output_field_problems, paired_text, parked_counts, part,
-    plain_imports, printable, proof_figures, proof_summary, proof_verdict, rate_text, recall_refusal, recorder_tools, redact,
+    doctor_lines, encodable, encoded_forms, evidence, executed_calls, executed_twins, figure_problem, first_refusal,
+    flagged, fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results, harvest_run_of,
+    head_problem, held_draft, in_shard, input_problem, is_blank, json_position, json_state, judge, judged_tier,
+    junit_xml, label_source_problem, line_verifies, lone_surrogate, merge_shards, newer, no_contract, normalised,
+    one_line, outcome_of, output_field_problems, paired_text, parked_counts, part, plain_imports, printable,
+    proof_figures, proof_summary, proof_verdict, quiet_denials, rate_text, recall_refusal, recorder_tools, redact,
     reject_constant, render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts,
     reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines,
-    settle, shard_line, share, shared_inputs, signed_index, standing_recall, state_column, substitution, task_text, ticket_problem,
-    tool_list, tower_lines, uncertain_said, unique_keys, usd, utf8, visible, went, written_schema)
+    settle, shard_line, share, shared_inputs, signed_index, standing_recall, state_column, substitution, task_text,
+    ticket_problem, tool_list, tower_lines, twin_lines, uncertain_said, unique_keys, usd, utf8, visible, went,
+    written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -1609,16 +1611,6 @@ def agent_code_at(agents: Path, error: BaseException) -> str:
     return f" (agents/{Path(frames[-1].filename).relative_to(agents).as_posix()} line {frames[-1].lineno})"
 
 
-def no_contract(key: str, tool: str, known: tuple[list[str], list[str]]) -> str:
-    """The problem of a tool in card field `key` no tool module defines, with a near miss: a tool name
-    (known_tools), else a tool module named close to its family."""
-    names, families = known
-    family = closest(tool.split(":")[0], families)
-    hint = did_you_mean(tool, names) or (f" (did you mean a tool of agents/tools/{family}.py?)" if family else
-                                         " (a tool is named family:verb and defined in agents/tools/FAMILY.py)")
-    return f"field '{key}': no contract for {tool!r}{hint}"
-
-
 ENTRYPOINT_NEEDS = (  # what the entrypoint module defines beside its function, and what each is
     ("SYSTEM", str, "the worker's system prompt: a string assigned at the top level of the entrypoint module, "
                     'SYSTEM = "You are ..."'),
@@ -1641,7 +1633,7 @@ def entrypoint_problems(fac: Factory, card: dict) -> list[str]:
     except Refusal as refusal:
         return [str(refusal)]
     schema = fac.code.tree(relative, "schema")
-    return [] if schema is None else output_field_problems(card, schema, f"agents/{relative}")
+    return [] if schema is None else output_field_problems(card, schema, f"agents/{relative}", written=True)
 
 
 def entrypoint_code_problems(fac: Factory, card: dict) -> list[str]:
@@ -1932,9 +1924,7 @@ def case_problem(case, first_line: dict, contract: Contract) -> str | None:
         return f"the case id {json.dumps(ident)} holds a line break or control character"
     if ident in first_line:
         return f"the case id {json.dumps(ident)} is given twice (first on line {first_line[ident]})"
-    if is_blank(task_text(case["input"])):
-        return f"case {json.dumps(ident)}: {NO_VISIBLE_TEXT}"
-    labelled = label_source_problem(case)
+    labelled = input_problem(case["input"]) or label_source_problem(case)
     return f"case {json.dumps(ident)}: {labelled}" if labelled else expect_problem(ident, case["expect"], contract)
 
 
@@ -4736,11 +4726,6 @@ def cmd_tower(fac: Factory, args) -> int:
     return 1 if doc["partial"] else 0
 
 
-def flagged(row: dict) -> bool:
-    """A run worth an eval case: the gate said no or unsure, a tool was denied, or it did not finish."""
-    return row.get("gate") in FLAGGED or bool(row.get("denied")) or row.get("status") != "done"
-
-
 # ---- harvest: flagged runs into proposed eval cases
 
 @station(arg("agent", type=agent_name, metavar="AGENT", help="the agent whose flagged runs to harvest"), JSON_LINES,
@@ -4764,7 +4749,7 @@ def cmd_harvest(fac: Factory, args) -> int:
     with fac.store.locked(fac.records / args.agent):   # two harvests at once never propose one run twice
         done = harvest_flagged(fac, loaded(fac, target), smith, smith_cert)
     proposals = fac.shown(fac.evals / args.agent / "proposed.jsonl")
-    printed_json(args, {"agent": args.agent, **vars(done), "proposals": proposals}) or print(
+    printed_json(args, {"agent": args.agent, **vars(done), "proposals": proposals}) or print_lines(
         done.summary(args.agent, proposals, fac.shown(fac.review_path(smith.name))))
     if done.failed:
         print(f"factory harvest: the proposal for {len(done.failed)} run(s) could not be written (evalsmith run(s) "
@@ -4780,7 +4765,8 @@ def harvest_flagged(fac: Factory, target: Agent, smith: Agent, smith_cert: dict)
     todo, result = harvest_candidates(fac, name, done)
     written = proposed_before(fac, name, smith.name)
     found, todo = [row for row in todo if row["run_id"] in written], [row for row in todo if row["run_id"] not in written]
-    inputs = [flagged_input(fac, row, target) for row in todo]  # every trace read before anything is written
+    quiet = quiet_denials(inputs_of(fac, target.card, False), target.handoff_field)
+    inputs = [flagged_input(fac, row, target, quiet) for row in todo]  # every trace read before anything is written
     sealed = {normalised(case["input"]) for case in inputs_of(fac, target.card, True)}
     kept = [i for i, given in enumerate(inputs) if normalised(given["input"]) not in sealed]
     result.sealed, todo, inputs = len(todo) - len(kept), [todo[i] for i in kept], [inputs[i] for i in kept]
@@ -4838,13 +4824,8 @@ def trace_header(fac: Factory, agent: str, run_id: str) -> dict | None:
     return next((row for _, row in fac.store.read_jsonl(path)), None)
 
 
-def harvest_run_of(case_id) -> list[str]:
-    """[RUN] for a case id `harvest-RUN`, else []."""
-    return [case_id.removeprefix("harvest-")] if isinstance(case_id, str) and case_id.startswith("harvest-") else []
-
-
-def flagged_input(fac: Factory, row: dict, target: Agent) -> dict:
-    """What evalsmith sees of a flagged run (agents/evalsmith.py says each field)."""
+def flagged_input(fac: Factory, row: dict, target: Agent, quiet: list[str]) -> dict:
+    """What evalsmith sees of a flagged run (agents/evalsmith.py says each field; `quiet`: quiet_denials)."""
     if row.get("state") == "started":
         header, output = trace_header(fac, row["agent"], row["run_id"]), None
     else:
@@ -4858,8 +4839,8 @@ def flagged_input(fac: Factory, row: dict, target: Agent) -> dict:
             "gate": {"verdict": row.get("gate"), "p": row.get("p")},
             "denials": row.get("denied", []), "why": "; ".join(row.get("why", [])),
             "contract": {"properties": target.module.OUTPUT_SCHEMA.get("properties", {}), "handoff": target.handoff_field,
-                         "tools": sorted({*target.contracts, *known_tools(fac)[0]})},   # as load_cases allows
-            "reference": reference}
+                         "tools": sorted({*target.contracts, *known_tools(fac)[0]}),   # as load_cases allows
+                         "denied_without_handoff": quiet}, "reference": reference}
 
 
 # ---- recall
@@ -4971,15 +4952,18 @@ def cmd_pending(fac: Factory, args) -> int:
     """
     calls = parked(fac)
     states, decided = calls.states, calls.decided or {}
+    done = executed_calls(decided)
     shown = sorted((e for e in calls.entries if states[e["run_id"], e["call"]] in ("pending", "unknown", "executing", *STUCK)),
                    key=lambda e: e["staged_at"])
     uncertain = [e for e in calls.entries if states[e["run_id"], e["call"]] == "uncertain-effect"]
     for e in shown + uncertain:
         call, state = (e["run_id"], e["call"]), states[e["run_id"], e["call"]]
         why = [uncertain_column(fac, e, decided[call])] if e in uncertain else state_column(state, decided.get(call, []))
-        if not printed_json(args, {**{key: e[key] for key in PENDING_FIELDS}, "state": state, "why": (why or [None])[0]}):
+        twins = executed_twins(done, e)   # the same call executed for another run: named, never refused
+        if not printed_json(args, {**{key: e[key] for key in PENDING_FIELDS}, "state": state, "why": (why or [None])[0],
+                                   "executed_before": twins}):
             print(*call_columns(e), f"staged {e['staged_at']}", f"expires {e['expires_at']}",
-                  *(why or ["PENDING: approve executes it, reject closes it"]), sep="\t")
+                  *(why or ["PENDING: approve executes it, reject closes it"]), *twin_lines(twins, one=True), sep="\t")
     if not shown and not uncertain and not calls.unread and not args.json:
         print("(nothing waits for approval)")
     problems = [line for _, line in calls.unread] + calls.doubted
@@ -5068,7 +5052,7 @@ def cmd_approve(fac: Factory, args) -> int:
     if not sys.stdin.isatty():
         raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
     retry = ["retry: " + uncertain_column(fac, entry, claim.record.decisions)] if claim.record.state == "uncertain-effect" else []
-    twins = executed_twins(decisions_of(fac, lambda e: e["agent"] == entry["agent"]).decided, entry)
+    twins = twin_lines(executed_twins(executed_calls(decisions_of(fac, lambda e: e["agent"] == entry["agent"]).decided), entry))
     if no := declined(approval_brief(fac, entry) + twins + retry, "approve?"):
         raise Refusal(f"not approved; the call stays staged. you answered {no}; only y or yes approves.")
     body = {"kind": "intent", **{key: entry[key] for key in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},

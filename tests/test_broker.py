@@ -57,6 +57,46 @@ class Rulings(unittest.TestCase):
         ruling = broker.rule_on(policy, self.CONTRACTS, "a:read", {"q": 3}, "run")
         self.assertIn("args.q: expected string", ruling.why)
 
+    def test_the_contract_checks_bounds_and_items_and_refuses_a_keyword_it_does_not_check(self):
+        """maximum and items were ignored: a code reviewer's {"risk": 1.5, "comments": ["x", 7]} fitted
+        {"risk": {"maximum": 1}, "comments": {"items": {...}}} and its run was verified. Each keyword the checker
+        knows is enforced; any other is refused where a schema is read, naming it and its path."""
+        schema = {"type": "object", "properties": {
+            "risk": {"type": "number", "minimum": 0, "maximum": 1, "exclusiveMaximum": 1.5, "exclusiveMinimum": -1},
+            "comments": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
+                "type": "object", "required": ["file", "line"], "properties": {
+                    "file": {"type": "string", "minLength": 1, "maxLength": 9}, "line": {"type": "integer", "minimum": 1}}}},
+            "note": {"type": ["string", "null"], "description": "prose", "title": "Note"}}}
+        for value, problem in (({"risk": 1.5}, "output.risk: above the maximum 1"),
+                               ({"risk": -0.5}, "output.risk: below the minimum 0"),
+                               ({"comments": ["x", 7]}, "output.comments[0]: expected object, got str"),
+                               ({"comments": [{"file": "a.py", "line": 1}, {"file": "b.py"}]}, "output.comments[1].line: required"),
+                               ({"comments": [{"file": "a.py", "line": 0}]}, "output.comments[0].line: below the minimum 1"),
+                               ({"comments": [{"file": "", "line": 1}]}, "output.comments[0].file: shorter than 1 characters"),
+                               ({"comments": []}, "output.comments: fewer than 1 items"),
+                               ({"comments": [{"file": "a", "line": 1}] * 3}, "output.comments: more than 2 items"),
+                               ({"note": 3}, "output.note: expected string or null, got int"),
+                               ({"risk": 1, "comments": [{"file": "a.py", "line": 2}], "note": None}, None)):
+            with self.subTest(value=value):
+                self.assertEqual(broker.check_args(schema, value, "output"), problem)
+        self.assertEqual(broker.check_args({"exclusiveMaximum": 1}, 1), "args: not below the exclusive maximum 1")
+        self.assertEqual(broker.check_args({"exclusiveMinimum": 0}, 0), "args: not above the exclusive minimum 0")
+        self.assertEqual(broker.schema_problems(schema, "OUTPUT_SCHEMA"), [])
+        self.assertEqual(broker.allowed_by(schema["properties"]["risk"]),
+                         "a number (at least 0, at most 1, more than -1, less than 1.5)")
+        checked = ", ".join(broker.SCHEMA_KEYWORDS)
+        schema["properties"]["comments"]["items"]["properties"]["file"]["pattern"] = "[.]py$"
+        schema["properties"]["risk"]["maximum"] = "1"
+        schema["oneOf"] = []
+        self.assertEqual(broker.schema_problems(schema, "OUTPUT_SCHEMA"), [
+            f"OUTPUT_SCHEMA: keyword 'oneOf' is not checked by the factory, so it is refused (it checks {checked})",
+            "OUTPUT_SCHEMA.risk: keyword 'maximum' must be a number, not '1'",
+            f"OUTPUT_SCHEMA.comments[].file: keyword 'pattern' is not checked by the factory, so it is refused (it checks {checked})"])
+        self.assertEqual(broker.contract_problems("a", "a:act", {"name": "a:act", "effect": "act", "description": "d",
+                                                                 "params": {"type": "object", "format": "x"}}),
+                         [f"contract a:act: params: keyword 'format' is not checked by the factory, so it is refused "
+                          f"(it checks {checked})"])
+
     def test_denial_is_handed_back_and_a_failing_tool_does_not_crash(self):
         events = []
         def explode(args):

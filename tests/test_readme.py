@@ -27,6 +27,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
+import broker
 import factory
 import llm
 from tests.support import REPO, CertifiedTest, LineTest, copy_shipped, on_a_terminal
@@ -488,6 +489,12 @@ class ModuleContract(LineTest):
         self.assertNotIn("expects the broker to refuse", said)
         self.assertIn('"id": "h-3", "input": "Please close my account.", "expect": {"escalate": true, "denied": '
                       '["billing:refund"]}', readme)
+
+    def test_it_lists_every_schema_keyword_the_factory_checks(self):
+        """The subset was listed by hand and lacked what the checker read; now it is broker.SCHEMA_KEYWORDS, in order."""
+        said = " ".join((REPO / "README.md").read_text().split("## An agent's module")[1].split("\n## ")[0].split())
+        subset = said.split("(the subset the broker checks, the same for a tool's `params`: ")[1].split("; a card")[0]
+        self.assertEqual(re.findall(r"`([A-Za-z]+)`", subset), list(broker.SCHEMA_KEYWORDS))
 
     def test_it_proves_certifies_and_runs(self):
         for half in ([], ["--sealed"]):

@@ -1049,11 +1049,26 @@ class Approval(Tiered):
                       f"approved by bob: a second run may rightly ask for it again; see that it is not the same request twice\n", prompt)
         self.assertEqual(self.approve(b"n\n").returncode, 1, "the call itself was executed: refused, as before")
 
+    def test_pending_names_an_identical_call_executed_for_another_run(self):
+        """pending listed the second run's refund as plain PENDING: only approve's prompt said the same call was paid."""
+        self.assertEqual(self.approve().returncode, 0)
+        done = [e for e in self.decisions() if e["kind"] != "intent"][-1]
+        self.refund_model()
+        second = self.run_payer(CHARGED)[0]["run_id"]
+        self.offline()
+        twin = {"run_id": self.run_id, "call": 1, "at": done["at"], "by": "bob"}
+        [line] = self.factory("pending")[1].splitlines()
+        self.assertTrue(line.startswith(f"{second} --call 1\tpayer\tbilling:refund "), line)
+        self.assertTrue(line.endswith(f"\tPENDING: approve executes it, reject closes it\tnote: this exact call (tool and "
+                                      f"arguments) was executed for run {self.run_id} (call 1) at {done['at']}, approved by bob"), line)
+        [call] = [json.loads(row) for row in self.factory("pending", "--json")[1].splitlines()]
+        self.assertEqual((call["run_id"], call["executed_before"]), (second, [twin]))
+
     def test_pending_json_is_one_object_per_call(self):
         code, out, err = self.factory("pending", "--json")
         [call] = [json.loads(line) for line in out.splitlines()]
-        self.assertEqual((code, call["run_id"], call["call"], call["agent"], call["tool"], call["state"], call["why"]),
-                         (0, self.run_id, 1, "payer", "billing:refund", "pending", None))
+        self.assertEqual((code, call["run_id"], call["call"], call["agent"], call["tool"], call["state"], call["why"],
+                          call["executed_before"]), (0, self.run_id, 1, "payer", "billing:refund", "pending", None, []))
         self.assertEqual(call["args"], json.loads(next(self.root.glob("registry/pending/*.json")).read_text())["args"])
 
     def test_pending_and_the_tower_agree_before_and_after_an_approval(self):

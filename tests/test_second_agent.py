@@ -258,6 +258,31 @@ class Labeler(LineTest):
         self.edit_card("labeler", handoff_field="handoff", draft_rubric=RUBRIC)
         self.assertEqual(self.factory("digest", "labeler")[0], 0, "a type the source computes is checked once executed")
 
+    def test_an_output_contract_keyword_the_factory_does_not_check_is_refused_and_the_rest_are_checked(self):
+        """A code reviewer's `maximum` and `items` did nothing: a case expecting a value beyond them loaded, and an
+        output breaking them was verified. Now a case expecting what the contract forbids is refused, and a keyword
+        the checker does not know (in OUTPUT_SCHEMA or a tool's params) stops the card loading, naming its path."""
+        module, tools = self.root / "agents" / "labeler.py", self.root / "agents" / "tools" / "pulls.py"
+        bounded = MODULE.replace('"note": {"type": "string", "maxLength": 300},', '"note": {"type": "string", "maxLength": '
+                                 '300}, "risk": {"type": "number", "minimum": 0, "maximum": 1}, "files": {"type": "array", '
+                                 '"maxItems": 2, "items": {"type": "string", "minLength": 1}},')
+        module.write_text(bounded)
+        with open(self.root / "evals" / "labeler" / "cases.jsonl", "a") as suite:
+            suite.write(json.dumps({"id": "o-risk", "input": "Fix it", "expect": {"risk": 1.5, "files": ["a", 7]},
+                                    "source": "synthetic"}) + "\n")
+        self.refused('evals/labeler/cases.jsonl line 7: case "o-risk": expect.files must be a list (at most 2 items); '
+                     'expect.risk must be a number (at least 0, at most 1), as the output contract says (no output could '
+                     'match)', "prove", "labeler")
+        checked = "(it checks type, enum, minimum, maximum, exclusiveMinimum, exclusiveMaximum, minLength, maxLength, " \
+                  "minItems, maxItems, items, properties, required, additionalProperties, description, title)"
+        module.write_text(bounded.replace('"minLength": 1', '"pattern": "[.]py$"'))
+        self.refused(f"masters/labeler.json: agents/labeler.py: OUTPUT_SCHEMA.files[]: keyword 'pattern' is not checked "
+                     f"by the factory, so it is refused {checked}", "prove", "labeler")
+        module.write_text(MODULE)
+        tools.write_text(TOOLS.replace('"enum": ["feature", "bugfix", "docs", "breaking"]', '"format": "label"'))
+        self.refused(f"masters/labeler.json: agents/tools/pulls.py: contract pulls:label: params.label: keyword 'format' "
+                     f"is not checked by the factory, so it is refused {checked}", "digest", "labeler")
+
     def test_a_rubric_that_scored_no_draft_is_its_own_verdict_never_pass(self):
         module = self.root / "agents" / "labeler.py"
         module.write_text(MODULE.replace('"required": ["label", "handoff", "note"]', '"required": ["label", "handoff"]')
@@ -317,6 +342,26 @@ class Labeler(LineTest):
         row = self.run_json("Fix crash when the config file is empty")
         self.assertEqual(row["output"], {"label": "bugfix", "handoff": False, "note": "Labelled bugfix."})
         self.assertEqual((row["verdict"], row["tools"]), ("unscored", [["pulls:files", "FileNotFoundError"], ["pulls:label", "HELD"]]))
+
+    def test_run_file_takes_an_object_input_as_a_suite_does_and_both_refuse_other_json(self):
+        """A suite's case may have an object input (prove gives it to the rules), but `run --file` refused the same
+        input: "field 'input' must be non-empty text". One rule now: text, or a non-empty JSON object."""
+        case = json.loads((self.root / "evals" / "evalsmith" / "cases.jsonl").read_text().splitlines()[0])
+        tickets = self.tmp / "flagged.jsonl"
+        write_jsonl(tickets, [{"id": "f-1", "input": case["input"]}])
+        code, out, err = self.factory("run", "evalsmith", "--file", str(tickets), "--json")
+        self.assertEqual(code, 0, err)
+        self.assertEqual((json.loads(out)["ticket"], json.loads(out)["output"]["case_id"]), ("f-1", "harvest-run-0001"))
+        self.assertEqual(self.traces("evalsmith")[-1][0]["input"], case["input"], "the object, as the ticket gave it")
+        for given, why in (({}, "field 'input' must be non-empty text or a non-empty JSON object"),
+                           (["Fix it"], "field 'input' must be non-empty text or a non-empty JSON object")):
+            write_jsonl(tickets, [{"id": "f-2", "input": given}])
+            self.refused_writing_nothing(f"flagged.jsonl line 1: {why}", "run", "evalsmith", "--file", str(tickets))
+        suite = self.root / "evals" / "labeler" / "cases.jsonl"
+        for given, why in (({}, "the input is an empty object: a run needs a ticket with text, or an object with fields"),
+                           (7, "the input is an integer, not text or an object")):
+            write_jsonl(suite, [{"id": "o-1", "input": given, "expect": {"label": "docs"}, "source": "synthetic"}])
+            self.refused(f'evals/labeler/cases.jsonl line 1: case "o-1": {why}', "prove", "labeler")
 
     def test_new_writes_a_rubric_any_agent_can_keep(self):
         """new's rubric was written for the customer-answering example; a labeler kept "the customer's own terms"."""
@@ -552,6 +597,35 @@ class Labeler(LineTest):
         proof = json.loads(out)
         self.assertEqual((proof["cases"], proof["passing_cases"]), (8, 7), [f["why"] for f in proof["failures"]])
 
+
+    def test_harvest_forces_no_hand_off_for_a_denial_the_suite_expects_and_says_label_source_is_wanted(self):
+        """A code reviewer's denied tool, which its own cases list in expect.denied with no hand-off, made harvest
+        propose the hand-off true: the agent's correct rules then failed the promoted case (missed hand-off). A denial
+        the suite does not expect still forces it; and a proposal carries no label_source, which harvest now says."""
+        with open(self.root / "evals" / "labeler" / "cases.jsonl", "a") as suite:   # drafts:write denied, no hand-off
+            suite.write(json.dumps({"id": "o-denied", "input": "Fix the typo in the changelog", "source": "synthetic",
+                                    "expect": {"label": "bugfix", "handoff": False, "denied": ["drafts:write"]}}) + "\n")
+        final = openai_completion(json.dumps({"label": "bugfix", "handoff": False, "note": "Fixes the crash."}), model=MODEL)
+        server = FakeServer(*[answer for tool in ("drafts__write", "billing__refund") for answer in (
+            Answer(body=openai_completion(tool_calls=[("c1", tool, '{"text": "x"}')], model=MODEL)), Answer(body=final))]).start()
+        self.addCleanup(server.close)
+        pulls = ["Fix crash in the parser", "Fix crash in the lexer"]
+        with FakeSage(yes_p=0.95) as sage:
+            env = {**self.env, "SAGE_ENDPOINT": sage.url, "SAGE_API_KEY": "sage-key"}
+            rows = [self.run_json(pull, env={**env, "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "sk-local-123456"})
+                    for pull in pulls]
+            self.assertEqual([row["denied"] for row in rows], [["drafts:write"], ["billing:refund"]])
+            code, out, err = self.factory("harvest", "labeler", env=env)
+        self.assertEqual(code, 0, err)
+        proposed = [json.loads(line) for line in (self.root / "evals" / "labeler" / "proposed.jsonl").read_text().splitlines()]
+        self.assertEqual([(p["input"], p["expect"]["label"], p["expect"]["handoff"]) for p in proposed],
+                         [(pulls[0], "bugfix", False), (pulls[1], "bugfix", True)])
+        self.assertEqual(out.splitlines()[1:], ["a proposal carries no label_source: promoting one, record who labelled "
+                                                "it (mapping, judged, override, synthetic), or prove counts it unrecorded"], out)
+        with open(self.root / "evals" / "labeler" / "cases.jsonl", "a") as suite:   # a human promotes the first
+            suite.write(json.dumps({key: proposed[0][key] for key in ("id", "input", "expect", "source")}) + "\n")
+        proof = json.loads(self.factory("prove", "labeler", "--json")[1])
+        self.assertEqual((proof["cases"], proof["passing_cases"]), (8, 8), [f["why"] for f in proof["failures"]])
 
     def test_certify_names_the_acting_grants_and_doctor_the_urls_it_calls(self):
         prompt = self.certify("labeler", answer=b"n\n").stderr
