@@ -63,8 +63,8 @@ the run chain makes of a certificate for the tower. The chains, in order:
         proof evidence        it is the one prove wrote: its evidence MAC verifies
         acting evidence       C2 and C3: the draft rubric ran on it, and every model of the card has a price
         recall                no recall since the sealed proof
-        production evidence   C2 and C3: PROMOTION_RUNS gated runs at the tier below since the digest changed,
-                              their pass rate's 95% lower bound at the pass bar
+        production evidence   C2 and C3: PROMOTION_RUNS gated runs at the tier below since the digest changed
+                              and the latest recall, their pass rate's 95% lower bound at the pass bar
     approve (APPROVE_GUARDS): a parked call may be carried out
         parked call           the parked file is the one the run wrote: its evidence MAC verifies
         open call             its state (CALL_STATES) lets approve act (refused_in)
@@ -1297,6 +1297,16 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     return max(0.0, (centre - half) / (1 + zz / n)), min(1.0, (centre + half) / (1 + zz / n))
 
 
+def mean_interval(scores: list[float], top: float = 4) -> tuple[float, list[float]]:
+    """(mean, [low, high]) of scores on the bounded scale 0..top (a rubric's levels), the interval 95%: the
+    Wilson interval of mean/top on n = len(scores), scaled back. No variable on 0..1 with mean p varies more
+    than p*(1-p) (a 0-or-top score does), so this is the binomial worst case: it stays inside the scale and
+    never narrows to nothing when every score is equal (a t-interval on sample deviation 0 would), at the
+    price of being wider than a t-interval when the scores are spread less than that. [0, top] for none."""
+    mean = sum(scores) / len(scores) if scores else 0.0
+    return mean, [top * bound for bound in wilson(mean / top * len(scores), len(scores))]
+
+
 def clears(k: int, n: int, bar) -> bool:
     """True when the 95% interval's lower bound of k/n is at or above the bar (a number in 0..1): the
     count shows the bar is met, rather than being consistent with it. No cases clear no bar."""
@@ -1404,12 +1414,19 @@ def paired(before: dict, after: dict) -> dict:
 
 def paired_text(before: dict, after: dict) -> str:
     """'on the 200 sealed cases both ran, this version fixes 3 and breaks 1 (McNemar exact p = 0.625); broke:
-    t-314' for two proofs (see paired), saying so when their sealed suites differ (compared by case id)."""
-    change = paired(before, after)
+    t-314' for two proofs (see paired), saying so when their sealed suites differ (compared by case id). Of
+    one digest, nothing was fixed or broken: it is the same version proved again (on its `backends`)."""
+    change, ran = paired(before, after), ", ".join(after.get("backends", []))
     moved = "" if before.get("suite_digest") == after["suite_digest"] else ", the sealed suite changed between them"
-    return (f"on the {change['both']} sealed cases both ran{moved}, this version fixes {len(change['fixed'])} and breaks "
-            f"{len(change['broke'])} (McNemar exact p = {change['p']:.3f})" +
-            (f"; broke: {', '.join(change['broke'])}" if change["broke"] else ""))
+    if after.get("digest") is None or before.get("digest") != after["digest"]:
+        return (f"on the {change['both']} sealed cases both ran{moved}, this version fixes {len(change['fixed'])} and breaks "
+                f"{len(change['broke'])} (McNemar exact p = {change['p']:.3f})" +
+                (f"; broke: {', '.join(change['broke'])}" if change["broke"] else ""))
+    on = f"again on the same backend ({ran})" if before.get("backends") == after.get("backends") else \
+        f"on another backend ({ran}; before: {', '.join(before.get('backends', [])) or 'not recorded'})"
+    return (f"the same version (its digest unchanged) proved {on}: on the {change['both']} sealed cases both ran{moved}, "
+            f"{len(change['fixed'])} pass only now and {len(change['broke'])} only before (McNemar exact p = "
+            f"{change['p']:.3f})" + (f"; fail now: {', '.join(change['broke'])}" if change["broke"] else ""))
 
 
 def mcnemar_exact(fixed: int, broke: int) -> float:
@@ -1764,6 +1781,7 @@ def proof_figures(agent, half: str, suite: str, suite_digest: str, results: list
     answer; `cost_line` says why a production run's cost is unknown."""
     bar = agent.card["evals"]["pass_bar"]
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
+    low, high = mean_interval(scores)[1]
     failures = [r["id"] if half == "sealed" else
                 {**{k: r[k] for k in ("id", "status", "reason", "wrong", "unexpected_denials", "draft_score")},
                  "why": failure_message(half, r, agent.draft_field)} for r in missed_first(results)]
@@ -1776,6 +1794,7 @@ def proof_figures(agent, half: str, suite: str, suite_digest: str, results: list
                                        max(4, decimals(bar))),
             "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
             "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
+            "rubric_interval": [cut(low, 3), cut(high, 3, up=True)] if scores else None,
             "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
             "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures,
             "ran": [r["id"] for r in results], "model_required": require_model,
@@ -1822,9 +1841,10 @@ def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], 
 
 
 def scored_note(results: list[dict]) -> str:
-    """'MEAN/4 on N' of the scored drafts."""
+    """'MEAN/4 [LOW, HIGH] on N' of the scored rubric fields: the mean and its 95% interval (mean_interval)."""
     scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
-    return f"{sum(scores) / len(scores):.1f}/4 on {len(scores)}"
+    mean, (low, high) = mean_interval(scores)
+    return f"{mean:.1f}/4 [{cut(low, 1):.1f}, {cut(high, 1, up=True):.1f}] on {len(scores)}"
 
 
 # ---- an agent module's output contract as its source writes it (the card's checks before its code runs)
@@ -2817,6 +2837,7 @@ class IndexTally:
     problems: list = field(default_factory=list)
     breaks: list = field(default_factory=list)     # [byte offset, line number] where the chain breaks
     torn: str = field(default="", metadata={"passing": True})   # bytes after the last whole line no writer holds
+    since: str = ""      # evidence counts only rows closed after it (a recall's `at`; "": every row)
 
     def count(self, row: dict, fits: bool, line: bytes, number: int, end: int, prev: str, key: bytes | None) -> bool:
         """Count index line `number` (its object `row`, whether it `fits` the shape of its state, its bytes
@@ -2847,7 +2868,7 @@ class IndexTally:
             return True
         if staged:
             self.parked[row["run_id"]] = [row["verdict"], staged, verified]
-        if gated:
+        if gated and row["at"] > self.since:
             found = self.evidence.get(digest := f"{agent}\t{row.get('digest')}") or self.evidence.setdefault(digest, GatedRuns())
             if verified:
                 counts, passed = found.tiers.get(tier := str(row.get("tier"))) or found.tiers.setdefault(tier, [0, 0]), row["gate"] == "pass"
@@ -3379,8 +3400,8 @@ class Claim:
 
     and these methods: signature_problem(signer, obj, unsigned=the certificate's): None when obj's signature
     verifies as signer's, else why not; mac_problem(obj): the same for the factory evidence MAC;
-    production(tier) -> Production at that tier; recorded_digest(value): the digest of value as a trace line
-    holds it; shown(place): a path for a refusal (certificate, index, approvals, anchor, parked call, proof,
+    production(tier) -> Production at that tier (None: any), of the runs after the latest of `recalls`;
+    recorded_digest(value): the digest of value as a trace line holds it; shown(place): a path for a refusal (certificate, index, approvals, anchor, parked call, proof,
     sealed suite, trace); one_line(text): text from outside fit for one line; raise_anchor(logs=, certificates=):
     what a guard found to hold, which the caller keeps as this machine's newest state."""
     name: str
@@ -3559,6 +3580,16 @@ def recall_refusal(name: str, standing: dict) -> str | None:
             f"it stays recalled until a sealed proof made after that and a new signature (nothing written)")
 
 
+def evidence_span(recalls: list[dict], name: str) -> str:
+    """Since when NAME's production evidence counts, in words: the latest of the `recalls` reaching it (oldest
+    first), when there is one (a recall says the agent misbehaved: its runs before it do not vouch for it),
+    else its digest's last change."""
+    if not recalls:
+        return "since the agent (its digest) last changed"
+    whose = "" if recalls[-1]["agent"] == name else f" of its master {recalls[-1]['agent']}"
+    return f"since the recall{whose} at {recalls[-1]['at']} (the runs before it do not count)"
+
+
 def not_recalled(claim: Claim) -> str | None:
     """No recall reaching NAME (its own or a master's) since the evidence was made."""
     recall = standing_recall(claim.recalls, claim.since_at)
@@ -3642,7 +3673,8 @@ def acting_evidence(claim: Claim) -> str | None:
 
 def production_evidence(claim: Claim) -> str | None:
     """C2 and C3 need >= PROMOTION_RUNS gated runs at the tier below since the agent (its digest) last
-    changed, their gate pass rate's 95% lower bound at the card's pass bar."""
+    changed and the latest recall reaching it (evidence_span), their gate pass rate's 95% lower bound at the
+    card's pass bar."""
     if claim.tier not in ACTING:
         return None
     below, bar = judged_tier(claim.tier), claim.agent.card["evals"]["pass_bar"]
@@ -3651,7 +3683,7 @@ def production_evidence(claim: Claim) -> str | None:
     production = claim.production(below)
     if production.runs >= PROMOTION_RUNS and clears(production.passes, production.runs, bar):
         return None
-    return (f"tier {claim.tier} needs production evidence at {below} since the agent (its digest) last changed: "
+    return (f"tier {claim.tier} needs production evidence at {below} {evidence_span(claim.recalls, claim.name)}: "
             f"{production.runs} gated run(s) (need {max(PROMOTION_RUNS, needed_cases(bar) or 0)}), gate pass rate "
             f"{production.rate_text} (need its 95% lower bound at {bar} or above){production.not_counted(claim.shown('index'))}.")
 

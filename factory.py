@@ -109,8 +109,8 @@ from broker import (  # noqa: E402
     attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, case_fields,
     cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, component_lines,
     component_marks, contract_problems, contracts_assigned, created_lines, cut, decisions_in, detect, did_you_mean,
-    doctor_lines, encodable, encoded_forms, evidence, executed_calls, executed_twins, figure_problem, first_refusal,
-    flagged, fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results, harvest_run_of,
+    doctor_lines, encodable, encoded_forms, evidence, evidence_span, executed_calls, executed_twins, figure_problem,
+    first_refusal, flagged, fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results, harvest_run_of,
     head_problem, held_draft, in_shard, input_problem, is_blank, json_position, json_state, judge, judged_tier,
     junit_xml, label_source_problem, line_verifies, lone_surrogate, merge_shards, newer, no_contract, normalised,
     one_line, outcome_of, output_field_problems, paired_text, parked_counts, part, plain_imports, printable,
@@ -2562,12 +2562,6 @@ def all_attempts(fac: Factory) -> dict:
     return {"agents": agents if isinstance(agents, dict) else {}}
 
 
-def sealed_attempts(fac: Factory, name: str, key: str, since: str | None) -> int | None:
-    """NAME's sealed proofs counted here under `key` (a suite digest, or "DIGEST shards") since the
-    certification signed at `since`."""
-    return attempts_since(all_attempts(fac)["agents"], name, key, since)
-
-
 def append_to_log(fac: Factory, name: str, make) -> dict:
     """Append make(chain) to the chained log NAME under its lock, refused when the log is older than the anchor
     (an entry after a rollback would hide it), then raise the anchor; the entry."""
@@ -2586,14 +2580,6 @@ def append_to_log(fac: Factory, name: str, make) -> dict:
 
 # ---- revocations
 
-def revocation_of(fac: Factory, cert: dict) -> dict | None:
-    """The revocation log's entry for this certificate (by signature), or None."""
-    for _, row in fac.store.read_chain(fac.revocations).entries:
-        if row.get("signature") == cert["signature"]:
-            return row
-    return None
-
-
 def revoke(fac: Factory, name: str, reason: str) -> bool:
     """Mark NAME's certificate revoked and log it; False when there was none to revoke."""
     path = fac.cert_path(name)
@@ -2609,8 +2595,10 @@ def revoke(fac: Factory, name: str, reason: str) -> bool:
 
 
 def revocation_reason(fac: Factory, name: str, cert: dict) -> str | None:
-    """Why NAME's certificate is revoked, one line; None if it is not."""
-    revoked = cert.get("revoked") or revocation_of(fac, cert)
+    """Why NAME's certificate is revoked (its mark, or the revocation log's entry of its signature), one line; None if
+    it is not."""
+    revoked = cert.get("revoked") or next((row for _, row in fac.store.read_chain(fac.revocations).entries
+                                           if row.get("signature") == cert["signature"]), None)
     if not revoked:
         return None
     reason = revoked.get("reason") if isinstance(revoked, dict) else None
@@ -2638,10 +2626,8 @@ RECORD_SHAPE = Shape.of({"format": str, "agent": str, "half": str, "at": str, "v
 
 def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
     """(path, record) of every sealed proof of NAME, oldest first."""
-    folder = fac.records / name
-    paths = sorted(folder.glob("*.sealed.json")) if folder.is_dir() else []
     found = []
-    for path in paths:
+    for path in sorted((fac.records / name).glob("*.sealed.json")):   # none for no folder
         record = RECORD_SHAPE.check(fac.store.read_json(path), fac.shown(path))
         if record["format"] != RECORD_FORMAT:   # formats are not migrated before 1.0
             raise Refusal(f"{fac.shown(path)}: a {visible(record['format'])} record, not {RECORD_FORMAT}: re-prove")
@@ -2654,20 +2640,13 @@ def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
 SEALED_COUNTS = ("passing_cases", "cases", "interval", "real", "synthetic", "by_source", "by_expected", "label_sources", "handoff")   # on a certificate
 
 
-def gated_runs(fac: Factory, agent: Agent, tier: str | None = None) -> Production:
-    """The gated runs of this agent's digest (at `tier`) whose row verifies."""
-    found = index_tally(fac).evidence.get(f"{agent.name}\t{agent.digest}") or GatedRuns()
-    counts = [found.tiers.get(tier, [0, 0])] if tier is not None else found.tiers.values()
-    return Production(sum(c[0] for c in counts), sum(c[1] for c in counts), tuple(found.unverified_lines), found.unverified)
-
-
-def verified_runs(fac: Factory, agent: Agent) -> frozenset:
-    """The run ids of this agent's digest whose closed row verifies, gated or not (a full read)."""
+def verified_runs(fac: Factory, agent: Agent, since: str) -> frozenset:
+    """The run ids of this agent's digest whose closed row verifies, closed after `since`, gated or not (a full read)."""
     key = evidence_key(fac, create=False)
     return frozenset() if key is None or not fac.store.exists(fac.index) else frozenset(
         row["run_id"] for _, _, raw, row in fac.store.read_jsonl(fac.index, each=True, whole=True) if type(row) is dict
         and row.get("state") == "closed" and (row.get("agent"), row.get("digest")) == (agent.name, agent.digest)
-        and line_verifies(key, raw[:-1]))
+        and str(row.get("at")) > since and line_verifies(key, raw[:-1]))
 
 
 def index_problem(fac: Factory, cert: dict | None = None) -> str | None:
@@ -2685,15 +2664,17 @@ def index_problem(fac: Factory, cert: dict | None = None) -> str | None:
 
 # ---- signing a certificate
 
-def certificate(fac: Factory, agent: Agent, tier: str, signer: Signer, path: Path, proof: dict) -> dict:
-    """The signed certificate, with the heads of the chained logs and of the index at signing."""
+def certificate(fac: Factory, claim: Claim, signer: Signer) -> dict:
+    """The signed certificate of the claim's agent at its tier on its latest sealed proof, with the heads of the
+    chained logs and of the index at signing."""
+    agent, tier, (path, proof) = claim.agent, claim.tier, claim.proofs[-1]
     cert = {"format": CERT_FORMAT, "agent": agent.name, "tier": tier, "digest": agent.digest,
             "components": agent.components, "sealed_score": proof["score"], "sealed_record": path.name,
             "sealed_counts": {key: proof[key] for key in SEALED_COUNTS if key in proof},
             "sealed_at": proof["at"], "suite_digest": proof["suite_digest"], "grants": agent.card["tools"],
             "denied": agent.card["tools_denied"], "envelope_usd": agent.card["cost_envelope_usd"],
             "identity": agent.card["identity"], "owner": agent.card["owner"], "signer": signer.name, "signed_at": utc_now()}
-    production = gated_runs(fac, agent, judged_tier(tier))
+    production = claim.production(judged_tier(tier))
     cert["certified_rate"] = round(production.rate, 4) if production.runs >= PROMOTION_RUNS else None
     cert["certified_rate_runs"] = production.runs
     cert["chains"] = {name: chain.head for name, chain in chained_logs(fac).items()}
@@ -2896,6 +2877,7 @@ class ClaimOnDisk(Claim):
     suite_digest = cached_property(lambda self: sha256(self.fac.store.read_bytes(self.place("sealed suite"), limit=1 << 40)))
     unpriced = cached_property(lambda self: unpriced(self.fac, self.card))
     index_problem = cached_property(lambda self: index_problem(self.fac))
+    counted = cached_property(lambda self: index_tally(self.fac, self.recalls[-1]["at"] if self.recalls else ""))
     record = cached_property(lambda self: call_record(self.decisions.of(self.entry["run_id"], self.entry["call"]),
                                                       self.entry["expires_at"]))
     read_back = cached_property(lambda self: read_back_attempts(self.fac, self.entry))
@@ -2941,9 +2923,11 @@ class ClaimOnDisk(Claim):
         """evidence_problem, under this factory's evidence key."""
         return evidence_problem(self.fac, obj)
 
-    def production(self, tier: str) -> Production:
-        """The agent's gated runs at `tier` (gated_runs)."""
-        return gated_runs(self.fac, self.agent, tier)
+    def production(self, tier: str | None) -> Production:
+        """The gated runs of the agent's digest (at `tier`) whose row verifies, after the latest recall reaching it."""
+        found = self.counted.evidence.get(f"{self.name}\t{self.agent.digest}") or GatedRuns()
+        counts = [found.tiers.get(tier, [0, 0])] if tier is not None else found.tiers.values()
+        return Production(sum(c[0] for c in counts), sum(c[1] for c in counts), tuple(found.unverified_lines), found.unverified)
 
     def recorded_digest(self, value) -> str:
         """recorded_digest, by this factory's Store."""
@@ -3003,7 +2987,7 @@ def call_standing(fac: Factory, entry: dict, decisions: list) -> tuple[str, str 
         return "unknown", str(why)
     if state != "pending":
         return state, None
-    name, line = check_guards(claim, STANDING_GUARDS, unread)[-1]
+    name, line = guard_results(claim, STANDING_GUARDS, Refusal, refusal_line, unread)[-1]
     if not line:
         return "pending", None
     if unread:
@@ -3017,11 +3001,6 @@ def refusal_line(refusal: Refusal) -> str:
     if isinstance(refusal, Problems):
         return f"{refusal.lines[0]}: " + "; ".join(line.strip() for line in refusal.lines[1:])
     return str(refusal)
-
-
-def check_guards(claim: Claim, guards: tuple, unread: set | None = None) -> list[tuple[str, str | None]]:
-    """broker.guard_results, a file that does not read refusing as its refusal_line."""
-    return guard_results(claim, guards, Refusal, refusal_line, unread)
 
 
 def enforce(claim: Claim, guards: tuple) -> Claim:
@@ -4390,7 +4369,7 @@ def cmd_certify(fac: Factory, args) -> int:
     """
     signer = signer_of(fac, args)
     claim = enforce(ClaimOnDisk(args.agent, "certify", tier=args.tier, fac=fac), CERTIFY_GUARDS)
-    agent, (path, proof) = claim.agent, claim.proofs[-1]
+    agent = claim.agent
     if signer.ssh_key is not None:
         signer.ready(fac, "certify")
     elif not fac.key_path(args.by).exists() and not fac.store.keys_writable():
@@ -4401,7 +4380,7 @@ def cmd_certify(fac: Factory, args) -> int:
         raise Refusal(f"unsigned. you answered {no}; only y or yes signs.")
     if signer.ssh_key is None:
         signing_key(fac, signer.name)   # created on first use, with a line saying where
-    cert = certificate(fac, agent, args.tier, signer, path, proof)
+    cert = certificate(fac, claim, signer)
     problem = signature_problem(fac, signer.name, cert) if signer.ssh_key else None
     if problem:
         raise Refusal(f"unsigned: the ssh signature {problem}; add `{signer.name} <your public key line>` to it")
@@ -4425,13 +4404,15 @@ def certify_prompt(fac: Factory, claim: ClaimOnDisk, signer: Signer) -> list[str
 
 
 def attempts_lines(claim: ClaimOnDisk) -> list[str]:
-    """Sealed attempts since the last certification (broker.attempts_said)."""
+    """Sealed attempts since the last certification (broker.attempts_said), counted here under the suite digest
+    (and "DIGEST shards")."""
     try:
         signed = (claim.cert or {}).get("signed_at")
     except Refusal:   # a certificate that cannot be read dates nothing; replaced_lines names it
         signed = None
     since = signed if isinstance(signed, str) else None
-    here, shards = (sealed_attempts(claim.fac, claim.name, claim.proof["suite_digest"] + part, since) or 0 for part in ("", " shards"))
+    here, shards = (attempts_since(all_attempts(claim.fac)["agents"], claim.name, claim.proof["suite_digest"] + part, since) or 0
+                    for part in ("", " shards"))
     return attempts_said(since, [p for _, p in claim.proofs], claim.agent.digest, here - shards, shards, claim.name,
                          claim.fac.shown(claim.fac.records / claim.name))
 
@@ -4439,10 +4420,10 @@ def attempts_lines(claim: ClaimOnDisk) -> list[str]:
 def production_line(fac: Factory, claim: ClaimOnDisk) -> str:
     """The index's authenticated gated runs of this digest, as certify judges them."""
     below, problem = judged_tier(claim.tier), index_problem(fac)
-    production = gated_runs(fac, claim.agent, below)
-    return (f"  production evidence since the agent (its digest) last changed: {production.runs} authenticated gated run(s) "
+    production = claim.production(below)
+    return (f"  production evidence {evidence_span(claim.recalls, claim.name)}: {production.runs} authenticated gated run(s) "
             f"{f'at {below} (what {claim.tier} is judged on)' if below else 'at any tier'}, gate pass rate {production.rate_text}{production.not_counted(fac.shown(fac.index))}; its held calls "
-            f"{reviews_text(review_figures(fac, claim.name, verified_runs(fac, claim.agent))[0])}" + (f"; WARNING: {problem}" if problem else ""))
+            f"{reviews_text(review_figures(fac, claim.name, verified_runs(fac, claim.agent, claim.counted.since))[0])}" + (f"; WARNING: {problem}" if problem else ""))
 
 
 def replaced_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
@@ -5377,9 +5358,15 @@ def count_index(fac: Factory, tally: IndexTally, key: bytes | None) -> int:
     return read
 
 
-def index_tally(fac: Factory) -> IndexTally:
+def index_tally(fac: Factory, since: str = "") -> IndexTally:
     """The index's tally, once per station: from the checkpoint when it verifies, was counted by this code and
-    matches the index at its head; else from the first row, noted."""
+    matches the index at its head; else from the first row, noted. With `since` (a recall's `at`), its evidence
+    of the rows closed after it only: counted from the first row, never kept."""
+    if since:
+        tally = IndexTally(since=since)
+        if fac.store.exists(fac.index):
+            count_index(fac, tally, evidence_key(fac, create=False))
+        return tally
     if fac.store.tally is not None:
         return fac.store.tally
     key, path = evidence_key(fac, create=False), fac.traces / "tally.json"

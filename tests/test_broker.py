@@ -430,6 +430,35 @@ class Intervals(unittest.TestCase):
                          "on the 4 sealed cases both ran, the sealed suite changed between them, this version fixes 2 and "
                          "breaks 2 (McNemar exact p = 1.000); broke: d, a")
 
+    def test_a_mean_rubric_score_has_its_n_and_interval(self):
+        """`summary:3.2/4 on 20` had its n and no uncertainty: a mean on the bounded 0..4 scale gets the Wilson
+        interval of mean/4 on n, scaled back (never zero-width, as a t-interval is when every score is equal)."""
+        z2 = 1.959964 ** 2
+        for scores, (low, high) in (([3.0] * 20, tuple(4 * b for b in broker.wilson(15, 20))),
+                                    ([4.0] * 10, (4 * 10 / (10 + z2), 4.0)), ([0.0] * 10, (0.0, 4 * z2 / (10 + z2))),
+                                    ([0.0, 4.0] * 2, tuple(4 * b for b in broker.wilson(2, 4))),
+                                    ([1.0, 2.0, 3.0], tuple(4 * b for b in broker.wilson(1.5, 3)))):
+            with self.subTest(scores=scores):
+                mean, interval = broker.mean_interval(scores)
+                self.assertAlmostEqual(mean, sum(scores) / len(scores))
+                self.assertEqual(len(interval), 2)
+                for got, wanted in zip(interval, (low, high)):
+                    self.assertAlmostEqual(got, wanted, places=9)
+        self.assertEqual(broker.scored_note([{"draft_score": 3.0}] * 20 + [{"draft_score": None}]), "3.0/4 [2.1, 3.6] on 20")
+        self.assertEqual(broker.scored_note([{"draft_score": 3.0}] * 64), "3.0/4 [2.5, 3.4] on 64")
+
+    def test_two_proofs_of_one_digest_are_one_version_on_two_backends(self):
+        """An offline proof and a model proof of the same digest read `this version fixes 0 and breaks 0`."""
+        before = {"ran": ["a", "b", "c"], "failures": ["b"], "suite_digest": "x", "digest": "sha256:d1", "backends": ["offline"]}
+        after = {"ran": ["a", "b", "c"], "failures": ["c"], "suite_digest": "x", "digest": "sha256:d1", "backends": ["openai"]}
+        self.assertEqual(broker.paired_text(before, after), "the same version (its digest unchanged) proved on another "
+                         "backend (openai; before: offline): on the 3 sealed cases both ran, 1 pass only now and 1 only before "
+                         "(McNemar exact p = 1.000); fail now: c")
+        self.assertTrue(broker.paired_text(before, {**after, "backends": ["offline"]}).startswith(
+            "the same version (its digest unchanged) proved again on the same backend (offline): on the 3 sealed "))
+        self.assertTrue(broker.paired_text(before, {**after, "digest": "sha256:d2"}).startswith(
+            "on the 3 sealed cases both ran, this version fixes 1 and breaks 1 (McNemar exact p = 1.000); broke: c"))
+
     def test_a_score_is_printed_with_its_n_and_interval(self):
         self.assertEqual(broker.part_text({"passing_cases": 38, "cases": 50}), "38/50 = 0.76 [0.62, 0.86]")
         self.assertEqual(broker.part_text({"passing_cases": 2, "cases": 3}, 0.66667), "2/3 = 0.66666 [0.20765, 0.93851]")

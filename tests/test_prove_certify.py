@@ -15,7 +15,7 @@ from tests.support import INJECTION, LineTest, junit_problems, write_jsonl
 
 RECORD_KEYS = {"format", "agent", "half", "at", "verdict", "passed", "score", "passing_cases", "cases", "pass_bar",
                "rubric", "rubric_field", "cost_unknown", "cost_line", "real", "synthetic",
-               "tool_denials", "drafts_scored", "draft_mean", "draft_check", "backends", "models", "digest", "components",
+               "tool_denials", "drafts_scored", "draft_mean", "rubric_interval", "draft_check", "backends", "models", "digest", "components",
                "suite", "suite_digest", "failures", "model_required", "model_answered", "interval", "by_source",
                "by_expected", "label_sources",
                "needed_cases", "handoff", "ran"}
@@ -208,7 +208,7 @@ class Concurrency(LineTest):
         batches = [r for r in fake.requests if r.path == "/decide/batch"]
         self.assertEqual(len(fake.requests), 4)
         self.assertEqual(len(batches), 4)
-        self.assertIn("draft:3.0/4 on 64", out)
+        self.assertIn("draft:3.0/4 [2.5, 3.4] on 64", out)
 
 
 

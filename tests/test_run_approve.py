@@ -1881,7 +1881,8 @@ class Approval(Tiered):
     def last_guard(self, chain: tuple, approval: factory.Decision | None = None) -> tuple[str, str | None]:
         """The guard the chain stopped at for the stored call, with its line."""
         entry = factory.load_pending(self.fac, self.run_id, 1)
-        results = factory.check_guards(factory.staged_call_claim(self.fac, entry, approval), chain)
+        results = factory.guard_results(factory.staged_call_claim(self.fac, entry, approval), chain, factory.Refusal,
+                                        factory.refusal_line)
         self.assertTrue(all(line is None for _, line in results[:-1]), results)
         return results[-1]
 
@@ -1953,7 +1954,7 @@ class Killed(CertifiedTest):
         self.assertEqual((tower["runs"], tower["unfinished"]), (1, 1))
         self.assertIn("unfinished: 1 (started, never closed)", self.factory("tower")[1])
         self.assertEqual(len(self.index_rows()), 1, "a run is its closed row")
-        self.assertEqual(factory.gated_runs(self.fac, factory.load_agent(self.fac, "triager")), factory.Production(0, 0))
+        self.assertEqual(factory.ClaimOnDisk("triager", "certify", fac=self.fac).production(None), factory.Production(0, 0))
 
 
 class ClosedStdout(CertifiedTest):

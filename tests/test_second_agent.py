@@ -16,6 +16,7 @@ from xml.etree import ElementTree
 from tests.fake_llm import Answer, FakeServer, anthropic_message, openai_completion
 from tests.fake_sage import FakeSage
 from tests.support import CLI, REPO, LineTest, on_a_terminal, write_jsonl
+from tests.test_trust import index_row
 
 MODULE = '''"""labeler: labels one pull request feature, bugfix, docs or breaking; a breaking or security change
 goes to a human, with a note for the reviewer."""
@@ -179,9 +180,11 @@ class Labeler(LineTest):
             code, out, err = self.factory("prove", "labeler")
             sealed = self.factory("prove", "labeler", "--sealed")
         self.assertEqual(code, 0, out + err)
-        self.assertIn(" PASS   denials:0   note:3.0/4 on 6\n", out)
+        self.assertIn(" PASS   denials:0   note:3.0/4 [1.4, 3.8] on 6\n", out)
         self.assertEqual(sealed[0], 0, sealed[2])
-        self.assertIn(" PASS   denials:0   note:3.0/4 on 4", sealed[1])
+        self.assertIn(" PASS   denials:0   note:3.0/4 [1.2, 3.9] on 4", sealed[1])
+        record = json.loads(sorted((self.root / "records" / "labeler").glob("*.sealed.json"))[-1].read_text())
+        self.assertEqual((record["draft_mean"], record["rubric_interval"]), (3.0, [1.202, 3.818]))
         contents = [q for q in sage.requests if q.path == "/decide/batch"][0].body["requests"]
         self.assertIn("Labelled bugfix.", contents[0]["content"])
         with FakeSage(expectation=1.0) as sage:   # under the rubric's min: the failure names the rubric's field
@@ -199,7 +202,7 @@ class Labeler(LineTest):
             self.env.update(SAGE_ENDPOINT=sage.url, SAGE_API_KEY="sage-key")
             code, out, err = self.factory("prove", "labeler")
         self.assertEqual(code, 0, err)
-        self.assertIn("5/6 = 0.83 [0.43, 0.97] (bar 0.3 on the lower bound) PASS   denials:0   note:3.0/4 on 5\n", out)
+        self.assertIn("5/6 = 0.83 [0.43, 0.97] (bar 0.3 on the lower bound) PASS   denials:0   note:3.0/4 [1.3, 3.8] on 5\n", out)
         self.assertIn("\n  failed o-3: note: missing: the rubric has nothing to score\n", out)
 
     def test_a_rubric_field_the_contract_lacks_is_refused_naming_the_fields_it_has(self):
@@ -685,6 +688,29 @@ class Labeler(LineTest):
         (self.root / "registry" / "lineage.jsonl").write_text("")   # a log entry signed over, removed
         trust = {a["agent"]: a["trust"] for a in json.loads(self.factory("tower", "--json")[1])["agents"]}
         self.assertEqual(trust["labeler"]["summary"], "certificate rests on a log that changed since it was signed")
+
+    def test_runs_before_a_recall_do_not_vouch_for_the_agent(self):
+        """After its master's recall and a fresh sealed proof, certify signed labeler-eu at C2 at once on the runs it
+        made before the recall ("since the digest last changed" ignored the recall)."""
+        self.assertEqual(self.factory("stamp", "labeler", "--as", "labeler-eu", "--set", "owner=eu-lead")[0], 0)
+        self.prove_scored("labeler-eu")
+        digest = json.loads(sorted((self.root / "records" / "labeler-eu").glob("*.sealed.json"))[-1].read_text())["digest"]
+        self.runs_ok("labeler", "Fix a bug in the parser")   # begins the index (offline: not gated, so not counted)
+        self.append_index(*[index_row("labeler-eu", digest, "C1") for _ in range(25)], sealed=True)
+        code, out, err = self.factory("recall", "labeler", "--reason", "labels breaking changes as features")
+        self.assertEqual(code, 0, err)
+        at = next(json.loads(line) for line in (self.root / "registry" / "recalls.jsonl").read_text().splitlines())["at"]
+        self.prove_scored("labeler-eu")
+        since = f"since the recall of its master labeler at {at} (the runs before it do not count)"
+        self.refused_writing_nothing(f"tier C2 needs production evidence at C1 {since}: 0 gated run(s) (need 20)",
+                                     "certify", "labeler-eu", "--tier", "C2", "--by", "alice")
+        self.assertIn(f"  production evidence {since}: 0 authenticated gated run(s) at "
+                      f"any tier, gate pass rate -; ", self.certify("labeler-eu", "C1", answer=b"n\n").stderr)
+        self.append_index(*[index_row("labeler-eu", digest, "C1") for _ in range(20)], sealed=True)
+        signed = self.sign("labeler-eu", "C2").stderr
+        self.assertIn(f"  production evidence {since}: 20 authenticated gated run(s) "
+                      f"at C1 (what C2 is judged on), gate pass rate 20/20 = 1.00 [", signed)
+        self.assertEqual(self.cert("labeler-eu")["certified_rate_runs"], 20, "the drift watch's baseline: after the recall")
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ class Guards(LineTest):
 
     def refused_by(self, chain: tuple, claim: factory.Claim, name: str, *argv: str) -> None:
         """The chain's results end at guard `name` with a refusal, and the station prints that line alone."""
-        results = factory.check_guards(claim, chain)
+        results = factory.guard_results(claim, chain, factory.Refusal, factory.refusal_line)
         self.assertEqual(results[-1][0], name, results)
         self.assertTrue(results[-1][1], results)
         self.assertTrue(all(line is None for _, line in results[:-1]), results)
@@ -194,8 +194,9 @@ class Guards(LineTest):
     def test_one_wording_per_condition(self):
         """The same condition reads the same in every chain: only the moment and the remedy differ."""
         self.factory("recall", "triager", "--reason", "leaked drafts")
-        run = factory.check_guards(factory.ClaimOnDisk("triager", "run", fac=self.fac), factory.RUN_GUARDS)[-1]
-        certify = factory.check_guards(factory.ClaimOnDisk("triager", "certify", tier="C1", fac=self.fac), factory.CERTIFY_GUARDS)[-1]
+        run = factory.guard_results(factory.ClaimOnDisk("triager", "run", fac=self.fac), factory.RUN_GUARDS, factory.Refusal, factory.refusal_line)[-1]
+        certify = factory.guard_results(factory.ClaimOnDisk("triager", "certify", tier="C1", fac=self.fac), factory.CERTIFY_GUARDS,
+                                         factory.Refusal, factory.refusal_line)[-1]
         self.assertEqual(run, ("recall", "recalled since certification: leaked drafts. re-prove and re-certify."))
         self.assertEqual(certify, ("recall", "recalled since the sealed proof: leaked drafts. re-prove before certifying."))
 
