@@ -739,6 +739,18 @@ def is_blank(text: str) -> bool:
     return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in text)
 
 
+def text_problem(text: str) -> str | None:
+    """Why text a human signs or a model is asked (a card's free text) is not that: 'holds \\u001b, a control
+    character ...' (UNPRINTABLE: a terminal would act on it or hide it, so the signer would not see what the model
+    is asked), 'holds \\ud800, half of a utf-16 pair ...', or 'has no visible text' (is_blank); None when it is."""
+    found = UNPRINTABLE.search(text)
+    if found:
+        what = "half of a utf-16 pair, which is not text" if LONE_SURROGATE.match(found.group()) else \
+            "a control character, which a terminal would act on or hide"
+        return f"holds \\u{ord(found.group()):04x}, {what}"
+    return "has no visible text" if is_blank(text) else None
+
+
 def task_text(value) -> str:
     """The ticket text, or a structured input as JSON."""
     return value if isinstance(value, str) else json.dumps(value, indent=1, ensure_ascii=False)
@@ -1919,7 +1931,16 @@ DEFAULT_DRAFT = "draft"          # the output field a draft rubric scores, unles
 
 
 def _text(value) -> bool:
-    return isinstance(value, str) and bool(value.strip())
+    return isinstance(value, str) and text_problem(value) is None
+
+
+def _text_problem(value) -> str | None:
+    """text_problem of a field's string, or of the first level description that has one (draft_rubric.levels)."""
+    if isinstance(value, str):
+        return text_problem(value)
+    levels = [(n, lv["description"]) for n, lv in enumerate(value if isinstance(value, list) else [])
+              if isinstance(lv, dict) and isinstance(lv.get("description"), str)]
+    return next((f"level {n}'s description {why}" for n, text in levels if (why := text_problem(text))), None)
 
 
 def _name(value) -> bool:
@@ -1933,7 +1954,7 @@ def _integer(value, low: int, high: int | None = None) -> bool:
 def _levels(value) -> bool:
     return (isinstance(value, list) and len(value) == 5 and all(
         isinstance(lv, dict) and set(lv) == {"level", "description"} and lv["level"] == n and type(lv["level"]) is int
-        and isinstance(lv["description"], str) for n, lv in enumerate(value)))
+        and _text(lv["description"]) for n, lv in enumerate(value)))
 
 
 def _field_name(value) -> bool:
@@ -1967,6 +1988,7 @@ class CardField:
     check: Callable[[object], bool]
 
 
+FREE_TEXT = "visible text, no control characters (tab and line feed aside)"   # what _text takes
 TOOL_NAMES = "a list of distinct tool names family:verb, each with a contract in agents/tools/FAMILY.py"
 
 
@@ -1987,7 +2009,7 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
               "grants: the tools the agent may call (an acting tool is staged, never run at once)", tool_list),
     CardField("tools_denied", "list", REQUIRED, TOOL_NAMES,
               "explicit denials: a tool both granted and denied is denied", tool_list),
-    CardField("gate_question", "string", REQUIRED, "a non-empty string",
+    CardField("gate_question", "string", REQUIRED, FREE_TEXT,
               "the yes/no question the output gate asks Sage about every output", _text),
     CardField("evals", "object", REQUIRED, 'an object {"pass_bar", "gate", "suite", "handoff_bar"}', "how the agent is proved and gated",
               lambda v: isinstance(v, dict)),
@@ -2008,9 +2030,9 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
               _field_name),
     CardField("draft_rubric.min", "integer", REQUIRED, "an integer 0..4",
               "the lowest level a draft may score and still pass", lambda v: _integer(v, 0, 4)),
-    CardField("draft_rubric.instructions", "string", REQUIRED, "a non-empty string",
+    CardField("draft_rubric.instructions", "string", REQUIRED, FREE_TEXT,
               "what Sage is told a good draft is", _text),
-    CardField("draft_rubric.levels", "list", REQUIRED, "exactly five levels 0..4 in order, each {level, description}",
+    CardField("draft_rubric.levels", "list", REQUIRED, "exactly five levels 0..4 in order, each {level, description: visible text}",
               "what each level means", _levels),
     CardField("prices", "object", "none: llm.py's built-in prices", 'an object {MODEL: {"input": USD, "output": USD}}',
               "per million tokens, used before llm.py's prices (a proxy that names no routed model: `sageroute`)", _prices),
@@ -2028,8 +2050,8 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
               "model calls a run may make before it is escalated", lambda v: _integer(v, 1)),
     CardField("tier_ceiling", "string", REQUIRED, "one of C0 C1 C2 C3",
               "the highest tier a certificate for this card may grant", lambda v: v in TIERS),
-    CardField("identity", "string", REQUIRED, "a non-empty string", "the service identity the agent acts as", _text),
-    CardField("owner", "string", REQUIRED, "a non-empty string", "the accountable human", _text),
+    CardField("identity", "string", REQUIRED, FREE_TEXT, "the service identity the agent acts as", _text),
+    CardField("owner", "string", REQUIRED, FREE_TEXT, "the accountable human", _text),
     CardField("approval_expiry_hours", "number", "24", "a number of hours in (0, 8760]",
               "how long a parked acting call waits for a human before it expires",
               lambda v: finite_number(v) and 0 < v <= 8760),
@@ -2068,7 +2090,7 @@ def object_problems(value: dict, parent: str = "") -> list[str]:
         if key not in value:
             problems += [f"missing field '{row.name}'"] if row.default == REQUIRED else []
         elif not row.check(value[key]):
-            problems.append(f"field '{row.name}' must be {row.allowed}")
+            problems.append(f"field '{row.name}' {_text_problem(value[key]) or 'must be ' + row.allowed}")
         elif fields_in(row.name):
             problems += object_problems(value[key], row.name)
     return problems
@@ -2100,6 +2122,33 @@ def schema_table() -> str:
     """CARD_SCHEMA as a Markdown table: what `schema` prints and the README's card section holds."""
     rows = [f"| `{f.name}` | {f.kind} | {f.default} | {f.allowed} | {f.does} |" for f in CARD_SCHEMA]
     return "\n".join(["| field | type | default | allowed | what it does |", "| --- | --- | --- | --- | --- |", *rows])
+
+
+SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")   # the fields stamp writes, never --set
+
+
+def parse_setting(text: str) -> tuple[str, object]:
+    """('a.b', value) from stamp's --set 'a.b=JSON'; a bare word that is not JSON is a string. ValueError
+    naming the setting for one that can never work."""
+    path, sep, raw = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-z_]+(\.[a-z_]+)*", path):
+        raise ValueError(f"--set {text!r}: expected PATH=JSON, e.g. evals.pass_bar=0.95")
+    if path.split(".")[0] in ("agent",) + SET_BY_STAMP:
+        raise ValueError(f"--set {path}: set by stamp itself, not by hand")
+    try:
+        return path, json.loads(raw, parse_constant=reject_constant, object_pairs_hook=unique_keys)
+    except RecursionError:
+        raise ValueError(f"--set {path}: value nested too deeply") from None
+    except DuplicateKey as error:
+        raise ValueError(f"--set {path}: {error}") from None
+    except ValueError:
+        return path, raw
+
+
+def card_text(card: dict) -> str:
+    """A card as masters/NAME.json holds it, fields in the schema's order."""
+    order = [f.name for f in CARD_SCHEMA if "." not in f.name]
+    return json.dumps(dict(sorted(card.items(), key=lambda item: order.index(item[0]))), indent=2, ensure_ascii=False) + "\n"
 
 
 # ---- agent code: what it may not reach for, read from its syntax tree (the factory refuses what is found)

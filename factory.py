@@ -101,19 +101,19 @@ own_module("broker")   # registered: the import below reads no file of its own
 from broker import (  # noqa: E402
     APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
     CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
-    DuplicateKey, ENTRYPOINT, EXECUTE_GUARDS, FINAL, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested,
+    ENTRYPOINT, EXECUTE_GUARDS, FINAL, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested,
     IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, NEW_CASES, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome,
     PASSING, PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS,
-    SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally,
+    SET_BY_STAMP, SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally,
     UNPRINTABLE, allowed_by, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown, attempts_of,
-    attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, case_fields,
-    cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, component_lines,
+    attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, card_text,
+    case_fields, cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, component_lines,
     component_marks, contract_problems, contracts_assigned, created_lines, cut, decisions_in, detect, did_you_mean,
     doctor_lines, encodable, encoded_forms, evidence, evidence_span, executed_calls, executed_twins, figure_problem,
     first_refusal, flagged, fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results, harvest_run_of,
     head_problem, held_draft, in_shard, input_problem, is_blank, json_position, json_state, judge, judged_tier,
     junit_xml, label_source_problem, line_verifies, lone_surrogate, merge_shards, newer, no_contract, normalised,
-    one_line, outcome_of, output_field_problems, paired_text, parked_counts, part, plain_imports, printable,
+    one_line, outcome_of, output_field_problems, paired_text, parked_counts, parse_setting, part, plain_imports, printable,
     proof_figures, proof_summary, proof_verdict, quiet_denials, rate_text, recall_refusal, recorder_tools, redact,
     reject_constant, render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts,
     reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines,
@@ -134,7 +134,6 @@ TRACE_FORMAT = "factory-trace-3"
 RECORD_FORMAT = "factory-proof-2"
 CERT_FORMAT = "factory-certificate-1"
 TOWER_FORMAT = "factory-tower-2"       # printed by tower --json
-SET_BY_STAMP = ("stamped_from", "master_digest", "overrides")
 ANCHOR_FORMAT = "factory-anchor-1"
 ATTEMPTS_FORMAT = "factory-attempts-1"
 CERTIFIED_MARKS = 20            # certifications per agent whose sealed-attempt counts are kept
@@ -1189,23 +1188,6 @@ def set_path(card: dict, dotted: str, value) -> dict:
     return result
 
 
-def parse_setting(text: str) -> tuple[str, object]:
-    """('a.b', value) from --set 'a.b=JSON'; a bare word that is not JSON is a string."""
-    path, sep, raw = text.partition("=")
-    if not sep or not re.fullmatch(r"[a-z_]+(\.[a-z_]+)*", path):
-        raise Refusal(f"--set {text!r}: expected PATH=JSON, e.g. evals.pass_bar=0.95")
-    if path.split(".")[0] in ("agent",) + SET_BY_STAMP:
-        raise Refusal(f"--set {path}: set by stamp itself, not by hand")
-    try:
-        return path, json.loads(raw, parse_constant=reject_constant, object_pairs_hook=unique_keys)
-    except RecursionError:
-        raise Refusal(f"--set {path}: value nested too deeply") from None
-    except DuplicateKey as error:
-        raise Refusal(f"--set {path}: {error}") from None
-    except ValueError:
-        return path, raw
-
-
 def derive(parent: dict, name: str, overrides: dict, master_digest: str) -> dict:
     """A variant's card: its parent's fields, its own overrides, then its lineage fields."""
     card = {key: value for key, value in parent.items() if key not in SET_BY_STAMP}
@@ -2147,12 +2129,6 @@ def new_tools(name: str, effects: tuple[str, ...]) -> str:
         fill, docs=docs + "\n", contracts=contracts, implementations=implementations.strip("\n"),
         imports=f"\nfrom agents import {family}\n" if "read" in effects else "",
         made=", ".join(f'"{family}:{EXAMPLE_TOOLS[effect]}": {EXAMPLE_TOOLS[effect]}' for effect in effects))
-
-
-def card_text(card: dict) -> str:
-    """A card as masters/NAME.json holds it, fields in the schema's order."""
-    order = [f.name for f in CARD_SCHEMA if "." not in f.name]
-    return json.dumps(dict(sorted(card.items(), key=lambda item: order.index(item[0]))), indent=2, ensure_ascii=False) + "\n"
 
 
 @dataclass(frozen=True)
@@ -4040,12 +4016,16 @@ def shard_text(text: str) -> tuple[int, int]:
     return int(k), int(n)
 
 
+def sent_text(text: str, need: str = "the text you sent") -> str:
+    """What a human wrote for the record; blank (broker.is_blank) is a usage error."""
+    if is_blank(text):
+        raise argparse.ArgumentTypeError(f"needs {need}, not blank: it is kept with the record")
+    return text
+
+
 def reason_text(text: str) -> str:
-    """The text on one line (refusals echo it)."""
-    line = " ".join(text.split())
-    if not line:
-        raise argparse.ArgumentTypeError("needs a reason, not blank: it is kept with the record")
-    return line
+    """sent_text on one line (refusals echo it)."""
+    return " ".join(sent_text(text, "a reason").split())
 
 
 def run_reference(text: str) -> tuple[str | None, str]:
@@ -4200,7 +4180,7 @@ def cmd_stamp(fac: Factory, args) -> int:
     """
     try:
         overrides = dict(parse_setting(text) for text in args.set or [])
-    except Refusal as why:   # the setting as typed can never work: a usage error
+    except ValueError as why:   # the setting as typed can never work: a usage error
         raise Usage(str(why)) from None
     master = read_agent(fac, args.master)
     path = fac.card_path(check_name(args.new))
@@ -5115,7 +5095,7 @@ def review_figures(fac: Factory, agent: str, runs=None) -> tuple[dict | None, li
          arg("run_id", nargs="?", type=run_id_text, metavar="RUN_ID", help="the run of the held call you decide on"),
          arg("--seq", type=at_least_one, metavar="N", help="which of that run's held calls (when several wait)"),
          arg("--accept", action="store_true", help="you sent it (or, an acting call, did it) as the agent wrote it"),
-         arg("--edit", metavar="TEXT", help="you sent or did it changed: the text you actually sent"),
+         arg("--edit", type=sent_text, metavar="TEXT", help="you sent or did it changed: the text you actually sent"),
          arg("--discard", action="store_true", help="you threw it away"),
          arg("--by", type=signer_name, metavar="NAME", help="who decided: their signing key must be here"),
          arg("--reason", type=reason_text, metavar="TEXT", help="why (needed with --edit and --discard)"),
@@ -5132,8 +5112,7 @@ def cmd_review(fac: Factory, args) -> int:
     records that decision once per call, signed with --by NAME's own key in registry/reviews.jsonl.
     """
     chosen = [kind for kind, on in zip(REVIEW_DECISIONS, (args.accept, args.edit is not None, args.discard)) if on]
-    if (args.run_id is None) != (not chosen) or len(chosen) > 1 or chosen and not (args.by and (args.reason or args.accept)) \
-            or is_blank(args.edit or "x"):
+    if (args.run_id is None) != (not chosen) or len(chosen) > 1 or chosen and not (args.by and (args.reason or args.accept)):
         raise Usage("list with review AGENT, or decide with review AGENT RUN_ID [--seq N] and one of --accept, "
                     "--edit TEXT (not blank) or --discard (with --reason TEXT), and --by NAME", "review")
     items, decided, problems = review_queue(fac, args.agent)
@@ -5788,21 +5767,19 @@ def not_text(args: argparse.Namespace) -> str | None:
     return None
 
 
-def closed_stdout_status(stderr) -> int:
-    """Stdout closed mid-output (`tower | head -1`) or never open: one stderr line and exit 1 (the output is
-    incomplete); `run` exits STDOUT_CLOSED instead."""
-    with contextlib.suppress(OSError):
-        if stderr is not None:
-            print("factory: stdout was closed before everything was written to it "
-                  "(its reader stopped, e.g. head, or it was never open)", file=stderr)
-    return 1
-
-
-if __name__ == "__main__":
-    if sys.stdout is None:
-        sys.exit(closed_stdout_status(sys.stderr))
+if __name__ == "__main__":   # ends by os._exit, flushed: in Python's teardown (default handlers) a signal kills silently
     try:
-        sys.exit(main())
-    except BrokenPipeError:
-        stdout_closed()
-        sys.exit(closed_stdout_status(sys.stderr))
+        try:
+            status = main() if sys.stdout else None
+        finally:
+            sys.stdout and sys.stdout.flush()
+    except BrokenPipeError:   # what stays buffered is dropped: os._exit flushes nothing
+        status = None
+    except SystemExit as leaving:   # --help, --version
+        status = leaving.code or 0
+    with contextlib.suppress(AttributeError, OSError):
+        if status is None:   # the output is incomplete (`run` exits STDOUT_CLOSED instead)
+            sys.stderr.write("factory: stdout was closed before everything was written to it (its reader stopped, "
+                             "e.g. head, or it was never open)\n")
+        sys.stderr.flush()
+    os._exit(1 if status is None else status)

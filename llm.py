@@ -473,11 +473,26 @@ def calls_to(model_id: str, env: Mapping[str, str]) -> str:
 ENDPOINT_NAME = re.compile(r"_(?:URL|ENDPOINT|PROXY)$", re.I)   # ANTHROPIC_BASE_URL, SAGE_ENDPOINT, https_proxy
 
 
+# Settings of a closed set: variable -> its values (sage.py reads the first two, otlp_settings the third), each
+# read by choice(); unset or blank, its client's default (levanto; reasoning not sent; http/protobuf).
+CHOICES = MappingProxyType({"SAGE_PROTOCOL": ("levanto", "systemone"), "SAGE_REASONING": ("auto", "off", "on"),
+                            "OTEL_EXPORTER_OTLP_PROTOCOL": ("http/protobuf", "http/json")})
+
+
+def choice(env: Mapping[str, str], name: str) -> str:
+    """A CHOICES variable as its client reads it: stripped, in lower case ('' unset)."""
+    return (env.get(name) or "").strip().lower()
+
+
 def setting_problem(env: Mapping[str, str], names: tuple[str, ...], secret: re.Pattern) -> str | None:
     """Why one of the variables `names` set in env (a proxy's lower-case one too, as urllib reads it) can
-    serve no request, in one line never showing a key (one whose name matches `secret`); None when none."""
+    serve no request, or is outside its CHOICES, in one line never showing a key (one whose name matches
+    `secret`); None when none."""
     for name in names + tuple(n.lower() for n in names if n.endswith("_PROXY")):
         value, key = env.get(name) or "", secret.search(name)
+        if name in CHOICES and choice(env, name) not in ("", *CHOICES[name]):
+            *others, last = CHOICES[name]
+            return f"{name} must be {', '.join(others)} or {last}, not {value.strip()!r}"
         problem = key_problem(value.strip()) if key else url_problem(value, name[-6:].lower() == "_proxy") \
             if ENDPOINT_NAME.search(name) and value else None
         if problem:
@@ -1479,7 +1494,7 @@ class Scripted:
 # (the ticket, outputs, tool arguments and results) is opt-in there, and here. The factory documents each
 # OTEL_* variable read below in its --help.
 
-OTLP_TYPES = MappingProxyType({"http/protobuf": "application/x-protobuf", "http/json": "application/json"})
+OTLP_TYPES = MappingProxyType(dict(zip(CHOICES["OTEL_EXPORTER_OTLP_PROTOCOL"], ("application/x-protobuf", "application/json"))))
 EXPORT_TIMEOUT_MS, MAX_EXPORT_TIMEOUT_MS = 2000, 10000
 SPAN_INTERNAL, SPAN_CLIENT = 1, 3         # trace.proto Span.SpanKind
 STATUS_ERROR = 2                          # trace.proto Status.StatusCode (0 unset)
@@ -1507,7 +1522,7 @@ def otlp_settings(env: Mapping[str, str]) -> Otlp | None:
     if not (url or base):
         return None
     url = url or base.rstrip("/") + "/v1/traces"
-    protocol = (env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    protocol = choice(env, "OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
     headers, bad_headers = _otel_pairs(env.get("OTEL_EXPORTER_OTLP_HEADERS"))
     resource, bad_resource = _otel_pairs(env.get("OTEL_RESOURCE_ATTRIBUTES"))
     service = (env.get("OTEL_SERVICE_NAME") or dict(resource).get("service.name") or SCOPE[0]).strip()

@@ -21,14 +21,14 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 from broker import as_text
-from llm import BodyTooLarge, DeadlinePassed, read_bounded, read_prefix, strict_json
+from llm import CHOICES, BodyTooLarge, DeadlinePassed, choice, read_bounded, read_prefix, strict_json
 
 # The edge WAF answers 403 to `Python-urllib/x.y` even with a good key (field notes:
 # https://github.com/clawdbotatg/clawd-research/tree/1856fb790b545f9121e51a16deb66ab22e2c7c14/levanto-sage).
 USER_AGENT = "agent-factory/0.1 (+python-urllib)"
 DEFAULT_ENDPOINT = "https://sage.levanto.ai"
 DEFAULT_SYSTEMONE_MODEL = "levanto-sage-v1.3"         # the model Sage serves at its own /v1/systemone
-PROTOCOLS = ("levanto", "systemone")
+PROTOCOLS = CHOICES["SAGE_PROTOCOL"]
 KINDS = ("yesno", "choice", "scale", "tags", "sort")
 BATCH_MAX = 16                                        # Levanto's stated cap per batch call (Aug 2026)
 MAX_BODY = 4 * 1024 * 1024                            # the cap decision-models-skills' transport uses
@@ -635,13 +635,13 @@ class Sage:
         SAGE_MODEL (systemone), SAGE_REASONING (optional) and *_PROXY; never raises —
         a problem (no key, bad protocol) is raised by every call instead."""
         endpoint = (env.get("SAGE_ENDPOINT") or "").strip() or DEFAULT_ENDPOINT
-        protocol = (env.get("SAGE_PROTOCOL") or "levanto").strip().lower()
+        protocol = choice(env, "SAGE_PROTOCOL") or "levanto"
         model = (env.get("SAGE_MODEL") or "").strip() or None
         if protocol == "systemone" and model is None and endpoint.rstrip("/") == DEFAULT_ENDPOINT:
             model = DEFAULT_SYSTEMONE_MODEL
         return cls(endpoint, (env.get("SAGE_API_KEY") or "").strip() or None, protocol=protocol,
                    model=model, timeout=timeout, retries=retries, sleep=sleep,
-                   reasoning=(env.get("SAGE_REASONING") or "").strip() or None,
+                   reasoning=choice(env, "SAGE_REASONING") or None,
                    proxies=_proxies(env))
 
     def __repr__(self) -> str:

@@ -441,6 +441,21 @@ class Stamping(LineTest):
                          "--set", 'evals={"pass_bar": 0.5, "gate": 0.5, "gate": 0}')
         self.assertFalse((self.root / "masters" / "bad.json").exists())
 
+    def test_free_text_a_human_signs_or_a_model_is_asked_must_be_visible_text(self):
+        fields = ("gate_question", "draft_rubric.instructions", "identity", "owner")
+        odd = (("\u200b", "has no visible text"), ("", "has no visible text"), ("\u0000", "holds \\u0000, a control character"),
+               ("\u001b[2J", "holds \\u001b, a control character"), ("safe \u202eevil", "holds \\u202e, a control character"),
+               ("\ud800", "holds \\ud800, half of a utf-16 pair"))
+        for at, (value, why) in enumerate((v, w) for v, w in odd for _ in fields):
+            field = fields[at % len(fields)]
+            with self.subTest(field=field, value=value):
+                self.refused_writing_nothing(f"variant odd: field '{field}' {why}", "stamp", "triager", "--as", "odd",
+                                             "--set", f"{field}={json.dumps(value)}")
+        good = json.loads((self.root / "masters" / "triager.json").read_text())
+        good["draft_rubric"]["levels"][2]["description"] = "\u200b"
+        (self.root / "masters" / "triager.json").write_text(json.dumps(good))
+        self.refused("field 'draft_rubric.levels' level 2's description has no visible text", "prove", "triager")
+
     def test_restamp_carries_a_master_fix_and_revokes(self):
         self.factory("stamp", "triager", "--as", "triager-eu", "--set", "max_steps=5")
         self.factory("stamp", "triager-eu", "--as", "triager-fr", "--set", "owner=fr-lead")

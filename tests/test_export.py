@@ -252,10 +252,12 @@ class ExportTest(CertifiedTest):
         self.runs_ok("triager", TICKET)   # no endpoint: nothing sent, nothing noted
         self.assertNotIn("export", [e.get("event") for e in self.traces()[-1]])
         self.refused("no OTLP endpoint: set OTEL_EXPORTER_OTLP_ENDPOINT", "export")
-        self.env.update(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
+        self.env.update(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_TIMEOUT="soon")
         code, out, _ = self.factory("export")
         self.assertEqual(code, 1)
-        self.assertIn("FAILED (OTEL_EXPORTER_OTLP_PROTOCOL 'grpc' is not http/protobuf or http/json)", out)
+        self.assertIn("FAILED (OTEL_EXPORTER_OTLP_TIMEOUT is not a number of milliseconds)", out)
+        self.env.update(OTEL_EXPORTER_OTLP_TIMEOUT="", OTEL_EXPORTER_OTLP_PROTOCOL="grpc")   # checked at start instead
+        self.refused("OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf or http/json, not 'grpc'", "export")
 
     def test_model_calls_carry_the_traceparent_of_their_chat_span(self):
         model = FakeServer(Answer(body=anthropic_message(json.dumps({"label": "cards", "escalate": False,

@@ -554,6 +554,26 @@ class Secrets:
                                                                     "SAGE_API_KEY": f"  {SAGE_KEY}\n"})
         self.assertEqual((code, sage.requests[-1].headers["authorization"]), (0, f"Bearer {SAGE_KEY}"), err)
 
+    def test_a_setting_of_a_closed_set_outside_it_is_refused_at_start_in_one_line(self):
+        rows = (("SAGE_PROTOCOL", "nonsense", "levanto or systemone"), ("SAGE_PROTOCOL", "levanto\u200b", "levanto or systemone"),
+                ("SAGE_REASONING", "maybe", "auto, off or on"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", "http/protobuf or http/json"))
+        tickets = self.tmp / "tickets.jsonl"
+        tickets.write_text('{"id": "t1", "input": "I was charged twice"}\n')
+        stations = (("run", "triager", "I was charged twice"), ("prove", "triager"), ("run", "triager", "--file", str(tickets)))
+        for i, (variable, value, allowed) in enumerate(rows):
+            argv = stations[i % len(stations)]
+            with self.subTest(variable=variable, value=value, station=argv[0]):
+                env = {**self.env, "SAGE_API_KEY": SAGE_KEY, "SAGE_ENDPOINT": "http://127.0.0.1:9",
+                       "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", variable: value}
+                before = snapshot(self.root)
+                code, out, err = self.factory(*argv, env=env)
+                self.assertEqual((code, out, err), (1, "", f"factory {argv[0]}: {variable} must be {allowed}, not {value!r}\n"))
+                self.assertEqual(snapshot(self.root), before, "nothing is written, no run opened")
+        sage = self.gate()   # read as the clients read it: white space around it and its case do not matter
+        code, out, err = self.factory("run", "triager", "hi", env={**self.env, "SAGE_PROTOCOL": " Levanto\n", "SAGE_REASONING": "OFF "})
+        self.assertEqual((code, sage.requests[-1].body.get("reasoning")), (0, "off"), err)
+
     def test_an_export_header_no_request_can_carry_fails_the_export_in_one_line_never_showing_it(self):
         self.runs_ok()
         for label, value in (("line feed", "Bearer%20QZ7tok%0Aen"), ("CR LF", "Bearer%20QZ7tok%0D%0AX-Evil:%201"),

@@ -132,8 +132,12 @@ class Review(CertifiedTest):
                      (self.runs[1], "--edit", "sent this", "--by", "bob")):
             with self.subTest(argv=argv):
                 self.usage_error("list with review AGENT, or decide with review AGENT RUN_ID", "review", "triager", *argv)
-        self.usage_error("--edit TEXT (not blank)", "review", "triager", self.runs[1], "--edit", " \n", "--by", "bob",
-                         "--reason", "x")
+        for blank in ("", " \n", "\u200b", "\u200b\u2060 \ufeff"):   # one rule for what a human writes: broker.is_blank
+            with self.subTest(blank=blank):
+                self.usage_error("argument --edit: needs the text you sent, not blank", "review", "triager", self.runs[1],
+                                 "--seq", str(both[0]), "--edit", blank, "--by", "bob", "--reason", "x")
+                self.usage_error("argument --reason: needs a reason, not blank", "review", "triager", self.runs[1],
+                                 "--seq", str(both[0]), "--discard", "--by", "bob", "--reason", blank)
         self.assertEqual(len(self.entries()), 1)
 
     def test_two_deciders_racing_on_one_draft_decide_it_once(self):

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -138,6 +139,36 @@ class Signals(CertifiedTest):
                 self.assertEqual(child.stdout.readline(), "loading\n")
                 child.send_signal(signum)
                 self.ended(child, status, "factory: interrupted\n")
+
+    def test_the_script_ends_by_os_exit_with_its_output_flushed(self):
+        """No interpreter teardown after main() (where Python puts the default handlers back, so a signal killed
+        the station silently after its full output): a planted atexit hook never runs."""
+        planted = self.tmp / "planted"
+        planted.mkdir()
+        (planted / "sitecustomize.py").write_text("import atexit, os\natexit.register(os.write, 2, b'teardown ran\\n')\n")
+        child = subprocess.run([sys.executable, str(REPO / "factory.py"), "schema"], capture_output=True, text=True,
+                               env={**os.environ, **self.env, "PYTHONPATH": str(planted)}, cwd=REPO, timeout=60)
+        self.assertEqual((child.returncode, child.stdout, child.stderr), (0, self.factory("schema")[1], ""))
+
+    def test_a_signal_while_the_last_output_is_flushed_is_one_line(self):
+        """The station's output (buffered, and under a buffer's size: all of it waits for the flush after main())
+        goes to a pipe the test shrank to one page and does not read: the flush holds the child there."""
+        for signum, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+            with self.subTest(signal.Signals(signum).name):
+                reader, writer = os.pipe()
+                self.addCleanup(os.close, reader)
+                page = fcntl.fcntl(writer, fcntl.F_SETPIPE_SZ, 4096)
+                buffered = {name: value for name, value in {**os.environ, **self.env}.items() if name != "PYTHONUNBUFFERED"}
+                child = subprocess.Popen([sys.executable, str(REPO / "factory.py"), "schema"], stdout=writer,
+                                         stderr=subprocess.PIPE, env=buffered, cwd=REPO, text=True)
+                os.close(writer)
+                queued = bytearray(4)
+                wait_for(lambda: fcntl.ioctl(reader, termios.FIONREAD, queued) == 0
+                         and int.from_bytes(queued, sys.byteorder) == page, "the pipe is full: the flush waits")
+                child.send_signal(signum)
+                self.assertEqual((child.wait(timeout=60), child.stderr.read()), (status, "factory: interrupted\n"))
+                child.stderr.close()
+                self.assertEqual(len(os.read(reader, 2 * page)), page)
 
     def test_a_run_refused_before_it_started_is_not_counted(self):
         outside = self.tmp / "outside"
