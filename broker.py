@@ -94,6 +94,7 @@ the run chain makes of a certificate for the tower. The chains, in order:
         revocation            as for run
         recall                as for approve
         same certificate      as for approve
+        staged event          as for approve (refusing, the call's state is unknown and the trace named)
         staging run           as for approve
 
 The broker never prints, reads environment variables, touches a file or the network, or keeps module
@@ -624,7 +625,8 @@ class Verdict:
 
 
 VERDICTS = (  # in display order
-    Verdict("verified", "the gate passed and every executed effect was read back", "#2e7d32"),
+    Verdict("verified", "the gate passed and every executed effect was read back (also by the reject that closed "
+                        "a call whose approver stopped after writing it)", "#2e7d32"),
     Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
     Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the cost envelope, a "
                                "model the card does not name answered, an acting call repeated, or the agent handed off", "#1565c0"),
@@ -1046,7 +1048,8 @@ CALL_STATES = MappingProxyType({
                         "said ok but the effect was not read back, or its tool failed; approve retries it only when "
                         "its approver's signed result says the store refused every write the tool began (nothing "
                         "was written), else a human checks by hand and closes it with reject",
-    "rejected": "closed unexecuted by a human (also an uncertain effect a human closed after checking it)",
+    "rejected": "closed by a human unexecuted, or an uncertain effect closed after checking it (its entry's `written`: "
+                "what reading it back found; closing never undoes it)",
 })
 # A parked call that can no longer be approved, by the state `pending` and the tower show it in (the factory's
 # checks, in approve's order, so its refusal names the same state) -> what that state means.
@@ -1275,10 +1278,36 @@ DECIDED = ("executing", *STATE_OUTCOMES)   # a call's states once a human acted 
 
 
 def outcome_of(entry: dict) -> str:
-    """What a closing decision (a result or rejected entry) makes of its run: one of OUTCOMES."""
+    """What a closing decision (a result or rejected entry) makes of its run: one of OUTCOMES. A rejection
+    whose reading back found the effect written (an approver stopped after its write) is verified."""
     if entry["kind"] == "rejected":
-        return "routed-to-human"
+        return "verified" if entry.get("written") is True else "routed-to-human"
     return "verified" if entry.get("ok") is True and entry.get("read_back") is True else "uncertain-effect"
+
+
+def decided_line(entry: dict, done: dict) -> str:
+    """What approve or reject prints of its closing decision `done` (a result or rejected entry) on parked `entry`."""
+    head, verdict = f"{entry['tool']} for run {entry['run_id']} (call {entry['call']})", f"run verdict {done['verdict_from']} -> {done['verdict_to']}"
+    if done["kind"] == "result":
+        executed = outcome_of(done) == "verified"
+        said = "ok, read back" if executed else f"{one_line(uncertain_said([done]))}; {closes([done])}"
+        return f"{'executed' if executed else 'uncertain-effect'} {head}: {said}; approved by {done['by']}; {verdict}"
+    written, found = done.get("written") is True, f" as checked by hand: {one_line(done['found'])}" if done.get("found") else ""
+    return f"{'closed' if written else 'rejected'} {head}{found}{'; closing it does not undo it' * written}; {verdict}"
+
+
+def call_outcome(record: CallRecord) -> str | None:
+    """What one parked call makes of its run's verdict as it stands (OUTCOMES): an uncertain effect's, else its
+    last closing decision's (a retry being executed keeps its failed result's); None while it waits."""
+    closed = [entry for entry in record.decisions if entry["kind"] in CLOSING]
+    return "uncertain-effect" if record.state == "uncertain-effect" else outcome_of(closed[-1]) if closed else None
+
+
+def verdict_now(at_close: str, outcomes: list) -> str:
+    """A run's verdict as every reader shows it: from the verdict it closed with and each of its parked calls'
+    call_outcome (None: it waits)."""
+    decided = [outcome for outcome in outcomes if outcome is not None]
+    return verdict_after(at_close, decided, None in outcomes) if decided else at_close
 
 
 def verdict_after(at_close: str, outcomes: list[str], waiting: bool) -> str:
@@ -2959,43 +2988,26 @@ def rate_of(part: int, whole: int) -> float | None:
 
 def fold_decisions(tallies: dict, calls, watch: dict, problems: list[str]) -> None:
     """Fold the verified decisions on parked calls into the runs the index counted (each other one is a
-    problem line): each result or rejected entry moves its run's verdict (from -> to); a call a human
-    acted on (DECIDED) no longer waits, and acted when a result (ok) or its rejection says it was written;
-    a run whose approver stopped before its result moves as that result would have (uncertain_moves)."""
+    problem line): a call a human acted on (DECIDED) no longer waits, and acted when a result (ok) or its
+    rejection says it was written; each run with a parked or decided call moves from its row's verdict to
+    verdict_now, as the last closing decision's verdict_to says (also when an approver stopped before its result)."""
     if calls.decided is None:
         problems.append(f"{calls.log_problem}; approvals and rejections are not counted until it is restored")
         return
     problems.extend(calls.doubted)
-    for key, decided in calls.decided.items():
-        tally, closing = tallies.get(decided[0]["agent"]), [e for e in decided if e["kind"] != "intent"]
-        if tally is None or not watch.get(key[0]) or calls.states.get(key, "executed" if closing else None) not in DECIDED:
+    agents, runs = {(e["run_id"], e["call"]): e["agent"] for e in calls.entries}, {}
+    for key in {*calls.states, *calls.decided}:
+        decided = calls.decided.get(key, [])
+        tally, closing = tallies.get(decided[0]["agent"] if decided else agents[key]), [e for e in decided if e["kind"] != "intent"]
+        if tally is None or not watch.get(key[0]):
             continue
-        for entry in closing:
-            tally.move(str(entry.get("verdict_from")), str(entry.get("verdict_to")))
-        tally.staged -= 1
-        tally.acted += any(e.get("ok" if e["kind"] == "result" else "written") is True for e in closing)
-    for agent, before, after in uncertain_moves(calls, watch):
-        if agent in tallies:
-            tallies[agent].move(before, after)
-
-
-def uncertain_moves(calls, watch: dict) -> list[tuple[str, str, str]]:
-    """(agent, verdict before, verdict after) for each run the index counted with a call whose approver
-    stopped before its result: from its last closing entry's verdict (else its row's) to verdict_after."""
-    runs: dict[str, list[tuple]] = {}
-    for entry in calls.entries:
-        runs.setdefault(entry["run_id"], []).append((entry["agent"], (entry["run_id"], entry["call"])))
-    moves = []
-    for run_id, keys in runs.items():
-        states, decided = [calls.states[key] for _, key in keys], [calls.decided.get(key, []) for _, key in keys]
-        if not watch.get(run_id) or not any(s == "uncertain-effect" and d[-1]["kind"] == "intent" for s, d in zip(states, decided)):
-            continue
-        closed = [e for entries in decided for e in entries if e["kind"] != "intent"]
-        before = max(closed, key=itemgetter("at")).get("verdict_to") if closed else watch[run_id]
-        after = verdict_after(watch[run_id], [STATE_OUTCOMES[s] for s in states if s in STATE_OUTCOMES],
-                              any(s not in DECIDED for s in states))
-        moves.append((keys[0][0], str(before), after))
-    return moves
+        state = calls.states.get(key, "executed" if closing else None)
+        runs.setdefault(key[0], (tally, []))[1].append(call_outcome(CallRecord(state, None, decided)))
+        if state in DECIDED:
+            tally.staged -= 1
+            tally.acted += any(e.get("ok" if e["kind"] == "result" else "written") is True for e in closing)
+    for run_id, (tally, outcomes) in runs.items():
+        tally.move(watch[run_id], verdict_now(watch[run_id], outcomes))
 
 
 # ---- the parked calls the tower counts per agent
@@ -3446,6 +3458,7 @@ class Claim:
         record            the parked call's CallRecord; read_back: (written, what reading its effect back finds)
         staging           (how the call's run ended: closed, started or none; the calls its closed row parked)
         recorded          the run's trace: `header`, `events`, `later` (after the parked call), `end`
+        attempts          (the trace's `later` events read anew, then the call's CallRecord read after them)
 
     and these methods: signature_problem(signer, obj, unsigned=the certificate's): None when obj's signature
     verifies as signer's, else why not; mac_problem(obj): the same for the factory evidence MAC;
@@ -3759,22 +3772,25 @@ def staged_by_its_run(claim: Claim) -> str | None:
 
 def not_open(station: str):
     """The guard `open call` of approve or reject: the station's refusal of the call in its state
-    (refused_in, over the claim's `record`), or None."""
-    def check(claim: Claim) -> str | None:
-        state, last = claim.record.state, claim.record.last or {}
+    (refused_in, over the claim's `record`, or the `record` given), or None."""
+    def check(claim: Claim, record: CallRecord | None = None) -> str | None:
+        record = record or claim.record
+        state, last = record.state, record.last or {}
         found = claim.read_back[1] if state == "uncertain-effect" else ""
-        return refused_in(station, state, claim.record.decisions, call=claim.call, by=last.get("by"), at=last.get("at"),
+        return refused_in(station, state, record.decisions, call=claim.call, by=last.get("by"), at=last.get("at"),
                           reason=claim.one_line(str(last.get("reason"))), expires=claim.entry["expires_at"], found=found)
     return check
 
 
 def not_carried_out(claim: Claim) -> str | None:
     """The run's trace records no attempt at this call (an `effect_started` or `approved_call` event) that
-    the approvals log holds no approval for: a log emptied or lost never lets a call run twice (the attempts
-    the log knows of are judged by the open call guard)."""
-    if any(entry["kind"] == "intent" for entry in claim.record.decisions):
-        return None
-    done = [event.get("event") for event in claim.recorded.later
+    the approvals log holds no approval for: a log emptied or lost never lets a call run twice. Read as one
+    (`attempts`: the trace, then the log; an intent is appended before its attempt is written), the attempts
+    the log knows of are judged as the open call guard judges them: a loser of a race names the winner."""
+    later, record = claim.attempts
+    if any(entry["kind"] == "intent" for entry in record.decisions):
+        return not_open("approve")(claim, record)
+    done = [event.get("event") for event in later
             if event.get("event") in ("effect_started", "approved_call") and event.get("call") == claim.entry["call"]]
     if not done:
         return None
@@ -3888,7 +3904,7 @@ EXECUTE_GUARDS = (("approval", approved),) + APPROVE_GUARDS + (
 # whether a pending call's agent may still act on it, in approve's order (pending and the tower): the guard
 # that refuses -> the call's state (STUCK); the staging run's refusal is `run never closed` or `not staged`
 STANDING_GUARDS = (("certificate", has_certificate), ("revocation", not_revoked), ("recall", not_recalled),
-                   ("same certificate", same_certificate), ("staging run", staged_by_its_run))
+                   ("same certificate", same_certificate), ("staged event", staged_in_the_trace), ("staging run", staged_by_its_run))
 STANDING_STATES = MappingProxyType({"certificate": "uncertified", "revocation": "revoked", "recall": "recalled",
                                     "same certificate": "superseded"})
 
@@ -3920,15 +3936,12 @@ def first_refusal(claim: Claim, guards: tuple) -> str | None:
     return None
 
 
-def closing_verdicts(at_close: str, decisions: list[dict], states: list[str], outcome: str) -> tuple[str, str]:
-    """(a run's verdict before a closing decision on one of its calls, after it): from the verdict the run
-    closed with, the run's verified decisions so far (in the log's order; the last CLOSING one's `verdict_to`
-    is its verdict now), the states of its other parked calls as they stand (CALL_STATES) and this call's
-    outcome (OUTCOMES)."""
-    closed = [entry for entry in decisions if entry["kind"] in CLOSING]
-    outcomes = [STATE_OUTCOMES[state] for state in states if state in STATE_OUTCOMES] + [outcome]
-    before = closed[-1].get("verdict_to", at_close) if closed else at_close
-    return before, verdict_after(at_close, outcomes, any(state not in STATE_OUTCOMES for state in states))
+def closing_verdicts(at_close: str, others: list[CallRecord], this: CallRecord, outcome: str) -> tuple[str, str]:
+    """(a run's verdict before a closing decision on one of its calls, after it), both verdict_now: from the
+    verdict the run closed with, its other parked calls as they stand and this call's record, then its `outcome`
+    (OUTCOMES). Before is what every reader showed: uncertain-effect for an approver that stopped."""
+    outcomes = [call_outcome(record) for record in others]
+    return verdict_now(at_close, [*outcomes, call_outcome(this)]), verdict_now(at_close, [*outcomes, outcome])
 
 
 # ---- what the tower says of a certificate (its words: REFUSED_AS, trust_summary): the run chain's results

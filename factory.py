@@ -107,7 +107,7 @@ from broker import (  # noqa: E402
     SET_BY_STAMP, SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally,
     UNPRINTABLE, allowed_by, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown, attempts_of,
     attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, card_text,
-    case_fields, cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, component_lines,
+    case_fields, cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, decided_line, component_lines,
     component_marks, contract_problems, contracts_assigned, created_lines, cut, decisions_in, detect, did_you_mean,
     doctor_lines, encodable, encoded_forms, evidence, evidence_span, executed_calls, executed_twins, figure_problem,
     first_refusal, flagged, fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results, harvest_run_of,
@@ -2790,11 +2790,9 @@ def closing(signer: Signer, body: dict, outcome: str):
     (broker.closing_verdicts; this call's `outcome`)."""
     def compose(claim: ClaimOnDisk) -> dict:
         run_id, call = claim.entry["run_id"], claim.entry["call"]
-        entries = verified_entries(claim.fac, claim.chain, lambda e: e["run_id"] == run_id)[0]
-        decided = decisions_in(entries)
-        states = [call_record(decided.get((run_id, n), [])).state
-                  for n in range(1, claim.staging[1] + 1) if n != call]   # each other call as it stands now
-        before, after = closing_verdicts(claim.verdict_at_close, [e for _, e in entries], states, outcome)
+        decided = decisions_in(verified_entries(claim.fac, claim.chain, lambda e: e["run_id"] == run_id)[0])
+        calls = {n: call_record(decided.get((run_id, n), [])) for n in {*range(1, claim.staging[1] + 1), call}}   # as they stand
+        before, after = closing_verdicts(claim.verdict_at_close, [r for n, r in calls.items() if n != call], calls[call], outcome)
         return signer.signed(claim.fac, {**body, "verdict_from": before, "verdict_to": after}, DECISION_UNSIGNED)
     return compose
 
@@ -2858,6 +2856,8 @@ class ClaimOnDisk(Claim):
                                                       self.entry["expires_at"]))
     read_back = cached_property(lambda self: read_back_attempts(self.fac, self.entry))
     recorded = cached_property(lambda self: Trace.read(self.fac, self.entry["run_id"], self.entry["agent"]))
+    attempts = cached_property(lambda self: (Trace.read(self.fac, self.entry["run_id"], self.entry["agent"]).later,
+                                             with_fields(self).record))   # in this order: see broker.not_carried_out
     staging = cached_property(lambda self: staging_of(self.fac, self.entry))
     one_line = staticmethod(one_line)
 
@@ -2953,7 +2953,7 @@ def staging_of(fac: Factory, entry: dict) -> tuple[str, int]:
 def call_standing(fac: Factory, entry: dict, decisions: list) -> tuple[str, str | None]:
     """(a parked call's state, the line naming a file its check could not read, else None), in approve's order:
     unsealed; its call_record's state unless pending; STANDING_GUARDS' (its agent may act, its run ended); else
-    pending (unknown when a file cannot be read)."""
+    pending (unknown when a file, or the trace's event that parked it, cannot be read)."""
     claim, unread = staged_call_claim(fac, entry), set()
     if evidence_problem(fac, entry):
         return "unsealed", None
@@ -2966,7 +2966,7 @@ def call_standing(fac: Factory, entry: dict, decisions: list) -> tuple[str, str 
     name, line = guard_results(claim, STANDING_GUARDS, Refusal, refusal_line, unread)[-1]
     if not line:
         return "pending", None
-    if unread:
+    if unread or name == "staged event":
         return "unknown", line
     return STANDING_STATES.get(name) or ("run never closed" if claim.staging[0] == "started" else "not staged"), None
 
@@ -5019,11 +5019,8 @@ def cmd_approve(fac: Factory, args) -> int:
     body = {"kind": "intent", **{key: entry[key] for key in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},
             "by": signer.name, "at": utc_now()}
     result = execute_staged_call(fac, entry["run_id"], entry["call"], Decision(signer.signed(fac, body, DECISION_UNSIGNED), signer))
-    executed = outcome_of(result) == "verified"
-    said = "ok, read back" if executed else f"{one_line(uncertain_said([result]))}; {closes([result])}"
-    print(f"{'executed' if executed else 'uncertain-effect'} {entry['tool']} for run {entry['run_id']} (call {entry['call']}): "
-          f"{said}; approved by {signer.name}; run verdict {result['verdict_from']} -> {result['verdict_to']}")
-    return 0 if executed else 1
+    print(decided_line(entry, result))
+    return 0 if outcome_of(result) == "verified" else 1
 
 
 @station(*STAGED_CALL, arg("--by", type=signer_name, required=True, metavar="NAME", help="who rejects: their signing key must be here"),
@@ -5042,17 +5039,16 @@ def cmd_reject(fac: Factory, args) -> int:
     body = {"kind": "rejected", "run_id": entry["run_id"], "call": entry["call"], "agent": entry["agent"],
             "by": signer.name, "at": utc_now(), "reason": args.reason}
     done = append_to_log(fac, "approvals", deciding(claim, REJECT_GUARDS, reconciled(signer, body)))
-    print(f"rejected {entry['tool']} for run {entry['run_id']} (call {entry['call']}); "
-          f"run verdict {done['verdict_from']} -> {done['verdict_to']}")
+    print(decided_line(entry, done))
     return 0
 
 
 def reconciled(signer: Signer, body: dict):
-    """compose(claim) for a rejection: closing's, with an uncertain effect's read-back."""
+    """compose(claim) for a rejection: closing's, with an uncertain effect's read-back (written: verified)."""
     def compose(claim: ClaimOnDisk) -> dict:
         written, found = claim.read_back if claim.record.state == "uncertain-effect" else (None, None)
-        checked = {"written": written, "found": found} if found else {}
-        return closing(signer, {**body, **checked}, "routed-to-human")(claim)
+        checked = {**body, "written": written, "found": found} if found else body
+        return closing(signer, checked, outcome_of(checked))(claim)
     return compose
 
 

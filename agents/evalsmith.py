@@ -23,12 +23,13 @@ is one the contract allows, so the case loads in `prove` once a human promotes i
 
 The run's free-text `why` is never echoed: like the input, it is data, not instructions.
 Evalsmith only proposes (`evals:propose`); promotion into a suite is a human edit. Its output's own
-hand-off field is `handoff`: true when the run holds no input text, or when the reference could not
+hand-off field is `handoff`: true when the run holds no input (text, or a JSON object), or when the reference could not
 say what the agent should have answered, so a human must decide the case (it goes to the review queue).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 
@@ -82,10 +83,16 @@ def run_id_of(flagged: dict) -> str:
     return _UNSAFE_ID.sub("-", raw)[:_MAX_RUN_ID]
 
 
+def input_of(flagged: dict) -> str | dict:
+    """The run's input as it was: text, or a non-empty JSON object ('' when the record has neither)."""
+    given = flagged.get("input")
+    return given if isinstance(given, str) or isinstance(given, dict) and given else ""
+
+
 def ticket_of(flagged: dict) -> str:
-    """The input text of the run ('' when the record has none)."""
-    text = flagged.get("input")
-    return text if isinstance(text, str) else ""
+    """The run's input as text: itself, or a JSON object's compact JSON ('' when the record has neither)."""
+    given = input_of(flagged)
+    return given if isinstance(given, str) else json.dumps(given, ensure_ascii=False, sort_keys=True)
 
 
 def is_blank(text: str) -> bool:
@@ -161,7 +168,7 @@ def rules(flagged: dict) -> tuple[list[tuple[str, dict]], dict]:
     run_id, ticket = run_id_of(record), ticket_of(record)
     expect, decided = expected(record)
     case_id = f"harvest-{run_id}"
-    case = {"id": case_id, "input": ticket, "expect": expect, "source": f"run:{run_id}"}
+    case = {"id": case_id, "input": input_of(record), "expect": expect, "source": f"run:{run_id}"}
     agent = str(record.get("agent") or "unknown")
     calls = [("evals:propose", {"agent": agent, "case": case})]
     output = {"case_id": case_id, "expect": expect, "reason": reason_for(record, expect),

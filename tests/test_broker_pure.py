@@ -197,6 +197,9 @@ SCENARIOS = {
         ("carried out", {}, {"recorded": {"later": [{"event": "effect_started", "call": 1}]}}, "carried out",
          f"<trace> records {CALL} as carried out already (effect_started), whatever <approvals> says; it will not be "
          f"executed again (see `pending`)."),
+        ("a winner since the log was read", {}, {"winner": ["executing", {"by": "bob", "at": "T1"}, [INTENT]],   # attempts' record
+                                                 "recorded": {"later": [{"event": "effect_started", "call": 1}]}}, "carried out",
+         f"{CALL} is being executed now: approved by bob at T1; see `pending` once it is done."),
     ],
     "execute": [
         ("holds", {"approval": {}}, {}, None, None),
@@ -285,6 +288,7 @@ def run_chains(broker) -> dict:
             runs, passes, lines, unsealed = evidence["production"]
             raised, tiers = [], []
             evidence.update(
+                attempts=(evidence["recorded"]["later"], broker.CallRecord(*evidence.pop("winner", evidence["record"]))),
                 agent=SimpleNamespace(**evidence["agent"], card=evidence["card"]), recorded=SimpleNamespace(**evidence["recorded"]),
                 chains={name: broker.Chain(f"registry/{name}.jsonl") for name in evidence["chains"]},
                 record=broker.CallRecord(*evidence["record"]), read_back=tuple(evidence["read_back"]),

@@ -519,6 +519,24 @@ class RecallAndHarvest(LineTest):
         code, out, err = self.factory("prove", "loose", "--json")
         self.assertEqual((json.loads(out)["passing_cases"], json.loads(out)["cases"]), (1, 1), out + err)
 
+    def test_a_run_whose_input_was_an_object_is_proposed_with_that_object_and_proves_as_a_case(self):
+        """harvest proposed `input: ""` for a run whose input was a JSON object (evalsmith read text only): the
+        proposal carries the object as the run had it, and prove loads it back once a human promotes it."""
+        ticket = {"subject": "card", "body": "How do I order a new card?"}
+        write_jsonl(self.tmp / "tickets.jsonl", [{"id": "t-1", "input": ticket}])
+        with FakeSage(yes_p=0.1) as gate:   # the gate says no: a flagged run
+            self.env.update(SAGE_ENDPOINT=gate.url, SAGE_API_KEY="sage-key")
+            self.assertEqual(self.factory("run", "triager", "--file", str(self.tmp / "tickets.jsonl"))[0], 0)
+            gate.yes_p = 0.95                # evalsmith's own gate passes its proposal
+            code, out, err = self.factory("harvest", "triager")
+        self.assertEqual(code, 0, err)
+        [case] = self.outbox_of_evals("triager")
+        self.assertEqual(case["input"], ticket)
+        write_jsonl(self.root / "evals" / "triager" / "cases.jsonl",
+                    [{**{k: case[k] for k in ("id", "input", "expect", "source")}, "label_source": "judged"}])
+        code, out, err = self.factory("prove", "triager", "--json")
+        self.assertEqual((json.loads(out)["passing_cases"], json.loads(out)["cases"]), (1, 1), out + err)
+
     def test_harvest_never_proposes_a_sealed_cases_input(self):
         sealed = self.root / "evals" / "triager" / "sealed.jsonl"
         case = {"id": "s-injection", "input": f"  {INJECTION.upper()}\t", "expect": {"escalate": True}, "source": "synthetic"}
@@ -1610,6 +1628,22 @@ class Approval(Tiered):
         self.assertIn("was already executed", self.refused("was already executed", "reject", self.run_id, "--by", "bob",
                                                            "--reason", "too late"))
 
+    def test_an_approver_that_read_the_log_just_before_the_winners_intent_names_the_winner(self):
+        """A losing approver reads the log (the call waits), then the winner appends its intent and begins its
+        effect (effect_started in the trace), then the loser's checks read the trace: it names the winner's
+        approval, as under the log's lock, not a log that disagrees with the trace."""
+        entry = factory.load_pending(self.fac, self.run_id, 1)
+        loser = factory.staged_call_claim(self.fac, entry)
+        self.assertEqual(loser.record.state, "pending")                          # the loser's read of the log
+        winner = factory.staged_call_claim(self.fac, entry, self.approval_by("bob"))
+        factory.append_to_log(self.fac, "approvals", factory.deciding(winner, (), factory.claiming(winner.approval)))
+        with (self.root / "traces" / "payer" / f"{self.run_id}.jsonl").open("a") as trace:   # its process (this one) runs
+            trace.write(json.dumps({"event": "effect_started", "call": 1, "path": "outbox/payer/refunds.jsonl",
+                                    "effect_id": "e-winner"}) + "\n")
+        line = factory.first_refusal(loser, factory.APPROVE_GUARDS)
+        self.assertEqual(line, f"billing:refund from run {self.run_id} (call 1) is being executed now: approved by bob at "
+                               f"{self.decisions()[0]['at']}; see `pending` once it is done.")
+
     def test_a_rejection_or_the_expiry_that_comes_first_wins_over_an_approval_signed_before_it(self):
         """An approval signed at the prompt reaches the executor after a reject, or after the call expired:
         refused naming what won (the rejecter and reason, the expiry); nothing is written."""
@@ -1767,6 +1801,27 @@ class Approval(Tiered):
         self.assertIn("its effect is uncertain", self.approve().stderr)
         self.assertEqual(len(self.effects("refunds")), 1)
 
+    def test_a_written_effect_closed_by_reject_says_so_and_its_run_is_verified(self):
+        """The approver is killed after its refund was written: reject closes the call saying the effect IS
+        written and that closing it does not undo it; its entry moves the run from uncertain-effect, as every
+        reader showed it, to verified (the gate passed and the effect was read back), in the log and the tower
+        alike, acted once."""
+        before = self.tower()["verdicts"]
+        with self.between_write_and_result() as child:
+            child.kill()
+        self.agree(0, 1, {"waiting-for-approval": 0, "uncertain-effect": 1, "verified": before["verified"]})
+        code, out, err = self.factory("reject", self.run_id, "--by", "bob", "--reason", "checked: it was paid")
+        self.assertEqual(code, 0, err)
+        self.assertIn(f"closed billing:refund for run {self.run_id} (call 1) as checked by hand: the effect IS written: "
+                      f"outbox/payer/refunds.jsonl holds effect ", out)
+        self.assertIn("; closing it does not undo it; run verdict uncertain-effect -> verified", out)
+        closed = self.decisions()[-1]
+        self.assertEqual((closed["kind"], closed["written"], closed["verdict_from"], closed["verdict_to"]),
+                         ("rejected", True, "uncertain-effect", "verified"))
+        self.agree(0, 0, {"waiting-for-approval": 0, "uncertain-effect": 0, "routed-to-human": before["routed-to-human"],
+                          "verified": before["verified"] + 1})
+        self.assertEqual((self.tower()["acted"], len(self.effects("refunds"))), (1, 1))
+
     def test_an_effect_that_does_not_read_back_fails_approve_and_is_never_retried(self):
         """wire:send moves money outside the root and hands back no receipt: its tool said ok but nothing
         reads its effect back, so approve exits 1 saying it is uncertain, as the run's verdict is, in the words
@@ -1801,11 +1856,34 @@ class Approval(Tiered):
         self.assertEqual(code, 1, err)
         self.assertIn(line, [a for a in json.loads(out)["agents"] if a["agent"] == "payer"][0]["problems"])
 
+    def test_a_parked_calls_trace_removed_or_cut_short_is_named_by_pending_and_the_tower(self):
+        """The trace of the run that parked a waiting call is removed, or cut before the event that parked it:
+        pending names it (exit 1) and no longer offers approve, the tower names it too (exit 1), and approve
+        refuses with the same line; reject still closes the call."""
+        cuts = {"no such file": Path.unlink,
+                "no call 1 was parked by that run": lambda trace: trace.write_bytes(b"".join(trace.read_bytes().splitlines(True)[:3]))}
+        for said, cut in cuts.items():
+            with self.subTest(said):
+                self.setUp()
+                cut(self.root / "traces" / "payer" / f"{self.run_id}.jsonl")
+                code, out, err = self.factory("pending")
+                self.assertEqual(code, 1, out)
+                self.assertNotIn("PENDING: approve executes it", out)
+                self.assertIn(f"{self.run_id} --call 1\tpayer\tbilling:refund", out)
+                self.assertIn(f"traces/payer/{self.run_id}.jsonl: {said}", err)
+                self.assertEqual(len(err.strip().split("\n")), 1, err)
+                code, out, err = self.factory("tower", "--json")
+                self.assertEqual(code, 1, err)
+                self.assertIn(f"traces/payer/{self.run_id}.jsonl: {said}", out)
+                self.assertIn(f"traces/payer/{self.run_id}.jsonl: {said}", self.approve().stderr)
+                self.assertEqual(self.factory("reject", self.run_id, "--by", "bob", "--reason", "its trace is gone")[0], 0)
+                self.assertEqual(self.effects("refunds"), [])
+
     def test_a_runs_verdict_counts_each_of_its_calls_as_it_stands(self):
         """A run that parked two refunds: call 2's approver is killed after its refund was written and before
         its result, then call 1 is approved: the run's verdict is uncertain-effect, not waiting-for-approval,
-        in the log and the tower alike; reject closes call 2 once checked by hand (it was paid) and the run
-        is routed to a human, both refunds counted as acted."""
+        in the log and the tower alike; reject closes call 2 once checked by hand (it was paid: read back) and
+        the run is verified, both refunds counted as acted."""
         before = self.tower()["verdicts"]
         server = FakeServer(Answer(body=anthropic_message(tool_uses=[LABEL_CALL, REFUND_CALL, (
             "m3", "billing__refund", {"reason": "another order", "amount_usd": 41})])), Answer(body=anthropic_message(CALM))).start()
@@ -1822,9 +1900,9 @@ class Approval(Tiered):
         self.agree(1, 1, {"waiting-for-approval": before["waiting-for-approval"], "uncertain-effect": 1})
         code, out, err = self.factory("reject", self.run_id, "--call", "2", "--by", "bob", "--reason", "checked: it was paid")
         self.assertEqual(code, 0, err)
-        self.assertIn("run verdict uncertain-effect -> routed-to-human", out)
+        self.assertIn("run verdict uncertain-effect -> verified", out)
         self.agree(1, 0, {"waiting-for-approval": before["waiting-for-approval"], "uncertain-effect": 0,
-                          "routed-to-human": before["routed-to-human"] + 1})
+                          "routed-to-human": before["routed-to-human"], "verified": before["verified"] + 1})
         self.assertEqual((self.tower()["acted"], len(self.effects("refunds"))), (2, 2))
         self.assertEqual(first_run, self.index_rows()[-2]["run_id"])
 
