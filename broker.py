@@ -613,6 +613,26 @@ def unique_keys(pairs: list) -> dict:
     return obj
 
 
+# ---- how a loop is assembled for each purpose (the factory's build_loop)
+
+@dataclass(frozen=True)
+class Mode:
+    """How a loop is assembled for one purpose."""
+    broker: str         # the broker's mode: dry (nothing executes, every call recorded) or run
+    own_tools: bool     # the agent's own tools, writing real effects under the root (else the ones given)
+    asks: bool          # a worker is asked (approve only carries out one stored call)
+    watched: bool       # the run gate reviews every step
+    spills: bool        # a tool result too long to send back is kept whole beside the trace
+
+
+MODES = {
+    "prove": Mode("dry", own_tools=False, asks=True, watched=False, spills=False),
+    "run": Mode("run", own_tools=True, asks=True, watched=True, spills=True),
+    "replay": Mode("run", own_tools=False, asks=True, watched=False, spills=False),
+    "approve": Mode("run", own_tools=True, asks=False, watched=False, spills=False),
+}
+
+
 # ---- a run's verdict
 
 @dataclass(frozen=True)
@@ -629,7 +649,8 @@ VERDICTS = (  # in display order
                         "a call whose approver stopped after writing it)", "#2e7d32"),
     Verdict("waiting-for-approval", "the gate passed; an acting call waits for a human's approval", "#f9a825"),
     Verdict("routed-to-human", "the gate said no or unsure, the cost was unknown or left the cost envelope, a "
-                               "model the card does not name answered, an acting call repeated, or the agent handed off", "#1565c0"),
+                               "model the card does not name answered, an acting call repeated, the broker denied a "
+                               "tool the agent asked for, or the agent handed off", "#1565c0"),
     Verdict("unscored", "the gate could not be reached: counted as neither a pass nor a fail", "#9e9e9e"),
     Verdict("escalated", "the step budget ran out, the answer was unusable, a model's reply could not be read, or "
                          "the run gate stopped it", "#ef6c00", True),
@@ -644,8 +665,8 @@ STATUS_VERDICTS = tuple(verdict.name for verdict in VERDICTS if verdict.of_statu
 def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertain: list[str], parked: int,
                 repeated: bool = False) -> str:
     """The run's one verdict (a VERDICTS name), from separate evidence: status, what is uncertain about its
-    effects (the factory's effect_problems), the gate, the agent's hand-off, an acting call it repeated (a
-    duplicate), acting calls parked for approval."""
+    effects (the factory's effect_problems), the gate, the agent's hand-off, `repeated`: an acting call it
+    repeated (a duplicate) or a tool the broker denied it, acting calls parked for approval."""
     if status in STATUS_VERDICTS:
         return status
     if uncertain:
@@ -678,11 +699,14 @@ def went(row: dict) -> str:
     """Where a run went, in the one wording `run`, `run --file` and `--json` all use."""
     if row["status"] == "refused":
         return f"not run: {row['why'][0]}"
+    recorded = sum(decision == "would-have" for _, decision, _ in row.get("settled", ()))
+    done = f" ({row['acted']} acting call(s) written)" * bool(row.get("acted")) + \
+        f" ({recorded} held call(s) recorded, not carried out at {row['tier']})" * bool(recorded)
     if row["routed"]:
-        return "routed to a human: " + "; ".join(row["why"])
+        return "routed to a human: " + "; ".join(row["why"]) + done
     if row["verdict"] == "waiting-for-approval":
-        return f"waiting for a human's approval: {row['staged']} acting call(s) parked (pending lists them)"
-    return "passed: no human needed"
+        return f"waiting for a human's approval: {row['staged']} acting call(s) parked (pending lists them)" + done
+    return "passed: no human needed" + done
 
 
 def run_lines(row: dict) -> list[str]:
@@ -918,14 +942,14 @@ class Settlement:
 
 
 def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
-           envelope: ActEnvelope = ActEnvelope(), held_back: str = "") -> list[Settlement]:
+           envelope: ActEnvelope = ActEnvelope(), held_back: str = "", denied: tuple = ()) -> list[Settlement]:
     """One Settlement per held call, in call order; decides only (pure).
 
     `tier` is the run's (C0..C3); `result` the output gate's result (only "pass" passes, and it
     already includes the run's problems: its cost, another model answering), `held_back` why it did not
     pass, in the run's words (default: the result); `handed_off` whether the agent's own output hands
     the run to a human; `gated` the (seq, tool, args digest) of every call the gate was shown;
-    `envelope` the run's act envelope. The table:
+    `envelope` the run's act envelope; `denied` the tools the broker denied in the run. The table:
 
         C0, any effect                        -> would-have
         C1..C3, any effect, gate not clear    -> review  (the human the run goes to sees what it proposed)
@@ -935,6 +959,8 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
           by_value), or carrying an earlier call's provider id -> duplicate, and the run goes to a human
         act at C2..C3, gate clear, beyond the act envelope -> park, and the run goes to a human
         act at C2, gate clear                 -> park
+        act at C3, gate clear, in a run that repeated an acting call or asked for a tool the broker denied
+          -> park, and the run goes to a human (a suspect run: a human decides each of its acting calls)
         act at C3, gate clear                 -> commit
 
     "Gate clear" means the gate passed, the agent did not hand off, and the gate saw this call with
@@ -954,7 +980,14 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
             else:
                 calls, usd = calls + 1, usd + envelope.usd_of(call)
         done.append(settlement)
-    return done
+    suspect = next((s.route for s in done if s.decision == "duplicate"), None) or denied_reason(denied)
+    return [Settlement(s.call, "park", f"held for a human: {suspect}", s.digest, suspect)
+            if suspect and s.call.effect == "act" and s.decision == "commit" else s for s in done]
+
+
+def denied_reason(denied) -> str | None:
+    """Why a run that asked for tools the broker denied (names, in call order) goes to a human; None for none."""
+    return f"the broker denied {', '.join(dict.fromkeys(denied))}, which the agent asked for" if denied else None
 
 
 def _settlement(call: Outcome, digest: str, tier: str, result: str, handed_off: bool, seen: frozenset,
@@ -1021,19 +1054,22 @@ def settled_phrase(decision: str, outcome: str | None) -> str:
             "duplicate": "not written: a duplicate of an earlier call of the run"}[decision]
 
 
+HANDED_OFF = "the agent handed it off"   # how routing_reasons says it, and how the tower counts it in a row's `why`
+
+
 def routing_reasons(status: str, loop, gate: dict, handed_off: bool, uncertain: list[str],
                     problems: list[str], routes: list) -> list[str]:
     """Why this run goes to a human (empty when it does not): its uncertain effects, each call's reason
-    (Settlement.route: a duplicate, the act envelope) once, status or the gate's own reason (judge's why),
+    (Settlement.route: a duplicate, the act envelope) and the tools the broker denied, each once, status or the gate's own reason (judge's why),
     the run's problems (as judge takes them: cost, another model answering), hand-off."""
-    reasons = uncertain + list(dict.fromkeys(routes))
+    reasons = uncertain + list(dict.fromkeys(routes + list(filter(None, [denied_reason(loop.broker.denials())]))))
     if status != "done":
         reasons.append(f"run {status}: {loop.reason}")
     elif gate["result"] != "pass" and gate["why"]:
         reasons.append(gate["why"])
     reasons += problems
     if handed_off:
-        reasons.append(f"the agent handed it off ({loop.agent.handoff_field}: true)")
+        reasons.append(f"{HANDED_OFF} ({loop.agent.handoff_field}: true)")
     return reasons
 
 # ---- a parked call's state: what its signed decisions make of it, for every reader alike
@@ -2766,6 +2802,7 @@ class Tally:
     unclosed: set = field(default_factory=set)   # run ids started and not (yet) closed: unfinished runs
     problems: list = field(default_factory=list)  # one line per index row of this agent that is misshapen
     moved: dict = field(default_factory=dict)     # verdict -> runs a human's decision moved into (+) or out of (-) it
+    handed_off: int = 0                  # runs the gate passed and the agent handed off (HANDED_OFF in `why`)
     unsealed: int = 0                    # gated rows whose evidence MAC does not verify: not counted at all
     unsealed_lines: list = field(default_factory=list)   # the first five of their line numbers
 
@@ -2785,6 +2822,8 @@ class Tally:
         key = f"{day}\t{row['gate']}\t{row['verdict']}\t{'' if p is None else int(p * P_BINS)}"
         outcomes[key] = outcomes.get(key, 0) + 1
         self.unclosed.discard(row["run_id"])
+        if row["gate"] == "pass" and row["why"]:   # routed though the gate passed: handed off, or another reason
+            self.handed_off += any(type(why) is str and why.startswith(HANDED_OFF) for why in row["why"])
         if acted or staged or row["denied"] or cost is None or substitutes:   # most runs add none of these
             self.acted, self.staged, self.denied = self.acted + acted, self.staged + staged, self.denied + len(row["denied"])
             self.cost_unknown, self.substituted = self.cost_unknown + (cost is None), self.substituted + bool(substitutes)
@@ -2812,7 +2851,7 @@ class Tally:
         """The agent's run figures for the tower document, every rate worked out here (renderers only format)."""
         days = {day: [0, 0, 0] for day in sorted(self.spent)}            # runs, scored, passed
         verdicts = dict.fromkeys((v.name for v in VERDICTS), 0)
-        p_bins, unscored, handed_off = [0] * P_BINS, 0, 0
+        p_bins, unscored = [0] * P_BINS, 0
         for key, runs in self.outcomes.items():
             day, gate, verdict, tenth = key.split("\t")
             counts = days[day]
@@ -2820,7 +2859,6 @@ class Tally:
             counts[1] += runs * (gate in GATED)
             counts[2] += runs * (gate == "pass")
             unscored += runs * (gate in UNREACHED)
-            handed_off += runs * (gate == "pass" and verdict == "routed-to-human")   # the gate passed, the agent handed off
             if verdict in verdicts:
                 verdicts[verdict] += runs
             if tenth:
@@ -2833,7 +2871,7 @@ class Tally:
         return {"runs": runs, "unfinished": len(self.unclosed), "scored": scored, "passed": passed,
                 "pass_rate": rate_of(passed, scored), "pass_interval": part(passed, scored)["interval"] if scored else None,
                 "unscored": unscored, "acted": self.acted,
-                "staged": self.staged, "denied": self.denied, "cost_unknown": self.cost_unknown, "handed_off": handed_off,
+                "staged": self.staged, "denied": self.denied, "cost_unknown": self.cost_unknown, "handed_off": self.handed_off,
                 "cost_usd": None if cost is None else usd(sum(self.spent.values(), cost)),
                 "backends": sorted(self.backends), "models": dict(sorted(self.models.items())), "substituted": self.substituted,
                 "unsealed": self.unsealed,

@@ -101,23 +101,24 @@ own_module("broker")   # registered: the import below reads no file of its own
 from broker import (  # noqa: E402
     APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
     CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
-    ENTRYPOINT, EXECUTE_GUARDS, FINAL, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested,
-    IndexTally, LABEL_SOURCES, LONE_SURROGATE, NAME, NEW_CASES, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome,
-    PASSING, PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS,
-    SET_BY_STAMP, SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally,
+    ENTRYPOINT, EXECUTE_GUARDS, FINAL, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IndexTally,
+    LABEL_SOURCES, LONE_SURROGATE, MODES, NAME, NEW_CASES, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, PASSING,
+    PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SET_BY_STAMP,
+    SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally,
     UNPRINTABLE, allowed_by, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown, attempts_of,
     attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, card_text,
-    case_fields, cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, decided_line, component_lines,
-    component_marks, contract_problems, contracts_assigned, created_lines, cut, decisions_in, detect, did_you_mean,
-    doctor_lines, encodable, encoded_forms, evidence, evidence_span, executed_calls, executed_twins, figure_problem,
-    first_refusal, flagged, fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results, harvest_run_of,
-    head_problem, held_draft, in_shard, input_problem, is_blank, json_position, json_state, judge, judged_tier,
-    junit_xml, label_source_problem, line_verifies, lone_surrogate, merge_shards, newer, no_contract, normalised,
-    one_line, outcome_of, output_field_problems, paired_text, parked_counts, parse_setting, part, plain_imports, printable,
-    proof_figures, proof_summary, proof_verdict, quiet_denials, rate_text, recall_refusal, recorder_tools, redact,
-    reject_constant, render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts,
-    reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines,
-    settle, shard_line, share, shared_inputs, signed_index, standing_recall, state_column, substitution, task_text,
+    case_fields, cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading,
+    component_lines, component_marks, contract_problems, contracts_assigned, created_lines, cut, decided_line,
+    decisions_in, detect, did_you_mean, doctor_lines, encodable, encoded_forms, evidence, evidence_span,
+    executed_calls, executed_twins, figure_problem, first_refusal, flagged, fold_decisions, from_state,
+    gate_content, gate_lines, grants_line, guard_results, harvest_run_of, head_problem, held_draft, in_shard,
+    input_problem, is_blank, json_position, json_state, judge, judged_tier, junit_xml, label_source_problem,
+    line_verifies, lone_surrogate, merge_shards, newer, no_contract, normalised, one_line, outcome_of,
+    output_field_problems, paired_text, parked_counts, parse_setting, part, plain_imports, printable, proof_figures,
+    proof_summary, proof_verdict, quiet_denials, rate_text, recall_refusal, recorder_tools, redact, reject_constant,
+    render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts, reviews_text,
+    routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines, settle,
+    shard_line, share, shared_inputs, signed_index, standing_recall, state_column, substitution, task_text,
     ticket_problem, tool_list, tower_lines, twin_lines, uncertain_said, unique_keys, usd, utf8, visible, went,
     written_schema)
 
@@ -3481,24 +3482,6 @@ def index_lines(fac: Factory, start: tuple[int, int] = (0, 0)) -> Iterator[tuple
 
 # ---- assembling a loop: the one place a broker and a loop are put together
 
-@dataclass(frozen=True)
-class Mode:
-    """How a loop is assembled for one purpose."""
-    broker: str         # the broker's mode: dry (nothing executes, every call recorded) or run
-    own_tools: bool     # the agent's own tools, writing real effects under the root (else the ones given)
-    asks: bool          # a worker is asked (approve only carries out one stored call)
-    watched: bool       # the run gate reviews every step
-    spills: bool        # a tool result too long to send back is kept whole beside the trace
-
-
-MODES = {
-    "prove": Mode("dry", own_tools=False, asks=True, watched=False, spills=False),
-    "run": Mode("run", own_tools=True, asks=True, watched=True, spills=True),
-    "replay": Mode("run", own_tools=False, asks=True, watched=False, spills=False),
-    "approve": Mode("run", own_tools=True, asks=False, watched=False, spills=False),
-}
-
-
 def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients, run_id: str | None) -> "llm.Worker":
     """The agent's llm.Worker, sharing the station's circuit breaker; `run_id` gives its traceparent."""
     return llm.Worker(model=agent.card["model"], env=fac.env, rules=agent.rules, task_input=task_input,
@@ -3590,8 +3573,13 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
         settled = Settled() if status == "interrupted" else settle_held(fac, agent, cert, trace, loop.broker, tier, gate, handed_off, loop.output)
         uncertain = effect_problems(fac, loop.broker.committed, settled)
         verdict = run_verdict(status, gate["result"], not gate["problems"], handed_off, uncertain, settled.parked,
-                              any(row[1] == "duplicate" for row in settled.rows))
+                              any(row[1] == "duplicate" for row in settled.rows) or bool(loop.broker.denials()))
         reasons = routing_reasons(status, loop, gate, handed_off, uncertain, gate["problems"], settled.routes)
+        if reasons and status != "interrupted" and not settled.parked + settled.review and isinstance(loop.output, dict):
+            said = queue_review(fac, agent, trace, gate, [{"seq": 1, "tool": OUTPUT_ITEM, "effect": "none",   # a
+                                                           "args": loop.output, "why": "; ".join(reasons)}])   # human has only this
+            settled.review += "path" in said
+            settled.lost += [f"its output could not be queued for review ({said['error']})"] if "error" in said else []
         row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
                "status": status, "reason": loop.reason, "verdict": verdict, "gate": gate["result"], "p": gate["p"],
                "gate_line": gate["line"], "cost_line": cost, "backends": sorted(set(loop.backends)), "cost_usd": loop.cost,
@@ -3645,16 +3633,8 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
         trace.record(event)
         done.rows.append([settlement.call.tool, settlement.decision, event.get("ruling") or event.get("error")])
         done.routes += [settlement.route] if settlement.route else []
-    def queue(rows: list[dict]) -> dict:   # in one write: {"path": the queue} or {"error": why not}
-        path = fac.review_path(agent.name)
-        trace.flush()   # the trace first: its gate event on disk before a row names the run
-        try:
-            fac.store.append_lines(path, [{"run_id": trace.run_id, **row, "routed": "human", **tags, "at": utc_now()} for row in rows])
-            return {"path": fac.shown(path)}
-        except OSError as error:
-            return {"error": f"{type(error).__name__}: {error.strerror or error}"}
     def to_review() -> None:   # then their events, naming the queue or why it could not be written
-        said = queue([{"seq": s.call.seq, "tool": s.call.tool, "effect": s.call.effect, "args": s.call.args, "why": s.why}
+        said = queue_review(fac, agent, trace, gate, [{"seq": s.call.seq, "tool": s.call.tool, "effect": s.call.effect, "args": s.call.args, "why": s.why}
                       for s, _ in drafts])
         for settlement, event in drafts:
             done.review += "path" in said
@@ -3662,7 +3642,8 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
             settled(settlement, {**event, **said})
         drafts.clear()
     held_back = "; ".join(filter(None, (gate["why"], *gate.get("problems", ()))))   # why the gate did not pass, in full
-    for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"], agent.act_envelope, held_back):
+    for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"], agent.act_envelope, held_back,
+                             tuple(broker.denials())):
         call, decision = settlement.call, settlement.decision
         event = {"event": "settled", "at": utc_now(), "seq": call.seq, "tool": call.tool, "args_digest": settlement.digest,
                  "decision": decision, "why": settlement.why}
@@ -3686,11 +3667,20 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
         settled(settlement, event)
     if drafts:
         to_review()
-    if not broker.held and isinstance(output, dict) and (handed_off or gate["result"] != "pass"):   # a human has only this
-        said = queue([{"seq": 1, "tool": OUTPUT_ITEM, "effect": "none", "args": output, "why": held_back}])
-        done.review += "path" in said
-        done.lost += [f"its output could not be queued for review ({said['error']})"] if "error" in said else []
     return done
+
+
+def queue_review(fac: Factory, agent: Agent, trace: Trace, gate: dict, rows: list[dict]) -> dict:
+    """Append a run's rows to its agent's review queue in one write, the trace (its gate event) on disk first:
+    {"path": the queue} or {"error": why not}."""
+    path = fac.review_path(agent.name)
+    trace.flush()
+    try:
+        fac.store.append_lines(path, [{"run_id": trace.run_id, **row, "routed": "human", "gate": gate["result"],
+                                       "p": gate["p"], "at": utc_now()} for row in rows])
+        return {"path": fac.shown(path)}
+    except OSError as error:
+        return {"error": f"{type(error).__name__}: {error.strerror or error}"}
 
 
 def park(fac: Factory, agent: Agent, cert: dict, trace: Trace, call: int, outcome: Outcome, gate: dict, output) -> Path:

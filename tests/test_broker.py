@@ -318,7 +318,8 @@ class Settle(unittest.TestCase):
     def test_an_acting_call_repeated_in_the_run_is_a_duplicate_whatever_the_gate_said(self):
         """The same refund twice (tool and canonical arguments, keys in another order), and another refund
         carrying the provider call id of an earlier call of the run (a read here): each recorded as a
-        duplicate, committed nowhere, and the run routed; drafts repeated are not acting calls."""
+        duplicate, committed nowhere, and the run routed; the first is parked, not written (a run that repeats an acting
+        call is suspect: a human decides each of its acting calls); drafts repeated are not acting calls."""
         contracts = {"a:pay": {"effect": "act", "params": {"type": "object"}}, "a:read": {"effect": "read", "params": {}},
                      "a:draft": {"effect": "draft", "params": {}}}
         desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C3"), contracts,
@@ -334,7 +335,7 @@ class Settle(unittest.TestCase):
         for result in ("pass", "flag"):
             settled = broker.settle(calls, "C3", result, False, shown(calls), wide)
             decisions = [s.decision for s in settled]
-            self.assertEqual(decisions, ["commit", "duplicate", "duplicate", "commit", "commit"] if result == "pass"
+            self.assertEqual(decisions, ["park", "duplicate", "duplicate", "commit", "commit"] if result == "pass"
                              else ["review"] * 5)   # flagged: the human sees every call it proposed
         settled = broker.settle(calls, "C3", "pass", False, shown(calls), wide)
         self.assertEqual([s.route for s in settled[1:3]], ["a duplicate of call 2: the same tool and arguments (by value)",
@@ -342,6 +343,21 @@ class Settle(unittest.TestCase):
         self.assertEqual([s.decision for s in broker.settle(calls, "C2", "pass", False, shown(calls), wide)][:3],
                          ["park", "duplicate", "duplicate"], "a parked call is not parked again")
         self.assertIn("duplicate", broker.SETTLEMENTS)
+        self.assertEqual((settled[0].why, settled[0].route), ("held for a human: " + settled[1].route, settled[1].route))
+
+    def test_a_run_that_asked_for_a_denied_tool_commits_no_acting_call(self):
+        """At C3 with the gate clear, a run whose agent asked for a tool the broker denied (an injection's
+        sign, or an output claiming what never happened) parks each acting call for a human, naming the
+        denied tools, and still commits its drafts; a run with no denial commits both."""
+        contracts = {"a:pay": {"effect": "act", "params": {"type": "object"}}, "a:draft": {"effect": "draft", "params": {}}}
+        desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C3"), contracts, {}, "run", [].append)
+        desk.carry_out("a:pay", {"amount_usd": 5})
+        desk.carry_out("a:draft", {"text": "paid"})
+        calls, wide = list(desk.held), broker.ActEnvelope(10, 1000, {"a:pay": ("amount_usd",)})
+        denied = broker.settle(calls, "C3", "pass", False, shown(calls), wide, denied=("a:void", "a:void", "b:x"))
+        self.assertEqual([(s.decision, s.route) for s in denied], [
+            ("park", "the broker denied a:void, b:x, which the agent asked for"), ("commit", "")])
+        self.assertEqual([s.decision for s in broker.settle(calls, "C3", "pass", False, shown(calls), wide)], ["commit", "commit"])
 
     def test_arguments_equal_by_value_are_duplicates(self):
         """40, 40.0, 4e1 and 40.00 are one amount and 0 and -0.0 another; a reason in NFC and in NFD is one text
@@ -359,9 +375,9 @@ class Settle(unittest.TestCase):
         for spellings in (("40", "40.0", "4e1", "40.00", "4.0E+1"), ("0", "-0.0", "0e5")):
             with self.subTest(spellings=spellings):
                 self.assertEqual(settled(*(f'{{"amount_usd": {n}, "reason": "twice"}}' for n in spellings)),
-                                 ["commit"] + ["duplicate"] * (len(spellings) - 1))
+                                 ["park"] + ["duplicate"] * (len(spellings) - 1))
         self.assertEqual(settled('{"amount_usd": 40, "reason": "caf\\u00e9"}', '{"amount_usd": 40, "reason": "cafe\\u0301"}'),
-                         ["commit", "duplicate"])
+                         ["park", "duplicate"])
         self.assertEqual(settled('{"amount_usd": 40, "reason": "x"}', '{"amount_usd": 40, "reason": "x "}',
                                  '{"amount_usd": 40, "reason": "\\uff58"}', '{"amount_usd": 40.5, "reason": "x"}'), ["commit"] * 4)
         desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C2"), contracts, {}, "run", [].append)

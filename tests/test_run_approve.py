@@ -327,7 +327,7 @@ class DeclaredHandoff(LineTest):
     def test_handoff_true_is_a_hand_off(self):
         row, out = self.run_faq("I want a refund for the last charge.")
         self.assertEqual((row["gate"], row["verdict"]), ("pass", "routed-to-human"))
-        self.assertIn("routed to a human: the agent handed it off (handoff: true).", out)
+        self.assertIn("; the agent handed it off (handoff: true).", out)
         self.assertEqual(self.outbox("faq", "drafts"), [])
         self.assertEqual([(r["args"]["text"], r["why"]) for r in self.outbox("faq", "review")],
                          [("We will refund you today.", "the agent handed off to a human")])
@@ -708,10 +708,12 @@ class EffectsByTier(Tiered):
                 flagged = self.refund_run()
                 after_flag = self.counts()
                 self.assertEqual(after_flag[:3], before[:3], "a failing gate writes nothing out")
-                self.assertEqual(after_flag[3] - before[3], 0 if tier == "C0" else 2, "its label and refund wait for a human")
+                self.assertEqual(after_flag[3] - before[3], 1 if tier == "C0" else 2, "its label and refund (at C0, which "
+                                 "holds nothing for a human, its output) wait for a human")
                 self.assertEqual(flagged["verdict"], "routed-to-human")
                 listed = self.factory("review", "payer")[1].split(f"{flagged['run_id']}  queued ")[1:]
-                self.assertEqual([line.split("  ", 2)[2] for line in "".join(listed[:1]).splitlines() if "--seq" in line], [] if
+                self.assertEqual([line.split("  ", 2)[2] for line in "".join(listed[:1]).splitlines() if "--seq" in line], [
+                                 'output {"label": "billing", "escalate": false, "draft": "We are looking into the double charge."}'] if
                                  tier == "C0" else ['issues:label {"label": "billing", "escalate": false}', 'billing:refund '
                                  '{"reason": "charged twice for one order", "amount_usd": 40}  (an acting call: not carried '
                                  'out; do it by hand, or not)'], "the human the run went to sees its held label and refund")
@@ -726,8 +728,11 @@ class EffectsByTier(Tiered):
                 self.assertIn(f'{refund} for one order"}} (on yes: {on_yes})', content)
                 self.assertEqual(passed["tier"], tier)
                 self.assertEqual(passed["verdict"], {"C2": "waiting-for-approval"}.get(tier, "verified"))
-                went = {"C2": "waiting for a human's approval: 1 acting call(s) parked (pending lists them)."}
-                self.assertIn(f"\n{went.get(tier, 'passed: no human needed.')}\nverdict ", self.last_out)
+                went = {"C0": "passed: no human needed (2 held call(s) recorded, not carried out at C0).",
+                        "C1": "passed: no human needed (1 held call(s) recorded, not carried out at C1).",
+                        "C2": "waiting for a human's approval: 1 acting call(s) parked (pending lists them).",
+                        "C3": "passed: no human needed (1 acting call(s) written)."}
+                self.assertIn(f"\n{went[tier]}\nverdict ", self.last_out)
                 self.assertEqual("passed" in self.last_out, tier != "C2", "a run waiting for a human never says passed")
 
     def test_the_gate_sees_every_held_call_before_anything_is_written(self):
@@ -851,10 +856,11 @@ class AtC3(Tiered):
         [model] = [e for e in self.traces("payer")[-1] if e.get("event") == "model"]
         self.assertTrue(model["attempts"][0]["error"].startswith("malformed response: "))
 
-    def test_an_acting_call_repeated_in_a_run_is_committed_once_whatever_the_gate_said(self):
+    def test_an_acting_call_repeated_in_a_run_is_parked_once_whatever_the_gate_said(self):
         """The refund asked for again in a later turn under the same provider call id, then five times in
-        one turn: written once, each repeat recorded as a duplicate (nothing parked), the run routed to a
-        human naming the duplicate, though the gate passed it."""
+        one turn: nothing written, the first parked for a human (a run that repeats an acting call is suspect:
+        a human decides each of its acting calls, so pending lists it), each repeat recorded as a duplicate,
+        the run routed to a human naming the duplicate, though the gate passed it."""
         again = ("m2", "billing__refund", dict(REFUND_CALL[2]))
         five = [(f"m{n}", "billing__refund", dict(REFUND_CALL[2])) for n in range(3, 8)]
         server = FakeServer(*(Answer(body=anthropic_message(tool_uses=uses)) for uses in ([LABEL_CALL, REFUND_CALL], [again], five)),
@@ -863,11 +869,37 @@ class AtC3(Tiered):
         self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
         row = self.run_payer(CHARGED)[0]
         self.offline()
-        self.assertEqual((len(self.effects("refunds")), row["acted"], row["staged"], row["gate"]), (1, 1, 0, "pass"))
+        self.assertEqual((len(self.effects("refunds")), row["acted"], row["staged"], row["gate"]), (0, 0, 1, "pass"))
         settled = [e for e in self.traces("payer")[-1] if e.get("event") == "settled" and e["tool"] == "billing:refund"]
-        self.assertEqual([e["decision"] for e in settled], ["commit"] + ["duplicate"] * 6)
+        self.assertEqual([e["decision"] for e in settled], ["park"] + ["duplicate"] * 6)
+        self.assertEqual(settled[0]["why"], "held for a human: a duplicate of call 2: the same tool and arguments (by value)")
+        self.assertEqual(self.factory("pending")[1].count("\tpayer\tbilling:refund"), 1)
         self.assertEqual(row["verdict"], "routed-to-human")
         self.assertIn("a duplicate of call 2: the same tool and arguments (by value)", row["why"])
+
+    def test_a_run_that_asked_for_a_denied_tool_moves_no_money_and_reaches_a_human(self):
+        """At C3 the model asks for a tool the broker denies (no contract) and a refund the gate passes: the
+        refund is parked for a human, not written (the run is suspect), and the run is routed naming the
+        denial. Asked for the denied tool alone, the run holds nothing, so its output is what goes to the
+        review queue, with why; the tower counts neither run as the agent's hand-off."""
+        denied = ("m9", "vault__open", {"door": "all"})
+        server = FakeServer(Answer(body=anthropic_message(tool_uses=[LABEL_CALL, denied, REFUND_CALL])),
+                            Answer(body=anthropic_message(CALM)), Answer(body=anthropic_message(tool_uses=[denied])),
+                            Answer(body=anthropic_message(CALM))).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        before, queued = len(self.effects("refunds")), len(self.effects("review"))
+        row = self.run_payer(CHARGED)[0]
+        self.assertEqual((len(self.effects("refunds")) - before, row["acted"], row["staged"], row["gate"], row["verdict"]),
+                         (0, 0, 1, "pass", "routed-to-human"))
+        self.assertIn("the broker denied vault:open, which the agent asked for", row["why"])
+        alone = self.run_payer(CHARGED)[0]
+        self.offline()
+        self.assertEqual((alone["verdict"], alone["why"]), ("routed-to-human", ["the broker denied vault:open, which the agent asked for"]))
+        [item] = [q for q in self.effects("review")[queued:] if q["run_id"] == alone["run_id"]]
+        self.assertEqual((item["tool"], item["args"], item["why"]), ("output", json.loads(CALM), alone["why"][0]))
+        code, out, err = self.factory("tower", "--json")
+        self.assertEqual([a["handed_off"] for a in json.loads(out)["agents"] if a["agent"] == "payer"], [0], err)
 
     def test_replay_of_a_run_that_moved_money_reports_no_difference(self):
         row = self.refund_run()

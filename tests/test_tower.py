@@ -152,6 +152,19 @@ class TowerHtmlTest(unittest.TestCase):
         for table in charts.values():   # the by-day table's bar column had no header
             self.assertTrue(all((cell.text or "").strip() for cell in table.find("tr")), table.get("data-chart"))
 
+    def test_only_runs_the_agent_handed_off_are_counted_as_handed_off(self):
+        """A run the gate passed that went to a human for another reason (a duplicate acting call, a denied
+        tool) is not counted as handed off by the agent: only one whose `why` says it handed off (it counted
+        every gate-passed routed-to-human run)."""
+        tally, row = broker.Tally(), {"run_id": "r", "at": "2026-12-01T00:00:00.000000Z", "gate": "pass", "p": 0.9,
+                                      "verdict": "routed-to-human", "acted": 0, "staged": 0, "denied": [], "backends": [],
+                                      "cost_usd": 0.0}
+        for n, why in enumerate([["a duplicate of call 2: the same tool and arguments (by value)"],
+                                 ["the broker denied a:void, which the agent asked for"],
+                                 ["the broker denied a:void, which the agent asked for", f"{broker.HANDED_OFF} (needs_review: true)"]]):
+            self.assertTrue(tally.add({**row, "run_id": f"r{n}", "why": why}))
+        self.assertEqual(tally.figures(factory.Drift(None))["handed_off"], 1)
+
     def test_the_pass_column_carries_its_n_and_interval(self):
         """The pass column showed a bare 88.6% (its n and interval only on a line below, the point rounded there
         and cut here): now the cell is the rate as every other rate is printed."""
