@@ -821,10 +821,12 @@ def created_lines(name: str, source: str | None, kept: int, removed: int, root: 
             f"it (the README's \"Your first agent\")"]
 
 
-def restamp_lines(master: str, restamped: list[str], revoked: list[str], skipped: list[str]) -> list[str]:
-    """What `restamp MASTER` prints of the variants it re-derived, revoked and skipped."""
+def restamp_lines(master: str, restamped: list[str], revoked: list[str], unchanged: list[str], skipped: list[str]) -> list[str]:
+    """What `restamp MASTER` prints of the variants it re-derived, revoked, found unchanged and skipped."""
     return [f"restamped {len(restamped)} variant(s) from {master}: {restamped}",
             f"revoked {len(revoked)} certificate(s): {revoked}",
+            *[f"unchanged {len(unchanged)} variant(s), derived again from {master} as their cards already are (nothing "
+              f"revoked, nothing to re-prove): {unchanged}"] * bool(unchanged),
             *[f"skipped {len(skipped)} variant(s) the lineage log knows but that have no card (retired, or a stamp "
               f"that stopped before its card: stamping it again finishes it), with their own variants: {skipped}"] * bool(skipped),
             *["re-prove and re-certify before these run again."] * bool(restamped)]
@@ -1667,9 +1669,9 @@ def verdict_why(proof: dict) -> str | None:
         return (f"the hand-off recall's 95% lower bound is under the hand-off bar {handoff['bar']}" +
                 (f": {fewer}" if fewer else ""))
     if verdict == "RUBRIC UNSCORED":
-        return f"the card's draft rubric scored nothing ({proof['draft_check']}); a rubric that could not be scored is not passed"
+        return f"the card's draft rubric scored nothing ({proof['rubric_check']}); a rubric that could not be scored is not passed"
     if verdict == "PASS WITHOUT RUBRIC":
-        return (f"the card's draft rubric never ran ({rubric_field(proof)}:{proof['draft_check']}): the cases passed, no "
+        return (f"the card's draft rubric never ran ({rubric_field(proof)}:{proof['rubric_check']}): the cases passed, no "
                 f"{rubric_field(proof)} was scored; certify signs C0 or C1 on it, never C2 or C3")
     if verdict == "MODEL UNANSWERED":
         missing, models = proof["cases"] - proof["model_answered"], ", ".join(m or "none named" for m in proof["models"])
@@ -1680,12 +1682,12 @@ def verdict_why(proof: dict) -> str | None:
 
 def parts_lines(proof: dict) -> list[str]:
     """The proof's parts, each k/n with its 95% interval or, under MIN_SLICE cases, too few to judge: real
-    tickets and synthetic ones; each real source; the cases by each expected label (as prove and certify show)."""
+    cases and synthetic ones; each real source; the cases by each expected label (as prove and certify show)."""
     def listed(parts: dict) -> str:
         return "; ".join(f"{name} {part_text(one, whole=False)}" for name, one in parts.items())
     real = {name: one for name, one in proof.get("by_source", {}).items() if name != "synthetic"}
     return ["   ".join(f"{label} {part_text(proof[key], whole=False)}" if proof[key]["cases"] else f"{label}: none"
-                       for key, label in (("real", "real tickets"), ("synthetic", "synthetic")))] + \
+                       for key, label in (("real", "real cases"), ("synthetic", "synthetic")))] + \
         [f"by source: {listed(real)}"] * bool(real) + \
         [f"by expected {key}: {listed(values)}" for key, values in proof.get("by_expected", {}).items()] + \
         [f"label sources: {label_text(proof['label_sources'])}"] * ("label_sources" in proof) + \
@@ -1702,7 +1704,7 @@ def proof_summary(proof: dict) -> list[str]:
         ": a production run whose cost is unknown never passes the gate"
     return [f"{proof['agent']} [{proof['half']} half of {proof['suite']}] {part_text(proof, proof['pass_bar'])} "
             f"(bar {proof['pass_bar']} on the lower bound) {proof['verdict']}   denials:{proof['tool_denials']}   "
-            f"{rubric_field(proof)}:{proof['draft_check']}", *(f"  {line}" for line in [*parts, verdict_why(proof), cost] if line),
+            f"{rubric_field(proof)}:{proof['rubric_check']}", *(f"  {line}" for line in [*parts, verdict_why(proof), cost] if line),
             *(f"  failed {one}" if isinstance(one, str) else f"  failed {one['id']}: {one['why']}" for one in proof["failures"])]
 
 
@@ -1718,7 +1720,7 @@ def handoff_text(handoff: dict) -> str:
 def failure_type(proof: dict, result: dict) -> str:
     """'' for a case that passed; else what kind of miss, JUnit's `type`: run-STATUS (run-crashed among them),
     model-unanswered (with --require-model), wrong-output, tool-denied, nothing-to-score (no text in the
-    rubric's field) or draft-under-min; `sealed` for a sealed case that failed (a crash is still one)."""
+    rubric's field) or rubric-under-min; `sealed` for a sealed case that failed (a crash is still one)."""
     if proof.get("model_required") and not result["answered"]:
         return "model-unanswered"
     if result["passed"]:
@@ -1728,7 +1730,7 @@ def failure_type(proof: dict, result: dict) -> str:
     if proof["half"] == "sealed":
         return "sealed"
     return "wrong-output" if result["wrong"] else "tool-denied" if result["unexpected_denials"] else \
-        "nothing-to-score" if result["unscorable"] else "draft-under-min"
+        "nothing-to-score" if result["unscorable"] else "rubric-under-min"
 
 
 def failure_message(half: str, result: dict, field_name: str) -> str:
@@ -1746,9 +1748,9 @@ def failure_message(half: str, result: dict, field_name: str) -> str:
         parts.append(f"{tool!r} is no tool of this agent" + (f" (did you mean {near!r}?)" if near else ""))
     if result["unscorable"]:
         parts.append(f"{field_name}: missing: the rubric has nothing to score")
-    if result["draft_score"] is not None:
-        low = result.get("draft_min") is not None and result["draft_score"] < result["draft_min"]
-        parts.append(f"{field_name} {result['draft_score']:.1f}/4" + f", under the rubric's min {result.get('draft_min')}" * low)
+    if result["rubric_score"] is not None:
+        low = result.get("rubric_min") is not None and result["rubric_score"] < result["rubric_min"]
+        parts.append(f"{field_name} {result['rubric_score']:.1f}/4" + f", under the rubric's min {result.get('rubric_min')}" * low)
     return "; ".join(parts) or "failed"
 
 
@@ -1770,20 +1772,20 @@ def junit_xml(proof: dict, results: list[dict], seconds: float) -> str:
             missed.append(f"{result['id']} ({kind}): {why}")
         elif kind:
             ET.SubElement(case, "error" if kind in ("run-crashed", "model-unanswered") else "failure", type=kind, message=why).text = why
-        if proof["rubric"] != "none" and result["draft_score"] is None:   # the rubric check of this case did not run
-            unrun = ": missing: the rubric has nothing to score" if result["unscorable"] else f":{proof['draft_check']}"
+        if proof["rubric"] != "none" and result["rubric_score"] is None:   # the rubric check of this case did not run
+            unrun = ": missing: the rubric has nothing to score" if result["unscorable"] else f":{proof['rubric_check']}"
             ET.SubElement(ET.SubElement(suite, "testcase", classname=f"factory.{name}", name=f"{result['id']} rubric",
                                         time="0.000"), "skipped", message=field_name + unrun)
     bar = ET.SubElement(suite, "testcase", classname=f"factory.{name}", name="pass bar", time="0.000")
     verdict, score = proof["verdict"], part_text(proof, proof["pass_bar"])
-    why = f"{verdict}: {score} (bar {proof['pass_bar']} on the lower bound), {field_name}:{proof['draft_check']}"
+    why = f"{verdict}: {score} (bar {proof['pass_bar']} on the lower bound), {field_name}:{proof['rubric_check']}"
     why += f"; {verdict_why(proof)}" if verdict_why(proof) else ""
     if not proof["passed"]:
         ET.SubElement(bar, "failure", type=verdict.lower().replace(" ", "-"), message=why).text = why
     parts = [("real", proof["real"]), ("synthetic", proof["synthetic"])] + \
         [(f"source.{name}", one) for name, one in proof["by_source"].items() if name != "synthetic"] + \
         [(f"expected.{key}.{name}", one) for key, values in proof["by_expected"].items() for name, one in values.items()]
-    for key, value in [(key, proof[key]) for key in JUNIT_PROPERTIES] + [("missed", len(missed))] + \
+    for key, value in [(key, proof[key]) for key in JUNIT_PROPERTIES if proof.get(key) is not None] + [("missed", len(missed))] + \
             [(name, part_text(one, whole=False) if one["cases"] else "none") for name, one in parts] + \
             [("label_sources", label_text(proof["label_sources"]))] + [("handoff_bar", proof["handoff"]["bar"])] * \
             (proof["handoff"]["bar"] is not None) + \
@@ -1811,8 +1813,8 @@ def xml_safe(text: str) -> str:
     return XML_FORBIDDEN.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
-JUNIT_PROPERTIES = ("verdict", "passed", "score", "interval", "passing_cases", "cases", "pass_bar", "rubric", "draft_check",
-                    "backends", "model_required", "model_answered", "suite", "half", "digest")
+JUNIT_PROPERTIES = ("verdict", "passed", "score", "interval", "passing_cases", "cases", "pass_bar", "rubric", "rubric_field",
+                    "rubric_check", "rubric_scored", "rubric_mean", "rubric_interval", "backends", "model_required", "model_answered", "suite", "half", "digest")
 
 
 def handoff_figures(results: list[dict], field: str, bar, places: int = 4) -> dict:
@@ -1857,10 +1859,10 @@ def proof_figures(agent, half: str, suite: str, suite_digest: str, results: list
     case ids only, an open one why each failed. `require_model` fails a case the card's models did not
     answer; `cost_line` says why a production run's cost is unknown."""
     bar = agent.card["evals"]["pass_bar"]
-    scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
+    scores = [r["rubric_score"] for r in results if r["rubric_score"] is not None]
     low, high = mean_interval(scores)[1]
     failures = [r["id"] if half == "sealed" else
-                {**{k: r[k] for k in ("id", "status", "reason", "wrong", "unexpected_denials", "draft_score")},
+                {**{k: r[k] for k in ("id", "status", "reason", "wrong", "unexpected_denials", "rubric_score")},
                  "why": failure_message(half, r, agent.draft_field)} for r in missed_first(results)]
     return {**share(results, bar), "pass_bar": bar, "rubric": rubric, "rubric_field": agent.draft_field,
             "real": share([r for r in results if not r["synthetic"]], bar),
@@ -1869,8 +1871,8 @@ def proof_figures(agent, half: str, suite: str, suite_digest: str, results: list
             "label_sources": label_counts(results), "needed_cases": needed_cases(bar),
             "handoff": handoff_figures(results, agent.handoff_field, agent.card["evals"].get("handoff_bar"),
                                        max(4, decimals(bar))),
-            "tool_denials": sum(len(r["denied"]) for r in results), "drafts_scored": len(scores),
-            "draft_mean": round(sum(scores) / len(scores), 3) if scores else None, "draft_check": draft,
+            "tool_denials": sum(len(r["denied"]) for r in results), "rubric_scored": len(scores),
+            "rubric_mean": round(sum(scores) / len(scores), 3) if scores else None, "rubric_check": draft,
             "rubric_interval": [cut(low, 3), cut(high, 3, up=True)] if scores else None,
             "backends": sorted({b for r in results for b in r["backends"]}), "digest": agent.digest,
             "components": agent.components, "suite": suite, "suite_digest": suite_digest, "failures": failures,
@@ -1894,7 +1896,7 @@ def case_fields(agent, case: dict) -> dict:
 
 RUBRIC_STATES = MappingProxyType({   # a draft rubric's state in a proof -> what it means; `failed`, `unscored` do not pass
     "none": "the card has no draft rubric",
-    "scored": "every draft was scored",
+    "scored": "the rubric's field was scored in every case",
     "no key": "no decision model is configured here: the proof is judged on its cases alone and says so",
     "failed": "scoring was impossible, or a scoring call failed",
     "unscored": "a decision model was there, but no case's output held the rubric's field as text to score",
@@ -1908,18 +1910,18 @@ def apply_draft_scores(results: list[dict], answered: list[tuple[int, object]], 
     failures = [answer for _, answer in answered if isinstance(answer, Exception)]
     for i, answer in answered:
         if not isinstance(answer, Exception) and answer.expectation is not None:
-            results[i].update(draft_score=answer.expectation, draft_min=minimum)
+            results[i].update(rubric_score=answer.expectation, rubric_min=minimum)
             results[i]["passed"] = results[i]["passed"] and answer.expectation >= minimum
     if failures:
         return "failed", f"scoring FAILED ({len(failures)} of {len(answered)}: {failures[0]})"
-    if not any(r["draft_score"] is not None for r in results):
+    if not any(r["rubric_score"] is not None for r in results):
         return "unscored", f"unscored (no output held '{field_name}', the rubric's field, as text)"
     return "scored", scored_note(results)
 
 
 def scored_note(results: list[dict]) -> str:
     """'MEAN/4 [LOW, HIGH] on N' of the scored rubric fields: the mean and its 95% interval (mean_interval)."""
-    scores = [r["draft_score"] for r in results if r["draft_score"] is not None]
+    scores = [r["rubric_score"] for r in results if r["rubric_score"] is not None]
     mean, (low, high) = mean_interval(scores)
     return f"{mean:.1f}/4 [{cut(low, 1):.1f}, {cut(high, 1, up=True):.1f}] on {len(scores)}"
 
@@ -1993,6 +1995,21 @@ def tool_list(value) -> bool:
 
 DEFAULT_HANDOFF = "escalate"     # the output field by which an agent hands a run to a human, unless its card names another
 DEFAULT_DRAFT = "draft"          # the output field a draft rubric scores, unless the rubric names another
+CARD_DEFAULTS = MappingProxyType({"max_steps": 8, "approval_expiry_hours": 24, "handoff_field": DEFAULT_HANDOFF})   # as the schema says
+
+
+def module_name(name: str) -> str:
+    """An agent name as a module name (agents/MODULE.py, agents/tools/MODULE.py)."""
+    return name.replace("-", "_")
+
+
+def copied_card(source, name: str, owner: str) -> dict:
+    """The card of `source` (an agent: its `name`, `card`) for a new master NAME: same grants and settings; its
+    own entrypoint module, identity, owner and suite (a sealed half of its own); defaulted fields written."""
+    card = {key: value for key, value in source.card.items() if key not in SET_BY_STAMP}
+    identity = card["identity"].replace(source.name, name) if source.name in card["identity"] else f"svc-{name}@factory"
+    return {**CARD_DEFAULTS, **card, "agent": name, "entrypoint": f"{module_name(name)}:{card['entrypoint'].split(':')[1]}",
+            "evals": {**card["evals"], "suite": name}, "identity": identity, "owner": owner}
 
 
 def _text(value) -> bool:
@@ -2088,15 +2105,15 @@ CARD_SCHEMA = (  # the one source of the card's documentation (the schema statio
               "the output gate passes an output only when Sage answers yes with at least this probability", _fraction),
     CardField("evals.suite", "string", "the agent's own suite, else its nearest master's", "an agent name",
               "the suite proved: evals/SUITE/cases.jsonl and the sealed half SUITE/sealed.jsonl", _name),
-    CardField("draft_rubric", "object", "none: drafts are not scored", 'an object {"field", "min", "instructions", "levels"}',
-              "how prove has Sage score the draft in each output", lambda v: isinstance(v, dict)),
+    CardField("draft_rubric", "object", "none: no output field is scored", 'an object {"field", "min", "instructions", "levels"}',
+              "how prove has Sage score the rubric's field (draft_rubric.field) in each output", lambda v: isinstance(v, dict)),
     CardField("draft_rubric.field", "string", DEFAULT_DRAFT,
               "the name of a free-text property of OUTPUT_SCHEMA (a string with no enum)", "the output field the rubric scores",
               _field_name),
     CardField("draft_rubric.min", "integer", REQUIRED, "an integer 0..4",
-              "the lowest level a draft may score and still pass", lambda v: _integer(v, 0, 4)),
+              "the lowest level the field may score and still pass", lambda v: _integer(v, 0, 4)),
     CardField("draft_rubric.instructions", "string", REQUIRED, FREE_TEXT,
-              "what Sage is told a good draft is", _text),
+              "what Sage is told a good value of the field is", _text),
     CardField("draft_rubric.levels", "list", REQUIRED, "exactly five levels 0..4 in order, each {level, description: visible text}",
               "what each level means", _levels),
     CardField("prices", "object", "none: llm.py's built-in prices", 'an object {MODEL: {"input": USD, "output": USD}}',
@@ -2465,7 +2482,7 @@ def sealed_proof_lines(proof: dict, where: str, key_path, cost: str | None, mode
     ruled = bool(backends) and offline == backends
     named = f"the card's model: {' then '.join(models)}" if models else "the card names no model: its rules are the agent"
     lines = [f"  sealed proof {where}: {proof_verdict(proof)} {part_text(proof, proof['pass_bar'])} (bar "
-             f"{proof['pass_bar']} on the lower bound), {rubric_field(proof)}:{proof['draft_check']}",
+             f"{proof['pass_bar']} on the lower bound), {rubric_field(proof)}:{proof['rubric_check']}",
              *(f"    {line}" for line in parts_lines(proof)),
              *[f"  WARNING: {verdict_why(proof)}"] * (proof_verdict(proof) == "PASS WITHOUT RUBRIC"),
              *[f"  WARNING: {cost}: every run is routed to a human until it is priced"] * bool(cost),
@@ -2617,10 +2634,10 @@ def replaced_text(where: str, old: dict | None, state: str | None, proof: dict, 
 
 # ---- sharded proofs: a half proved in K/N slices (one per CI runner), merged into one proof
 
-SHARD_FORMAT = "factory-shard-1"
-OUTCOME = ("passed", "status", "denied", "unexpected_denials", "draft_score", "unscorable", "backends", "models", "answered",
+SHARD_FORMAT = "factory-shard-2"   # -2: rubric_check, rubric_score (were draft_*)
+OUTCOME = ("passed", "status", "denied", "unexpected_denials", "rubric_score", "unscorable", "backends", "models", "answered",
            "handed_off", "seconds", "unpriced")
-OPEN_OUTCOME = ("reason", "wrong", "unknown_tools", "draft_min")   # why an open case failed; a sealed shard keeps OUTCOME alone
+OPEN_OUTCOME = ("reason", "wrong", "unknown_tools", "rubric_min")   # why an open case failed; a sealed shard keeps OUTCOME alone
 RUBRIC_ORDER = tuple(sorted(RUBRIC_STATES))   # a merge's rubric state: the first in this order any shard had
 
 
@@ -2651,7 +2668,7 @@ def merge_shards(records: list[tuple[str, dict]], want: dict, slice_of: Callable
         if set(record["cases"]) != slice_of(k, n):
             raise ValueError(f"{where}: shard {k}/{n} did not run the cases of its slice")
         outcomes.update(record["cases"])
-        rubrics.setdefault(record["rubric"], record["draft_check"])
+        rubrics.setdefault(record["rubric"], record["rubric_check"])
     missing = [f"{k}/{taken['n']}" for k in range(1, taken["n"] + 1) if k not in taken]
     if missing:
         raise ValueError(f"shard {', '.join(missing)} missing: merge needs every shard of the {taken['n']}")
@@ -3765,7 +3782,7 @@ def acting_evidence(claim: Claim) -> str | None:
         return None
     if proof_verdict(claim.proof) == "PASS WITHOUT RUBRIC":
         return (f"tier {claim.tier} needs the sealed proof's {rubric_field(claim.proof)} scored by the card's draft rubric, "
-                f"which never ran ({claim.proof['draft_check']}): set up a decision model (doctor) and prove {claim.name} "
+                f"which never ran ({claim.proof['rubric_check']}): set up a decision model (doctor) and prove {claim.name} "
                 f"--sealed again")
     return f"tier {claim.tier} runs must clear the gate, and one whose cost is unknown never does: {claim.unpriced}" \
         if claim.unpriced else None

@@ -99,7 +99,7 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # registered: the import below reads no file of its own
 from broker import (  # noqa: E402
-    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
+    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_DEFAULTS, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
     CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
     ENTRYPOINT, EXECUTE_GUARDS, FINAL, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IndexTally,
     LABEL_SOURCES, LONE_SURROGATE, MODES, NAME, NEW_CASES, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, PASSING,
@@ -108,12 +108,12 @@ from broker import (  # noqa: E402
     UNPRINTABLE, allowed_by, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown, attempts_of,
     attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, card_text,
     case_fields, cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading,
-    component_lines, component_marks, contract_problems, contracts_assigned, created_lines, cut, decided_line,
+    component_lines, component_marks, contract_problems, contracts_assigned, copied_card, created_lines, cut, decided_line,
     decisions_in, detect, did_you_mean, doctor_lines, encodable, encoded_forms, evidence, evidence_span,
     executed_calls, executed_twins, figure_problem, first_refusal, flagged, fold_decisions, from_state,
     gate_content, gate_lines, grants_line, guard_results, harvest_run_of, head_problem, held_draft, in_shard,
     input_problem, is_blank, json_position, json_state, judge, judged_tier, junit_xml, label_source_problem,
-    line_verifies, lone_surrogate, merge_shards, newer, no_contract, normalised, one_line, outcome_of,
+    line_verifies, lone_surrogate, merge_shards, module_name, newer, no_contract, normalised, one_line, outcome_of,
     output_field_problems, paired_text, parked_counts, parse_setting, part, plain_imports, printable, proof_figures,
     proof_summary, proof_verdict, quiet_denials, rate_text, recall_refusal, recorder_tools, redact, reject_constant,
     render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts, reviews_text,
@@ -132,7 +132,7 @@ MAX_LINE_BYTES = 1 << 20       # one JSONL line (case, ticket, trace event, inde
 MAX_FILE_BYTES = 16 << 20      # one JSON file (card, record, certificate)
 CLIP_CHARS = 8000              # ~2,000 tokens of a tool result or of the input go to the worker
 TRACE_FORMAT = "factory-trace-3"
-RECORD_FORMAT = "factory-proof-2"
+RECORD_FORMAT = "factory-proof-3"   # -3: the rubric's figures named rubric_* (were draft_*)
 CERT_FORMAT = "factory-certificate-1"
 TOWER_FORMAT = "factory-tower-2"       # printed by tower --json
 ANCHOR_FORMAT = "factory-anchor-1"
@@ -1792,10 +1792,11 @@ def recall_reach(fac: Factory) -> tuple[dict, dict]:
     return parents(fac), card_parents(fac)
 
 
-def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
+def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str], list[str]]:
     """(name -> new checked card of each variant of MASTER, transitively, masters first, that changes when
-    derived again; the variants skipped, with no card or under one skipped). Each must agree with the log."""
-    parent_of, latest, changed, skipped = parents(fac), {master: read_agent(fac, master)}, {}, []
+    derived again; those that do not; those skipped, with no card or under one skipped). Each must agree with
+    the log."""
+    parent_of, latest, changed, unchanged, skipped = parents(fac), {master: read_agent(fac, master)}, {}, [], []
     for name in descendants(fac, master, recall_reach(fac)):
         if parent_of.get(name) in skipped or not fac.store.exists(fac.card_path(name)):
             skipped.append(name)   # a retired variant, or a stamp stopped before its card: nothing to re-derive
@@ -1807,7 +1808,9 @@ def restamped(fac: Factory, master: str) -> tuple[dict[str, dict], list[str]]:
         latest[name] = agent_from_card(fac, card, fac.shown(fac.card_path(name)), card_problems(card))
         if card != old:
             changed[name] = card
-    return changed, skipped
+        else:
+            unchanged.append(name)
+    return changed, unchanged, skipped
 
 
 # ---- suites: the open and the sealed half, and their cases
@@ -1844,7 +1847,7 @@ def overlap_problem(fac: Factory, card: dict) -> str | None:
 
 CASE_FIELDS = ("id", "input", "expect", "source", "label_source")
 CASE_IS = ('a case is {"id", "input", "expect"} and optionally "source" ("synthetic" for a case you wrote; '
-           'anything else, or none, counts as a real ticket) and "label_source" (' + ", ".join(LABEL_SOURCES) + ')')
+           'anything else, or none, counts as a real case) and "label_source" (' + ", ".join(LABEL_SOURCES) + ')')
 # a line break or control character in a case id would break the line of every report that names it
 ID_BREAKS = re.compile("[\t\n\r\x85\u2028\u2029]")
 
@@ -2084,14 +2087,6 @@ NEW_RUBRIC = {
 }
 
 
-CARD_DEFAULTS = {"max_steps": 8, "approval_expiry_hours": 24, "handoff_field": DEFAULT_HANDOFF}   # as the schema says
-
-
-def module_name(name: str) -> str:
-    """An agent name as a module name (agents/MODULE.py, agents/tools/MODULE.py)."""
-    return name.replace("-", "_")
-
-
 def new_card(name: str, tools: list[str], owner: str) -> dict:
     """A new agent's card: every field (but those stamp sets), each with a sensible default."""
     return {"agent": name, "entrypoint": f"{module_name(name)}:rules",
@@ -2151,15 +2146,6 @@ def new_files(fac: Factory, name: str, effects: tuple[str, ...], owner: str) -> 
             NewFile(fac.suite_path(name, False), cases_text(open_half, "o"), f"the open half: {len(open_half)} cases"),
             NewFile(fac.suite_path(name, True), cases_text(sealed_half, "s"), f"the sealed half: {len(sealed_half)} cases"),
             NewFile(fac.card_path(name), card_text(new_card(name, tools, owner)), "the card (`schema` explains each field)")]
-
-
-def copied_card(source: Agent, name: str, owner: str) -> dict:
-    """source's card for a new master NAME: same grants and settings; its own entrypoint module, identity, owner
-    and suite (a sealed half of its own); defaulted fields written."""
-    card = {key: value for key, value in source.card.items() if key not in SET_BY_STAMP}
-    identity = card["identity"].replace(source.name, name) if source.name in card["identity"] else f"svc-{name}@factory"
-    return {**CARD_DEFAULTS, **card, "agent": name, "entrypoint": f"{module_name(name)}:{card['entrypoint'].split(':')[1]}",
-            "evals": {**card["evals"], "suite": name}, "identity": identity, "owner": owner}
 
 
 def copied_files(fac: Factory, source: Agent, name: str, owner: str) -> list[NewFile]:
@@ -2598,16 +2584,17 @@ def recalls_of(fac: Factory, name: str) -> list[dict]:
 RECORD_SHAPE = Shape.of({"format": str, "agent": str, "half": str, "at": str, "verdict": str, "passed": bool,
                          "score": (int, float), "passing_cases": int, "cases": int, "pass_bar": (int, float),
                          "rubric": str, "digest": str, "components": dict, "suite": str, "suite_digest": str,
-                         "draft_check": str, "failures": list}, optional={"mac": str})
+                         "rubric_check": str, "failures": list}, optional={"mac": str})
 
 
 def sealed_records(fac: Factory, name: str) -> list[tuple[Path, dict]]:
     """(path, record) of every sealed proof of NAME, oldest first."""
     found = []
     for path in sorted((fac.records / name).glob("*.sealed.json")):   # none for no folder
-        record = RECORD_SHAPE.check(fac.store.read_json(path), fac.shown(path))
-        if record["format"] != RECORD_FORMAT:   # formats are not migrated before 1.0
-            raise Refusal(f"{fac.shown(path)}: a {visible(record['format'])} record, not {RECORD_FORMAT}: re-prove")
+        record = fac.store.read_json(path)
+        if isinstance(record, dict) and record.get("format") != RECORD_FORMAT:   # formats are not migrated before 1.0
+            raise Refusal(f"{fac.shown(path)}: a {visible(str(record.get('format')))} record, not {RECORD_FORMAT}: re-prove")
+        RECORD_SHAPE.check(record, fac.shown(path))
         if not NAME.fullmatch(record["suite"]):
             raise Refusal(f"{fac.shown(path)}: field 'suite' must be a suite name, got {record['suite']!r}")
         found.append((path, record))
@@ -3759,7 +3746,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
             "unexpected_denials": unexpected, "unknown_tools": unknown, "draft": draft,
             "backends": sorted(set(loop.backends)),
             "models": loop.answered,
-            "handed_off": agent.hands_off(loop.output), "draft_score": None, "draft_min": None, "seconds": time.monotonic() - started,
+            "handed_off": agent.hands_off(loop.output), "rubric_score": None, "rubric_min": None, "seconds": time.monotonic() - started,
             "unpriced": loop.unpriced if loop.cost is None else ""}
     return {**result, "answered": answered_by_card_models(agent.card, result)}
 
@@ -3855,7 +3842,7 @@ def shard_record(fac: Factory, agent: Agent, half: str, suite: str, suite_digest
     """A shard's record: each case's outcome by blinded id; no verdict."""
     keep = OUTCOME + (OPEN_OUTCOME if half == "open" else ())
     return {"format": SHARD_FORMAT, "agent": agent.name, "half": half, "suite": suite, "suite_digest": suite_digest,
-            "digest": agent.digest, "shard": list(shard), "at": utc_now(), "rubric": rubric, "draft_check": draft,
+            "digest": agent.digest, "shard": list(shard), "at": utc_now(), "rubric": rubric, "rubric_check": draft,
             "cases": {blinded(fac, r["id"]): {key: r[key] for key in keep} for r in results}}
 
 
@@ -4032,7 +4019,8 @@ def example_tools(text: str) -> tuple[str, ...]:
     chosen = [word.strip() for word in text.split(",")]
     unknown = [word for word in chosen if word not in EXAMPLE_TOOLS]
     if unknown or not chosen:
-        raise argparse.ArgumentTypeError(f"{text!r}: the example tools are read and draft, e.g. read,draft")
+        raise argparse.ArgumentTypeError(f"{text!r}: the example tools are read and draft, e.g. read,draft; for an acting "
+                                         "tool, copy billing:refund from agents/tools/billing.py (effect act, its amounts_usd declared)")
     return tuple(effect for effect in EXAMPLE_TOOLS if effect in chosen)
 
 
@@ -4069,6 +4057,12 @@ def complained(station: str, problems) -> int:
     """Each problem as `factory STATION: PROBLEM` on stderr; 1 when there was one, else 0."""
     print_lines([f"factory {station}: {problem}" for problem in problems], sys.stderr)
     return 1 if problems else 0
+
+
+def at_a_terminal(refused: str) -> None:
+    """Refusal 'stdin is not a terminal: REFUSED' (what was not done, and why a human does it) without one."""
+    if not sys.stdin.isatty():
+        raise Refusal(f"stdin is not a terminal: {refused}")
 
 
 def declined(lines: list[str], question: str) -> str | None:
@@ -4236,12 +4230,12 @@ def cmd_restamp(fac: Factory, args) -> int:
     Each variant, transitively, is re-derived as the master's card plus its own overrides. A variant whose
     card changes has its certificate revoked (kept, marked with the reason): re-prove and re-certify it.
     """
-    changed, skipped = restamped(fac, args.master)
+    changed, unchanged, skipped = restamped(fac, args.master)
     # revoke before the cards change: a kill in between leaves them revoked, never runnable on an old signature
     revoked = [name for name in changed if revoke(fac, name, f"restamped: {args.master} changed")]
     for name, card in changed.items():
         fac.store.write_json(fac.card_path(name), card)
-    done = {"master": args.master, "restamped": list(changed), "revoked": revoked, "skipped": skipped}
+    done = {"master": args.master, "restamped": list(changed), "revoked": revoked, "unchanged": unchanged, "skipped": skipped}
     printed_json(args, done) or print_lines(restamp_lines(**done))
     return 0
 
@@ -4344,8 +4338,7 @@ def cmd_certify(fac: Factory, args) -> int:
         signer.ready(fac, "certify")
     elif not fac.key_path(args.by).exists() and not fac.store.keys_writable():
         raise Refusal(f"no key for {args.by} and the keys folder {fac.keys_dir} cannot be created or written (FACTORY_KEYS_DIR)")
-    if not sys.stdin.isatty():
-        raise Refusal("stdin is not a terminal: unsigned. certification is the station that stays human.")
+    at_a_terminal("unsigned. certification is the station that stays human.")
     if no := declined(certify_prompt(fac, claim, signer), "sign it?"):
         raise Refusal(f"unsigned. you answered {no}; only y or yes signs.")
     if signer.ssh_key is None:
@@ -4413,7 +4406,7 @@ def paired_lines(fac: Factory, claim: ClaimOnDisk) -> list[str]:
     agent's, else its master's; McNemar exact), or why they cannot be compared."""
     master = parents(fac).get(claim.name)
     try:
-        cert = claim.cert or (fac.store.read_json(fac.cert_path(master)) if master and fac.cert_path(master).exists() else None)
+        cert = claim.cert or (current_cert(fac, master) if master else None)
     except Refusal:
         return []   # replaced_lines names a certificate that cannot be read
     if not isinstance(cert, dict) or not NAME.fullmatch(str(cert.get("agent"))) or \
@@ -4823,9 +4816,7 @@ def cmd_recall(fac: Factory, args) -> int:
 def recalled_now(fac: Factory, name: str) -> dict | None:
     """broker.standing_recall of NAME since its certificate's sealed proof (one that does not read or say when is
     no signature since)."""
-    path, since = fac.cert_path(name), None
-    with contextlib.suppress(Refusal):
-        since = fac.store.read_json(path).get("sealed_at") if path.exists() else None
+    since = current_cert(fac, name).get("sealed_at")
     return standing_recall(recalls_of(fac, name), since if isinstance(since, str) else None)
 
 
@@ -5000,8 +4991,7 @@ def cmd_approve(fac: Factory, args) -> int:
     key (HMAC, never made here, or --ssh-key) in registry/approvals.jsonl with its result.
     """
     entry, signer, claim = decider(fac, args, APPROVE_GUARDS)
-    if not sys.stdin.isatty():
-        raise Refusal("unapproved. approving an acting call is a human's job, at a terminal.")
+    at_a_terminal("unapproved. approving an acting call is a human's job, at a terminal.")
     retry = ["retry: " + uncertain_column(fac, entry, claim.record.decisions)] if claim.record.state == "uncertain-effect" else []
     twins = twin_lines(executed_twins(executed_calls(decisions_of(fac, lambda e: e["agent"] == entry["agent"]).decided), entry))
     if no := declined(approval_brief(fac, entry) + twins + retry, "approve?"):
@@ -5117,7 +5107,8 @@ def cmd_review(fac: Factory, args) -> int:
                   f"{first[0][1]['by']} at {first[0][1]['at']} ({one_line(str(first[0][1].get('reason', 'no reason')))}).")
         return signer.signed(fac, body, DECISION_UNSIGNED)
     append_to_log(fac, "reviews", make)
-    print(f"{chosen[0]} {item['tool']} of run {item['run_id']} (--seq {item['seq']}) by {signer.name}")
+    print(f"recorded: {chosen[0]} {item['tool']} of run {item['run_id']} (--seq {item['seq']}) by {signer.name}"
+          + f" ({NOT_CARRIED_OUT})" * (item.get("effect") == "act"))
     return 0
 
 
@@ -5138,14 +5129,14 @@ def list_queue(fac: Factory, agent: str, items: dict, decided: dict, problems: l
         f"{run['run_id']}  queued {run['age_hours']}h ago  routed: {one_line('; '.join(run.get('why') or ['?']))}",
         f"  input: {one_line(task_text(run.get('input', '?')))[:BRIEF_CHARS]}",
         f"  output: {json.dumps(run.get('output'), ensure_ascii=False)}",
-        *(f"  --seq {i['seq']}  {i['tool']} {json.dumps(i['args'], ensure_ascii=False)}" + NOT_CARRIED_OUT * (i.get("effect") == "act")
+        *(f"  --seq {i['seq']}  {i['tool']} {json.dumps(i['args'], ensure_ascii=False)}" + f"  ({NOT_CARRIED_OUT}; do it by hand, or not)" * (i.get("effect") == "act")
           for i in run["items"]))] + [
         f"{len(runs)} run(s) wait in {fac.shown(fac.review_path(agent))}: {reviews_text(counts)}"]
     print_lines(lines)
     return complained("review", problems)
 
 
-NOT_CARRIED_OUT = "  (an acting call: not carried out; do it by hand, or not)"   # review's note on a queued acting call
+NOT_CARRIED_OUT = "an acting call: the factory did not carry it out, and will not"   # review's note on a queued acting call
 
 
 def hours_since(at: str) -> float | None:

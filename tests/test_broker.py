@@ -460,8 +460,8 @@ class Intervals(unittest.TestCase):
                 self.assertEqual(len(interval), 2)
                 for got, wanted in zip(interval, (low, high)):
                     self.assertAlmostEqual(got, wanted, places=9)
-        self.assertEqual(broker.scored_note([{"draft_score": 3.0}] * 20 + [{"draft_score": None}]), "3.0/4 [2.1, 3.6] on 20")
-        self.assertEqual(broker.scored_note([{"draft_score": 3.0}] * 64), "3.0/4 [2.5, 3.4] on 64")
+        self.assertEqual(broker.scored_note([{"rubric_score": 3.0}] * 20 + [{"rubric_score": None}]), "3.0/4 [2.1, 3.6] on 20")
+        self.assertEqual(broker.scored_note([{"rubric_score": 3.0}] * 64), "3.0/4 [2.5, 3.4] on 64")
 
     def test_two_proofs_of_one_digest_are_one_version_on_two_backends(self):
         """An offline proof and a model proof of the same digest read `this version fixes 0 and breaks 0`."""

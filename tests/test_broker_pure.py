@@ -30,7 +30,7 @@ CERT = {"agent": "triager", "signer": "alice", "signature": GOOD, "tier": "C2", 
 CARD = {"tier_ceiling": "C3", "evals": {"pass_bar": 0.5}}
 PROOF = {"digest": "sha256:d1", "components": COMPONENTS, "at": "2026-01-03T00:00:00Z", "suite": "triager",
          "suite_digest": "sha256:s1", "passing_cases": 50, "cases": 50, "pass_bar": 0.5, "rubric": "scored",
-         "half": "sealed", "draft_check": "scored 50", "mac": "ok"}
+         "half": "sealed", "rubric_check": "scored 50", "mac": "ok"}
 ARGS = {"amount_usd": 5}
 ENTRY = {"run_id": RUN, "call": 1, "agent": "triager", "tool": "refunds:act", "args": ARGS, "certificate": GOOD,
          "digest": "sha256:d1", "staged_at": "2026-01-04T00:00:00Z", "expires_at": "2099-01-01T00:00:00Z",
@@ -132,7 +132,7 @@ SCENARIOS = {
          "(scored 50); a rubric that could not be scored is not passed. check the decision model (doctor) and re-prove."),
         ("proof changed", {"tier": "C1"}, {"proof": {"mac": "bad"}}, "proof evidence",
          f"<proof>: the sealed proof {BAD_MAC}. re-prove before certifying."),
-        ("rubric never ran", {"tier": "C2"}, {"proof": {"rubric": "no key", "draft_check": "no key"}}, "acting evidence",
+        ("rubric never ran", {"tier": "C2"}, {"proof": {"rubric": "no key", "rubric_check": "no key"}}, "acting evidence",
          "tier C2 needs the sealed proof's draft scored by the card's draft rubric, which never ran (no key): set up a "
          "decision model (doctor) and prove triager --sealed again"),
         ("rubric never ran at C1", {"tier": "C1"}, {"proof": {"rubric": "no key"}}, None, None),

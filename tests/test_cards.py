@@ -479,7 +479,11 @@ class Stamping(LineTest):
         self.factory("stamp", "triager", "--as", "triager-eu", "--set", 'evals={"pass_bar": 0.0, "gate": 0.85}')
         self.certified("triager-eu", lower_bar=False)
         code, out, _ = self.factory("restamp", "triager")
-        self.assertIn("restamped 0 variant(s)", out)
+        self.assertEqual(out.splitlines(), ["restamped 0 variant(s) from triager: []", "revoked 0 certificate(s): []",
+                                            "unchanged 1 variant(s), derived again from triager as their cards already are "
+                                            "(nothing revoked, nothing to re-prove): ['triager-eu']"])
+        done = json.loads(self.factory("restamp", "triager", "--json")[1])
+        self.assertEqual((done["unchanged"], done["skipped"]), (["triager-eu"], []), "`skipped: []` named nothing checked")
         self.assertEqual(self.factory("run", "triager-eu", "hello")[0], 0)
 
 

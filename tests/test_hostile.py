@@ -419,10 +419,10 @@ class Controls:
     def test_controls_in_why_a_case_failed_reach_junit_escaped(self):
         """What XML 1.0 forbids (here in a run's reason, which can quote a model) is written as a visible escape."""
         results = [{"id": "case", "passed": False, "status": "escalated", "reason": f"model said {CONTROLS}\x00",
-                    "wrong": {}, "unexpected_denials": [], "draft_score": None, "seconds": 0.0, "expects_handoff": None,
+                    "wrong": {}, "unexpected_denials": [], "rubric_score": None, "seconds": 0.0, "expects_handoff": None,
                     "handed_off": False, "unscorable": False}]
         proof = {"agent": "triager", "half": "open", "at": "2026-01-01T00:00:00Z", "verdict": "UNDER BAR", "passed": False,
-                 "score": 0.0, "passing_cases": 0, "cases": 1, "pass_bar": 0.5, "rubric": "none", "draft_check": "no rubric",
+                 "score": 0.0, "passing_cases": 0, "cases": 1, "pass_bar": 0.5, "rubric": "none", "rubric_check": "no rubric",
                  "interval": factory.part(0, 1)["interval"], "real": factory.part(0, 1), "synthetic": factory.part(0, 0),
                  "by_source": {}, "by_expected": {}, "label_sources": broker.label_counts([]),
                  "handoff": broker.handoff_figures([], "escalate", None),

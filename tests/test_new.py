@@ -94,7 +94,7 @@ class NewAgent(LineTest):
                                                           "def old_rules(", 1))
         code, out, _ = self.factory("prove", "faq")
         self.assertEqual(code, 3, out)
-        self.assertIn("  real tickets: none   synthetic 0/20 = 0.00 [0.00, 0.17]   backends: none answered\n", out)
+        self.assertIn("  real cases: none   synthetic 0/20 = 0.00 [0.00, 0.17]   backends: none answered\n", out)
 
     def test_its_tools_are_one_read_and_one_draft_in_its_own_module(self):
         agent = factory.load_agent(self.fac, "faq")
@@ -211,6 +211,9 @@ class ExampleTools(LineTest):
                                ("not a name for a new agent", ["new", "tools"]),
                                ("the example tools are read and draft", ["new", "faq", "--tools", "write"]),
                                ("the example tools are read and draft", ["new", "faq", "--tools", ""]),
+                               ("'act': the example tools are read and draft, e.g. read,draft; for an acting tool, copy "
+                                "billing:refund from agents/tools/billing.py (effect act, its amounts_usd declared)",
+                                ["new", "faq", "--tools", "act"]),
                                ("a copy (--from) has its source's tools", ["new", "faq", "--from", "triager", "--tools", "read"]),
                                ("too long to name its tool module", ["new", "a" * 33])):
             with self.subTest(argv=argv):

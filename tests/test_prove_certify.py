@@ -15,7 +15,7 @@ from tests.support import INJECTION, LineTest, junit_problems, write_jsonl
 
 RECORD_KEYS = {"format", "agent", "half", "at", "verdict", "passed", "score", "passing_cases", "cases", "pass_bar",
                "rubric", "rubric_field", "cost_unknown", "cost_line", "real", "synthetic",
-               "tool_denials", "drafts_scored", "draft_mean", "rubric_interval", "draft_check", "backends", "models", "digest", "components",
+               "tool_denials", "rubric_scored", "rubric_mean", "rubric_interval", "rubric_check", "backends", "models", "digest", "components",
                "suite", "suite_digest", "failures", "model_required", "model_answered", "interval", "by_source",
                "by_expected", "label_sources",
                "needed_cases", "handoff", "ran"}
@@ -305,7 +305,7 @@ class ProofVerdicts(VerdictOutputs):
             self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
             record = self.assert_agree("RUBRIC UNSCORED")
         self.assertEqual((record["rubric"], record["passing_cases"]), ("failed", 3))
-        self.assertTrue(record["draft_check"].startswith("scoring FAILED (3 of 3"), record["draft_check"])
+        self.assertTrue(record["rubric_check"].startswith("scoring FAILED (3 of 3"), record["rubric_check"])
 
     def test_one_draft_that_could_not_be_scored_is_enough(self):
         banking_suite(self.root / "evals", 3, 3)
@@ -315,20 +315,20 @@ class ProofVerdicts(VerdictOutputs):
         with FakeSage(answer=answer) as fake:
             self.env.update(SAGE_ENDPOINT=fake.url, SAGE_API_KEY="sage-key")
             record = self.assert_agree("RUBRIC UNSCORED")
-        self.assertTrue(record["draft_check"].startswith("scoring FAILED (1 of 3"), record["draft_check"])
+        self.assertTrue(record["rubric_check"].startswith("scoring FAILED (1 of 3"), record["rubric_check"])
 
     def test_a_misconfigured_decision_model_cannot_score_the_rubric(self):
         banking_suite(self.root / "evals", 3, 3)
         self.set_bar("triager", 0.4)
         self.env.update(SAGE_PROTOCOL="systemone", SAGE_ENDPOINT="http://127.0.0.1:9")
         record = self.assert_agree("RUBRIC UNSCORED")
-        self.assertIn("SAGE_MODEL is unset", record["draft_check"])
+        self.assertIn("SAGE_MODEL is unset", record["rubric_check"])
 
     def test_without_a_decision_model_the_proof_counts_cases_and_says_so(self):
         banking_suite(self.root / "evals", 3, 3)
         self.set_bar("triager", 0.4)
         record = self.assert_agree("PASS WITHOUT RUBRIC")
-        self.assertEqual((record["rubric"], record["draft_check"]), ("no key", "unscored (no key)"))
+        self.assertEqual((record["rubric"], record["rubric_check"]), ("no key", "unscored (no key)"))
         card = json.loads((self.root / "masters" / "triager.json").read_text())
         del card["draft_rubric"]
         (self.root / "masters" / "triager.json").write_text(json.dumps(card))
@@ -337,10 +337,10 @@ class ProofVerdicts(VerdictOutputs):
     def test_a_part_with_no_cases_says_none(self):
         banking_suite(self.root / "evals", 2, 2)   # synthetic cases only
         self.set_bar("triager", 0.3)
-        self.assertIn("\n  real tickets: none   synthetic 2/2: too few to judge   backends: offline\n", self.factory("prove", "triager")[1])
+        self.assertIn("\n  real cases: none   synthetic 2/2: too few to judge   backends: offline\n", self.factory("prove", "triager")[1])
         rows = [{"id": "r", "input": "How do I order a new card?", "expect": {"label": "account"}, "source": "cfpb:1"}]
         write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", rows)
-        self.assertIn("\n  real tickets 1/1: too few to judge   synthetic: none   backends: offline\n", self.factory("prove", "triager")[1])
+        self.assertIn("\n  real cases 1/1: too few to judge   synthetic: none   backends: offline\n", self.factory("prove", "triager")[1])
 
     def test_a_junit_path_that_is_a_folder_is_refused_saying_so(self):
         folder = self.tmp / "reports"
@@ -380,10 +380,10 @@ def sourced_suite(path) -> None:
 
 class ScoresWithIntervals(VerdictOutputs):
     """Every score prove, certify, the certificate and the tower print carries its n and its 95% interval:
-    overall, real tickets and synthetic ones, per source, per expected label; a slice under 20 cases is
+    overall, real cases and synthetic ones, per source, per expected label; a slice under 20 cases is
     too few to judge."""
 
-    PARTS = ["  real tickets 23/25 = 0.92 [0.75, 0.98]   synthetic 3/3: too few to judge   backends: offline",
+    PARTS = ["  real cases 23/25 = 0.92 [0.75, 0.98]   synthetic 3/3: too few to judge   backends: offline",
              "  by source: banking77 18/20 = 0.90 [0.69, 0.98]; cfpb 5/5: too few to judge",
              "  by expected label: account 26/26 = 1.00 [0.87, 1.00]; bug 0/2: too few to judge"]
 
@@ -646,7 +646,7 @@ class SuiteChecks(LineTest):
                   "'billing:refund'?)"),
                  ([{**good, "tags": []}], "line 1: unknown field(s) 'tags': a case is {\"id\", \"input\", \"expect\"} and "
                                           "optionally \"source\" (\"synthetic\" for a case you wrote; anything else, or "
-                                          "none, counts as a real ticket) and \"label_source\" (mapping, judged, override, "
+                                          "none, counts as a real case) and \"label_source\" (mapping, judged, override, "
                                           "synthetic)"),
                  ([{**good, "label_source": "guess"}], 'line 1: case "a": label_source must be one of mapping, judged, '
                                                       'override, synthetic (where its expected values came from), not "guess"'),
@@ -729,8 +729,9 @@ class SealedVerdicts(LineTest):
         banking_suite(self.root / "evals", 2, 3, "sealed")
         self.factory("prove", "triager", "--sealed")
         [path] = (self.root / "records" / "triager").glob("*.sealed.json")
-        path.write_text(json.dumps({**json.loads(path.read_text()), "format": "factory-proof-1"}))
-        self.refused(f"records/triager/{path.name}: a factory-proof-1 record, not factory-proof-2: re-prove",
+        old = {key: value for key, value in json.loads(path.read_text()).items() if key != "rubric_check"}
+        path.write_text(json.dumps({**old, "format": "factory-proof-2", "draft_check": "3.0/4 on 20"}))
+        self.refused(f"records/triager/{path.name}: a factory-proof-2 record, not factory-proof-3: re-prove",
                      "certify", "triager", "--tier", "C1", "--by", "alice")
 
 

@@ -76,7 +76,7 @@ class Review(CertifiedTest):
     def test_each_decision_is_signed_chained_and_counted_in_the_tower_and_at_certify(self):
         first, second = (seq for run_id, seq in self.held if run_id == self.runs[0])
         accepted = self.review(self.runs[0], "--seq", str(first), "--accept", "--by", "bob")   # a reason is not needed
-        self.assertEqual(accepted[:2], (0, f"accepted issues:label of run {self.runs[0]} (--seq {first}) by bob\n"))
+        self.assertEqual(accepted[:2], (0, f"recorded: accepted issues:label of run {self.runs[0]} (--seq {first}) by bob\n"))
         sent = "We are sorry about the double charge.\nA refund is on its way."
         self.assertEqual(self.decide(0, second, "--edit", sent)[0], 0)
         other = next(seq for run_id, seq in self.held if run_id == self.runs[1])

@@ -590,7 +590,8 @@ class RecallAndHarvest(LineTest):
         self.assertEqual((doctor["keys_present"], doctor["root"]), ([], str(self.root)))
         self.edit_card("triager", max_steps=7)   # a master fix: the variant is re-derived and its certificate revoked
         [restamp] = json_of("restamp", "triager")
-        self.assertEqual(restamp, {"master": "triager", "restamped": ["triager-eu"], "revoked": ["triager-eu"], "skipped": []})
+        self.assertEqual(restamp, {"master": "triager", "restamped": ["triager-eu"], "revoked": ["triager-eu"], "unchanged": [],
+                                   "skipped": []})
         self.assertTrue(json_of("digest", "triager")[0]["changed"]["card"])
         [recall] = json_of("recall", "triager", "--reason", "leaked drafts")
         self.assertEqual({k: recall[k] for k in ("agent", "reason", "variants", "by")},
@@ -715,8 +716,8 @@ class EffectsByTier(Tiered):
                 self.assertEqual([line.split("  ", 2)[2] for line in "".join(listed[:1]).splitlines() if "--seq" in line], [
                                  'output {"label": "billing", "escalate": false, "draft": "We are looking into the double charge."}'] if
                                  tier == "C0" else ['issues:label {"label": "billing", "escalate": false}', 'billing:refund '
-                                 '{"reason": "charged twice for one order", "amount_usd": 40}  (an acting call: not carried '
-                                 'out; do it by hand, or not)'], "the human the run went to sees its held label and refund")
+                                 '{"reason": "charged twice for one order", "amount_usd": 40}  (an acting call: the factory '
+                                 'did not carry it out, and will not; do it by hand, or not)'], "the human the run went to sees its held label and refund")
                 self.gate_p = [0.95]
                 passed = self.refund_run()
                 self.assertEqual(tuple(a - b for a, b in zip(self.counts(), after_flag)), expected[tier])
@@ -1413,7 +1414,9 @@ class Approval(Tiered):
         self.assertEqual(self.effects("refunds"), [])
 
     def test_approve_needs_a_terminal(self):
-        self.refused("unapproved.", "approve", self.run_id, "--by", "bob")
+        """`approve RUN --by X </dev/null` said only `unapproved. ... at a terminal.`: it says why, as certify does."""
+        self.refused_writing_nothing("factory approve: stdin is not a terminal: unapproved. approving an acting call is a "
+                                     "human's job, at a terminal.\n", "approve", self.run_id, "--by", "bob")
 
     def test_one_bad_parked_file_does_not_hide_the_others(self):
         self.refund_run()                                                     # a second parked call

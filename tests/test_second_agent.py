@@ -155,10 +155,14 @@ class Labeler(LineTest):
                 self.assertEqual(skipped, [(f"{prefix}-{i} rubric", "note:unscored (no key)") for i in range(1, n + 1)])
                 properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
                 self.assertEqual(properties["verdict"], "PASS WITHOUT RUBRIC")
+                self.assertEqual((properties["rubric_field"], properties["rubric_scored"], properties.get("rubric_mean", "absent")),
+                                 ("note", "0", "absent"), "the rubric's figures, under the rubric's names")
                 # no hand-off bar on the card: no property (it was value="None"); synthetic once, as the text says it
                 self.assertEqual((properties.get("handoff_bar", "absent"), properties["synthetic"], properties.get(
                     "source.synthetic", "absent")), ("absent", f"{n}/{n}: too few to judge", "absent"))
                 summary = self.factory("prove", "labeler", *half)[1]
+                self.assertIn(f"\n  real cases: none   synthetic {n}/{n}: too few to judge   backends: offline\n", summary,
+                              "not `real tickets`: a pull request is no ticket")
                 self.assertIn(" (bar 0.3 on the lower bound) PASS WITHOUT RUBRIC   denials:0   note:unscored (no key)\n", summary)
                 self.assertIn("\n  the card's draft rubric never ran (note:unscored (no key)): the cases passed, no note was "
                               "scored; certify signs C0 or C1 on it, never C2 or C3\n", summary)
@@ -184,7 +188,7 @@ class Labeler(LineTest):
         self.assertEqual(sealed[0], 0, sealed[2])
         self.assertIn(" PASS   denials:0   note:3.0/4 [1.2, 3.9] on 4", sealed[1])
         record = json.loads(sorted((self.root / "records" / "labeler").glob("*.sealed.json"))[-1].read_text())
-        self.assertEqual((record["draft_mean"], record["rubric_interval"]), (3.0, [1.202, 3.818]))
+        self.assertEqual((record["rubric_mean"], record["rubric_interval"]), (3.0, [1.202, 3.818]))
         contents = [q for q in sage.requests if q.path == "/decide/batch"][0].body["requests"]
         self.assertIn("Labelled bugfix.", contents[0]["content"])
         with FakeSage(expectation=1.0) as sage:   # under the rubric's min: the failure names the rubric's field
@@ -371,6 +375,10 @@ class Labeler(LineTest):
         self.assertEqual(self.factory("new", "pr-notes")[0], 0)
         rubric = json.loads((self.root / "masters" / "pr-notes.json").read_text())["draft_rubric"]
         self.assertNotIn("customer", json.dumps(rubric).lower())
+        rubric_rows = [row for row in self.factory("schema")[1].splitlines() if row.startswith("| `draft_rubric")]
+        self.assertEqual(len(rubric_rows), 5)
+        meanings = " ".join(row.rstrip(" |").rsplit("|", 1)[1] for row in rubric_rows) + rubric_rows[0]
+        self.assertNotIn("draft ", meanings.replace("`draft_rubric", ""), "the rubric scores its field, a draft or not")
 
     def test_a_handed_off_run_shows_the_human_the_label_it_proposed(self):
         """A handed-off run's pulls:label (an acting call) was recorded as `would-have` in the trace alone: the
@@ -384,13 +392,14 @@ class Labeler(LineTest):
                          [("pulls:label", "act", {"label": "breaking"}, "the agent handed off to a human")])
         self.assertEqual(self.outbox("labeler", "pr-labels"), [], "shown to the human, never carried out")
         listed = self.factory("review", "labeler")[1]
-        self.assertIn('  --seq 2  pulls:label {"label": "breaking"}  (an acting call: not carried out; do it by hand, or not)\n',
-                      listed)
+        self.assertIn('  --seq 2  pulls:label {"label": "breaking"}  (an acting call: the factory did not carry it out, and '
+                      'will not; do it by hand, or not)\n', listed)
         self.assertIn(["act"], [[item["effect"] for item in run["items"]]
                                 for run in json.loads(self.factory("review", "labeler", "--json")[1])["runs"]])
         self.give_key("bob")   # the human the run was handed to says what they did with the proposed label
         code, out, err = self.factory("review", "labeler", row["run_id"], "--discard", "--by", "bob", "--reason", "not breaking")
-        self.assertEqual(code, 0, err)
+        self.assertEqual((code, out), (0, f"recorded: discarded pulls:label of run {row['run_id']} (--seq 2) by bob (an "
+                                          f"acting call: the factory did not carry it out, and will not)\n"), err)
         self.assertEqual([entry["decision"] for entry in map(json.loads, (self.root / "registry" / "reviews.jsonl")
                           .read_text().splitlines())], ["discarded"])
         self.assertIn("reviews: 0 waiting, 0 accepted, 0 edited, 1 discarded\n", self.factory("tower")[1])
@@ -412,7 +421,7 @@ class Labeler(LineTest):
         self.assertIn('  --seq 1  output {"label": "feature", "handoff": false, "note": "A question, not a change: a '
                       'reviewer answers it."}', listed)
         code, out, err = self.factory("review", "labeler", row["run_id"], "--accept", "--by", "alice")
-        self.assertEqual((code, out), (0, f"accepted output of run {row['run_id']} (--seq 1) by alice\n"), err)
+        self.assertEqual((code, out), (0, f"recorded: accepted output of run {row['run_id']} (--seq 1) by alice\n"), err)
         self.assertNotIn(row["run_id"], self.factory("review", "labeler")[1])
 
     def test_replay_of_an_offline_run_replays_todays_rules_and_the_failed_read(self):
