@@ -360,25 +360,27 @@ def own_copy(value):
     return value
 
 
-def check_args(schema: dict, value, where: str = "args") -> str | None:
+def check_args(schema: dict, value, where: str = "args", quoted: bool = True) -> str | None:
     """First way `value` breaks a schema of the subset SCHEMA_KEYWORDS names (schema_problems refused any other
-    keyword where the schema was read), as 'where.field: problem' (where[i] for a list's item); None when it fits."""
+    keyword where the schema was read), as 'where.field: problem' (where[i] for a list's item); None when it fits.
+    Not `quoted`: no value of it and no key outside the schema is named (an expected value of a sealed case)."""
     kind = schema.get("type")
     if kind and not any(_has_type(value, one) for one in ([kind] if isinstance(kind, str) else kind)):
         return f"{where}: expected {kind if isinstance(kind, str) else ' or '.join(kind)}, got {type(value).__name__}"
     if "enum" in schema and value not in schema["enum"]:
-        return f"{where}: {value!r} is not one of {schema['enum']}"
+        return f"{where}: {f'{value!r} is ' * quoted}not one of {schema['enum']}"
     for keyword, (applies, fits, problem, _) in _BOUNDS.items():
         if keyword in schema and applies(value) and not fits(value, schema[keyword]):
             return f"{where}: {problem.format(schema[keyword])}"
     if isinstance(value, list) and "items" in schema:
-        return next(filter(None, (check_args(schema["items"], item, f"{where}[{i}]") for i, item in enumerate(value))), None)
+        return next(filter(None, (check_args(schema["items"], item, f"{where}[{i}]", quoted)
+                                  for i, item in enumerate(value))), None)
     if isinstance(value, dict):
-        return _check_object(schema, value, where)
+        return _check_object(schema, value, where, quoted)
     return None
 
 
-def _check_object(schema: dict, value: dict, where: str) -> str | None:
+def _check_object(schema: dict, value: dict, where: str, quoted: bool) -> str | None:
     """Object rules of check_args: required keys, known keys, and each property's own schema."""
     props = schema.get("properties", {})
     for key in schema.get("required", []):
@@ -387,9 +389,9 @@ def _check_object(schema: dict, value: dict, where: str) -> str | None:
     for key, item in value.items():
         if key not in props:
             if schema.get("additionalProperties", True) is False:
-                return f"{where}.{key}: not in the contract"
+                return f"{where}.{key}: not in the contract" if quoted else f"{where}: a key not in the contract"
             continue
-        problem = check_args(props[key], item, f"{where}.{key}")
+        problem = check_args(props[key], item, f"{where}.{key}", quoted)
         if problem:
             return problem
     return None
@@ -777,6 +779,14 @@ def text_problem(text: str) -> str | None:
     return "has no visible text" if is_blank(text) else None
 
 
+def holds_something(value) -> bool:
+    """True when a JSON value holds something a reader would see: visible text, a number or a boolean, at any depth
+    (not null, blank text, nor an empty list or object)."""
+    if isinstance(value, (dict, list)):
+        return any(map(holds_something, value.values() if isinstance(value, dict) else value))
+    return not is_blank(value) if isinstance(value, str) else value is not None
+
+
 def task_text(value) -> str:
     """The ticket text, or a structured input as JSON."""
     return value if isinstance(value, str) else json.dumps(value, indent=1, ensure_ascii=False)
@@ -784,9 +794,13 @@ def task_text(value) -> str:
 
 def input_problem(value) -> str | None:
     """Why `value` cannot be an agent's input, or None: one rule for a suite's case, a ticket and a run. An input is
-    text with something visible in it, or a non-empty JSON object (the rules get it as it is, a model as JSON)."""
+    text with something visible in it, or a JSON object with something visible in it: a field, at any depth, of
+    visible text, a number or a boolean (the rules get it as it is, a model as JSON)."""
     if isinstance(value, dict):
-        return None if value else "the input is an empty object: a run needs a ticket with text, or an object with fields"
+        if not value:
+            return "the input is an empty object: a run needs a ticket with text, or an object with fields"
+        return None if holds_something(value) else \
+            "the input object holds no visible text, number or boolean in any field: a run needs a ticket with something to read"
     return (NO_VISIBLE_TEXT if is_blank(value) else None) if isinstance(value, str) else \
         f"the input is {JSON_KINDS[next(kind for kind, check in _TYPE_CHECKS.items() if check(value))]}, not text or an object"
 
@@ -800,7 +814,7 @@ def ticket_problem(row: dict, at: str) -> str | None:
     if extra:
         return f"{at}: unknown field(s) {', '.join(extra)} (a ticket is {{\"id\", \"input\"}})"
     for field_name, fine, wanted in (("id", lambda v: isinstance(v, str) and v and v.isprintable(), "printable text"),
-                                     ("input", lambda v: input_problem(v) is None, "non-empty text or a non-empty JSON object"),
+                                     ("input", lambda v: input_problem(v) is None, "visible text, or a JSON object with something visible in it"),
                                      ("source", lambda v: isinstance(v, str), "text")):
         if field_name not in row and field_name != "source":
             return f"{at}: missing field '{field_name}' (a ticket is {{\"id\", \"input\"}})"
@@ -1590,12 +1604,28 @@ def cases_text(cases: list[tuple[str, dict]], prefix: str) -> str:
 # ---- the sealed half stays sealed: no input in both halves, none harvested into the open half
 
 def normalised(value) -> str:
-    """An input as two are compared for sameness: its text (a structured input as canonical JSON, keys
-    sorted) in Unicode NFKC, case-folded, each run of white space one space and none at either end; so
-    "Ｃard  LOST" and "card lost" are one input (https://unicode.org/reports/tr15/)."""
-    import unicodedata
-    text = value if isinstance(value, str) else CANONICAL.encode(value)
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    """An input as two are compared for sameness, in one form: text in Unicode NFKC, case-folded, each run of
+    white space one space and none at either end, so "Ｃard  LOST" and "card lost" are one input
+    (https://unicode.org/reports/tr15/); a text that is a JSON object is that object, and an object is
+    canonical JSON (keys sorted) of its keys and strings so normalised, so '{"b": 1, "a": " X"}' is {"a": "x", "b": 1}."""
+    if isinstance(value, str):
+        text = " ".join(unicodedata.normalize("NFKC", value).casefold().split())
+        try:
+            value = json.loads(text) if text.startswith("{") else text
+        except (ValueError, RecursionError):
+            return text
+        if not isinstance(value, dict):
+            return text
+    return CANONICAL.encode(_folded(value))
+
+
+def _folded(value):
+    """value with each string in it (keys too) normalised as text, for normalised()."""
+    if isinstance(value, str):
+        return " ".join(unicodedata.normalize("NFKC", value).casefold().split())
+    if isinstance(value, dict):
+        return {_folded(key): _folded(item) for key, item in value.items()}
+    return [_folded(item) for item in value] if isinstance(value, list) else value
 
 
 def shared_inputs(open_half: list[dict], sealed_half: list[dict]) -> list[tuple[str, str]]:
@@ -1605,6 +1635,23 @@ def shared_inputs(open_half: list[dict], sealed_half: list[dict]) -> list[tuple[
     for case in sealed_half:
         sealed.setdefault(normalised(case["input"]), case["id"])
     return [(case["id"], sealed[key]) for case in open_half if (key := normalised(case["input"])) in sealed]
+
+
+def overlap_refusal(open_half: list[dict], sealed_half: list[dict]) -> str | None:
+    """The refusal naming each pair of case ids (the first ten) when the halves share an input once normalised, else None."""
+    shared = shared_inputs(open_half, sealed_half)
+    if not shared:
+        return None
+    pairs = ", ".join(f"{one_line(a)} is {one_line(b)}" for a, b in shared[:10]) + \
+        (f" and {len(shared) - 10} more" if len(shared) > 10 else "")
+    return (f"the open and the sealed half share {len(shared)} input(s) once normalised (NFKC, case-folded, white space "
+            f"collapsed): {pairs}; a sealed case whose input the open half holds is sealed no more: take it out of one half")
+
+
+def outside_sealed(inputs: list[dict], sealed_half: list[dict]) -> list[int]:
+    """The indices of `inputs` (each a dict with `input`) whose input is no sealed case's once normalised."""
+    sealed = {normalised(case["input"]) for case in sealed_half}
+    return [i for i, given in enumerate(inputs) if normalised(given["input"]) not in sealed]
 
 
 # ---- a proof's verdict, from its counts alone (prove's exit status, summary, --json and --junit; certify)
@@ -2383,6 +2430,16 @@ def allowed_by(schema: dict) -> str:
     said = JSON_KINDS.get(kind, f"of type {kind}") if isinstance(kind, str) else "a value"
     limits = [said.format(schema[keyword]) for keyword, (*_, said) in _BOUNDS.items() if keyword in schema]
     return said + (f" ({', '.join(limits)})" if limits else "")
+
+
+def expect_faults(properties: dict, expect: dict) -> list[str]:
+    """How a case's expected values (output field -> value; `denied` aside) break the output contract's properties,
+    by field in sorted order: 'expect.F must be <what F allows>' for a fault of F itself, else the path of the
+    one below it as run names an output's ('expect.lines[0].qty: below the minimum 1'); no expected value quoted."""
+    said = {key: check_args(properties[key], expect[key], f"expect.{key}", quoted=False) for key in sorted(expect)
+            if key != "denied" and isinstance(properties.get(key), dict)}
+    return [f"expect.{key} must be {allowed_by(properties[key])}" if why.startswith(f"expect.{key}:") else why
+            for key, why in said.items() if why]
 
 
 # ---- a variant's card against its master's, as the certify prompt names each difference

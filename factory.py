@@ -105,21 +105,21 @@ from broker import (  # noqa: E402
     LABEL_SOURCES, LONE_SURROGATE, MODES, NAME, NEW_CASES, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, PASSING,
     PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SET_BY_STAMP,
     SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally,
-    UNPRINTABLE, allowed_by, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown, attempts_of,
+    UNPRINTABLE, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown, attempts_of,
     attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, card_text,
     case_fields, cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading,
     component_lines, component_marks, contract_problems, contracts_assigned, copied_card, created_lines, cut, decided_line,
-    decisions_in, detect, did_you_mean, doctor_lines, encodable, encoded_forms, evidence, evidence_span,
+    decisions_in, expect_faults, detect, did_you_mean, doctor_lines, encodable, encoded_forms, evidence, evidence_span,
     executed_calls, executed_twins, figure_problem, first_refusal, flagged, fold_decisions, from_state,
     gate_content, gate_lines, grants_line, guard_results, harvest_run_of, head_problem, held_draft, in_shard,
     input_problem, is_blank, json_position, json_state, judge, judged_tier, junit_xml, label_source_problem,
-    line_verifies, lone_surrogate, merge_shards, module_name, newer, no_contract, normalised, one_line, outcome_of,
+    line_verifies, lone_surrogate, merge_shards, module_name, newer, no_contract, one_line, overlap_refusal, outcome_of,
     output_field_problems, paired_text, parked_counts, parse_setting, part, plain_imports, printable, proof_figures,
     proof_summary, proof_verdict, quiet_denials, rate_text, recall_refusal, recorder_tools, redact, reject_constant,
     render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts, reviews_text,
     routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines, settle,
-    shard_line, share, shared_inputs, signed_index, standing_recall, state_column, substitution, task_text,
-    ticket_problem, tool_list, tower_lines, twin_lines, uncertain_said, unique_keys, usd, utf8, visible, went,
+    shard_line, share, signed_index, standing_recall, state_column, substitution, task_text,
+    ticket_problem, tool_list, tower_lines, twin_lines, uncertain_said, unique_keys, outside_sealed, usd, utf8, visible, went,
     written_schema)
 
 llm = own_module("llm", lazy=True)
@@ -1834,17 +1834,6 @@ def inputs_of(fac: Factory, card: dict, sealed: bool) -> list[dict]:
     return [row for row in rows if isinstance(row, dict) and isinstance(row.get("id"), str) and "input" in row]
 
 
-def overlap_problem(fac: Factory, card: dict) -> str | None:
-    """The refusal naming each pair of case ids when the halves share an input once normalised, else None."""
-    shared = shared_inputs(inputs_of(fac, card, False), inputs_of(fac, card, True))
-    if not shared:
-        return None
-    pairs = ", ".join(f"{one_line(a)} is {one_line(b)}" for a, b in shared[:10]) + \
-        (f" and {len(shared) - 10} more" if len(shared) > 10 else "")
-    return (f"the open and the sealed half share {len(shared)} input(s) once normalised (NFKC, case-folded, white space "
-            f"collapsed): {pairs}; a sealed case whose input the open half holds is sealed no more: take it out of one half")
-
-
 CASE_FIELDS = ("id", "input", "expect", "source", "label_source")
 CASE_IS = ('a case is {"id", "input", "expect"} and optionally "source" ("synthetic" for a case you wrote; '
            'anything else, or none, counts as a real case) and "label_source" (' + ", ".join(LABEL_SOURCES) + ')')
@@ -1931,8 +1920,7 @@ def expect_problem(ident: str, expect, contract: Contract) -> str | None:
     if not wanted:
         return (f"{case}: expect names no output field, so the case checks nothing the agent answers; give the "
                 f"value wanted of at least one of {', '.join(properties) or 'none'}")
-    wrong = [f"expect.{key} must be {allowed_by(contract.properties[key])}" for key in wanted
-             if isinstance(contract.properties[key], dict) and check_args(contract.properties[key], expect[key])]
+    wrong = expect_faults(contract.properties, expect)
     return f"{case}: {'; '.join(wrong)}, as the output contract says (no output could match)" if wrong else None
 
 
@@ -3581,15 +3569,15 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
 def cost_problem(fac: Factory, agent: Agent, loop: Loop) -> str | None:
     """Why the cost is not within the envelope (unknown and why, or over it), else None."""
     envelope = agent.card["cost_envelope_usd"]
-    if loop.cost is None:
-        if loop.unpriced_by and other_models(agent.card, [loop.unpriced_by]):
-            return f"cost unknown: {loop.unpriced}, not a model the card names (another model answered)"
-        return unknown_cost(fac, agent.card, loop.unpriced)
-    return f"cost outside the cost envelope: ${loop.cost:.4f} of ${envelope}" if loop.cost > envelope else None
+    return unknown_cost(fac, agent.card, loop.unpriced, loop.unpriced_by) if loop.cost is None else \
+        f"cost outside the cost envelope: ${loop.cost:.4f} of ${envelope}" if loop.cost > envelope else None
 
 
-def unknown_cost(fac: Factory, card: dict, why: str) -> str:
-    """'cost unknown: WHY', naming where to declare a missing price."""
+def unknown_cost(fac: Factory, card: dict, why: str, by: str = "") -> str:
+    """'cost unknown: WHY', naming where to declare a missing price; none is asked when `by`, the model that
+    answered, is not one the card names (a price would not make it the card's)."""
+    if by and other_models(card, [by]):
+        return f"cost unknown: {why}, not a model the card names (another model answered)"
     return f"cost unknown: {why}" + f"; declare one in {fac.shown(fac.card_path(card['agent']))} (prices)" * why.startswith("no price")
 
 
@@ -3747,7 +3735,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
             "backends": sorted(set(loop.backends)),
             "models": loop.answered,
             "handed_off": agent.hands_off(loop.output), "rubric_score": None, "rubric_min": None, "seconds": time.monotonic() - started,
-            "unpriced": loop.unpriced if loop.cost is None else ""}
+            "unpriced": unknown_cost(fac, agent.card, loop.unpriced, loop.unpriced_by) if loop.cost is None else ""}
     return {**result, "answered": answered_by_card_models(agent.card, result)}
 
 
@@ -4275,7 +4263,7 @@ def cmd_prove(fac: Factory, args) -> int:
     suite = suite_name(fac, agent.card, args.sealed)
     path = fac.suite_path(suite, args.sealed)
     cases = load_cases(fac, path, agent)
-    refuse_if(overlap_problem(fac, agent.card))
+    refuse_if(overlap_refusal(inputs_of(fac, agent.card, False), inputs_of(fac, agent.card, True)))
     if args.shard and (args.merge or args.junit):
         raise Usage("--shard proves a slice, which has no verdict: --merge and --junit go with the merge", "prove")
     if args.junit:   # before any case runs or any record is written
@@ -4292,7 +4280,7 @@ def cmd_prove(fac: Factory, args) -> int:
     if args.shard:
         args.sealed and count_sealed_attempt(fac, agent.name, suite_digest, shard=True)
         return write_shard(fac, shard_record(fac, agent, half, suite, suite_digest, args.shard, results, rubric, draft), args.json)
-    cost = unpriced(fac, agent.card) or next((unknown_cost(fac, agent.card, r["unpriced"]) for r in results if r["unpriced"]), None)
+    cost = unpriced(fac, agent.card) or next((r["unpriced"] for r in results if r["unpriced"]), None)
     proof = proof_record(agent, half, suite, suite_digest, results, rubric, draft, args.require_model, cost)
     proof.update(merged_shards=len(args.merge)) if args.merge else None
     fac.store.write_json(fac.record_path(agent.name, half), sealed_evidence(fac, proof, named=True))
@@ -4464,6 +4452,8 @@ def load_tickets(fac: Factory, path: Path, piped: bytes | None = None) -> list[t
                   "skipped); prints a tab-separated line per ticket: its id, HANDOFF=VALUE (the agent's hand-off field), "
                   "gate=RESULT, verdict=VERDICT, -> where it went and why; on a terminal a header line names them"),
          arg("--json", action="store_true", help="one JSON object per run: the index row, ticket, output, tools, gate line"),
+         arg("--input-json", action="store_true", help='TEXT (or -) is the input as JSON, e.g. {"vendor": ..., "text": ...}; '
+             "without it TEXT is text, even when it looks like JSON"),
          jobs_argument("tickets"),
          examples=('python3 factory.py run triager "my new card never arrived"',
                    "python3 factory.py run triager --file evals/triager/inbox.jsonl --json"),
@@ -4480,10 +4470,15 @@ def cmd_run(fac: Factory, args) -> int:
     """
     if (args.input is None) == (args.file is None):
         raise Usage("one input: TEXT or --file TICKETS.jsonl, not both and not neither")
-    if args.input is not None and is_blank(args.input):   # wrong whatever the factory holds: a usage error
-        raise Usage(NO_VISIBLE_TEXT)
+    if args.input_json and args.file:
+        raise Usage("--input-json reads TEXT as JSON; a tickets file's inputs are JSON already")
     piped = piped_in(one=True) if args.input == "-" else piped_in(one=False) if args.file == "-" else None
     args.input = piped if args.input == "-" else args.input
+    try:   # wrong whatever the factory holds: a usage error
+        args.input = parse_json(args.input, "--input-json") if args.input_json else args.input
+        refuse_if(args.file is None and input_problem(args.input))
+    except Refusal as why:
+        raise Usage(str(why)) from None
     agent, cert = certified_agent(fac, args.agent)
     tickets = [(None, args.input)] if args.file is None else \
         load_tickets(fac, Path("stdin") if args.file == "-" else Path(args.file), piped)
@@ -4711,8 +4706,7 @@ def harvest_flagged(fac: Factory, target: Agent, smith: Agent, smith_cert: dict)
     found, todo = [row for row in todo if row["run_id"] in written], [row for row in todo if row["run_id"] not in written]
     quiet = quiet_denials(inputs_of(fac, target.card, False), target.handoff_field)
     inputs = [flagged_input(fac, row, target, quiet) for row in todo]  # every trace read before anything is written
-    sealed = {normalised(case["input"]) for case in inputs_of(fac, target.card, True)}
-    kept = [i for i, given in enumerate(inputs) if normalised(given["input"]) not in sealed]
+    kept = outside_sealed(inputs, inputs_of(fac, target.card, True))
     result.sealed, todo, inputs = len(todo) - len(kept), [todo[i] for i in kept], [inputs[i] for i in kept]
     for row in found:
         fac.store.append_jsonl(log, {"run_id": row["run_id"], "by_run": None, "status": "found proposed"})

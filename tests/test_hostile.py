@@ -716,7 +716,7 @@ class Small:
         for row, why in (({"id": "a"}, "missing field 'input'"), ({"input": "hi"}, "missing field 'id'"),
                          ({"id": "a", "input": "hi", "prio": 1}, "unknown field(s) prio"),
                          ({"id": "a\tb", "input": "hi"}, "field 'id' must be printable text"),
-                         ({"id": "a", "input": "  "}, "field 'input' must be non-empty text"),
+                         ({"id": "a", "input": "  "}, "field 'input' must be visible text"),
                          ({"id": "a", "input": "hi", "expect": {}}, "an eval case with `expect` is not a ticket")):
             with self.subTest(why=why):
                 write_jsonl(tickets, [row])

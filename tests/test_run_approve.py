@@ -122,7 +122,7 @@ class Runs(CertifiedTest):
                                       "see `factory.py run --help`\n")
         tickets = self.tmp / "tickets.jsonl"
         write_jsonl(tickets, [{"id": "k2", "input": "\u200b \u200d"}])
-        self.refused_writing_nothing("tickets.jsonl line 1: field 'input' must be non-empty text", "run", "triager", "--file", str(tickets))
+        self.refused_writing_nothing("tickets.jsonl line 1: field 'input' must be visible text", "run", "triager", "--file", str(tickets))
         agent, cert = factory.certified_agent(self.fac, "triager")
         with self.assertRaisesRegex(factory.Refusal, "^the input has no visible text: a run needs a ticket with text$"):
             factory.run_one(self.fac, agent, cert, " \n ")
@@ -130,7 +130,7 @@ class Runs(CertifiedTest):
         write_jsonl(tickets, [{"id": "k1", "input": "How do I order a new card?"}, {"id": "k2", "input": "\u200b \u200d"}])
         code, out, err = self.factory("run", "triager", "--file", str(tickets))   # the blank one alone is refused
         self.assertEqual(code, 1, err)
-        self.assertIn("tickets.jsonl line 2: field 'input' must be non-empty text", err)
+        self.assertIn("tickets.jsonl line 2: field 'input' must be visible text", err)
         self.assertEqual([row["run_id"] for row in self.index_rows()], [self.index_rows()[0]["run_id"]], "k1 ran; no run id for k2")
 
     def test_a_run_is_written_in_order_started_first_closed_last(self):
