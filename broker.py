@@ -110,7 +110,7 @@ import math
 import re
 import time
 import unicodedata
-from collections import deque
+from collections import UserDict, deque
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
 from functools import cached_property
@@ -201,6 +201,17 @@ def by_value(args: dict) -> str:
     full-width digit, and white space, still differ)."""
     text = unicodedata.normalize("NFC", CANONICAL.encode(args))
     return CANONICAL.encode(json.loads(text, parse_float=_by_value))
+
+
+def unique_key(contract: dict, args: dict) -> tuple[str, dict] | None:
+    """(the name of its mark, 32 hex + `.json`; the values) by which an acting call is one effect across runs: the
+    arguments its contract's `unique_by` names (what the effect is about: an invoice number, an order id),
+    compared by value (by_value) with the tool's name; None when the contract names none."""
+    if not contract.get("unique_by"):
+        return None
+    import hashlib
+    values = {name: args.get(name) for name in contract["unique_by"]}
+    return hashlib.sha256(by_value({"tool": contract["name"], **values}).encode()).hexdigest()[:32] + ".json", values
 
 
 def _by_value(text: str):
@@ -613,6 +624,64 @@ def unique_keys(pairs: list) -> dict:
         twice = next(key for key, _ in pairs if key in seen or seen.add(key))
         raise DuplicateKey(f"duplicate key {twice!r}")
     return obj
+
+
+class ToolsOnFirstUse(UserDict):
+    """A run's own tools, made when first read (`data`): only a call executed at once (a read) needs them; held
+    calls are committed with tools of their own (settle_held)."""
+
+    def __init__(self, make: Callable[[], dict]):
+        self.make = make
+
+    data = cached_property(lambda self: self.make())
+
+    def get(self, name: str, default=None):
+        """The tool or default; an error making the tools goes up, a KeyError too (Mapping.get would take it for
+        a missing name)."""
+        return self.data.get(name, default)
+
+
+# ---- a run's trace and index rows: the fields of its row in the end event, those kept out of the index, and
+# those of its header in its `started` index row
+END_FIELDS = ("status", "reason", "verdict", "gate", "routed", "why", "output", "cost_usd")
+NOT_INDEXED = ("output", "tools", "gate_line", "cost_line", "settled")
+STARTED_FIELDS = ("run_id", "agent", "at", "tier", "digest")
+
+
+# ---- how a run's loop stops: each Stop's status is the closed-set status its trace records
+
+class Stop(Exception):
+    """A loop exit; `status` is the closed-set status recorded in the trace."""
+    status = "stopped"
+
+
+class Finished(Stop):
+    """The worker answered with text."""
+    status = "done"
+
+
+class Escalated(Stop):
+    """The step budget ran out, the answer was unusable or the run gate stopped it: a human takes over."""
+    status = "escalated"
+
+
+class OverBudget(Stop):
+    """The next model call would have exceeded the card's cost envelope."""
+    status = "over-budget"
+
+
+class Diverged(Stop):
+    """Replay: today's code asked the model more often than the recorded run did."""
+    status = "diverged"
+
+
+class Interrupted(Stop):
+    """A signal stopped the station (Halt): this run stops before its next step."""
+    status = "interrupted"
+
+
+CUT_OFF_NOTE = ("Your last reply stopped before it was complete (stop reason: {stop}), so none of its tool "
+                "calls was carried out and its text was not taken as an answer. Answer again, completely.")
 
 
 # ---- how a loop is assembled for each purpose (the factory's build_loop)
@@ -2358,13 +2427,13 @@ def contracts_assigned(node) -> bool:
 
 def contract_problems(family: str, name, contract) -> list[str]:
     """A line per way one entry of a tool module's CONTRACTS breaks a contract's shape (key a tool of this
-    family; name, effect, description, params, amounts_usd)."""
+    family; name, effect, description, params, amounts_usd, unique_by)."""
     if not (isinstance(name, str) and TOOL.fullmatch(name) and name.startswith(f"{family}:")):
         return [f"contract {name!r} is not named {family}:VERB (a tool lives in its family's module)"]
     if not isinstance(contract, dict):
         return [f"contract {name} is {type(contract).__name__}, not an object {{name, effect, description, params, "
                 f"failure_modes}}"]
-    amounts, params = contract.get("amounts_usd", []), contract.get("params")
+    amounts, params, unique = contract.get("amounts_usd", []), contract.get("params"), contract.get("unique_by", [])
     checks = ((contract.get("name") == name, f"its name is {contract.get('name')!r}, which differs from its key {name!r}"),
               (contract.get("effect") in EFFECTS, f"effect {contract.get('effect')!r} is not one of {', '.join(EFFECTS)}"),
               (isinstance(contract.get("description"), str), "missing description (a string: what the tool does, as the model is told)"),
@@ -2372,7 +2441,10 @@ def contract_problems(family: str, name, contract) -> list[str]:
                                          '"object", "properties": {...}})'),
               (isinstance(amounts, list) and all(isinstance(path, str) and amount_schema(params, path) for path in amounts),
                "amounts_usd is not a list of paths to its number arguments that are an amount of money in USD "
-               "(amount_usd, refund.total, items[].amount_usd)"))
+               "(amount_usd, refund.total, items[].amount_usd)"),
+              (isinstance(unique, list) and all(isinstance(name, str) and name in (params or {}).get("required", ()) for name in unique)
+               and (not unique or contract.get("effect") == "act"), "unique_by is not a list of the required arguments of an "
+               "acting tool that name what its effect is about (an invoice number: one effect per value across runs)"))
     problems = [problem for fits, problem in checks if not fits] + (schema_problems(params, "params") if isinstance(params, dict) else [])
     return [f"contract {name}: {problem}" for problem in problems]
 

@@ -66,7 +66,7 @@ import threading
 import textwrap
 import time
 import types
-from collections import UserDict, deque
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace as with_fields
 from datetime import datetime, timedelta, timezone
@@ -99,28 +99,29 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # registered: the import below reads no file of its own
 from broker import (  # noqa: E402
-    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_DEFAULTS, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
-    CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF, Decisions, Drift,
-    ENTRYPOINT, EXECUTE_GUARDS, FINAL, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IndexTally,
-    LABEL_SOURCES, LONE_SURROGATE, MODES, NAME, NEW_CASES, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, PASSING,
+    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_DEFAULTS, CARD_SCHEMA, CERTIFY_GUARDS,
+    CONTRACT, CUT_OFF_NOTE, CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT,
+    DEFAULT_HANDOFF, Decisions, Diverged, Drift, END_FIELDS, ENTRYPOINT, EXECUTE_GUARDS, Escalated, FINAL, Finished,
+    GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IndexTally, Interrupted, LABEL_SOURCES, LONE_SURROGATE,
+    MODES, NAME, NEW_CASES, NOT_INDEXED, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, OverBudget, PASSING,
     PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SET_BY_STAMP,
-    SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STUCK, Settled, Sign, TIERS, TOOL, Tally,
-    UNPRINTABLE, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown, attempts_of,
-    attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems, card_text,
-    case_fields, cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading,
-    component_lines, component_marks, contract_problems, contracts_assigned, copied_card, created_lines, cut, decided_line,
-    decisions_in, expect_faults, detect, did_you_mean, doctor_lines, encodable, encoded_forms, evidence, evidence_span,
-    executed_calls, executed_twins, figure_problem, first_refusal, flagged, fold_decisions, from_state,
-    gate_content, gate_lines, grants_line, guard_results, harvest_run_of, head_problem, held_draft, in_shard,
-    input_problem, is_blank, json_position, json_state, judge, judged_tier, junit_xml, label_source_problem,
-    line_verifies, lone_surrogate, merge_shards, module_name, newer, no_contract, one_line, overlap_refusal, outcome_of,
-    output_field_problems, paired_text, parked_counts, parse_setting, part, plain_imports, printable, proof_figures,
-    proof_summary, proof_verdict, quiet_denials, rate_text, recall_refusal, recorder_tools, redact, reject_constant,
-    render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts, reviews_text,
-    routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines, settle,
-    shard_line, share, signed_index, standing_recall, state_column, substitution, task_text,
-    ticket_problem, tool_list, tower_lines, twin_lines, uncertain_said, unique_keys, outside_sealed, usd, utf8, visible, went,
-    written_schema)
+    SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STARTED_FIELDS, STUCK, Settled,
+    Settlement, Sign, Stop, TIERS, TOOL, Tally, ToolsOnFirstUse, UNPRINTABLE, allowed_signer, apply_draft_scores,
+    args_digest, as_bytes_shown, attempts_of, attempts_said, attempts_since, brief_lines, call_columns, call_state,
+    card_changes, card_problems, card_text, case_fields, cases_text, certificate_trust, check_args, closes, closest,
+    closing_verdicts, code_loading, component_lines, component_marks, contract_problems, contracts_assigned,
+    copied_card, created_lines, cut, decided_line, decisions_in, detect, did_you_mean, doctor_lines, encodable,
+    encoded_forms, evidence, evidence_span, executed_calls, executed_twins, expect_faults, figure_problem,
+    first_refusal, flagged, fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results,
+    harvest_run_of, head_problem, held_draft, in_shard, input_problem, is_blank, json_position, json_state, judge,
+    judged_tier, junit_xml, label_source_problem, line_verifies, lone_surrogate, merge_shards, module_name, newer,
+    no_contract, one_line, outcome_of, output_field_problems, outside_sealed, overlap_refusal, paired_text,
+    parked_counts, parse_setting, part, plain_imports, printable, proof_figures, proof_summary, proof_verdict,
+    quiet_denials, rate_text, recall_refusal, recorder_tools, redact, reject_constant, render_tower_html,
+    replaced_text, replay_differences, restamp_lines, review_counts, reviews_text, routing_reasons, run_lines,
+    run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines, settle, shard_line, share, signed_index,
+    standing_recall, state_column, substitution, task_text, ticket_problem, tool_list, tower_lines, twin_lines,
+    uncertain_said, unique_key, unique_keys, usd, utf8, visible, went, written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -2979,40 +2980,6 @@ def staged_call_claim(fac: Factory, entry: dict, approval: Decision | None = Non
 # Stop family, the run gate (detectors, then Sage), the output gate, the verdicts, the trace (header,
 # events, end, index row) and the one function that assembles a broker and a loop for a mode.
 
-class Stop(Exception):
-    """A loop exit; `status` is the closed-set status recorded in the trace."""
-    status = "stopped"
-
-
-class Finished(Stop):
-    """The worker answered with text."""
-    status = "done"
-
-
-class Escalated(Stop):
-    """The step budget ran out, the answer was unusable or the run gate stopped it: a human takes over."""
-    status = "escalated"
-
-
-class OverBudget(Stop):
-    """The next model call would have exceeded the card's cost envelope."""
-    status = "over-budget"
-
-
-class Diverged(Stop):
-    """Replay: today's code asked the model more often than the recorded run did."""
-    status = "diverged"
-
-
-class Interrupted(Stop):
-    """A signal stopped the station (Halt): this run stops before its next step."""
-    status = "interrupted"
-
-
-CUT_OFF_NOTE = ("Your last reply stopped before it was complete (stop reason: {stop}), so none of its tool "
-                "calls was carried out and its text was not taken as an answer. Answer again, completely.")
-
-
 def parse_output(text: str, schema: dict) -> dict:
     """The first JSON object in the final text that OUTPUT_SCHEMA accepts (llm.json_objects: prose, a fence or a
     note around it do not hide it); Escalated naming the first one's contract break, or for none."""
@@ -3293,9 +3260,6 @@ def read_back(fac: Factory, receipt: dict | None) -> bool:
 
 # ---- the trace: one transcript per run, and its row in the index
 
-END_FIELDS = ("status", "reason", "verdict", "gate", "routed", "why", "output", "cost_usd")   # of the row, in the end event
-NOT_INDEXED = ("output", "tools", "gate_line", "cost_line", "settled")                               # of the row, kept out of the index
-STARTED_FIELDS = ("run_id", "agent", "at", "tier", "digest")     # of the header, in the run's `started` index row
 STARTED_SHAPE = Shape.of({"state": str, "run_id": str, "agent": str, "at": str, "tier": str, "digest": str})
 INDEX_SHAPE = Shape.of({"run_id": str, "agent": str, "at": str, "status": str, "verdict": str, "gate": str,
                         "backends": list, "denied": list, "acted": int, "staged": int, "why": list},
@@ -3463,21 +3427,6 @@ def make_worker(fac: Factory, agent: Agent, task_input, clients: Clients, run_id
                       breaker=clients.breaker, run_id=run_id, prices=agent.card.get("prices"))
 
 
-class ToolsOnFirstUse(UserDict):
-    """A run's own tools, made when first read (`data`): only a call executed at once (a read) needs them; held
-    calls are committed with tools of their own (settle_held)."""
-
-    def __init__(self, make: Callable[[], dict]):
-        self.make = make
-
-    data = cached_property(lambda self: self.make())
-
-    def get(self, name: str, default=None):
-        """The tool or default; an error making the tools goes up, a KeyError too (Mapping.get would take it for
-        a missing name)."""
-        return self.data.get(name, default)
-
-
 def build_loop(fac: Factory, agent: Agent, mode: str, record, task_input=None, *, tier: str = "C0",
                run_id: str | None = None, worker: "llm.AnyWorker | None" = None, tools: dict | None = None,
                clients: Clients | None = None) -> Loop:
@@ -3619,6 +3568,8 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
     held_back = "; ".join(filter(None, (gate["why"], *gate.get("problems", ()))))   # why the gate did not pass, in full
     for settlement in settle(list(broker.held), tier, gate["result"], handed_off, gate["effects"], agent.act_envelope, held_back,
                              tuple(broker.denials())):
+        earlier = settlement.decision == "commit" and settlement.call.effect == "act" and claim_effect(fac, agent, trace, settlement.call)
+        settlement = Settlement(settlement.call, "park", f"held for a human: {earlier}", settlement.digest, earlier) if earlier else settlement
         call, decision = settlement.call, settlement.decision
         event = {"event": "settled", "at": utc_now(), "seq": call.seq, "tool": call.tool, "args_digest": settlement.digest,
                  "decision": decision, "why": settlement.why}
@@ -3643,6 +3594,24 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
     if drafts:
         to_review()
     return done
+
+
+def claim_effect(fac: Factory, agent: Agent, trace: Trace, call: Outcome, claim: bool = True) -> str | None:
+    """Mark an acting call's effect as this run's by its contract's unique_by (outbox/AGENT/unique/KEY.json, made
+    exclusively: of two runs one wins); None when it is (or names none), else whose it is. `claim` False: an
+    approved call executed, marked whatever was there."""
+    key = unique_key(agent.contracts[call.tool], call.args)
+    if key is None:
+        return None
+    path, mark = fac.root / "outbox" / agent.name / "unique" / key[0], {"tool": call.tool, **key[1]}
+    try:
+        fac.store.write_json(path, {**mark, "run_id": trace.run_id, "seq": call.seq, "at": utc_now()}, exclusive=claim)
+        return None
+    except FileExistsError:
+        with contextlib.suppress(Refusal):
+            return (f"{json.dumps(mark, ensure_ascii=False)} was executed for run {fac.store.read_json(path)['run_id']} "
+                    f"already (unique_by)")
+        return f"{fac.shown(path)} marks {json.dumps(mark, ensure_ascii=False)} executed already, by a run it does not name"
 
 
 def queue_review(fac: Factory, agent: Agent, trace: Trace, gate: dict, rows: list[dict]) -> dict:
@@ -3690,6 +3659,8 @@ def execute_staged_call(fac: Factory, run_id: str, call: int, approval: Decision
         gate = entry.get("gate") if isinstance(entry.get("gate"), dict) else {}
         tools = agent.tools_for(fac, run_id, {"gate": gate.get("result"), "p": gate.get("p")}, announcer(trace, call, writes))
         done = broker.commit(held, tools) if held.ruling == HELD else held
+        if done.ok and done.effect == "act":
+            claim_effect(fac, agent, trace, done, claim=False)
         refused = writes and not done.ok and not any(w["written"] for w in writes) and read_back_attempts(fac, entry)[0] is not True
         outcome = {"ok": done.ok, "ruling": done.ruling, "result": done.result, "receipt": done.receipt,
                    "read_back": read_back(fac, done.receipt), "written": True if any(w["written"] for w in writes) else

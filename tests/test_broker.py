@@ -97,6 +97,23 @@ class Rulings(unittest.TestCase):
                          [f"contract a:act: params: keyword 'format' is not checked by the factory, so it is refused "
                           f"(it checks {checked})"])
 
+    def test_unique_by_names_required_arguments_of_an_acting_tool(self):
+        """A contract's unique_by (what an acting call's effect is about, one per value across runs) must name
+        required arguments of an acting tool; its key is the tool and those values by value (40 and 40.0 one)."""
+        params = {"type": "object", "required": ["invoice_no", "usd"],
+                  "properties": {"invoice_no": {"type": "string"}, "usd": {"type": "number"}, "note": {"type": "string"}}}
+        pay = {"name": "a:pay", "effect": "act", "description": "d", "params": params, "unique_by": ["invoice_no"]}
+        self.assertEqual(broker.contract_problems("a", "a:pay", pay), [])
+        wrong = "contract a:pay: unique_by is not a list of the required arguments of an acting tool that name what its effect is about"
+        for bad in ({**pay, "unique_by": ["note"]}, {**pay, "unique_by": "invoice_no"}, {**pay, "effect": "draft"}):
+            [problem] = broker.contract_problems("a", "a:pay", bad)
+            self.assertTrue(problem.startswith(wrong), problem)
+        key = broker.unique_key(pay, {"invoice_no": "AD-100", "usd": 80})
+        self.assertEqual(key, (key[0], {"invoice_no": "AD-100"}))
+        self.assertEqual(broker.unique_key(pay, {"invoice_no": "AD-100", "usd": 9}), key)
+        self.assertNotEqual(broker.unique_key(pay, {"invoice_no": "AD-101", "usd": 80}), key)
+        self.assertIsNone(broker.unique_key({**pay, "unique_by": []}, {"invoice_no": "AD-100"}))
+
     def test_denial_is_handed_back_and_a_failing_tool_does_not_crash(self):
         events = []
         def explode(args):

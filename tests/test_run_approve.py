@@ -924,6 +924,35 @@ class AtC3(Tiered):
         self.assertIn("the agent handed it off (escalate: true)", row["why"])
 
 
+class UniqueEffects(Tiered):
+    """payer at C3 with billing:refund's contract naming `unique_by: ["reason"]` (what its effect is about)."""
+
+    def prepare(self):
+        billing = self.root / "agents" / "tools" / "billing.py"
+        billing.write_text(billing.read_text().replace('"amounts_usd": ["amount_usd"],', '"amounts_usd": ["amount_usd"], "unique_by": ["reason"],', 1))
+        super().prepare()
+        self.promote_to("C3")
+
+    def test_an_acting_call_a_run_already_executed_by_its_unique_by_is_parked_for_a_human(self):
+        """The same refund in two runs at C3: the first is written and marks its effect; the second, the same
+        reason (by value), is parked for a human naming the first run, not written again (the same invoice
+        was paid twice at C3 with no word anywhere); approving it executes it, as the human decided."""
+        first = self.refund_run()
+        second = self.refund_run()
+        self.assertEqual((first["acted"], second["acted"], second["staged"], len(self.effects("refunds"))), (1, 0, 1, 1))
+        why = (f'{{"tool": "billing:refund", "reason": "charged twice for one order"}} was executed for run {first["run_id"]} '
+               f'already (unique_by)')
+        self.assertIn(why, second["why"])
+        settled = [e for e in self.traces("payer")[-1] if e.get("event") == "settled" and e["tool"] == "billing:refund"]
+        self.assertEqual([(e["decision"], e["why"]) for e in settled], [("park", f"held for a human: {why}")])
+        [mark] = (self.root / "outbox" / "payer" / "unique").iterdir()
+        self.assertEqual(json.loads(mark.read_text())["run_id"], first["run_id"])
+        self.give_key("bob")
+        self.assertEqual(self.at_terminal("approve", second["run_id"], "--by", "bob", answer=b"y\n").returncode, 0)
+        self.assertEqual(len(self.effects("refunds")), 2)
+        self.assertEqual(json.loads(mark.read_text())["run_id"], second["run_id"], "the executed call marks it again")
+
+
 class Promotion(Tiered):
 
     def test_promotion_is_refused_without_evidence_then_allowed(self):
