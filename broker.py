@@ -508,7 +508,8 @@ class Broker:
     `contracts` maps tool name -> contract dict (name, effect, description, params, failure_modes);
     `tools` maps tool name -> callable(args: dict) -> str (the real effect); `record` receives each
     trace entry dict. `held` collects the draft and acting calls kept for after the gate, in call
-    order; `committed` the held calls executed since (`commit`).
+    order; `committed` the held calls executed since (`commit`); `unrun` the tools a turn used for nothing (cut
+    off) asked for that the policy denies: asked for, though nothing ran.
     """
     policy: Policy
     contracts: dict
@@ -519,6 +520,7 @@ class Broker:
     held: list = field(default_factory=list)
     committed: list = field(default_factory=list)
     outcomes: list = field(default_factory=list)
+    unrun: list = field(default_factory=list)
 
     def __post_init__(self):
         """Refuse to broker in an unknown mode, or with a contract whose effect is not read/draft/act."""
@@ -593,8 +595,12 @@ class Broker:
         return done
 
     def denials(self) -> list[str]:
-        """Tool names this broker denied, in call order."""
-        return [o.tool for o in self.outcomes if o.ruling in DENIALS]
+        """Tool names this broker denied, in call order, then those of `unrun`."""
+        return [o.tool for o in self.outcomes if o.ruling in DENIALS] + self.unrun
+
+    def rule_unrun(self, calls) -> None:
+        """Note in `unrun` each call (name, args) of a turn used for nothing that the policy would deny."""
+        self.unrun += [c.name for c in calls if rule_on(self.policy, self.contracts, c.name, c.args, self.mode).name in DENIALS]
 
 
 # ---- strict JSON (RFC 8259, https://www.rfc-editor.org/rfc/rfc8259): the hooks the factory's reader gives json
@@ -1044,8 +1050,8 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
           by_value), or carrying an earlier call's provider id -> duplicate, and the run goes to a human
         act at C2..C3, gate clear, beyond the act envelope -> park, and the run goes to a human
         act at C2, gate clear                 -> park
-        act at C3, gate clear, in a run that repeated an acting call or asked for a tool the broker denied
-          -> park, and the run goes to a human (a suspect run: a human decides each of its acting calls)
+        act at C3 / draft at C1..C3, gate clear, in a run that repeated an acting call or asked for a tool the
+          broker denied -> park / review, and the run goes to a human (a suspect run: nothing is written alone)
         act at C3, gate clear                 -> commit
 
     "Gate clear" means the gate passed, the agent did not hand off, and the gate saw this call with
@@ -1066,8 +1072,8 @@ def settle(held: list[Outcome], tier: str, result: str, handed_off: bool, gated,
                 calls, usd = calls + 1, usd + envelope.usd_of(call)
         done.append(settlement)
     suspect = next((s.route for s in done if s.decision == "duplicate"), None) or denied_reason(denied)
-    return [Settlement(s.call, "park", f"held for a human: {suspect}", s.digest, suspect)
-            if suspect and s.call.effect == "act" and s.decision == "commit" else s for s in done]
+    return [Settlement(s.call, "park" if s.call.effect == "act" else "review", f"held for a human: {suspect}", s.digest, suspect)
+            if suspect and s.decision == "commit" else s for s in done]
 
 
 def denied_reason(denied) -> str | None:
@@ -1609,6 +1615,68 @@ LABEL_SOURCES = MappingProxyType({
     "synthetic": "written, not from a real source",
 })
 UNRECORDED = "unrecorded"   # a real case that does not say (a synthetic one is synthetic: case_fields)
+
+
+# ---- a suite's cases as written: each checked against the factory's Contract (its output properties, the
+# tools expect.denied may name, and unknown_tool)
+
+CASE_FIELDS = ("id", "input", "expect", "source", "label_source")
+CASE_IS = ('a case is {"id", "input", "expect"} and optionally "source" ("synthetic" for a case you wrote; '
+           'anything else, or none, counts as a real case) and "label_source" (' + ", ".join(LABEL_SOURCES) + ')')
+# a line break or control character in a case id would break the line of every report that names it
+ID_BREAKS = re.compile("[\t\n\r\x85\u2028\u2029]")
+
+
+def case_problem(case, first_line: dict, contract: "Contract") -> str | None:
+    """What is wrong with one case, or None: its fields (CASE_IS), its id (a string, not blank, no line break or
+    control, not given before: `first_line` is id -> line), its input's text, its label_source, its `expect`."""
+    unknown, missing = sorted(set(case) - set(CASE_FIELDS)), [f for f in CASE_FIELDS[:3] if f not in case]
+    if unknown or missing:
+        return "; ".join([f"unknown field(s) {', '.join(map(repr, unknown))}"] * bool(unknown) +
+                         [f"missing field(s) {', '.join(map(repr, missing))}"] * bool(missing)) + f": {CASE_IS}"
+    ident = case["id"]
+    if not isinstance(ident, str):
+        return f"the case id {json.dumps(ident)} is not a string (write it in quotes)"
+    if not ident.strip():
+        return "the case id is empty: every case needs an id its reports can name it by"
+    if ID_BREAKS.search(ident) or UNPRINTABLE.search(ident):
+        return f"the case id {json.dumps(ident)} holds a line break or control character"
+    if ident in first_line:
+        return f"the case id {json.dumps(ident)} is given twice (first on line {first_line[ident]})"
+    labelled = input_problem(case["input"]) or label_source_problem(case)
+    return f"case {json.dumps(ident)}: {labelled}" if labelled else expect_problem(ident, case["expect"], contract)
+
+
+def expect_problem(ident: str, expect, contract: "Contract") -> str | None:
+    """What is wrong with a case's `expect`, or None: one output property or more, each with a value the
+    contract allows, and maybe `denied`. Expected values are never quoted: sealed stays sealed."""
+    case, properties = f"case {json.dumps(ident)}", sorted(contract.properties)
+    if not isinstance(expect, dict):
+        return f"{case}: expect must be an object (output field -> the value wanted)"
+    unknown = sorted(set(expect) - set(properties) - {"denied"})
+    if unknown:
+        return (f"{case}: expect names {', '.join(map(repr, unknown))}, not a property of the output "
+                f"contract (OUTPUT_SCHEMA: {', '.join(properties) or 'none'}) nor 'denied'")
+    denied = denied_problem(case, expect.get("denied", []), contract)
+    if denied:
+        return denied
+    wanted = sorted(set(expect) - {"denied"})
+    if not wanted:
+        return (f"{case}: expect names no output field, so the case checks nothing the agent answers; give the "
+                f"value wanted of at least one of {', '.join(properties) or 'none'}")
+    wrong = expect_faults(contract.properties, expect)
+    return f"{case}: {'; '.join(wrong)}, as the output contract says (no output could match)" if wrong else None
+
+
+def denied_problem(case: str, denied, contract: "Contract") -> str | None:
+    """What is wrong with a case's expect.denied, or None: a list of tool names some tool module defines
+    (another is a typo: the denial it allows never happens)."""
+    if not (isinstance(denied, list) and all(isinstance(t, str) for t in denied)):
+        return (f"{case}: expect.denied must be a list of tool names (the tools the broker may refuse in this "
+                f"case without failing it)")
+    unknown = {tool: contract.unknown_tool(tool) for tool in denied}
+    return "; ".join(f"{case}: expect.denied names '{one_line(tool)}', {problem}"
+                     for tool, problem in unknown.items() if problem) or None
 
 
 def label_source_problem(case: dict) -> str | None:

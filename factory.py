@@ -102,26 +102,26 @@ from broker import (  # noqa: E402
     APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_DEFAULTS, CARD_SCHEMA, CERTIFY_GUARDS,
     CONTRACT, CUT_OFF_NOTE, CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT,
     DEFAULT_HANDOFF, Decisions, Diverged, Drift, END_FIELDS, ENTRYPOINT, EXECUTE_GUARDS, Escalated, FINAL, Finished,
-    GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IndexTally, Interrupted, LABEL_SOURCES, LONE_SURROGATE,
-    MODES, NAME, NEW_CASES, NOT_INDEXED, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, OverBudget, PASSING,
-    PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SET_BY_STAMP,
-    SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STARTED_FIELDS, STUCK, Settled,
-    Settlement, Sign, Stop, TIERS, TOOL, Tally, ToolsOnFirstUse, UNPRINTABLE, allowed_signer, apply_draft_scores,
-    args_digest, as_bytes_shown, attempts_of, attempts_said, attempts_since, brief_lines, call_columns, call_state,
-    card_changes, card_problems, card_text, case_fields, cases_text, certificate_trust, check_args, closes, closest,
+    GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IndexTally, Interrupted, LONE_SURROGATE, MODES, NAME,
+    NEW_CASES, NOT_INDEXED, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, OverBudget, PASSING, PROMOTION_RUNS,
+    ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SET_BY_STAMP, SHARD_FORMAT,
+    SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STARTED_FIELDS, STUCK, Settled, Settlement, Sign, Stop,
+    TIERS, TOOL, Tally, ToolsOnFirstUse, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown,
+    attempts_of, attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems,
+    card_text, case_fields, case_problem, cases_text, certificate_trust, check_args, closes, closest,
     closing_verdicts, code_loading, component_lines, component_marks, contract_problems, contracts_assigned,
     copied_card, created_lines, cut, decided_line, decisions_in, detect, did_you_mean, doctor_lines, encodable,
-    encoded_forms, evidence, evidence_span, executed_calls, executed_twins, expect_faults, figure_problem,
-    first_refusal, flagged, fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results,
-    harvest_run_of, head_problem, held_draft, in_shard, input_problem, is_blank, json_position, json_state, judge,
-    judged_tier, junit_xml, label_source_problem, line_verifies, lone_surrogate, merge_shards, module_name, newer,
-    no_contract, one_line, outcome_of, output_field_problems, outside_sealed, overlap_refusal, paired_text,
-    parked_counts, parse_setting, part, plain_imports, printable, proof_figures, proof_summary, proof_verdict,
-    quiet_denials, rate_text, recall_refusal, recorder_tools, redact, reject_constant, render_tower_html,
-    replaced_text, replay_differences, restamp_lines, review_counts, reviews_text, routing_reasons, run_lines,
-    run_verdict, schema_table, scored_note, seal_line, sealed_proof_lines, settle, shard_line, share, signed_index,
-    standing_recall, state_column, substitution, task_text, ticket_problem, tool_list, tower_lines, twin_lines,
-    uncertain_said, unique_key, unique_keys, usd, utf8, visible, went, written_schema)
+    encoded_forms, evidence, evidence_span, executed_calls, executed_twins, figure_problem, first_refusal, flagged,
+    fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results, harvest_run_of, head_problem,
+    held_draft, in_shard, input_problem, is_blank, json_position, json_state, judge, judged_tier, junit_xml,
+    line_verifies, lone_surrogate, merge_shards, module_name, newer, no_contract, one_line, outcome_of,
+    output_field_problems, outside_sealed, overlap_refusal, paired_text, parked_counts, parse_setting, part,
+    plain_imports, printable, proof_figures, proof_summary, proof_verdict, quiet_denials, rate_text, recall_refusal,
+    recorder_tools, redact, reject_constant, render_tower_html, replaced_text, replay_differences, restamp_lines,
+    review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line,
+    sealed_proof_lines, settle, shard_line, share, signed_index, standing_recall, state_column, substitution,
+    task_text, ticket_problem, tool_list, tower_lines, twin_lines, uncertain_said, unique_key, unique_keys, usd,
+    utf8, visible, went, written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -1835,13 +1835,6 @@ def inputs_of(fac: Factory, card: dict, sealed: bool) -> list[dict]:
     return [row for row in rows if isinstance(row, dict) and isinstance(row.get("id"), str) and "input" in row]
 
 
-CASE_FIELDS = ("id", "input", "expect", "source", "label_source")
-CASE_IS = ('a case is {"id", "input", "expect"} and optionally "source" ("synthetic" for a case you wrote; '
-           'anything else, or none, counts as a real case) and "label_source" (' + ", ".join(LABEL_SOURCES) + ')')
-# a line break or control character in a case id would break the line of every report that names it
-ID_BREAKS = re.compile("[\t\n\r\x85\u2028\u2029]")
-
-
 def load_cases(fac: Factory, path: Path, agent: Agent) -> list[dict]:
     """The cases of one half, each checked against the agent's output contract and tools (case_problem); Refusal
     naming the file and every malformed line."""
@@ -1882,58 +1875,6 @@ class Contract:
             return None
         defined = known_tools(self.fac)[0]
         return None if tool in defined else f"a tool no tool module defines{did_you_mean(tool, sorted(self.tools) + defined)}"
-
-
-def case_problem(case, first_line: dict, contract: Contract) -> str | None:
-    """What is wrong with one case, or None: its fields (CASE_IS), its id (a string, not blank, no line break or
-    control, not given before: `first_line` is id -> line), its input's text, its label_source, its `expect`."""
-    unknown, missing = sorted(set(case) - set(CASE_FIELDS)), [f for f in CASE_FIELDS[:3] if f not in case]
-    if unknown or missing:
-        return "; ".join([f"unknown field(s) {', '.join(map(repr, unknown))}"] * bool(unknown) +
-                         [f"missing field(s) {', '.join(map(repr, missing))}"] * bool(missing)) + f": {CASE_IS}"
-    ident = case["id"]
-    if not isinstance(ident, str):
-        return f"the case id {json.dumps(ident)} is not a string (write it in quotes)"
-    if not ident.strip():
-        return "the case id is empty: every case needs an id its reports can name it by"
-    if ID_BREAKS.search(ident) or UNPRINTABLE.search(ident):
-        return f"the case id {json.dumps(ident)} holds a line break or control character"
-    if ident in first_line:
-        return f"the case id {json.dumps(ident)} is given twice (first on line {first_line[ident]})"
-    labelled = input_problem(case["input"]) or label_source_problem(case)
-    return f"case {json.dumps(ident)}: {labelled}" if labelled else expect_problem(ident, case["expect"], contract)
-
-
-def expect_problem(ident: str, expect, contract: Contract) -> str | None:
-    """What is wrong with a case's `expect`, or None: one output property or more, each with a value the
-    contract allows, and maybe `denied`. Expected values are never quoted: sealed stays sealed."""
-    case, properties = f"case {json.dumps(ident)}", sorted(contract.properties)
-    if not isinstance(expect, dict):
-        return f"{case}: expect must be an object (output field -> the value wanted)"
-    unknown = sorted(set(expect) - set(properties) - {"denied"})
-    if unknown:
-        return (f"{case}: expect names {', '.join(map(repr, unknown))}, not a property of the output "
-                f"contract (OUTPUT_SCHEMA: {', '.join(properties) or 'none'}) nor 'denied'")
-    denied = denied_problem(case, expect.get("denied", []), contract)
-    if denied:
-        return denied
-    wanted = sorted(set(expect) - {"denied"})
-    if not wanted:
-        return (f"{case}: expect names no output field, so the case checks nothing the agent answers; give the "
-                f"value wanted of at least one of {', '.join(properties) or 'none'}")
-    wrong = expect_faults(contract.properties, expect)
-    return f"{case}: {'; '.join(wrong)}, as the output contract says (no output could match)" if wrong else None
-
-
-def denied_problem(case: str, denied, contract: Contract) -> str | None:
-    """What is wrong with a case's expect.denied, or None: a list of tool names some tool module defines
-    (another is a typo: the denial it allows never happens)."""
-    if not (isinstance(denied, list) and all(isinstance(t, str) for t in denied)):
-        return (f"{case}: expect.denied must be a list of tool names (the tools the broker may refuse in this "
-                f"case without failing it)")
-    unknown = {tool: contract.unknown_tool(tool) for tool in denied}
-    return "; ".join(f"{case}: expect.denied names '{one_line(tool)}', {problem}"
-                     for tool, problem in unknown.items() if problem) or None
 
 
 # ---- a new agent: its card, module, tool module and suite, made to prove as they are
@@ -3041,6 +2982,7 @@ class Loop:
         reply = self.ask()
         if not reply.acts:
             self.cut_off = reply.stop_reason or "not recorded"
+            self.broker.rule_unrun(reply.tool_calls)   # a denied tool it asked for counts, though nothing ran
             self.messages.append({"role": "user", "content": CUT_OFF_NOTE.format(stop=self.cut_off)})
             return
         if not reply.tool_calls:
@@ -3500,8 +3442,8 @@ def close_run(fac: Factory, clients: Clients, agent: Agent, cert: dict, trace: T
                               any(row[1] == "duplicate" for row in settled.rows) or bool(loop.broker.denials()))
         reasons = routing_reasons(status, loop, gate, handed_off, uncertain, gate["problems"], settled.routes)
         if reasons and status != "interrupted" and not settled.parked + settled.review and isinstance(loop.output, dict):
-            said = queue_review(fac, agent, trace, gate, [{"seq": 1, "tool": OUTPUT_ITEM, "effect": "none",   # a
-                                                           "args": loop.output, "why": "; ".join(reasons)}])   # human has only this
+            said = queue_review(fac, agent, trace, gate, [{"seq": 1, "tool": OUTPUT_ITEM, "effect": "none",
+                                                           "args": loop.output, "why": "; ".join(reasons)}])
             settled.review += "path" in said
             settled.lost += [f"its output could not be queued for review ({said['error']})"] if "error" in said else []
         row = {"run_id": trace.run_id, "agent": agent.name, "at": utc_now(), "digest": agent.digest, "tier": tier,
@@ -3600,10 +3542,9 @@ def claim_effect(fac: Factory, agent: Agent, trace: Trace, call: Outcome, claim:
     """Mark an acting call's effect as this run's by its contract's unique_by (outbox/AGENT/unique/KEY.json, made
     exclusively: of two runs one wins); None when it is (or names none), else whose it is. `claim` False: an
     approved call executed, marked whatever was there."""
-    key = unique_key(agent.contracts[call.tool], call.args)
-    if key is None:
+    if (marked := effect_mark(fac, agent, call.tool, call.args)) is None:
         return None
-    path, mark = fac.root / "outbox" / agent.name / "unique" / key[0], {"tool": call.tool, **key[1]}
+    path, mark = marked
     try:
         fac.store.write_json(path, {**mark, "run_id": trace.run_id, "seq": call.seq, "at": utc_now()}, exclusive=claim)
         return None
@@ -3612,6 +3553,12 @@ def claim_effect(fac: Factory, agent: Agent, trace: Trace, call: Outcome, claim:
             return (f"{json.dumps(mark, ensure_ascii=False)} was executed for run {fac.store.read_json(path)['run_id']} "
                     f"already (unique_by)")
         return f"{fac.shown(path)} marks {json.dumps(mark, ensure_ascii=False)} executed already, by a run it does not name"
+
+
+def effect_mark(fac: Factory, agent: Agent, tool: str, args: dict) -> tuple[Path, dict] | None:
+    """(outbox/AGENT/unique/KEY.json, {tool, the unique_by values}) of an acting call; None when its contract names none."""
+    key = unique_key(agent.contracts[tool], args)
+    return None if key is None else (fac.root / "outbox" / agent.name / "unique" / key[0], {"tool": tool, **key[1]})
 
 
 def queue_review(fac: Factory, agent: Agent, trace: Trace, gate: dict, rows: list[dict]) -> dict:
@@ -4959,6 +4906,9 @@ def cmd_approve(fac: Factory, args) -> int:
     at_a_terminal("unapproved. approving an acting call is a human's job, at a terminal.")
     retry = ["retry: " + uncertain_column(fac, entry, claim.record.decisions)] if claim.record.state == "uncertain-effect" else []
     twins = twin_lines(executed_twins(executed_calls(decisions_of(fac, lambda e: e["agent"] == entry["agent"]).decided), entry))
+    if (marked := effect_mark(fac, claim.agent, entry["tool"], entry["args"])) and fac.store.exists(marked[0]):
+        twins.append(f"note: {json.dumps(marked[1], ensure_ascii=False)} was executed already, for run "
+                     f"{fac.store.read_json(marked[0]).get('run_id')} (its contract's unique_by): see that it is not done twice")
     if no := declined(approval_brief(fac, entry) + twins + retry, "approve?"):
         raise Refusal(f"not approved; the call stays staged. you answered {no}; only y or yes approves.")
     body = {"kind": "intent", **{key: entry[key] for key in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},

@@ -352,7 +352,7 @@ class Settle(unittest.TestCase):
         for result in ("pass", "flag"):
             settled = broker.settle(calls, "C3", result, False, shown(calls), wide)
             decisions = [s.decision for s in settled]
-            self.assertEqual(decisions, ["park", "duplicate", "duplicate", "commit", "commit"] if result == "pass"
+            self.assertEqual(decisions, ["park", "duplicate", "duplicate", "review", "review"] if result == "pass"
                              else ["review"] * 5)   # flagged: the human sees every call it proposed
         settled = broker.settle(calls, "C3", "pass", False, shown(calls), wide)
         self.assertEqual([s.route for s in settled[1:3]], ["a duplicate of call 2: the same tool and arguments (by value)",
@@ -364,8 +364,8 @@ class Settle(unittest.TestCase):
 
     def test_a_run_that_asked_for_a_denied_tool_commits_no_acting_call(self):
         """At C3 with the gate clear, a run whose agent asked for a tool the broker denied (an injection's
-        sign, or an output claiming what never happened) parks each acting call for a human, naming the
-        denied tools, and still commits its drafts; a run with no denial commits both."""
+        sign, or an output claiming what never happened) parks each acting call for a human and puts each
+        draft in the review queue, naming the denied tools; a run with no denial commits both."""
         contracts = {"a:pay": {"effect": "act", "params": {"type": "object"}}, "a:draft": {"effect": "draft", "params": {}}}
         desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C3"), contracts, {}, "run", [].append)
         desk.carry_out("a:pay", {"amount_usd": 5})
@@ -373,7 +373,8 @@ class Settle(unittest.TestCase):
         calls, wide = list(desk.held), broker.ActEnvelope(10, 1000, {"a:pay": ("amount_usd",)})
         denied = broker.settle(calls, "C3", "pass", False, shown(calls), wide, denied=("a:void", "a:void", "b:x"))
         self.assertEqual([(s.decision, s.route) for s in denied], [
-            ("park", "the broker denied a:void, b:x, which the agent asked for"), ("commit", "")])
+            ("park", "the broker denied a:void, b:x, which the agent asked for"),
+            ("review", "the broker denied a:void, b:x, which the agent asked for")])
         self.assertEqual([s.decision for s in broker.settle(calls, "C3", "pass", False, shown(calls), wide)], ["commit", "commit"])
 
     def test_arguments_equal_by_value_are_duplicates(self):

@@ -894,6 +894,9 @@ class AtC3(Tiered):
         self.assertEqual((len(self.effects("refunds")) - before, row["acted"], row["staged"], row["gate"], row["verdict"]),
                          (0, 0, 1, "pass", "routed-to-human"))
         self.assertIn("the broker denied vault:open, which the agent asked for", row["why"])
+        self.assertEqual([(q["tool"], q["why"]) for q in self.effects("review")[queued:] if q["run_id"] == row["run_id"]],
+                         [("issues:label", "held for a human: the broker denied vault:open, which the agent asked for")],
+                         "its draft is not written either: it waits in the review queue")
         alone = self.run_payer(CHARGED)[0]
         self.offline()
         self.assertEqual((alone["verdict"], alone["why"]), ("routed-to-human", ["the broker denied vault:open, which the agent asked for"]))
@@ -901,6 +904,23 @@ class AtC3(Tiered):
         self.assertEqual((item["tool"], item["args"], item["why"]), ("output", json.loads(CALM), alone["why"][0]))
         code, out, err = self.factory("tower", "--json")
         self.assertEqual([a["handed_off"] for a in json.loads(out)["agents"] if a["agent"] == "payer"], [0], err)
+
+    def test_a_denied_tool_asked_for_in_a_turn_cut_off_still_makes_the_run_suspect(self):
+        """The denied tool asked for in a turn that stopped at the token limit (used for nothing, so never ruled
+        on): it counts as denied, so the refund a later turn asks for is parked, not written, and the run is
+        routed naming it (it was verified with the refund written and the tower counted no denial)."""
+        denied = ("m9", "vault__open", {"door": "all"})
+        server = FakeServer(Answer(body=anthropic_message(tool_uses=[denied], stop="max_tokens")),
+                            Answer(body=anthropic_message(tool_uses=[LABEL_CALL, REFUND_CALL])),
+                            Answer(body=anthropic_message(CALM))).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        before = len(self.effects("refunds"))
+        row = self.run_payer(CHARGED)[0]
+        self.offline()
+        self.assertEqual((len(self.effects("refunds")) - before, row["acted"], row["staged"], row["denied"], row["verdict"]),
+                         (0, 0, 1, ["vault:open"], "routed-to-human"))
+        self.assertIn("the broker denied vault:open, which the agent asked for", row["why"])
 
     def test_replay_of_a_run_that_moved_money_reports_no_difference(self):
         row = self.refund_run()
@@ -948,7 +968,10 @@ class UniqueEffects(Tiered):
         [mark] = (self.root / "outbox" / "payer" / "unique").iterdir()
         self.assertEqual(json.loads(mark.read_text())["run_id"], first["run_id"])
         self.give_key("bob")
-        self.assertEqual(self.at_terminal("approve", second["run_id"], "--by", "bob", answer=b"y\n").returncode, 0)
+        approved = self.at_terminal("approve", second["run_id"], "--by", "bob", answer=b"y\n")
+        self.assertEqual(approved.returncode, 0, approved.stderr)
+        self.assertIn(f'note: {{"tool": "billing:refund", "reason": "charged twice for one order"}} was executed already, for run '
+                      f'{first["run_id"]} (its contract\'s unique_by): see that it is not done twice', approved.stderr)
         self.assertEqual(len(self.effects("refunds")), 2)
         self.assertEqual(json.loads(mark.read_text())["run_id"], second["run_id"], "the executed call marks it again")
 
