@@ -227,24 +227,33 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # ---- text from outside as the factory shows it: controls escaped, on one line, in the terminal's encoding
 
-# What a terminal would act on (move the cursor, erase a line, reorder text) or cannot show: C0 controls but
-# tab and newline, DEL, C1 controls, bidirectional overrides, lone surrogates.
-UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-BREAKS = re.compile("[\t\n\u2028\u2029]")   # ... and what would end a printed line or move to another column
+# What a terminal would act on (move the cursor, erase a line, reorder text), hide or cannot show: C0 controls
+# but tab and newline, DEL, C1 controls, bidirectional overrides, U+2028/U+2029 (a line or paragraph break few
+# terminals show), lone surrogates, the interlinear annotation marks and the tag characters (U+E0000..U+E007F,
+# which spell ASCII text a model reads and a terminal hides).
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+                         "\ud800-\udfff\ufff9-\ufffb\U000e0000-\U000e007f]")
+BREAKS = re.compile("[\t\n]")   # ... and what would end a printed line or move to another column
+
+
+def escaped(char: str) -> str:
+    """char as JSON escapes it: `\\uXXXX`, one past U+FFFF as its UTF-16 pair (`\\udb40\\udc20`)."""
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\u{0xD7C0 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def printable(text: str) -> str:
-    """text with each UNPRINTABLE character as a `\\uXXXX` escape (valid inside a JSON string too)."""
-    return UNPRINTABLE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+    """text with each UNPRINTABLE character escaped (escaped: valid inside a JSON string too)."""
+    return UNPRINTABLE.sub(lambda found: escaped(found.group()), text)
 
 
 def visible(text: str) -> str:
     """printable(text) with line breaks and tabs escaped too: it stays on its one line."""
-    return BREAKS.sub(lambda found: f"\\u{ord(found.group()):04x}", printable(text))
+    return BREAKS.sub(lambda found: escaped(found.group()), printable(text))
 
 
 def one_line(text: str) -> str:
-    """printable(text) with a line break as `\\n` (tab, U+2028, U+2029 kept): a name or path in a message."""
+    """printable(text) with a line break as `\\n` (a tab kept): a name or path in a message."""
     return printable(text).replace("\n", "\\n")
 
 
@@ -291,9 +300,6 @@ def encodable(text: str, encoding: str) -> str:
             return True
         except (UnicodeEncodeError, LookupError):
             return False
-    def escaped(char: str) -> str:
-        units = char.encode("utf-16-be")
-        return "".join(f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2))
     return "".join(char if char.isascii() or fits(char) else escaped(char) for char in text)
 
 
@@ -378,7 +384,7 @@ def check_args(schema: dict, value, where: str = "args", quoted: bool = True) ->
     kind = schema.get("type")
     if kind and not any(_has_type(value, one) for one in ([kind] if isinstance(kind, str) else kind)):
         return f"{where}: expected {kind if isinstance(kind, str) else ' or '.join(kind)}, got {type(value).__name__}"
-    if "enum" in schema and value not in schema["enum"]:
+    if "enum" in schema and not any(same_json(value, one) for one in schema["enum"]):
         return f"{where}: {f'{value!r} is ' * quoted}not one of {schema['enum']}"
     for keyword, (applies, fits, problem, _) in _BOUNDS.items():
         if keyword in schema and applies(value) and not fits(value, schema[keyword]):
@@ -413,10 +419,26 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def same_json(one, other) -> bool:
+    """JSON equality (JSON Schema's, https://json-schema.org/draft/2020-12/json-schema-core#section-4.2.2): a
+    boolean is never a number, numbers are equal by value (1 and 1.0), strings by code point, objects (keys in
+    any order) and lists (in order) item by item."""
+    if isinstance(one, dict) and isinstance(other, dict):
+        return one.keys() == other.keys() and all(same_json(one[key], other[key]) for key in one)
+    if isinstance(one, list) and isinstance(other, list):
+        return len(one) == len(other) and all(map(same_json, one, other))
+    return one == other and (type(one) is type(other) or _is_number(one) and _is_number(other))
+
+
+def _finite_bound(value) -> bool:
+    """True for a number that is not NaN or infinite (a bound every value can be compared with)."""
+    return _is_number(value) and (isinstance(value, int) or math.isfinite(value))
+
+
 # JSON-schema type -> its check: made once, not for every value checked (a call's args are checked per property)
 _TYPE_CHECKS = MappingProxyType({
     "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer(),
     "number": _is_number, "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list), "null": lambda v: v is None})
 
@@ -454,7 +476,7 @@ SCHEMA_KEYWORDS = MappingProxyType({   # the JSON-schema keywords the factory ch
     "type": (lambda v: v in _TYPE_CHECKS if isinstance(v, str) else _names(v) and v and set(v) <= _TYPE_CHECKS.keys(),
              "one of string, number, integer, boolean, object, array, null, or a list of them", "the value's JSON type"),
     "enum": (lambda v: isinstance(v, list), "a list", "the value is one of these"),
-    **{keyword: (_is_number, "a number", f"the value is {said.format('this')}") if applies is _is_number else
+    **{keyword: (_finite_bound, "a finite number", f"the value is {said.format('this')}") if applies is _is_number else
        (_schema_count, "an integer >= 0", f"the value is {said.format('this many')}") for keyword, (applies, _, _, said) in _BOUNDS.items()},
     "items": (lambda v: isinstance(v, dict), "a schema", "each item of a list fits this schema"),
     "properties": (lambda v: isinstance(v, dict) and _names(list(v)), "an object of schemas",
@@ -837,9 +859,15 @@ TICKET_FIELDS = ("id", "input", "source")
 NO_VISIBLE_TEXT = "the input has no visible text: a run needs a ticket with text"
 
 
+# letters and symbols that show nothing: the Hangul fillers and the braille blank
+BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
 def is_blank(text: str) -> bool:
-    """True when text holds only whitespace, control and format (invisible) characters."""
-    return all(char.isspace() or unicodedata.category(char) in ("Cc", "Cf") for char in text)
+    """True when nothing in text shows: it holds only separators and white space, control, format, private-use or
+    unassigned characters (Unicode categories Z*, C*), marks (M*: a combining accent shows only on a letter) and
+    BLANK_LETTERS. One rule for a card's free text, an input, and what a human writes for the record."""
+    return all(char in BLANK_LETTERS or unicodedata.category(char)[0] in "ZCM" for char in text)
 
 
 def text_problem(text: str) -> str | None:
@@ -850,7 +878,7 @@ def text_problem(text: str) -> str | None:
     if found:
         what = "half of a utf-16 pair, which is not text" if LONE_SURROGATE.match(found.group()) else \
             "a control character, which a terminal would act on or hide"
-        return f"holds \\u{ord(found.group()):04x}, {what}"
+        return f"holds {escaped(found.group())}, {what}"
     return "has no visible text" if is_blank(text) else None
 
 
@@ -1623,8 +1651,6 @@ UNRECORDED = "unrecorded"   # a real case that does not say (a synthetic one is 
 CASE_FIELDS = ("id", "input", "expect", "source", "label_source")
 CASE_IS = ('a case is {"id", "input", "expect"} and optionally "source" ("synthetic" for a case you wrote; '
            'anything else, or none, counts as a real case) and "label_source" (' + ", ".join(LABEL_SOURCES) + ')')
-# a line break or control character in a case id would break the line of every report that names it
-ID_BREAKS = re.compile("[\t\n\r\x85\u2028\u2029]")
 
 
 def case_problem(case, first_line: dict, contract: "Contract") -> str | None:
@@ -1639,7 +1665,7 @@ def case_problem(case, first_line: dict, contract: "Contract") -> str | None:
         return f"the case id {json.dumps(ident)} is not a string (write it in quotes)"
     if not ident.strip():
         return "the case id is empty: every case needs an id its reports can name it by"
-    if ID_BREAKS.search(ident) or UNPRINTABLE.search(ident):
+    if BREAKS.search(ident) or UNPRINTABLE.search(ident):   # it would break the line of every report naming it
         return f"the case id {json.dumps(ident)} holds a line break or control character"
     if ident in first_line:
         return f"the case id {json.dumps(ident)} is given twice (first on line {first_line[ident]})"

@@ -5005,7 +5005,7 @@ def cmd_review(fac: Factory, args) -> int:
     chosen = [kind for kind, on in zip(REVIEW_DECISIONS, (args.accept, args.edit is not None, args.discard)) if on]
     if (args.run_id is None) != (not chosen) or len(chosen) > 1 or chosen and not (args.by and (args.reason or args.accept)):
         raise Usage("list with review AGENT, or decide with review AGENT RUN_ID [--seq N] and one of --accept, "
-                    "--edit TEXT (not blank) or --discard (with --reason TEXT), and --by NAME", "review")
+                    "--edit TEXT or --discard (these two with --reason TEXT), and --by NAME", "review")
     items, decided, problems = review_queue(fac, args.agent)
     if not chosen:
         return list_queue(fac, args.agent, items, decided, problems, args.json)

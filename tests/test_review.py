@@ -131,8 +131,10 @@ class Review(CertifiedTest):
                      (self.runs[1], "--accept", "--reason", "x"), (self.runs[1], "--discard", "--by", "bob"),
                      (self.runs[1], "--edit", "sent this", "--by", "bob")):
             with self.subTest(argv=argv):
-                self.usage_error("list with review AGENT, or decide with review AGENT RUN_ID", "review", "triager", *argv)
-        for blank in ("", " \n", "\u200b", "\u200b\u2060 \ufeff"):   # one rule for what a human writes: broker.is_blank
+                self.usage_error("list with review AGENT, or decide with review AGENT RUN_ID [--seq N] and one of --accept, "
+                                 "--edit TEXT or --discard (these two with --reason TEXT), and --by NAME",
+                                 "review", "triager", *argv)
+        for blank in ("", " \n", "\u200b", "\u200b\u2060 \ufeff", "\u3164", "\u2800\u0301"):   # one rule for what a human writes: broker.is_blank
             with self.subTest(blank=blank):
                 self.usage_error("argument --edit: needs the text you sent, not blank", "review", "triager", self.runs[1],
                                  "--seq", str(both[0]), "--edit", blank, "--by", "bob", "--reason", "x")
