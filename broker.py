@@ -543,6 +543,7 @@ class Broker:
     committed: list = field(default_factory=list)
     outcomes: list = field(default_factory=list)
     unrun: list = field(default_factory=list)
+    call_ids: dict = field(default_factory=dict)   # provider call id -> the seq of the first call carrying it
 
     def __post_init__(self):
         """Refuse to broker in an unknown mode, or with a contract whose effect is not read/draft/act."""
@@ -562,8 +563,9 @@ class Broker:
             outcome = self._execute(tool, args, effect, started, self.tools)
         else:
             outcome = self._not_now(tool, args, ruling, effect, started)
-        outcome.call_id = call_id
-        outcome.repeats = next((o.seq for o in self.outcomes if call_id is not None and o.call_id == call_id), None)
+        outcome.call_id, outcome.repeats = call_id, self.call_ids.get(call_id)
+        if call_id is not None:
+            self.call_ids.setdefault(call_id, outcome.seq)
         self.outcomes.append(outcome)
         self.record(outcome.entry())
         return outcome
@@ -3062,7 +3064,7 @@ class Tally:
         key = f"{day}\t{row['gate']}\t{row['verdict']}\t{'' if p is None else int(p * P_BINS)}"
         outcomes[key] = outcomes.get(key, 0) + 1
         self.unclosed.discard(row["run_id"])
-        if row["gate"] == "pass" and row["why"]:   # routed though the gate passed: handed off, or another reason
+        if row["gate"] == "pass" and row["verdict"] == "routed-to-human":   # handed off, or routed for another reason
             self.handed_off += any(type(why) is str and why.startswith(HANDED_OFF) for why in row["why"])
         if acted or staged or row["denied"] or cost is None or substitutes:   # most runs add none of these
             self.acted, self.staged, self.denied = self.acted + acted, self.staged + staged, self.denied + len(row["denied"])
