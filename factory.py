@@ -3539,9 +3539,8 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
 
 
 def claim_effect(fac: Factory, agent: Agent, trace: Trace, call: Outcome, claim: bool = True) -> str | None:
-    """Mark an acting call's effect as this run's by its contract's unique_by (outbox/AGENT/unique/KEY.json, made
-    exclusively: of two runs one wins); None when it is (or names none), else whose it is. `claim` False: an
-    approved call executed, marked whatever was there."""
+    """Mark an acting call's effect as this run's by its contract's unique_by (effect_mark, made exclusively: of two
+    runs one wins); None when it is (or names none), else whose it is. `claim` False: marked over what is there."""
     if (marked := effect_mark(fac, agent, call.tool, call.args)) is None:
         return None
     path, mark = marked
@@ -3549,21 +3548,26 @@ def claim_effect(fac: Factory, agent: Agent, trace: Trace, call: Outcome, claim:
         fac.store.write_json(path, {**mark, "run_id": trace.run_id, "seq": call.seq, "at": utc_now()}, exclusive=claim)
         return None
     except FileExistsError:
-        with contextlib.suppress(Refusal):
-            return (f"{json.dumps(mark, ensure_ascii=False)} was executed for run {fac.store.read_json(path)['run_id']} "
-                    f"already (unique_by)")
-        return f"{fac.shown(path)} marks {json.dumps(mark, ensure_ascii=False)} executed already, by a run it does not name"
+        return f"{json.dumps(mark, ensure_ascii=False)} was executed for {mark_holder(fac, path)} already (unique_by)"
+
+
+def mark_holder(fac: Factory, path: Path) -> str:
+    """The run an effect mark names ('run ID'), as a reason says it."""
+    with contextlib.suppress(Refusal):
+        if isinstance(run := fac.store.read_json(path).get("run_id"), str):
+            return f"run {run}"
+    return f"a run {fac.shown(path)} does not name"
 
 
 def effect_mark(fac: Factory, agent: Agent, tool: str, args: dict) -> tuple[Path, dict] | None:
-    """(outbox/AGENT/unique/KEY.json, {tool, the unique_by values}) of an acting call; None when its contract names none."""
+    """(outbox/AGENT/unique/KEY.json, {tool, its unique_by values}) of an acting call; None for a contract naming none."""
     key = unique_key(agent.contracts[tool], args)
     return None if key is None else (fac.root / "outbox" / agent.name / "unique" / key[0], {"tool": tool, **key[1]})
 
 
 def queue_review(fac: Factory, agent: Agent, trace: Trace, gate: dict, rows: list[dict]) -> dict:
-    """Append a run's rows to its agent's review queue in one write, the trace (its gate event) on disk first:
-    {"path": the queue} or {"error": why not}."""
+    """Append a run's rows to its review queue in one write, its trace flushed first: {"path": the queue} or
+    {"error": why not}."""
     path = fac.review_path(agent.name)
     trace.flush()
     try:
@@ -4907,8 +4911,8 @@ def cmd_approve(fac: Factory, args) -> int:
     retry = ["retry: " + uncertain_column(fac, entry, claim.record.decisions)] if claim.record.state == "uncertain-effect" else []
     twins = twin_lines(executed_twins(executed_calls(decisions_of(fac, lambda e: e["agent"] == entry["agent"]).decided), entry))
     if (marked := effect_mark(fac, claim.agent, entry["tool"], entry["args"])) and fac.store.exists(marked[0]):
-        twins.append(f"note: {json.dumps(marked[1], ensure_ascii=False)} was executed already, for run "
-                     f"{fac.store.read_json(marked[0]).get('run_id')} (its contract's unique_by): see that it is not done twice")
+        twins.append(f"note: {json.dumps(marked[1], ensure_ascii=False)} was executed already, for "
+                     f"{mark_holder(fac, marked[0])} (unique_by): see that it is not done twice")
     if no := declined(approval_brief(fac, entry) + twins + retry, "approve?"):
         raise Refusal(f"not approved; the call stays staged. you answered {no}; only y or yes approves.")
     body = {"kind": "intent", **{key: entry[key] for key in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},

@@ -971,9 +971,15 @@ class UniqueEffects(Tiered):
         approved = self.at_terminal("approve", second["run_id"], "--by", "bob", answer=b"y\n")
         self.assertEqual(approved.returncode, 0, approved.stderr)
         self.assertIn(f'note: {{"tool": "billing:refund", "reason": "charged twice for one order"}} was executed already, for run '
-                      f'{first["run_id"]} (its contract\'s unique_by): see that it is not done twice', approved.stderr)
+                      f'{first["run_id"]} (unique_by): see that it is not done twice', approved.stderr)
         self.assertEqual(len(self.effects("refunds")), 2)
         self.assertEqual(json.loads(mark.read_text())["run_id"], second["run_id"], "the executed call marks it again")
+        for garbage in ("{}", "not json", '{"run_id": 7}'):   # a mark edited or torn: still the call is parked, and said
+            mark.write_text(garbage)
+            third = self.refund_run()
+            self.assertEqual((third["acted"], third["staged"]), (0, 1), garbage)
+            self.assertIn('{"tool": "billing:refund", "reason": "charged twice for one order"} was executed for a run '
+                          'outbox/payer/unique/' + mark.name + ' does not name already (unique_by)', third["why"])
 
 
 class Promotion(Tiered):
