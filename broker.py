@@ -1665,7 +1665,7 @@ def case_problem(case, first_line: dict, contract: "Contract") -> str | None:
     ident = case["id"]
     if not isinstance(ident, str):
         return f"the case id {json.dumps(ident)} is not a string (write it in quotes)"
-    if not ident.strip():
+    if is_blank(ident):
         return "the case id is empty: every case needs an id its reports can name it by"
     if BREAKS.search(ident) or UNPRINTABLE.search(ident):   # it would break the line of every report naming it
         return f"the case id {json.dumps(ident)} holds a line break or control character"

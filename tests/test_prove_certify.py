@@ -621,6 +621,7 @@ class SuiteChecks(LineTest):
                   "draft, escalate, label) nor 'denied'"),
                  ([{**good, "id": ""}], "line 1: the case id is empty"),
                  ([{**good, "id": " "}], "line 1: the case id is empty"),
+                 ([{**good, "id": "\u3164"}], "line 1: the case id is empty"),   # nothing in it shows
                  ([{**good, "id": "a\nb"}], 'line 1: the case id "a\\nb" holds a line break or control character'),
                  ([{**good, "id": "a\u2028b"}], 'line 1: the case id "a\\u2028b" holds a line break or control character'),
                  ([{**good, "id": "a\u001bb"}], 'line 1: the case id "a\\u001bb" holds a line break or control character'),
