@@ -779,6 +779,17 @@ def run_verdict(status: str, gate: str, within: bool, handed_off: bool, uncertai
     return "waiting-for-approval" if parked else "verified"
 
 
+def gate_not_run(status: str, reason: str, bar: float) -> dict:
+    """The gate's answer (gate_output's shape) for a run that did not finish: `not-run`, saying why."""
+    return {"result": "not-run", "p": None, "answer": None, "bar": bar, "line": f"gate: not run (run {status}: {reason})",
+            "why": f"not run (run {status}: {reason})", "shown": None, "effects": []}
+
+
+def card_models(card: dict) -> list[str]:
+    """The card's model ids, primary first (`offline` when named)."""
+    return [m for m in (card["model"]["primary"], card["model"].get("fallback")) if m]
+
+
 def judge(answer: str | None, p: float | None, bar: float, problems: tuple = ()) -> dict:
     """passed = answer == yes and p >= bar and no run `problems` (the factory's: an unknown or outside cost,
     another model answering; each 'head: detail'); a null answer is `unsure`, not `no`. `why` is the gate's
@@ -1252,6 +1263,15 @@ def call_state(decisions, *, executing: bool, expired: bool) -> tuple[str, dict 
     if state == "executing" and not executing:
         return "uncertain-effect", last
     return ("expired" if state == "pending" and expired else state), last
+
+
+def overruled(decided: dict, staged_passes: dict, key: str) -> int:
+    """How many gate passes of `key` ("agent\tdigest\t" and a tier, or a prefix of it) a human overruled: runs in
+    `staged_passes` (IndexTally's) one of whose parked calls `decided` (Decisions.decided) holds as rejected
+    without ever being approved. Such a run counts as evidence, but not as a pass."""
+    runs = {run for (run, _), entries in decided.items() if call_state(entries, executing=False, expired=False)[0] == "rejected"
+            and not any(entry["kind"] == "intent" for entry in entries)}
+    return sum(staged_passes.get(run, "").startswith(key) for run in runs)
 
 
 def executed_calls(decided: dict) -> dict:
@@ -3162,6 +3182,7 @@ class Production:
     passes: int
     unverified: tuple = ()        # line numbers in traces/index.jsonl (the first five)
     unsealed: int = 0             # rows that do not verify
+    overruled: int = 0            # gate passes not counted: a human rejected a call the run parked (overruled)
 
     @property
     def rate(self) -> float:
@@ -3172,7 +3193,8 @@ class Production:
     def rate_text(self) -> str:
         """The rate as printed: '19/20 = 0.95 [0.76, 0.99]' with its 95% interval, or '-' over no runs (a rate
         of nothing is not 0.00), as the tower says."""
-        return part_text({"passing_cases": self.passes, "cases": self.runs}) if self.runs else "-"
+        return (part_text({"passing_cases": self.passes, "cases": self.runs}) if self.runs else "-") + \
+            f" ({self.overruled} gate pass(es) overruled: a human rejected the call the run parked)" * bool(self.overruled)
 
     def not_counted(self, where: str) -> str:
         """'; N row(s) of WHERE (the index) not counted (...)' for the rows left out, or ''."""
@@ -3192,6 +3214,7 @@ class IndexTally:
     agents: dict = field(default_factory=dict, metadata={"of": Tally})
     evidence: dict = field(default_factory=dict, metadata={"of": GatedRuns})   # "agent\tdigest" -> GatedRuns
     parked: dict = field(default_factory=dict)     # run id -> [verdict, calls parked, its MAC verified]
+    staged_passes: dict = field(default_factory=dict)   # run id -> "agent\tdigest\ttier" of an evidence gate pass that parked calls
     problems: list = field(default_factory=list)
     breaks: list = field(default_factory=list)     # [byte offset, line number] where the chain breaks
     torn: str = field(default="", metadata={"passing": True})   # bytes after the last whole line no writer holds
@@ -3232,6 +3255,8 @@ class IndexTally:
                 counts, passed = found.tiers.get(tier := str(row.get("tier"))) or found.tiers.setdefault(tier, [0, 0]), row["gate"] == "pass"
                 counts[0] += 1
                 counts[1] += passed
+                if passed and staged:   # a human's reject of its call may yet overrule the gate (overruled)
+                    self.staged_passes[row["run_id"]] = f"{digest}\t{tier}"
                 found.recent.append([end, row["at"], passed])
                 if len(found.recent) > DRIFT_WINDOW:
                     del found.recent[:-DRIFT_WINDOW]

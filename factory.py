@@ -107,21 +107,21 @@ from broker import (  # noqa: E402
     ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SET_BY_STAMP, SHARD_FORMAT,
     SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STARTED_FIELDS, STUCK, Settled, Settlement, Sign, Stop,
     TIERS, TOOL, Tally, ToolsOnFirstUse, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown,
-    attempts_of, attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_problems,
-    card_text, case_fields, case_problem, cases_text, certificate_trust, check_args, closes, closest,
+    attempts_of, attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_models,
+    card_problems, card_text, case_fields, case_problem, cases_text, certificate_trust, check_args, closes, closest,
     closing_verdicts, code_loading, component_lines, component_marks, contract_problems, contracts_assigned,
     copied_card, created_lines, cut, decided_line, decisions_in, detect, did_you_mean, doctor_lines, encodable,
     encoded_forms, evidence, evidence_span, executed_calls, executed_twins, figure_problem, first_refusal, flagged,
-    fold_decisions, from_state, gate_content, gate_lines, grants_line, guard_results, harvest_run_of, head_problem,
-    held_draft, in_shard, input_problem, is_blank, json_position, json_state, judge, judged_tier, junit_xml,
-    line_verifies, lone_surrogate, merge_shards, module_name, newer, no_contract, one_line, outcome_of,
-    output_field_problems, outside_sealed, overlap_refusal, paired_text, parked_counts, parse_setting, part,
-    plain_imports, printable, proof_figures, proof_summary, proof_verdict, quiet_denials, rate_text, recall_refusal,
-    recorder_tools, redact, reject_constant, render_tower_html, replaced_text, replay_differences, restamp_lines,
-    review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note, seal_line,
-    sealed_proof_lines, settle, shard_line, share, signed_index, standing_recall, state_column, substitution,
-    task_text, ticket_problem, tool_list, tower_lines, twin_lines, uncertain_said, unique_key, unique_keys, usd,
-    utf8, visible, went, written_schema)
+    fold_decisions, from_state, gate_content, gate_lines, gate_not_run, grants_line, guard_results, harvest_run_of,
+    head_problem, held_draft, in_shard, input_problem, is_blank, json_position, json_state, judge, judged_tier,
+    junit_xml, line_verifies, lone_surrogate, merge_shards, module_name, newer, no_contract, one_line, outcome_of,
+    output_field_problems, outside_sealed, overlap_refusal, overruled, paired_text, parked_counts, parse_setting,
+    part, plain_imports, printable, proof_figures, proof_summary, proof_verdict, quiet_denials, rate_text,
+    recall_refusal, recorder_tools, redact, reject_constant, render_tower_html, replaced_text, replay_differences,
+    restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note,
+    seal_line, sealed_proof_lines, settle, shard_line, share, signed_index, standing_recall, state_column,
+    substitution, task_text, ticket_problem, tool_list, tower_lines, twin_lines, uncertain_said, unique_key,
+    unique_keys, usd, utf8, visible, went, written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -2818,10 +2818,14 @@ class ClaimOnDisk(Claim):
         return evidence_problem(self.fac, obj)
 
     def production(self, tier: str | None) -> Production:
-        """The gated runs of the agent's digest (at `tier`) whose row verifies, after the latest recall reaching it."""
-        found = self.counted.evidence.get(f"{self.name}\t{self.agent.digest}") or GatedRuns()
+        """The gated runs of the agent's digest (at `tier`) whose row verifies, after the latest recall reaching it; a
+        pass a human overruled (broker.overruled) is not one."""
+        found = self.counted.evidence.get(key := f"{self.name}\t{self.agent.digest}") or GatedRuns()
         counts = [found.tiers.get(tier, [0, 0])] if tier is not None else found.tiers.values()
-        return Production(sum(c[0] for c in counts), sum(c[1] for c in counts), tuple(found.unverified_lines), found.unverified)
+        human = overruled(decisions_of(self.fac, lambda e: e["agent"] == self.name).decided, self.counted.staged_passes,
+                          f"{key}\t{tier or ''}")
+        return Production(sum(c[0] for c in counts), sum(c[1] for c in counts) - human, tuple(found.unverified_lines),
+                          found.unverified, human)
 
     def recorded_digest(self, value) -> str:
         """recorded_digest, by this factory's Store."""
@@ -3484,9 +3488,7 @@ def gate_run(clients: Clients, agent: Agent, loop: Loop, status: str, problems: 
     """The gate's answer for a finished run; `not-run` otherwise."""
     if status == "done":
         return gate_output(clients, agent, loop.task, loop.output, loop.broker.held, problems, tier)
-    return {"result": "not-run", "p": None, "answer": None, "bar": agent.card["evals"]["gate"],
-            "line": f"gate: not run (run {status}: {loop.reason})", "why": f"not run (run {status}: {loop.reason})",
-            "shown": None, "effects": []}
+    return gate_not_run(status, loop.reason, agent.card["evals"]["gate"])
 
 
 def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Broker, tier: str, gate: dict,
@@ -3709,11 +3711,6 @@ def prove_all(fac: Factory, agent: Agent, cases: list[dict], jobs: int) -> tuple
 
 
 # ---- the proof's record: exit status, summary line, --json and --junit all read its verdict (broker.proof_verdict)
-
-def card_models(card: dict) -> list[str]:
-    """The card's model ids, primary first (`offline` when named)."""
-    return [m for m in (card["model"]["primary"], card["model"].get("fallback")) if m]
-
 
 def answered_by_card_models(card: dict, result: dict) -> bool:
     """True when each reply of a case named a card model (llm.same_model), the rules only when the card names

@@ -1010,6 +1010,30 @@ class Promotion(Tiered):
         self.run_payer("How do I order a new card?", times=20)
         self.assertEqual(self.certify("payer", "C2").returncode, 0, "32/40 shows 0.65")
 
+    def test_a_gate_pass_a_human_overruled_at_c2_does_not_count_toward_c3(self):
+        """At C2, 20 runs park a refund each, the gate passing every one, and a human rejects 8 of the refunds
+        unexecuted: promotion to C3 (acting alone) counts those 8 runs as gated runs but not as passes, 12/20,
+        under the bar of 0.4 on the lower bound, and says so; the C3 prompt showed 20/20 though a human had said
+        no to 8 of them."""
+        self.edit_card("payer", evals={"pass_bar": 0.4, "gate": 0.85})
+        self.promote_to("C2")
+        server = FakeServer(*[Answer(body=anthropic_message(tool_uses=[LABEL_CALL, (f"r{n}", "billing__refund", {
+            "reason": f"charged twice, order {n}", "amount_usd": 40})]) if turn == 0 else anthropic_message(CALM))
+            for n in range(20) for turn in range(2)]).start()
+        self.addCleanup(server.close)
+        self.env.update(ANTHROPIC_BASE_URL=server.url, ANTHROPIC_API_KEY="sk-test")
+        rows = self.run_payer(CHARGED, times=20)
+        self.offline()
+        self.assertEqual(sum(row["staged"] for row in rows), 20, [(r["staged"], r["verdict"], r["why"]) for r in rows if not r["staged"]])
+        self.give_key("bob")
+        for row in rows[:8]:
+            code, _, err = self.factory("reject", row["run_id"], "--by", "bob", "--reason", "not owed")
+            self.assertEqual(code, 0, err)
+        refused = self.certify("payer", "C3")
+        self.assertEqual(refused.returncode, 1, refused.stderr + refused.stdout)
+        self.assertIn("gate pass rate 12/20 = 0.60 [0.38, 0.79] (8 gate pass(es) overruled: a human rejected the call the "
+                      "run parked)", refused.stderr)
+
     def test_drift_demotes_to_c0(self):
         self.certified("payer", "C1", lower_bar=False)
         self.gate_p = [0.95, 0.2, 0.95, 0.95, 0.95] * 4 + [0.95]
