@@ -1194,7 +1194,8 @@ def routing_reasons(status: str, loop, gate: dict, handed_off: bool, uncertain: 
     """Why this run goes to a human (empty when it does not): its uncertain effects, each call's reason
     (Settlement.route: a duplicate, the act envelope) and the tools the broker denied, each once, status or the gate's own reason (judge's why),
     the run's problems (as judge takes them: cost, another model answering), hand-off."""
-    reasons = uncertain + list(dict.fromkeys(routes + list(filter(None, [denied_reason(loop.broker.denials())]))))
+    denied = denied_reason(loop.broker.denials())
+    reasons = uncertain + list(dict.fromkeys(routes + [denied] * bool(denied)))
     if status != "done":
         reasons.append(f"run {status}: {loop.reason}")
     elif gate["result"] != "pass" and gate["why"]:
