@@ -326,6 +326,23 @@ def encoded_forms(raw: bytes) -> set[str]:
             raw.hex(), raw.hex().upper(), b64encode(raw).decode(), *inner, *(form.translate(URL_SAFE) for form in inner)}
 
 
+SECRET_NAME = re.compile(r"(?:^|_)(?:KEY|TOKEN|SECRET|PASSWORD)$")   # ANTHROPIC_API_KEY, SAGEROUTE_TOKEN, ...
+MIN_SECRET = 8       # shorter values are not real keys, and scrubbing them would mangle ordinary text
+
+
+def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """(variable name, text) of each secret in env (name ending KEY, TOKEN, SECRET or PASSWORD, at least
+    MIN_SECRET characters): as is, as JSON, repr or visible() escape it, as a server may echo it (encoded_forms);
+    longest first."""
+    found = set()
+    for name, value in env.items():
+        if SECRET_NAME.search(name) and isinstance(value, str) and len(value := value.strip()) >= MIN_SECRET:
+            found |= {(name, text) for text in (value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
+                                                repr(value)[1:-1], repr(utf8(value))[2:-1], visible(value), one_line(value),
+                                                *encoded_forms(utf8(value)))}
+    return tuple(sorted(found, key=lambda pair: (-len(pair[1]), pair[0])))
+
+
 def surrogate_problem(args) -> str | None:
     """'where: holds \\udXXX, ...' naming the first string or key of a JSON value (args, e.g. args.topic or
     args.tags[2]) that holds a lone surrogate; None when every string in it is text. A model may send one

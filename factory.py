@@ -104,7 +104,7 @@ from broker import (  # noqa: E402
     DEFAULT_HANDOFF, Decisions, Diverged, Drift, END_FIELDS, ENTRYPOINT, EXECUTE_GUARDS, Escalated, FINAL, Finished,
     GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IndexTally, Interrupted, LONE_SURROGATE, MODES, NAME,
     NEW_CASES, NOT_INDEXED, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, OverBudget, PASSING, PROMOTION_RUNS,
-    ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SET_BY_STAMP, SHARD_FORMAT,
+    ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SECRET_NAME, SET_BY_STAMP, SHARD_FORMAT,
     SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STARTED_FIELDS, STUCK, Settled, Settlement, Sign, Stop,
     TIERS, TOOL, Tally, ToolsOnFirstUse, allowed_signer, apply_draft_scores, args_digest, as_bytes_shown,
     attempts_of, attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes, card_models,
@@ -118,8 +118,8 @@ from broker import (  # noqa: E402
     output_field_problems, outside_sealed, overlap_refusal, overruled, paired_text, parked_counts, parse_setting,
     part, plain_imports, printable, proof_figures, proof_summary, proof_verdict, quiet_denials, rate_text,
     recall_refusal, recorder_tools, redact, reject_constant, render_tower_html, replaced_text, replay_differences,
-    restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table, scored_note,
-    seal_line, sealed_proof_lines, settle, shard_line, share, signed_index, standing_recall, state_column,
+    restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table,
+    scored_note, seal_line, sealed_proof_lines, secret_values, settle, shard_line, share, signed_index, standing_recall, state_column,
     substitution, task_text, ticket_problem, tool_list, tower_lines, twin_lines, uncertain_said, unique_key,
     unique_keys, usd, utf8, visible, went, written_schema)
 
@@ -211,22 +211,7 @@ class StoreError(Refusal, OSError):
 
 # ---- text from outside: secrets, terminal controls, bytes that are not text
 
-SECRET_NAME = re.compile(r"(?:^|_)(?:KEY|TOKEN|SECRET|PASSWORD)$")   # ANTHROPIC_API_KEY, SAGEROUTE_TOKEN, ...
-MIN_SECRET = 8       # shorter values are not real keys, and scrubbing them would mangle ordinary text
 SEPARATORS = ("\n", "\t")   # print's end, and a tab-separated line's column separator
-
-
-def secret_values(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """(variable name, text) of each secret in env (name ending KEY, TOKEN, SECRET or PASSWORD, at least
-    MIN_SECRET characters): as is, as JSON, repr or visible() escape it, as a server may echo it (encoded_forms);
-    longest first."""
-    found = set()
-    for name, value in env.items():
-        if SECRET_NAME.search(name) and isinstance(value, str) and len(value := value.strip()) >= MIN_SECRET:
-            found |= {(name, text) for text in (value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
-                                                repr(value)[1:-1], repr(utf8(value))[2:-1], visible(value), one_line(value),
-                                                *encoded_forms(utf8(value)))}
-    return tuple(sorted(found, key=lambda pair: (-len(pair[1]), pair[0])))
 
 
 def note(fac: "Factory", line: str) -> None:
@@ -3561,6 +3546,17 @@ def mark_holder(fac: Factory, path: Path) -> str:
     return f"a run {fac.shown(path)} does not name"
 
 
+def marked_note(fac: Factory, entry: dict, agent: Agent | None = None) -> list[str]:
+    """approve's and pending's note on a parked call whose effect_mark is there: executed already for its unique_by
+    values; none for a card or tool that does not read (`agent`: the entry's, read)."""
+    with contextlib.suppress(Refusal, KeyError):
+        if (marked := effect_mark(fac, agent or read_agent(fac, entry["agent"]), entry["tool"], entry["args"])) \
+                and fac.store.exists(marked[0]):
+            return [f"note: {json.dumps(marked[1], ensure_ascii=False)} was executed already, for "
+                    f"{mark_holder(fac, marked[0])} (unique_by): see that it is not done twice"]
+    return []
+
+
 def effect_mark(fac: Factory, agent: Agent, tool: str, args: dict) -> tuple[Path, dict] | None:
     """(outbox/AGENT/unique/KEY.json, {tool, its unique_by values}) of an acting call; None for a contract naming none."""
     key = unique_key(agent.contracts[tool], args)
@@ -4814,11 +4810,11 @@ def cmd_pending(fac: Factory, args) -> int:
     for e in shown + uncertain:
         call, state = (e["run_id"], e["call"]), states[e["run_id"], e["call"]]
         why = [uncertain_column(fac, e, decided[call])] if e in uncertain else state_column(state, decided.get(call, []))
-        twins = executed_twins(done, e)   # the same call executed for another run: named, never refused
+        twins, marked = executed_twins(done, e), marked_note(fac, e)   # the same call or effect executed: named, never refused
         if not printed_json(args, {**{key: e[key] for key in PENDING_FIELDS}, "state": state, "why": (why or [None])[0],
-                                   "executed_before": twins}):
+                                   "executed_before": twins, "marked_executed": (marked or [None])[0]}):
             print(*call_columns(e), f"staged {e['staged_at']}", f"expires {e['expires_at']}",
-                  *(why or ["PENDING: approve executes it, reject closes it"]), *twin_lines(twins, one=True), sep="\t")
+                  *(why or ["PENDING: approve executes it, reject closes it"]), *twin_lines(twins, one=True), *marked, sep="\t")
     if not shown and not uncertain and not calls.unread and not args.json:
         print("(nothing waits for approval)")
     problems = [line for _, line in calls.unread] + calls.doubted
@@ -4907,9 +4903,7 @@ def cmd_approve(fac: Factory, args) -> int:
     at_a_terminal("unapproved. approving an acting call is a human's job, at a terminal.")
     retry = ["retry: " + uncertain_column(fac, entry, claim.record.decisions)] if claim.record.state == "uncertain-effect" else []
     twins = twin_lines(executed_twins(executed_calls(decisions_of(fac, lambda e: e["agent"] == entry["agent"]).decided), entry))
-    if (marked := effect_mark(fac, claim.agent, entry["tool"], entry["args"])) and fac.store.exists(marked[0]):
-        twins.append(f"note: {json.dumps(marked[1], ensure_ascii=False)} was executed already, for "
-                     f"{mark_holder(fac, marked[0])} (unique_by): see that it is not done twice")
+    twins += marked_note(fac, entry, claim.agent)
     if no := declined(approval_brief(fac, entry) + twins + retry, "approve?"):
         raise Refusal(f"not approved; the call stays staged. you answered {no}; only y or yes approves.")
     body = {"kind": "intent", **{key: entry[key] for key in ("run_id", "call", "agent", "tool", "args_digest", "certificate")},

@@ -982,6 +982,22 @@ class UniqueEffects(Tiered):
                           'outbox/payer/unique/' + mark.name + ' does not name already (unique_by)', third["why"])
 
 
+    def test_pending_says_what_approve_says_of_an_effect_executed_already(self):
+        """pending listed a call parked for its unique_by values as plain PENDING: only approve's prompt said the
+        effect was executed already, for which run."""
+        first, second = self.refund_run(), self.refund_run()
+        said = (f'note: {{"tool": "billing:refund", "reason": "charged twice for one order"}} was executed already, for run '
+                f'{first["run_id"]} (unique_by): see that it is not done twice')
+        [line] = self.factory("pending")[1].splitlines()
+        self.assertTrue(line.startswith(f"{second['run_id']} --call 1\tpayer\tbilling:refund "), line)
+        self.assertTrue(line.endswith(f"\tPENDING: approve executes it, reject closes it\t{said}"), line)
+        [call] = [json.loads(row) for row in self.factory("pending", "--json")[1].splitlines()]
+        self.assertEqual((call["run_id"], call["executed_before"], call["marked_executed"]), (second["run_id"], [], said))
+        self.give_key("bob")
+        prompt = self.at_terminal("approve", second["run_id"], "--by", "bob", answer=b"n\n").stderr
+        self.assertIn(f"\n{said}\n", prompt, "approve says it in the same words")
+
+
 class Promotion(Tiered):
 
     def test_promotion_is_refused_without_evidence_then_allowed(self):
