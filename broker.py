@@ -414,6 +414,20 @@ def check_args(schema: dict, value, where: str = "args", quoted: bool = True) ->
     return None
 
 
+def as_typed(schema: dict, value):
+    """A value check_args accepted, as a tool is handed it and the trace records it: each integral float its schema
+    types integer (and not number) made that int (3.0 is 3), at any depth; everything else as it is."""
+    kind = schema.get("type")
+    kinds = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else []
+    if isinstance(value, float) and value.is_integer() and "integer" in kinds and "number" not in kinds:
+        return int(value)
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [as_typed(schema["items"], item) for item in value]
+    if isinstance(value, dict) and isinstance(props := schema.get("properties"), dict):
+        return {key: as_typed(props[key], item) if isinstance(props.get(key), dict) else item for key, item in value.items()}
+    return value
+
+
 def _check_object(schema: dict, value: dict, where: str, quoted: bool) -> str | None:
     """Object rules of check_args: required keys, known keys, and each property's own schema."""
     props = schema.get("properties", {})
@@ -575,6 +589,7 @@ class Broker:
         result, never raised."""
         started = self.clock()
         ruling = rule_on(self.policy, self.contracts, tool, args, self.mode)
+        args = args if ruling.name in DENIALS else as_typed(self.contracts[tool]["params"], args)
         effect = self.contracts.get(tool, {}).get("effect")
         if ruling.name == EXECUTE:
             outcome = self._execute(tool, args, effect, started, self.tools)
@@ -900,16 +915,43 @@ def is_blank(text: str) -> bool:
     return all(char in BLANK_LETTERS or unicodedata.category(char)[0] in "ZCM" for char in text)
 
 
+# Characters that show nothing inside visible text: zero-width space, non-joiner and joiner, word joiner, zero-width
+# no-break space (BOM), and the variation selectors (U+FE00..U+FE0F, U+E0100..U+E01EF). Runs of them spell hidden text.
+ZERO_WIDTH = re.compile("[\u200b-\u200d\u2060\ufeff\ufe00-\ufe0f\U000e0100-\U000e01ef]")
+
+
+def _hides(text: str, at: int) -> bool:
+    """True when the ZERO_WIDTH character at text[at] hides something rather than joins or varies what shows: a
+    joiner or non-joiner (U+200C, U+200D) joins only between two visible non-ASCII characters (Persian, Indic, an
+    emoji ZWJ sequence); a variation selector varies only a visible non-ASCII character that is not a mark, or a
+    keycap's 0-9 # * (U+2764 U+FE0F is a red heart); the others never show."""
+    char, before, after = text[at], text[at - 1:at], text[at + 1:at + 2]
+    if char in "\u200c\u200d":
+        return not (_shows_past_ascii(before) and _shows_past_ascii(after))
+    if char in "\u200b\u2060\ufeff":
+        return True
+    return not (before and before in "0123456789#*" or _shows_past_ascii(before) and unicodedata.category(before)[0] != "M")
+
+
+def _shows_past_ascii(char: str) -> bool:
+    """True for one visible character beyond ASCII: not a separator, control or format character ('' is none)."""
+    return bool(char) and not char.isascii() and unicodedata.category(char)[0] not in "ZC"
+
+
 def text_problem(text: str) -> str | None:
     """Why text a human signs or a model is asked (a card's free text) is not that: 'holds \\u001b, a control
     character ...' (UNPRINTABLE: a terminal would act on it or hide it, so the signer would not see what the model
-    is asked), 'holds \\ud800, half of a utf-16 pair ...', or 'has no visible text' (is_blank); None when it is."""
+    is asked), 'holds \\ud800, half of a utf-16 pair ...', 'has no visible text' (is_blank), or 'holds \\u200b, a
+    zero-width character ...' (ZERO_WIDTH, where _hides); None when it is."""
     found = UNPRINTABLE.search(text)
     if found:
         what = "half of a utf-16 pair, which is not text" if LONE_SURROGATE.match(found.group()) else \
             "a control character, which a terminal would act on or hide"
         return f"holds {escaped(found.group())}, {what}"
-    return "has no visible text" if is_blank(text) else None
+    if is_blank(text):
+        return "has no visible text"
+    hidden = next((found.group() for found in ZERO_WIDTH.finditer(text) if _hides(text, found.start())), None)
+    return hidden and f"holds {escaped(hidden)}, a zero-width character that shows nothing where it is and can hide text"
 
 
 def holds_something(value) -> bool:
@@ -2721,7 +2763,7 @@ def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loo
         differences.append(f"tool calls: recorded {len(then)} / today {len(today)}")
     if old_end.get("status") != status:
         differences.append(f"status: recorded {old_end.get('status')} / today {status} ({loop.reason})")
-    if old_end.get("output") != loop.output:
+    if not same_json(old_end.get("output"), loop.output):
         differences.append(f"output: recorded {json.dumps(old_end.get('output'))} / today {json.dumps(loop.output)}")
     return differences
 

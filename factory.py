@@ -118,7 +118,7 @@ from broker import (  # noqa: E402
     output_field_problems, outside_sealed, overlap_refusal, overruled, paired_text, parked_counts, parse_setting,
     part, plain_imports, printable, proof_figures, proof_summary, proof_verdict, quiet_denials, rate_text,
     recall_refusal, recorder_tools, redact, reject_constant, render_tower_html, replaced_text, replay_differences,
-    restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict, schema_table,
+    restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict, same_json, schema_table,
     scored_note, seal_line, sealed_proof_lines, secret_values, settle, shard_line, share, signed_index, standing_recall, state_column,
     substitution, task_text, ticket_problem, tool_list, tower_lines, twin_lines, uncertain_said, unique_key,
     unique_keys, usd, utf8, visible, went, written_schema)
@@ -3641,7 +3641,7 @@ def prove_case(fac: Factory, agent: Agent, case: dict, clients: Clients | None =
     expect = dict(case["expect"])
     allowed = set(expect.pop("denied", []))
     got = loop.output or {}
-    wrong = {key: {"wanted": want, "got": got.get(key)} for key, want in expect.items() if got.get(key) != want}
+    wrong = {key: {"wanted": want, "got": got.get(key)} for key, want in expect.items() if not same_json(got.get(key), want)}
     denied = loop.broker.denials()
     unexpected = sorted(set(denied) - allowed)
     known = sorted({*agent.contracts, *agent.card["tools"]})

@@ -233,6 +233,28 @@ class WhatAHumanReads(unittest.TestCase):
         self.assertEqual(broker.one_line("a\tb\nc"), "a\tb\\nc")
 
 
+    def test_zero_width_characters_inside_visible_text_are_refused_and_an_emoji_keeps_its_selector(self):
+        """U+200B..U+200D, U+2060, U+FEFF and the variation selectors inside visible card text were accepted: they
+        show nothing and spell hidden text (one bit or four each) or split a word a reader checks. A selector on a
+        character it varies (an emoji, a keycap, a CJK ideograph) and a joiner inside a script or an emoji sequence
+        that uses it still read."""
+        hidden = "Is this safe?" + "".join("\u200b\u200c"[int(bit)] for bit in format(ord("y"), "b"))
+        for text, held in ((hidden, "\\u200c"), ("ig\u200bnore", "\\u200b"), ("ok\u2060", "\\u2060"), ("\ufeffok", "\\ufeff"),
+                           ("re\u200cfund", "\\u200c"), ("re\u200dfund", "\\u200d"), ("\u2764\u200d", "\\u200d"),
+                           ("a\ufe0f", "\\ufe0f"), ("ok \ufe0f", "\\ufe0f"), ("\u2764\ufe0f\ufe01", "\\ufe01"),
+                           ("\U0001f600" + "\ufe00\ufe05\ufe0f", "\\ufe05"), ("\u00e9\u0301\ufe0f", "\\ufe0f"),
+                           ("x\U000e0100", "\\udb40\\udd00")):
+            with self.subTest(text=text):
+                self.assertEqual(broker.text_problem(text),
+                                 f"holds {held}, a zero-width character that shows nothing where it is and can hide text")
+        for text in ("I \u2764\ufe0f it", "\u2764\ufe0f\u200d\U0001f525", "\U0001f3f3\ufe0f\u200d\U0001f308",
+                     "\U0001f468\u200d\U0001f469\u200d\U0001f467", "press 1\ufe0f\u20e3", "#\ufe0f\u20e3",
+                     "\u0645\u06cc\u200c\u062e\u0648\u0627\u0645", "\u0915\u094d\u200d\u0937", "\u845b\U000e0100",
+                     "\u2205\ufe00", "\u263a\ufe0e ok"):
+            with self.subTest(text=text):
+                self.assertIsNone(broker.text_problem(text))
+
+
 
 class Held(unittest.TestCase):
     """During a run a write is held: answered as held, executed by nothing until it is committed."""
@@ -260,6 +282,36 @@ class Held(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "was not held"):
             desk.commit(read)
         self.assertEqual(len(written), 2)
+
+
+class IntegersAsTheToolGetsThem(unittest.TestCase):
+    """check_args accepts 3.0 for an integer (JSON Schema's rule), and the tool was handed 3.0: a tool that
+    indexes, repeats or formats with it got a float. The broker hands it the int and records what it handed."""
+
+    PARAMS = {"type": "object", "properties": {
+        "qty": {"type": "integer"}, "price": {"type": "number"}, "either": {"type": ["integer", "number"]},
+        "maybe": {"type": ["integer", "null"]}, "lines": {"type": "array", "items": {"type": "object",
+                                                                                    "properties": {"n": {"type": "integer"}}}}}}
+    CONTRACTS = {"a:read": {"effect": "read", "params": PARAMS}, "a:act": {"effect": "act", "params": PARAMS}}
+    ASKED = {"qty": 3.0, "price": 3.0, "either": 3.0, "maybe": -0.0, "lines": [{"n": 2.0}, {"n": 7}], "other": 1.0}
+    HANDED = {"qty": 3, "price": 3.0, "either": 3.0, "maybe": 0, "lines": [{"n": 2}, {"n": 7}], "other": 1.0}
+
+    def test_an_integral_float_for_an_integer_reaches_the_tool_and_the_trace_as_an_int(self):
+        got, events = [], []
+        tools = {name: lambda args: got.append(args) or "done" for name in self.CONTRACTS}
+        desk = broker.Broker(broker.Policy("x", frozenset(self.CONTRACTS), frozenset(), "C3"), self.CONTRACTS,
+                             tools, "run", events.append)
+        read, act = desk.carry_out("a:read", dict(self.ASKED)), desk.carry_out("a:act", dict(self.ASKED))
+        desk.commit(act)
+        self.assertEqual([read.ruling, act.ruling], ["ok", "HELD"])
+        for args in [*got, read.args, act.args, events[0]["args"], events[-1]["args"]]:
+            self.assertEqual(json.dumps(args), json.dumps(self.HANDED), "3 is written 3, 3.0 stays 3.0 for a number")
+        self.assertEqual({e["args_digest"] for e in events}, {broker.args_digest(self.HANDED)}, "the digest of what the tool got")
+        self.assertEqual(broker.as_typed(self.PARAMS, {"qty": 2.5, "lines": "x"}), {"qty": 2.5, "lines": "x"})
+
+    def test_a_denied_call_is_recorded_as_the_model_asked_it(self):
+        desk = broker.Broker(broker.Policy("x", frozenset(), frozenset(), "C3"), self.CONTRACTS, {}, "run", [].append)
+        self.assertEqual(json.dumps(desk.carry_out("a:read", {"qty": 3.0}).args), '{"qty": 3.0}')
 
 
 def held_calls() -> list:

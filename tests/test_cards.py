@@ -57,7 +57,9 @@ class Cards(LineTest):
                  ({"tier_ceiling": "C9"}, "field 'tier_ceiling'"),
                  ({"draft_rubric": rubric}, "exactly five levels 0..4"),
                  ({"evals": {"pass_bar": 2, "gate": 0.5}}, "evals.pass_bar"),
-                 ({"agent": "other"}, "field 'agent' is 'other'")]
+                 ({"agent": "other"}, "field 'agent' is 'other'"),
+                 ({"gate_question": "Is this safe?\u200b\u200c\u200b"}, "field 'gate_question' holds \\u200b, a zero-width"),
+                 ({"draft_rubric": dict(good["draft_rubric"], instructions="Rate it\ufe0f.")}, "holds \\ufe0f")]
         for change, message in table:
             with self.subTest(change=change):
                 (self.root / "masters" / "triager.json").write_text(json.dumps({**good, **change}))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import types
 import unittest
 
 import broker
@@ -498,6 +499,19 @@ class Replay(CertifiedTest):
         self.refused("(no header line)", "replay", run_id)
         self.usage_error("is not a run id", "replay", "../x")
         self.refused("no trace for run", "replay", "20990101T000000000000Z-abcdef")
+
+
+class ReplayedOutput(unittest.TestCase):
+    """replay compared the recorded output with today's by Python's `!=`: `false` recorded and `0` today (or
+    1 and true) was no difference. They are compared as JSON (broker.same_json): 1 and 1.0 are one number."""
+
+    def test_a_boolean_become_a_number_is_a_difference(self):
+        def differences(then, now):
+            return broker.replay_differences([], [], {"status": "done", "output": then},
+                                             types.SimpleNamespace(output=now, reason=""), "done")
+        self.assertEqual(differences({"vip": False, "n": [True]}, {"vip": 0, "n": [1]}),
+                         ['output: recorded {"vip": false, "n": [true]} / today {"vip": 0, "n": [1]}'])
+        self.assertEqual(differences({"vip": True, "n": 2}, {"n": 2.0, "vip": True}), [])
 
 
 # ---------------------------------------------------------------- the run gate

@@ -779,6 +779,28 @@ class WhyACaseFailed(LineTest):
         self.assertNotIn("contract", out)
         self.assertNotIn("urgent", out)
 
+    def test_an_expected_boolean_is_never_matched_by_a_number(self):
+        """Expected values were compared with Python's `!=`: an output `vip: 0` passed a case expecting `vip: false`
+        (and 1 passed true). They are compared as JSON: a boolean is never a number; numbers by value (1 is 1.0)."""
+        module = self.root / "agents" / "triager.py"
+        module.write_text(module.read_text().replace('"escalate": {"type": "boolean"},',
+                                                     '"escalate": {"type": "boolean"}, "vip": {"type": ["boolean", "integer"]},'))
+        self.env.update(ANTHROPIC_API_KEY="sk-test")
+        for wanted, answered, passed in ((False, 0, False), (True, 1, False), (False, False, True), (1, 1.0, True)):
+            with self.subTest(wanted=wanted, answered=answered):
+                reply = json.dumps({"label": "account", "escalate": False, "draft": "We are on it.", "vip": answered})
+                server = FakeServer(*[Answer(body=anthropic_message(reply)) for _ in range(4)]).start()
+                self.addCleanup(server.close)
+                self.env.update(ANTHROPIC_BASE_URL=server.url)
+                write_jsonl(self.root / "evals" / "triager" / "cases.jsonl", [
+                    {"id": "c0", "input": "How do I order a new card?", "source": "synthetic",
+                     "expect": {"label": "account", "vip": wanted}}])
+                code, out, err = self.factory("prove", "triager", "--json")
+                record = json.loads(out)
+                self.assertEqual(record["passing_cases"], int(passed), err)
+                self.assertEqual([f["wrong"] for f in record["failures"]],
+                                 [] if passed else [{"vip": {"wanted": wanted, "got": answered}}])
+
 
 class RubricNamed(unittest.TestCase):
     """A proof names the field its rubric scored, and names no field when the card has no rubric: an expense
