@@ -8,7 +8,11 @@ The runner finds the test modules by their file names and imports none itself: a
 module and names its classes, so --timeout covers a module that hangs as it is imported, and one that
 ends its process ends only that worker. A test class is the unit of work: its setUpClass (the factory it
 prepares once) and its tests run in one worker, as they would in one process; the workers take the next
-class as they finish one, the biggest test modules first so that short classes fill the end. A worker
+unit as they finish one. Every module is imported first (the biggest file first); then the classes go out
+heaviest first, so that short classes fill the end and no long one starts last. A class's weight is a
+guess made from its code, not a measured time: the characters of source of the class and of each of its
+bases defined in the suite's own package (its mixins, the fixtures it prepares with), that is, how much
+test code one unit runs; equal weights keep discover's order. A worker
 that dies (os._exit, a signal) or runs past --timeout seconds while importing a module or running a
 class is one error naming that module or class, and the test it was in; what is left goes on in a fresh
 worker. The run ends when every module and every class it named has its result, and never before.
@@ -34,6 +38,7 @@ import argparse
 import contextlib
 import fnmatch
 import importlib
+import inspect
 import io
 import multiprocessing
 import os
@@ -75,6 +80,22 @@ def walk(folder: Path, pattern: str) -> list[Path]:
         elif path.is_dir() and (path / "__init__.py").is_file():
             found += [path, *walk(path, pattern)]
     return found
+
+
+def weight(suite: unittest.TestSuite) -> int:
+    """The scheduling weight of one class's suite (see the module's docstring): the characters of source of its
+    class and of the classes it inherits from that are defined in the test module's own top-level package;
+    0 for unittest's stand-in tests and classes whose source cannot be read."""
+    cases = flatten(suite)
+    if not cases:
+        return 0
+    package = type(cases[0]).__module__.split(".")[0]
+    total = 0
+    for klass in type(cases[0]).__mro__:
+        if klass.__module__.split(".")[0] == package and not klass.__module__.startswith("unittest"):
+            with contextlib.suppress(OSError, TypeError):   # defined in no file we can read (exec'd, a C type)
+                total += len(inspect.getsource(klass))
+    return total
 
 
 def tests_of(name: str, pattern: str) -> dict[str, unittest.TestSuite]:
@@ -142,7 +163,7 @@ def run_class(suite: unittest.TestSuite, connection: Connection) -> dict:
 
 def work(connection: Connection, top: str, pattern: str) -> None:
     """A worker process, leader of a process group of its own: for each unit received on connection, send
-    ("classes", the class names) for (module, None), having imported the module, and for (module, class)
+    ("classes", [(class name, weight), ...]) for (module, None), having imported the module, and for (module, class)
     ("done", its report) after the announcements of its tests; stop at None, or when the parent is gone
     (its end of the pipe closed: end-of-file, or a broken pipe at the next send)."""
     with contextlib.suppress(OSError):   # the parent does it too; whichever comes first
@@ -156,7 +177,7 @@ def work(connection: Connection, top: str, pattern: str) -> None:
             module, name = unit
             if module not in loaded:
                 loaded[module] = tests_of(module, pattern)
-            connection.send(("classes", list(loaded[module])) if name is None
+            connection.send(("classes", [(key, weight(suite)) for key, suite in loaded[module].items()]) if name is None
                             else ("done", run_class(loaded[module][name], connection)))
 
 
@@ -203,7 +224,7 @@ def fire(crew: list[Worker]) -> None:
 
 
 def heard(worker: Worker) -> tuple[str, object] | None:
-    """What a busy worker has sent so far: ("classes", names) or ("done", report) once its unit is done,
+    """What a busy worker has sent so far: ("classes", [(name, weight), ...]) or ("done", report) once its unit is done,
     else None. Raises EOFError or OSError when the worker has died."""
     while worker.connection.poll():
         kind, value = worker.connection.recv()
@@ -280,11 +301,12 @@ class Tally:
 
 def run(start: str, top: str, pattern: str, jobs: int, limit: float) -> int:
     """Run every test module's classes in `jobs` worker processes, each unit in turn handed to an idle
-    worker, printing marks as classes finish and the result at the end. A unit whose worker dies or runs
+    worker (the modules' imports first, then the classes heaviest first: `weight`), printing marks as classes
+    finish and the result at the end. A unit whose worker dies or runs
     past limit seconds is one error naming it; the units not yet run go on in fresh workers. Every
     worker is fired before this returns or raises. Returns the exit status: 0 passed, 1 failed, 5 no tests ran."""
     began, modules = time.perf_counter(), test_modules(Path(start), Path(top), pattern)
-    rank, todo, tally = {name: n for n, name in enumerate(modules)}, [(name, None) for name in modules], Tally()
+    todo, tally, weights = [(name, None) for name in modules], Tally(), {}
     crew: list[Worker] = []
     try:
         while todo or any(worker.unit for worker in crew):
@@ -296,8 +318,10 @@ def run(start: str, top: str, pattern: str, jobs: int, limit: float) -> int:
                 if not answer:
                     continue
                 kind, value = answer
-                if kind == "classes":   # the module's classes next, before the modules after it
-                    todo = sorted(todo + [(worker.unit[0], name) for name in value], key=lambda unit: rank[unit[0]])
+                if kind == "classes":   # imports first, then the heaviest class; a stable sort keeps discover's order
+                    weights.update(value)
+                    todo = sorted(todo + [(worker.unit[0], name) for name, _ in value],
+                                  key=lambda unit: (unit[1] is not None, -weights.get(unit[1], 0)))
                 else:
                     tally.add(value)
                 worker.unit = None
