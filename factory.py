@@ -224,9 +224,12 @@ def note(fac: "Factory", line: str) -> None:
 # ---- time, run ids, digests, names
 
 def utc_now() -> str:
-    """Now, as iso() writes it."""
+    """Now, as iso() writes it (the second's text made once per second: a run stamps a dozen events)."""
     seconds, micro = divmod(time.time_ns() // 1000, 1_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micro:06d}Z"
+    return utc_second(seconds) + f".{micro:06d}Z"
+
+
+utc_second = lru_cache(maxsize=1)(lambda seconds: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
 
 
 def iso(moment: datetime) -> str:
@@ -941,26 +944,20 @@ class Store:
             raise
         return offset
 
-    def open_log(self, path: Path) -> "Store.Log":
-        """An append handle on a JSONL file only this process writes (a trace), locked from line 1 to close."""
-        return Store.Log(self, path)
-
     class Log:
-        """Store.open_log's; the file and its folder are made at the first line; close() is idempotent."""
+        """An append handle on a JSONL file only this process writes (a trace), locked from its first line, which
+        makes the file, to close() (idempotent)."""
 
         def __init__(self, store: "Store", path: Path):
             self.store, self.path, self.handle, self.held = store, path, None, []
             self.end = 0   # where the last line written through this handle ended (0: none yet)
 
-        def append(self, obj: dict, hold: bool = False) -> None:
-            """Write obj as one line after the lines held (cut back, never torn, on a failed write); `hold`:
-            hold it too."""
+        def append(self, obj: dict) -> None:
+            """Hold obj as one line, written at the next flush."""
             self.held.append(self.store.line(obj, self.path))
-            if not hold:
-                self.flush()
 
         def flush(self) -> None:
-            """Write the lines held, in one write."""
+            """Write the lines held, in one write (cut back, never torn, when it fails)."""
             data, self.held = b"".join(self.held), []
             with self.store.machine(self.path, "write"):
                 if data and self.handle is None:
@@ -3235,7 +3232,7 @@ class Trace:
         """A new trace: header, then the `started` row (a run refused at either is not counted: its trace is
         removed)."""
         trace = cls(fac, header["agent"], header["run_id"])
-        trace.header, trace.log = header, fac.store.open_log(trace.path)
+        trace.header, trace.log = header, Store.Log(fac.store, trace.path)
         trace.record({"format": TRACE_FORMAT, **header})
         trace.flush()
         try:
@@ -3252,7 +3249,7 @@ class Trace:
         event = {"at": event.get("at") or utc_now(), **event}
         with self.pen:
             if self.log is not None:
-                self.log.append(event, hold=True)
+                self.log.append(event)
             else:
                 self.fac.store.append_jsonl(self.path, event)
 

@@ -1275,6 +1275,7 @@ class Worker:
         self._timeout, self._sleep, self._max_tokens = timeout, sleep, max_tokens
         self._deadline = deadline
         self._dead: dict[str, LLMError] = {}   # model id -> why this Worker stopped asking it
+        self._routes: dict[str, Route | LLMError] = {}   # model id -> its route under _env, or why it has none
         self._rules_reason = ""                # set by use_rules: no model is asked again
         self._run_id, self._calls = run_id, 0  # complete() calls so far: the step whose span a request names
 
@@ -1366,7 +1367,7 @@ class Worker:
         """The first live model whose route resolves (has a key), else 'offline'."""
         for model_id in self._live():
             try:
-                route_for(model_id, self._env)
+                self._route(model_id)
             except LLMNoKey:
                 continue
             except LLMError:
@@ -1374,9 +1375,21 @@ class Worker:
             return model_id
         return "offline"
 
+    def _route(self, model_id: str) -> Route:
+        """route_for under this Worker's env, worked out once per model (the env is the Worker's own copy, so
+        the answer cannot change; a run asks it at every step); raises what route_for raised."""
+        if model_id not in self._routes:
+            try:
+                self._routes[model_id] = route_for(model_id, self._env)
+            except LLMError as err:
+                self._routes[model_id] = err
+        if isinstance(found := self._routes[model_id], LLMError):
+            raise found.with_traceback(None)
+        return found
+
     def _ask(self, model_id: str, messages: list[dict], tools: list[dict], attempts: list[dict]) -> Reply:
         """One model's answer, retried per policy; raises LLMError."""
-        route = route_for(model_id, self._env)
+        route = self._route(model_id)
         body = _WIRES[route.wire][0](route.model, messages, tools, self._max_tokens)
         if route.token_field != "max_tokens":
             body[route.token_field] = body.pop("max_tokens")

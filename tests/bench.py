@@ -18,6 +18,7 @@ target is printed beside it and a figure past its target is marked `OVER`.
     tower over N index rows, first call  reading the rows and json.loads of each     <= 1.5x
       tower after 1,000 more rows        a tower over a 1,000-row index              <= 3.0x (counts from its checkpoint)
     run --file in-process, per ticket    one call of the agent's rules on the ticket <= 2.5x (syscalls per ticket beside it)
+      its instructions (valgrind)        the instructions of one rules call          (shown: load does not change it)
     prove --jobs 8, model at 200 ms      ideal: cases x latency / jobs               <= 1.25x (>= 0.8 of ideal)
     broker decision + recorded call      a bare function call with the same args     (shown, no target)
     Sage requests for 64 drafts          64 / 16 per batch                           <= 1.0x
@@ -26,6 +27,7 @@ target is printed beside it and a figure past its target is marked `OVER`.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import hashlib
 import hmac
@@ -267,6 +269,47 @@ def bench_run_in_process(n: int, repeats: int) -> tuple[Seconds, Seconds, float 
         return min(batches), min(rules), syscalls_per_ticket(root, env, path, n)
 
 
+def count_in_child(mode: str, n: int) -> None:
+    """What a child run under callgrind does (bench.py --count MODE N): a root certified, a batch of 20 tickets
+    run (the agent loaded, its patterns compiled), then again 20 tickets (`none`), 20 + n (`batch`), or 20 and
+    then n calls of the rules (`rules`); so `batch` less `none` is n tickets, `rules` less `none` n rules calls."""
+    from agents import triager
+    tickets = repo_tickets(20 + n)
+    with tempfile.TemporaryDirectory() as tmp:
+        root, env = fresh_root(Path(tmp))
+        certify(root, env)
+        files = {}
+        for name, some in (("warm", tickets[:20]), ("none", tickets[:20]), ("batch", tickets)):
+            files[name] = Path(tmp) / f"{name}.jsonl"
+            files[name].write_text("".join(json.dumps(t) + "\n" for t in some))
+        with contextlib.redirect_stdout(io.StringIO()):
+            factory.main(["run", "triager", "--file", str(files["warm"])], env=env)
+            [triager.rules(ticket["input"]) for ticket in tickets[:20]]
+            factory.main(["run", "triager", "--file", str(files["batch" if mode == "batch" else "none"])], env=env)
+            if mode == "rules":
+                [triager.rules(ticket["input"]) for ticket in tickets[20:]]
+
+
+def instructions_per_ticket(n: int) -> tuple[float, float] | None:
+    """(instructions per ticket of `run --file` in-process, per call of the triager's rules), as valgrind's
+    callgrind counts them (https://valgrind.org/docs/manual/cl-manual.html): what the code executes in user
+    space, the same on a busy machine and an idle one, blind to what the caches and the kernel add; None
+    without valgrind. Each is the difference between two children of count_in_child, run two at a time."""
+    if not shutil.which("valgrind"):
+        return None
+    def count(mode: str) -> int:
+        done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *PYTHON, __file__,
+                               "--count", mode, str(n)], capture_output=True, text=True, cwd=REPO,
+                              env={**CLEAN_ENV, "PYTHONDONTWRITEBYTECODE": "1"})   # no child writes what another reads
+        found = [line.split()[-1] for line in done.stderr.splitlines() if "Collected :" in line]
+        if done.returncode or not found:
+            raise SystemExit(f"valgrind --count {mode} failed: {done.stderr[-500:]}")
+        return int(found[-1])
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        none, batch, rules = pool.map(count, ("none", "batch", "rules"))
+    return (batch - none) / n, (rules - none) / n
+
+
 def bench_prove(jobs: int, n: int = 64, delay: float = 0.2) -> tuple[Seconds, Seconds, int]:
     """(wall, ideal n x delay / jobs, Sage requests) for an in-process prove of n cases against a
     model answering after `delay` seconds, with drafts scored by a local Sage."""
@@ -328,7 +371,11 @@ def main() -> None:
     """Measure each figure against its floor and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tickets, a smaller tower, fewer repeats")
-    quick = parser.parse_args().quick
+    parser.add_argument("--count", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)   # a callgrind child's
+    args = parser.parse_args()
+    if args.count:
+        return count_in_child(args.count[0], int(args.count[1]))
+    quick = args.quick
     tickets, rows, repeats = (200, 100_000, 5) if quick else (1000, 1_000_000, 11)
     child([*PYTHON, "-c", "import factory, llm, sage, broker"])   # the bytecode cache, as after a first use
     helps, passes, compiles = bench_help(repeats)
@@ -346,6 +393,12 @@ def main() -> None:
     per_ticket, rules, calls = bench_run_in_process(tickets, 3)
     table.append(row(f"run --file in-process, per ticket ({tickets}), {'-' if calls is None else f'{calls:.0f}'} syscalls per ticket",
                      per_ticket, rules, "one rules call", 2.5))
+    counted = instructions_per_ticket(30 if quick else 100)
+    if counted is None:
+        print("bench: valgrind not found: the instructions per ticket are not counted", file=sys.stderr)
+    else:
+        table.append(row("  its instructions per ticket (valgrind's callgrind)", Seconds(counted[0], 0),
+                         Seconds(counted[1], 0), "one rules call", None, shown=lambda n: f"{n / 1e6:.2f} M"))
     elapsed, ideal, requests = bench_prove(8)
     table.append(row("prove 64 cases, model at 200 ms, --jobs 8", elapsed, ideal, "ideal 64 x 0.2 s / 8", 1.25))
     table.append(row("Sage requests for 64 drafts", Seconds(requests, 0), Seconds(64 / 16, 0), "64 / 16 per batch", 1.0,

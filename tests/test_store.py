@@ -186,22 +186,26 @@ class Appends(CertifiedTest):
                     self.assertEqual((folder / name).read_bytes() if (folder / name).exists() else None, left[name])
 
     def appended_through_a_log(self, path, obj):
-        """obj appended through a run's own log (Store.open_log), closed after."""
-        log = self.fac.store.open_log(path)
+        """obj appended through a run's own log (Store.Log), closed after."""
+        log = factory.Store.Log(self.fac.store, path)
         try:
             log.append(obj)
+            log.flush()
         finally:
             log.close()
 
     def test_a_runs_own_log_starts_clean_after_another_writers_torn_line(self):
         path = self.root / "outbox" / "x" / "log.jsonl"
-        log = self.fac.store.open_log(path)
+        log = factory.Store.Log(self.fac.store, path)
         try:
             log.append({"n": 1})
-            log.append({"n": 2})   # the file ends where its last line ended: nothing is read back
+            log.flush()
+            log.append({"n": 2})
+            log.flush()   # the file ends where its last line ended: nothing is read back
             with path.open("ab") as out:
                 out.write(b'{"torn')            # a writer that ignored the lock, killed mid-line
             log.append({"n": 3})
+            log.flush()
         finally:
             log.close()
         self.assertEqual(path.read_bytes().splitlines(), [b'{"n":1}', b'{"n":2}', b'{"torn', b'{"n":3}'])
