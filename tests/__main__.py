@@ -24,7 +24,8 @@ that is still in its group, when it runs past --timeout, when it dies, at the en
 the run is interrupted or fails itself. A package's load_tests is called, as discover calls it, but does
 not stop the runner from also walking the package's folder.
 
-factory.py's bytecode is written to its __pycache__ first (see cache_bytecode).
+factory.py's bytecode is written to its __pycache__ first (see cache_bytecode), and the code the product
+compiles of broker.py, llm.py and sage.py is kept in the run's own folder (XDG_CACHE_HOME), not in yours.
 
 Every temporary folder of the run (the tests' and their child processes') is made inside one folder of
 its own, removed at the end: under TMPDIR when it is set, else under /dev/shm when that RAM disk exists
@@ -376,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = scratch_parent()
     with tempfile.TemporaryDirectory(prefix="factory-tests-", dir=parent, ignore_cleanup_errors=True) as scratch:
         os.environ["TMPDIR"] = tempfile.tempdir = scratch   # the workers, forked or spawned, and their children
+        os.environ["XDG_CACHE_HOME"] = os.path.join(scratch, "cache")   # factory.code_cache's
         try:
             return run(str(Path(args.start_directory).resolve()), top, args.pattern, args.jobs, args.timeout)
         except KeyboardInterrupt:

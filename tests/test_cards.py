@@ -4,17 +4,21 @@ restamping every variant of a master (also when the restamp is killed midway).""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import marshal
 import os
 import py_compile
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import unittest
 from pathlib import Path
 
+import factory
 from tests import trust_helpers
 from tests.support import INJECTION, REPO, CertifiedTest, LineTest, snapshot
 
@@ -417,6 +421,87 @@ class CodeThatRuns(CertifiedTest):
                 self.assertEqual(done.returncode, 0, done.stderr)
                 self.assertNotIn("planted", done.stderr)
         self.assertEqual(sorted(p.name for p in (install / "__pycache__").iterdir()), pycache, "a module wrote bytecode")
+
+
+class CodeCache(unittest.TestCase):
+    """The compiled code of broker.py, llm.py and sage.py, kept in the user's own folder: loaded only for the exact
+    source it was compiled from, from a folder and an entry no other user may write."""
+
+    def setUp(self):
+        self.tmp = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        self.folder = self.tmp / "cache" / "agent-factory"
+        self.path = str(self.tmp / "mod.py")
+
+    def entries(self) -> list[Path]:
+        return sorted(self.folder.iterdir()) if self.folder.is_dir() else []
+
+    def run_code(self, source: bytes, folder=None) -> dict:
+        space: dict = {}
+        exec(factory.code_cache(source, self.path, str(self.folder) if folder is None else folder), space)
+        return space
+
+    def plant(self, entry: Path, source: bytes) -> None:
+        """Put the code of `source` in `entry`, framed as code_cache frames it (sha256 of the rest first)."""
+        data = marshal.dumps(compile(source, self.path, "exec"))
+        entry.write_bytes(hashlib.sha256(data).digest() + data)
+
+    def test_the_code_is_kept_for_its_source_and_read_back_for_the_same_bytes(self):
+        self.assertEqual(self.run_code(b"x = 1\n")["x"], 1)
+        [entry] = self.entries()
+        self.assertEqual((entry.stat().st_mode & 0o777, self.folder.stat().st_mode & 0o777), (0o600, 0o700))
+        self.plant(entry, b"x = 'from the cache'\n")   # what is read back is the entry, not a new compile
+        self.assertEqual(self.run_code(b"x = 1\n")["x"], "from the cache")
+        self.assertEqual(self.run_code(b"x = 2\n")["x"], 2, "a changed source was not compiled again")
+        self.assertEqual(len(self.entries()), 1, "the older source's entry is left beside the new one")
+
+    def test_a_torn_or_edited_entry_is_compiled_again_and_replaced(self):
+        self.run_code(b"x = 1\n")
+        [entry] = self.entries()
+        whole = entry.read_bytes()
+        for bad in (whole[: len(whole) // 2], whole[:40] + b"\0" + whole[41:], b"", b"\0" * 31):
+            with self.subTest(size=len(bad)):
+                entry.write_bytes(bad)
+                self.assertEqual(self.run_code(b"x = 1\n")["x"], 1)
+                self.assertEqual(entry.read_bytes(), whole)
+
+    def test_a_folder_or_an_entry_others_may_write_is_not_read(self):
+        self.run_code(b"x = 1\n")
+        [entry] = self.entries()
+        for changed, mode in ((self.folder, 0o777), (self.folder, 0o720), (entry, 0o666)):
+            with self.subTest(changed=changed.name, mode=oct(mode)):
+                self.plant(entry, b"x = 'planted'\n")
+                changed.chmod(mode)
+                try:
+                    self.assertEqual(self.run_code(b"x = 1\n")["x"], 1, "code others may write was run")
+                finally:
+                    changed.chmod(0o700 if changed == self.folder else 0o600)
+
+    def test_a_folder_that_is_a_link_or_relative_is_not_used(self):
+        elsewhere = self.tmp / "elsewhere"
+        elsewhere.mkdir(mode=0o700)
+        self.folder.parent.mkdir()
+        self.folder.symlink_to(elsewhere)
+        self.assertEqual(self.run_code(b"x = 1\n")["x"], 1)
+        self.assertEqual(list(elsewhere.iterdir()), [], "an entry was written through a link")
+        cwd = os.getcwd()
+        os.chdir(self.tmp)
+        try:
+            self.assertEqual(self.run_code(b"x = 1\n", folder="relative")["x"], 1)
+        finally:
+            os.chdir(cwd)
+        self.assertFalse((self.tmp / "relative").exists())
+
+    def test_a_station_keeps_what_it_compiled_and_the_next_start_says_the_same(self):
+        env = {**os.environ, "XDG_CACHE_HOME": str(self.tmp / "cache")}
+        first, second = (subprocess.run([sys.executable, str(REPO / "factory.py"), "--help"], capture_output=True,
+                                        text=True, env=env, timeout=60) for _ in range(2))
+        self.assertEqual((first.returncode, second.returncode, first.stdout), (0, 0, second.stdout), first.stderr)
+        self.assertEqual(len(self.entries()), 1, "--help compiles broker.py alone (llm.py and sage.py load at first use)")
+        unwritable = self.tmp / "unwritable"
+        unwritable.mkdir(mode=0o500)
+        done = subprocess.run([sys.executable, str(REPO / "factory.py"), "--help"], capture_output=True, text=True,
+                              env={**env, "XDG_CACHE_HOME": str(unwritable / "no")}, timeout=60)
+        self.assertEqual((done.returncode, done.stderr, done.stdout), (0, "", first.stdout))
 
 
 class Stamping(LineTest):
