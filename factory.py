@@ -86,13 +86,13 @@ class SourceOnly(importlib.machinery.SourceFileLoader):
 def code_cache(source: bytes, path: str, folder: str | None = None) -> types.CodeType:
     """compile(source) of the module at `path`, kept in the user's own folder $XDG_CACHE_HOME/agent-factory (else
     ~/.cache/agent-factory, made 0700): compiling broker.py is most of a station's start. An entry is named by the
-    sha256 of the path, and of the source with Python's bytecode version, and begins with the sha256 of the rest:
+    sha256 of the path with Python's bytecode version, and of the source, and begins with the sha256 of the rest:
     one torn or edited is compiled again, a folder or entry another user owns or may write is not used, writing
     one removes the older ones of its path, and any failure compiles, as without a cache."""
     import hashlib, marshal
     folder = folder or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "agent-factory")
-    stem, code = hashlib.sha256(os.fsencode(path)).hexdigest()[:24], None
-    name = f"{stem}-{hashlib.sha256(importlib.util.MAGIC_NUMBER + source).hexdigest()[:40]}.code"
+    stem, code = hashlib.sha256(importlib.util.MAGIC_NUMBER + os.fsencode(path)).hexdigest()[:24], None
+    name = f"{stem}-{hashlib.sha256(source).hexdigest()[:40]}.code"
     with contextlib.suppress(OSError, ValueError, EOFError, TypeError):
         if not os.path.isabs(folder):   # XDG_CACHE_HOME must be absolute (the XDG base directory specification)
             raise ValueError(f"{folder} is relative")
