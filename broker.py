@@ -248,6 +248,12 @@ def printable(text: str) -> str:
     return UNPRINTABLE.sub(lambda found: escaped(found.group()), text)
 
 
+def last_line(raw: bytes) -> str:
+    """A program output's last non-blank line, printable, for a one-line refusal."""
+    lines = [line.strip() for line in raw.decode("utf-8", "replace").splitlines() if line.strip()]
+    return "".join(c if c.isprintable() else "?" for c in lines[-1]) if lines else "no message"
+
+
 def visible(text: str) -> str:
     """printable(text) with line breaks and tabs escaped too: it stays on its one line."""
     return BREAKS.sub(lambda found: escaped(found.group()), printable(text))
@@ -2515,6 +2521,13 @@ def _model_id(value) -> bool:
 
 
 TOOL = re.compile(r"([a-z][a-z0-9_]{0,31}):[a-z][a-z0-9_-]{0,31}")   # family:verb, defined in agents/tools/FAMILY.py
+
+
+def tool_families(tools) -> list[str]:
+    """The tool modules (paths under agents/) defining the given tools, sorted."""
+    return sorted({f"tools/{match.group(1)}.py" for match in map(TOOL.fullmatch, tools) if match})
+
+
 ENTRYPOINT = re.compile(r"([a-z][a-z0-9_]*):([a-z_][a-z0-9_]*)")     # module:function, the module agents/MODULE.py
 REQUIRED = "required"                                               # the default of a field that must be there
 

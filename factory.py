@@ -155,15 +155,15 @@ from broker import (  # noqa: E402
     decisions_in, detect, did_you_mean, doctor_lines, encodable, encoded_forms, evidence, evidence_span,
     executed_calls, executed_twins, figure_problem, first_refusal, flagged, fold_decisions, from_state,
     gate_content, gate_lines, gate_not_run, grants_line, guard_results, harvest_run_of, head_problem, held_draft,
-    in_shard, input_problem, is_blank, json_position, json_state, judge, judged_tier, junit_xml, line_verifies,
-    lone_surrogate, merge_shards, module_name, new_module, new_tools, newer, no_contract, one_line, outcome_of,
-    output_field_problems, outside_sealed, overlap_refusal, overruled, paired_text, parked_counts, parse_setting,
-    part, plain_imports, printable, proof_figures, proof_summary, proof_verdict, quiet_denials, rate_text,
-    recall_refusal, recorder_tools, redact, reject_constant, render_tower_html, replaced_text, replay_differences,
-    restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict, same_json, schema_table,
-    scored_note, seal_line, sealed_proof_lines, secret_values, settle, shard_line, share, signed_index,
-    standing_recall, state_column, substitution, task_text, ticket_problem, tool_list, tower_lines, twin_lines,
-    uncertain_said, unique_key, unique_keys, usd, utf8, visible, went, written_schema)
+    in_shard, input_problem, is_blank, json_position, json_state, judge, judged_tier, junit_xml, last_line,
+    line_verifies, lone_surrogate, merge_shards, module_name, new_module, new_tools, newer, no_contract, one_line,
+    outcome_of, output_field_problems, outside_sealed, overlap_refusal, overruled, paired_text, parked_counts,
+    parse_setting, part, plain_imports, printable, proof_figures, proof_summary, proof_verdict, quiet_denials,
+    rate_text, recall_refusal, recorder_tools, redact, reject_constant, render_tower_html, replaced_text,
+    replay_differences, restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict,
+    same_json, schema_table, scored_note, seal_line, sealed_proof_lines, secret_values, settle, shard_line, share,
+    signed_index, standing_recall, state_column, substitution, task_text, ticket_problem, tool_families, tool_list,
+    tower_lines, twin_lines, uncertain_said, unique_key, unique_keys, usd, utf8, visible, went, written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -1482,11 +1482,6 @@ def effect_writer(fac: Factory, run_id: str, tags: dict, announce=None):
     return write
 
 
-def tool_families(tools) -> list[str]:
-    """The tool modules (paths under agents/) defining the given tools, sorted."""
-    return sorted({f"tools/{match.group(1)}.py" for match in map(TOOL.fullmatch, tools) if match})
-
-
 def toolbox_contracts(fac: Factory, relative: str) -> dict:
     """The CONTRACTS of tool module agents/RELATIVE (toolbox_problems); Refusal naming each problem."""
     contracts, problems = toolbox_problems(fac, relative)
@@ -2071,12 +2066,6 @@ def same_text(computed: str, given: str) -> bool:
     """Constant-time equality of two ASCII texts."""
     import hmac
     return hmac.compare_digest(computed.encode(), given.encode())
-
-
-def last_line(raw: bytes) -> str:
-    """A program output's last non-blank line, printable, for a one-line refusal."""
-    lines = [line.strip() for line in raw.decode("utf-8", "replace").splitlines() if line.strip()]
-    return "".join(c if c.isprintable() else "?" for c in lines[-1]) if lines else "no message"
 
 
 def signature_problem(fac: Factory, signer: str, obj: dict, unsigned: tuple = UNSIGNED_FIELDS) -> str | None:
@@ -3400,10 +3389,14 @@ def settle_held(fac: Factory, agent: Agent, cert: dict, trace: Trace, broker: Br
 
 def claim_effect(fac: Factory, agent: Agent, trace: Trace, call: Outcome, claim: bool = True) -> str | None:
     """Mark an acting call's effect as this run's by its contract's unique_by (effect_mark, made exclusively: of two
-    runs one wins); None when it is (or names none), else whose it is. `claim` False: marked over what is there."""
+    runs one wins); None when it is (or names none), else whose it is, or that the marks are gone though the index
+    counts acting calls of the agent. `claim` False: marked over what is there."""
     if (marked := effect_mark(fac, agent, call.tool, call.args)) is None:
         return None
     path, mark = marked
+    if claim and not fac.store.exists(path.parent) and (acted := index_tally(fac).agents.get(agent.name, Tally()).acted):
+        return (f"{fac.shown(path.parent)}, which remembers the unique_by values executed, is missing though {agent.name} "
+                f"executed {acted} acting call(s) ({fac.shown(fac.index)}): a call executed before cannot be told from a new one")
     try:
         fac.store.write_json(path, {**mark, "run_id": trace.run_id, "seq": call.seq, "at": utc_now()}, exclusive=claim)
         return None

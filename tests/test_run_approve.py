@@ -982,6 +982,16 @@ class UniqueEffects(Tiered):
                           'outbox/payer/unique/' + mark.name + ' does not name already (unique_by)', third["why"])
 
 
+    def test_a_lost_marks_folder_parks_the_call_rather_than_pay_again(self):
+        """The marks are the only memory of which unique_by values were executed: with their folder gone, the same
+        refund was written again and the run verified, though the index counts the acting call executed before."""
+        first = self.refund_run()
+        shutil.rmtree(self.root / "outbox" / "payer" / "unique")
+        again = self.refund_run()
+        self.assertEqual((first["acted"], again["acted"], again["staged"], len(self.effects("refunds"))), (1, 0, 1, 1))
+        self.assertIn("outbox/payer/unique, which remembers the unique_by values executed, is missing though payer executed "
+                      "1 acting call(s) (traces/index.jsonl): a call executed before cannot be told from a new one", again["why"])
+
     def test_pending_says_what_approve_says_of_an_effect_executed_already(self):
         """pending listed a call parked for its unique_by values as plain PENDING: only approve's prompt said the
         effect was executed already, for which run."""
