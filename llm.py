@@ -344,14 +344,14 @@ def declared_prices(prices: Mapping[str, Mapping[str, float]] | None) -> Mapping
 
 
 def price_row(model: str, declared: Mapping[str, Price] = NO_PRICES) -> Price | None:
-    """The Price for a model id: the card's `declared` price for exactly that id first, then the built-in
-    table (alias, dated snapshot, provider/ form, ollama/* = 0), else None.
+    """The Price for a model id: the card's `declared` price for exactly that id first, else for the same model
+    (declared_row), then the built-in table (alias, dated snapshot, provider/ form, ollama/* = 0), else None.
 
     A dated id not in SNAPSHOTS ("claude-sonnet-5-5-20260928") takes its alias's row: an Anthropic
     alias points at its dated snapshot, and responses name the snapshot (the model cards, e.g.
     https://platform.claude.com/docs/zh-TW/models/sonnet-4-5/overview.md)."""
-    if model in declared:
-        return declared[model]
+    if row := declared.get(model) or declared_row(model, declared):
+        return row
     provider, _, rest = model.partition("/")
     if rest and provider == "ollama":
         return _LOCAL
@@ -359,6 +359,17 @@ def price_row(model: str, declared: Mapping[str, Price] = NO_PRICES) -> Price | 
         model = rest
     model = SNAPSHOTS.get(model, model)
     return PRICES.get(model) or PRICES.get(_DATED.sub("", model))
+
+
+def declared_row(model: str, declared: Mapping[str, Price]) -> Price | None:
+    """The declared Price of an id naming `model` in another form: with a provider's prefix it lacks or without
+    the one it has ("openai/stockwise-9" and "stockwise-9", as an OpenAI-compatible server answers), `model`
+    also as the alias of its dated form; never another provider's id (evil/x) nor another date. None for none, and
+    for two prices (two providers' ids for it): which one it was is not guessed."""
+    forms = {form for form in (model, _DATED.sub("", model)) if form}
+    rows = {row for named, row in declared.items() if named and any(
+        named == form or named.partition("/")[2] == form or form.partition("/")[2] == named for form in forms)}
+    return rows.pop() if len(rows) == 1 else None
 
 
 def same_model(named: str, answered: str) -> bool:

@@ -855,6 +855,36 @@ class ReplyCostTest(ServerTest):
         other = self.anthropic_cost(anthropic_message("ok", model="claude-sonnet-4-5-20250929"), "claude-haiku-5-5")
         self.assertAlmostEqual(other.cost_usd, (100 * 3.0 + 20 * 15.0) / 1e6)
 
+    def test_a_declared_price_prices_the_same_model_with_or_without_its_provider_prefix(self):
+        """A card pricing "openai/stockwise-9" had every reply of an OpenAI-compatible server, which names the model
+        "stockwise-9", priced as unknown (and a card pricing "stockwise-9" had "openai/stockwise-9" unknown); another
+        provider's model of that name, or a dated id priced exactly, stays another model."""
+        usage_cost = (100 * 1.0 + 20 * 2.0) / 1e6
+        table = (("openai/stockwise-9", "openai/stockwise-9", "stockwise-9", usage_cost),
+                 ("stockwise-9", "stockwise-9", "openai/stockwise-9", usage_cost),
+                 ("openai/stockwise-9", "openai/stockwise-9", "stockwise-9-20260101", usage_cost),
+                 ("openai/stockwise-9", "openai/stockwise-9", "evil/stockwise-9", None),
+                 ("stockwise-9-20260101", "stockwise-9-20260101", "stockwise-9-20990101", None))
+        for primary, declared, answered, cost in table:
+            with self.subTest(declared=declared, answered=answered):
+                fake = self.server(Answer(body=openai_completion("ok", model=answered)))
+                worker = self.worker({"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": fake.url}, primary=primary,
+                                     prices={declared: {"input": 1, "output": 2}})
+                if declared == primary:
+                    self.assertAlmostEqual(worker.estimate_next_cost(TASK, []),
+                                           (llm.estimate_input_tokens(TASK, []) * 1.0 + 1024 * 2.0) / 1e6)
+                reply = worker.complete(TASK, [])
+                self.assertEqual((reply.model, reply.price == f"{answered}: the card's prices"), (answered, cost is not None))
+                if cost is None:
+                    self.assertEqual((reply.cost_usd, reply.price), (None, f"unknown: no price for {answered}"))
+                else:
+                    self.assertAlmostEqual(reply.cost_usd, cost)
+        self.assertEqual(llm.price("stockwise-9", llm.declared_prices({"openai/stockwise-9": {"input": 1, "output": 2}})),
+                         (1, 2))
+        both = llm.declared_prices({"openai/stockwise-9": {"input": 1, "output": 2}, "azure/stockwise-9": {"input": 3, "output": 4}})
+        self.assertIsNone(llm.price("stockwise-9", both), "two providers' prices for it: which one is not guessed")
+        self.assertEqual(llm.price("azure/stockwise-9", both), (3, 4))
+
     def test_dated_snapshot_of_the_asked_alias_is_priced_as_the_alias(self):
         reply = self.anthropic_cost(anthropic_message("ok", model="claude-sonnet-5-5-20260928"))
         self.assertAlmostEqual(reply.cost_usd, (100 * 2.0 + 20 * 10.0) / 1e6)

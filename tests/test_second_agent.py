@@ -528,6 +528,21 @@ class Labeler(LineTest):
         prices = [e["price"] for e in self.traces("labeler")[-1] if e.get("event") == "model"]
         self.assertEqual(prices, [f"{MODEL}: the card's prices"] * 2)
 
+    def test_a_price_declared_for_the_provider_form_prices_the_reply_naming_the_bare_model(self):
+        """A card pricing "openai/MODEL", the id its model names, had every reply of the OpenAI-compatible server
+        (naming "MODEL") cost unknown and routed to a human; and one pricing "openai/MODEL" for a model named
+        "MODEL" had `certify` ask for a price it has."""
+        for primary in (f"openai/{MODEL}", MODEL):
+            with self.subTest(primary=primary), FakeSage(yes_p=0.95) as sage:
+                self.edit_card("labeler", model={"primary": primary}, prices={f"openai/{MODEL}": {"input": 0.2, "output": 0.6}})
+                self.assertNotIn("cost unknown", self.prove_sealed("labeler"))
+                self.sign("labeler", "C1")
+                row = self.run_json("Fix crash when the config file is empty", env={
+                    **self.env, "OPENAI_BASE_URL": self.model_server().url, "OPENAI_API_KEY": "sk-local-123456",
+                    "SAGE_ENDPOINT": sage.url, "SAGE_API_KEY": "sage-key"})
+                self.assertEqual((row["models"], row["gate"], row["verdict"], row["why"]), ([MODEL], "pass", "verified", []))
+                self.assertAlmostEqual(row["cost_usd"], 2 * (100 * 0.2 + 20 * 0.6) / 1e6)
+
     def test_a_card_model_with_no_price_is_named_before_production(self):
         """With `"prices": {}` the proof passed, certify signed with no price line and doctor said nothing; every run
         afterwards was flagged `cost unknown`: an agent signed that can never pass its gate."""
