@@ -3414,10 +3414,10 @@ def mark_holder(fac: Factory, path: Path) -> str:
 
 def marked_note(fac: Factory, entry: dict, agent: Agent | None = None) -> list[str]:
     """approve's and pending's note on a parked call whose effect_mark is there: executed already for its unique_by
-    values; none for a card or tool that does not read (`agent`: the entry's, read)."""
+    values; none for a tool that does not read; Refusal for a card that does not (`agent`: the entry's, read)."""
+    agent = agent or read_agent(fac, entry["agent"])
     with contextlib.suppress(Refusal, KeyError):
-        if (marked := effect_mark(fac, agent or read_agent(fac, entry["agent"]), entry["tool"], entry["args"])) \
-                and fac.store.exists(marked[0]):
+        if (marked := effect_mark(fac, agent, entry["tool"], entry["args"])) and fac.store.exists(marked[0]):
             return [f"note: {json.dumps(marked[1], ensure_ascii=False)} was executed already, for "
                     f"{mark_holder(fac, marked[0])} (unique_by): see that it is not done twice"]
     return []
@@ -4674,17 +4674,22 @@ def cmd_pending(fac: Factory, args) -> int:
     shown = sorted((e for e in calls.entries if states[e["run_id"], e["call"]] in ("pending", "unknown", "executing", *STUCK)),
                    key=lambda e: e["staged_at"])
     uncertain = [e for e in calls.entries if states[e["run_id"], e["call"]] == "uncertain-effect"]
+    problems = [line for _, line in calls.unread] + calls.doubted
     for e in shown + uncertain:
-        call, state = (e["run_id"], e["call"]), states[e["run_id"], e["call"]]
-        why = [uncertain_column(fac, e, decided[call])] if e in uncertain else state_column(state, decided.get(call, []))
-        twins, marked = executed_twins(done, e), marked_note(fac, e)   # the same call or effect executed: named, never refused
-        if not printed_json(args, {**{key: e[key] for key in PENDING_FIELDS}, "state": state, "why": (why or [None])[0],
+        call = e["run_id"], e["call"]
+        why = [uncertain_column(fac, e, decided[call])] if e in uncertain else state_column(states[call], decided.get(call, []))
+        twins, marked = executed_twins(done, e), []   # the same call or effect executed: named, never refused
+        try:
+            marked = marked_note(fac, e)
+        except Refusal as unread:   # its card
+            problems.append(f"{call_columns(e)[0]}: whether its effect was executed already (unique_by) could not be "
+                            f"worked out: {refusal_line(unread)}")
+        if not printed_json(args, {**{key: e[key] for key in PENDING_FIELDS}, "state": states[call], "why": (why or [None])[0],
                                    "executed_before": twins, "marked_executed": (marked or [None])[0]}):
             print(*call_columns(e), f"staged {e['staged_at']}", f"expires {e['expires_at']}",
                   *(why or ["PENDING: approve executes it, reject closes it"]), *twin_lines(twins, one=True), *marked, sep="\t")
     if not shown and not uncertain and not calls.unread and not args.json:
         print("(nothing waits for approval)")
-    problems = [line for _, line in calls.unread] + calls.doubted
     if calls.log_problem:
         problems.append(f"{calls.log_problem}; the state of every parked call is unknown until it is restored")
     return complained("pending", problems)
@@ -4700,18 +4705,6 @@ def uncertain_column(fac: Factory, entry: dict, decisions: list[dict]) -> str:
             f"read back: {read_back_attempts(fac, entry)[1]}; {closes(decisions)}")
 
 
-def parked_calls(fac: Factory) -> tuple[list[dict], list[tuple[str, str]]]:
-    """(each parked call that reads, (run id, line) per parked file that does not)."""
-    entries, problems = [], []
-    paths = sorted(fac.pending.glob("*.json")) if fac.pending.is_dir() else []
-    for path in (p for p in paths if p.name.count(".") == 2):
-        try:
-            entries.append(fac.store.read_json(path, PENDING_SHAPE))
-        except Refusal as why:
-            problems.append((path.name.split(".")[0], f"{why}; skipped"))
-    return entries, problems
-
-
 @dataclass(frozen=True)
 class Parked:
     """The parked calls as pending and tower see them, and what was not read or believed."""
@@ -4725,8 +4718,13 @@ class Parked:
 
 def parked(fac: Factory) -> Parked:
     """Every parked call and its state by the approvals log's verified decisions; a call a sealed index row
-    parked whose file is gone, unless closed, is in `unread`."""
-    entries, unread = parked_calls(fac)
+    parked whose file is gone (unless closed) or does not read is in `unread`."""
+    entries, unread = [], []
+    for path in (p for p in sorted(fac.pending.glob("*.json")) if p.name.count(".") == 2):
+        try:
+            entries.append(fac.store.read_json(path, PENDING_SHAPE))
+        except Refusal as why:
+            unread.append((path.name.split(".")[0], f"{why}; skipped"))
     try:
         decisions, log_problem = decisions_of(fac), None
     except Refusal as why:

@@ -1007,6 +1007,22 @@ class UniqueEffects(Tiered):
         prompt = self.at_terminal("approve", second["run_id"], "--by", "bob", answer=b"n\n").stderr
         self.assertIn(f"\n{said}\n", prompt, "approve says it in the same words")
 
+    def test_pending_says_when_a_card_that_does_not_read_leaves_the_note_unknown(self):
+        """With payer's card torn, pending dropped the executed-already note of its parked call without a word
+        and exited 0: now it names the call, that the note could not be worked out and why, and exits 1."""
+        second = (self.refund_run(), self.refund_run())[1]
+        (self.root / "masters" / "payer.json").write_text('{"agent": "payer",\n')
+        code, out, err = self.factory("pending")
+        [line] = out.splitlines()
+        self.assertTrue(line.startswith(f"{second['run_id']} --call 1\tpayer\tbilling:refund "), line)
+        self.assertNotIn("note:", line)
+        [said] = err.splitlines()
+        self.assertRegex(said, rf"^factory pending: {second['run_id']} --call 1: whether its effect was executed already "
+                               r"\(unique_by\) could not be worked out: masters/payer\.json: .+$")
+        self.assertEqual(code, 1)
+        code, out, err = self.factory("pending", "--json")
+        self.assertEqual((code, json.loads(out)["marked_executed"], err.splitlines()), (1, None, [said]))
+
 
 class Promotion(Tiered):
 
@@ -1675,7 +1691,10 @@ class Approval(Tiered):
             copy = self.root / "registry" / "pending" / f"{stamp}.1.json"
             copy.write_text(json.dumps({**forged, "run_id": stamp, "agent": agent}))
         code, out, err = self.factory("pending")
-        self.assertEqual(code, 0, err)
+        self.assertEqual(code, 1, err)   # no card of that name reads: whether the effect was executed already is unknown
+        self.assertEqual([line.split(": ")[0] for line in err.splitlines()], [
+            "factory pending", "factory pending"], err)
+        self.assertIn("could not be worked out: '\\n' is not a valid agent name", err)
         ours = [line for line in out.split("\n") if "20261201T235959" in line]
         self.assertEqual([line.split("\t")[1] for line in ours], ["\\u000a", "\\u0009"], out)
         self.assertEqual(len(out.split("\n")), len(self.pending()) + 1, out)   # one line a parked call, then the end
