@@ -167,11 +167,12 @@ class Outcome:
     call_id: str | None = None        # the id the model's provider gave the call (None offline, or unsent)
     repeats: int | None = None        # the seq of an earlier call of the run that carried the same call id
     digest: str = field(init=False)   # args_digest of args, taken once when the outcome is made
+    same: str = field(init=False)     # value_digest of args, taken with it: what makes two calls the same call
 
     def __post_init__(self):
-        """Take the digest of the arguments as the broker ruled on them (and, for a call that executed, as
+        """Take the digests of the arguments as the broker ruled on them (and, for a call that executed, as
         the tool was handed them: the tool got its own copy, so nothing it did to them shows here)."""
-        self.digest = args_digest(self.args)
+        self.digest, self.same = args_digest(self.args), value_digest(self.args)
 
     def entry(self) -> dict:
         """The trace entry as a dict (the result text is kept out; the loop records it separately)."""
@@ -193,6 +194,13 @@ def args_digest(args: dict) -> str:
     import hashlib   # here: the factory's --help imports the broker but need not load OpenSSL
     blob = CANONICAL.encode(args)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def value_digest(args: dict) -> str:
+    """sha256 of by_value(args), 'sha256:<64 hex>': equal for two calls' arguments exactly when they are the same
+    by value. Never recorded in place of args_digest (the digest of the text, which is evidence)."""
+    import hashlib
+    return "sha256:" + hashlib.sha256(by_value(args).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def by_value(args: dict) -> str:
@@ -1341,24 +1349,30 @@ def overruled(decided: dict, staged_passes: dict, key: str) -> int:
     return sum(staged_passes.get(run, "").startswith(key) for run in runs)
 
 
-def executed_calls(decided: dict) -> dict:
-    """(agent, tool, args digest) -> [{run_id, call, at, by}, ...] of each call `decided` (Decisions.decided) holds
-    as executed, oldest run first: made once from the decisions already read (pending: once for every call listed)."""
+def executed_calls(decided: dict, entries) -> dict:
+    """(agent, tool, arguments by value) -> [{run_id, call, at, by}, ...] of each call `decided` (Decisions.decided)
+    holds as executed, oldest run first: made once from the decisions already read (pending: once for every call
+    listed). A call's arguments are its parked entry's (one of `entries`) whose args digest is the one its approval
+    signed, taken by value (value_digest); without such an entry, the signed args digest stands for them."""
+    parked = {(e["run_id"], e["call"]): e["args"] for e in entries if args_digest(e["args"]) == e["args_digest"]}
     done = {}
-    for (run, call), entries in sorted(decided.items()):
-        state, last = call_state(entries, executing=False, expired=False)
-        intent = entries[0]
+    for (run, call), entries_of in sorted(decided.items()):
+        state, last = call_state(entries_of, executing=False, expired=False)
+        intent = entries_of[0]
         if state == "executed" and intent.get("kind") == "intent":
-            done.setdefault((intent.get("agent"), intent.get("tool"), intent.get("args_digest")), []).append(
+            args = parked.get((run, call))
+            same = value_digest(args) if args is not None and args_digest(args) == intent.get("args_digest") else intent.get("args_digest")
+            done.setdefault((intent.get("agent"), intent.get("tool"), same), []).append(
                 {"run_id": run, "call": call, "at": last.get("at"), "by": intent.get("by")})
     return done
 
 
 def executed_twins(executed: dict, entry: dict) -> list[dict]:
-    """The calls of other runs than the parked `entry`'s with its agent, tool and arguments (args digest) that were
-    executed, from executed_calls. Duplicates across runs are allowed (two customers may be owed the same amount):
-    approve and pending tell the human (twin_lines), who decides."""
-    return [twin for twin in executed.get((entry["agent"], entry["tool"], entry["args_digest"]), []) if twin["run_id"] != entry["run_id"]]
+    """The calls of other runs than the parked `entry`'s with its agent, tool and arguments (by value, as settle's
+    duplicates: 40 and 40.0 are one call) that were executed, from executed_calls. Duplicates across runs are allowed
+    (two customers may be owed the same amount): approve and pending tell the human (twin_lines), who decides."""
+    keys = dict.fromkeys((value_digest(entry["args"]), entry["args_digest"]))   # one, for arguments already by value
+    return [twin for key in keys for twin in executed.get((entry["agent"], entry["tool"], key), []) if twin["run_id"] != entry["run_id"]]
 
 
 def twin_lines(twins: list[dict], one: bool = False) -> list[str]:
@@ -2936,11 +2950,15 @@ def recorder_tools(events: list[dict], contracts: dict) -> dict:
 
 
 def replay_differences(recorded: list[dict], now: list[dict], old_end: dict, loop, status: str) -> list[str]:
-    """What differs between a recorded run and its replay (`loop`, ended in `status`): tool calls, status, output."""
+    """What differs between a recorded run and its replay (`loop`, ended in `status`): tool calls (their arguments by
+    value, as settle's duplicates: a 7002.0 recorded before the broker handed integers as ints is today's 7002; the
+    recorded args digest is named), status, output."""
     def calls(events):
-        return [(e["tool"], e.get("args_digest"), e["ruling"]) for e in events if e.get("event") == "tool"]
+        return [((e["tool"], e.get("args_digest"), e["ruling"]), value_digest(e["args"]) if isinstance(e.get("args"), dict)
+                 else e.get("args_digest")) for e in events if e.get("event") == "tool"]
     then, today = calls(recorded), calls(now)
-    differences = [f"tool call {i + 1}: recorded {a} / today {b}" for i, (a, b) in enumerate(zip(then, today)) if a != b]
+    differences = [f"tool call {i + 1}: recorded {a} / today {b}" for i, ((a, one), (b, other)) in enumerate(zip(then, today))
+                   if (a[0], one, a[2]) != (b[0], other, b[2])]
     if len(then) != len(today):
         differences.append(f"tool calls: recorded {len(then)} / today {len(today)}")
     if old_end.get("status") != status:
@@ -3896,6 +3914,14 @@ class Sign:
     error: str | None    # denial verdict or failure class; None when it went through
     effect: str | None
     executed: bool       # progress: a call that executed ok, or a write the broker accepted and holds
+
+
+def signs_of(outcomes: list) -> list[Sign]:
+    """The Sign of each broker outcome: its action the tool and its arguments by value (Outcome.same: 40 and 40.0
+    are one action), its observation the digest of its result."""
+    import hashlib
+    return [Sign(f"{o.tool} {o.same}", "sha256:" + hashlib.sha256(utf8(o.result)).hexdigest(), None if o.ok else o.ruling,
+                 o.effect, o.ruling in ("ok", HELD)) for o in outcomes]
 
 
 def repeated_observation(signs: list[Sign]) -> bool:

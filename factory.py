@@ -147,7 +147,7 @@ from broker import (  # noqa: E402
     MODES, NAME, NEW_CASES, NEW_RUBRIC, NOT_INDEXED, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, OverBudget,
     PASSING, PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS,
     SECRET_NAME, SET_BY_STAMP, SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES,
-    STARTED_FIELDS, STUCK, Settled, Settlement, Sign, Stop, TIERS, TOOL, Tally, ToolsOnFirstUse, allowed_signer,
+    STARTED_FIELDS, STUCK, Settled, Settlement, Stop, TIERS, TOOL, Tally, ToolsOnFirstUse, allowed_signer,
     apply_draft_scores, args_digest, as_bytes_shown, attempts_of, attempts_said, attempts_since, brief_lines,
     call_columns, call_state, card_changes, card_models, card_problems, card_text, case_fields, case_problem,
     cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, component_lines,
@@ -162,8 +162,8 @@ from broker import (  # noqa: E402
     rate_text, recall_refusal, recorder_tools, redact, reject_constant, render_tower_html, replaced_text,
     replay_differences, restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict,
     same_json, schema_table, scored_note, seal_line, sealed_proof_lines, secret_values, settle, shard_line, share,
-    signed_index, standing_recall, state_column, substitution, task_text, ticket_problem, tool_families, tool_list,
-    tower_lines, twin_lines, uncertain_said, unique_key, unique_keys, usd, utf8, visible, went, written_schema)
+    signed_index, signs_of, standing_recall, state_column, substitution, task_text, ticket_problem, tool_families,
+    tool_list, tower_lines, twin_lines, uncertain_said, unique_key, unique_keys, usd, utf8, visible, went, written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -2940,12 +2940,6 @@ INTERVENE_P = 0.6            # P(needs intervention) at which the router asks wh
 ROUTER_ACTIONS = ("continue", "switch_model", "restart_clean", "escalate_human")
 
 
-def signs_of(outcomes: list) -> list[Sign]:
-    """The Sign of each broker outcome."""
-    return [Sign(f"{o.tool} {o.digest}", sha256(utf8(o.result)), None if o.ok else o.ruling,
-                 o.effect, o.ruling in ("ok", HELD)) for o in outcomes]
-
-
 @dataclass
 class Router:
     """The run gate: local detectors after each step; only when one fires does Sage decide (without Sage, a
@@ -2958,7 +2952,7 @@ class Router:
     signs: list = field(default_factory=list)   # the Sign of each broker outcome so far, in call order
 
     def review(self, loop: "Loop") -> None:
-        """Only the calls since the last review get their Sign, from what is fixed when made (args digest,
+        """Only the calls since the last review get their Sign, from what is fixed when made (args by value,
         result), never the args, which the agent may still mutate."""
         self.signs += signs_of(loop.broker.outcomes[len(self.signs):])
         signs = self.signs
@@ -4670,7 +4664,7 @@ def cmd_pending(fac: Factory, args) -> int:
     """
     calls = parked(fac)
     states, decided = calls.states, calls.decided or {}
-    done = executed_calls(decided)
+    done = executed_calls(decided, calls.entries)
     shown = sorted((e for e in calls.entries if states[e["run_id"], e["call"]] in ("pending", "unknown", "executing", *STUCK)),
                    key=lambda e: e["staged_at"])
     uncertain = [e for e in calls.entries if states[e["run_id"], e["call"]] == "uncertain-effect"]
@@ -4716,15 +4710,21 @@ class Parked:
     doubted: list = field(default_factory=list)    # one line per decision whose signature does not verify
 
 
-def parked(fac: Factory) -> Parked:
-    """Every parked call and its state by the approvals log's verified decisions; a call a sealed index row
-    parked whose file is gone (unless closed) or does not read is in `unread`."""
+def parked_files(fac: Factory) -> tuple:
+    """(each parked call that reads, (run id, line) per parked file that does not)."""
     entries, unread = [], []
     for path in (p for p in sorted(fac.pending.glob("*.json")) if p.name.count(".") == 2):
         try:
             entries.append(fac.store.read_json(path, PENDING_SHAPE))
         except Refusal as why:
             unread.append((path.name.split(".")[0], f"{why}; skipped"))
+    return entries, unread
+
+
+def parked(fac: Factory) -> Parked:
+    """Every parked call and its state by the approvals log's verified decisions; a call a sealed index row
+    parked whose file is gone (unless closed) or does not read is in `unread`."""
+    entries, unread = parked_files(fac)
     try:
         decisions, log_problem = decisions_of(fac), None
     except Refusal as why:
@@ -4767,7 +4767,7 @@ def cmd_approve(fac: Factory, args) -> int:
     entry, signer, claim = decider(fac, args, APPROVE_GUARDS)
     at_a_terminal("unapproved. approving an acting call is a human's job, at a terminal.")
     retry = ["retry: " + uncertain_column(fac, entry, claim.record.decisions)] if claim.record.state == "uncertain-effect" else []
-    twins = twin_lines(executed_twins(executed_calls(decisions_of(fac, lambda e: e["agent"] == entry["agent"]).decided), entry))
+    twins = twin_lines(executed_twins(executed_calls(decisions_of(fac, lambda e: e["agent"] == entry["agent"]).decided, parked_files(fac)[0]), entry))
     twins += marked_note(fac, entry, claim.agent)
     if no := declined(approval_brief(fac, entry) + twins + retry, "approve?"):
         raise Refusal(f"not approved; the call stays staged. you answered {no}; only y or yes approves.")

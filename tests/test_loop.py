@@ -514,6 +514,55 @@ class ReplayedOutput(unittest.TestCase):
         self.assertEqual(differences({"vip": True, "n": 2}, {"n": 2.0, "vip": True}), [])
 
 
+class SameCallByValue(unittest.TestCase):
+    """Two calls' arguments were compared by args_digest, a digest of their JSON text: 7002.0 and 7002 differed. A
+    trace recorded before the broker handed an integer param's 7002.0 to its tool as 7002 replayed with a false
+    difference (exit 1), and pending/approve missed an executed call whose arguments equal by value (40.0 and 40).
+    Replay, executed twins and the run gate's repeat detectors compare by value (broker.by_value), as settle's
+    duplicates do; the recorded digests stay what they were."""
+
+    def event(self, args, ruling="ok"):
+        return {"event": "tool", "seq": 1, "tool": "net:open", "args": args, "args_digest": broker.args_digest(args), "ruling": ruling}
+
+    def test_a_trace_recorded_with_7002_0_replays_without_a_difference(self):
+        loop = types.SimpleNamespace(output={"ok": True}, reason="")
+        end = {"status": "done", "output": {"ok": True}}
+        then, today = self.event({"port": 7002.0, "host": "a"}), self.event({"host": "a", "port": 7002})
+        self.assertNotEqual(then["args_digest"], today["args_digest"])
+        self.assertEqual(broker.replay_differences([then], [today], end, loop, "done"), [])
+        other = self.event({"host": "a", "port": 7003})
+        self.assertEqual(broker.replay_differences([then], [other], end, loop, "done"),
+                         [f"tool call 1: recorded ('net:open', '{then['args_digest']}', 'ok') / today "
+                          f"('net:open', '{other['args_digest']}', 'ok')"])
+
+    def parked(self, run, args):
+        return {"run_id": run, "call": 1, "agent": "payer", "tool": "billing:refund", "args": args,
+                "args_digest": broker.args_digest(args)}
+
+    def test_an_executed_call_with_40_0_is_a_twin_of_40(self):
+        first, second = self.parked("r1", {"order": "A1", "amount_usd": 40.0}), self.parked("r2", {"amount_usd": 40, "order": "A1"})
+        decided = {("r1", 1): [{"kind": "intent", "agent": "payer", "tool": "billing:refund", "args_digest": first["args_digest"],
+                                "by": "bob", "at": "t0"},
+                               {"kind": "result", "ok": True, "read_back": True, "at": "t1"}]}
+        twin = {"run_id": "r1", "call": 1, "at": "t1", "by": "bob"}
+        self.assertEqual(broker.executed_twins(broker.executed_calls(decided, [first, second]), second), [twin])
+        self.assertEqual(broker.executed_twins(broker.executed_calls(decided, [first, second]), first), [])
+        other = self.parked("r3", {"order": "A1", "amount_usd": 41})
+        self.assertEqual(broker.executed_twins(broker.executed_calls(decided, [first, other]), other), [])
+        # a parked file edited since its approval is not believed: the signed digest stands for the call
+        edited = {**first, "args": {"order": "A1", "amount_usd": 41}}
+        self.assertEqual(broker.executed_twins(broker.executed_calls(decided, [edited]), other), [])
+        self.assertEqual(broker.executed_twins(broker.executed_calls(decided, [edited]), {**first, "run_id": "r4"}),
+                         [twin])
+
+    def test_the_run_gate_sees_40_0_and_40_as_one_action(self):
+        def outcome(args):
+            return broker.Outcome(1, "billing:lookup", args, "ok", True, None, "read", 0.0, result="same")
+        one, other, third = broker.signs_of([outcome({"n": 40.0}), outcome({"n": 40}), outcome({"n": 41})])
+        self.assertEqual(one.action, other.action)
+        self.assertNotEqual(one.action, third.action)
+
+
 # ---------------------------------------------------------------- the run gate
 
 def sign(action="a", observation="o", error=None, effect="read", executed=True):
