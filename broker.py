@@ -251,9 +251,21 @@ def escaped(char: str) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\u{0xD7C0 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
+# What shows nothing where it is and can hide text inside visible text: Unicode's Default_Ignorable_Code_Point
+# (https://www.unicode.org/reports/tr44/#Default_Ignorable_Code_Point: the invisible operators U+2061..U+2064, CGJ,
+# the soft hyphen, the Hangul fillers, the Mongolian selectors, ...) and every other format character (category Cf,
+# the Egyptian hieroglyph format controls) but the prepended number signs, which show (U+0600..U+0605, U+06DD, ...).
+# The joiners, variation selectors and the bidi marks U+200E, U+200F, U+061C read only where _hides says.
+HIDDEN = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
+                    "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U00013430-\U0001343f\U0001bca0-\U0001bca3"
+                    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
+MASKED = re.compile(UNPRINTABLE.pattern[:-1] + HIDDEN.pattern[1:])   # either
+
+
 def printable(text: str) -> str:
-    """text with each UNPRINTABLE character escaped (escaped: valid inside a JSON string too)."""
-    return UNPRINTABLE.sub(lambda found: escaped(found.group()), text)
+    """text with each UNPRINTABLE or HIDDEN character escaped (escaped: valid inside a JSON string too), but a joiner,
+    selector or bidi mark where it joins or varies what shows (_hides): what text_problem refuses shows as escapes."""
+    return MASKED.sub(lambda found: escaped(found.group()) if _hides(text, found.start()) else found.group(), text)
 
 
 def last_line(raw: bytes) -> str:
@@ -930,22 +942,32 @@ def is_blank(text: str) -> bool:
     return all(char in BLANK_LETTERS or unicodedata.category(char)[0] in "ZCM" for char in text)
 
 
-# Characters that show nothing inside visible text: zero-width space, non-joiner and joiner, word joiner, zero-width
-# no-break space (BOM), and the variation selectors (U+FE00..U+FE0F, U+E0100..U+E01EF). Runs of them spell hidden text.
-ZERO_WIDTH = re.compile("[\u200b-\u200d\u2060\ufeff\ufe00-\ufe0f\U000e0100-\U000e01ef]")
-
-
 def _hides(text: str, at: int) -> bool:
-    """True when the ZERO_WIDTH character at text[at] hides something rather than joins or varies what shows: a
-    joiner or non-joiner (U+200C, U+200D) joins only between two visible non-ASCII characters (Persian, Indic, an
-    emoji ZWJ sequence); a variation selector varies only a visible non-ASCII character that is not a mark, or a
-    keycap's 0-9 # * (U+2764 U+FE0F is a red heart); the others never show."""
-    char, before, after = text[at], text[at - 1:at], text[at + 1:at + 2]
+    """True when the MASKED character at text[at] hides something rather than joins, varies or orders what shows:
+    - a joiner or non-joiner (U+200C, U+200D) joins between two visible non-ASCII characters (Persian, Indic, an emoji
+      ZWJ sequence), or after an Indic or Arabic-script letter or mark before a space, punctuation or a digit (a
+      Malayalam chillu, a Persian word's end);
+    - a variation selector varies a visible non-ASCII character that is not a mark, or a keycap's 0-9 # *;
+    - a bidi mark (U+200E, U+200F, U+061C: no override, it reorders nothing but the neutrals next to it) orders
+      right-to-left text: next to a right-to-left letter;
+    every other one hides (U+202A..U+202E and U+2066..U+2069 reorder text: always)."""
+    char, before, after = text[at], text[at - 1:at] if at else "", text[at + 1:at + 2]
     if char in "\u200c\u200d":
-        return not (_shows_past_ascii(before) and _shows_past_ascii(after))
-    if char in "\u200b\u2060\ufeff":
-        return True
-    return not (before and before in "0123456789#*" or _shows_past_ascii(before) and unicodedata.category(before)[0] != "M")
+        return not (_shows_past_ascii(before) and _shows_past_ascii(after) or _joining_script(before) and after
+                    and (after.isspace() or unicodedata.category(after)[0] in "PN"))
+    if char in "\u200e\u200f\u061c":
+        return not any(unicodedata.bidirectional(one) in ("R", "AL") and unicodedata.category(one)[0] == "L" for one in (before, after) if one)
+    if "\ufe00" <= char <= "\ufe0f" or "\U000e0100" <= char <= "\U000e01ef":
+        return not (before and before in "0123456789#*" or _shows_past_ascii(before) and unicodedata.category(before)[0] != "M")
+    return True
+
+
+def _joining_script(char: str) -> bool:
+    """True for a letter or mark of an Indic script (Devanagari..Sinhala, U+0900..U+0DFF) or of Arabic script."""
+    code = ord(char) if len(char) == 1 else 0
+    return unicodedata.category(char)[0] in "LM" and (0x900 <= code <= 0xDFF or 0x600 <= code <= 0x6FF or 0x750 <= code <= 0x77F
+                                                      or 0x8A0 <= code <= 0x8FF or 0xFB50 <= code <= 0xFDFF or 0xFE70 <= code <= 0xFEFC) \
+        if code else False
 
 
 def _shows_past_ascii(char: str) -> bool:
@@ -956,17 +978,17 @@ def _shows_past_ascii(char: str) -> bool:
 def text_problem(text: str) -> str | None:
     """Why text a human signs or a model is asked (a card's free text) is not that: 'holds \\u001b, a control
     character ...' (UNPRINTABLE: a terminal would act on it or hide it, so the signer would not see what the model
-    is asked), 'holds \\ud800, half of a utf-16 pair ...', 'has no visible text' (is_blank), or 'holds \\u200b, a
-    zero-width character ...' (ZERO_WIDTH, where _hides); None when it is."""
-    found = UNPRINTABLE.search(text)
-    if found:
-        what = "half of a utf-16 pair, which is not text" if LONE_SURROGATE.match(found.group()) else \
+    is asked), 'holds \\ud800, half of a utf-16 pair ...', 'has no visible text' (is_blank), or 'holds \\u2062, an
+    invisible character ...' (HIDDEN); each where _hides, the one rule printable escapes by. None when it is."""
+    hidden = [found.group() for found in MASKED.finditer(text) if _hides(text, found.start())]
+    control = next((char for char in hidden if UNPRINTABLE.match(char)), None)
+    if control:
+        what = "half of a utf-16 pair, which is not text" if LONE_SURROGATE.match(control) else \
             "a control character, which a terminal would act on or hide"
-        return f"holds {escaped(found.group())}, {what}"
+        return f"holds {escaped(control)}, {what}"
     if is_blank(text):
         return "has no visible text"
-    hidden = next((found.group() for found in ZERO_WIDTH.finditer(text) if _hides(text, found.start())), None)
-    return hidden and f"holds {escaped(hidden)}, a zero-width character that shows nothing where it is and can hide text"
+    return f"holds {escaped(hidden[0])}, an invisible character that shows nothing where it is and can hide text" if hidden else None
 
 
 def holds_something(value) -> bool:

@@ -62,8 +62,12 @@ class Cards(LineTest):
                  ({"draft_rubric": rubric}, "exactly five levels 0..4"),
                  ({"evals": {"pass_bar": 2, "gate": 0.5}}, "evals.pass_bar"),
                  ({"agent": "other"}, "field 'agent' is 'other'"),
-                 ({"gate_question": "Is this safe?\u200b\u200c\u200b"}, "field 'gate_question' holds \\u200b, a zero-width"),
-                 ({"draft_rubric": dict(good["draft_rubric"], instructions="Rate it\ufe0f.")}, "holds \\ufe0f")]
+                 ({"gate_question": "Is this safe?\u200b\u200c\u200b"}, "field 'gate_question' holds \\u200b, an invisible"),
+                 ({"draft_rubric": dict(good["draft_rubric"], instructions="Rate it\ufe0f.")}, "holds \\ufe0f"),
+                 ({"gate_question": "Is this safe?" + "\u2062\u2063" * 72}, "field 'gate_question' holds \\u2062, an invisible"),
+                 ({"owner": "ops\u00adteam"}, "field 'owner' holds \\u00ad, an invisible"),
+                 ({"identity": "triager\u3164 of tickets"}, "field 'identity' holds \\u3164, an invisible"),
+                 ({"draft_rubric": dict(good["draft_rubric"], instructions="Rate\u034f it.")}, "holds \\u034f, an invisible")]
         for change, message in table:
             with self.subTest(change=change):
                 (self.root / "masters" / "triager.json").write_text(json.dumps({**good, **change}))
