@@ -208,8 +208,17 @@ def by_value(args: dict) -> str:
     4e1 and 40.00 are one number, as are 0 and -0.0) and text in Unicode NFC (canonically equivalent
     strings, which show a human the same characters, are one string; compatibility forms such as a
     full-width digit, and white space, still differ)."""
-    text = unicodedata.normalize("NFC", CANONICAL.encode(args))
-    return CANONICAL.encode(json.loads(text, parse_float=_by_value))
+    return CANONICAL.encode(_nfc(json.loads(CANONICAL.encode(args), parse_float=_by_value)))
+
+
+def _nfc(value):
+    """value with each string in it (keys too) in Unicode NFC: normalised after parsing, as the JSON text would
+    join an escape's letter with a combining mark after it (`\\n` and U+0301 into `\\ń`, which no parser reads)."""
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", value)
+    if isinstance(value, dict):
+        return {_nfc(key): _nfc(item) for key, item in value.items()}
+    return [_nfc(item) for item in value] if isinstance(value, list) else value
 
 
 def unique_key(contract: dict, args: dict) -> tuple[str, dict] | None:
@@ -2485,6 +2494,17 @@ NEW_RUBRIC = {
         "right for this input, or hands it over plainly",
         "right, brief, and in the words of the one who will read it"))],
 }
+
+
+def new_card(name: str, tools: list[str], owner: str, model: dict) -> dict:
+    """A new agent's card: every field (but those stamp sets), each with a sensible default; `model` its primary and
+    fallback."""
+    return {"agent": name, "entrypoint": f"{module_name(name)}:rules", "model": model, "tools": tools, "tools_denied": [],
+            "gate_question": "Does this reply answer the customer's question correctly from what we know, "
+                             "and hand anything else to a human?",
+            "evals": {"pass_bar": 0.8, "gate": 0.85, "suite": name}, "draft_rubric": NEW_RUBRIC, "prices": {},
+            "cost_envelope_usd": 0.05, "act_envelope": {"calls": ActEnvelope.calls, "usd": ActEnvelope.usd},
+            "tier_ceiling": "C1", "identity": f"svc-{name}@factory", "owner": owner, **CARD_DEFAULTS}
 
 
 def new_module(name: str, effects: tuple[str, ...]) -> str:

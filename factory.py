@@ -61,7 +61,6 @@ import math
 import re
 import shutil
 import stat
-import string
 import threading
 import textwrap
 import time
@@ -84,32 +83,36 @@ class SourceOnly(importlib.machinery.SourceFileLoader):
 
 
 def code_cache(source: bytes, path: str, folder: str | None = None) -> types.CodeType:
-    """compile(source) of the module at `path`, kept in the user's own folder $XDG_CACHE_HOME/agent-factory (else
-    ~/.cache/agent-factory, made 0700): compiling broker.py is most of a station's start. An entry is named by the
-    sha256 of the path with Python's bytecode version, and of the source, and begins with the sha256 of the rest:
-    one torn or edited is compiled again, a folder or entry another user owns or may write is not used, writing
-    one removes the older ones of its path, and any failure compiles, as without a cache."""
+    """compile(source) of the module at `path`, kept in the user's own $XDG_CACHE_HOME/agent-factory (else ~/.cache/...,
+    made 0700), as compiling broker.py is most of a start. An entry is named by the sha256 of the path with Python's
+    bytecode version and -O level, and of the source, and begins with the sha256 of the rest; one torn, edited or
+    not a plain file is replaced, one another user owns or may write (or its folder) is not used; on any failure,
+    compiled as without a cache."""
     import hashlib, marshal
     folder = folder or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "agent-factory")
-    stem, code = hashlib.sha256(importlib.util.MAGIC_NUMBER + os.fsencode(path)).hexdigest()[:24], None
-    name = f"{stem}-{hashlib.sha256(source).hexdigest()[:40]}.code"
+    stem = hashlib.sha256(importlib.util.MAGIC_NUMBER + bytes([sys.flags.optimize]) + os.fsencode(path)).hexdigest()[:24]
+    name, code = f"{stem}-{hashlib.sha256(source).hexdigest()[:40]}.code", None
     with contextlib.suppress(OSError, ValueError, EOFError, TypeError):
         if not os.path.isabs(folder):   # XDG_CACHE_HOME must be absolute (the XDG base directory specification)
             raise ValueError(f"{folder} is relative")
         os.makedirs(folder, 0o700, exist_ok=True)
         place = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        at = lambda name, flags: os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=place)
+        at = lambda name, flags: os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=place)
         try:
             if not users_own(place):
                 raise ValueError(f"{folder} is not the user's own")
-            with contextlib.suppress(FileNotFoundError), open(name, "rb", opener=at) as entry:
-                data = entry.read()
-                if users_own(entry.fileno()) and hashlib.sha256(data[32:]).digest() == data[:32]:
-                    return marshal.loads(data[32:])
+            with contextlib.suppress(OSError, ValueError, EOFError, TypeError), open(name, "rb", opener=at) as entry:
+                if users_own(entry.fileno(), stat.S_ISREG) and hashlib.sha256((data := entry.read())[32:]).digest() == data[:32]:
+                    if isinstance(loaded := marshal.loads(data[32:]), types.CodeType):
+                        return loaded
             data = marshal.dumps(code := compile(source, path, "exec", dont_inherit=True))
-            with open(temp := f".{name}.{os.getpid()}", "wb", opener=at) as out:
-                out.write(hashlib.sha256(data).digest() + data)
-            os.replace(temp, name, src_dir_fd=place, dst_dir_fd=place)
+            try:
+                with open(temp := f".{name}.{os.getpid()}", "wb", opener=at) as out:
+                    out.write(hashlib.sha256(data).digest() + data)
+                os.replace(temp, name, src_dir_fd=place, dst_dir_fd=place)
+            finally:   # gone once replaced; a failed write's is removed
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=place)
             for old in os.listdir(place):
                 if old.lstrip(".").startswith(stem) and old != name:
                     os.unlink(old, dir_fd=place)
@@ -118,10 +121,10 @@ def code_cache(source: bytes, path: str, folder: str | None = None) -> types.Cod
     return code or compile(source, path, "exec", dont_inherit=True)
 
 
-def users_own(handle: int) -> bool:
-    """True when the open file or folder is this user's and no other user may write it."""
+def users_own(handle: int, kind=stat.S_ISDIR) -> bool:
+    """True when the open folder (or file of `kind`) is this user's and no other user may write it."""
     found = os.fstat(handle)
-    return found.st_uid == os.geteuid() and not found.st_mode & 0o022
+    return kind(found.st_mode) and found.st_uid == os.geteuid() and not found.st_mode & 0o022
 
 
 def own_module(name: str, lazy: bool = False):
@@ -140,30 +143,30 @@ def own_module(name: str, lazy: bool = False):
 
 own_module("broker")   # registered: the import below reads no file of its own
 from broker import (  # noqa: E402
-    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_DEFAULTS, CARD_SCHEMA, CERTIFY_GUARDS,
-    CONTRACT, CUT_OFF_NOTE, CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT,
-    DEFAULT_HANDOFF, Decisions, Diverged, Drift, END_FIELDS, ENTRYPOINT, EXAMPLE_TOOLS, EXECUTE_GUARDS, Escalated,
-    FINAL, Finished, GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IndexTally, Interrupted, LONE_SURROGATE,
-    MODES, NAME, NEW_CASES, NEW_RUBRIC, NOT_INDEXED, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, OverBudget,
-    PASSING, PROMOTION_RUNS, ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS,
-    SECRET_NAME, SET_BY_STAMP, SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES,
-    STARTED_FIELDS, STUCK, Settled, Settlement, Stop, TIERS, TOOL, Tally, ToolsOnFirstUse, allowed_signer,
-    apply_draft_scores, args_digest, as_bytes_shown, attempts_of, attempts_said, attempts_since, brief_lines,
-    call_columns, call_state, card_changes, card_models, card_problems, card_text, case_fields, case_problem,
-    cases_text, certificate_trust, check_args, closes, closest, closing_verdicts, code_loading, component_lines,
-    component_marks, contract_problems, contracts_assigned, copied_card, created_lines, cut, decided_line,
-    decisions_in, detect, did_you_mean, doctor_lines, encodable, encoded_forms, evidence, evidence_span,
-    executed_calls, executed_twins, figure_problem, first_refusal, flagged, fold_decisions, from_state,
-    gate_content, gate_lines, gate_not_run, grants_line, guard_results, harvest_run_of, head_problem, held_draft,
-    in_shard, input_problem, is_blank, json_position, json_state, judge, judged_tier, junit_xml, last_line,
-    line_verifies, lone_surrogate, merge_shards, module_name, new_module, new_tools, newer, no_contract, one_line,
-    outcome_of, output_field_problems, outside_sealed, overlap_refusal, overruled, paired_text, parked_counts,
-    parse_setting, part, plain_imports, printable, proof_figures, proof_summary, proof_verdict, quiet_denials,
-    rate_text, recall_refusal, recorder_tools, redact, reject_constant, render_tower_html, replaced_text,
-    replay_differences, restamp_lines, review_counts, reviews_text, routing_reasons, run_lines, run_verdict,
-    same_json, schema_table, scored_note, seal_line, sealed_proof_lines, secret_values, settle, shard_line, share,
-    signed_index, signs_of, standing_recall, state_column, substitution, task_text, ticket_problem, tool_families,
-    tool_list, tower_lines, twin_lines, uncertain_said, unique_key, unique_keys, usd, utf8, visible, went, written_schema)
+    APPROVE_GUARDS, ActEnvelope, BRIEF_CHARS, Batch, Broker, CANONICAL, CARD_SCHEMA, CERTIFY_GUARDS, CONTRACT,
+    CUT_OFF_NOTE, CallRecord, Chain, Claim, DECIDING_GUARDS, DECISION_UNSIGNED, DEFAULT_DRAFT, DEFAULT_HANDOFF,
+    Decisions, Diverged, Drift, END_FIELDS, ENTRYPOINT, EXAMPLE_TOOLS, EXECUTE_GUARDS, Escalated, FINAL, Finished,
+    GENESIS, GatedRuns, HELD, HMAC_SIGNATURE, Harvested, IndexTally, Interrupted, LONE_SURROGATE, MODES, NAME,
+    NEW_CASES, NOT_INDEXED, NO_VISIBLE_TEXT, OPEN_OUTCOME, OUTCOME, Outcome, OverBudget, PASSING, PROMOTION_RUNS,
+    ParkedCounts, Policy, Production, REJECT_GUARDS, REVIEW_DECISIONS, RUN_GUARDS, SECRET_NAME, SET_BY_STAMP,
+    SHARD_FORMAT, SIGNER, SSH_SIGNATURE, STANDING_GUARDS, STANDING_STATES, STARTED_FIELDS, STUCK, Settled,
+    Settlement, Stop, TIERS, TOOL, Tally, ToolsOnFirstUse, allowed_signer, apply_draft_scores, args_digest,
+    as_bytes_shown, attempts_of, attempts_said, attempts_since, brief_lines, call_columns, call_state, card_changes,
+    card_models, card_problems, card_text, case_fields, case_problem, cases_text, certificate_trust, check_args,
+    closes, closest, closing_verdicts, code_loading, component_lines, component_marks, contract_problems,
+    contracts_assigned, copied_card, created_lines, cut, decided_line, decisions_in, detect, did_you_mean,
+    doctor_lines, encodable, evidence, evidence_span, executed_calls, executed_twins, figure_problem, first_refusal,
+    flagged, fold_decisions, from_state, gate_content, gate_lines, gate_not_run, grants_line, guard_results,
+    harvest_run_of, head_problem, held_draft, in_shard, input_problem, is_blank, json_position, json_state, judge,
+    judged_tier, junit_xml, last_line, line_verifies, lone_surrogate, merge_shards, module_name, new_card,
+    new_module, new_tools, newer, no_contract, one_line, outcome_of, output_field_problems, outside_sealed,
+    overlap_refusal, overruled, paired_text, parked_counts, parse_setting, part, plain_imports, printable,
+    proof_figures, proof_summary, proof_verdict, quiet_denials, rate_text, recall_refusal, recorder_tools, redact,
+    reject_constant, render_tower_html, replaced_text, replay_differences, restamp_lines, review_counts,
+    reviews_text, routing_reasons, run_lines, run_verdict, same_json, schema_table, scored_note, seal_line,
+    sealed_proof_lines, secret_values, settle, shard_line, share, signed_index, signs_of, standing_recall,
+    state_column, substitution, task_text, ticket_problem, tool_families, tool_list, tower_lines, twin_lines,
+    uncertain_said, unique_key, unique_keys, usd, utf8, visible, went, written_schema)
 
 llm = own_module("llm", lazy=True)
 sage = own_module("sage", lazy=True)
@@ -1898,18 +1901,6 @@ class Contract:
 
 # ---- a new agent: its card, module, tool module and suite, made to prove as they are
 
-def new_card(name: str, tools: list[str], owner: str) -> dict:
-    """A new agent's card: every field (but those stamp sets), each with a sensible default."""
-    return {"agent": name, "entrypoint": f"{module_name(name)}:rules",
-            "model": {"primary": llm.DEFAULT_PRIMARY, "fallback": llm.DEFAULT_FALLBACK},
-            "tools": tools, "tools_denied": [],
-            "gate_question": "Does this reply answer the customer's question correctly from what we know, "
-                             "and hand anything else to a human?",
-            "evals": {"pass_bar": 0.8, "gate": 0.85, "suite": name}, "draft_rubric": NEW_RUBRIC, "prices": {},
-            "cost_envelope_usd": 0.05, "act_envelope": {"calls": ActEnvelope.calls, "usd": ActEnvelope.usd}, "tier_ceiling": "C1", "identity": f"svc-{name}@factory", "owner": owner,
-            **CARD_DEFAULTS}
-
-
 @dataclass(frozen=True)
 class NewFile:
     """One file `new` writes: where, what it holds, what to tell the user."""
@@ -1928,7 +1919,7 @@ def new_files(fac: Factory, name: str, effects: tuple[str, ...], owner: str) -> 
                     "its tools: " + ", ".join(f"{tool} ({effect})" for tool, effect in zip(tools, effects))),
             NewFile(fac.suite_path(name, False), cases_text(open_half, "o"), f"the open half: {len(open_half)} cases"),
             NewFile(fac.suite_path(name, True), cases_text(sealed_half, "s"), f"the sealed half: {len(sealed_half)} cases"),
-            NewFile(fac.card_path(name), card_text(new_card(name, tools, owner)), "the card (`schema` explains each field)")]
+            NewFile(fac.card_path(name), card_text(new_card(name, tools, owner, {"primary": llm.DEFAULT_PRIMARY, "fallback": llm.DEFAULT_FALLBACK})), "the card (`schema` explains each field)")]
 
 
 def copied_files(fac: Factory, source: Agent, name: str, owner: str) -> list[NewFile]:

@@ -363,12 +363,14 @@ def price_row(model: str, declared: Mapping[str, Price] = NO_PRICES) -> Price | 
 
 def declared_row(model: str, declared: Mapping[str, Price]) -> Price | None:
     """The declared Price of an id naming `model` in another form: with a provider's prefix it lacks or without
-    the one it has ("openai/stockwise-9" and "stockwise-9", as an OpenAI-compatible server answers), `model`
-    also as the alias of its dated form; never another provider's id (evil/x) nor another date. None for none, and
+    the one it has ("openai/stockwise-9" and "stockwise-9", as an OpenAI-compatible server answers; a bare id only
+    by the provider it goes to, backend_for: never openai/claude-x for claude-x), `model` also as the alias of its
+    dated form; never another provider's id (evil/x) nor another date (reply_cost knows the route's provider). None for none, and
     for two prices (two providers' ids for it): which one it was is not guessed."""
     forms = {form for form in (model, _DATED.sub("", model)) if form}
     rows = {row for named, row in declared.items() if named and any(
-        named == form or named.partition("/")[2] == form or form.partition("/")[2] == named for form in forms)}
+        named == form or form.partition("/")[2] == named or named.partition("/")[2] == form and "/" not in form
+        and named.partition("/")[0] == backend_for(form, {}) for form in forms)}
     return rows.pop() if len(rows) == 1 else None
 
 
@@ -1238,6 +1240,10 @@ def reply_cost(route: Route, model_id: str, answered: str, usage: dict, headers:
         priced = headers.get("x-sageroute-model") or answered or "sageroute"
     else:
         priced = model_id if route.backend == "ollama" else answered or model_id
+    for form in (priced, _DATED.sub("", priced)) if route.backend in PROVIDERS and "/" not in priced else ():
+        if (own := declared.get(f"{route.backend}/{form}")) is not None:   # a bare reply over a provider's route
+            declared = {**declared, priced: own}                              # is that provider's declared id
+            break
     row, cost = price_row(priced, declared), cost_usd(priced, usage, declared)
     if row is None:
         return None, f"unknown: no price for {priced}"

@@ -561,6 +561,8 @@ class Settle(unittest.TestCase):
                          ["park", "duplicate"])
         self.assertEqual(settled('{"amount_usd": 40, "reason": "x"}', '{"amount_usd": 40, "reason": "x "}',
                                  '{"amount_usd": 40, "reason": "\\uff58"}', '{"amount_usd": 40.5, "reason": "x"}'), ["commit"] * 4)
+        self.assertEqual(settled('{"amount_usd": 40, "reason": "x\\n\u0301"}', '{"amount_usd": 40, "reason": "x\\n\u0301"}'),
+                         ["park", "duplicate"], "a line break before a combining mark (read as the escape's letter, it broke by_value)")
         desk = broker.Broker(broker.Policy("x", frozenset(contracts), frozenset(), "C2"), contracts, {}, "run", [].append)
         desk.carry_out("a:pay", {"amount_usd": 40})
         desk.carry_out("a:pay", {"amount_usd": 40.0})

@@ -480,6 +480,29 @@ class CodeCache(unittest.TestCase):
                 finally:
                     changed.chmod(0o700 if changed == self.folder else 0o600)
 
+    def test_an_entry_that_is_not_a_plain_file_of_code_is_compiled_again_and_no_temporary_file_is_left(self):
+        self.run_code(b"x = 1\n")
+        [entry] = self.entries()
+        entry.unlink()
+        os.mkfifo(entry)   # opened as it was, a FIFO would wait for a writer forever
+        self.assertEqual(self.run_code(b"x = 1\n")["x"], 1)
+        self.assertTrue(entry.is_file() and not entry.is_symlink())
+        data = marshal.dumps(None)   # framed right, but not code
+        entry.write_bytes(hashlib.sha256(data).digest() + data)
+        self.assertEqual(self.run_code(b"x = 1\n")["x"], 1)
+        entry.unlink()
+        entry.mkdir()   # the entry cannot be replaced: the write fails, and its temporary file goes
+        self.assertEqual(self.run_code(b"x = 1\n")["x"], 1)
+        self.assertEqual([p.name for p in self.entries()], [entry.name])
+
+    def test_code_compiled_under_python_O_is_not_run_by_a_plain_python(self):
+        env = {**os.environ, "XDG_CACHE_HOME": str(self.tmp / "cache")}
+        probe = "import factory, broker; print(broker.__doc__ is None)"
+        said = [subprocess.run([sys.executable, *flags, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO,
+                               timeout=60).stdout.strip() for flags in (["-OO"], [], ["-OO"])]
+        self.assertEqual(said, ["True", "False", "True"])
+        self.assertEqual(len(self.entries()), 2)
+
     def test_a_folder_that_is_a_link_or_relative_is_not_used(self):
         elsewhere = self.tmp / "elsewhere"
         elsewhere.mkdir(mode=0o700)

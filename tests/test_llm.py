@@ -812,6 +812,25 @@ class SageRouteTest(ServerTest):
 class ReplyCostTest(ServerTest):
     """A call is priced by the model that answered, from the usage it reported; otherwise unknown."""
 
+    def test_a_price_declared_for_one_providers_id_never_prices_another_providers_reply(self):
+        """A bare reply ('claude-opus-4-1') that came over the Anthropic route took the price a card declared for an
+        OpenAI gateway's id of it ($1/$5 for $15/$75); over that gateway's route it is that id's price."""
+        usage = {"input_tokens": 10**6, "output_tokens": 10**6}
+        declared = llm.declared_prices({"openai/claude-opus-4-1": {"input": 1, "output": 5},
+                                        "openrouter/kimi-k2.6": {"input": 0.1, "output": 0.2}})
+        anthropic = llm.route_for("claude-opus-4-1", {"ANTHROPIC_API_KEY": "k"})
+        gateway = llm.route_for("openai/claude-opus-4-1", {"OPENAI_API_KEY": "k"})
+        moonshot = llm.route_for("moonshot/kimi-k2.6", {"MOONSHOT_API_KEY": "k"})
+        openrouter = llm.route_for("openrouter/kimi-k2.6", {"OPENROUTER_API_KEY": "k"})
+        costs = [llm.reply_cost(route, asked, answered, usage, {}, declared)[0] for route, asked, answered in (
+            (anthropic, "claude-opus-4-1", "claude-opus-4-1-20250805"), (gateway, "openai/claude-opus-4-1", "claude-opus-4-1"),
+            (moonshot, "moonshot/kimi-k2.6", "kimi-k2.6"), (openrouter, "openrouter/kimi-k2.6", "kimi-k2.6"))]
+        self.assertEqual(costs[1], 6.0, "over the gateway's route, the gateway's declared price")
+        self.assertAlmostEqual(costs[3], 0.3, msg="over openrouter's route, openrouter's declared price")
+        self.assertEqual(costs[0], llm.reply_cost(anthropic, "claude-opus-4-1", "claude-opus-4-1-20250805", usage, {},
+                                                  llm.NO_PRICES)[0], "the built-in price, not the gateway's")
+        self.assertNotAlmostEqual(costs[2], 0.3, msg="moonshot's reply priced at openrouter's declared price")
+
     def anthropic_cost(self, data, primary="claude-sonnet-5-5"):
         fake = self.server(Answer(body=data))
         return self.worker(self.anthropic_env(fake), primary=primary).complete(TASK, [])
@@ -882,7 +901,7 @@ class ReplyCostTest(ServerTest):
         self.assertEqual(llm.price("stockwise-9", llm.declared_prices({"openai/stockwise-9": {"input": 1, "output": 2}})),
                          (1, 2))
         both = llm.declared_prices({"openai/stockwise-9": {"input": 1, "output": 2}, "azure/stockwise-9": {"input": 3, "output": 4}})
-        self.assertIsNone(llm.price("stockwise-9", both), "two providers' prices for it: which one is not guessed")
+        self.assertEqual(llm.price("stockwise-9", both), (1, 2), "a bare id goes to openai: azure's is another provider's")
         self.assertEqual(llm.price("azure/stockwise-9", both), (3, 4))
 
     def test_dated_snapshot_of_the_asked_alias_is_priced_as_the_alias(self):

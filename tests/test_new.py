@@ -73,8 +73,8 @@ class NewAgent(LineTest):
                          (["faq:lookup", "faq:draft"], [], "C1", "tester"))
         self.assertEqual((card["max_steps"], card["approval_expiry_hours"], card["handoff_field"]), (8, 24, "escalate"))
         documented = broker.fields_in("")
-        self.assertEqual({key: documented[key].default for key in factory.CARD_DEFAULTS},
-                         {key: str(value) for key, value in factory.CARD_DEFAULTS.items()}, "the defaults the schema documents")
+        self.assertEqual({key: documented[key].default for key in broker.CARD_DEFAULTS},
+                         {key: str(value) for key, value in broker.CARD_DEFAULTS.items()}, "the defaults the schema documents")
 
     def test_with_user_unset_the_owner_is_the_login_name(self):
         del self.env["USER"]

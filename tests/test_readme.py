@@ -648,7 +648,7 @@ class FirstAgentsCard(unittest.TestCase):
 
     def test_the_rubric_field_and_the_price_it_shows_are_valid_card_fields(self):
         step = (REPO / "README.md").read_text().split("\n## Making an agent yours\n", 1)[1].split("\n## ", 1)[0]
-        card = factory.new_card("faq", ["faq:draft"], "alice")
+        card = factory.new_card("faq", ["faq:draft"], "alice", {"primary": factory.llm.DEFAULT_PRIMARY})
         field = json.loads("{" + re.search(r'`("field": "[a-z]+")`', step).group(1) + "}")
         prices = json.loads("{" + re.search(r'`("prices": \{.*?\}\})`', step, re.S).group(1).replace("\n", " ") + "}")
         self.assertEqual(field, {"field": card["draft_rubric"]["field"]}, "new's rubric scores the field the step names")
