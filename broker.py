@@ -973,10 +973,12 @@ def _hides(text: str, at: int) -> bool:
 
 def _joining_script(char: str) -> bool:
     """True for a letter or mark of an Indic script (Devanagari..Sinhala, U+0900..U+0DFF) or of Arabic script."""
-    code = ord(char) if len(char) == 1 else 0
-    return unicodedata.category(char)[0] in "LM" and (0x900 <= code <= 0xDFF or 0x600 <= code <= 0x6FF or 0x750 <= code <= 0x77F
-                                                      or 0x8A0 <= code <= 0x8FF or 0xFB50 <= code <= 0xFDFF or 0xFE70 <= code <= 0xFEFC) \
-        if code else False
+    if len(char) != 1 or unicodedata.category(char)[0] not in "LM":
+        return False
+    return any(low <= ord(char) <= high for low, high in JOINING_SCRIPTS)
+
+
+JOINING_SCRIPTS = ((0x900, 0xDFF), (0x600, 0x6FF), (0x750, 0x77F), (0x8A0, 0x8FF), (0xFB50, 0xFDFF), (0xFE70, 0xFEFC))
 
 
 def _shows_past_ascii(char: str) -> bool:
